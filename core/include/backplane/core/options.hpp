@@ -1,0 +1,134 @@
+// Typed backend options (ExecuTorch RFC "option 3": an update call per backend, validated by the
+// backend; ArmNN's BackendOptions for values given at creation).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <variant>
+#include <vector>
+
+#include "backplane/core/status.hpp"
+
+namespace backplane {
+
+enum class OptionType { kBool, kInt64, kDouble, kString };
+
+// The alternatives are in OptionType order.
+using OptionValue = std::variant<bool, int64_t, double, std::string>;
+
+constexpr std::string_view ToString(OptionType type) {
+  switch (type) {
+    case OptionType::kBool: return "bool";
+    case OptionType::kInt64: return "int64";
+    case OptionType::kDouble: return "double";
+    case OptionType::kString: return "string";
+  }
+  return "unknown";
+}
+
+inline OptionType TypeOf(const OptionValue& value) {
+  return static_cast<OptionType>(value.index());
+}
+
+inline std::string ToString(const OptionValue& value) {
+  return std::visit(
+      [](const auto& v) -> std::string {
+        using V = std::decay_t<decltype(v)>;
+        if constexpr (std::is_same_v<V, bool>) {
+          return v ? "true" : "false";
+        } else if constexpr (std::is_same_v<V, std::string>) {
+          return "\"" + v + "\"";
+        } else {
+          return std::to_string(v);
+        }
+      },
+      value);
+}
+
+// One option a backend understands: what a server lists and validates against.
+struct OptionDescriptor {
+  std::string name;
+  OptionType type = OptionType::kBool;
+  OptionValue default_value;
+  std::string help;
+};
+
+// Option values by name, for one backend.
+using BackendOptions = std::map<std::string, OptionValue, std::less<>>;
+
+// Checks `changes` against `descriptors`: every key known, every value of the declared type.
+// All-or-nothing callers apply nothing when this fails.
+inline Status ValidateOptions(const BackendOptions& changes,
+                              const std::vector<OptionDescriptor>& descriptors,
+                              std::string_view backend_id) {
+  for (const auto& [key, value] : changes) {
+    const OptionDescriptor* found = nullptr;
+    for (const auto& descriptor : descriptors) {
+      if (descriptor.name == key) found = &descriptor;
+    }
+    if (found == nullptr) {
+      std::string known;
+      for (const auto& descriptor : descriptors) {
+        known += (known.empty() ? "" : ", ") + descriptor.name;
+      }
+      return InvalidArgument("backend " + std::string(backend_id) + " has no option '" + key +
+                             "' (known: " + (known.empty() ? "none" : known) + ")");
+    }
+    if (TypeOf(value) != found->type) {
+      return InvalidArgument("backend " + std::string(backend_id) + " option '" + key +
+                             "' is " + std::string(ToString(found->type)) + ", got " +
+                             std::string(ToString(TypeOf(value))) + " " + ToString(value));
+    }
+  }
+  return Status::Ok();
+}
+
+// The current values of a backend's options, validated against its descriptors. A ready-made
+// implementation of the IBackend option calls for authors.
+//
+// Thread-safe: Update and Get may race with each other.
+class OptionSet {
+ public:
+  OptionSet(std::string backend_id, std::vector<OptionDescriptor> descriptors)
+      : backend_id_(std::move(backend_id)), descriptors_(std::move(descriptors)) {
+    for (const auto& descriptor : descriptors_) values_[descriptor.name] = descriptor.default_value;
+  }
+
+  const std::vector<OptionDescriptor>& descriptors() const { return descriptors_; }
+
+  // All-or-nothing: an unknown key or a wrong type changes nothing.
+  Status Update(const BackendOptions& changes) {
+    BACKPLANE_RETURN_IF_ERROR(ValidateOptions(changes, descriptors_, backend_id_));
+    std::lock_guard lock(mutex_);
+    for (const auto& [key, value] : changes) values_[key] = value;
+    return Status::Ok();
+  }
+
+  Result<OptionValue> Get(std::string_view key) const {
+    std::lock_guard lock(mutex_);
+    auto it = values_.find(key);
+    if (it == values_.end()) {
+      return NotFound("backend " + backend_id_ + " has no option '" + std::string(key) + "'");
+    }
+    return it->second;
+  }
+
+  // The value of an option known to exist with type T (a programmer error otherwise).
+  template <typename T>
+  T GetAs(std::string_view key) const {
+    std::lock_guard lock(mutex_);
+    return std::get<T>(values_.find(key)->second);
+  }
+
+ private:
+  const std::string backend_id_;
+  const std::vector<OptionDescriptor> descriptors_;
+  mutable std::mutex mutex_;
+  BackendOptions values_;  // guarded by mutex_
+};
+
+}  // namespace backplane

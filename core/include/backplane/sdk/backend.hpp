@@ -1,0 +1,166 @@
+// The backend SDK: everything a backend author includes.
+//
+// A dynamic backend is a shared object named <vendor>_<name>_backend.so that implements IBackend
+// and exports three C entry points (GetBackendId, GetVersion, BackendFactory), which
+// BACKPLANE_DEFINE_BACKEND writes for you. Build it with backplane_add_backend() from CMake: that
+// sets the flags without which the library could not be unloaded (docs/backend-authors.md).
+//
+// Rules for code behind this interface:
+//  - No exception may escape an entry point. The host catches around every IBackend call and turns
+//    an exception into an error, but an exception through a C entry point is undefined behaviour.
+//  - Shutdown() returns only when every thread, task and callback the backend started is finished:
+//    the library is unmapped right after the instance is destroyed.
+//  - No thread_local objects with destructors, no -z nodelete (the host refuses such files).
+//
+// Compatibility: C++ types cross this boundary, so host and backend must use the same C++ standard
+// library ABI. Within one API major version, types here only grow at the end (new virtual
+// functions are appended), so a backend built against minor N runs on any host with minor >= N.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "backplane/core/operator.hpp"
+#include "backplane/core/options.hpp"
+#include "backplane/core/status.hpp"
+#include "backplane/core/tensor.hpp"
+
+namespace backplane {
+
+// The backend API this header describes.
+inline constexpr uint32_t kBackendApiMajor = 1;
+inline constexpr uint32_t kBackendApiMinor = 0;
+
+struct BackendApiVersion {
+  uint32_t major = 0;
+  uint32_t minor = 0;
+  friend bool operator==(const BackendApiVersion&, const BackendApiVersion&) = default;
+};
+
+inline constexpr BackendApiVersion kBackendApiVersion{kBackendApiMajor, kBackendApiMinor};
+
+// ArmNN's rule: same major, and the backend was built against a minor no newer than the host's.
+constexpr bool IsApiCompatible(BackendApiVersion backend, BackendApiVersion host) {
+  return backend.major == host.major && backend.minor <= host.minor;
+}
+
+using NetworkId = uint64_t;
+
+// One operator prepared for execution on one backend.
+//
+// Thread-safe: Execute is called concurrently by many requests, each with its own tensors. Keep
+// per-request state on the stack or in the tensors, never in members.
+class IWorkload {
+ public:
+  virtual ~IWorkload() = default;
+
+  // `inputs` and `outputs` have the shapes of the OperatorDesc the workload was created from,
+  // with dynamic dimensions resolved; outputs are preallocated by the host.
+  virtual Status Execute(std::span<const ConstTensorView> inputs,
+                         std::span<const TensorView> outputs) = 0;
+};
+
+// Per-runtime hooks around network loading (ArmNN's IBackendContext). A failing
+// BeforeUnloadNetwork keeps the network loaded; the message says why.
+//
+// Thread-compatible: the host serialises calls on one context.
+class IBackendContext {
+ public:
+  virtual ~IBackendContext() = default;
+  virtual Status BeforeLoadNetwork(NetworkId) { return Status::Ok(); }
+  virtual Status AfterLoadNetwork(NetworkId) { return Status::Ok(); }
+  virtual Status BeforeUnloadNetwork(NetworkId) { return Status::Ok(); }
+  virtual Status AfterUnloadNetwork(NetworkId) { return Status::Ok(); }
+};
+
+// A backend instance. The host creates one per runtime through BackendFactory and owns it.
+//
+// Thread-safe: every call may come from any host thread, concurrently with workloads executing.
+class IBackend {
+ public:
+  virtual ~IBackend() = default;
+
+  // The id this instance serves; must equal what GetBackendId() returns.
+  virtual std::string_view GetId() const = 0;
+
+  // OK when CreateWorkload would succeed for `op`; otherwise kUnimplemented with the reason
+  // (e.g. "attribute auto_pad=NOTSET only"). Must be cheap and must not allocate device memory.
+  virtual Status IsSupported(const OperatorDesc& op) const = 0;
+
+  virtual Result<std::unique_ptr<IWorkload>> CreateWorkload(const OperatorDesc& op) = 0;
+
+  // Called once per runtime after creation. Null when the backend needs no hooks.
+  virtual std::unique_ptr<IBackendContext> CreateBackendContext() { return nullptr; }
+
+  // The options this backend understands, with types, defaults and help.
+  virtual std::vector<OptionDescriptor> DescribeOptions() const { return {}; }
+
+  // All-or-nothing: an unknown key or a wrong type returns kInvalidArgument and applies nothing.
+  // The host calls it with the creation options right after the factory, and again on updates.
+  virtual Status UpdateOptions(const BackendOptions& changes) {
+    return ValidateOptions(changes, DescribeOptions(), GetId());
+  }
+
+  virtual Result<OptionValue> GetOption(std::string_view key) const {
+    return NotFound("backend " + std::string(GetId()) + " has no option '" + std::string(key) + "'");
+  }
+
+  // Returns only when all of this instance's own work (threads, tasks, callbacks) is finished.
+  // The host calls it on its reaper thread before destroying the instance and closing the library.
+  virtual void Shutdown() {}
+};
+
+}  // namespace backplane
+
+// The entry points, declared here so that a definition with another signature does not compile.
+// (Only tests that build deliberately broken backends define BACKPLANE_NO_ENTRY_POINT_DECLARATIONS.)
+#ifndef BACKPLANE_NO_ENTRY_POINT_DECLARATIONS
+extern "C" {
+const char* GetBackendId() noexcept;
+void GetVersion(uint32_t* major, uint32_t* minor) noexcept;
+backplane::IBackend* BackendFactory() noexcept;
+// Optional: the backend's own release version ("1.2.3"), for logs and the admin API.
+const char* GetBackendRelease() noexcept;
+}
+#endif
+
+namespace backplane {
+// How the host calls the entry points: deliberately without noexcept, so that an exception thrown
+// by a broken backend reaches the host's catch instead of std::terminate.
+using GetBackendIdFn = const char* (*)();
+using GetVersionFn = void (*)(uint32_t*, uint32_t*);
+using BackendFactoryFn = IBackend* (*)();
+using GetBackendReleaseFn = const char* (*)();
+}  // namespace backplane
+
+#define BACKPLANE_EXPORT __attribute__((visibility("default")))
+
+#ifndef BACKPLANE_BACKEND_RELEASE
+#define BACKPLANE_BACKEND_RELEASE ""
+#endif
+
+// Defines the entry points of a backend whose class is default-constructible. Use once, in one
+// source file of the backend, at namespace scope:
+//
+//   BACKPLANE_DEFINE_BACKEND(acme::FastBackend, "AcmeFast")
+//
+// The release version comes from backplane_add_backend(... VERSION x.y.z).
+#define BACKPLANE_DEFINE_BACKEND(BackendClass, backend_id)                          \
+  extern "C" BACKPLANE_EXPORT const char* GetBackendId() noexcept { return backend_id; } \
+  extern "C" BACKPLANE_EXPORT void GetVersion(uint32_t* major, uint32_t* minor) noexcept { \
+    *major = ::backplane::kBackendApiMajor;                                         \
+    *minor = ::backplane::kBackendApiMinor;                                         \
+  }                                                                                 \
+  extern "C" BACKPLANE_EXPORT ::backplane::IBackend* BackendFactory() noexcept {    \
+    try {                                                                           \
+      return new BackendClass();                                                    \
+    } catch (...) {                                                                 \
+      return nullptr;                                                               \
+    }                                                                               \
+  }                                                                                 \
+  extern "C" BACKPLANE_EXPORT const char* GetBackendRelease() noexcept {            \
+    return BACKPLANE_BACKEND_RELEASE;                                               \
+  }

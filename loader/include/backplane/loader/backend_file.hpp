@@ -1,0 +1,87 @@
+// Backend files on disk: the naming scheme, the permission policy, file identity, discovery.
+#pragma once
+
+#include <sys/stat.h>
+#include <sys/types.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "backplane/loader/load_error.hpp"
+
+namespace backplane::loader {
+
+// ArmNN's scheme: <vendor>_<name>_backend.so with optional numeric suffixes (.so.1, .so.1.2.3).
+// Vendor and name are letters and digits only.
+bool IsBackendFileName(std::string_view file_name);
+
+// What makes two looks at a file "the same file, unchanged" (rule 7: compare before and after the
+// shadow copy; the watcher compares it with what is loaded).
+struct FileIdentity {
+  dev_t device = 0;
+  ino_t inode = 0;
+  off_t size = 0;
+  int64_t mtime_ns = 0;
+  int64_t ctime_ns = 0;
+
+  friend bool operator==(const FileIdentity&, const FileIdentity&) = default;
+};
+
+FileIdentity IdentityOf(const struct ::stat& st);
+// The identity of the file `path` resolves to; nullopt when it cannot be stat'ed.
+std::optional<FileIdentity> ReadFileIdentity(const std::filesystem::path& path);
+
+struct FilePolicy {
+  // Accept files and directories writable by group/others or owned by another user. Off by
+  // default: a backend file is code the server runs, so whoever can write it owns the process.
+  bool allow_unsafe_permissions = false;
+};
+
+// A backend file that passed the checks that need no opening: it exists, its name follows the
+// scheme, it is a regular file (after symlinks) and its permissions are safe.
+struct BackendFile {
+  std::filesystem::path path;       // as found or given (maybe a symlink)
+  std::filesystem::path real_path;  // what it resolves to; the identity of the file
+};
+
+// NOT_FOUND, NAME_SCHEME, NOT_REGULAR or UNSAFE_PERMISSIONS, in that order.
+LoadResult<BackendFile> ResolveBackendFile(const std::filesystem::path& path,
+                                           const FilePolicy& policy);
+
+// UNSAFE_PERMISSIONS when `what` (a file or directory, with this owner and mode) is writable by
+// group or others or owned by neither root nor this process's user; nullopt when it is safe.
+std::optional<LoadError> CheckOwnership(const std::filesystem::path& what, uid_t owner,
+                                        mode_t mode, const FilePolicy& policy);
+
+struct RejectedFile {
+  std::filesystem::path file;
+  LoadReason reason;
+  std::string message;
+};
+
+struct Discovery {
+  std::vector<BackendFile> files;     // in directory order, then name order; one per real path
+  std::vector<RejectedFile> rejected; // named like a backend but unusable (dangling, unsafe...)
+};
+
+// Lists the backend files of `directories`, in order. Files not named like a backend are ignored
+// (said at debug level); symlinks are followed and dangling ones dropped; a file reached by several
+// names (e.g. .so -> .so.1 -> .so.1.2.3) appears once, under the first name in sort order.
+Discovery DiscoverBackendFiles(std::span<const std::filesystem::path> directories,
+                               const FilePolicy& policy);
+
+// The directories of `paths` that exist and are directories, in order; the others are dropped
+// with a warning naming them and why.
+std::vector<std::filesystem::path> ValidBackendDirectories(
+    std::span<const std::filesystem::path> paths);
+
+// Splits "a:b:c" (as in $BACKPLANE_BACKEND_PATHS and the compile-time default) into paths,
+// skipping empty elements.
+std::vector<std::filesystem::path> SplitPathList(std::string_view list);
+
+}  // namespace backplane::loader

@@ -1,0 +1,78 @@
+// A backend instance as the host holds it: the backend object with the lease that keeps its code
+// mapped, and every call into backend code guarded so that no exception crosses the boundary.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "backplane/loader/generation.hpp"
+#include "backplane/loader/reaper.hpp"
+#include "backplane/sdk/backend.hpp"
+
+namespace backplane::loader {
+
+class BackendInstance;
+
+// A workload with the instance it came from: the workload is destroyed first, then the instance
+// (on the reaper), then, with the last lease, the library. Thread-safe as IWorkload.
+class Workload {
+ public:
+  Workload(std::shared_ptr<BackendInstance> instance, std::unique_ptr<IWorkload> workload);
+  ~Workload();
+
+  Status Execute(std::span<const ConstTensorView> inputs, std::span<const TensorView> outputs);
+  const BackendInstance& instance() const { return *instance_; }
+
+ private:
+  // Declaration order is destruction order reversed: instance_ must outlive workload_.
+  std::shared_ptr<BackendInstance> instance_;
+  std::unique_ptr<IWorkload> workload_;
+};
+
+// Thread-safe as IBackend. Created by Generation factories (dynamic) or static factories; always
+// held through the shared_ptr that MakeBackendInstance returns, whose last release destroys the
+// instance on the reaper thread: Shutdown(), then the backend's destructor, then the lease.
+class BackendInstance : public std::enable_shared_from_this<BackendInstance> {
+ public:
+  // `lease` is null for a static (linked-in) backend.
+  BackendInstance(std::string id, std::unique_ptr<IBackend> backend, GenerationLease lease);
+  ~BackendInstance();
+
+  const std::string& id() const { return id_; }
+  // The generation this instance runs on; null for a static backend.
+  const GenerationLease& generation() const { return lease_; }
+  uint64_t generation_number() const { return lease_ ? lease_->info().number : 0; }
+
+  Status IsSupported(const OperatorDesc& op) const;
+  Result<std::unique_ptr<Workload>> CreateWorkload(const OperatorDesc& op);
+  Result<std::unique_ptr<IBackendContext>> CreateBackendContext();
+  std::vector<OptionDescriptor> DescribeOptions() const;
+  Status UpdateOptions(const BackendOptions& changes);
+  Result<OptionValue> GetOption(std::string_view key) const;
+
+  // Direct access for the host's guarded wrappers (e.g. contexts). Never store it.
+  IBackend& backend() { return *backend_; }
+
+ private:
+  const std::string id_;
+  // Declaration order is destruction order reversed: lease_ must outlive backend_.
+  const GenerationLease lease_;
+  std::unique_ptr<IBackend> backend_;
+};
+
+std::shared_ptr<BackendInstance> MakeBackendInstance(std::string id,
+                                                     std::unique_ptr<IBackend> backend,
+                                                     GenerationLease lease,
+                                                     const std::shared_ptr<Reaper>& reaper);
+
+// Runs `call` (backend code) and turns an escaping exception into kInternal naming the backend
+// and the call. Every host call into backend code goes through this.
+template <typename Call>
+auto GuardBackendCall(std::string_view backend_id, std::string_view what, Call&& call)
+    -> decltype(call());
+
+}  // namespace backplane::loader
+
+#include "backplane/loader/detail/guard.inl"

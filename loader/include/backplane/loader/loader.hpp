@@ -1,0 +1,97 @@
+// The loader: turns a backend file into a generation, stage by stage, refusing what the loading
+// rules (DESIGN.md) say would crash or leak.
+#pragma once
+
+#include <atomic>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "backplane/loader/backend_file.hpp"
+#include "backplane/loader/backend_instance.hpp"
+#include "backplane/loader/generation.hpp"
+#include "backplane/loader/load_error.hpp"
+#include "backplane/loader/reaper.hpp"
+#include "backplane/loader/shadow_directory.hpp"
+
+namespace backplane::loader {
+
+struct LoaderOptions {
+  // The backend API the host implements; tests pretend to be other hosts.
+  BackendApiVersion host_api = kBackendApiVersion;
+  FilePolicy file_policy;
+  std::filesystem::path shadow_root;  // empty: see ShadowDirectory::Create
+};
+
+// One line of `backplane check`: a loading stage and how it went.
+struct LoadStage {
+  std::string name;    // "file", "permissions", "copy", "elf", "dlopen", "entry points", ...
+  bool ok = false;
+  std::string detail;  // what was found, or the error message
+};
+struct LoadTrace {
+  std::vector<LoadStage> stages;
+  // Called as each stage ends, before the next one starts (`check` streams stages to survive a
+  // backend that crashes the process in its constructors or factory).
+  std::function<void(const LoadStage&)> on_stage;
+
+  void Add(LoadStage stage) {
+    if (on_stage) on_stage(stage);
+    stages.push_back(std::move(stage));
+  }
+};
+
+// Counters for metrics and tests. Thread-safe.
+class LoaderStats {
+ public:
+  std::atomic<uint64_t> loaded{0};    // generations mapped
+  std::atomic<uint64_t> unloaded{0};  // generations verified gone after dlclose
+  std::atomic<uint64_t> leaked{0};    // generations still mapped after dlclose
+  std::atomic<uint64_t> live{0};      // generations not yet destroyed
+};
+
+// Thread-safe. Shared by every registry and runtime of a process (Shared()), so that a file is
+// mapped once however many runtimes use it.
+class Loader : public std::enable_shared_from_this<Loader> {
+ public:
+  static Result<std::shared_ptr<Loader>> Create(LoaderOptions options = {});
+  // The process-wide loader with default options, created on first use and destroyed when the
+  // last user releases it.
+  static Result<std::shared_ptr<Loader>> Shared();
+
+  // Loads `file` as a new generation, or returns the live generation of the same file (same
+  // real path and identity). With `trace`, appends one LoadStage per stage run. The factory is
+  // probed once (an instance created and destroyed) so that a broken factory fails here.
+  LoadResult<GenerationLease> Load(const std::filesystem::path& file, LoadTrace* trace = nullptr);
+
+  // A new instance from `generation`'s factory; kFactoryFailed when it throws or returns null,
+  // kInvalidId when the instance reports another id than GetBackendId.
+  LoadResult<std::shared_ptr<BackendInstance>> CreateInstance(const GenerationLease& generation);
+
+  const LoaderOptions& options() const { return options_; }
+  const std::shared_ptr<Reaper>& reaper() const { return reaper_; }
+  const LoaderStats& stats() const { return *stats_; }
+  const ShadowDirectory& shadow_directory() const { return *shadows_; }
+
+  // Blocks until every generation released so far is unloaded (or recorded as leaked).
+  void WaitForUnloads() { reaper_->WaitIdle(); }
+
+ private:
+  Loader(LoaderOptions options, std::shared_ptr<ShadowDirectory> shadows);
+  LoadResult<GenerationLease> LoadNew(const BackendFile& file, LoadTrace* trace);
+
+  const LoaderOptions options_;
+  const std::shared_ptr<ShadowDirectory> shadows_;
+  const std::shared_ptr<LoaderStats> stats_ = std::make_shared<LoaderStats>();
+  const std::shared_ptr<Reaper> reaper_ = std::make_shared<Reaper>();
+
+  std::mutex mutex_;
+  // Live generations by real path, to map an unchanged file once.
+  std::map<std::filesystem::path, std::weak_ptr<const Generation>> live_;  // guarded by mutex_
+};
+
+}  // namespace backplane::loader

@@ -1,0 +1,58 @@
+// The reaper: the one host thread where backend instances are shut down and destroyed and where
+// libraries are closed (DESIGN rule 6). Nothing that runs backend teardown code may run on a
+// request thread or inside backend code, where the code being unmapped could still be on the stack.
+#pragma once
+
+#include <condition_variable>
+#include <cstddef>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+namespace backplane::loader {
+
+// Thread-safe. Owned through shared_ptr; deleters that hand objects to it hold a weak_ptr, and
+// when the reaper is gone they dispose inline (the process is shutting down).
+class Reaper {
+ public:
+  Reaper();
+  ~Reaper();  // finishes everything queued, then joins
+  Reaper(const Reaper&) = delete;
+  Reaper& operator=(const Reaper&) = delete;
+
+  // Queues `disposal` to run on the reaper thread. Returns false (and does not run it) when the
+  // reaper is stopping; the caller then disposes inline.
+  bool Post(std::function<void()> disposal);
+
+  // Blocks until nothing is queued or running. A disposal may queue more (an instance releasing
+  // the last lease on its generation); those are waited for too.
+  void WaitIdle();
+
+  bool OnReaperThread() const { return std::this_thread::get_id() == thread_.get_id(); }
+
+ private:
+  void Run();
+
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::condition_variable idle_;
+  std::deque<std::function<void()>> queue_;  // guarded by mutex_
+  bool running_disposal_ = false;            // guarded by mutex_
+  bool stopping_ = false;                    // guarded by mutex_
+  std::thread thread_;                       // last: starts after the members it uses
+};
+
+// A shared_ptr whose last release hands `object` to `reaper` for destruction.
+template <typename T>
+std::shared_ptr<T> MakeReaped(std::unique_ptr<T> object, const std::shared_ptr<Reaper>& reaper) {
+  std::weak_ptr<Reaper> weak = reaper;
+  return std::shared_ptr<T>(object.release(), [weak](T* doomed) {
+    auto destroy = [doomed] { delete doomed; };
+    if (auto strong = weak.lock(); strong && strong->Post(destroy)) return;
+    destroy();
+  });
+}
+
+}  // namespace backplane::loader

@@ -1,0 +1,207 @@
+#include "backplane/loader/backend_file.hpp"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <set>
+
+#include "backplane/loader/logging.hpp"
+
+namespace backplane::loader {
+namespace fs = std::filesystem;
+
+namespace {
+
+const auto& Log() {
+  static const auto logger = ModuleLogger("backplane.loader");
+  return logger;
+}
+
+bool IsAlnum(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9');
+}
+
+// Consumes [A-Za-z0-9]+ from `text` at `pos`; false when there is none.
+bool ConsumeWord(std::string_view text, std::size_t& pos) {
+  const std::size_t start = pos;
+  while (pos < text.size() && IsAlnum(text[pos])) ++pos;
+  return pos > start;
+}
+
+std::string ModeString(mode_t mode) {
+  char text[8];
+  std::snprintf(text, sizeof text, "%04o", static_cast<unsigned>(mode & 07777));
+  return text;
+}
+
+}  // namespace
+
+FileIdentity IdentityOf(const struct ::stat& st) {
+  return {st.st_dev, st.st_ino, st.st_size,
+          static_cast<int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec,
+          static_cast<int64_t>(st.st_ctim.tv_sec) * 1'000'000'000 + st.st_ctim.tv_nsec};
+}
+
+std::optional<FileIdentity> ReadFileIdentity(const fs::path& path) {
+  struct stat st {};
+  if (stat(path.c_str(), &st) != 0) return std::nullopt;
+  return IdentityOf(st);
+}
+
+// ^[a-zA-Z0-9]+_[a-zA-Z0-9]+_backend\.so(\.[0-9]+)*$, written out: std::regex is slow and this
+// runs on every file event.
+bool IsBackendFileName(std::string_view name) {
+  std::size_t pos = 0;
+  if (!ConsumeWord(name, pos) || pos >= name.size() || name[pos++] != '_') return false;
+  if (!ConsumeWord(name, pos)) return false;
+  constexpr std::string_view kSuffix = "_backend.so";
+  if (name.substr(pos, kSuffix.size()) != kSuffix) return false;
+  pos += kSuffix.size();
+  while (pos < name.size()) {
+    if (name[pos++] != '.') return false;
+    const std::size_t digits = pos;
+    while (pos < name.size() && name[pos] >= '0' && name[pos] <= '9') ++pos;
+    if (pos == digits) return false;
+  }
+  return true;
+}
+
+std::optional<LoadError> CheckOwnership(const fs::path& what, uid_t owner, mode_t mode,
+                                        const FilePolicy& policy) {
+  if (policy.allow_unsafe_permissions) return std::nullopt;
+  if (mode & (S_IWGRP | S_IWOTH)) {
+    return LoadError{LoadReason::kUnsafePermissions,
+                     what.string() + " is writable by " +
+                         ((mode & S_IWOTH) ? "others" : "its group") + " (mode " +
+                         ModeString(mode) +
+                         "): anyone who can write it can run code in this process; chmod go-w "
+                         "it, or allow unsafe permissions explicitly"};
+  }
+  if (owner != 0 && owner != geteuid()) {
+    return LoadError{LoadReason::kUnsafePermissions,
+                     what.string() + " is owned by uid " + std::to_string(owner) +
+                         ", neither root nor this process's user (uid " +
+                         std::to_string(geteuid()) +
+                         "); chown it, or allow unsafe permissions explicitly"};
+  }
+  return std::nullopt;
+}
+
+LoadResult<BackendFile> ResolveBackendFile(const fs::path& path, const FilePolicy& policy) {
+  struct stat link_stat {};
+  if (lstat(path.c_str(), &link_stat) != 0) {
+    return LoadError{LoadReason::kNotFound,
+                     path.string() + " does not exist (" + std::strerror(errno) + ")"};
+  }
+  if (!IsBackendFileName(path.filename().string())) {
+    return LoadError{LoadReason::kNameScheme,
+                     path.string() + " is not named <vendor>_<name>_backend.so[.N...] (vendor "
+                                     "and name letters and digits only)"};
+  }
+  std::error_code error;
+  fs::path real_path = fs::canonical(path, error);
+  if (error) {
+    return LoadError{LoadReason::kNotFound,
+                     path.string() + " is a dangling symlink (" + error.message() + ")"};
+  }
+  struct stat file_stat {};
+  if (stat(real_path.c_str(), &file_stat) != 0) {
+    return LoadError{LoadReason::kNotFound,
+                     real_path.string() + " cannot be read (" + std::strerror(errno) + ")"};
+  }
+  if (!S_ISREG(file_stat.st_mode)) {
+    return LoadError{LoadReason::kNotRegular,
+                     path.string() + (S_ISDIR(file_stat.st_mode) ? " is a directory"
+                                                                 : " is not a regular file") +
+                         ", not a shared object"};
+  }
+  if (auto unsafe = CheckOwnership(real_path, file_stat.st_uid, file_stat.st_mode, policy)) {
+    return *std::move(unsafe);
+  }
+  // The directories matter too: whoever can write them can replace the file.
+  std::set<fs::path> directories{real_path.parent_path(),
+                                 fs::absolute(path, error).parent_path()};
+  for (const auto& directory : directories) {
+    struct stat dir_stat {};
+    if (directory.empty() || stat(directory.c_str(), &dir_stat) != 0) continue;
+    if (auto unsafe = CheckOwnership(directory, dir_stat.st_uid, dir_stat.st_mode, policy)) {
+      return *std::move(unsafe);
+    }
+  }
+  return BackendFile{path, std::move(real_path)};
+}
+
+Discovery DiscoverBackendFiles(std::span<const fs::path> directories, const FilePolicy& policy) {
+  Discovery discovery;
+  std::set<fs::path> seen_real_paths;
+  for (const auto& directory : directories) {
+    std::error_code error;
+    std::vector<fs::path> names;
+    for (fs::directory_iterator it(directory, error), end; !error && it != end;
+         it.increment(error)) {
+      names.push_back(it->path());
+    }
+    if (error) {
+      Log()->warn("cannot list backend directory {}: {}", directory.string(), error.message());
+      continue;
+    }
+    std::sort(names.begin(), names.end());
+    for (const auto& path : names) {
+      if (!IsBackendFileName(path.filename().string())) {
+        Log()->debug("ignoring {}: not named <vendor>_<name>_backend.so", path.string());
+        continue;
+      }
+      auto file = ResolveBackendFile(path, policy);
+      if (!file.ok()) {
+        if (file.error().reason == LoadReason::kNotFound) {
+          Log()->debug("ignoring {}: {}", path.string(), file.error().message);
+        } else {
+          discovery.rejected.push_back({path, file.error().reason, file.error().message});
+        }
+        continue;
+      }
+      if (!seen_real_paths.insert(file->real_path).second) {
+        Log()->debug("ignoring {}: same file as an earlier name ({})", path.string(),
+                     file->real_path.string());
+        continue;
+      }
+      discovery.files.push_back(*std::move(file));
+    }
+  }
+  return discovery;
+}
+
+std::vector<fs::path> ValidBackendDirectories(std::span<const fs::path> paths) {
+  std::vector<fs::path> valid;
+  for (const auto& path : paths) {
+    std::error_code error;
+    if (!fs::exists(path, error)) {
+      Log()->warn("backend path {} dropped: it does not exist", path.string());
+    } else if (!fs::is_directory(path, error)) {
+      Log()->warn("backend path {} dropped: it is not a directory", path.string());
+    } else if (access(path.c_str(), R_OK | X_OK) != 0) {
+      Log()->warn("backend path {} dropped: it is not readable ({})", path.string(),
+                  std::strerror(errno));
+    } else {
+      valid.push_back(path);
+    }
+  }
+  return valid;
+}
+
+std::vector<fs::path> SplitPathList(std::string_view list) {
+  std::vector<fs::path> paths;
+  while (!list.empty()) {
+    const auto colon = list.find(':');
+    const auto element = list.substr(0, colon);
+    if (!element.empty()) paths.emplace_back(element);
+    if (colon == std::string_view::npos) break;
+    list.remove_prefix(colon + 1);
+  }
+  return paths;
+}
+
+}  // namespace backplane::loader

@@ -1,0 +1,94 @@
+#include "backplane/loader/backend_instance.hpp"
+
+#include "backplane/loader/logging.hpp"
+
+namespace backplane::loader {
+
+namespace {
+const auto& Log() {
+  static const auto logger = ModuleLogger("backplane.loader");
+  return logger;
+}
+}  // namespace
+
+Workload::Workload(std::shared_ptr<BackendInstance> instance, std::unique_ptr<IWorkload> workload)
+    : instance_(std::move(instance)), workload_(std::move(workload)) {}
+
+Workload::~Workload() = default;
+
+Status Workload::Execute(std::span<const ConstTensorView> inputs,
+                         std::span<const TensorView> outputs) {
+  return GuardBackendCall(instance_->id(), "IWorkload::Execute",
+                          [&] { return workload_->Execute(inputs, outputs); });
+}
+
+BackendInstance::BackendInstance(std::string id, std::unique_ptr<IBackend> backend,
+                                 GenerationLease lease)
+    : id_(std::move(id)), lease_(std::move(lease)), backend_(std::move(backend)) {}
+
+BackendInstance::~BackendInstance() {
+  // Rule 5: the backend finishes all of its own work before its code can be unmapped.
+  try {
+    backend_->Shutdown();
+  } catch (...) {
+    Log()->error("backend {} generation {} threw from Shutdown", id_, generation_number());
+  }
+  try {
+    backend_.reset();
+  } catch (...) {
+    Log()->error("backend {} generation {} threw from its destructor", id_, generation_number());
+  }
+}
+
+Status BackendInstance::IsSupported(const OperatorDesc& op) const {
+  return GuardBackendCall(id_, "IsSupported", [&] { return backend_->IsSupported(op); });
+}
+
+Result<std::unique_ptr<Workload>> BackendInstance::CreateWorkload(const OperatorDesc& op) {
+  auto created = GuardBackendCall(id_, "CreateWorkload",
+                                  [&] { return backend_->CreateWorkload(op); });
+  if (!created.ok()) return std::move(created).error();
+  if (created.value() == nullptr) {
+    return Internal("backend " + id_ + " returned a null workload for " + op.op_type + " node '" +
+                    op.name + "'");
+  }
+  return std::make_unique<Workload>(shared_from_this(), std::move(created).value());
+}
+
+Result<std::unique_ptr<IBackendContext>> BackendInstance::CreateBackendContext() {
+  return GuardBackendCall(id_, "CreateBackendContext",
+                          [&]() -> Result<std::unique_ptr<IBackendContext>> {
+                            return backend_->CreateBackendContext();
+                          });
+}
+
+std::vector<OptionDescriptor> BackendInstance::DescribeOptions() const {
+  auto described = GuardBackendCall(id_, "DescribeOptions",
+                                    [&]() -> Result<std::vector<OptionDescriptor>> {
+                                      return backend_->DescribeOptions();
+                                    });
+  if (!described.ok()) {
+    Log()->error("{}", described.error().message());
+    return {};
+  }
+  return std::move(described).value();
+}
+
+Status BackendInstance::UpdateOptions(const BackendOptions& changes) {
+  return GuardBackendCall(id_, "UpdateOptions", [&] { return backend_->UpdateOptions(changes); });
+}
+
+Result<OptionValue> BackendInstance::GetOption(std::string_view key) const {
+  return GuardBackendCall(id_, "GetOption", [&] { return backend_->GetOption(key); });
+}
+
+std::shared_ptr<BackendInstance> MakeBackendInstance(std::string id,
+                                                     std::unique_ptr<IBackend> backend,
+                                                     GenerationLease lease,
+                                                     const std::shared_ptr<Reaper>& reaper) {
+  return MakeReaped(std::make_unique<BackendInstance>(std::move(id), std::move(backend),
+                                                      std::move(lease)),
+                    reaper);
+}
+
+}  // namespace backplane::loader

@@ -1,0 +1,59 @@
+#include "backplane/loader/generation.hpp"
+
+#include <dlfcn.h>
+#include <unistd.h>
+
+#include "backplane/loader/loader.hpp"
+#include "backplane/loader/logging.hpp"
+
+namespace backplane::loader {
+
+namespace {
+const auto& Log() {
+  static const auto logger = ModuleLogger("backplane.loader");
+  return logger;
+}
+}  // namespace
+
+LibraryHandle& LibraryHandle::operator=(LibraryHandle&& other) noexcept {
+  if (this != &other) {
+    Close();
+    handle_ = std::exchange(other.handle_, nullptr);
+  }
+  return *this;
+}
+
+void LibraryHandle::Close() {
+  if (handle_ != nullptr) dlclose(std::exchange(handle_, nullptr));
+}
+
+Generation::Generation(GenerationInfo info, LibraryHandle library, EntryPoints entry_points,
+                       std::shared_ptr<LoaderStats> stats)
+    : info_(std::move(info)),
+      library_(std::move(library)),
+      entry_points_(entry_points),
+      stats_(std::move(stats)) {
+  stats_->loaded.fetch_add(1, std::memory_order_relaxed);
+  stats_->live.fetch_add(1, std::memory_order_relaxed);
+}
+
+Generation::~Generation() {
+  library_.Close();
+  // dlclose does not say whether the library left the process. Asking for the shadow path with
+  // RTLD_NOLOAD does: glibc only answers with a handle while the library is still mapped.
+  if (void* still_mapped = dlopen(info_.shadow_path.c_str(), RTLD_NOW | RTLD_NOLOAD)) {
+    dlclose(still_mapped);
+    stats_->leaked.fetch_add(1, std::memory_order_relaxed);
+    Log()->warn("backend {} generation {} leaked: still mapped after dlclose ({}); something "
+                "pins it (a thread_local destructor, a NODELETE dependency, a live thread)",
+                info_.backend_id, info_.number, info_.file.string());
+  } else {
+    stats_->unloaded.fetch_add(1, std::memory_order_relaxed);
+    Log()->debug("backend {} generation {} unloaded ({})", info_.backend_id, info_.number,
+                 info_.file.string());
+  }
+  unlink(info_.shadow_path.c_str());  // a leaked mapping stays valid without its file
+  stats_->live.fetch_sub(1, std::memory_order_relaxed);
+}
+
+}  // namespace backplane::loader

@@ -1,0 +1,318 @@
+#include "backplane/loader/loader.hpp"
+
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "backplane/loader/elf_inspector.hpp"
+#include "backplane/loader/logging.hpp"
+
+namespace backplane::loader {
+namespace fs = std::filesystem;
+
+namespace {
+
+const auto& Log() {
+  static const auto logger = ModuleLogger("backplane.loader");
+  return logger;
+}
+
+// Never reused within the process, so a shadow path never names two libraries (rule 1).
+std::atomic<uint64_t> next_generation{1};
+
+// Records stages into an optional trace; the trace is for `backplane check` and debugging.
+class Tracer {
+ public:
+  explicit Tracer(LoadTrace* trace) : trace_(trace) {}
+  void Pass(std::string stage, std::string detail) {
+    if (trace_ != nullptr) trace_->Add({std::move(stage), true, std::move(detail)});
+  }
+  LoadError Fail(std::string stage, LoadError error) {
+    if (trace_ != nullptr) trace_->Add({std::move(stage), false, error.message});
+    return error;
+  }
+
+ private:
+  LoadTrace* trace_;
+};
+
+// Deletes a shadow file on scope exit unless released to a Generation.
+class ShadowFileGuard {
+ public:
+  explicit ShadowFileGuard(fs::path path) : path_(std::move(path)) {}
+  ~ShadowFileGuard() {
+    if (!path_.empty()) unlink(path_.c_str());
+  }
+  ShadowFileGuard(const ShadowFileGuard&) = delete;
+  ShadowFileGuard& operator=(const ShadowFileGuard&) = delete;
+  void Release() { path_.clear(); }
+
+ private:
+  fs::path path_;
+};
+
+// Maps the shadow file read-only for inspection: what is inspected is exactly what is dlopened.
+LoadResult<ElfFacts> InspectFile(const fs::path& path, const fs::path& named) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    return LoadError{LoadReason::kIoError,
+                     "cannot open shadow copy " + path.string() + ": " + std::strerror(errno)};
+  }
+  struct stat st {};
+  if (fstat(fd, &st) != 0) {
+    close(fd);
+    return LoadError{LoadReason::kIoError, "cannot stat shadow copy " + path.string()};
+  }
+  if (st.st_size == 0) {
+    close(fd);
+    return InspectElf({}, named.string());
+  }
+  void* image = mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_PRIVATE, fd, 0);
+  close(fd);
+  if (image == MAP_FAILED) {
+    return LoadError{LoadReason::kIoError,
+                     "cannot map shadow copy " + path.string() + ": " + std::strerror(errno)};
+  }
+  auto facts = InspectElf({static_cast<const std::byte*>(image), static_cast<size_t>(st.st_size)},
+                          named.string());
+  munmap(image, static_cast<size_t>(st.st_size));
+  return facts;
+}
+
+std::string DlError() {
+  const char* error = dlerror();
+  return error != nullptr ? error : "unknown dynamic linker error";
+}
+
+bool IsValidBackendId(std::string_view id) {
+  if (id.empty() || id.size() > 64) return false;
+  for (char c : id) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                    c == '_' || c == '-' || c == '.';
+    if (!ok) return false;
+  }
+  return true;
+}
+
+std::string VersionString(BackendApiVersion version) {
+  return std::to_string(version.major) + "." + std::to_string(version.minor);
+}
+
+}  // namespace
+
+Result<std::shared_ptr<Loader>> Loader::Create(LoaderOptions options) {
+  auto shadows = ShadowDirectory::Create(options.shadow_root);
+  if (!shadows.ok()) return std::move(shadows).error();
+  return std::shared_ptr<Loader>(new Loader(std::move(options), std::move(shadows).value()));
+}
+
+Result<std::shared_ptr<Loader>> Loader::Shared() {
+  static std::mutex mutex;
+  static std::weak_ptr<Loader> shared;
+  std::lock_guard lock(mutex);
+  if (auto existing = shared.lock()) return existing;
+  auto created = Create();
+  if (created.ok()) shared = created.value();
+  return created;
+}
+
+Loader::Loader(LoaderOptions options, std::shared_ptr<ShadowDirectory> shadows)
+    : options_(std::move(options)), shadows_(std::move(shadows)) {}
+
+LoadResult<GenerationLease> Loader::Load(const fs::path& file, LoadTrace* trace) {
+  Tracer tracer(trace);
+  auto resolved = ResolveBackendFile(file, options_.file_policy);
+  if (!resolved.ok()) {
+    const LoadReason reason = resolved.error().reason;
+    if (reason == LoadReason::kUnsafePermissions) tracer.Pass("file", file.string());
+    return tracer.Fail(reason == LoadReason::kUnsafePermissions ? "permissions" : "file",
+                       std::move(resolved).error());
+  }
+  tracer.Pass("file", resolved->path == resolved->real_path
+                          ? resolved->path.string()
+                          : resolved->path.string() + " -> " + resolved->real_path.string());
+  tracer.Pass("permissions", "owner and mode safe");
+
+  {
+    // An unchanged file that is already mapped is not mapped again.
+    std::lock_guard lock(mutex_);
+    auto it = live_.find(resolved->real_path);
+    if (it != live_.end()) {
+      auto existing = it->second.lock();
+      if (existing && ReadFileIdentity(resolved->real_path) == existing->info().identity) {
+        tracer.Pass("cache",
+                    "already loaded as generation " + std::to_string(existing->info().number));
+        return GenerationLease(existing);
+      }
+    }
+  }
+  auto loaded = LoadNew(*resolved, trace);
+  if (loaded.ok()) {
+    std::lock_guard lock(mutex_);
+    live_[resolved->real_path] = loaded.value();
+    std::erase_if(live_, [](const auto& entry) { return entry.second.expired(); });
+  }
+  return loaded;
+}
+
+LoadResult<GenerationLease> Loader::LoadNew(const BackendFile& file, LoadTrace* trace) {
+  Tracer tracer(trace);
+  const uint64_t number = next_generation.fetch_add(1, std::memory_order_relaxed);
+
+  auto shadow = shadows_->Copy(file.real_path, number);
+  if (!shadow.ok()) return tracer.Fail("copy", std::move(shadow).error());
+  ShadowFileGuard shadow_guard(shadow->path);
+  tracer.Pass("copy", shadow->path.string());
+
+  auto facts = InspectFile(shadow->path, file.path);
+  if (!facts.ok()) return tracer.Fail("elf", std::move(facts).error());
+  tracer.Pass("elf", facts->build_id.empty() ? "unloadable shared object"
+                                             : "unloadable shared object, build-id " +
+                                                   facts->build_id);
+
+  // Rule 2: RTLD_NOW turns a missing symbol into a load error instead of a later process kill;
+  // RTLD_LOCAL keeps two versions of one backend from binding to each other's symbols.
+  LibraryHandle library(dlopen(shadow->path.c_str(), RTLD_NOW | RTLD_LOCAL));
+  if (library.get() == nullptr) {
+    return tracer.Fail("dlopen", {LoadReason::kDlopenFailed,
+                                  file.path.string() + ": the dynamic linker refused it: " +
+                                      DlError()});
+  }
+  tracer.Pass("dlopen", "RTLD_NOW | RTLD_LOCAL");
+
+  EntryPoints entry_points;
+  std::string missing;
+  auto resolve = [&](const char* name, auto& pointer) {
+    dlerror();
+    pointer = reinterpret_cast<std::remove_reference_t<decltype(pointer)>>(
+        dlsym(library.get(), name));
+    if (pointer == nullptr) missing += (missing.empty() ? "" : ", ") + std::string(name);
+  };
+  resolve("GetBackendId", entry_points.get_backend_id);
+  resolve("GetVersion", entry_points.get_version);
+  resolve("BackendFactory", entry_points.backend_factory);
+  if (!missing.empty()) {
+    return tracer.Fail("entry points",
+                       {LoadReason::kMissingEntryPoint,
+                        file.path.string() + " does not export " + missing +
+                            " with C linkage; define them with BACKPLANE_DEFINE_BACKEND() and "
+                            "build with backplane_add_backend()"});
+  }
+  std::string optional_missing;
+  std::swap(missing, optional_missing);
+  resolve("GetBackendRelease", entry_points.get_backend_release);
+  tracer.Pass("entry points", "GetBackendId, GetVersion, BackendFactory");
+
+  const char* raw_id = nullptr;
+  try {
+    raw_id = entry_points.get_backend_id();
+  } catch (...) {
+    return tracer.Fail("id", {LoadReason::kInvalidId,
+                              file.path.string() + ": GetBackendId threw an exception"});
+  }
+  if (raw_id == nullptr) {
+    return tracer.Fail("id", {LoadReason::kInvalidId,
+                              file.path.string() + ": GetBackendId returned null"});
+  }
+  const std::string id = raw_id;
+  if (!IsValidBackendId(id)) {
+    return tracer.Fail("id", {LoadReason::kInvalidId,
+                              file.path.string() + ": GetBackendId returned " +
+                                  (id.empty() ? std::string("an empty id")
+                                              : "'" + id.substr(0, 80) + "'") +
+                                  "; an id is 1 to 64 letters, digits, '_', '-' or '.'"});
+  }
+  tracer.Pass("id", id);
+
+  BackendApiVersion api{};
+  try {
+    entry_points.get_version(&api.major, &api.minor);
+  } catch (...) {
+    return tracer.Fail("version", {LoadReason::kApiIncompatible,
+                                   file.path.string() + ": GetVersion threw an exception"});
+  }
+  if (!IsApiCompatible(api, options_.host_api)) {
+    return tracer.Fail(
+        "version",
+        {LoadReason::kApiIncompatible,
+         file.path.string() + " (backend " + id + ") is built against backend API " +
+             VersionString(api) + " but this host implements " +
+             VersionString(options_.host_api) + " (needs major " +
+             std::to_string(options_.host_api.major) + ", minor <= " +
+             std::to_string(options_.host_api.minor) + "); rebuild it against this SDK"});
+  }
+  tracer.Pass("version", "backend API " + VersionString(api) + " on host " +
+                             VersionString(options_.host_api));
+
+  std::string release;
+  if (entry_points.get_backend_release != nullptr) {
+    try {
+      if (const char* text = entry_points.get_backend_release()) release = text;
+    } catch (...) {
+      release.clear();
+    }
+  }
+
+  GenerationInfo info{.number = number,
+                      .backend_id = id,
+                      .api_version = api,
+                      .release = release,
+                      .file = file.path,
+                      .real_path = file.real_path,
+                      .shadow_path = shadow->path,
+                      .identity = shadow->source_identity,
+                      .build_id = facts->build_id,
+                      .loaded_at = std::chrono::system_clock::now()};
+  shadow_guard.Release();  // the generation deletes its shadow after unloading
+  GenerationLease generation = MakeReaped(
+      std::make_unique<const Generation>(std::move(info), std::move(library), entry_points, stats_),
+      reaper_);
+
+  auto probe = CreateInstance(generation);
+  if (!probe.ok()) return tracer.Fail("factory", std::move(probe).error());
+  tracer.Pass("factory", "created and released a probe instance");
+  Log()->info("loaded backend {} generation {} from {} (API {}{}{})", id, number,
+              file.path.string(), VersionString(api), release.empty() ? "" : ", release ",
+              release);
+  return generation;
+}
+
+LoadResult<std::shared_ptr<BackendInstance>> Loader::CreateInstance(
+    const GenerationLease& generation) {
+  const GenerationInfo& info = generation->info();
+  IBackend* raw = nullptr;
+  std::string failure;
+  try {
+    raw = generation->entry_points().backend_factory();
+    if (raw == nullptr) failure = "BackendFactory returned null";
+  } catch (const std::exception& e) {
+    failure = std::string("BackendFactory threw: ") + e.what();
+  } catch (...) {
+    failure = "BackendFactory threw an exception that is not a std::exception";
+  }
+  if (!failure.empty()) {
+    return LoadError{LoadReason::kFactoryFailed,
+                     info.file.string() + " (backend " + info.backend_id + "): " + failure};
+  }
+  auto instance =
+      MakeBackendInstance(info.backend_id, std::unique_ptr<IBackend>(raw), generation, reaper_);
+  std::string instance_id;
+  try {
+    instance_id = std::string(raw->GetId());
+  } catch (...) {
+    instance_id = "<GetId threw>";
+  }
+  if (instance_id != info.backend_id) {
+    return LoadError{LoadReason::kInvalidId, info.file.string() + ": the instance says its id is '" +
+                                                 instance_id + "' but GetBackendId says '" +
+                                                 info.backend_id + "'"};
+  }
+  return instance;
+}
+
+}  // namespace backplane::loader

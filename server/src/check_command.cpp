@@ -1,0 +1,264 @@
+#include "check_command.hpp"
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+
+#include "backplane/core/backend_registry.hpp"
+#include "backplane/loader/loader.hpp"
+
+namespace backplane::server {
+namespace fs = std::filesystem;
+using nlohmann::json;
+using loader::LoadReason;
+
+namespace {
+
+// The verdict on one file.
+struct FileReport {
+  std::string file;
+  std::vector<loader::LoadStage> stages;
+  std::optional<LoadReason> reason;  // nullopt: would load
+  std::string message;
+  std::string id;
+  std::string api_version;
+  std::string release;
+};
+
+// The stage that runs after `stage`, and the reason a crash in it is reported with.
+std::pair<std::string, LoadReason> CrashedStageAfter(const std::string& stage) {
+  static const std::vector<std::pair<std::string, std::pair<std::string, LoadReason>>> kNext = {
+      {"", {"file", LoadReason::kIoError}},
+      {"file", {"permissions", LoadReason::kIoError}},
+      {"permissions", {"copy", LoadReason::kIoError}},
+      {"copy", {"elf", LoadReason::kNotElf}},
+      {"elf", {"dlopen", LoadReason::kDlopenFailed}},
+      {"dlopen", {"entry points", LoadReason::kMissingEntryPoint}},
+      {"entry points", {"id", LoadReason::kInvalidId}},
+      {"id", {"version", LoadReason::kApiIncompatible}},
+      {"version", {"factory", LoadReason::kFactoryFailed}},
+      {"factory", {"register", LoadReason::kFactoryFailed}},
+  };
+  for (const auto& [after, next] : kNext) {
+    if (after == stage) return next;
+  }
+  return {"unload", LoadReason::kFactoryFailed};
+}
+
+// Child side: loads `file` in a fresh loader and streams each stage, then the result, as JSON
+// lines to `fd`.
+[[noreturn]] void CheckInChild(const std::string& file, bool allow_unsafe, int fd) {
+  auto write_line = [fd](const json& line) {
+    const std::string text = line.dump() + "\n";
+    for (std::size_t done = 0; done < text.size();) {
+      const ssize_t n = write(fd, text.data() + done, text.size() - done);
+      if (n <= 0) _exit(3);
+      done += static_cast<std::size_t>(n);
+    }
+  };
+  loader::LoaderOptions options;
+  options.file_policy.allow_unsafe_permissions = allow_unsafe;
+  auto created = loader::Loader::Create(options);
+  if (!created.ok()) {
+    write_line({{"result", false}, {"reason", "IO_ERROR"}, {"message", created.error().message()}});
+    _exit(0);
+  }
+  loader::LoadTrace trace;
+  trace.on_stage = [&](const loader::LoadStage& stage) {
+    write_line({{"stage", stage.name}, {"ok", stage.ok}, {"detail", stage.detail}});
+  };
+  {  // the generation is released at the end of this scope: unloading runs too
+    auto loaded = created.value()->Load(file, &trace);
+    if (loaded.ok()) {
+      const auto& info = loaded.value()->info();
+      write_line({{"result", true},
+                  {"id", info.backend_id},
+                  {"api_version", std::to_string(info.api_version.major) + "." +
+                                      std::to_string(info.api_version.minor)},
+                  {"release", info.release}});
+    } else {
+      write_line({{"result", false},
+                  {"reason", std::string(loader::ToString(loaded.error().reason))},
+                  {"message", loaded.error().message}});
+    }
+  }
+  created.value()->WaitForUnloads();
+  std::fflush(nullptr);
+  _exit(0);
+}
+
+FileReport CheckFile(const std::string& file, bool allow_unsafe) {
+  FileReport report{.file = file};
+  int fds[2];
+  if (pipe(fds) != 0) {
+    report.reason = LoadReason::kIoError;
+    report.message = std::string("cannot create a pipe: ") + std::strerror(errno);
+    return report;
+  }
+  std::fflush(nullptr);
+  const pid_t child = fork();
+  if (child == 0) {
+    close(fds[0]);
+    CheckInChild(file, allow_unsafe, fds[1]);
+  }
+  close(fds[1]);
+  std::string output;
+  char buffer[4096];
+  ssize_t n;
+  while ((n = read(fds[0], buffer, sizeof buffer)) > 0) output.append(buffer, n);
+  close(fds[0]);
+  int status = 0;
+  if (child > 0) waitpid(child, &status, 0);
+
+  bool finished = false;
+  std::size_t start = 0;
+  while (start < output.size()) {
+    const std::size_t end = output.find('\n', start);
+    if (end == std::string::npos) break;
+    const json line = json::parse(output.substr(start, end - start), nullptr, false);
+    start = end + 1;
+    if (line.is_discarded()) continue;
+    if (line.contains("stage")) {
+      report.stages.push_back({line["stage"], line["ok"], line["detail"]});
+    } else if (line.contains("result")) {
+      finished = true;
+      if (line["result"].get<bool>()) {
+        report.id = line["id"];
+        report.api_version = line["api_version"];
+        report.release = line["release"];
+      } else {
+        report.reason = loader::ParseLoadReason(line["reason"].get<std::string>());
+        report.message = line["message"];
+      }
+    }
+  }
+  if (child < 0 || !finished || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    const std::string last = report.stages.empty() ? "" : report.stages.back().name;
+    auto [stage, reason] = CrashedStageAfter(finished ? "factory" : last);
+    std::string how = child < 0                ? std::string("could not fork: ") + std::strerror(errno)
+                      : WIFSIGNALED(status) ? std::string("killed by signal ") +
+                                                  strsignal(WTERMSIG(status))
+                                            : "exited with status " +
+                                                  std::to_string(WEXITSTATUS(status));
+    report.reason = reason;
+    report.message = file + ": the backend crashed the loading process in stage '" + stage +
+                     "' (" + how + "); a backend must not crash in its constructors, entry "
+                     "points or factory";
+    report.stages.push_back({stage, false, report.message});
+  }
+  return report;
+}
+
+std::vector<std::string> ExpandArguments(const std::vector<std::string>& arguments) {
+  std::vector<fs::path> directories;
+  std::vector<std::string> files;
+  if (arguments.empty()) {
+    for (const auto& path : DefaultBackendPaths()) {
+      std::error_code error;
+      if (fs::is_directory(path, error)) directories.push_back(path);
+    }
+  }
+  for (const auto& argument : arguments) {
+    std::error_code error;
+    if (fs::is_directory(argument, error)) {
+      directories.emplace_back(argument);
+    } else {
+      files.push_back(argument);
+    }
+  }
+  // A directory is read as the registry reads it: one entry per real file.
+  const auto discovery = loader::DiscoverBackendFiles(directories, {.allow_unsafe_permissions = true});
+  for (const auto& file : discovery.files) files.push_back(file.path.string());
+  for (const auto& rejected : discovery.rejected) files.push_back(rejected.file.string());
+  return files;
+}
+
+void PrintText(const FileReport& report) {
+  std::cout << report.file << "\n";
+  for (const auto& stage : report.stages) {
+    std::printf("  %-13s %-5s %s\n", stage.name.c_str(), stage.ok ? "ok" : "FAIL",
+                stage.detail.c_str());
+  }
+  if (!report.reason) {
+    std::cout << "  verdict: OK, backend " << report.id << " (API " << report.api_version
+              << (report.release.empty() ? "" : ", release " + report.release) << ")\n";
+  } else {
+    std::cout << "  verdict: REJECTED " << loader::ToString(*report.reason) << ": "
+              << report.message << "\n";
+  }
+}
+
+json ToJson(const FileReport& report) {
+  json stages = json::array();
+  for (const auto& stage : report.stages) {
+    stages.push_back({{"stage", stage.name}, {"ok", stage.ok}, {"detail", stage.detail}});
+  }
+  const bool ok = !report.reason;
+  return {{"file", report.file},
+          {"ok", ok},
+          {"id", report.id.empty() ? json(nullptr) : json(report.id)},
+          {"api_version", report.api_version.empty() ? json(nullptr) : json(report.api_version)},
+          {"release", report.release.empty() ? json(nullptr) : json(report.release)},
+          {"stage", report.stages.empty() ? json(nullptr) : json(report.stages.back().name)},
+          {"reason", ok ? json(nullptr) : json(loader::ToString(*report.reason))},
+          {"message", ok ? json("would load") : json(report.message)},
+          {"stages", stages}};
+}
+
+}  // namespace
+
+int RunCheck(const CheckOptions& options) {
+  const auto files = ExpandArguments(options.files);
+  if (files.empty()) {
+    std::cerr << "backplane check: no backend files found"
+              << (options.files.empty() ? " in the default backend paths" : "") << "\n";
+    return 1;
+  }
+  std::vector<FileReport> reports;
+  std::map<std::string, std::string> files_by_id;
+  std::map<std::string, std::string> files_by_real_path;
+  for (const auto& file : files) {
+    FileReport report = CheckFile(file, options.allow_unsafe_permissions);
+    if (!report.reason) {
+      // Each file is checked in its own process, so files given together are compared here.
+      std::error_code error;
+      const std::string real_path = fs::canonical(file, error).string();
+      auto [same, first_name] = files_by_real_path.emplace(real_path, file);
+      auto [it, inserted] = files_by_id.emplace(report.id, file);
+      if (!first_name) {
+        report.stages.push_back({"register", true, "same file as " + same->second + ", loaded once"});
+      } else if (!inserted) {
+        report.reason = LoadReason::kDuplicateId;
+        report.message = file + " provides backend id " + report.id + ", which " + it->second +
+                         " (given earlier) provides too; only the first would be registered";
+        report.stages.push_back({"register", false, report.message});
+      } else {
+        report.stages.push_back({"register", true, "backend id " + report.id});
+      }
+    }
+    if (!options.json) PrintText(report);
+    reports.push_back(std::move(report));
+  }
+  bool all_ok = true;
+  json array = json::array();
+  for (const auto& report : reports) {
+    all_ok = all_ok && !report.reason;
+    array.push_back(ToJson(report));
+  }
+  if (options.json) {
+    std::cout << array.dump(2) << "\n";
+  } else {
+    std::cout << (all_ok ? "all " + std::to_string(reports.size()) + " file(s) would load\n"
+                         : "some files would not load\n");
+  }
+  return all_ok ? 0 : 1;
+}
+
+}  // namespace backplane::server
