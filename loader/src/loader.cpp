@@ -9,6 +9,8 @@
 #include <cerrno>
 #include <cstring>
 
+#include <tbb/task_arena.h>
+
 #include "backplane/loader/elf_inspector.hpp"
 #include "backplane/loader/logging.hpp"
 
@@ -106,6 +108,11 @@ std::string VersionString(BackendApiVersion version) {
 }  // namespace
 
 Result<std::shared_ptr<Loader>> Loader::Create(LoaderOptions options) {
+  // Rule 5: the host owns the threading runtime. Calling into libtbb here makes it a real
+  // dependency of every host (the linker drops unused libraries with --as-needed); otherwise the
+  // first backend that uses TBB would bring libtbb in, and unloading that backend would unmap
+  // libtbb under its own worker threads (measured: SIGSEGV in a TBB worker).
+  [[maybe_unused]] static const int tbb_threads = tbb::this_task_arena::max_concurrency();
   auto shadows = ShadowDirectory::Create(options.shadow_root);
   if (!shadows.ok()) return std::move(shadows).error();
   return std::shared_ptr<Loader>(new Loader(std::move(options), std::move(shadows).value()));

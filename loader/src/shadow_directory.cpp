@@ -8,6 +8,8 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
+#include <set>
 
 #include "backplane/loader/logging.hpp"
 
@@ -73,20 +75,26 @@ Result<std::shared_ptr<ShadowDirectory>> ShadowDirectory::Create(fs::path root) 
   BACKPLANE_RETURN_IF_ERROR(MakePrivateDirectory(base));
 
   // Shadows of processes that died without cleaning up, and of an earlier process with our pid.
-  std::error_code error;
-  const std::string own_pid = std::to_string(getpid());
-  for (fs::directory_iterator it(base, error), end; !error && it != end; it.increment(error)) {
-    const std::string name = it->path().filename().string();
-    char* name_end = nullptr;
-    const long pid = std::strtol(name.c_str(), &name_end, 10);
-    if (name_end == name.c_str() || *name_end != '\0') continue;
-    if (name == own_pid || !ProcessExists(static_cast<pid_t>(pid))) {
-      std::error_code remove_error;
-      const auto removed = fs::remove_all(it->path(), remove_error);
-      Log()->debug("removed {} stale shadow entries in {}", removed, it->path().string());
+  // Once per process and root: a second loader must not delete the first one's live shadows.
+  static std::mutex mutex;
+  static std::set<fs::path> cleaned_bases;
+  std::lock_guard lock(mutex);
+  if (cleaned_bases.insert(base).second) {
+    std::error_code error;
+    const std::string own_pid = std::to_string(getpid());
+    for (fs::directory_iterator it(base, error), end; !error && it != end; it.increment(error)) {
+      const std::string name = it->path().filename().string();
+      char* name_end = nullptr;
+      const long pid = std::strtol(name.c_str(), &name_end, 10);
+      if (name_end == name.c_str() || *name_end != '\0') continue;
+      if (name == own_pid || !ProcessExists(static_cast<pid_t>(pid))) {
+        std::error_code remove_error;
+        const auto removed = fs::remove_all(it->path(), remove_error);
+        Log()->debug("removed {} stale shadow entries in {}", removed, it->path().string());
+      }
     }
   }
-  const fs::path path = base / own_pid;
+  const fs::path path = base / std::to_string(getpid());
   BACKPLANE_RETURN_IF_ERROR(MakePrivateDirectory(path));
   return std::shared_ptr<ShadowDirectory>(new ShadowDirectory(path));
 }
@@ -98,6 +106,10 @@ ShadowDirectory::~ShadowDirectory() {
 
 LoadResult<ShadowCopy> ShadowDirectory::Copy(const fs::path& source, uint64_t generation) const {
   const fs::path target = path_ / (std::to_string(generation) + "-" + source.filename().string());
+  // Another loader of this process may have removed the directory when it was last empty.
+  if (Status made = MakePrivateDirectory(path_); !made.ok()) {
+    return LoadError{LoadReason::kIoError, made.message()};
+  }
   auto io_error = [&](const std::string& what) {
     return LoadError{LoadReason::kIoError, what + ": " + std::strerror(errno)};
   };

@@ -167,7 +167,9 @@ std::vector<std::string> ExpandArguments(const std::vector<std::string>& argumen
   }
   for (const auto& argument : arguments) {
     std::error_code error;
-    if (fs::is_directory(argument, error)) {
+    // A directory named like a backend file is a file argument (and gets NOT_REGULAR).
+    if (fs::is_directory(argument, error) &&
+        !loader::IsBackendFileName(fs::path(argument).filename().string())) {
       directories.emplace_back(argument);
     } else {
       files.push_back(argument);

@@ -1,0 +1,112 @@
+// ExampleHello: a complete dynamic backend in one file, written against the backend SDK only, the
+// way a third-party author writes one (docs/backend-authors.md walks through it).
+//
+// It runs the ONNX operator Relu on FP32 tensors and has one option, check_finite.
+#include <cmath>
+#include <memory>
+#include <string>
+
+#include "backplane/sdk/backend.hpp"
+
+// Everything in an anonymous namespace: the backend is reached only through the entry points, and
+// names that are not exported cannot clash with the host or with another version of this backend.
+namespace {
+
+using backplane::ConstTensorView;
+using backplane::DataType;
+using backplane::IWorkload;
+using backplane::OperatorDesc;
+using backplane::OptionSet;
+using backplane::OptionType;
+using backplane::Status;
+using backplane::TensorView;
+
+constexpr std::string_view kId = "ExampleHello";  // must equal the id given to the macro below
+constexpr std::string_view kCheckFinite = "check_finite";
+
+// y = max(x, 0), element by element.
+//
+// Thread-safe: Execute runs concurrently for many requests, so it keeps no per-request state in
+// members. It reads the option at each call, so an update applies to workloads created earlier.
+class ReluWorkload final : public IWorkload {
+ public:
+  // `options` belongs to the backend instance. The host destroys every workload before the
+  // instance that created it, so the reference stays valid for this workload's whole life.
+  ReluWorkload(std::string node, const OptionSet& options)
+      : node_(std::move(node)), options_(options) {}
+
+  Status Execute(std::span<const ConstTensorView> inputs,
+                 std::span<const TensorView> outputs) override {
+    const auto in = inputs[0].Elements<float>();
+    const auto out = outputs[0].Elements<float>();
+    if (options_.GetAs<bool>(kCheckFinite)) {
+      for (std::size_t i = 0; i < in.size(); ++i) {
+        if (!std::isfinite(in[i])) {
+          return backplane::InvalidArgument("Relu node '" + node_ + "': input element " +
+                                            std::to_string(i) + " is " + std::to_string(in[i]) +
+                                            " (check_finite is on)");
+        }
+      }
+    }
+    // Written so that NaN stays NaN, as in ONNX's reference and in CpuRef.
+    for (std::size_t i = 0; i < in.size(); ++i)
+      out[i] = in[i] < 0.0f ? 0.0f : in[i];
+    return Status::Ok();
+  }
+
+ private:
+  const std::string node_;
+  const OptionSet& options_;
+};
+
+// Thread-safe, as IBackend requires: the only mutable state is the OptionSet, which locks.
+class HelloBackend final : public backplane::IBackend {
+ public:
+  std::string_view GetId() const override { return kId; }
+
+  // Cheap and side-effect free: the host asks this for every layer of every network it places.
+  Status IsSupported(const OperatorDesc& op) const override {
+    if (op.op_type != "Relu") {
+      return backplane::Unimplemented("ExampleHello runs Relu only, not " + op.op_type +
+                                      " (node '" + op.name + "')");
+    }
+    if (op.inputs.size() != 1 || op.outputs.size() != 1) {
+      return backplane::InvalidArgument("Relu node '" + op.name + "' needs 1 input and 1 output");
+    }
+    if (op.inputs[0].type != DataType::kFloat32 || op.outputs[0].type != DataType::kFloat32) {
+      return backplane::Unimplemented("ExampleHello runs Relu on FP32 only; node '" + op.name +
+                                      "' has " + std::string(ToString(op.inputs[0].type)));
+    }
+    return Status::Ok();
+  }
+
+  backplane::Result<std::unique_ptr<IWorkload>> CreateWorkload(const OperatorDesc& op) override {
+    BACKPLANE_RETURN_IF_ERROR(IsSupported(op));
+    return std::unique_ptr<IWorkload>(new ReluWorkload(op.name, options_));
+  }
+
+  // OptionSet validates (unknown key, wrong type: nothing applied) and is thread-safe.
+  std::vector<backplane::OptionDescriptor> DescribeOptions() const override {
+    return options_.descriptors();
+  }
+  Status UpdateOptions(const backplane::BackendOptions& changes) override {
+    return options_.Update(changes);
+  }
+  backplane::Result<backplane::OptionValue> GetOption(std::string_view key) const override {
+    return options_.Get(key);
+  }
+
+  // This backend starts no threads, tasks or callbacks, so there is nothing to wait for. A backend
+  // that does must stop and join them here: the library is unmapped right after destruction.
+  void Shutdown() override {}
+
+ private:
+  OptionSet options_{std::string(kId),
+                     {{std::string(kCheckFinite), OptionType::kBool, false,
+                       "fail a request whose input holds NaN or infinity, naming the node"}}};
+};
+
+}  // namespace
+
+// The three C entry points (plus GetBackendRelease, from VERSION in CMakeLists.txt).
+BACKPLANE_DEFINE_BACKEND(HelloBackend, "ExampleHello")

@@ -1,0 +1,82 @@
+// A host program that exercises ExampleHello through the public Runtime API: finds it in a backend
+// directory, sets its option, and runs its Relu on a small tensor. Not part of the backend.
+//
+//   example_hello_host [backend-dir...]     (default: $BACKPLANE_BACKEND_PATHS, else the build's)
+#include <cmath>
+#include <cstdio>
+#include <vector>
+
+#include "backplane/core/runtime.hpp"
+
+namespace {
+
+void Print(const char* what, const std::vector<float>& values) {
+  std::printf("%s", what);
+  for (float v : values)
+    std::printf(" %g", v);
+  std::printf("\n");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  backplane::RuntimeOptions options;
+  if (argc > 1)
+    options.backend_paths = std::vector<std::filesystem::path>(argv + 1, argv + argc);
+  auto runtime = backplane::Runtime::Create(std::move(options));
+  if (!runtime.ok()) {
+    std::fprintf(stderr, "runtime: %s\n", runtime.error().ToString().c_str());
+    return 1;
+  }
+  auto hello = runtime.value()->Backend("ExampleHello");
+  if (hello == nullptr) {
+    std::fprintf(stderr, "backend ExampleHello is not available (see the log above)\n");
+    return 1;
+  }
+  std::printf("ExampleHello generation %llu, release %s\n",
+              static_cast<unsigned long long>(hello->generation_number()),
+              hello->generation() ? hello->generation()->info().release.c_str() : "(static)");
+  for (const auto& option : hello->DescribeOptions()) {
+    std::printf("option %s (%s, default %s): %s\n", option.name.c_str(),
+                std::string(backplane::ToString(option.type)).c_str(),
+                backplane::ToString(option.default_value).c_str(), option.help.c_str());
+  }
+
+  const backplane::TensorInfo info{backplane::DataType::kFloat32, {2, 3}};
+  const backplane::OperatorDesc relu{
+      .op_type = "Relu", .name = "relu0", .inputs = {info}, .outputs = {info}};
+  auto workload = hello->CreateWorkload(relu);
+  if (!workload.ok()) {
+    std::fprintf(stderr, "CreateWorkload: %s\n", workload.error().ToString().c_str());
+    return 1;
+  }
+  auto run = [&](std::vector<float> input) {
+    std::vector<float> output(input.size());
+    const backplane::ConstTensorView in{info, input.data()};
+    const backplane::TensorView out{info, output.data()};
+    Print("in: ", input);
+    const backplane::Status status = workload.value()->Execute({&in, 1}, {&out, 1});
+    if (status.ok()) {
+      Print("out:", output);
+    } else {
+      std::printf("error: %s\n", status.ToString().c_str());
+    }
+  };
+  run({-2, -1, 0, 1, 2, NAN});
+
+  // Options are validated by the backend; a bad update changes nothing.
+  for (const backplane::BackendOptions& update :
+       {backplane::BackendOptions{{"check_finite", int64_t{1}}},
+        backplane::BackendOptions{{"check_finit", true}},
+        backplane::BackendOptions{{"check_finite", true}}}) {
+    const backplane::Status status = runtime.value()->UpdateBackendOptions("ExampleHello", update);
+    std::printf("update %s=%s: %s\n", update.begin()->first.c_str(),
+                backplane::ToString(update.begin()->second).c_str(), status.ToString().c_str());
+  }
+  run({-2, -1, 0, 1, 2, NAN});
+
+  const backplane::OperatorDesc sigmoid{
+      .op_type = "Sigmoid", .name = "sig0", .inputs = {info}, .outputs = {info}};
+  std::printf("IsSupported(Sigmoid): %s\n", hello->IsSupported(sigmoid).ToString().c_str());
+  return 0;
+}

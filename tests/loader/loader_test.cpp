@@ -1,0 +1,263 @@
+// The loader's stages, one fixture per outcome (seed 001 "Test Strategy", ArmNN's own cases).
+#include "backplane/loader/loader.hpp"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <fstream>
+
+#include "test_util.hpp"
+
+namespace backplane::loader {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::CopyFile;
+using testing::Fixture;
+using testing::IsMapped;
+using testing::TempDir;
+using testing::WriteFile;
+
+std::shared_ptr<Loader> MakeLoader(LoaderOptions options = {}) {
+  auto loader = Loader::Create(std::move(options));
+  EXPECT_TRUE(loader.ok()) << loader.error().ToString();
+  return std::move(loader).value();
+}
+
+LoadError LoadFailure(Loader& loader, const std::filesystem::path& file) {
+  auto loaded = loader.Load(file);
+  EXPECT_FALSE(loaded.ok()) << file << " loaded but should not";
+  if (loaded.ok()) return {LoadReason::kIoError, "loaded"};
+  return loaded.error();
+}
+
+TEST(LoaderTest, LoadsValidBackend) {
+  auto loader = MakeLoader();
+  LoadTrace trace;
+  auto loaded = loader->Load(Fixture("Valid"), &trace);
+  ASSERT_TRUE(loaded.ok()) << loaded.error().ToString();
+  const GenerationInfo& info = loaded.value()->info();
+  EXPECT_EQ(info.backend_id, "TestValid");
+  EXPECT_EQ(info.api_version, kBackendApiVersion);
+  EXPECT_EQ(info.release, "1.2.3");  // from backplane_add_backend(... VERSION 1.2.3)
+  EXPECT_EQ(info.real_path.filename(), "Test_Valid_backend.so.1.2.3");
+  EXPECT_EQ(info.build_id.size(), 40u);  // GNU ld's SHA-1 build id, hex
+  std::vector<std::string> stages;
+  for (const auto& stage : trace.stages) {
+    EXPECT_TRUE(stage.ok) << stage.name << ": " << stage.detail;
+    stages.push_back(stage.name);
+  }
+  EXPECT_THAT(stages, ::testing::ElementsAre("file", "permissions", "copy", "elf", "dlopen",
+                                             "entry points", "id", "version", "factory"));
+}
+
+TEST(LoaderTest, MapsTheShadowCopyNeverTheWatchedPath) {
+  auto loader = MakeLoader();
+  auto loaded = loader->Load(Fixture("Valid"));
+  ASSERT_TRUE(loaded.ok());
+  const auto shadow = loaded.value()->info().shadow_path;
+  EXPECT_TRUE(shadow.string().starts_with(loader->shadow_directory().path().string()));
+  EXPECT_TRUE(IsMapped(shadow.string()));
+  EXPECT_FALSE(IsMapped(BACKPLANE_FIXTURE_DIR));  // rule 1: never the path that may be replaced
+}
+
+TEST(LoaderTest, UnloadsAndDeletesShadowWhenTheLastLeaseGoes) {
+  auto loader = MakeLoader();
+  auto loaded = loader->Load(Fixture("Valid"));
+  ASSERT_TRUE(loaded.ok());
+  GenerationLease lease = loaded.value();
+  const auto shadow = lease->info().shadow_path;
+  auto instance = loader->CreateInstance(lease);
+  ASSERT_TRUE(instance.ok());
+  loaded = LoadError{LoadReason::kIoError, "released"};
+  lease.reset();
+  loader->WaitForUnloads();
+  EXPECT_TRUE(IsMapped(shadow.string())) << "the instance still holds the generation";
+  instance = LoadError{LoadReason::kIoError, "released"};
+  loader->WaitForUnloads();
+  EXPECT_FALSE(IsMapped(shadow.string()));
+  EXPECT_FALSE(std::filesystem::exists(shadow));
+  EXPECT_EQ(loader->stats().unloaded.load(), 1u);
+  EXPECT_EQ(loader->stats().leaked.load(), 0u);
+  EXPECT_EQ(loader->stats().live.load(), 0u);
+}
+
+TEST(LoaderTest, SameUnchangedFileIsMappedOnce) {
+  auto loader = MakeLoader();
+  auto first = loader->Load(Fixture("Valid"));
+  auto second = loader->Load(Fixture("Valid"));
+  ASSERT_TRUE(first.ok() && second.ok());
+  EXPECT_EQ(first.value(), second.value());
+  EXPECT_EQ(loader->stats().loaded.load(), 1u);
+}
+
+TEST(LoaderTest, GenerationNumbersAreNeverReused) {
+  auto loader = MakeLoader();
+  std::set<uint64_t> numbers;
+  for (int i = 0; i < 5; ++i) {
+    auto loaded = loader->Load(Fixture("Valid"));
+    ASSERT_TRUE(loaded.ok());
+    EXPECT_TRUE(numbers.insert(loaded.value()->info().number).second);
+    loaded = LoadError{LoadReason::kIoError, "released"};
+    loader->WaitForUnloads();  // unloaded, so the next load is a new generation
+  }
+}
+
+TEST(LoaderTest, ApiVersionMatrixAgainstHost24) {
+  auto loader = MakeLoader({.host_api = {2, 4}});
+  for (const char* ok : {"Api24", "Api23"}) {
+    auto loaded = loader->Load(Fixture(ok));
+    EXPECT_TRUE(loaded.ok()) << ok << ": " << loaded.error().ToString();
+  }
+  for (const char* refused : {"Api25", "Api34", "Api14"}) {
+    LoadError error = LoadFailure(*loader, Fixture(refused));
+    EXPECT_EQ(error.reason, LoadReason::kApiIncompatible) << refused;
+    EXPECT_THAT(error.message, HasSubstr("this host implements 2.4")) << refused;
+  }
+  EXPECT_THAT(LoadFailure(*loader, Fixture("Api25")).message, HasSubstr("built against backend API 2.5"));
+}
+
+TEST(LoaderTest, IsApiCompatibleFollowsTheArmnnRule) {
+  EXPECT_TRUE(IsApiCompatible({2, 1}, {2, 4}));
+  EXPECT_TRUE(IsApiCompatible({2, 4}, {2, 4}));
+  EXPECT_FALSE(IsApiCompatible({2, 5}, {2, 4}));
+  EXPECT_FALSE(IsApiCompatible({2, 4}, {1, 0}));
+  EXPECT_FALSE(IsApiCompatible({2, 0}, {3, 0}));
+}
+
+TEST(LoaderTest, RefusesMissingOrMangledEntryPoints) {
+  auto loader = MakeLoader();
+  const std::pair<const char*, const char*> cases[] = {{"NoId", "GetBackendId"},
+                                                       {"NoVersion", "GetVersion"},
+                                                       {"NoFactory", "BackendFactory"},
+                                                       {"Mangled", "GetBackendId, GetVersion, BackendFactory"}};
+  for (const auto& [fixture, missing] : cases) {
+    LoadError error = LoadFailure(*loader, Fixture(fixture));
+    EXPECT_EQ(error.reason, LoadReason::kMissingEntryPoint) << fixture;
+    EXPECT_THAT(error.message, HasSubstr("does not export " + std::string(missing) + " with C linkage"))
+        << fixture;
+  }
+}
+
+TEST(LoaderTest, RefusesNullEmptyOrMalformedIds) {
+  auto loader = MakeLoader();
+  const std::pair<const char*, const char*> cases[] = {
+      {"NullId", "GetBackendId returned null"},
+      {"EmptyId", "returned an empty id"},
+      {"BadId", "returned 'no spaces allowed'"},
+      {"WrongInstanceId", "the instance says its id is 'SomethingElse'"}};
+  for (const auto& [fixture, message] : cases) {
+    LoadError error = LoadFailure(*loader, Fixture(fixture));
+    EXPECT_EQ(error.reason, LoadReason::kInvalidId) << fixture;
+    EXPECT_THAT(error.message, HasSubstr(message)) << fixture;
+  }
+}
+
+TEST(LoaderTest, RefusesBrokenFactories) {
+  auto loader = MakeLoader();
+  LoadError null_factory = LoadFailure(*loader, Fixture("NullFactory"));
+  EXPECT_EQ(null_factory.reason, LoadReason::kFactoryFailed);
+  EXPECT_THAT(null_factory.message, HasSubstr("BackendFactory returned null"));
+  LoadError throwing = LoadFailure(*loader, Fixture("ThrowingFactory"));
+  EXPECT_EQ(throwing.reason, LoadReason::kFactoryFailed);
+  EXPECT_THAT(throwing.message, HasSubstr("BackendFactory threw: fixture factory refuses to build"));
+  loader->WaitForUnloads();
+  EXPECT_FALSE(IsMapped("-Test_NullFactory_backend.so"));
+  EXPECT_FALSE(IsMapped("-Test_ThrowingFactory_backend.so"));
+}
+
+TEST(LoaderTest, RefusesFilesThatAreNotSharedObjects) {
+  auto loader = MakeLoader();
+  TempDir dir;
+
+  WriteFile(dir / "Test_Text_backend.so", "#!/bin/sh\necho I am not a library\n");
+  LoadError text = LoadFailure(*loader, dir / "Test_Text_backend.so");
+  EXPECT_EQ(text.reason, LoadReason::kNotElf);
+  EXPECT_THAT(text.message, HasSubstr("Test_Text_backend.so"));
+
+  WriteFile(dir / "Test_Empty_backend.so", "");
+  EXPECT_EQ(LoadFailure(*loader, dir / "Test_Empty_backend.so").reason, LoadReason::kNotElf);
+
+  const std::string image = testing::ReadFile(Fixture("Valid"));
+  WriteFile(dir / "Test_Half_backend.so", image.substr(0, image.size() / 2));
+  EXPECT_EQ(LoadFailure(*loader, dir / "Test_Half_backend.so").reason, LoadReason::kElfTruncated);
+
+  std::string other_machine = image;
+  other_machine[18] = static_cast<char>(183);  // e_machine = EM_AARCH64 (or x86-64 on AArch64)
+  other_machine[19] = 0;
+  if (image[18] == other_machine[18]) other_machine[18] = 62;
+  WriteFile(dir / "Test_Arm_backend.so", other_machine);
+  EXPECT_EQ(LoadFailure(*loader, dir / "Test_Arm_backend.so").reason, LoadReason::kWrongArch);
+
+  std::filesystem::create_directory(dir / "Test_Dir_backend.so");
+  EXPECT_EQ(LoadFailure(*loader, dir / "Test_Dir_backend.so").reason, LoadReason::kNotRegular);
+
+  EXPECT_EQ(LoadFailure(*loader, dir / "Test_Missing_backend.so").reason, LoadReason::kNotFound);
+
+  CopyFile(Fixture("Valid"), dir / "libvalid.so");
+  EXPECT_EQ(LoadFailure(*loader, dir / "libvalid.so").reason, LoadReason::kNameScheme);
+
+  loader->WaitForUnloads();
+  EXPECT_EQ(loader->stats().loaded.load(), 0u);  // none of them reached dlopen
+}
+
+TEST(LoaderTest, RefusesUnsafePermissionsUnlessAllowed) {
+  TempDir dir;
+  const auto file = dir / "Test_Valid_backend.so";
+  CopyFile(Fixture("Valid"), file);
+  std::filesystem::permissions(file, std::filesystem::perms(0775));
+  auto strict = MakeLoader();
+  LoadError group_writable = LoadFailure(*strict, file);
+  EXPECT_EQ(group_writable.reason, LoadReason::kUnsafePermissions);
+  EXPECT_THAT(group_writable.message, HasSubstr("writable by its group (mode 0775)"));
+
+  auto relaxed = MakeLoader({.file_policy = {.allow_unsafe_permissions = true}});
+  EXPECT_TRUE(relaxed->Load(file).ok());
+
+  std::filesystem::permissions(file, std::filesystem::perms(0755));
+  std::filesystem::permissions(dir.path(), std::filesystem::perms(0777));
+  LoadError open_directory = LoadFailure(*strict, file);
+  EXPECT_EQ(open_directory.reason, LoadReason::kUnsafePermissions);
+  EXPECT_THAT(open_directory.message, HasSubstr("writable by others"));
+  std::filesystem::permissions(dir.path(), std::filesystem::perms(0700));
+
+  if (geteuid() == 0) {  // only root can give a file away
+    ASSERT_EQ(chown(file.c_str(), 4242, 4242), 0);
+    LoadError foreign = LoadFailure(*strict, file);
+    EXPECT_EQ(foreign.reason, LoadReason::kUnsafePermissions);
+    EXPECT_THAT(foreign.message, HasSubstr("owned by uid 4242"));
+  }
+}
+
+TEST(LoaderTest, ClearsStaleShadowsAtStart) {
+  TempDir root;
+  const auto base = root / ("backplane-" + std::to_string(geteuid()));
+  std::filesystem::create_directory(base);
+  std::filesystem::permissions(base, std::filesystem::perms(0700));
+  // What an earlier process with our pid left, and what a dead process left.
+  const auto own = base / std::to_string(getpid());
+  const auto dead = base / "999999999";
+  std::filesystem::create_directories(own);
+  std::filesystem::create_directories(dead);
+  WriteFile(own / "7-Test_Valid_backend.so", "stale");
+  WriteFile(dead / "3-Test_Valid_backend.so", "stale");
+
+  auto loader = MakeLoader({.shadow_root = root.path()});
+  EXPECT_FALSE(std::filesystem::exists(own / "7-Test_Valid_backend.so"));
+  EXPECT_FALSE(std::filesystem::exists(dead));
+  EXPECT_EQ(loader->shadow_directory().path(), own);
+}
+
+TEST(LoaderTest, RefusesAShadowRootSomeoneElseControls) {
+  TempDir root;
+  const auto base = root / ("backplane-" + std::to_string(geteuid()));
+  std::filesystem::create_directory(base);
+  std::filesystem::permissions(base, std::filesystem::perms(0777));
+  auto loader = Loader::Create({.shadow_root = root.path()});
+  ASSERT_FALSE(loader.ok());
+  EXPECT_THAT(loader.error().message(), HasSubstr("is not a private directory"));
+}
+
+}  // namespace
+}  // namespace backplane::loader

@@ -1,0 +1,200 @@
+// The measured traps of DESIGN.md's loading rules: each would crash or leak if the loader fell in.
+#include <fcntl.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <mutex>
+#include <thread>
+
+#include "backplane/loader/loader.hpp"
+#include "test_util.hpp"
+
+namespace backplane::loader {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::CopyFile;
+using testing::Fixture;
+using testing::IsMapped;
+using testing::TempDir;
+
+OperatorDesc IdentityOp(int64_t elements) {
+  return {.op_type = "Identity",
+          .name = "identity",
+          .inputs = {{DataType::kFloat32, {elements}}},
+          .outputs = {{DataType::kFloat32, {elements}}}};
+}
+
+// Runs `workload` on 0, 1, 2... and returns the outputs.
+std::vector<float> RunIdentity(Workload& workload, int64_t elements) {
+  std::vector<float> in(elements), out(elements, -1.0f);
+  for (int64_t i = 0; i < elements; ++i) in[i] = static_cast<float>(i);
+  const ConstTensorView input{{DataType::kFloat32, {elements}}, in.data()};
+  const TensorView output{{DataType::kFloat32, {elements}}, out.data()};
+  Status status = workload.Execute({&input, 1}, {&output, 1});
+  EXPECT_TRUE(status.ok()) << status.ToString();
+  return out;
+}
+
+int64_t FactoryCalls(const BackendInstance& instance) {
+  return std::get<int64_t>(instance.GetOption("factory_calls").value());
+}
+
+// Rule 1: `cp` onto a file whose library is mapped kills the process unless the mapped file is a
+// private copy.
+TEST(LoaderTrapTest, OverwritingTheSourceInPlaceWhileInUseDoesNotCrash) {
+  TempDir dir;
+  const auto file = dir / "Test_Live_backend.so";
+  CopyFile(Fixture("Valid"), file);
+  auto loader = Loader::Create().value();
+  auto generation = loader->Load(file).value();
+  auto instance = loader->CreateInstance(generation).value();
+  auto workload = instance->CreateWorkload(IdentityOp(64)).value();
+  EXPECT_EQ(RunIdentity(*workload, 64)[63], 63.0f);
+
+  // What `cp Offset.so Live.so` does: truncate and rewrite the same inode.
+  const std::string replacement = testing::ReadFile(Fixture("Offset"));
+  const int fd = open(file.c_str(), O_WRONLY | O_TRUNC);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(write(fd, replacement.data(), replacement.size()),
+            static_cast<ssize_t>(replacement.size()));
+  close(fd);
+
+  EXPECT_EQ(RunIdentity(*workload, 64)[63], 63.0f) << "the old generation keeps its own code";
+  auto replaced = loader->Load(file);
+  ASSERT_TRUE(replaced.ok()) << replaced.error().ToString();
+  EXPECT_NE(replaced.value()->info().number, generation->info().number);
+  auto new_instance = loader->CreateInstance(replaced.value()).value();
+  auto new_workload = new_instance->CreateWorkload(IdentityOp(64)).value();
+  EXPECT_EQ(RunIdentity(*new_workload, 64)[63], 1063.0f) << "the new generation runs the new code";
+}
+
+// Rule 3's consequence: two versions of one backend loaded at once must not share objects.
+TEST(LoaderTrapTest, TwoGenerationsOfOneIdKeepSeparateState) {
+  TempDir dir;
+  CopyFile(Fixture("Valid"), dir / "Test_First_backend.so");
+  CopyFile(Fixture("Valid"), dir / "Test_Second_backend.so");
+  auto loader = Loader::Create().value();
+  auto first = loader->Load(dir / "Test_First_backend.so").value();
+  auto second = loader->Load(dir / "Test_Second_backend.so").value();
+  ASSERT_EQ(first->info().backend_id, second->info().backend_id);
+  ASSERT_NE(first->info().number, second->info().number);
+
+  std::vector<std::shared_ptr<BackendInstance>> instances;
+  for (int i = 0; i < 3; ++i) instances.push_back(loader->CreateInstance(first).value());
+  instances.push_back(loader->CreateInstance(second).value());
+  // Each library counted its own factory calls: the load-time probe plus the instances above.
+  EXPECT_EQ(FactoryCalls(*instances.front()), 4);
+  EXPECT_EQ(FactoryCalls(*instances.back()), 2);
+}
+
+TEST(LoaderTrapTest, RefusesWhatCannotBeUnloadedAndNamesTheFix) {
+  auto loader = Loader::Create().value();
+  const std::pair<const char*, const char*> cases[] = {
+      {"Unique", "-fno-gnu-unique"},
+      {"Nodelete", "nodelete"},
+      {"ThreadLocal", "__cxa_thread_atexit"},
+      {"ExecStack", "-z noexecstack"},
+  };
+  for (const auto& [fixture, fix] : cases) {
+    auto loaded = loader->Load(Fixture(fixture));
+    ASSERT_FALSE(loaded.ok()) << fixture;
+    EXPECT_EQ(loaded.error().reason, LoadReason::kNotUnloadable) << fixture;
+    EXPECT_THAT(loaded.error().message, HasSubstr(fix)) << fixture;
+  }
+  EXPECT_EQ(loader->stats().loaded.load(), 0u) << "refused before dlopen";
+  EXPECT_FALSE(IsMapped("-Test_Unique_backend.so"));
+}
+
+// Rule 2: RTLD_NOW turns a missing symbol into a load error, not a process kill at first call.
+TEST(LoaderTrapTest, MissingSymbolFailsAtLoadNotAtFirstCall) {
+  auto loader = Loader::Create().value();
+  auto loaded = loader->Load(Fixture("MissingSymbol"));
+  ASSERT_FALSE(loaded.ok());
+  EXPECT_EQ(loaded.error().reason, LoadReason::kDlopenFailed);
+  EXPECT_THAT(loaded.error().message,
+              HasSubstr("backplane_fixture_function_that_does_not_exist"));
+}
+
+// Rule 5: the host owns TBB, so a backend that used it unloads cleanly and TBB stays.
+TEST(LoaderTrapTest, BackendUsingTbbUnloadsCleanly) {
+  auto loader = Loader::Create().value();
+  std::filesystem::path shadow;
+  {
+    auto generation = loader->Load(Fixture("Tbb")).value();
+    shadow = generation->info().shadow_path;
+    auto instance = loader->CreateInstance(generation).value();
+    auto workload = instance->CreateWorkload(IdentityOp(100000)).value();
+    const auto out = RunIdentity(*workload, 100000);
+    EXPECT_EQ(out[99999], 99999.0f);
+  }
+  loader->WaitForUnloads();
+  EXPECT_FALSE(IsMapped(shadow.string()));
+  EXPECT_TRUE(IsMapped("libtbb"));
+  EXPECT_EQ(loader->stats().leaked.load(), 0u);
+}
+
+// Records where and in which order its teardown runs.
+class TeardownRecorder final : public IBackend {
+ public:
+  struct Log {
+    std::mutex mutex;
+    std::vector<std::pair<std::string, std::thread::id>> events;
+    void Add(std::string event) {
+      std::lock_guard lock(mutex);
+      events.emplace_back(std::move(event), std::this_thread::get_id());
+    }
+  };
+  explicit TeardownRecorder(Log& log) : log_(log) {}
+  ~TeardownRecorder() override { log_.Add("destroyed"); }
+  std::string_view GetId() const override { return "Recorder"; }
+  Status IsSupported(const OperatorDesc&) const override { return Status::Ok(); }
+  Result<std::unique_ptr<IWorkload>> CreateWorkload(const OperatorDesc&) override {
+    return Unimplemented("none");
+  }
+  void Shutdown() override { log_.Add("shutdown"); }
+
+ private:
+  Log& log_;
+};
+
+// Rule 6: the last release of an instance, wherever it happens, runs its teardown on the reaper:
+// Shutdown first, then the destructor, never on the releasing (request) thread.
+TEST(LoaderTrapTest, LastReleaseOnARequestThreadIsReapedElsewhere) {
+  TeardownRecorder::Log log;
+  auto reaper = std::make_shared<Reaper>();
+  auto instance =
+      MakeBackendInstance("Recorder", std::make_unique<TeardownRecorder>(log), nullptr, reaper);
+  std::thread::id request_thread;
+  std::thread request([&, moved = std::move(instance)]() mutable {
+    request_thread = std::this_thread::get_id();
+    moved.reset();
+  });
+  request.join();
+  reaper->WaitIdle();
+  std::lock_guard lock(log.mutex);
+  ASSERT_EQ(log.events.size(), 2u);
+  EXPECT_EQ(log.events[0].first, "shutdown");
+  EXPECT_EQ(log.events[1].first, "destroyed");
+  for (const auto& [event, thread] : log.events) {
+    EXPECT_NE(thread, request_thread) << event;
+    EXPECT_NE(thread, std::this_thread::get_id()) << event;
+  }
+}
+
+// A reaper that is gone (process shutdown) must not lose a disposal: it runs inline.
+TEST(LoaderTrapTest, ReleaseAfterTheReaperIsGoneDisposesInline) {
+  TeardownRecorder::Log log;
+  auto reaper = std::make_shared<Reaper>();
+  auto instance =
+      MakeBackendInstance("Recorder", std::make_unique<TeardownRecorder>(log), nullptr, reaper);
+  reaper.reset();
+  instance.reset();
+  std::lock_guard lock(log.mutex);
+  ASSERT_EQ(log.events.size(), 2u);
+  EXPECT_EQ(log.events[1].second, std::this_thread::get_id());
+}
+
+}  // namespace
+}  // namespace backplane::loader

@@ -1,0 +1,149 @@
+// `backplane check`, run as a user runs it: the real executable on real files.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "test_util.hpp"
+
+namespace backplane {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+using nlohmann::json;
+using testing::Fixture;
+using testing::TempDir;
+
+struct CommandResult {
+  int exit_code = -1;
+  std::string output;  // stdout only
+};
+
+CommandResult RunBackplane(const std::string& arguments) {
+  const std::string command = std::string(BACKPLANE_EXECUTABLE) + " " + arguments + " 2>/dev/null";
+  CommandResult result;
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) return result;
+  char buffer[4096];
+  std::size_t n;
+  while ((n = fread(buffer, 1, sizeof buffer, pipe)) > 0) result.output.append(buffer, n);
+  const int status = pclose(pipe);
+  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return result;
+}
+
+json CheckJson(const std::string& files, int expected_exit) {
+  CommandResult result = RunBackplane("check --json " + files);
+  EXPECT_EQ(result.exit_code, expected_exit) << result.output;
+  json parsed = json::parse(result.output, nullptr, false);
+  EXPECT_TRUE(parsed.is_array()) << result.output;
+  return parsed;
+}
+
+TEST(CheckCommandTest, FirstPartyBackendWouldLoad) {
+  json report = CheckJson(testing::CpuRefBackend().string(), 0);
+  ASSERT_EQ(report.size(), 1u);
+  EXPECT_EQ(report[0]["ok"], true);
+  EXPECT_EQ(report[0]["id"], "CpuRef");
+  EXPECT_EQ(report[0]["api_version"], "1.0");
+  EXPECT_EQ(report[0]["reason"], nullptr);
+  for (const char* key : {"file", "ok", "id", "api_version", "stage", "reason", "message"}) {
+    EXPECT_TRUE(report[0].contains(key)) << key;
+  }
+}
+
+TEST(CheckCommandTest, EveryBrokenFileGetsItsReasonCode) {
+  TempDir dir;
+  testing::WriteFile(dir / "Test_Text_backend.so", "not an elf");
+  fs::permissions(dir / "Test_Text_backend.so", fs::perms(0644));
+  const std::string image = testing::ReadFile(Fixture("Valid"));
+  testing::WriteFile(dir / "Test_Short_backend.so", image.substr(0, 3000));
+  testing::WriteFile(dir / "Test_Open_backend.so", image);
+  fs::permissions(dir / "Test_Open_backend.so", fs::perms(0666));
+  testing::WriteFile(dir / "wrong_name.so", image);
+  fs::create_directory(dir / "Test_Folder_backend.so");
+
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {(dir / "Test_Missing_backend.so").string(), "NOT_FOUND"},
+      {(dir / "wrong_name.so").string(), "NAME_SCHEME"},
+      {(dir / "Test_Folder_backend.so").string(), "NOT_REGULAR"},
+      {(dir / "Test_Open_backend.so").string(), "UNSAFE_PERMISSIONS"},
+      {(dir / "Test_Text_backend.so").string(), "NOT_ELF"},
+      {(dir / "Test_Short_backend.so").string(), "ELF_TRUNCATED"},
+      {Fixture("Unique").string(), "NOT_UNLOADABLE"},
+      {Fixture("ThreadLocal").string(), "NOT_UNLOADABLE"},
+      {Fixture("MissingSymbol").string(), "DLOPEN_FAILED"},
+      {Fixture("NoFactory").string(), "MISSING_ENTRY_POINT"},
+      {Fixture("EmptyId").string(), "INVALID_ID"},
+      {Fixture("Api34").string(), "API_INCOMPATIBLE"},
+      {Fixture("ThrowingFactory").string(), "FACTORY_FAILED"},
+      {Fixture("CrashingFactory").string(), "FACTORY_FAILED"},
+  };
+  std::string files;
+  for (const auto& [file, reason] : cases) files += " '" + file + "'";
+  json report = CheckJson(files, 1);
+  ASSERT_EQ(report.size(), cases.size());
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    EXPECT_EQ(report[i]["file"], cases[i].first);
+    EXPECT_EQ(report[i]["ok"], false) << cases[i].first;
+    EXPECT_EQ(report[i]["reason"], cases[i].second) << cases[i].first << ": " << report[i]["message"];
+    EXPECT_FALSE(report[i]["message"].get<std::string>().empty());
+  }
+  EXPECT_THAT(report.back()["message"].get<std::string>(), HasSubstr("crashed"));
+}
+
+TEST(CheckCommandTest, TwoFilesWithOneIdAreADuplicate) {
+  json report = CheckJson(Fixture("Valid").string() + " " + Fixture("Duplicate").string(), 1);
+  ASSERT_EQ(report.size(), 2u);
+  EXPECT_EQ(report[0]["ok"], true);
+  EXPECT_EQ(report[1]["reason"], "DUPLICATE_ID");
+  EXPECT_EQ(report[1]["stage"], "register");
+}
+
+TEST(CheckCommandTest, ADirectoryIsCheckedOncePerFile) {
+  // The fixture directory holds Test_Valid_backend.so and its versioned names: one file.
+  TempDir dir;
+  const fs::path real = fs::canonical(Fixture("Valid"));
+  fs::create_symlink(real, dir / real.filename().string());
+  fs::create_symlink(real.filename(), dir / "Test_Valid_backend.so");
+  fs::create_symlink(real.filename(), dir / "Test_Valid_backend.so.1");
+  json report = CheckJson(dir.path().string(), 0);
+  ASSERT_EQ(report.size(), 1u);
+  EXPECT_EQ(report[0]["id"], "TestValid");
+}
+
+TEST(CheckCommandTest, TextOutputHasAStageLineAndAVerdictPerFile) {
+  CommandResult result = RunBackplane("check " + Fixture("Valid").string() + " " + Fixture("Api25").string());
+  EXPECT_EQ(result.exit_code, 1);
+  EXPECT_THAT(result.output, HasSubstr("  elf           ok"));
+  EXPECT_THAT(result.output, HasSubstr("verdict: OK, backend TestValid (API 1.0, release 1.2.3)"));
+  EXPECT_THAT(result.output, HasSubstr("verdict: REJECTED API_INCOMPATIBLE"));
+}
+
+TEST(CheckCommandTest, UsageErrorsExitWithTwo) {
+  EXPECT_EQ(RunBackplane("check --no-such-flag x").exit_code, 2);
+  EXPECT_EQ(RunBackplane("no-such-command").exit_code, 2);
+  EXPECT_EQ(RunBackplane("").exit_code, 2);
+}
+
+// The issue's own acceptance check: first-party backends export the entry points and no
+// STB_GNU_UNIQUE ('u') symbols.
+TEST(CheckCommandTest, FirstPartyBackendsExportEntryPointsAndNoUniqueSymbols) {
+  const std::string command = "nm -D --defined-only '" + testing::CpuRefBackend().string() + "'";
+  FILE* pipe = popen(command.c_str(), "r");
+  ASSERT_NE(pipe, nullptr);
+  std::string symbols;
+  char line[512];
+  while (fgets(line, sizeof line, pipe) != nullptr) symbols += line;
+  ASSERT_EQ(pclose(pipe), 0) << "nm failed";
+  for (const char* entry : {" T GetBackendId\n", " T GetVersion\n", " T BackendFactory\n"}) {
+    EXPECT_THAT(symbols, HasSubstr(entry));
+  }
+  EXPECT_THAT(symbols, ::testing::Not(HasSubstr(" u "))) << symbols;
+}
+
+}  // namespace
+}  // namespace backplane

@@ -1,0 +1,59 @@
+#include "test_util.hpp"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+
+namespace backplane::testing {
+namespace fs = std::filesystem;
+
+fs::path Fixture(std::string_view name) {
+  fs::path path = fs::path(BACKPLANE_FIXTURE_DIR) / ("Test_" + std::string(name) + "_backend.so");
+  if (!fs::exists(path)) throw std::runtime_error("fixture not built: " + path.string());
+  return path;
+}
+
+fs::path CpuRefBackend() { return BACKPLANE_CPU_REF; }
+
+TempDir::TempDir() {
+  std::string pattern = (fs::temp_directory_path() / "backplane-test-XXXXXX").string();
+  if (mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
+  path_ = pattern;
+}
+
+TempDir::~TempDir() {
+  std::error_code error;
+  fs::remove_all(path_, error);
+}
+
+void CopyFile(const fs::path& from, const fs::path& to) {
+  fs::copy_file(from, to, fs::copy_options::overwrite_existing);
+  fs::permissions(to, fs::perms(0755));
+}
+
+void WriteFile(const fs::path& path, std::string_view content) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(content.data(), static_cast<std::streamsize>(content.size()));
+}
+
+std::string ReadFile(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  return buffer.str();
+}
+
+bool IsMapped(std::string_view needle) {
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  while (std::getline(maps, line)) {
+    if (line.find(needle) != std::string::npos) return true;
+  }
+  return false;
+}
+
+}  // namespace backplane::testing

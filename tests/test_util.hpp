@@ -1,0 +1,38 @@
+// Helpers shared by the tests: fixture paths, temporary directories, the process's mappings.
+#pragma once
+
+#include <filesystem>
+#include <string>
+#include <string_view>
+
+namespace backplane::testing {
+
+// The path of fixture Test_<name>_backend.so as the build left it.
+std::filesystem::path Fixture(std::string_view name);
+// The first-party CpuRef backend.
+std::filesystem::path CpuRefBackend();
+
+// A fresh directory under the system temp dir (mode 0700), removed with its content on
+// destruction.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::filesystem::path& path() const { return path_; }
+  std::filesystem::path operator/(std::string_view name) const { return path_ / name; }
+
+ private:
+  std::filesystem::path path_;
+};
+
+// Copies `from` to `to` (mode 0755), replacing `to`.
+void CopyFile(const std::filesystem::path& from, const std::filesystem::path& to);
+void WriteFile(const std::filesystem::path& path, std::string_view content);
+std::string ReadFile(const std::filesystem::path& path);
+
+// True when /proc/self/maps has a mapping whose path contains `needle`.
+bool IsMapped(std::string_view needle);
+
+}  // namespace backplane::testing
