@@ -47,11 +47,15 @@ std::string ReadFile(const fs::path& path) {
   return buffer.str();
 }
 
-bool IsMapped(std::string_view needle) {
+bool IsCodeMapped(std::string_view needle) {
   std::ifstream maps("/proc/self/maps");
   std::string line;
   while (std::getline(maps, line)) {
-    if (line.find(needle) != std::string::npos) return true;
+    // "start-end perms offset dev inode path", perms like "r-xp".
+    const auto perms = line.find(' ');
+    const bool executable = perms != std::string::npos && line.size() > perms + 3 &&
+                            line[perms + 3] == 'x';
+    if (executable && line.find(needle) != std::string::npos) return true;
   }
   return false;
 }

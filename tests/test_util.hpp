@@ -32,7 +32,9 @@ void CopyFile(const std::filesystem::path& from, const std::filesystem::path& to
 void WriteFile(const std::filesystem::path& path, std::string_view content);
 std::string ReadFile(const std::filesystem::path& path);
 
-// True when /proc/self/maps has a mapping whose path contains `needle`.
-bool IsMapped(std::string_view needle);
+// True when /proc/self/maps has an executable mapping whose path contains `needle`: code of that
+// file is still in the process. Read-only mappings do not count: sanitizer symbolizers map
+// library files to read their debug info, which says nothing about the dynamic linker.
+bool IsCodeMapped(std::string_view needle);
 
 }  // namespace backplane::testing

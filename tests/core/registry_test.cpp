@@ -74,7 +74,7 @@ TEST(RegistryTest, SecondFileWithAnIdAlreadyRegisteredIsRejectedFirstWins) {
   EXPECT_THAT(rejected[0].message, HasSubstr("already registered from " +
                                              (first / "Test_Valid_backend.so").string()));
   registry->loader().WaitForUnloads();
-  EXPECT_FALSE(testing::IsMapped("-Test_Duplicate_backend.so")) << "the loser is unloaded";
+  EXPECT_FALSE(testing::IsCodeMapped("-Test_Duplicate_backend.so")) << "the loser is unloaded";
 }
 
 TEST(RegistryTest, TheSameFileCannotBeLoadedTwice) {

@@ -13,7 +13,7 @@ namespace fs = std::filesystem;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using testing::Fixture;
-using testing::IsMapped;
+using testing::IsCodeMapped;
 using testing::TempDir;
 
 // A backend directory holding the fixtures named.
@@ -80,16 +80,16 @@ TEST(RuntimeTest, EverythingIsUnloadedWhenTheLastRuntimeGoes) {
     auto second = Runtime::Create({.backend_paths = dir.paths()}).value();
     for (const auto& id : first->BackendIds()) {
       shadows.push_back(first->Backend(id)->generation()->info().shadow_path);
-      EXPECT_TRUE(IsMapped(shadows.back().string()));
+      EXPECT_TRUE(IsCodeMapped(shadows.back().string()));
     }
     first.reset();
     loader->WaitForUnloads();
-    for (const auto& shadow : shadows) EXPECT_TRUE(IsMapped(shadow.string())) << "second uses it";
+    for (const auto& shadow : shadows) EXPECT_TRUE(IsCodeMapped(shadow.string())) << "second uses it";
   }
   loader->WaitForUnloads();
   ASSERT_EQ(shadows.size(), 3u);
   for (const auto& shadow : shadows) {
-    EXPECT_FALSE(IsMapped(shadow.string())) << shadow;
+    EXPECT_FALSE(IsCodeMapped(shadow.string())) << shadow;
     EXPECT_FALSE(fs::exists(shadow)) << shadow;
   }
   EXPECT_EQ(loader->stats().leaked.load(), 0u);

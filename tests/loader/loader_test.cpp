@@ -15,7 +15,7 @@ namespace {
 using ::testing::HasSubstr;
 using testing::CopyFile;
 using testing::Fixture;
-using testing::IsMapped;
+using testing::IsCodeMapped;
 using testing::TempDir;
 using testing::WriteFile;
 
@@ -58,8 +58,8 @@ TEST(LoaderTest, MapsTheShadowCopyNeverTheWatchedPath) {
   ASSERT_TRUE(loaded.ok());
   const auto shadow = loaded.value()->info().shadow_path;
   EXPECT_TRUE(shadow.string().starts_with(loader->shadow_directory().path().string()));
-  EXPECT_TRUE(IsMapped(shadow.string()));
-  EXPECT_FALSE(IsMapped(BACKPLANE_FIXTURE_DIR));  // rule 1: never the path that may be replaced
+  EXPECT_TRUE(IsCodeMapped(shadow.string()));
+  EXPECT_FALSE(IsCodeMapped(BACKPLANE_FIXTURE_DIR));  // rule 1: never the path that may be replaced
 }
 
 TEST(LoaderTest, UnloadsAndDeletesShadowWhenTheLastLeaseGoes) {
@@ -73,17 +73,17 @@ TEST(LoaderTest, UnloadsAndDeletesShadowWhenTheLastLeaseGoes) {
   loaded = LoadError{LoadReason::kIoError, "released"};
   lease.reset();
   loader->WaitForUnloads();
-  EXPECT_TRUE(IsMapped(shadow.string())) << "the instance still holds the generation";
+  EXPECT_TRUE(IsCodeMapped(shadow.string())) << "the instance still holds the generation";
   instance = LoadError{LoadReason::kIoError, "released"};
   loader->WaitForUnloads();
-  EXPECT_FALSE(IsMapped(shadow.string()));
+  EXPECT_FALSE(IsCodeMapped(shadow.string()));
   EXPECT_FALSE(std::filesystem::exists(shadow));
   EXPECT_EQ(loader->stats().unloaded.load(), 1u);
   EXPECT_EQ(loader->stats().leaked.load(), 0u);
   EXPECT_EQ(loader->stats().live.load(), 0u);
 }
 
-TEST(LoaderTest, SameUnchangedFileIsMappedOnce) {
+TEST(LoaderTest, SameUnchangedFileIsCodeMappedOnce) {
   auto loader = MakeLoader();
   auto first = loader->Load(Fixture("Valid"));
   auto second = loader->Load(Fixture("Valid"));
@@ -163,8 +163,8 @@ TEST(LoaderTest, RefusesBrokenFactories) {
   EXPECT_EQ(throwing.reason, LoadReason::kFactoryFailed);
   EXPECT_THAT(throwing.message, HasSubstr("BackendFactory threw: fixture factory refuses to build"));
   loader->WaitForUnloads();
-  EXPECT_FALSE(IsMapped("-Test_NullFactory_backend.so"));
-  EXPECT_FALSE(IsMapped("-Test_ThrowingFactory_backend.so"));
+  EXPECT_FALSE(IsCodeMapped("-Test_NullFactory_backend.so"));
+  EXPECT_FALSE(IsCodeMapped("-Test_ThrowingFactory_backend.so"));
 }
 
 TEST(LoaderTest, RefusesFilesThatAreNotSharedObjects) {

@@ -16,7 +16,7 @@ namespace {
 using ::testing::HasSubstr;
 using testing::CopyFile;
 using testing::Fixture;
-using testing::IsMapped;
+using testing::IsCodeMapped;
 using testing::TempDir;
 
 OperatorDesc IdentityOp(int64_t elements) {
@@ -104,7 +104,7 @@ TEST(LoaderTrapTest, RefusesWhatCannotBeUnloadedAndNamesTheFix) {
     EXPECT_THAT(loaded.error().message, HasSubstr(fix)) << fixture;
   }
   EXPECT_EQ(loader->stats().loaded.load(), 0u) << "refused before dlopen";
-  EXPECT_FALSE(IsMapped("-Test_Unique_backend.so"));
+  EXPECT_FALSE(IsCodeMapped("-Test_Unique_backend.so"));
 }
 
 // Rule 2: RTLD_NOW turns a missing symbol into a load error, not a process kill at first call.
@@ -130,8 +130,8 @@ TEST(LoaderTrapTest, BackendUsingTbbUnloadsCleanly) {
     EXPECT_EQ(out[99999], 99999.0f);
   }
   loader->WaitForUnloads();
-  EXPECT_FALSE(IsMapped(shadow.string()));
-  EXPECT_TRUE(IsMapped("libtbb"));
+  EXPECT_FALSE(IsCodeMapped(shadow.string()));
+  EXPECT_TRUE(IsCodeMapped("libtbb"));
   EXPECT_EQ(loader->stats().leaked.load(), 0u);
 }
 
