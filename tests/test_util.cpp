@@ -13,15 +13,19 @@ namespace fs = std::filesystem;
 
 fs::path Fixture(std::string_view name) {
   fs::path path = fs::path(BACKPLANE_FIXTURE_DIR) / ("Test_" + std::string(name) + "_backend.so");
-  if (!fs::exists(path)) throw std::runtime_error("fixture not built: " + path.string());
+  if (!fs::exists(path))
+    throw std::runtime_error("fixture not built: " + path.string());
   return path;
 }
 
-fs::path CpuRefBackend() { return BACKPLANE_CPU_REF; }
+fs::path CpuRefBackend() {
+  return BACKPLANE_CPU_REF;
+}
 
 TempDir::TempDir() {
   std::string pattern = (fs::temp_directory_path() / "backplane-test-XXXXXX").string();
-  if (mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
+  if (mkdtemp(pattern.data()) == nullptr)
+    throw std::runtime_error("mkdtemp failed");
   path_ = pattern;
 }
 
@@ -53,9 +57,10 @@ bool IsCodeMapped(std::string_view needle) {
   while (std::getline(maps, line)) {
     // "start-end perms offset dev inode path", perms like "r-xp".
     const auto perms = line.find(' ');
-    const bool executable = perms != std::string::npos && line.size() > perms + 3 &&
-                            line[perms + 3] == 'x';
-    if (executable && line.find(needle) != std::string::npos) return true;
+    const bool executable =
+        perms != std::string::npos && line.size() > perms + 3 && line[perms + 3] == 'x';
+    if (executable && line.find(needle) != std::string::npos)
+      return true;
   }
   return false;
 }

@@ -44,7 +44,8 @@ int64_t BroadcastOffset(int64_t flat, const Shape& out, const Shape& in) {
     const std::size_t axis_out = out.size() - 1 - i;
     const int64_t coordinate = flat % out[axis_out];
     flat /= out[axis_out];
-    if (in[axis_in] != 1) offset += coordinate * stride;
+    if (in[axis_in] != 1)
+      offset += coordinate * stride;
     stride *= in[axis_in];
   }
   return offset;
@@ -73,7 +74,8 @@ class ReluWorkload final : public IWorkload {
                  std::span<const TensorView> outputs) override {
     const auto in = inputs[0].Elements<float>();
     const auto out = outputs[0].Elements<float>();
-    for (std::size_t i = 0; i < in.size(); ++i) out[i] = std::max(in[i], 0.0f);
+    for (std::size_t i = 0; i < in.size(); ++i)
+      out[i] = std::max(in[i], 0.0f);
     return Status::Ok();
   }
 };
@@ -89,10 +91,9 @@ class CpuRefBackend final : public IBackend {
                            "')");
     }
     if (op.inputs.size() != arity || op.outputs.size() != 1) {
-      return InvalidArgument(op.op_type + " node '" + op.name + "' needs " +
-                             std::to_string(arity) + " input(s) and 1 output, has " +
-                             std::to_string(op.inputs.size()) + " and " +
-                             std::to_string(op.outputs.size()));
+      return InvalidArgument(op.op_type + " node '" + op.name + "' needs " + std::to_string(arity) +
+                             " input(s) and 1 output, has " + std::to_string(op.inputs.size()) +
+                             " and " + std::to_string(op.outputs.size()));
     }
     BACKPLANE_RETURN_IF_ERROR(RequireFloat32(op));
     if (!op.attributes.empty()) {
@@ -101,14 +102,16 @@ class CpuRefBackend final : public IBackend {
     }
     if (op.op_type == "Add") {
       auto shape = BroadcastShape(op, op.inputs[0].shape, op.inputs[1].shape);
-      if (!shape.ok()) return shape.error();
+      if (!shape.ok())
+        return shape.error();
     }
     return Status::Ok();
   }
 
   Result<std::unique_ptr<IWorkload>> CreateWorkload(const OperatorDesc& op) override {
     BACKPLANE_RETURN_IF_ERROR(IsSupported(op));
-    if (op.op_type == "Add") return std::unique_ptr<IWorkload>(new AddWorkload());
+    if (op.op_type == "Add")
+      return std::unique_ptr<IWorkload>(new AddWorkload());
     return std::unique_ptr<IWorkload>(new ReluWorkload());
   }
 

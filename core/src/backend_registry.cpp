@@ -46,7 +46,8 @@ Result<std::shared_ptr<BackendRegistry>> BackendRegistry::Create(BackendRegistry
   std::shared_ptr<loader::Loader> shared_loader = std::move(options.loader);
   if (shared_loader == nullptr) {
     auto created = loader::Loader::Shared();
-    if (!created.ok()) return std::move(created).error();
+    if (!created.ok())
+      return std::move(created).error();
     shared_loader = std::move(created).value();
   }
   std::vector<fs::path> directories;
@@ -72,9 +73,10 @@ Result<std::shared_ptr<BackendRegistry>> BackendRegistry::Create(BackendRegistry
   }
 
   if (!registry->directories_.empty()) {
-    auto discovery =
-        loader::DiscoverBackendFiles(registry->directories_, registry->loader_->options().file_policy);
-    for (auto& rejected : discovery.rejected) registry->Reject(std::move(rejected));
+    auto discovery = loader::DiscoverBackendFiles(registry->directories_,
+                                                  registry->loader_->options().file_policy);
+    for (auto& rejected : discovery.rejected)
+      registry->Reject(std::move(rejected));
     for (const auto& file : discovery.files) {
       (void)registry->LoadFile(file.path);  // failures are recorded and logged by LoadFile
     }
@@ -89,8 +91,10 @@ BackendRegistry::BackendRegistry(std::shared_ptr<loader::Loader> loader,
     : loader_(std::move(loader)), directories_(std::move(directories)) {}
 
 Status BackendRegistry::RegisterStatic(std::string id, StaticBackendFactory factory) {
-  if (id.empty()) return InvalidArgument("a static backend needs a non-empty id");
-  if (!factory) return InvalidArgument("static backend " + id + " has no factory");
+  if (id.empty())
+    return InvalidArgument("a static backend needs a non-empty id");
+  if (!factory)
+    return InvalidArgument("static backend " + id + " has no factory");
   std::lock_guard lock(mutex_);
   for (const auto& entry : entries_) {
     if (entry.backend.id == id) {
@@ -109,25 +113,27 @@ loader::LoadResult<RegisteredBackend> BackendRegistry::LoadFile(const fs::path& 
     return error;
   };
   auto generation = loader_->Load(file, trace);
-  if (!generation.ok()) return fail(std::move(generation).error());
+  if (!generation.ok())
+    return fail(std::move(generation).error());
 
   const auto& info = generation.value()->info();
   std::optional<LoadError> duplicate;
   {
     std::lock_guard lock(mutex_);
     for (const auto& entry : entries_) {
-      if (entry.backend.id != info.backend_id) continue;
+      if (entry.backend.id != info.backend_id)
+        continue;
       const bool same_file =
           entry.backend.generation && entry.backend.generation->info().real_path == info.real_path;
-      duplicate = LoadError{
-          LoadReason::kDuplicateId,
-          file.string() + " provides backend id " + info.backend_id + ", which " +
-              (same_file ? "this registry has loaded from this very file already"
-                         : "is already registered from " +
-                               (entry.backend.is_static()
-                                    ? std::string("a static (linked-in) backend")
-                                    : entry.backend.generation->info().file.string())) +
-              "; the first registration wins"};
+      duplicate =
+          LoadError{LoadReason::kDuplicateId,
+                    file.string() + " provides backend id " + info.backend_id + ", which " +
+                        (same_file ? "this registry has loaded from this very file already"
+                                   : "is already registered from " +
+                                         (entry.backend.is_static()
+                                              ? std::string("a static (linked-in) backend")
+                                              : entry.backend.generation->info().file.string())) +
+                        "; the first registration wins"};
       break;
     }
     if (!duplicate) {
@@ -135,11 +141,13 @@ loader::LoadResult<RegisteredBackend> BackendRegistry::LoadFile(const fs::path& 
     }
   }
   if (duplicate) {
-    if (trace != nullptr) trace->Add({"register", false, duplicate->message});
+    if (trace != nullptr)
+      trace->Add({"register", false, duplicate->message});
     // The lease is released here; the reaper unloads the library unless another registry uses it.
     return fail(*std::move(duplicate));
   }
-  if (trace != nullptr) trace->Add({"register", true, "backend id " + info.backend_id});
+  if (trace != nullptr)
+    trace->Add({"register", true, "backend id " + info.backend_id});
   return RegisteredBackend{info.backend_id, std::move(generation).value()};
 }
 
@@ -153,14 +161,16 @@ void BackendRegistry::Reject(loader::RejectedFile rejected) {
 std::vector<std::string> BackendRegistry::BackendIds() const {
   std::lock_guard lock(mutex_);
   std::vector<std::string> ids;
-  for (const auto& entry : entries_) ids.push_back(entry.backend.id);
+  for (const auto& entry : entries_)
+    ids.push_back(entry.backend.id);
   return ids;
 }
 
 std::optional<RegisteredBackend> BackendRegistry::Find(std::string_view id) const {
   std::lock_guard lock(mutex_);
   for (const auto& entry : entries_) {
-    if (entry.backend.id == id) return entry.backend;
+    if (entry.backend.id == id)
+      return entry.backend;
   }
   return std::nullopt;
 }
@@ -176,23 +186,26 @@ Result<std::shared_ptr<loader::BackendInstance>> BackendRegistry::CreateInstance
   {
     std::lock_guard lock(mutex_);
     for (const auto& entry : entries_) {
-      if (entry.backend.id == id) found = entry;
+      if (entry.backend.id == id)
+        found = entry;
     }
   }
-  if (!found) return NotFound("no backend with id " + std::string(id) + " is registered");
+  if (!found)
+    return NotFound("no backend with id " + std::string(id) + " is registered");
   if (!found->backend.is_static()) {
     auto instance = loader_->CreateInstance(found->backend.generation);
-    if (!instance.ok()) return Internal(instance.error().ToString());
+    if (!instance.ok())
+      return Internal(instance.error().ToString());
     return std::move(instance).value();
   }
   // A linked-in backend: same guards, no lease.
   std::unique_ptr<IBackend> backend;
-  auto created = loader::GuardBackendCall(found->backend.id, "static factory",
-                                          [&]() -> Status {
-                                            backend = found->factory();
-                                            return Status::Ok();
-                                          });
-  if (!created.ok()) return created;
+  auto created = loader::GuardBackendCall(found->backend.id, "static factory", [&]() -> Status {
+    backend = found->factory();
+    return Status::Ok();
+  });
+  if (!created.ok())
+    return created;
   if (backend == nullptr) {
     return Internal("static backend " + found->backend.id + ": factory returned null");
   }

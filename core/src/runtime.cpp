@@ -16,7 +16,8 @@ Result<std::unique_ptr<Runtime>> Runtime::Create(RuntimeOptions options) {
   if (registry == nullptr) {
     auto created = BackendRegistry::Create({.backend_paths = std::move(options.backend_paths),
                                             .dynamic_backends = options.dynamic_backends});
-    if (!created.ok()) return std::move(created).error();
+    if (!created.ok())
+      return std::move(created).error();
     registry = std::move(created).value();
   }
 
@@ -32,13 +33,15 @@ Result<std::unique_ptr<Runtime>> Runtime::Create(RuntimeOptions options) {
       Log()->error("backend {} not available to this runtime: {}", id, context.error().message());
       continue;
     }
-    runtime->backends_.emplace(id, BackendSlot{std::move(instance).value(), std::move(context).value()});
+    runtime->backends_.emplace(
+        id, BackendSlot{std::move(instance).value(), std::move(context).value()});
   }
 
   for (const auto& [id, changes] : options.backend_options) {
     auto it = runtime->backends_.find(id);
     if (it == runtime->backends_.end()) {
-      return InvalidArgument("options given for backend " + id + ", which this runtime does not have");
+      return InvalidArgument("options given for backend " + id +
+                             ", which this runtime does not have");
     }
     BACKPLANE_RETURN_IF_ERROR(it->second.instance->UpdateOptions(changes));
   }
@@ -46,14 +49,13 @@ Result<std::unique_ptr<Runtime>> Runtime::Create(RuntimeOptions options) {
   if (runtime->backends_.empty()) {
     std::string why = registry->directories().empty()
                           ? "dynamic loading is disabled or no backend directory is valid"
-                          : std::to_string(registry->directories().size()) +
-                                " backend director" +
-                                (registry->directories().size() == 1 ? "y" : "ies") +
-                                " searched";
+                          : std::to_string(registry->directories().size()) + " backend director" +
+                                (registry->directories().size() == 1 ? "y" : "ies") + " searched";
     const auto rejected = registry->Rejected();
     if (!rejected.empty()) {
-      why += "; " + std::to_string(rejected.size()) + " file(s) rejected, first: " +
-             rejected.front().file.string() + ": " + std::string(loader::ToString(rejected.front().reason));
+      why += "; " + std::to_string(rejected.size()) +
+             " file(s) rejected, first: " + rejected.front().file.string() + ": " +
+             std::string(loader::ToString(rejected.front().reason));
     }
     return FailedPrecondition("no backend is available (" + why + ")");
   }
@@ -66,7 +68,8 @@ Runtime::~Runtime() = default;
 
 std::vector<std::string> Runtime::BackendIds() const {
   std::vector<std::string> ids;
-  for (const auto& [id, slot] : backends_) ids.push_back(id);
+  for (const auto& [id, slot] : backends_)
+    ids.push_back(id);
   return ids;
 }
 
@@ -77,7 +80,8 @@ std::shared_ptr<loader::BackendInstance> Runtime::Backend(std::string_view id) c
 
 Status Runtime::UpdateBackendOptions(std::string_view id, const BackendOptions& changes) {
   auto it = backends_.find(id);
-  if (it == backends_.end()) return NotFound("this runtime has no backend " + std::string(id));
+  if (it == backends_.end())
+    return NotFound("this runtime has no backend " + std::string(id));
   return it->second.instance->UpdateOptions(changes);
 }
 

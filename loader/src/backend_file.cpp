@@ -27,7 +27,8 @@ bool IsAlnum(char c) {
 // Consumes [A-Za-z0-9]+ from `text` at `pos`; false when there is none.
 bool ConsumeWord(std::string_view text, std::size_t& pos) {
   const std::size_t start = pos;
-  while (pos < text.size() && IsAlnum(text[pos])) ++pos;
+  while (pos < text.size() && IsAlnum(text[pos]))
+    ++pos;
   return pos > start;
 }
 
@@ -47,7 +48,8 @@ FileIdentity IdentityOf(const struct ::stat& st) {
 
 std::optional<FileIdentity> ReadFileIdentity(const fs::path& path) {
   struct stat st {};
-  if (stat(path.c_str(), &st) != 0) return std::nullopt;
+  if (stat(path.c_str(), &st) != 0)
+    return std::nullopt;
   return IdentityOf(st);
 }
 
@@ -55,23 +57,30 @@ std::optional<FileIdentity> ReadFileIdentity(const fs::path& path) {
 // runs on every file event.
 bool IsBackendFileName(std::string_view name) {
   std::size_t pos = 0;
-  if (!ConsumeWord(name, pos) || pos >= name.size() || name[pos++] != '_') return false;
-  if (!ConsumeWord(name, pos)) return false;
+  if (!ConsumeWord(name, pos) || pos >= name.size() || name[pos++] != '_')
+    return false;
+  if (!ConsumeWord(name, pos))
+    return false;
   constexpr std::string_view kSuffix = "_backend.so";
-  if (name.substr(pos, kSuffix.size()) != kSuffix) return false;
+  if (name.substr(pos, kSuffix.size()) != kSuffix)
+    return false;
   pos += kSuffix.size();
   while (pos < name.size()) {
-    if (name[pos++] != '.') return false;
+    if (name[pos++] != '.')
+      return false;
     const std::size_t digits = pos;
-    while (pos < name.size() && name[pos] >= '0' && name[pos] <= '9') ++pos;
-    if (pos == digits) return false;
+    while (pos < name.size() && name[pos] >= '0' && name[pos] <= '9')
+      ++pos;
+    if (pos == digits)
+      return false;
   }
   return true;
 }
 
 std::optional<LoadError> CheckOwnership(const fs::path& what, uid_t owner, mode_t mode,
                                         const FilePolicy& policy) {
-  if (policy.allow_unsafe_permissions) return std::nullopt;
+  if (policy.allow_unsafe_permissions)
+    return std::nullopt;
   if (mode & (S_IWGRP | S_IWOTH)) {
     return LoadError{LoadReason::kUnsafePermissions,
                      what.string() + " is writable by " +
@@ -98,8 +107,9 @@ LoadResult<BackendFile> ResolveBackendFile(const fs::path& path, const FilePolic
   }
   if (!IsBackendFileName(path.filename().string())) {
     return LoadError{LoadReason::kNameScheme,
-                     path.string() + " is not named <vendor>_<name>_backend.so[.N...] (vendor "
-                                     "and name letters and digits only)"};
+                     path.string() +
+                         " is not named <vendor>_<name>_backend.so[.N...] (vendor "
+                         "and name letters and digits only)"};
   }
   std::error_code error;
   fs::path real_path = fs::canonical(path, error);
@@ -113,20 +123,21 @@ LoadResult<BackendFile> ResolveBackendFile(const fs::path& path, const FilePolic
                      real_path.string() + " cannot be read (" + std::strerror(errno) + ")"};
   }
   if (!S_ISREG(file_stat.st_mode)) {
-    return LoadError{LoadReason::kNotRegular,
-                     path.string() + (S_ISDIR(file_stat.st_mode) ? " is a directory"
-                                                                 : " is not a regular file") +
-                         ", not a shared object"};
+    return LoadError{
+        LoadReason::kNotRegular,
+        path.string() +
+            (S_ISDIR(file_stat.st_mode) ? " is a directory" : " is not a regular file") +
+            ", not a shared object"};
   }
   if (auto unsafe = CheckOwnership(real_path, file_stat.st_uid, file_stat.st_mode, policy)) {
     return *std::move(unsafe);
   }
   // The directories matter too: whoever can write them can replace the file.
-  std::set<fs::path> directories{real_path.parent_path(),
-                                 fs::absolute(path, error).parent_path()};
+  std::set<fs::path> directories{real_path.parent_path(), fs::absolute(path, error).parent_path()};
   for (const auto& directory : directories) {
     struct stat dir_stat {};
-    if (directory.empty() || stat(directory.c_str(), &dir_stat) != 0) continue;
+    if (directory.empty() || stat(directory.c_str(), &dir_stat) != 0)
+      continue;
     if (auto unsafe = CheckOwnership(directory, dir_stat.st_uid, dir_stat.st_mode, policy)) {
       return *std::move(unsafe);
     }
@@ -197,8 +208,10 @@ std::vector<fs::path> SplitPathList(std::string_view list) {
   while (!list.empty()) {
     const auto colon = list.find(':');
     const auto element = list.substr(0, colon);
-    if (!element.empty()) paths.emplace_back(element);
-    if (colon == std::string_view::npos) break;
+    if (!element.empty())
+      paths.emplace_back(element);
+    if (colon == std::string_view::npos)
+      break;
     list.remove_prefix(colon + 1);
   }
   return paths;

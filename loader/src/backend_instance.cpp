@@ -45,9 +45,10 @@ Status BackendInstance::IsSupported(const OperatorDesc& op) const {
 }
 
 Result<std::unique_ptr<Workload>> BackendInstance::CreateWorkload(const OperatorDesc& op) {
-  auto created = GuardBackendCall(id_, "CreateWorkload",
-                                  [&] { return backend_->CreateWorkload(op); });
-  if (!created.ok()) return std::move(created).error();
+  auto created =
+      GuardBackendCall(id_, "CreateWorkload", [&] { return backend_->CreateWorkload(op); });
+  if (!created.ok())
+    return std::move(created).error();
   if (created.value() == nullptr) {
     return Internal("backend " + id_ + " returned a null workload for " + op.op_type + " node '" +
                     op.name + "'");
@@ -63,10 +64,9 @@ Result<std::unique_ptr<IBackendContext>> BackendInstance::CreateBackendContext()
 }
 
 std::vector<OptionDescriptor> BackendInstance::DescribeOptions() const {
-  auto described = GuardBackendCall(id_, "DescribeOptions",
-                                    [&]() -> Result<std::vector<OptionDescriptor>> {
-                                      return backend_->DescribeOptions();
-                                    });
+  auto described = GuardBackendCall(
+      id_, "DescribeOptions",
+      [&]() -> Result<std::vector<OptionDescriptor>> { return backend_->DescribeOptions(); });
   if (!described.ok()) {
     Log()->error("{}", described.error().message());
     return {};
@@ -86,9 +86,9 @@ std::shared_ptr<BackendInstance> MakeBackendInstance(std::string id,
                                                      std::unique_ptr<IBackend> backend,
                                                      GenerationLease lease,
                                                      const std::shared_ptr<Reaper>& reaper) {
-  return MakeReaped(std::make_unique<BackendInstance>(std::move(id), std::move(backend),
-                                                      std::move(lease)),
-                    reaper);
+  return MakeReaped(
+      std::make_unique<BackendInstance>(std::move(id), std::move(backend), std::move(lease)),
+      reaper);
 }
 
 }  // namespace backplane::loader

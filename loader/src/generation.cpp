@@ -24,7 +24,8 @@ LibraryHandle& LibraryHandle::operator=(LibraryHandle&& other) noexcept {
 }
 
 void LibraryHandle::Close() {
-  if (handle_ != nullptr) dlclose(std::exchange(handle_, nullptr));
+  if (handle_ != nullptr)
+    dlclose(std::exchange(handle_, nullptr));
 }
 
 Generation::Generation(GenerationInfo info, LibraryHandle library, EntryPoints entry_points,
@@ -44,9 +45,10 @@ Generation::~Generation() {
   if (void* still_mapped = dlopen(info_.shadow_path.c_str(), RTLD_NOW | RTLD_NOLOAD)) {
     dlclose(still_mapped);
     stats_->leaked.fetch_add(1, std::memory_order_relaxed);
-    Log()->warn("backend {} generation {} leaked: still mapped after dlclose ({}); something "
-                "pins it (a thread_local destructor, a NODELETE dependency, a live thread)",
-                info_.backend_id, info_.number, info_.file.string());
+    Log()->warn(
+        "backend {} generation {} leaked: still mapped after dlclose ({}); something "
+        "pins it (a thread_local destructor, a NODELETE dependency, a live thread)",
+        info_.backend_id, info_.number, info_.file.string());
   } else {
     stats_->unloaded.fetch_add(1, std::memory_order_relaxed);
     Log()->debug("backend {} generation {} unloaded ({})", info_.backend_id, info_.number,

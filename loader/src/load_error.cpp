@@ -5,7 +5,8 @@ namespace backplane::loader {
 std::optional<LoadReason> ParseLoadReason(std::string_view text) {
   for (int i = 0; i <= static_cast<int>(LoadReason::kFileChanged); ++i) {
     auto reason = static_cast<LoadReason>(i);
-    if (ToString(reason) == text) return reason;
+    if (ToString(reason) == text)
+      return reason;
   }
   return std::nullopt;
 }

@@ -32,10 +32,12 @@ class Tracer {
  public:
   explicit Tracer(LoadTrace* trace) : trace_(trace) {}
   void Pass(std::string stage, std::string detail) {
-    if (trace_ != nullptr) trace_->Add({std::move(stage), true, std::move(detail)});
+    if (trace_ != nullptr)
+      trace_->Add({std::move(stage), true, std::move(detail)});
   }
   LoadError Fail(std::string stage, LoadError error) {
-    if (trace_ != nullptr) trace_->Add({std::move(stage), false, error.message});
+    if (trace_ != nullptr)
+      trace_->Add({std::move(stage), false, error.message});
     return error;
   }
 
@@ -48,7 +50,8 @@ class ShadowFileGuard {
  public:
   explicit ShadowFileGuard(fs::path path) : path_(std::move(path)) {}
   ~ShadowFileGuard() {
-    if (!path_.empty()) unlink(path_.c_str());
+    if (!path_.empty())
+      unlink(path_.c_str());
   }
   ShadowFileGuard(const ShadowFileGuard&) = delete;
   ShadowFileGuard& operator=(const ShadowFileGuard&) = delete;
@@ -92,11 +95,13 @@ std::string DlError() {
 }
 
 bool IsValidBackendId(std::string_view id) {
-  if (id.empty() || id.size() > 64) return false;
+  if (id.empty() || id.size() > 64)
+    return false;
   for (char c : id) {
     const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
                     c == '_' || c == '-' || c == '.';
-    if (!ok) return false;
+    if (!ok)
+      return false;
   }
   return true;
 }
@@ -114,7 +119,8 @@ Result<std::shared_ptr<Loader>> Loader::Create(LoaderOptions options) {
   // libtbb under its own worker threads (measured: SIGSEGV in a TBB worker).
   [[maybe_unused]] static const int tbb_threads = tbb::this_task_arena::max_concurrency();
   auto shadows = ShadowDirectory::Create(options.shadow_root);
-  if (!shadows.ok()) return std::move(shadows).error();
+  if (!shadows.ok())
+    return std::move(shadows).error();
   return std::shared_ptr<Loader>(new Loader(std::move(options), std::move(shadows).value()));
 }
 
@@ -122,9 +128,11 @@ Result<std::shared_ptr<Loader>> Loader::Shared() {
   static std::mutex mutex;
   static std::weak_ptr<Loader> shared;
   std::lock_guard lock(mutex);
-  if (auto existing = shared.lock()) return existing;
+  if (auto existing = shared.lock())
+    return existing;
   auto created = Create();
-  if (created.ok()) shared = created.value();
+  if (created.ok())
+    shared = created.value();
   return created;
 }
 
@@ -136,7 +144,8 @@ LoadResult<GenerationLease> Loader::Load(const fs::path& file, LoadTrace* trace)
   auto resolved = ResolveBackendFile(file, options_.file_policy);
   if (!resolved.ok()) {
     const LoadReason reason = resolved.error().reason;
-    if (reason == LoadReason::kUnsafePermissions) tracer.Pass("file", file.string());
+    if (reason == LoadReason::kUnsafePermissions)
+      tracer.Pass("file", file.string());
     return tracer.Fail(reason == LoadReason::kUnsafePermissions ? "permissions" : "file",
                        std::move(resolved).error());
   }
@@ -172,23 +181,25 @@ LoadResult<GenerationLease> Loader::LoadNew(const BackendFile& file, LoadTrace* 
   const uint64_t number = next_generation.fetch_add(1, std::memory_order_relaxed);
 
   auto shadow = shadows_->Copy(file.real_path, number);
-  if (!shadow.ok()) return tracer.Fail("copy", std::move(shadow).error());
+  if (!shadow.ok())
+    return tracer.Fail("copy", std::move(shadow).error());
   ShadowFileGuard shadow_guard(shadow->path);
   tracer.Pass("copy", shadow->path.string());
 
   auto facts = InspectFile(shadow->path, file.path);
-  if (!facts.ok()) return tracer.Fail("elf", std::move(facts).error());
-  tracer.Pass("elf", facts->build_id.empty() ? "unloadable shared object"
-                                             : "unloadable shared object, build-id " +
-                                                   facts->build_id);
+  if (!facts.ok())
+    return tracer.Fail("elf", std::move(facts).error());
+  tracer.Pass("elf", facts->build_id.empty()
+                         ? "unloadable shared object"
+                         : "unloadable shared object, build-id " + facts->build_id);
 
   // Rule 2: RTLD_NOW turns a missing symbol into a load error instead of a later process kill;
   // RTLD_LOCAL keeps two versions of one backend from binding to each other's symbols.
   LibraryHandle library(dlopen(shadow->path.c_str(), RTLD_NOW | RTLD_LOCAL));
   if (library.get() == nullptr) {
-    return tracer.Fail("dlopen", {LoadReason::kDlopenFailed,
-                                  file.path.string() + ": the dynamic linker refused it: " +
-                                      DlError()});
+    return tracer.Fail("dlopen",
+                       {LoadReason::kDlopenFailed,
+                        file.path.string() + ": the dynamic linker refused it: " + DlError()});
   }
   tracer.Pass("dlopen", "RTLD_NOW | RTLD_LOCAL");
 
@@ -196,9 +207,10 @@ LoadResult<GenerationLease> Loader::LoadNew(const BackendFile& file, LoadTrace* 
   std::string missing;
   auto resolve = [&](const char* name, auto& pointer) {
     dlerror();
-    pointer = reinterpret_cast<std::remove_reference_t<decltype(pointer)>>(
-        dlsym(library.get(), name));
-    if (pointer == nullptr) missing += (missing.empty() ? "" : ", ") + std::string(name);
+    pointer =
+        reinterpret_cast<std::remove_reference_t<decltype(pointer)>>(dlsym(library.get(), name));
+    if (pointer == nullptr)
+      missing += (missing.empty() ? "" : ", ") + std::string(name);
   };
   resolve("GetBackendId", entry_points.get_backend_id);
   resolve("GetVersion", entry_points.get_version);
@@ -219,20 +231,20 @@ LoadResult<GenerationLease> Loader::LoadNew(const BackendFile& file, LoadTrace* 
   try {
     raw_id = entry_points.get_backend_id();
   } catch (...) {
-    return tracer.Fail("id", {LoadReason::kInvalidId,
-                              file.path.string() + ": GetBackendId threw an exception"});
+    return tracer.Fail(
+        "id", {LoadReason::kInvalidId, file.path.string() + ": GetBackendId threw an exception"});
   }
   if (raw_id == nullptr) {
-    return tracer.Fail("id", {LoadReason::kInvalidId,
-                              file.path.string() + ": GetBackendId returned null"});
+    return tracer.Fail(
+        "id", {LoadReason::kInvalidId, file.path.string() + ": GetBackendId returned null"});
   }
   const std::string id = raw_id;
   if (!IsValidBackendId(id)) {
-    return tracer.Fail("id", {LoadReason::kInvalidId,
-                              file.path.string() + ": GetBackendId returned " +
-                                  (id.empty() ? std::string("an empty id")
-                                              : "'" + id.substr(0, 80) + "'") +
-                                  "; an id is 1 to 64 letters, digits, '_', '-' or '.'"});
+    return tracer.Fail(
+        "id", {LoadReason::kInvalidId,
+               file.path.string() + ": GetBackendId returned " +
+                   (id.empty() ? std::string("an empty id") : "'" + id.substr(0, 80) + "'") +
+                   "; an id is 1 to 64 letters, digits, '_', '-' or '.'"});
   }
   tracer.Pass("id", id);
 
@@ -248,18 +260,18 @@ LoadResult<GenerationLease> Loader::LoadNew(const BackendFile& file, LoadTrace* 
         "version",
         {LoadReason::kApiIncompatible,
          file.path.string() + " (backend " + id + ") is built against backend API " +
-             VersionString(api) + " but this host implements " +
-             VersionString(options_.host_api) + " (needs major " +
-             std::to_string(options_.host_api.major) + ", minor <= " +
+             VersionString(api) + " but this host implements " + VersionString(options_.host_api) +
+             " (needs major " + std::to_string(options_.host_api.major) + ", minor <= " +
              std::to_string(options_.host_api.minor) + "); rebuild it against this SDK"});
   }
-  tracer.Pass("version", "backend API " + VersionString(api) + " on host " +
-                             VersionString(options_.host_api));
+  tracer.Pass("version",
+              "backend API " + VersionString(api) + " on host " + VersionString(options_.host_api));
 
   std::string release;
   if (entry_points.get_backend_release != nullptr) {
     try {
-      if (const char* text = entry_points.get_backend_release()) release = text;
+      if (const char* text = entry_points.get_backend_release())
+        release = text;
     } catch (...) {
       release.clear();
     }
@@ -281,11 +293,11 @@ LoadResult<GenerationLease> Loader::LoadNew(const BackendFile& file, LoadTrace* 
       reaper_);
 
   auto probe = CreateInstance(generation);
-  if (!probe.ok()) return tracer.Fail("factory", std::move(probe).error());
+  if (!probe.ok())
+    return tracer.Fail("factory", std::move(probe).error());
   tracer.Pass("factory", "created and released a probe instance");
   Log()->info("loaded backend {} generation {} from {} (API {}{}{})", id, number,
-              file.path.string(), VersionString(api), release.empty() ? "" : ", release ",
-              release);
+              file.path.string(), VersionString(api), release.empty() ? "" : ", release ", release);
   return generation;
 }
 
@@ -296,7 +308,8 @@ LoadResult<std::shared_ptr<BackendInstance>> Loader::CreateInstance(
   std::string failure;
   try {
     raw = generation->entry_points().backend_factory();
-    if (raw == nullptr) failure = "BackendFactory returned null";
+    if (raw == nullptr)
+      failure = "BackendFactory returned null";
   } catch (const std::exception& e) {
     failure = std::string("BackendFactory threw: ") + e.what();
   } catch (...) {
@@ -315,9 +328,9 @@ LoadResult<std::shared_ptr<BackendInstance>> Loader::CreateInstance(
     instance_id = "<GetId threw>";
   }
   if (instance_id != info.backend_id) {
-    return LoadError{LoadReason::kInvalidId, info.file.string() + ": the instance says its id is '" +
-                                                 instance_id + "' but GetBackendId says '" +
-                                                 info.backend_id + "'"};
+    return LoadError{LoadReason::kInvalidId,
+                     info.file.string() + ": the instance says its id is '" + instance_id +
+                         "' but GetBackendId says '" + info.backend_id + "'"};
   }
   return instance;
 }

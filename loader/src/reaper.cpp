@@ -23,7 +23,8 @@ Reaper::~Reaper() {
 bool Reaper::Post(std::function<void()> disposal) {
   {
     std::lock_guard lock(mutex_);
-    if (stopping_ && !OnReaperThread()) return false;
+    if (stopping_ && !OnReaperThread())
+      return false;
     queue_.push_back(std::move(disposal));
   }
   wake_.notify_one();
@@ -40,7 +41,8 @@ void Reaper::Run() {
   for (;;) {
     wake_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
     if (queue_.empty()) {
-      if (stopping_) return;
+      if (stopping_)
+        return;
       continue;
     }
     auto disposal = std::move(queue_.front());
@@ -58,7 +60,8 @@ void Reaper::Run() {
     disposal = nullptr;  // its captures may own more work; release them before going idle
     lock.lock();
     running_disposal_ = false;
-    if (queue_.empty()) idle_.notify_all();
+    if (queue_.empty())
+      idle_.notify_all();
   }
 }
 

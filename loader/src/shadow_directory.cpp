@@ -28,7 +28,8 @@ class FileDescriptor {
  public:
   explicit FileDescriptor(int fd) : fd_(fd) {}
   ~FileDescriptor() {
-    if (fd_ >= 0) close(fd_);
+    if (fd_ >= 0)
+      close(fd_);
   }
   FileDescriptor(const FileDescriptor&) = delete;
   FileDescriptor& operator=(const FileDescriptor&) = delete;
@@ -41,7 +42,8 @@ class FileDescriptor {
 fs::path DefaultRoot() {
   for (const char* variable : {"BACKPLANE_SHADOW_DIR", "TMPDIR"}) {
     const char* value = std::getenv(variable);
-    if (value != nullptr && *value != '\0') return value;
+    if (value != nullptr && *value != '\0')
+      return value;
   }
   return "/tmp";
 }
@@ -65,12 +67,15 @@ Status MakePrivateDirectory(const fs::path& path) {
   return Status::Ok();
 }
 
-bool ProcessExists(pid_t pid) { return kill(pid, 0) == 0 || errno != ESRCH; }
+bool ProcessExists(pid_t pid) {
+  return kill(pid, 0) == 0 || errno != ESRCH;
+}
 
 }  // namespace
 
 Result<std::shared_ptr<ShadowDirectory>> ShadowDirectory::Create(fs::path root) {
-  if (root.empty()) root = DefaultRoot();
+  if (root.empty())
+    root = DefaultRoot();
   const fs::path base = root / ("backplane-" + std::to_string(geteuid()));
   BACKPLANE_RETURN_IF_ERROR(MakePrivateDirectory(base));
 
@@ -86,7 +91,8 @@ Result<std::shared_ptr<ShadowDirectory>> ShadowDirectory::Create(fs::path root) 
       const std::string name = it->path().filename().string();
       char* name_end = nullptr;
       const long pid = std::strtol(name.c_str(), &name_end, 10);
-      if (name_end == name.c_str() || *name_end != '\0') continue;
+      if (name_end == name.c_str() || *name_end != '\0')
+        continue;
       if (name == own_pid || !ProcessExists(static_cast<pid_t>(pid))) {
         std::error_code remove_error;
         const auto removed = fs::remove_all(it->path(), remove_error);
@@ -116,12 +122,15 @@ LoadResult<ShadowCopy> ShadowDirectory::Copy(const fs::path& source, uint64_t ge
 
   // One fd for the whole copy: a rename over the path during the copy cannot mix two files.
   FileDescriptor in(open(source.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY));
-  if (in.get() < 0) return io_error("cannot open " + source.string());
+  if (in.get() < 0)
+    return io_error("cannot open " + source.string());
   struct stat before {};
-  if (fstat(in.get(), &before) != 0) return io_error("cannot stat " + source.string());
+  if (fstat(in.get(), &before) != 0)
+    return io_error("cannot stat " + source.string());
 
   FileDescriptor out(open(target.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0700));
-  if (out.get() < 0) return io_error("cannot create shadow copy " + target.string());
+  if (out.get() < 0)
+    return io_error("cannot create shadow copy " + target.string());
   auto fail = [&](LoadError error) {
     unlink(target.c_str());
     return error;
@@ -134,7 +143,8 @@ LoadResult<ShadowCopy> ShadowDirectory::Copy(const fs::path& source, uint64_t ge
       copied += n;
       continue;
     }
-    if (n == 0) break;
+    if (n == 0)
+      break;
     if (errno == EXDEV || errno == ENOSYS || errno == EINVAL || errno == EOPNOTSUPP) {
       // Old kernels and some file systems: plain read/write from where we are.
       char buffer[1 << 16];
@@ -142,19 +152,22 @@ LoadResult<ShadowCopy> ShadowDirectory::Copy(const fs::path& source, uint64_t ge
       while ((r = read(in.get(), buffer, sizeof buffer)) > 0) {
         for (ssize_t written = 0; written < r;) {
           const ssize_t w = write(out.get(), buffer + written, r - written);
-          if (w < 0) return fail(io_error("cannot write shadow copy " + target.string()));
+          if (w < 0)
+            return fail(io_error("cannot write shadow copy " + target.string()));
           written += w;
         }
         copied += r;
       }
-      if (r < 0) return fail(io_error("cannot read " + source.string()));
+      if (r < 0)
+        return fail(io_error("cannot read " + source.string()));
       break;
     }
     return fail(io_error("cannot copy " + source.string() + " to " + target.string()));
   }
 
   struct stat after {};
-  if (fstat(in.get(), &after) != 0) return fail(io_error("cannot stat " + source.string()));
+  if (fstat(in.get(), &after) != 0)
+    return fail(io_error("cannot stat " + source.string()));
   if (IdentityOf(before) != IdentityOf(after) || copied != after.st_size) {
     return fail(LoadError{LoadReason::kFileChanged,
                           source.string() + " changed while it was being copied (" +

@@ -16,8 +16,8 @@
 
 namespace backplane::server {
 namespace fs = std::filesystem;
-using nlohmann::json;
 using loader::LoadReason;
+using nlohmann::json;
 
 namespace {
 
@@ -47,7 +47,8 @@ std::pair<std::string, LoadReason> CrashedStageAfter(const std::string& stage) {
       {"factory", {"register", LoadReason::kFactoryFailed}},
   };
   for (const auto& [after, next] : kNext) {
-    if (after == stage) return next;
+    if (after == stage)
+      return next;
   }
   return {"unload", LoadReason::kFactoryFailed};
 }
@@ -59,7 +60,8 @@ std::pair<std::string, LoadReason> CrashedStageAfter(const std::string& stage) {
     const std::string text = line.dump() + "\n";
     for (std::size_t done = 0; done < text.size();) {
       const ssize_t n = write(fd, text.data() + done, text.size() - done);
-      if (n <= 0) _exit(3);
+      if (n <= 0)
+        _exit(3);
       done += static_cast<std::size_t>(n);
     }
   };
@@ -112,19 +114,23 @@ FileReport CheckFile(const std::string& file, bool allow_unsafe) {
   std::string output;
   char buffer[4096];
   ssize_t n;
-  while ((n = read(fds[0], buffer, sizeof buffer)) > 0) output.append(buffer, n);
+  while ((n = read(fds[0], buffer, sizeof buffer)) > 0)
+    output.append(buffer, n);
   close(fds[0]);
   int status = 0;
-  if (child > 0) waitpid(child, &status, 0);
+  if (child > 0)
+    waitpid(child, &status, 0);
 
   bool finished = false;
   std::size_t start = 0;
   while (start < output.size()) {
     const std::size_t end = output.find('\n', start);
-    if (end == std::string::npos) break;
+    if (end == std::string::npos)
+      break;
     const json line = json::parse(output.substr(start, end - start), nullptr, false);
     start = end + 1;
-    if (line.is_discarded()) continue;
+    if (line.is_discarded())
+      continue;
     if (line.contains("stage")) {
       report.stages.push_back({line["stage"], line["ok"], line["detail"]});
     } else if (line.contains("result")) {
@@ -142,14 +148,14 @@ FileReport CheckFile(const std::string& file, bool allow_unsafe) {
   if (child < 0 || !finished || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
     const std::string last = report.stages.empty() ? "" : report.stages.back().name;
     auto [stage, reason] = CrashedStageAfter(finished ? "factory" : last);
-    std::string how = child < 0                ? std::string("could not fork: ") + std::strerror(errno)
-                      : WIFSIGNALED(status) ? std::string("killed by signal ") +
-                                                  strsignal(WTERMSIG(status))
-                                            : "exited with status " +
-                                                  std::to_string(WEXITSTATUS(status));
+    std::string how = child < 0 ? std::string("could not fork: ") + std::strerror(errno)
+                      : WIFSIGNALED(status)
+                          ? std::string("killed by signal ") + strsignal(WTERMSIG(status))
+                          : "exited with status " + std::to_string(WEXITSTATUS(status));
     report.reason = reason;
-    report.message = file + ": the backend crashed the loading process in stage '" + stage +
-                     "' (" + how + "); a backend must not crash in its constructors, entry "
+    report.message = file + ": the backend crashed the loading process in stage '" + stage + "' (" +
+                     how +
+                     "); a backend must not crash in its constructors, entry "
                      "points or factory";
     report.stages.push_back({stage, false, report.message});
   }
@@ -162,7 +168,8 @@ std::vector<std::string> ExpandArguments(const std::vector<std::string>& argumen
   if (arguments.empty()) {
     for (const auto& path : DefaultBackendPaths()) {
       std::error_code error;
-      if (fs::is_directory(path, error)) directories.push_back(path);
+      if (fs::is_directory(path, error))
+        directories.push_back(path);
     }
   }
   for (const auto& argument : arguments) {
@@ -176,9 +183,12 @@ std::vector<std::string> ExpandArguments(const std::vector<std::string>& argumen
     }
   }
   // A directory is read as the registry reads it: one entry per real file.
-  const auto discovery = loader::DiscoverBackendFiles(directories, {.allow_unsafe_permissions = true});
-  for (const auto& file : discovery.files) files.push_back(file.path.string());
-  for (const auto& rejected : discovery.rejected) files.push_back(rejected.file.string());
+  const auto discovery =
+      loader::DiscoverBackendFiles(directories, {.allow_unsafe_permissions = true});
+  for (const auto& file : discovery.files)
+    files.push_back(file.path.string());
+  for (const auto& rejected : discovery.rejected)
+    files.push_back(rejected.file.string());
   return files;
 }
 
@@ -235,7 +245,8 @@ int RunCheck(const CheckOptions& options) {
       auto [same, first_name] = files_by_real_path.emplace(real_path, file);
       auto [it, inserted] = files_by_id.emplace(report.id, file);
       if (!first_name) {
-        report.stages.push_back({"register", true, "same file as " + same->second + ", loaded once"});
+        report.stages.push_back(
+            {"register", true, "same file as " + same->second + ", loaded once"});
       } else if (!inserted) {
         report.reason = LoadReason::kDuplicateId;
         report.message = file + " provides backend id " + report.id + ", which " + it->second +
@@ -245,7 +256,8 @@ int RunCheck(const CheckOptions& options) {
         report.stages.push_back({"register", true, "backend id " + report.id});
       }
     }
-    if (!options.json) PrintText(report);
+    if (!options.json)
+      PrintText(report);
     reports.push_back(std::move(report));
   }
   bool all_ok = true;

@@ -32,6 +32,7 @@ int main(int argc, char** argv) {
   // Logs go to stderr: stdout carries the command's own output (e.g. --json).
   spdlog::set_default_logger(spdlog::stderr_color_mt("backplane"));
   spdlog::set_level(spdlog::level::from_str(log_level));
-  if (check_command->parsed()) return backplane::server::RunCheck(check);
+  if (check_command->parsed())
+    return backplane::server::RunCheck(check);
   return 2;
 }

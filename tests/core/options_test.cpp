@@ -25,8 +25,12 @@ TEST(OptionsTest, DefaultsAreTheDescribedValues) {
 
 TEST(OptionsTest, UpdateAppliesEveryTypedValue) {
   OptionSet options = MakeOptions();
-  ASSERT_TRUE(options.Update({{"fast", true}, {"threads", int64_t{4}}, {"ratio", 0.25},
-                              {"mode", std::string("eco")}}).ok());
+  ASSERT_TRUE(options
+                  .Update({{"fast", true},
+                           {"threads", int64_t{4}},
+                           {"ratio", 0.25},
+                           {"mode", std::string("eco")}})
+                  .ok());
   EXPECT_EQ(options.GetAs<bool>("fast"), true);
   EXPECT_EQ(options.GetAs<int64_t>("threads"), 4);
   EXPECT_EQ(options.GetAs<double>("ratio"), 0.25);

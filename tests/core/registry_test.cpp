@@ -12,12 +12,12 @@ namespace backplane {
 namespace {
 
 namespace fs = std::filesystem;
-using ::testing::ElementsAre;
-using ::testing::HasSubstr;
-using ::testing::UnorderedElementsAre;
 using loader::LoadReason;
+using ::testing::ElementsAre;
 using testing::Fixture;
+using ::testing::HasSubstr;
 using testing::TempDir;
+using ::testing::UnorderedElementsAre;
 
 class EchoBackend final : public IBackend {
  public:
@@ -58,7 +58,8 @@ TEST(RegistryTest, LoadsEveryGoodFileAndKeepsEveryRejectedOneWithItsReason) {
               UnorderedElementsAre("Test_Unique_backend.so NOT_UNLOADABLE",
                                    "Test_Api34_backend.so API_INCOMPATIBLE",
                                    "Test_Text_backend.so NOT_ELF"));
-  for (const auto& rejected : registry->Rejected()) EXPECT_FALSE(rejected.message.empty());
+  for (const auto& rejected : registry->Rejected())
+    EXPECT_FALSE(rejected.message.empty());
 }
 
 TEST(RegistryTest, SecondFileWithAnIdAlreadyRegisteredIsRejectedFirstWins) {
@@ -71,8 +72,8 @@ TEST(RegistryTest, SecondFileWithAnIdAlreadyRegisteredIsRejectedFirstWins) {
   auto rejected = registry->Rejected();
   ASSERT_EQ(rejected.size(), 1u);
   EXPECT_EQ(rejected[0].reason, LoadReason::kDuplicateId);
-  EXPECT_THAT(rejected[0].message, HasSubstr("already registered from " +
-                                             (first / "Test_Valid_backend.so").string()));
+  EXPECT_THAT(rejected[0].message,
+              HasSubstr("already registered from " + (first / "Test_Valid_backend.so").string()));
   registry->loader().WaitForUnloads();
   EXPECT_FALSE(testing::IsCodeMapped("-Test_Duplicate_backend.so")) << "the loser is unloaded";
 }
@@ -93,8 +94,8 @@ TEST(RegistryTest, EmptyPathListDisablesDynamicLoading) {
 
   TempDir dir;
   fs::create_symlink(Fixture("Valid"), dir / "Test_Valid_backend.so");
-  auto disabled = BackendRegistry::Create({.backend_paths = std::vector{dir.path()},
-                                           .dynamic_backends = false});
+  auto disabled = BackendRegistry::Create(
+      {.backend_paths = std::vector{dir.path()}, .dynamic_backends = false});
   ASSERT_TRUE(disabled.ok());
   EXPECT_TRUE(disabled.value()->BackendIds().empty());
 }

@@ -11,8 +11,8 @@ namespace {
 
 namespace fs = std::filesystem;
 using ::testing::ElementsAre;
-using ::testing::HasSubstr;
 using testing::Fixture;
+using ::testing::HasSubstr;
 using testing::IsCodeMapped;
 using testing::TempDir;
 
@@ -84,7 +84,8 @@ TEST(RuntimeTest, EverythingIsUnloadedWhenTheLastRuntimeGoes) {
     }
     first.reset();
     loader->WaitForUnloads();
-    for (const auto& shadow : shadows) EXPECT_TRUE(IsCodeMapped(shadow.string())) << "second uses it";
+    for (const auto& shadow : shadows)
+      EXPECT_TRUE(IsCodeMapped(shadow.string())) << "second uses it";
   }
   loader->WaitForUnloads();
   ASSERT_EQ(shadows.size(), 3u);
@@ -130,7 +131,8 @@ TEST(RuntimeTest, EveryBackendMethodCanBeCalled) {
 TEST(RuntimeTest, OptionUpdatesAreValidatedAndAllOrNothing) {
   BackendDir dir({"Valid"});
   auto runtime = Runtime::Create({.backend_paths = dir.paths()}).value();
-  Status unknown = runtime->UpdateBackendOptions("TestValid", {{"limit", int64_t{5}}, {"nope", true}});
+  Status unknown =
+      runtime->UpdateBackendOptions("TestValid", {{"limit", int64_t{5}}, {"nope", true}});
   EXPECT_EQ(unknown.code(), StatusCode::kInvalidArgument);
   EXPECT_THAT(unknown.message(), HasSubstr("has no option 'nope'"));
   Status wrong_type = runtime->UpdateBackendOptions("TestValid", {{"limit", 2.5}});

@@ -10,8 +10,8 @@ namespace backplane::loader {
 namespace {
 
 namespace fs = std::filesystem;
-using ::testing::ElementsAre;
 using testing::CopyFile;
+using ::testing::ElementsAre;
 using testing::Fixture;
 using testing::TempDir;
 
@@ -25,13 +25,26 @@ TEST(BackendFileTest, AcceptsArmnnNames) {
 }
 
 TEST(BackendFileTest, RejectsOtherNames) {
-  for (const char* name :
-       {"Arm_GpuAcc_backend.so.", "Arm_GpuAcc_backend.so.1.", "Arm_GpuAcc_backend.so..1",
-        "Arm_GpuAcc_backend.so.1..2", "Arm,GpuAcc_backend.so", "Arm_GpuAcc,_backend.so",
-        "Arm%GpuAcc_backend.so", "_GpuAcc_backend.so", "Arm__backend.so", "Arm_GpuAcc.so",
-        "Arm_GpuAcc_backend", "Arm_GpuAcc_backend.dll", "Arm_GpuAcc_v1.2.so",
-        "Arm_GpuAcc_backend.so.a", "Arm_Gpu_Acc_backend.so", "libArm_GpuAcc_backend.so.x", "",
-        "Arm_GpuAcc_backend.so.1.2.3.", "Arm_GpuAcc_Backend.so", ".Arm_GpuAcc_backend.so"}) {
+  for (const char* name : {"Arm_GpuAcc_backend.so.",
+                           "Arm_GpuAcc_backend.so.1.",
+                           "Arm_GpuAcc_backend.so..1",
+                           "Arm_GpuAcc_backend.so.1..2",
+                           "Arm,GpuAcc_backend.so",
+                           "Arm_GpuAcc,_backend.so",
+                           "Arm%GpuAcc_backend.so",
+                           "_GpuAcc_backend.so",
+                           "Arm__backend.so",
+                           "Arm_GpuAcc.so",
+                           "Arm_GpuAcc_backend",
+                           "Arm_GpuAcc_backend.dll",
+                           "Arm_GpuAcc_v1.2.so",
+                           "Arm_GpuAcc_backend.so.a",
+                           "Arm_Gpu_Acc_backend.so",
+                           "libArm_GpuAcc_backend.so.x",
+                           "",
+                           "Arm_GpuAcc_backend.so.1.2.3.",
+                           "Arm_GpuAcc_Backend.so",
+                           ".Arm_GpuAcc_backend.so"}) {
     EXPECT_FALSE(IsBackendFileName(name)) << name;
   }
 }
@@ -60,7 +73,8 @@ TEST(BackendFileTest, DiscoveryFollowsSymlinksOncePerFileAndIgnoresOtherNames) {
 
   Discovery discovery = DiscoverBackendFiles(std::vector{dir.path()}, {});
   std::vector<std::string> names;
-  for (const auto& file : discovery.files) names.push_back(file.path.filename().string());
+  for (const auto& file : discovery.files)
+    names.push_back(file.path.filename().string());
   EXPECT_THAT(names, ElementsAre("Test_Other_backend.so", "Test_Valid_backend.so"));
   EXPECT_EQ(discovery.files[1].real_path, fs::canonical(dir / "Test_Valid_backend.so.1.2.3"));
   EXPECT_TRUE(discovery.rejected.empty()) << "a dangling symlink is dropped, not rejected";

@@ -12,9 +12,9 @@
 namespace backplane::loader {
 namespace {
 
-using ::testing::HasSubstr;
 using testing::CopyFile;
 using testing::Fixture;
+using ::testing::HasSubstr;
 using testing::IsCodeMapped;
 using testing::TempDir;
 using testing::WriteFile;
@@ -28,7 +28,8 @@ std::shared_ptr<Loader> MakeLoader(LoaderOptions options = {}) {
 LoadError LoadFailure(Loader& loader, const std::filesystem::path& file) {
   auto loaded = loader.Load(file);
   EXPECT_FALSE(loaded.ok()) << file << " loaded but should not";
-  if (loaded.ok()) return {LoadReason::kIoError, "loaded"};
+  if (loaded.ok())
+    return {LoadReason::kIoError, "loaded"};
   return loaded.error();
 }
 
@@ -115,7 +116,8 @@ TEST(LoaderTest, ApiVersionMatrixAgainstHost24) {
     EXPECT_EQ(error.reason, LoadReason::kApiIncompatible) << refused;
     EXPECT_THAT(error.message, HasSubstr("this host implements 2.4")) << refused;
   }
-  EXPECT_THAT(LoadFailure(*loader, Fixture("Api25")).message, HasSubstr("built against backend API 2.5"));
+  EXPECT_THAT(LoadFailure(*loader, Fixture("Api25")).message,
+              HasSubstr("built against backend API 2.5"));
 }
 
 TEST(LoaderTest, IsApiCompatibleFollowsTheArmnnRule) {
@@ -128,14 +130,16 @@ TEST(LoaderTest, IsApiCompatibleFollowsTheArmnnRule) {
 
 TEST(LoaderTest, RefusesMissingOrMangledEntryPoints) {
   auto loader = MakeLoader();
-  const std::pair<const char*, const char*> cases[] = {{"NoId", "GetBackendId"},
-                                                       {"NoVersion", "GetVersion"},
-                                                       {"NoFactory", "BackendFactory"},
-                                                       {"Mangled", "GetBackendId, GetVersion, BackendFactory"}};
+  const std::pair<const char*, const char*> cases[] = {
+      {"NoId", "GetBackendId"},
+      {"NoVersion", "GetVersion"},
+      {"NoFactory", "BackendFactory"},
+      {"Mangled", "GetBackendId, GetVersion, BackendFactory"}};
   for (const auto& [fixture, missing] : cases) {
     LoadError error = LoadFailure(*loader, Fixture(fixture));
     EXPECT_EQ(error.reason, LoadReason::kMissingEntryPoint) << fixture;
-    EXPECT_THAT(error.message, HasSubstr("does not export " + std::string(missing) + " with C linkage"))
+    EXPECT_THAT(error.message,
+                HasSubstr("does not export " + std::string(missing) + " with C linkage"))
         << fixture;
   }
 }
@@ -161,7 +165,8 @@ TEST(LoaderTest, RefusesBrokenFactories) {
   EXPECT_THAT(null_factory.message, HasSubstr("BackendFactory returned null"));
   LoadError throwing = LoadFailure(*loader, Fixture("ThrowingFactory"));
   EXPECT_EQ(throwing.reason, LoadReason::kFactoryFailed);
-  EXPECT_THAT(throwing.message, HasSubstr("BackendFactory threw: fixture factory refuses to build"));
+  EXPECT_THAT(throwing.message,
+              HasSubstr("BackendFactory threw: fixture factory refuses to build"));
   loader->WaitForUnloads();
   EXPECT_FALSE(IsCodeMapped("-Test_NullFactory_backend.so"));
   EXPECT_FALSE(IsCodeMapped("-Test_ThrowingFactory_backend.so"));
@@ -186,7 +191,8 @@ TEST(LoaderTest, RefusesFilesThatAreNotSharedObjects) {
   std::string other_machine = image;
   other_machine[18] = static_cast<char>(183);  // e_machine = EM_AARCH64 (or x86-64 on AArch64)
   other_machine[19] = 0;
-  if (image[18] == other_machine[18]) other_machine[18] = 62;
+  if (image[18] == other_machine[18])
+    other_machine[18] = 62;
   WriteFile(dir / "Test_Arm_backend.so", other_machine);
   EXPECT_EQ(LoadFailure(*loader, dir / "Test_Arm_backend.so").reason, LoadReason::kWrongArch);
 

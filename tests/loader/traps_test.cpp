@@ -13,9 +13,9 @@
 namespace backplane::loader {
 namespace {
 
-using ::testing::HasSubstr;
 using testing::CopyFile;
 using testing::Fixture;
+using ::testing::HasSubstr;
 using testing::IsCodeMapped;
 using testing::TempDir;
 
@@ -29,7 +29,8 @@ OperatorDesc IdentityOp(int64_t elements) {
 // Runs `workload` on 0, 1, 2... and returns the outputs.
 std::vector<float> RunIdentity(Workload& workload, int64_t elements) {
   std::vector<float> in(elements), out(elements, -1.0f);
-  for (int64_t i = 0; i < elements; ++i) in[i] = static_cast<float>(i);
+  for (int64_t i = 0; i < elements; ++i)
+    in[i] = static_cast<float>(i);
   const ConstTensorView input{{DataType::kFloat32, {elements}}, in.data()};
   const TensorView output{{DataType::kFloat32, {elements}}, out.data()};
   Status status = workload.Execute({&input, 1}, {&output, 1});
@@ -82,7 +83,8 @@ TEST(LoaderTrapTest, TwoGenerationsOfOneIdKeepSeparateState) {
   ASSERT_NE(first->info().number, second->info().number);
 
   std::vector<std::shared_ptr<BackendInstance>> instances;
-  for (int i = 0; i < 3; ++i) instances.push_back(loader->CreateInstance(first).value());
+  for (int i = 0; i < 3; ++i)
+    instances.push_back(loader->CreateInstance(first).value());
   instances.push_back(loader->CreateInstance(second).value());
   // Each library counted its own factory calls: the load-time probe plus the instances above.
   EXPECT_EQ(FactoryCalls(*instances.front()), 4);
@@ -113,8 +115,7 @@ TEST(LoaderTrapTest, MissingSymbolFailsAtLoadNotAtFirstCall) {
   auto loaded = loader->Load(Fixture("MissingSymbol"));
   ASSERT_FALSE(loaded.ok());
   EXPECT_EQ(loaded.error().reason, LoadReason::kDlopenFailed);
-  EXPECT_THAT(loaded.error().message,
-              HasSubstr("backplane_fixture_function_that_does_not_exist"));
+  EXPECT_THAT(loaded.error().message, HasSubstr("backplane_fixture_function_that_does_not_exist"));
 }
 
 // Rule 5: the host owns TBB, so a backend that used it unloads cleanly and TBB stays.

@@ -12,9 +12,9 @@ namespace backplane {
 namespace {
 
 namespace fs = std::filesystem;
-using ::testing::HasSubstr;
 using nlohmann::json;
 using testing::Fixture;
+using ::testing::HasSubstr;
 using testing::TempDir;
 
 struct CommandResult {
@@ -26,10 +26,12 @@ CommandResult RunBackplane(const std::string& arguments) {
   const std::string command = std::string(BACKPLANE_EXECUTABLE) + " " + arguments + " 2>/dev/null";
   CommandResult result;
   FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) return result;
+  if (pipe == nullptr)
+    return result;
   char buffer[4096];
   std::size_t n;
-  while ((n = fread(buffer, 1, sizeof buffer, pipe)) > 0) result.output.append(buffer, n);
+  while ((n = fread(buffer, 1, sizeof buffer, pipe)) > 0)
+    result.output.append(buffer, n);
   const int status = pclose(pipe);
   result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   return result;
@@ -83,13 +85,15 @@ TEST(CheckCommandTest, EveryBrokenFileGetsItsReasonCode) {
       {Fixture("CrashingFactory").string(), "FACTORY_FAILED"},
   };
   std::string files;
-  for (const auto& [file, reason] : cases) files += " '" + file + "'";
+  for (const auto& [file, reason] : cases)
+    files += " '" + file + "'";
   json report = CheckJson(files, 1);
   ASSERT_EQ(report.size(), cases.size());
   for (std::size_t i = 0; i < cases.size(); ++i) {
     EXPECT_EQ(report[i]["file"], cases[i].first);
     EXPECT_EQ(report[i]["ok"], false) << cases[i].first;
-    EXPECT_EQ(report[i]["reason"], cases[i].second) << cases[i].first << ": " << report[i]["message"];
+    EXPECT_EQ(report[i]["reason"], cases[i].second)
+        << cases[i].first << ": " << report[i]["message"];
     EXPECT_FALSE(report[i]["message"].get<std::string>().empty());
   }
   EXPECT_THAT(report.back()["message"].get<std::string>(), HasSubstr("crashed"));
@@ -116,7 +120,8 @@ TEST(CheckCommandTest, ADirectoryIsCheckedOncePerFile) {
 }
 
 TEST(CheckCommandTest, TextOutputHasAStageLineAndAVerdictPerFile) {
-  CommandResult result = RunBackplane("check " + Fixture("Valid").string() + " " + Fixture("Api25").string());
+  CommandResult result =
+      RunBackplane("check " + Fixture("Valid").string() + " " + Fixture("Api25").string());
   EXPECT_EQ(result.exit_code, 1);
   EXPECT_THAT(result.output, HasSubstr("  elf           ok"));
   EXPECT_THAT(result.output, HasSubstr("verdict: OK, backend TestValid (API 1.0, release 1.2.3)"));
@@ -137,7 +142,8 @@ TEST(CheckCommandTest, FirstPartyBackendsExportEntryPointsAndNoUniqueSymbols) {
   ASSERT_NE(pipe, nullptr);
   std::string symbols;
   char line[512];
-  while (fgets(line, sizeof line, pipe) != nullptr) symbols += line;
+  while (fgets(line, sizeof line, pipe) != nullptr)
+    symbols += line;
   ASSERT_EQ(pclose(pipe), 0) << "nm failed";
   for (const char* entry : {" T GetBackendId\n", " T GetVersion\n", " T BackendFactory\n"}) {
     EXPECT_THAT(symbols, HasSubstr(entry));

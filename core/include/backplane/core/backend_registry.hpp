@@ -83,14 +83,14 @@ class BackendRegistry {
     StaticBackendFactory factory;  // static backends only
   };
   mutable std::mutex mutex_;
-  std::vector<Entry> entries_;                   // guarded by mutex_
-  std::vector<loader::RejectedFile> rejected_;   // guarded by mutex_
+  std::vector<Entry> entries_;                  // guarded by mutex_
+  std::vector<loader::RejectedFile> rejected_;  // guarded by mutex_
 };
 
 }  // namespace backplane
 
-#define BACKPLANE_REGISTER_STATIC_BACKEND(BackendClass, backend_id)                  \
-  static const bool backplane_static_backend_registered_##BackendClass =             \
-      ::backplane::RegisterStaticBackend(backend_id, [] {                            \
+#define BACKPLANE_REGISTER_STATIC_BACKEND(BackendClass, backend_id)                      \
+  static const bool backplane_static_backend_registered_##BackendClass =                 \
+      ::backplane::RegisterStaticBackend(backend_id, [] {                                \
         return std::unique_ptr<::backplane::IBackend>(std::make_unique<BackendClass>()); \
       })

@@ -32,8 +32,10 @@ struct OperatorDesc {
   template <typename T>
   std::optional<T> Attribute(std::string_view key) const {
     auto it = attributes.find(key);
-    if (it == attributes.end()) return std::nullopt;
-    if (const T* value = std::get_if<T>(&it->second)) return *value;
+    if (it == attributes.end())
+      return std::nullopt;
+    if (const T* value = std::get_if<T>(&it->second))
+      return *value;
     return std::nullopt;
   }
 };

@@ -22,10 +22,14 @@ using OptionValue = std::variant<bool, int64_t, double, std::string>;
 
 constexpr std::string_view ToString(OptionType type) {
   switch (type) {
-    case OptionType::kBool: return "bool";
-    case OptionType::kInt64: return "int64";
-    case OptionType::kDouble: return "double";
-    case OptionType::kString: return "string";
+    case OptionType::kBool:
+      return "bool";
+    case OptionType::kInt64:
+      return "int64";
+    case OptionType::kDouble:
+      return "double";
+    case OptionType::kString:
+      return "string";
   }
   return "unknown";
 }
@@ -68,7 +72,8 @@ inline Status ValidateOptions(const BackendOptions& changes,
   for (const auto& [key, value] : changes) {
     const OptionDescriptor* found = nullptr;
     for (const auto& descriptor : descriptors) {
-      if (descriptor.name == key) found = &descriptor;
+      if (descriptor.name == key)
+        found = &descriptor;
     }
     if (found == nullptr) {
       std::string known;
@@ -79,8 +84,8 @@ inline Status ValidateOptions(const BackendOptions& changes,
                              "' (known: " + (known.empty() ? "none" : known) + ")");
     }
     if (TypeOf(value) != found->type) {
-      return InvalidArgument("backend " + std::string(backend_id) + " option '" + key +
-                             "' is " + std::string(ToString(found->type)) + ", got " +
+      return InvalidArgument("backend " + std::string(backend_id) + " option '" + key + "' is " +
+                             std::string(ToString(found->type)) + ", got " +
                              std::string(ToString(TypeOf(value))) + " " + ToString(value));
     }
   }
@@ -95,7 +100,8 @@ class OptionSet {
  public:
   OptionSet(std::string backend_id, std::vector<OptionDescriptor> descriptors)
       : backend_id_(std::move(backend_id)), descriptors_(std::move(descriptors)) {
-    for (const auto& descriptor : descriptors_) values_[descriptor.name] = descriptor.default_value;
+    for (const auto& descriptor : descriptors_)
+      values_[descriptor.name] = descriptor.default_value;
   }
 
   const std::vector<OptionDescriptor>& descriptors() const { return descriptors_; }
@@ -104,7 +110,8 @@ class OptionSet {
   Status Update(const BackendOptions& changes) {
     BACKPLANE_RETURN_IF_ERROR(ValidateOptions(changes, descriptors_, backend_id_));
     std::lock_guard lock(mutex_);
-    for (const auto& [key, value] : changes) values_[key] = value;
+    for (const auto& [key, value] : changes)
+      values_[key] = value;
     return Status::Ok();
   }
 

@@ -27,15 +27,24 @@ enum class StatusCode {
 
 constexpr std::string_view ToString(StatusCode code) {
   switch (code) {
-    case StatusCode::kOk: return "OK";
-    case StatusCode::kInvalidArgument: return "INVALID_ARGUMENT";
-    case StatusCode::kNotFound: return "NOT_FOUND";
-    case StatusCode::kAlreadyExists: return "ALREADY_EXISTS";
-    case StatusCode::kFailedPrecondition: return "FAILED_PRECONDITION";
-    case StatusCode::kUnimplemented: return "UNIMPLEMENTED";
-    case StatusCode::kResourceExhausted: return "RESOURCE_EXHAUSTED";
-    case StatusCode::kUnavailable: return "UNAVAILABLE";
-    case StatusCode::kInternal: return "INTERNAL";
+    case StatusCode::kOk:
+      return "OK";
+    case StatusCode::kInvalidArgument:
+      return "INVALID_ARGUMENT";
+    case StatusCode::kNotFound:
+      return "NOT_FOUND";
+    case StatusCode::kAlreadyExists:
+      return "ALREADY_EXISTS";
+    case StatusCode::kFailedPrecondition:
+      return "FAILED_PRECONDITION";
+    case StatusCode::kUnimplemented:
+      return "UNIMPLEMENTED";
+    case StatusCode::kResourceExhausted:
+      return "RESOURCE_EXHAUSTED";
+    case StatusCode::kUnavailable:
+      return "UNAVAILABLE";
+    case StatusCode::kInternal:
+      return "INTERNAL";
   }
   return "UNKNOWN";
 }
@@ -56,7 +65,8 @@ class [[nodiscard]] Status {
 
   // "INVALID_ARGUMENT: message", for logs and test failure output.
   std::string ToString() const {
-    if (ok()) return "OK";
+    if (ok())
+      return "OK";
     return std::string(backplane::ToString(code_)) + ": " + message_;
   }
 
@@ -68,14 +78,18 @@ class [[nodiscard]] Status {
 inline Status InvalidArgument(std::string message) {
   return {StatusCode::kInvalidArgument, std::move(message)};
 }
-inline Status NotFound(std::string message) { return {StatusCode::kNotFound, std::move(message)}; }
+inline Status NotFound(std::string message) {
+  return {StatusCode::kNotFound, std::move(message)};
+}
 inline Status FailedPrecondition(std::string message) {
   return {StatusCode::kFailedPrecondition, std::move(message)};
 }
 inline Status Unimplemented(std::string message) {
   return {StatusCode::kUnimplemented, std::move(message)};
 }
-inline Status Internal(std::string message) { return {StatusCode::kInternal, std::move(message)}; }
+inline Status Internal(std::string message) {
+  return {StatusCode::kInternal, std::move(message)};
+}
 
 // A value or an error. The error type defaults to Status; the loader uses its own LoadError so
 // that every failure carries a stable reason code.
@@ -121,8 +135,9 @@ class [[nodiscard]] Result {
 }  // namespace backplane
 
 // Returns the status of `expr` from the enclosing function when it is an error.
-#define BACKPLANE_RETURN_IF_ERROR(expr)                     \
-  do {                                                      \
-    ::backplane::Status backplane_status_ = (expr);         \
-    if (!backplane_status_.ok()) return backplane_status_;  \
+#define BACKPLANE_RETURN_IF_ERROR(expr)             \
+  do {                                              \
+    ::backplane::Status backplane_status_ = (expr); \
+    if (!backplane_status_.ok())                    \
+      return backplane_status_;                     \
   } while (false)

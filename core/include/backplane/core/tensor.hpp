@@ -24,28 +24,44 @@ enum class DataType : int32_t {
 
 constexpr std::size_t ElementSize(DataType type) {
   switch (type) {
-    case DataType::kFloat32: return 4;
-    case DataType::kUint8: return 1;
-    case DataType::kInt8: return 1;
-    case DataType::kInt32: return 4;
-    case DataType::kInt64: return 8;
-    case DataType::kBool: return 1;
-    case DataType::kFloat64: return 8;
-    case DataType::kUndefined: return 0;
+    case DataType::kFloat32:
+      return 4;
+    case DataType::kUint8:
+      return 1;
+    case DataType::kInt8:
+      return 1;
+    case DataType::kInt32:
+      return 4;
+    case DataType::kInt64:
+      return 8;
+    case DataType::kBool:
+      return 1;
+    case DataType::kFloat64:
+      return 8;
+    case DataType::kUndefined:
+      return 0;
   }
   return 0;
 }
 
 constexpr std::string_view ToString(DataType type) {
   switch (type) {
-    case DataType::kFloat32: return "FP32";
-    case DataType::kUint8: return "UINT8";
-    case DataType::kInt8: return "INT8";
-    case DataType::kInt32: return "INT32";
-    case DataType::kInt64: return "INT64";
-    case DataType::kBool: return "BOOL";
-    case DataType::kFloat64: return "FP64";
-    case DataType::kUndefined: return "UNDEFINED";
+    case DataType::kFloat32:
+      return "FP32";
+    case DataType::kUint8:
+      return "UINT8";
+    case DataType::kInt8:
+      return "INT8";
+    case DataType::kInt32:
+      return "INT32";
+    case DataType::kInt64:
+      return "INT64";
+    case DataType::kBool:
+      return "BOOL";
+    case DataType::kFloat64:
+      return "FP64";
+    case DataType::kUndefined:
+      return "UNDEFINED";
   }
   return "UNDEFINED";
 }
@@ -55,14 +71,16 @@ using Shape = std::vector<int64_t>;
 
 inline int64_t ElementCount(const Shape& shape) {
   int64_t count = 1;
-  for (int64_t dim : shape) count *= dim;
+  for (int64_t dim : shape)
+    count *= dim;
   return count;
 }
 
 inline std::string ToString(const Shape& shape) {
   std::string text = "[";
   for (std::size_t i = 0; i < shape.size(); ++i) {
-    if (i > 0) text += ",";
+    if (i > 0)
+      text += ",";
     text += std::to_string(shape[i]);
   }
   return text + "]";

@@ -105,7 +105,8 @@ class IBackend {
   }
 
   virtual Result<OptionValue> GetOption(std::string_view key) const {
-    return NotFound("backend " + std::string(GetId()) + " has no option '" + std::string(key) + "'");
+    return NotFound("backend " + std::string(GetId()) + " has no option '" + std::string(key) +
+                    "'");
   }
 
   // Returns only when all of this instance's own work (threads, tasks, callbacks) is finished.
@@ -116,7 +117,8 @@ class IBackend {
 }  // namespace backplane
 
 // The entry points, declared here so that a definition with another signature does not compile.
-// (Only tests that build deliberately broken backends define BACKPLANE_NO_ENTRY_POINT_DECLARATIONS.)
+// (Only tests that build deliberately broken backends define
+// BACKPLANE_NO_ENTRY_POINT_DECLARATIONS.)
 #ifndef BACKPLANE_NO_ENTRY_POINT_DECLARATIONS
 extern "C" {
 const char* GetBackendId() noexcept;
@@ -148,19 +150,21 @@ using GetBackendReleaseFn = const char* (*)();
 //   BACKPLANE_DEFINE_BACKEND(acme::FastBackend, "AcmeFast")
 //
 // The release version comes from backplane_add_backend(... VERSION x.y.z).
-#define BACKPLANE_DEFINE_BACKEND(BackendClass, backend_id)                          \
-  extern "C" BACKPLANE_EXPORT const char* GetBackendId() noexcept { return backend_id; } \
+#define BACKPLANE_DEFINE_BACKEND(BackendClass, backend_id)                                 \
+  extern "C" BACKPLANE_EXPORT const char* GetBackendId() noexcept {                        \
+    return backend_id;                                                                     \
+  }                                                                                        \
   extern "C" BACKPLANE_EXPORT void GetVersion(uint32_t* major, uint32_t* minor) noexcept { \
-    *major = ::backplane::kBackendApiMajor;                                         \
-    *minor = ::backplane::kBackendApiMinor;                                         \
-  }                                                                                 \
-  extern "C" BACKPLANE_EXPORT ::backplane::IBackend* BackendFactory() noexcept {    \
-    try {                                                                           \
-      return new BackendClass();                                                    \
-    } catch (...) {                                                                 \
-      return nullptr;                                                               \
-    }                                                                               \
-  }                                                                                 \
-  extern "C" BACKPLANE_EXPORT const char* GetBackendRelease() noexcept {            \
-    return BACKPLANE_BACKEND_RELEASE;                                               \
+    *major = ::backplane::kBackendApiMajor;                                                \
+    *minor = ::backplane::kBackendApiMinor;                                                \
+  }                                                                                        \
+  extern "C" BACKPLANE_EXPORT ::backplane::IBackend* BackendFactory() noexcept {           \
+    try {                                                                                  \
+      return new BackendClass();                                                           \
+    } catch (...) {                                                                        \
+      return nullptr;                                                                      \
+    }                                                                                      \
+  }                                                                                        \
+  extern "C" BACKPLANE_EXPORT const char* GetBackendRelease() noexcept {                   \
+    return BACKPLANE_BACKEND_RELEASE;                                                      \
   }

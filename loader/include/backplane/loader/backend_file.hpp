@@ -55,8 +55,8 @@ LoadResult<BackendFile> ResolveBackendFile(const std::filesystem::path& path,
 
 // UNSAFE_PERMISSIONS when `what` (a file or directory, with this owner and mode) is writable by
 // group or others or owned by neither root nor this process's user; nullopt when it is safe.
-std::optional<LoadError> CheckOwnership(const std::filesystem::path& what, uid_t owner,
-                                        mode_t mode, const FilePolicy& policy);
+std::optional<LoadError> CheckOwnership(const std::filesystem::path& what, uid_t owner, mode_t mode,
+                                        const FilePolicy& policy);
 
 struct RejectedFile {
   std::filesystem::path file;
@@ -65,8 +65,8 @@ struct RejectedFile {
 };
 
 struct Discovery {
-  std::vector<BackendFile> files;     // in directory order, then name order; one per real path
-  std::vector<RejectedFile> rejected; // named like a backend but unusable (dangling, unsafe...)
+  std::vector<BackendFile> files;      // in directory order, then name order; one per real path
+  std::vector<RejectedFile> rejected;  // named like a backend but unusable (dangling, unsafe...)
 };
 
 // Lists the backend files of `directories`, in order. Files not named like a backend are ignored

@@ -45,11 +45,11 @@ struct GenerationInfo {
   uint64_t number = 0;  // process-wide, never reused
   std::string backend_id;
   BackendApiVersion api_version;
-  std::string release;               // the backend's own version, "" when it does not say
-  std::filesystem::path file;        // as found (maybe a symlink)
-  std::filesystem::path real_path;   // the file that was copied
-  std::filesystem::path shadow_path; // the private copy that is mapped
-  FileIdentity identity;             // of real_path when copied
+  std::string release;                // the backend's own version, "" when it does not say
+  std::filesystem::path file;         // as found (maybe a symlink)
+  std::filesystem::path real_path;    // the file that was copied
+  std::filesystem::path shadow_path;  // the private copy that is mapped
+  FileIdentity identity;              // of real_path when copied
   std::string build_id;
   std::chrono::system_clock::time_point loaded_at;
 };

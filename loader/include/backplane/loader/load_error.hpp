@@ -32,22 +32,38 @@ enum class LoadReason {
 
 constexpr std::string_view ToString(LoadReason reason) {
   switch (reason) {
-    case LoadReason::kNotFound: return "NOT_FOUND";
-    case LoadReason::kNameScheme: return "NAME_SCHEME";
-    case LoadReason::kNotRegular: return "NOT_REGULAR";
-    case LoadReason::kUnsafePermissions: return "UNSAFE_PERMISSIONS";
-    case LoadReason::kIoError: return "IO_ERROR";
-    case LoadReason::kNotElf: return "NOT_ELF";
-    case LoadReason::kElfTruncated: return "ELF_TRUNCATED";
-    case LoadReason::kWrongArch: return "WRONG_ARCH";
-    case LoadReason::kNotUnloadable: return "NOT_UNLOADABLE";
-    case LoadReason::kDlopenFailed: return "DLOPEN_FAILED";
-    case LoadReason::kMissingEntryPoint: return "MISSING_ENTRY_POINT";
-    case LoadReason::kInvalidId: return "INVALID_ID";
-    case LoadReason::kApiIncompatible: return "API_INCOMPATIBLE";
-    case LoadReason::kFactoryFailed: return "FACTORY_FAILED";
-    case LoadReason::kDuplicateId: return "DUPLICATE_ID";
-    case LoadReason::kFileChanged: return "FILE_CHANGED";
+    case LoadReason::kNotFound:
+      return "NOT_FOUND";
+    case LoadReason::kNameScheme:
+      return "NAME_SCHEME";
+    case LoadReason::kNotRegular:
+      return "NOT_REGULAR";
+    case LoadReason::kUnsafePermissions:
+      return "UNSAFE_PERMISSIONS";
+    case LoadReason::kIoError:
+      return "IO_ERROR";
+    case LoadReason::kNotElf:
+      return "NOT_ELF";
+    case LoadReason::kElfTruncated:
+      return "ELF_TRUNCATED";
+    case LoadReason::kWrongArch:
+      return "WRONG_ARCH";
+    case LoadReason::kNotUnloadable:
+      return "NOT_UNLOADABLE";
+    case LoadReason::kDlopenFailed:
+      return "DLOPEN_FAILED";
+    case LoadReason::kMissingEntryPoint:
+      return "MISSING_ENTRY_POINT";
+    case LoadReason::kInvalidId:
+      return "INVALID_ID";
+    case LoadReason::kApiIncompatible:
+      return "API_INCOMPATIBLE";
+    case LoadReason::kFactoryFailed:
+      return "FACTORY_FAILED";
+    case LoadReason::kDuplicateId:
+      return "DUPLICATE_ID";
+    case LoadReason::kFileChanged:
+      return "FILE_CHANGED";
   }
   return "UNKNOWN";
 }

@@ -29,7 +29,7 @@ struct LoaderOptions {
 
 // One line of `backplane check`: a loading stage and how it went.
 struct LoadStage {
-  std::string name;    // "file", "permissions", "copy", "elf", "dlopen", "entry points", ...
+  std::string name;  // "file", "permissions", "copy", "elf", "dlopen", "entry points", ...
   bool ok = false;
   std::string detail;  // what was found, or the error message
 };
@@ -40,7 +40,8 @@ struct LoadTrace {
   std::function<void(const LoadStage&)> on_stage;
 
   void Add(LoadStage stage) {
-    if (on_stage) on_stage(stage);
+    if (on_stage)
+      on_stage(stage);
     stages.push_back(std::move(stage));
   }
 };

@@ -50,7 +50,8 @@ std::shared_ptr<T> MakeReaped(std::unique_ptr<T> object, const std::shared_ptr<R
   std::weak_ptr<Reaper> weak = reaper;
   return std::shared_ptr<T>(object.release(), [weak](T* doomed) {
     auto destroy = [doomed] { delete doomed; };
-    if (auto strong = weak.lock(); strong && strong->Post(destroy)) return;
+    if (auto strong = weak.lock(); strong && strong->Post(destroy))
+      return;
     destroy();
   });
 }
