@@ -51,9 +51,17 @@ Result<std::shared_ptr<BackendRegistry>> BackendRegistry::Create(BackendRegistry
     shared_loader = std::move(created).value();
   }
   std::vector<fs::path> directories;
-  if (options.dynamic_backends) {
+  if (!options.dynamic_backends) {
+    Log()->info("dynamic backend loading is disabled by configuration");
+  } else {
     const auto paths = options.backend_paths.value_or(DefaultBackendPaths());
     directories = loader::ValidBackendDirectories(paths);
+    if (paths.empty()) {
+      Log()->info("dynamic backend loading is disabled (the backend path list is empty)");
+    } else if (directories.empty()) {
+      Log()->warn("no dynamic backends: none of the {} backend path(s) is a usable directory",
+                  paths.size());
+    }
   }
   std::shared_ptr<BackendRegistry> registry(
       new BackendRegistry(std::move(shared_loader), std::move(directories)));
@@ -80,8 +88,6 @@ Result<std::shared_ptr<BackendRegistry>> BackendRegistry::Create(BackendRegistry
     for (const auto& file : discovery.files) {
       (void)registry->LoadFile(file.path);  // failures are recorded and logged by LoadFile
     }
-  } else {
-    Log()->info("dynamic backend loading is disabled (no backend directories)");
   }
   return registry;
 }
@@ -148,6 +154,9 @@ loader::LoadResult<RegisteredBackend> BackendRegistry::LoadFile(const fs::path& 
   }
   if (trace != nullptr)
     trace->Add({"register", true, "backend id " + info.backend_id});
+  Log()->info("registered backend {} generation {} from {} (API {}.{}{}{})", info.backend_id,
+              info.number, file.string(), info.api_version.major, info.api_version.minor,
+              info.release.empty() ? "" : ", release ", info.release);
   return RegisteredBackend{info.backend_id, std::move(generation).value()};
 }
 

@@ -81,6 +81,12 @@ std::optional<LoadError> CheckOwnership(const fs::path& what, uid_t owner, mode_
                                         const FilePolicy& policy) {
   if (policy.allow_unsafe_permissions)
     return std::nullopt;
+  if ((mode & S_ISVTX) && (mode & S_IWOTH)) {
+    return LoadError{LoadReason::kUnsafePermissions,
+                     what.string() + " is a shared directory (mode " + ModeString(mode) +
+                         ") where anyone can create files: keep backends in a directory that "
+                         "only their owner can write"};
+  }
   if (mode & (S_IWGRP | S_IWOTH)) {
     return LoadError{LoadReason::kUnsafePermissions,
                      what.string() + " is writable by " +

@@ -89,6 +89,18 @@ LoadResult<ElfFacts> InspectFile(const fs::path& path, const fs::path& named) {
   return facts;
 }
 
+// dlerror() names the shadow copy, which the operator never sees; name the deployed file.
+std::string NameTheDeployedFile(std::string message, const ShadowCopy& shadow,
+                                const fs::path& real_path) {
+  const std::string from = shadow.path.string();
+  const std::string to = real_path.string();
+  for (auto at = message.find(from); at != std::string::npos;
+       at = message.find(from, at + to.size())) {
+    message.replace(at, from.size(), to);
+  }
+  return message;
+}
+
 std::string DlError() {
   const char* error = dlerror();
   return error != nullptr ? error : "unknown dynamic linker error";
@@ -149,9 +161,9 @@ LoadResult<GenerationLease> Loader::Load(const fs::path& file, LoadTrace* trace)
     return tracer.Fail(reason == LoadReason::kUnsafePermissions ? "permissions" : "file",
                        std::move(resolved).error());
   }
-  tracer.Pass("file", resolved->path == resolved->real_path
-                          ? resolved->path.string()
-                          : resolved->path.string() + " -> " + resolved->real_path.string());
+  const bool via_symlink = fs::absolute(resolved->path).lexically_normal() != resolved->real_path;
+  tracer.Pass("file", via_symlink ? resolved->path.string() + " -> " + resolved->real_path.string()
+                                  : resolved->path.string());
   tracer.Pass("permissions", "owner and mode safe");
 
   {
@@ -197,9 +209,9 @@ LoadResult<GenerationLease> Loader::LoadNew(const BackendFile& file, LoadTrace* 
   // RTLD_LOCAL keeps two versions of one backend from binding to each other's symbols.
   LibraryHandle library(dlopen(shadow->path.c_str(), RTLD_NOW | RTLD_LOCAL));
   if (library.get() == nullptr) {
-    return tracer.Fail("dlopen",
-                       {LoadReason::kDlopenFailed,
-                        file.path.string() + ": the dynamic linker refused it: " + DlError()});
+    return tracer.Fail("dlopen", {LoadReason::kDlopenFailed,
+                                  file.path.string() + ": the dynamic linker refused it: " +
+                                      NameTheDeployedFile(DlError(), *shadow, file.real_path)});
   }
   tracer.Pass("dlopen", "RTLD_NOW | RTLD_LOCAL");
 
@@ -296,8 +308,9 @@ LoadResult<GenerationLease> Loader::LoadNew(const BackendFile& file, LoadTrace* 
   if (!probe.ok())
     return tracer.Fail("factory", std::move(probe).error());
   tracer.Pass("factory", "created and released a probe instance");
-  Log()->info("loaded backend {} generation {} from {} (API {}{}{})", id, number,
-              file.path.string(), VersionString(api), release.empty() ? "" : ", release ", release);
+  Log()->debug("mapped backend {} generation {} from {} (API {}{}{})", id, number,
+               file.path.string(), VersionString(api), release.empty() ? "" : ", release ",
+               release);
   return generation;
 }
 

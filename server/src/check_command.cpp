@@ -6,6 +6,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <iostream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -44,7 +45,8 @@ std::pair<std::string, LoadReason> CrashedStageAfter(const std::string& stage) {
       {"entry points", {"id", LoadReason::kInvalidId}},
       {"id", {"version", LoadReason::kApiIncompatible}},
       {"version", {"factory", LoadReason::kFactoryFailed}},
-      {"factory", {"register", LoadReason::kFactoryFailed}},
+      {"factory", {"instance", LoadReason::kFactoryFailed}},
+      {"instance", {"unload", LoadReason::kNotUnloadable}},
   };
   for (const auto& [after, next] : kNext) {
     if (after == stage)
@@ -55,8 +57,76 @@ std::pair<std::string, LoadReason> CrashedStageAfter(const std::string& stage) {
 
 // Child side: loads `file` in a fresh loader and streams each stage, then the result, as JSON
 // lines to `fd`.
+// Loads `file` in a fresh loader, then does what a runtime does with it (an instance, its
+// context, its options) and lets it go, checking that the code really leaves the process.
+// Streams each stage as it ends, then the verdict, as JSON lines through `emit`.
+void CheckStages(const std::string& file, bool allow_unsafe,
+                 const std::function<void(const json&)>& emit) {
+  auto verdict_error = [&](std::string_view reason, const std::string& message) {
+    emit({{"result", false}, {"reason", reason}, {"message", message}});
+  };
+  auto stage = [&](const std::string& name, bool ok, const std::string& detail) {
+    emit({{"stage", name}, {"ok", ok}, {"detail", detail}});
+  };
+  loader::LoaderOptions options;
+  options.file_policy.allow_unsafe_permissions = allow_unsafe;
+  auto created = loader::Loader::Create(options);
+  if (!created.ok())
+    return verdict_error("IO_ERROR", created.error().message());
+  loader::Loader& host_loader = *created.value();
+
+  loader::LoadTrace trace;
+  trace.on_stage = [&](const loader::LoadStage& done) { stage(done.name, done.ok, done.detail); };
+  auto loaded = host_loader.Load(file, &trace);
+  if (!loaded.ok()) {
+    return verdict_error(loader::ToString(loaded.error().reason), loaded.error().message);
+  }
+  loader::GenerationLease generation = std::move(loaded).value();
+  const loader::GenerationInfo info = generation->info();
+
+  {
+    auto instance = host_loader.CreateInstance(generation);
+    if (!instance.ok()) {
+      stage("instance", false, instance.error().message);
+      return verdict_error(loader::ToString(instance.error().reason), instance.error().message);
+    }
+    auto context = instance.value()->CreateBackendContext();
+    if (!context.ok()) {
+      stage("instance", false, context.error().message());
+      return verdict_error("FACTORY_FAILED", context.error().message());
+    }
+    std::string described;
+    for (const auto& option : instance.value()->DescribeOptions()) {
+      described += (described.empty() ? "" : ", ") + option.name + " (" +
+                   std::string(ToString(option.type)) + ")";
+    }
+    stage("instance", true,
+          std::string(context.value() ? "with" : "without") +
+              " a backend context; options: " + (described.empty() ? "none" : described));
+  }
+
+  generation.reset();  // the last lease: the reaper shuts down, dlcloses, verifies
+  host_loader.WaitForUnloads();
+  if (host_loader.stats().leaked.load() != 0) {
+    const std::string message = file +
+                                " stayed mapped after dlclose (verified with RTLD_NOLOAD): "
+                                "something pins it, e.g. a thread it started and never "
+                                "joined, or a dependency linked with -z nodelete";
+    stage("unload", false, message);
+    return verdict_error("NOT_UNLOADABLE", message);
+  }
+  stage("unload", true, "unmapped after dlclose, shadow copy deleted");
+  emit({{"result", true},
+        {"id", info.backend_id},
+        {"api_version",
+         std::to_string(info.api_version.major) + "." + std::to_string(info.api_version.minor)},
+        {"release", info.release}});
+}
+
+// Child side of CheckFile: runs CheckStages, writing to `fd`, and exits without returning (no
+// atexit handlers or static destructors of the parent's state).
 [[noreturn]] void CheckInChild(const std::string& file, bool allow_unsafe, int fd) {
-  auto write_line = [fd](const json& line) {
+  CheckStages(file, allow_unsafe, [fd](const json& line) {
     const std::string text = line.dump() + "\n";
     for (std::size_t done = 0; done < text.size();) {
       const ssize_t n = write(fd, text.data() + done, text.size() - done);
@@ -64,34 +134,7 @@ std::pair<std::string, LoadReason> CrashedStageAfter(const std::string& stage) {
         _exit(3);
       done += static_cast<std::size_t>(n);
     }
-  };
-  loader::LoaderOptions options;
-  options.file_policy.allow_unsafe_permissions = allow_unsafe;
-  auto created = loader::Loader::Create(options);
-  if (!created.ok()) {
-    write_line({{"result", false}, {"reason", "IO_ERROR"}, {"message", created.error().message()}});
-    _exit(0);
-  }
-  loader::LoadTrace trace;
-  trace.on_stage = [&](const loader::LoadStage& stage) {
-    write_line({{"stage", stage.name}, {"ok", stage.ok}, {"detail", stage.detail}});
-  };
-  {  // the generation is released at the end of this scope: unloading runs too
-    auto loaded = created.value()->Load(file, &trace);
-    if (loaded.ok()) {
-      const auto& info = loaded.value()->info();
-      write_line({{"result", true},
-                  {"id", info.backend_id},
-                  {"api_version", std::to_string(info.api_version.major) + "." +
-                                      std::to_string(info.api_version.minor)},
-                  {"release", info.release}});
-    } else {
-      write_line({{"result", false},
-                  {"reason", std::string(loader::ToString(loaded.error().reason))},
-                  {"message", loaded.error().message}});
-    }
-  }
-  created.value()->WaitForUnloads();
+  });
   std::fflush(nullptr);
   _exit(0);
 }
@@ -147,7 +190,7 @@ FileReport CheckFile(const std::string& file, bool allow_unsafe) {
   }
   if (child < 0 || !finished || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
     const std::string last = report.stages.empty() ? "" : report.stages.back().name;
-    auto [stage, reason] = CrashedStageAfter(finished ? "factory" : last);
+    auto [stage, reason] = CrashedStageAfter(finished ? "instance" : last);
     std::string how = child < 0 ? std::string("could not fork: ") + std::strerror(errno)
                       : WIFSIGNALED(status)
                           ? std::string("killed by signal ") + strsignal(WTERMSIG(status))

@@ -54,6 +54,12 @@ TEST(OptionsTest, WrongTypeChangesNothing) {
   EXPECT_EQ(options.GetAs<bool>("fast"), false);
 }
 
+TEST(OptionsTest, IntegerDefaultOfADoubleOptionIsADouble) {
+  OptionSet options("Demo", {{"ratio", OptionType::kDouble, int64_t{1}, "written as 1, not 1.0"}});
+  EXPECT_EQ(options.GetAs<double>("ratio"), 1.0);
+  EXPECT_EQ(TypeOf(options.descriptors()[0].default_value), OptionType::kDouble);
+}
+
 TEST(OptionsTest, GetUnknownKeyIsNotFound) {
   OptionSet options = MakeOptions();
   auto value = options.Get("nope");

@@ -226,6 +226,11 @@ TEST(LoaderTest, RefusesUnsafePermissionsUnlessAllowed) {
   LoadError open_directory = LoadFailure(*strict, file);
   EXPECT_EQ(open_directory.reason, LoadReason::kUnsafePermissions);
   EXPECT_THAT(open_directory.message, HasSubstr("writable by others"));
+  std::filesystem::permissions(dir.path(), std::filesystem::perms(01777));
+  LoadError shared_directory = LoadFailure(*strict, file);
+  EXPECT_EQ(shared_directory.reason, LoadReason::kUnsafePermissions);
+  EXPECT_THAT(shared_directory.message, HasSubstr("is a shared directory (mode 1777)"));
+  EXPECT_THAT(shared_directory.message, ::testing::Not(HasSubstr("chmod")));
   std::filesystem::permissions(dir.path(), std::filesystem::perms(0700));
 
   if (geteuid() == 0) {  // only root can give a file away

@@ -116,6 +116,11 @@ TEST(LoaderTrapTest, MissingSymbolFailsAtLoadNotAtFirstCall) {
   ASSERT_FALSE(loaded.ok());
   EXPECT_EQ(loaded.error().reason, LoadReason::kDlopenFailed);
   EXPECT_THAT(loaded.error().message, HasSubstr("backplane_fixture_function_that_does_not_exist"));
+  // The message names the deployed file, not the private shadow copy the operator never sees.
+  EXPECT_THAT(loaded.error().message,
+              HasSubstr(std::filesystem::canonical(Fixture("MissingSymbol")).string() + ":"));
+  EXPECT_THAT(loaded.error().message,
+              ::testing::Not(HasSubstr(loader->shadow_directory().path().string())));
 }
 
 // Rule 5: the host owns TBB, so a backend that used it unloads cleanly and TBB stays.

@@ -124,6 +124,10 @@ TEST(CheckCommandTest, TextOutputHasAStageLineAndAVerdictPerFile) {
       RunBackplane("check " + Fixture("Valid").string() + " " + Fixture("Api25").string());
   EXPECT_EQ(result.exit_code, 1);
   EXPECT_THAT(result.output, HasSubstr("  elf           ok"));
+  EXPECT_THAT(result.output, HasSubstr("  instance      ok    with a backend context; options: "
+                                       "verbose (bool), limit (int64), scale (double), label "
+                                       "(string)"));
+  EXPECT_THAT(result.output, HasSubstr("  unload        ok    unmapped after dlclose"));
   EXPECT_THAT(result.output, HasSubstr("verdict: OK, backend TestValid (API 1.0, release 1.2.3)"));
   EXPECT_THAT(result.output, HasSubstr("verdict: REJECTED API_INCOMPATIBLE"));
 }

@@ -2,6 +2,7 @@
 // backend; ArmNN's BackendOptions for values given at creation).
 #pragma once
 
+#include <cassert>
 #include <cstdint>
 #include <map>
 #include <mutex>
@@ -99,7 +100,8 @@ inline Status ValidateOptions(const BackendOptions& changes,
 class OptionSet {
  public:
   OptionSet(std::string backend_id, std::vector<OptionDescriptor> descriptors)
-      : backend_id_(std::move(backend_id)), descriptors_(std::move(descriptors)) {
+      : backend_id_(std::move(backend_id)),
+        descriptors_(WithTypedDefaults(std::move(descriptors))) {
     for (const auto& descriptor : descriptors_)
       values_[descriptor.name] = descriptor.default_value;
   }
@@ -132,6 +134,23 @@ class OptionSet {
   }
 
  private:
+  // `{"ratio", OptionType::kDouble, 1, ...}` stores an int64 default: a trap that would make
+  // GetAs<double> throw later. Integer defaults of double options are converted; any other
+  // mismatch is a programmer error.
+  static std::vector<OptionDescriptor> WithTypedDefaults(
+      std::vector<OptionDescriptor> descriptors) {
+    for (auto& descriptor : descriptors) {
+      if (descriptor.type == OptionType::kDouble) {
+        if (const auto* integer = std::get_if<int64_t>(&descriptor.default_value)) {
+          descriptor.default_value = static_cast<double>(*integer);
+        }
+      }
+      assert(TypeOf(descriptor.default_value) == descriptor.type &&
+             "an option's default value must have the option's type");
+    }
+    return descriptors;
+  }
+
   const std::string backend_id_;
   const std::vector<OptionDescriptor> descriptors_;
   mutable std::mutex mutex_;

@@ -90,6 +90,8 @@ class IBackend {
   // (e.g. "attribute auto_pad=NOTSET only"). Must be cheap and must not allocate device memory.
   virtual Status IsSupported(const OperatorDesc& op) const = 0;
 
+  // The host destroys every workload before the instance that created it, so a workload may keep
+  // plain references into its backend.
   virtual Result<std::unique_ptr<IWorkload>> CreateWorkload(const OperatorDesc& op) = 0;
 
   // Called once per runtime after creation. Null when the backend needs no hooks.
@@ -99,7 +101,8 @@ class IBackend {
   virtual std::vector<OptionDescriptor> DescribeOptions() const { return {}; }
 
   // All-or-nothing: an unknown key or a wrong type returns kInvalidArgument and applies nothing.
-  // The host calls it with the creation options right after the factory, and again on updates.
+  // The host calls it with the runtime's creation options once the instance and its context
+  // exist, and again on every update.
   virtual Status UpdateOptions(const BackendOptions& changes) {
     return ValidateOptions(changes, DescribeOptions(), GetId());
   }
