@@ -8,17 +8,12 @@
 #include <cstring>
 #include <set>
 
-#include "backplane/loader/logging.hpp"
+#include "loader_log.hpp"
 
 namespace backplane::loader {
 namespace fs = std::filesystem;
 
 namespace {
-
-const auto& Log() {
-  static const auto logger = ModuleLogger("backplane.loader");
-  return logger;
-}
 
 bool IsAlnum(char c) {
   return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9');

@@ -1,15 +1,8 @@
 #include "backplane/loader/backend_instance.hpp"
 
-#include "backplane/loader/logging.hpp"
+#include "loader_log.hpp"
 
 namespace backplane::loader {
-
-namespace {
-const auto& Log() {
-  static const auto logger = ModuleLogger("backplane.loader");
-  return logger;
-}
-}  // namespace
 
 Workload::Workload(std::shared_ptr<BackendInstance> instance, std::unique_ptr<IWorkload> workload)
     : instance_(std::move(instance)), workload_(std::move(workload)) {}

@@ -4,16 +4,9 @@
 #include <unistd.h>
 
 #include "backplane/loader/loader.hpp"
-#include "backplane/loader/logging.hpp"
+#include "loader_log.hpp"
 
 namespace backplane::loader {
-
-namespace {
-const auto& Log() {
-  static const auto logger = ModuleLogger("backplane.loader");
-  return logger;
-}
-}  // namespace
 
 LibraryHandle& LibraryHandle::operator=(LibraryHandle&& other) noexcept {
   if (this != &other) {

@@ -12,17 +12,12 @@
 #include <tbb/task_arena.h>
 
 #include "backplane/loader/elf_inspector.hpp"
-#include "backplane/loader/logging.hpp"
+#include "loader_log.hpp"
 
 namespace backplane::loader {
 namespace fs = std::filesystem;
 
 namespace {
-
-const auto& Log() {
-  static const auto logger = ModuleLogger("backplane.loader");
-  return logger;
-}
 
 // Never reused within the process, so a shadow path never names two libraries (rule 1).
 std::atomic<uint64_t> next_generation{1};

@@ -11,17 +11,12 @@
 #include <mutex>
 #include <set>
 
-#include "backplane/loader/logging.hpp"
+#include "loader_log.hpp"
 
 namespace backplane::loader {
 namespace fs = std::filesystem;
 
 namespace {
-
-const auto& Log() {
-  static const auto logger = ModuleLogger("backplane.loader");
-  return logger;
-}
 
 // Closes a file descriptor on scope exit.
 class FileDescriptor {
