@@ -5,7 +5,7 @@ set -euo pipefail
 
 BACKPLANE_PACKAGES=(
   cmake ninja-build g++ pkg-config binutils
-  libtbb-dev libspdlog-dev libcli11-dev nlohmann-json3-dev
+  libtbb-dev libspdlog-dev libcli11-dev nlohmann-json3-dev libonnx-dev libprotobuf-dev
   libgtest-dev libgmock-dev libbenchmark-dev
 )
 

@@ -1,6 +1,7 @@
 #include "backplane/core/runtime.hpp"
 
 #include "backplane/loader/logging.hpp"
+#include "loaded_network.hpp"
 
 namespace backplane {
 
@@ -21,7 +22,7 @@ Result<std::unique_ptr<Runtime>> Runtime::Create(RuntimeOptions options) {
     registry = std::move(created).value();
   }
 
-  std::unique_ptr<Runtime> runtime(new Runtime(registry));
+  std::unique_ptr<Runtime> runtime(new Runtime(registry, options));
   for (const auto& id : registry->BackendIds()) {
     auto instance = registry->CreateInstance(id);
     if (!instance.ok()) {
@@ -62,7 +63,10 @@ Result<std::unique_ptr<Runtime>> Runtime::Create(RuntimeOptions options) {
   return runtime;
 }
 
-Runtime::Runtime(std::shared_ptr<BackendRegistry> registry) : registry_(std::move(registry)) {}
+Runtime::Runtime(std::shared_ptr<BackendRegistry> registry, RuntimeOptions& options)
+    : registry_(std::move(registry)),
+      default_preferences_(std::move(options.default_preferences)),
+      scheduler_(options.scheduler) {}
 
 Runtime::~Runtime() = default;
 
@@ -83,6 +87,174 @@ Status Runtime::UpdateBackendOptions(std::string_view id, const BackendOptions& 
   if (it == backends_.end())
     return NotFound("this runtime has no backend " + std::string(id));
   return it->second.instance->UpdateOptions(changes);
+}
+
+Result<NetworkId> Runtime::LoadNetwork(Network network, NetworkOptions options) {
+  std::vector<std::string> preferences = options.backend_preferences.empty()
+                                             ? default_preferences_
+                                             : std::move(options.backend_preferences);
+  if (preferences.empty())
+    preferences = BackendIds();
+  std::vector<std::shared_ptr<loader::BackendInstance>> backends;
+  for (const auto& id : preferences) {
+    auto backend = Backend(id);
+    if (backend == nullptr) {
+      return NotFound("backend preference " + id + " names no backend of this runtime (have: " +
+                      [&] {
+                        std::string ids;
+                        for (const auto& known : BackendIds())
+                          ids += (ids.empty() ? "" : ", ") + known;
+                        return ids;
+                      }() +
+                      ")");
+    }
+    backends.push_back(std::move(backend));
+  }
+
+  std::lock_guard lock(networks_mutex_);
+  const NetworkId id = next_network_id_++;
+  for (auto& [backend_id, slot] : backends_) {
+    if (slot.context == nullptr)
+      continue;
+    Status before = loader::GuardBackendCall(backend_id, "BeforeLoadNetwork",
+                                             [&] { return slot.context->BeforeLoadNetwork(id); });
+    if (!before.ok()) {
+      return Status(before.code(), "backend " + backend_id + " refused to load network " +
+                                       network.name + ": " + before.message());
+    }
+  }
+  const std::string name = network.name;
+  auto loaded = LoadedNetwork::Create(std::move(network), backends);
+  if (!loaded.ok()) {
+    return Status(loaded.error().code(), "network " + name + ": " + loaded.error().message());
+  }
+  for (auto& [backend_id, slot] : backends_) {
+    if (slot.context == nullptr)
+      continue;
+    Status after = loader::GuardBackendCall(backend_id, "AfterLoadNetwork",
+                                            [&] { return slot.context->AfterLoadNetwork(id); });
+    if (!after.ok()) {
+      Log()->warn("backend {}: AfterLoadNetwork({}) failed: {}", backend_id, id, after.message());
+    }
+  }
+  auto updated = std::make_shared<NetworkMap>(*networks_.load());
+  updated->emplace(id, std::shared_ptr<const LoadedNetwork>(std::move(loaded).value()));
+  networks_.store(std::move(updated));
+  Log()->info("loaded network {} ({}) with {} layer(s)", id, name,
+              (*networks_.load()).at(id)->placement().size());
+  return id;
+}
+
+Status Runtime::UnloadNetwork(NetworkId id) {
+  std::lock_guard lock(networks_mutex_);
+  auto current = networks_.load();
+  if (!current->contains(id))
+    return NotFound("no network " + std::to_string(id) + " is loaded");
+  for (auto& [backend_id, slot] : backends_) {
+    if (slot.context == nullptr)
+      continue;
+    Status before = loader::GuardBackendCall(backend_id, "BeforeUnloadNetwork",
+                                             [&] { return slot.context->BeforeUnloadNetwork(id); });
+    if (!before.ok()) {
+      return FailedPrecondition("network " + std::to_string(id) + " stays loaded: backend " +
+                                backend_id + " refused to unload it: " + before.message());
+    }
+  }
+  auto updated = std::make_shared<NetworkMap>(*current);
+  updated->erase(id);
+  networks_.store(std::move(updated));
+  for (auto& [backend_id, slot] : backends_) {
+    if (slot.context == nullptr)
+      continue;
+    Status after = loader::GuardBackendCall(backend_id, "AfterUnloadNetwork",
+                                            [&] { return slot.context->AfterUnloadNetwork(id); });
+    if (!after.ok()) {
+      Log()->warn("backend {}: AfterUnloadNetwork({}) failed: {}", backend_id, id, after.message());
+    }
+  }
+  return Status::Ok();
+}
+
+Result<std::shared_ptr<const LoadedNetwork>> Runtime::FindNetwork(NetworkId id) const {
+  auto networks = networks_.load();
+  auto it = networks->find(id);
+  if (it == networks->end())
+    return NotFound("no network " + std::to_string(id) + " is loaded");
+  return it->second;
+}
+
+Result<std::vector<LayerPlacement>> Runtime::GetPlacement(NetworkId id) const {
+  auto network = FindNetwork(id);
+  if (!network.ok())
+    return std::move(network).error();
+  return network.value()->placement();
+}
+
+Result<std::shared_ptr<const Network>> Runtime::GetNetwork(NetworkId id) const {
+  auto network = FindNetwork(id);
+  if (!network.ok())
+    return std::move(network).error();
+  // Aliasing constructor: the Network lives as long as its loaded network.
+  return std::shared_ptr<const Network>(network.value(), &network.value()->network());
+}
+
+Result<std::vector<Tensor>> Runtime::Execute(NetworkId id,
+                                             std::span<const ConstTensorView> inputs) {
+  auto network = FindNetwork(id);
+  if (!network.ok())
+    return std::move(network).error();
+  auto admission = scheduler_.Admit();
+  if (!admission.ok())
+    return std::move(admission).error();
+  std::optional<Result<std::vector<Tensor>>> result;
+  Status ran = scheduler_.RunInArena([&] {
+    result.emplace(network.value()->Execute(inputs));
+    return Status::Ok();
+  });
+  if (!ran.ok())
+    return ran;
+  return *std::move(result);
+}
+
+void Runtime::ExecuteAsync(NetworkId id, std::vector<Tensor> inputs, ExecuteCallback done,
+                           std::optional<scheduler::Clock::time_point> deadline) {
+  auto network = FindNetwork(id);
+  if (!network.ok())
+    return done(std::move(network).error());
+  auto admission = scheduler_.Admit();
+  if (!admission.ok())
+    return done(std::move(admission).error());
+  // The request owns its inputs and the network binding it started with.
+  auto request =
+      std::make_shared<std::pair<std::vector<Tensor>, std::optional<Result<std::vector<Tensor>>>>>(
+          std::move(inputs), std::nullopt);
+  scheduler_.Enqueue(
+      std::move(admission).value(),
+      [request, loaded = std::move(network).value()] {
+        std::vector<ConstTensorView> views;
+        for (const auto& tensor : request->first)
+          views.push_back(tensor.View());
+        request->second.emplace(loaded->Execute(views));
+        return Status::Ok();
+      },
+      [request, done = std::move(done)](Status status) {
+        if (!status.ok())
+          return done(std::move(status));
+        done(*std::move(request->second));
+      },
+      deadline);
+}
+
+std::future<Result<std::vector<Tensor>>> Runtime::ExecuteAsync(
+    NetworkId id, std::vector<Tensor> inputs,
+    std::optional<scheduler::Clock::time_point> deadline) {
+  auto promise = std::make_shared<std::promise<Result<std::vector<Tensor>>>>();
+  auto future = promise->get_future();
+  ExecuteAsync(
+      id, std::move(inputs),
+      [promise](Result<std::vector<Tensor>> result) { promise->set_value(std::move(result)); },
+      deadline);
+  return future;
 }
 
 }  // namespace backplane

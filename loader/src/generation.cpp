@@ -39,8 +39,8 @@ Generation::~Generation() {
     dlclose(still_mapped);
     stats_->leaked.fetch_add(1, std::memory_order_relaxed);
     Log()->warn(
-        "backend {} generation {} leaked: still mapped after dlclose ({}); something "
-        "pins it (a thread_local destructor, a NODELETE dependency, a live thread)",
+        "backend {} generation {} leaked: glibc kept it mapped after dlclose ({}), e.g. for a "
+        "thread_local destructor still registered or a unique symbol another library bound to",
         info_.backend_id, info_.number, info_.file.string());
   } else {
     stats_->unloaded.fetch_add(1, std::memory_order_relaxed);

@@ -96,6 +96,16 @@ std::string NameTheDeployedFile(std::string message, const ShadowCopy& shadow,
   return message;
 }
 
+// The one dlopen failure whose cause is ours, not the backend's: the shadow directory's file
+// system refuses to map code.
+std::string ExplainMapFailure(const std::string& message, const ShadowCopy& shadow) {
+  if (message.find("failed to map segment") == std::string::npos)
+    return message;
+  return message + " (the shadow copy " + shadow.path.string() +
+         " could not be mapped executable: is its file system mounted noexec? set "
+         "BACKPLANE_SHADOW_DIR to a directory on one that is not)";
+}
+
 std::string DlError() {
   const char* error = dlerror();
   return error != nullptr ? error : "unknown dynamic linker error";
@@ -204,9 +214,11 @@ LoadResult<GenerationLease> Loader::LoadNew(const BackendFile& file, LoadTrace* 
   // RTLD_LOCAL keeps two versions of one backend from binding to each other's symbols.
   LibraryHandle library(dlopen(shadow->path.c_str(), RTLD_NOW | RTLD_LOCAL));
   if (library.get() == nullptr) {
-    return tracer.Fail("dlopen", {LoadReason::kDlopenFailed,
-                                  file.path.string() + ": the dynamic linker refused it: " +
-                                      NameTheDeployedFile(DlError(), *shadow, file.real_path)});
+    return tracer.Fail(
+        "dlopen",
+        {LoadReason::kDlopenFailed,
+         file.path.string() + ": the dynamic linker refused it: " +
+             ExplainMapFailure(NameTheDeployedFile(DlError(), *shadow, file.real_path), *shadow)});
   }
   tracer.Pass("dlopen", "RTLD_NOW | RTLD_LOCAL");
 

@@ -52,11 +52,9 @@ std::pair<std::string, LoadReason> CrashedStageAfter(const std::string& stage) {
     if (after == stage)
       return next;
   }
-  return {"unload", LoadReason::kFactoryFailed};
+  return {"unload", LoadReason::kNotUnloadable};
 }
 
-// Child side: loads `file` in a fresh loader and streams each stage, then the result, as JSON
-// lines to `fd`.
 // Loads `file` in a fresh loader, then does what a runtime does with it (an instance, its
 // context, its options) and lets it go, checking that the code really leaves the process.
 // Streams each stage as it ends, then the verdict, as JSON lines through `emit`.
@@ -110,8 +108,8 @@ void CheckStages(const std::string& file, bool allow_unsafe,
   if (host_loader.stats().leaked.load() != 0) {
     const std::string message = file +
                                 " stayed mapped after dlclose (verified with RTLD_NOLOAD): "
-                                "something pins it, e.g. a thread it started and never "
-                                "joined, or a dependency linked with -z nodelete";
+                                "glibc kept it, e.g. for a thread_local destructor still "
+                                "registered or a unique symbol another library bound to";
     stage("unload", false, message);
     return verdict_error("NOT_UNLOADABLE", message);
   }
@@ -190,16 +188,19 @@ FileReport CheckFile(const std::string& file, bool allow_unsafe) {
   }
   if (child < 0 || !finished || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
     const std::string last = report.stages.empty() ? "" : report.stages.back().name;
+    // A crash after the verdict was written happened while unloading.
     auto [stage, reason] = CrashedStageAfter(finished ? "instance" : last);
     std::string how = child < 0 ? std::string("could not fork: ") + std::strerror(errno)
                       : WIFSIGNALED(status)
                           ? std::string("killed by signal ") + strsignal(WTERMSIG(status))
                           : "exited with status " + std::to_string(WEXITSTATUS(status));
     report.reason = reason;
-    report.message = file + ": the backend crashed the loading process in stage '" + stage + "' (" +
-                     how +
-                     "); a backend must not crash in its constructors, entry "
-                     "points or factory";
+    report.message =
+        file + ": the backend crashed the loading process in stage '" + stage + "' (" + how +
+        (stage == "unload" ? "); a backend must finish all of its own work (threads, tasks, "
+                             "callbacks) in Shutdown(), before its code is unmapped"
+                           : "); a backend must not crash in its constructors, entry points, "
+                             "factory or context");
     report.stages.push_back({stage, false, report.message});
   }
   return report;

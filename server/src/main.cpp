@@ -6,6 +6,7 @@
 #include <CLI/CLI.hpp>
 
 #include "check_command.hpp"
+#include "run_command.hpp"
 
 int main(int argc, char** argv) {
   CLI::App app{"Backplane: inference backends that can be replaced while they serve"};
@@ -23,6 +24,23 @@ int main(int argc, char** argv) {
   check_command->add_flag("--allow-unsafe-permissions", check.allow_unsafe_permissions,
                           "accept files writable by group/others or owned by another user");
 
+  backplane::server::RunOptions run;
+  auto* run_command =
+      app.add_subcommand("run", "Run an ONNX model on the backends and say where each layer ran");
+  run_command->add_option("MODEL", run.model, "the model.onnx file")->required();
+  run_command->add_option("--backends", run.backend_dirs,
+                          "backend directory (repeatable; default: the backend paths)");
+  run_command->add_option("--prefer", run.preferences, "backend ids, most preferred first")
+      ->delimiter(',');
+  run_command->add_option("--input", run.inputs,
+                          "TensorProto file per graph input, in graph order (repeatable)");
+  run_command->add_option("--output-dir", run.output_dir, "write output_N.pb files here");
+  run_command->add_option("--test-data", run.test_data,
+                          "ONNX test-data folder: run each test_data_set_* and compare outputs");
+  run_command->add_option("--repeat", run.repeat, "runs per input set (timed)")
+      ->check(CLI::Range(1, 1000000));
+  run_command->get_option("--test-data")->excludes(run_command->get_option("--input"));
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -34,5 +52,7 @@ int main(int argc, char** argv) {
   spdlog::set_level(spdlog::level::from_str(log_level));
   if (check_command->parsed())
     return backplane::server::RunCheck(check);
+  if (run_command->parsed())
+    return backplane::server::RunModel(run);
   return 2;
 }

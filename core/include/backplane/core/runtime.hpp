@@ -11,8 +11,15 @@
 #include <string_view>
 #include <vector>
 
+#include <atomic>
+#include <functional>
+#include <future>
+#include <mutex>
+
 #include "backplane/core/backend_registry.hpp"
+#include "backplane/core/network.hpp"
 #include "backplane/loader/backend_instance.hpp"
+#include "backplane/scheduler/request_scheduler.hpp"
 
 namespace backplane {
 
@@ -26,7 +33,27 @@ struct RuntimeOptions {
   std::map<std::string, BackendOptions, std::less<>> backend_options;
   // Share a registry between runtimes; null creates one from the fields above.
   std::shared_ptr<BackendRegistry> registry;
+  // Backend preference list for networks loaded without one; empty: every backend, by id.
+  std::vector<std::string> default_preferences;
+  // The TBB arena and the limit on requests in flight (beyond it: refused, never queued).
+  scheduler::SchedulerOptions scheduler;
 };
+
+struct NetworkOptions {
+  // Backend ids, most preferred first; each layer goes to the first that supports it. Empty: the
+  // runtime's default preferences.
+  std::vector<std::string> backend_preferences;
+};
+
+// Where one layer runs.
+struct LayerPlacement {
+  std::string node;
+  std::string op_type;
+  std::string backend_id;
+  uint64_t generation = 0;  // 0 for a static backend
+};
+
+class LoadedNetwork;
 
 // Thread-safe.
 class Runtime {
@@ -45,15 +72,51 @@ class Runtime {
 
   const BackendRegistry& registry() const { return *registry_; }
 
+  // Binds every layer of `network` to a backend (ArmNN's Optimize + LoadNetwork), calling each
+  // backend context's BeforeLoadNetwork / AfterLoadNetwork. Fails naming the layer no backend
+  // supports, with every backend's reason.
+  Result<NetworkId> LoadNetwork(Network network, NetworkOptions options = {});
+  // Calls BeforeUnloadNetwork on every context first; when one refuses, the network stays loaded
+  // and the error says which backend and why. Requests in flight finish on the old bindings.
+  Status UnloadNetwork(NetworkId id);
+  Result<std::vector<LayerPlacement>> GetPlacement(NetworkId id) const;
+  Result<std::shared_ptr<const Network>> GetNetwork(NetworkId id) const;
+
+  // Runs one request on the calling thread (kernels use the runtime's arena). Thread-safe: call
+  // it from many threads at once. Inputs in the order of the network's inputs; outputs in the
+  // order of its outputs. kResourceExhausted when the runtime is at its limit of requests.
+  Result<std::vector<Tensor>> Execute(NetworkId id, std::span<const ConstTensorView> inputs);
+  // Queues one request in the runtime's arena; `done` runs on a worker with the outputs or the
+  // error (kResourceExhausted at once when full, kDeadlineExceeded when the deadline passes
+  // before it starts).
+  using ExecuteCallback = std::function<void(Result<std::vector<Tensor>>)>;
+  void ExecuteAsync(NetworkId id, std::vector<Tensor> inputs, ExecuteCallback done,
+                    std::optional<scheduler::Clock::time_point> deadline = std::nullopt);
+  std::future<Result<std::vector<Tensor>>> ExecuteAsync(
+      NetworkId id, std::vector<Tensor> inputs,
+      std::optional<scheduler::Clock::time_point> deadline = std::nullopt);
+
  private:
   struct BackendSlot {
     std::shared_ptr<loader::BackendInstance> instance;
     std::unique_ptr<IBackendContext> context;  // destroyed before the instance (declared after)
   };
-  explicit Runtime(std::shared_ptr<BackendRegistry> registry);
+  using NetworkMap = std::map<NetworkId, std::shared_ptr<const LoadedNetwork>>;
+  Runtime(std::shared_ptr<BackendRegistry> registry, RuntimeOptions& options);
+  Result<std::shared_ptr<const LoadedNetwork>> FindNetwork(NetworkId id) const;
 
   const std::shared_ptr<BackendRegistry> registry_;
   std::map<std::string, BackendSlot, std::less<>> backends_;  // immutable after Create
+  const std::vector<std::string> default_preferences_;
+
+  // Load and unload serialise on this (the backend contexts are thread-compatible); requests
+  // read the map without it.
+  std::mutex networks_mutex_;
+  std::atomic<std::shared_ptr<const NetworkMap>> networks_{std::make_shared<const NetworkMap>()};
+  NetworkId next_network_id_ = 1;  // guarded by networks_mutex_
+
+  // Last: destroyed first, waiting for requests in flight while everything they use still lives.
+  scheduler::RequestScheduler scheduler_;
 };
 
 }  // namespace backplane

@@ -22,6 +22,7 @@ enum class StatusCode {
   kUnimplemented,       // valid, but not supported (an op a backend cannot run)
   kResourceExhausted,   // overloaded: refused rather than queued
   kUnavailable,         // not ready yet, or shutting down
+  kDeadlineExceeded,    // a deadline passed before the work ran
   kInternal,            // a broken invariant or a misbehaving backend
 };
 
@@ -43,6 +44,8 @@ constexpr std::string_view ToString(StatusCode code) {
       return "RESOURCE_EXHAUSTED";
     case StatusCode::kUnavailable:
       return "UNAVAILABLE";
+    case StatusCode::kDeadlineExceeded:
+      return "DEADLINE_EXCEEDED";
     case StatusCode::kInternal:
       return "INTERNAL";
   }

@@ -119,4 +119,35 @@ struct TensorView {
   }
 };
 
+// A tensor that owns its data (constants, request inputs and outputs). Thread-compatible.
+class Tensor {
+ public:
+  Tensor() = default;
+  explicit Tensor(TensorInfo info) : info_(std::move(info)), data_(info_.ByteSize()) {}
+  Tensor(TensorInfo info, std::vector<std::byte> data)
+      : info_(std::move(info)), data_(std::move(data)) {}
+
+  const TensorInfo& info() const { return info_; }
+  std::span<const std::byte> bytes() const { return data_; }
+  std::span<std::byte> bytes() { return data_; }
+  void* data() { return data_.data(); }
+  const void* data() const { return data_.data(); }
+
+  template <typename T>
+  std::span<T> Elements() {
+    return {reinterpret_cast<T*>(data_.data()), data_.size() / sizeof(T)};
+  }
+  template <typename T>
+  std::span<const T> Elements() const {
+    return {reinterpret_cast<const T*>(data_.data()), data_.size() / sizeof(T)};
+  }
+
+  ConstTensorView View() const { return {info_, data_.data()}; }
+  TensorView MutableView() { return {info_, data_.data()}; }
+
+ private:
+  TensorInfo info_;
+  std::vector<std::byte> data_;
+};
+
 }  // namespace backplane

@@ -1,0 +1,373 @@
+// Identity, Flatten, Reshape (byte copies under a new shape), Transpose and Concat.
+#include <algorithm>
+#include <cstring>
+
+#include "kernel_support.hpp"
+
+namespace backplane::cpu_ref {
+namespace {
+
+void CopyBytes(void* to, const void* from, std::size_t bytes) {
+  if (bytes > 0)  // the views of empty tensors may hold null
+    std::memcpy(to, from, bytes);
+}
+
+std::size_t FloatBytes(const Shape& shape) {
+  return static_cast<std::size_t>(ElementCount(shape)) * sizeof(float);
+}
+
+// ---- Identity -------------------------------------------------------------------------------
+
+class IdentityWorkload final : public WorkloadBase {
+ public:
+  struct Params {
+    std::string label;
+  };
+
+  static Result<Params> Parse(const OperatorDesc& op) {
+    BACKPLANE_RETURN_IF_ERROR(CheckSignature(op, {}));
+    return Params{NodeLabel(op)};
+  }
+
+  explicit IdentityWorkload(Params params) : WorkloadBase(std::move(params.label), 1, 1, 1) {}
+
+ private:
+  Status Run(std::span<const ConstTensorView> inputs,
+             std::span<const TensorView> outputs) const override {
+    BACKPLANE_RETURN_IF_ERROR(CheckOutputShape(outputs[0], inputs[0].info.shape));
+    CopyBytes(outputs[0].data, inputs[0].data, FloatBytes(inputs[0].info.shape));
+    return Status::Ok();
+  }
+};
+
+// ---- Flatten --------------------------------------------------------------------------------
+
+Shape FlattenShape(const Shape& in, int64_t axis) {
+  Shape out{1, 1};
+  for (std::size_t i = 0; i < in.size(); ++i)
+    out[static_cast<int64_t>(i) < axis ? 0 : 1] *= in[i];
+  return out;
+}
+
+class FlattenWorkload final : public WorkloadBase {
+ public:
+  struct Params {
+    std::string label;
+    int64_t axis;  // as given; may be negative
+  };
+
+  static Result<Params> Parse(const OperatorDesc& op) {
+    BACKPLANE_RETURN_IF_ERROR(CheckSignature(op, {.attributes = {"axis"}}));
+    auto axis = IntAttribute(op, "axis", 1);
+    if (!axis.ok())
+      return axis.error();
+    // Flatten's axis ranges over [-r, r]: axis = r flattens everything into the first dim.
+    BACKPLANE_RETURN_IF_ERROR(StatusOf(
+        NormalizeAxis(op, axis.value(), static_cast<int64_t>(op.inputs[0].shape.size()), 1)));
+    return Params{NodeLabel(op), axis.value()};
+  }
+
+  explicit FlattenWorkload(Params params)
+      : WorkloadBase(std::move(params.label), 1, 1, 1), axis_(params.axis) {}
+
+ private:
+  Status Run(std::span<const ConstTensorView> inputs,
+             std::span<const TensorView> outputs) const override {
+    const Shape& shape = inputs[0].info.shape;
+    const auto rank = static_cast<int64_t>(shape.size());
+    if (axis_ < -rank || axis_ > rank)
+      return Invalid("axis " + std::to_string(axis_) + " is out of range for rank " +
+                     std::to_string(rank));
+    BACKPLANE_RETURN_IF_ERROR(
+        CheckOutputShape(outputs[0], FlattenShape(shape, axis_ < 0 ? axis_ + rank : axis_)));
+    CopyBytes(outputs[0].data, inputs[0].data, FloatBytes(shape));
+    return Status::Ok();
+  }
+
+  const int64_t axis_;
+};
+
+// ---- Reshape --------------------------------------------------------------------------------
+
+// The errors that the target alone shows, whatever the input shape.
+std::optional<std::string> ReshapeTargetError(const std::vector<int64_t>& target, bool allowzero,
+                                              std::size_t input_rank) {
+  const auto minus_ones = std::count(target.begin(), target.end(), -1);
+  const bool has_zero = std::find(target.begin(), target.end(), 0) != target.end();
+  if (minus_ones > 1)
+    return "shape " + ToString(target) + " has more than one -1";
+  if (allowzero && has_zero && minus_ones > 0)
+    return "shape " + ToString(target) + " has both 0 and -1, invalid with allowzero=1";
+  for (std::size_t i = 0; i < target.size(); ++i) {
+    if (target[i] < -1)
+      return "shape " + ToString(target) + " has a negative dim other than -1";
+    if (target[i] == 0 && !allowzero && i >= input_rank) {
+      return "shape " + ToString(target) + " copies dim " + std::to_string(i) +
+             " (0 with allowzero=0) but the input has rank " + std::to_string(input_rank);
+    }
+  }
+  return std::nullopt;
+}
+
+// The output shape for a fully known input shape.
+std::optional<std::string> ResolveReshape(const Shape& in, const std::vector<int64_t>& target,
+                                          bool allowzero, Shape* out) {
+  if (auto error = ReshapeTargetError(target, allowzero, in.size()))
+    return error;
+  *out = target;
+  int64_t known = 1;
+  std::optional<std::size_t> inferred;
+  for (std::size_t i = 0; i < out->size(); ++i) {
+    int64_t& dim = (*out)[i];
+    if (dim == 0 && !allowzero)
+      dim = in[i];  // 0 copies the input's dim
+    if (dim == -1) {
+      inferred = i;
+      continue;
+    }
+    known *= dim;
+  }
+  const int64_t total = ElementCount(in);
+  if (inferred) {
+    if (known == 0 || total % known != 0) {
+      return "cannot infer the -1 in " + ToString(target) + " for input " + ToString(in) + " (" +
+             std::to_string(total) + " elements)";
+    }
+    (*out)[*inferred] = total / known;
+  } else if (known != total) {
+    return "shape " + ToString(target) + " has " + std::to_string(known) + " elements, the input " +
+           ToString(in) + " has " + std::to_string(total);
+  }
+  return std::nullopt;
+}
+
+class ReshapeWorkload final : public WorkloadBase {
+ public:
+  struct Params {
+    std::string label;
+    std::vector<int64_t> target;  // copied out of the constant at creation
+    bool allowzero;
+  };
+
+  static Result<Params> Parse(const OperatorDesc& op) {
+    BACKPLANE_RETURN_IF_ERROR(CheckSignature(
+        op, {.min_inputs = 2, .max_inputs = 2, .attributes = {"allowzero"}, .float_inputs = 1}));
+    auto allowzero = FlagAttribute(op, "allowzero", false);
+    if (!allowzero.ok())
+      return allowzero.error();
+    const TensorInfo& shape_info = op.inputs[1];
+    if (shape_info.type != DataType::kInt64) {
+      return NodeUnimplemented(
+          op, "the shape input must be INT64, is " + std::string(ToString(shape_info.type)));
+    }
+    if (op.constant_inputs.size() < 2 || op.constant_inputs[1] == nullptr) {
+      return NodeUnimplemented(
+          op, "the shape input must be a constant (CpuRef does not reshape to a computed shape)");
+    }
+    if (shape_info.shape.size() != 1 || shape_info.shape[0] < 0) {
+      return NodeInvalid(
+          op, "the shape input must be 1-D with a known length, is " + ToString(shape_info.shape));
+    }
+    const auto* data = static_cast<const int64_t*>(op.constant_inputs[1]);
+    std::vector<int64_t> target(data, data + shape_info.shape[0]);
+    const Shape& in = op.inputs[0].shape;
+    if (std::all_of(in.begin(), in.end(), [](int64_t dim) { return dim >= 0; })) {
+      Shape out;
+      if (auto error = ResolveReshape(in, target, allowzero.value(), &out))
+        return NodeInvalid(op, *error);
+    } else if (auto error = ReshapeTargetError(target, allowzero.value(), in.size())) {
+      return NodeInvalid(op, *error);
+    }
+    return Params{NodeLabel(op), std::move(target), allowzero.value()};
+  }
+
+  explicit ReshapeWorkload(Params params)
+      : WorkloadBase(params.label, 1, 2, 1), params_(std::move(params)) {}
+
+ private:
+  Status Run(std::span<const ConstTensorView> inputs,
+             std::span<const TensorView> outputs) const override {
+    Shape out;
+    if (auto error = ResolveReshape(inputs[0].info.shape, params_.target, params_.allowzero, &out))
+      return Invalid(*error);
+    BACKPLANE_RETURN_IF_ERROR(CheckOutputShape(outputs[0], out));
+    CopyBytes(outputs[0].data, inputs[0].data, FloatBytes(inputs[0].info.shape));
+    return Status::Ok();
+  }
+
+  const Params params_;
+};
+
+// ---- Transpose ------------------------------------------------------------------------------
+
+class TransposeWorkload final : public WorkloadBase {
+ public:
+  struct Params {
+    std::string label;
+    std::vector<int64_t> perm;  // empty: reverse the dims
+  };
+
+  static Result<Params> Parse(const OperatorDesc& op) {
+    BACKPLANE_RETURN_IF_ERROR(CheckSignature(op, {.attributes = {"perm"}}));
+    auto perm = IntsAttribute(op, "perm");
+    if (!perm.ok())
+      return perm.error();
+    std::vector<int64_t> values = perm.value().value_or(std::vector<int64_t>{});
+    if (perm.value()) {
+      const std::size_t rank = op.inputs[0].shape.size();
+      std::vector<int64_t> sorted = values;
+      std::sort(sorted.begin(), sorted.end());
+      bool ok = sorted.size() == rank;
+      for (std::size_t i = 0; ok && i < rank; ++i)
+        ok = sorted[i] == static_cast<int64_t>(i);
+      if (!ok) {
+        return NodeInvalid(op, "perm " + ToString(values) + " is not a permutation of the " +
+                                   std::to_string(rank) + " input dims");
+      }
+    }
+    return Params{NodeLabel(op), std::move(values)};
+  }
+
+  explicit TransposeWorkload(Params params)
+      : WorkloadBase(params.label, 1, 1, 1), params_(std::move(params)) {}
+
+ private:
+  Status Run(std::span<const ConstTensorView> inputs,
+             std::span<const TensorView> outputs) const override {
+    const Shape& in_shape = inputs[0].info.shape;
+    const std::size_t rank = in_shape.size();
+    std::vector<int64_t> perm = params_.perm;
+    if (perm.empty()) {
+      for (std::size_t i = rank; i-- > 0;)
+        perm.push_back(static_cast<int64_t>(i));
+    }
+    if (perm.size() != rank)
+      return Invalid("perm has " + std::to_string(perm.size()) + " entries, the input rank is " +
+                     std::to_string(rank));
+    Shape out_shape(rank);
+    for (std::size_t i = 0; i < rank; ++i)
+      out_shape[i] = in_shape[perm[i]];
+    BACKPLANE_RETURN_IF_ERROR(CheckOutputShape(outputs[0], out_shape));
+    const std::vector<int64_t> in_strides = Strides(in_shape);
+    const auto in = inputs[0].Elements<float>();
+    const auto out = outputs[0].Elements<float>();
+    // Output dim i walks input dim perm[i].
+    for (std::size_t flat = 0; flat < out.size(); ++flat) {
+      auto rest = static_cast<int64_t>(flat);
+      int64_t offset = 0;
+      for (std::size_t i = rank; i-- > 0;) {
+        offset += (rest % out_shape[i]) * in_strides[perm[i]];
+        rest /= out_shape[i];
+      }
+      out[flat] = in[offset];
+    }
+    return Status::Ok();
+  }
+
+  const Params params_;
+};
+
+// ---- Concat ---------------------------------------------------------------------------------
+
+// The output shape, or an error; dynamic dims pass.
+std::optional<std::string> ConcatShape(std::span<const Shape* const> inputs, int64_t axis_given,
+                                       Shape* out) {
+  const Shape& first = *inputs[0];
+  const auto rank = static_cast<int64_t>(first.size());
+  if (axis_given < -rank || axis_given >= rank) {
+    return "axis " + std::to_string(axis_given) + " is out of range for rank " +
+           std::to_string(rank);
+  }
+  const int64_t axis = axis_given < 0 ? axis_given + rank : axis_given;
+  *out = first;
+  for (std::size_t i = 1; i < inputs.size(); ++i) {
+    const Shape& shape = *inputs[i];
+    if (shape.size() != first.size()) {
+      return "input " + std::to_string(i) + " " + ToString(shape) + " has another rank than " +
+             ToString(first);
+    }
+    for (int64_t d = 0; d < rank; ++d) {
+      if (d == axis) {
+        (*out)[d] = (*out)[d] < 0 || shape[d] < 0 ? -1 : (*out)[d] + shape[d];
+      } else if (DimsConflict(shape[d], first[d])) {
+        return "input " + std::to_string(i) + " " + ToString(shape) + " differs from " +
+               ToString(first) + " outside axis " + std::to_string(axis);
+      }
+    }
+  }
+  return std::nullopt;
+}
+
+class ConcatWorkload final : public WorkloadBase {
+ public:
+  struct Params {
+    std::string label;
+    int64_t axis;  // as given; may be negative
+  };
+
+  static Result<Params> Parse(const OperatorDesc& op) {
+    BACKPLANE_RETURN_IF_ERROR(
+        CheckSignature(op, {.min_inputs = 1, .max_inputs = SIZE_MAX, .attributes = {"axis"}}));
+    if (!op.attributes.contains("axis"))
+      return NodeInvalid(op, "attribute 'axis' is required");
+    auto axis = IntAttribute(op, "axis", 0);
+    if (!axis.ok())
+      return axis.error();
+    std::vector<const Shape*> shapes;
+    for (const auto& input : op.inputs)
+      shapes.push_back(&input.shape);
+    Shape out;
+    if (auto error = ConcatShape(shapes, axis.value(), &out))
+      return NodeInvalid(op, *error);
+    return Params{NodeLabel(op), axis.value()};
+  }
+
+  explicit ConcatWorkload(Params params)
+      : WorkloadBase(std::move(params.label), 1, SIZE_MAX, 1), axis_(params.axis) {}
+
+ private:
+  Status Run(std::span<const ConstTensorView> inputs,
+             std::span<const TensorView> outputs) const override {
+    std::vector<const Shape*> shapes;
+    for (const auto& input : inputs)
+      shapes.push_back(&input.info.shape);
+    Shape out_shape;
+    if (auto error = ConcatShape(shapes, axis_, &out_shape))
+      return Invalid(*error);
+    BACKPLANE_RETURN_IF_ERROR(CheckOutputShape(outputs[0], out_shape));
+    const auto rank = static_cast<int64_t>(out_shape.size());
+    const int64_t axis = axis_ < 0 ? axis_ + rank : axis_;
+    // Each input contributes one contiguous block of dims[axis:] per index of dims[:axis].
+    int64_t outer = 1;
+    for (int64_t d = 0; d < axis; ++d)
+      outer *= out_shape[d];
+    auto* out = static_cast<std::byte*>(outputs[0].data);
+    std::size_t written = 0;
+    for (int64_t o = 0; o < outer; ++o) {
+      for (const auto& input : inputs) {
+        const std::size_t block = FloatBytes(input.info.shape) / static_cast<std::size_t>(outer);
+        CopyBytes(out + written, static_cast<const std::byte*>(input.data) + o * block, block);
+        written += block;
+      }
+    }
+    return Status::Ok();
+  }
+
+  const int64_t axis_;
+};
+
+constexpr KernelEntry kKernels[] = {
+    {"Identity", CheckKernel<IdentityWorkload>, CreateKernel<IdentityWorkload>},
+    {"Flatten", CheckKernel<FlattenWorkload>, CreateKernel<FlattenWorkload>},
+    {"Reshape", CheckKernel<ReshapeWorkload>, CreateKernel<ReshapeWorkload>},
+    {"Transpose", CheckKernel<TransposeWorkload>, CreateKernel<TransposeWorkload>},
+    {"Concat", CheckKernel<ConcatWorkload>, CreateKernel<ConcatWorkload>},
+};
+
+}  // namespace
+
+std::span<const KernelEntry> LayoutKernels() {
+  return kKernels;
+}
+
+}  // namespace backplane::cpu_ref

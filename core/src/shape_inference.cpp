@@ -1,0 +1,772 @@
+// Shape inference with ONNX semantics for the supported operators. A negative dimension is
+// dynamic: it propagates as -1 wherever the result cannot be resolved without it, and checks that
+// need it are left to the per-request pass, when it is known.
+#include <algorithm>
+#include <array>
+#include <numeric>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "shape_inference.hpp"
+
+namespace backplane {
+namespace {
+
+constexpr int64_t kDynamic = -1;
+
+constexpr std::array<std::string_view, 20> kSupportedOps = {"Add",           "Mul",
+                                                            "Relu",          "Sigmoid",
+                                                            "Tanh",          "Softmax",
+                                                            "Gemm",          "MatMul",
+                                                            "Conv",          "MaxPool",
+                                                            "AveragePool",   "GlobalAveragePool",
+                                                            "GlobalMaxPool", "BatchNormalization",
+                                                            "Flatten",       "Reshape",
+                                                            "Transpose",     "Concat",
+                                                            "Identity",      "Constant"};
+
+bool Known(int64_t dim) {
+  return dim >= 0;
+}
+
+std::string DimText(int64_t dim) {
+  return Known(dim) ? std::to_string(dim) : "?";
+}
+
+std::string ShapeText(const Shape& shape) {
+  std::string text = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    if (i > 0)
+      text += ',';
+    text += DimText(shape[i]);
+  }
+  return text + "]";
+}
+
+// Element count, or kDynamic when a dimension is unknown (and none is zero).
+int64_t Product(std::span<const int64_t> dims) {
+  int64_t product = 1;
+  bool unknown = false;
+  for (int64_t dim : dims) {
+    if (dim == 0)
+      return 0;
+    if (!Known(dim))
+      unknown = true;
+    else
+      product *= dim;
+  }
+  return unknown ? kDynamic : product;
+}
+
+// Checks one node and computes its outputs. Each Infer* method fills `outputs_` or returns an
+// error built with Error(), so that every message names the node.
+class NodeInference {
+ public:
+  NodeInference(const Node& node, int64_t opset, std::span<const TensorInfo* const> inputs,
+                const std::map<std::string, Tensor, std::less<>>& constants)
+      : node_(node), opset_(opset), inputs_(inputs), constants_(constants) {}
+
+  Result<std::vector<TensorInfo>> Run() {
+    outputs_.assign(node_.outputs.size(), TensorInfo{});
+    Status status = Dispatch();
+    if (!status.ok())
+      return status;
+    return std::move(outputs_);
+  }
+
+ private:
+  Status Dispatch() {
+    const std::string& op = node_.op_type;
+    if (op == "Add" || op == "Mul")
+      return InferBroadcast();
+    if (op == "Relu" || op == "Sigmoid" || op == "Tanh" || op == "Identity")
+      return InferUnary();
+    if (op == "Softmax")
+      return InferSoftmax();
+    if (op == "Gemm")
+      return InferGemm();
+    if (op == "MatMul")
+      return InferMatMul();
+    if (op == "Conv")
+      return InferConv();
+    if (op == "MaxPool" || op == "AveragePool")
+      return InferPool();
+    if (op == "GlobalAveragePool" || op == "GlobalMaxPool")
+      return InferGlobalPool();
+    if (op == "BatchNormalization")
+      return InferBatchNormalization();
+    if (op == "Flatten")
+      return InferFlatten();
+    if (op == "Reshape")
+      return InferReshape();
+    if (op == "Transpose")
+      return InferTranspose();
+    if (op == "Concat")
+      return InferConcat();
+    return Error(StatusCode::kUnimplemented, "unsupported operator " + op);
+  }
+
+  Status Error(StatusCode code, const std::string& reason) const {
+    return {code, DescribeNode(node_) + ": " + reason};
+  }
+  Status Mismatch(const std::string& reason) const {
+    return Error(StatusCode::kInvalidArgument, "shape mismatch: " + reason);
+  }
+
+  // Input and output counts; trailing omitted outputs do not count.
+  Status CheckArity(std::size_t min_inputs, std::size_t max_inputs, std::size_t max_outputs) {
+    if (inputs_.size() < min_inputs || inputs_.size() > max_inputs) {
+      std::string expected = min_inputs == max_inputs
+                                 ? std::to_string(min_inputs)
+                                 : std::to_string(min_inputs) + " to " + std::to_string(max_inputs);
+      return Error(StatusCode::kInvalidArgument,
+                   "takes " + expected + " inputs, got " + std::to_string(inputs_.size()));
+    }
+    for (std::size_t i = 0; i < min_inputs; ++i) {
+      if (inputs_[i] == nullptr)
+        return Error(StatusCode::kInvalidArgument,
+                     "required input " + std::to_string(i) + " is omitted");
+    }
+    if (node_.outputs.empty() || node_.outputs[0].empty())
+      return Error(StatusCode::kInvalidArgument, "has no output");
+    for (std::size_t i = max_outputs; i < node_.outputs.size(); ++i) {
+      if (!node_.outputs[i].empty())
+        return Error(StatusCode::kUnimplemented, "optional output " + std::to_string(i) + " ('" +
+                                                     node_.outputs[i] + "') is not supported");
+    }
+    return Status::Ok();
+  }
+
+  // Activations are FP32; `allowed_int64_input` is an input index that must be INT64 instead.
+  Status CheckTypes(std::optional<std::size_t> int64_input = std::nullopt) {
+    for (std::size_t i = 0; i < inputs_.size(); ++i) {
+      if (inputs_[i] == nullptr)
+        continue;
+      DataType expected = int64_input == i ? DataType::kInt64 : DataType::kFloat32;
+      if (inputs_[i]->type != expected)
+        return Error(StatusCode::kUnimplemented,
+                     "unsupported data type " + std::string(ToString(inputs_[i]->type)) +
+                         " for input " + std::to_string(i) + " ('" + node_.inputs[i] +
+                         "'), expected " + std::string(ToString(expected)));
+    }
+    return Status::Ok();
+  }
+
+  const Shape& In(std::size_t i) const { return inputs_[i]->shape; }
+  bool Has(std::size_t i) const { return i < inputs_.size() && inputs_[i] != nullptr; }
+  void SetOutput(Shape shape, DataType type = DataType::kFloat32) {
+    outputs_[0] = TensorInfo{type, std::move(shape)};
+  }
+
+  // --- attributes -------------------------------------------------------------------------------
+
+  template <typename T>
+  Status Attr(std::string_view key, const T& fallback, T* out, std::string_view type_name) const {
+    auto it = node_.attributes.find(key);
+    if (it == node_.attributes.end()) {
+      *out = fallback;
+      return Status::Ok();
+    }
+    if (const T* value = std::get_if<T>(&it->second)) {
+      *out = *value;
+      return Status::Ok();
+    }
+    return Error(StatusCode::kInvalidArgument,
+                 "attribute '" + std::string(key) + "' must be " + std::string(type_name));
+  }
+  Status Int(std::string_view key, int64_t fallback, int64_t* out) const {
+    return Attr<int64_t>(key, fallback, out, "an INT");
+  }
+  Status Ints(std::string_view key, const std::vector<int64_t>& fallback,
+              std::vector<int64_t>* out) const {
+    return Attr<std::vector<int64_t>>(key, fallback, out, "INTS");
+  }
+  Status String(std::string_view key, const std::string& fallback, std::string* out) const {
+    return Attr<std::string>(key, fallback, out, "a STRING");
+  }
+  bool HasAttr(std::string_view key) const { return node_.attributes.contains(key); }
+
+  // Resolves a possibly negative axis against `rank`; the valid range is [-rank, rank + extra).
+  Status Axis(std::string_view key, int64_t fallback, std::size_t rank, int64_t extra,
+              std::size_t* axis) const {
+    int64_t value = 0;
+    BACKPLANE_RETURN_IF_ERROR(Int(key, fallback, &value));
+    const auto r = static_cast<int64_t>(rank);
+    if (value < -r || value >= r + extra)
+      return Error(StatusCode::kInvalidArgument,
+                   "attribute '" + std::string(key) + "' = " + std::to_string(value) +
+                       " is out of range for rank " + std::to_string(rank));
+    *axis = static_cast<std::size_t>(value < 0 ? value + r : value);
+    return Status::Ok();
+  }
+
+  // --- dimension algebra ------------------------------------------------------------------------
+
+  // Multidirectional (numpy) broadcast of two dimensions.
+  Status BroadcastDim(int64_t a, int64_t b, int64_t* out) const {
+    if (a == 1)
+      *out = b;
+    else if (b == 1)
+      *out = a;
+    else if (!Known(a))
+      *out = b;  // a is 1 or b at run time; either way the result is b
+    else if (!Known(b) || a == b)
+      *out = a;
+    else
+      return Mismatch("dimensions " + std::to_string(a) + " and " + std::to_string(b) +
+                      " cannot be broadcast");
+    return Status::Ok();
+  }
+
+  Status Broadcast(const Shape& a, const Shape& b, Shape* out) const {
+    const std::size_t rank = std::max(a.size(), b.size());
+    out->assign(rank, 1);
+    for (std::size_t i = 0; i < rank; ++i) {
+      const int64_t da = i < rank - a.size() ? 1 : a[i - (rank - a.size())];
+      const int64_t db = i < rank - b.size() ? 1 : b[i - (rank - b.size())];
+      Status status = BroadcastDim(da, db, &(*out)[i]);
+      if (!status.ok())
+        return Mismatch(ShapeText(a) + " and " + ShapeText(b) + " cannot be broadcast");
+    }
+    return Status::Ok();
+  }
+
+  // Two dimensions that must be equal: the known one wins.
+  Status MergeDim(int64_t a, int64_t b, const std::string& what, int64_t* out) const {
+    if (Known(a) && Known(b) && a != b)
+      return Mismatch(what + ": " + std::to_string(a) + " vs " + std::to_string(b));
+    *out = Known(a) ? a : b;
+    return Status::Ok();
+  }
+
+  Status RequireRank(std::size_t input, std::size_t min_rank, std::size_t max_rank) const {
+    const std::size_t rank = In(input).size();
+    if (rank < min_rank || rank > max_rank) {
+      std::string expected = min_rank == max_rank ? std::to_string(min_rank)
+                             : max_rank == SIZE_MAX
+                                 ? "at least " + std::to_string(min_rank)
+                                 : std::to_string(min_rank) + " to " + std::to_string(max_rank);
+      return Mismatch("input " + std::to_string(input) + " ('" + node_.inputs[input] +
+                      "') has rank " + std::to_string(rank) + " (shape " + ShapeText(In(input)) +
+                      "), expected rank " + expected);
+    }
+    return Status::Ok();
+  }
+
+  // --- operators --------------------------------------------------------------------------------
+
+  Status InferBroadcast() {
+    BACKPLANE_RETURN_IF_ERROR(CheckArity(2, 2, 1));
+    BACKPLANE_RETURN_IF_ERROR(CheckTypes());
+    Shape shape;
+    BACKPLANE_RETURN_IF_ERROR(Broadcast(In(0), In(1), &shape));
+    SetOutput(std::move(shape));
+    return Status::Ok();
+  }
+
+  Status InferUnary() {
+    BACKPLANE_RETURN_IF_ERROR(CheckArity(1, 1, 1));
+    BACKPLANE_RETURN_IF_ERROR(CheckTypes());
+    SetOutput(In(0));
+    return Status::Ok();
+  }
+
+  Status InferSoftmax() {
+    BACKPLANE_RETURN_IF_ERROR(CheckArity(1, 1, 1));
+    BACKPLANE_RETURN_IF_ERROR(CheckTypes());
+    std::size_t axis = 0;
+    // Opset 13 changed the default axis from 1 (with 2-D coercion) to -1; shapes are unchanged.
+    BACKPLANE_RETURN_IF_ERROR(Axis("axis", opset_ >= 13 ? -1 : 1, In(0).size(), 0, &axis));
+    SetOutput(In(0));
+    return Status::Ok();
+  }
+
+  Status InferGemm() {
+    BACKPLANE_RETURN_IF_ERROR(CheckArity(2, 3, 1));
+    BACKPLANE_RETURN_IF_ERROR(CheckTypes());
+    BACKPLANE_RETURN_IF_ERROR(RequireRank(0, 2, 2));
+    BACKPLANE_RETURN_IF_ERROR(RequireRank(1, 2, 2));
+    int64_t trans_a = 0;
+    int64_t trans_b = 0;
+    BACKPLANE_RETURN_IF_ERROR(Int("transA", 0, &trans_a));
+    BACKPLANE_RETURN_IF_ERROR(Int("transB", 0, &trans_b));
+    const Shape& a = In(0);
+    const Shape& b = In(1);
+    const int64_t m = trans_a ? a[1] : a[0];
+    const int64_t k_a = trans_a ? a[0] : a[1];
+    const int64_t k_b = trans_b ? b[1] : b[0];
+    const int64_t n = trans_b ? b[0] : b[1];
+    int64_t k = 0;
+    BACKPLANE_RETURN_IF_ERROR(
+        MergeDim(k_a, k_b, "inner dimensions of A " + ShapeText(a) + " and B " + ShapeText(b), &k));
+    if (Has(2)) {
+      // C broadcasts one way, to [M, N].
+      const Shape& c = In(2);
+      const Shape target = {m, n};
+      if (c.size() > 2)
+        return Mismatch("C " + ShapeText(c) +
+                        " does not broadcast to [M,N] = " + ShapeText(target));
+      for (std::size_t i = 0; i < c.size(); ++i) {
+        const int64_t want = target[2 - c.size() + i];
+        if (Known(c[i]) && c[i] != 1 && Known(want) && c[i] != want)
+          return Mismatch("C " + ShapeText(c) +
+                          " does not broadcast to [M,N] = " + ShapeText(target));
+      }
+    }
+    SetOutput({m, n});
+    return Status::Ok();
+  }
+
+  Status InferMatMul() {
+    BACKPLANE_RETURN_IF_ERROR(CheckArity(2, 2, 1));
+    BACKPLANE_RETURN_IF_ERROR(CheckTypes());
+    BACKPLANE_RETURN_IF_ERROR(RequireRank(0, 1, SIZE_MAX));
+    BACKPLANE_RETURN_IF_ERROR(RequireRank(1, 1, SIZE_MAX));
+    // numpy.matmul: a 1-D A gets a leading 1, a 1-D B a trailing 1, both removed afterwards.
+    Shape a = In(0);
+    Shape b = In(1);
+    const bool a_vector = a.size() == 1;
+    const bool b_vector = b.size() == 1;
+    if (a_vector)
+      a.insert(a.begin(), 1);
+    if (b_vector)
+      b.push_back(1);
+    int64_t k = 0;
+    BACKPLANE_RETURN_IF_ERROR(
+        MergeDim(a[a.size() - 1], b[b.size() - 2],
+                 "inner dimensions of " + ShapeText(In(0)) + " and " + ShapeText(In(1)), &k));
+    Shape batch;
+    Status status = Broadcast(Shape(a.begin(), a.end() - 2), Shape(b.begin(), b.end() - 2), &batch);
+    if (!status.ok())
+      return Mismatch("batch dimensions of " + ShapeText(In(0)) + " and " + ShapeText(In(1)) +
+                      " cannot be broadcast");
+    if (!a_vector)
+      batch.push_back(a[a.size() - 2]);
+    if (!b_vector)
+      batch.push_back(b[b.size() - 1]);
+    SetOutput(std::move(batch));
+    return Status::Ok();
+  }
+
+  // Kernel window geometry shared by Conv and the pools.
+  struct Window {
+    std::vector<int64_t> kernel;
+    std::vector<int64_t> strides;
+    std::vector<int64_t> dilations;
+    std::vector<int64_t> pads;  // begins then ends
+    std::string auto_pad;
+    bool ceil_mode = false;
+  };
+
+  Status ReadWindow(std::size_t spatial, bool allow_ceil, Window* window) {
+    const std::vector<int64_t> ones(spatial, 1);
+    BACKPLANE_RETURN_IF_ERROR(Ints("strides", ones, &window->strides));
+    BACKPLANE_RETURN_IF_ERROR(Ints("dilations", ones, &window->dilations));
+    BACKPLANE_RETURN_IF_ERROR(Ints("pads", std::vector<int64_t>(2 * spatial, 0), &window->pads));
+    BACKPLANE_RETURN_IF_ERROR(String("auto_pad", "NOTSET", &window->auto_pad));
+    int64_t ceil_mode = 0;
+    if (allow_ceil)
+      BACKPLANE_RETURN_IF_ERROR(Int("ceil_mode", 0, &ceil_mode));
+    window->ceil_mode = ceil_mode != 0;
+    const std::string n = std::to_string(spatial);
+    if (window->kernel.size() != spatial)
+      return Error(
+          StatusCode::kInvalidArgument,
+          "kernel_shape has " + std::to_string(window->kernel.size()) + " values, expected " + n);
+    if (window->strides.size() != spatial)
+      return Error(
+          StatusCode::kInvalidArgument,
+          "strides has " + std::to_string(window->strides.size()) + " values, expected " + n);
+    if (window->dilations.size() != spatial)
+      return Error(
+          StatusCode::kInvalidArgument,
+          "dilations has " + std::to_string(window->dilations.size()) + " values, expected " + n);
+    if (window->pads.size() != 2 * spatial)
+      return Error(StatusCode::kInvalidArgument, "pads has " + std::to_string(window->pads.size()) +
+                                                     " values, expected " +
+                                                     std::to_string(2 * spatial));
+    for (std::size_t i = 0; i < spatial; ++i) {
+      if (Known(window->kernel[i]) && window->kernel[i] < 1)
+        return Error(StatusCode::kInvalidArgument, "kernel dimensions must be positive");
+      if (window->strides[i] < 1)
+        return Error(StatusCode::kInvalidArgument, "strides must be positive");
+      if (window->dilations[i] < 1)
+        return Error(StatusCode::kInvalidArgument, "dilations must be positive");
+    }
+    for (int64_t pad : window->pads) {
+      if (pad < 0)
+        return Error(StatusCode::kInvalidArgument, "pads must not be negative");
+    }
+    const std::string& mode = window->auto_pad;
+    if (mode != "NOTSET" && mode != "SAME_UPPER" && mode != "SAME_LOWER" && mode != "VALID")
+      return Error(StatusCode::kInvalidArgument, "unknown auto_pad '" + mode + "'");
+    if (mode != "NOTSET" && HasAttr("pads"))
+      return Error(StatusCode::kInvalidArgument,
+                   "pads and auto_pad " + mode + " cannot be used together");
+    return Status::Ok();
+  }
+
+  // One output spatial dimension (ONNX's formulas for explicit pads, SAME_* and VALID).
+  Status WindowOutput(const Window& window, std::size_t i, int64_t in, int64_t* out) const {
+    const int64_t kernel = window.kernel[i];
+    if (!Known(in) || !Known(kernel)) {
+      *out = kDynamic;
+      return Status::Ok();
+    }
+    const int64_t stride = window.strides[i];
+    const int64_t extent = (kernel - 1) * window.dilations[i] + 1;
+    if (window.auto_pad == "SAME_UPPER" || window.auto_pad == "SAME_LOWER") {
+      *out = (in + stride - 1) / stride;  // padding makes every stride position a window
+      return Status::Ok();
+    }
+    const bool valid = window.auto_pad == "VALID";
+    const int64_t pad_begin = valid ? 0 : window.pads[i];
+    const int64_t pad_end = valid ? 0 : window.pads[i + window.kernel.size()];
+    const int64_t padded = in + pad_begin + pad_end;
+    if (padded < extent)
+      return Mismatch("spatial dimension " + std::to_string(i) + ": kernel extent " +
+                      std::to_string(extent) + " exceeds the padded input " +
+                      std::to_string(padded));
+    const int64_t span = padded - extent;
+    *out = (window.ceil_mode ? (span + stride - 1) / stride : span / stride) + 1;
+    // With ceil_mode, a last window that would start in the end padding is dropped.
+    if (window.ceil_mode && (*out - 1) * stride >= in + pad_begin)
+      --*out;
+    return Status::Ok();
+  }
+
+  Status InferConv() {
+    BACKPLANE_RETURN_IF_ERROR(CheckArity(2, 3, 1));
+    BACKPLANE_RETURN_IF_ERROR(CheckTypes());
+    BACKPLANE_RETURN_IF_ERROR(RequireRank(0, 3, SIZE_MAX));
+    const Shape& x = In(0);
+    const Shape& w = In(1);
+    const std::size_t spatial = x.size() - 2;
+    BACKPLANE_RETURN_IF_ERROR(RequireRank(1, x.size(), x.size()));
+    int64_t group = 1;
+    BACKPLANE_RETURN_IF_ERROR(Int("group", 1, &group));
+    if (group < 1)
+      return Error(StatusCode::kInvalidArgument, "group must be positive");
+    const int64_t channels = x[1];
+    const int64_t filters = w[0];
+    if (Known(channels) && Known(w[1]) && channels != w[1] * group)
+      return Mismatch("input '" + node_.inputs[0] + "' " + ShapeText(x) + " has " +
+                      std::to_string(channels) + " channels, weight '" + node_.inputs[1] + "' " +
+                      ShapeText(w) + " expects " + std::to_string(w[1]) + " x group " +
+                      std::to_string(group) + " = " + std::to_string(w[1] * group));
+    if (Known(filters) && filters % group != 0)
+      return Mismatch("weight count " + std::to_string(filters) + " is not divisible by group " +
+                      std::to_string(group));
+    if (Has(2)) {
+      BACKPLANE_RETURN_IF_ERROR(RequireRank(2, 1, 1));
+      int64_t merged = 0;
+      BACKPLANE_RETURN_IF_ERROR(
+          MergeDim(In(2)[0], filters, "bias length vs number of filters", &merged));
+    }
+    Window window;
+    const Shape weight_kernel(w.begin() + 2, w.end());
+    BACKPLANE_RETURN_IF_ERROR(Ints("kernel_shape", weight_kernel, &window.kernel));
+    if (window.kernel.size() == spatial) {
+      for (std::size_t i = 0; i < spatial; ++i) {
+        int64_t merged = 0;
+        BACKPLANE_RETURN_IF_ERROR(MergeDim(window.kernel[i], weight_kernel[i],
+                                           "kernel_shape vs weight " + ShapeText(w), &merged));
+        window.kernel[i] = merged;
+      }
+    }
+    BACKPLANE_RETURN_IF_ERROR(ReadWindow(spatial, /*allow_ceil=*/false, &window));
+    Shape out = {x[0], filters};
+    for (std::size_t i = 0; i < spatial; ++i) {
+      int64_t dim = 0;
+      BACKPLANE_RETURN_IF_ERROR(WindowOutput(window, i, x[i + 2], &dim));
+      out.push_back(dim);
+    }
+    SetOutput(std::move(out));
+    return Status::Ok();
+  }
+
+  Status InferPool() {
+    // MaxPool's optional Indices output is INT64 and not supported.
+    BACKPLANE_RETURN_IF_ERROR(CheckArity(1, 1, 1));
+    BACKPLANE_RETURN_IF_ERROR(CheckTypes());
+    BACKPLANE_RETURN_IF_ERROR(RequireRank(0, 3, SIZE_MAX));
+    const Shape& x = In(0);
+    const std::size_t spatial = x.size() - 2;
+    if (!HasAttr("kernel_shape"))
+      return Error(StatusCode::kInvalidArgument, "attribute 'kernel_shape' is required");
+    Window window;
+    BACKPLANE_RETURN_IF_ERROR(Ints("kernel_shape", {}, &window.kernel));
+    BACKPLANE_RETURN_IF_ERROR(ReadWindow(spatial, /*allow_ceil=*/true, &window));
+    int64_t storage_order = 0;
+    BACKPLANE_RETURN_IF_ERROR(Int("storage_order", 0, &storage_order));
+    Shape out = {x[0], x[1]};
+    for (std::size_t i = 0; i < spatial; ++i) {
+      int64_t dim = 0;
+      BACKPLANE_RETURN_IF_ERROR(WindowOutput(window, i, x[i + 2], &dim));
+      out.push_back(dim);
+    }
+    SetOutput(std::move(out));
+    return Status::Ok();
+  }
+
+  Status InferGlobalPool() {
+    BACKPLANE_RETURN_IF_ERROR(CheckArity(1, 1, 1));
+    BACKPLANE_RETURN_IF_ERROR(CheckTypes());
+    BACKPLANE_RETURN_IF_ERROR(RequireRank(0, 3, SIZE_MAX));
+    Shape out = In(0);
+    std::fill(out.begin() + 2, out.end(), 1);
+    SetOutput(std::move(out));
+    return Status::Ok();
+  }
+
+  Status InferBatchNormalization() {
+    // Inference mode only: the running-statistics outputs exist in training mode.
+    BACKPLANE_RETURN_IF_ERROR(CheckArity(5, 5, 1));
+    BACKPLANE_RETURN_IF_ERROR(CheckTypes());
+    int64_t training_mode = 0;
+    BACKPLANE_RETURN_IF_ERROR(Int("training_mode", 0, &training_mode));
+    if (training_mode != 0)
+      return Error(StatusCode::kUnimplemented, "training_mode=1 is not supported");
+    int64_t spatial = 1;
+    BACKPLANE_RETURN_IF_ERROR(Int("spatial", 1, &spatial));
+    if (spatial != 1)
+      return Error(StatusCode::kUnimplemented, "spatial=0 is not supported");
+    BACKPLANE_RETURN_IF_ERROR(RequireRank(0, 2, SIZE_MAX));
+    const int64_t channels = In(0)[1];
+    static constexpr std::array<std::string_view, 5> kNames = {"X", "scale", "B", "mean", "var"};
+    for (std::size_t i = 1; i < 5; ++i) {
+      BACKPLANE_RETURN_IF_ERROR(RequireRank(i, 1, 1));
+      int64_t merged = 0;
+      BACKPLANE_RETURN_IF_ERROR(MergeDim(
+          In(i)[0], channels,
+          std::string(kNames[i]) + " length vs channels of X " + ShapeText(In(0)), &merged));
+    }
+    SetOutput(In(0));
+    return Status::Ok();
+  }
+
+  Status InferFlatten() {
+    BACKPLANE_RETURN_IF_ERROR(CheckArity(1, 1, 1));
+    BACKPLANE_RETURN_IF_ERROR(CheckTypes());
+    const Shape& x = In(0);
+    std::size_t axis = 0;
+    BACKPLANE_RETURN_IF_ERROR(Axis("axis", 1, x.size(), 1, &axis));
+    const std::span<const int64_t> dims(x);
+    SetOutput({Product(dims.first(axis)), Product(dims.subspan(axis))});
+    return Status::Ok();
+  }
+
+  Status InferReshape() {
+    BACKPLANE_RETURN_IF_ERROR(CheckArity(2, 2, 1));
+    BACKPLANE_RETURN_IF_ERROR(CheckTypes(/*int64_input=*/1));
+    auto constant = constants_.find(node_.inputs[1]);
+    if (constant == constants_.end())
+      return Error(StatusCode::kUnimplemented,
+                   "shape input '" + node_.inputs[1] +
+                       "' must be a constant (an initializer or a Constant node)");
+    const Tensor& shape_tensor = constant->second;
+    if (shape_tensor.info().shape.size() != 1)
+      return Error(StatusCode::kInvalidArgument, "shape input '" + node_.inputs[1] +
+                                                     "' must be 1-D, is " +
+                                                     ShapeText(shape_tensor.info().shape));
+    int64_t allow_zero = 0;
+    BACKPLANE_RETURN_IF_ERROR(Int("allowzero", 0, &allow_zero));
+    const Shape& x = In(0);
+    const auto requested = shape_tensor.Elements<int64_t>();
+    Shape out;
+    std::optional<std::size_t> inferred;
+    bool has_zero = false;
+    for (std::size_t i = 0; i < requested.size(); ++i) {
+      const int64_t dim = requested[i];
+      if (dim == -1) {
+        if (inferred)
+          return Error(StatusCode::kInvalidArgument, "shape has more than one -1");
+        inferred = i;
+        out.push_back(kDynamic);
+      } else if (dim == 0 && allow_zero == 0) {
+        if (i >= x.size())
+          return Mismatch("shape element " + std::to_string(i) +
+                          " is 0 (copy the input dimension) but the input " + ShapeText(x) +
+                          " has rank " + std::to_string(x.size()));
+        out.push_back(x[i]);
+      } else if (dim < 0) {
+        return Error(StatusCode::kInvalidArgument,
+                     "shape element " + std::to_string(i) + " is " + std::to_string(dim));
+      } else {
+        has_zero = has_zero || dim == 0;
+        out.push_back(dim);
+      }
+    }
+    if (inferred && has_zero)
+      return Error(StatusCode::kInvalidArgument, "allowzero=1 forbids a 0 beside a -1 in shape");
+    const int64_t input_count = Product(x);
+    if (inferred) {
+      // Dimensions copied with 0 appear on both sides and cancel, so that [0,-1] resolves the
+      // -1 even when the copied batch dimension is dynamic.
+      Shape input_rest;
+      Shape output_rest;
+      for (std::size_t i = 0; i < x.size(); ++i) {
+        if (!(i < requested.size() && requested[i] == 0 && allow_zero == 0))
+          input_rest.push_back(x[i]);
+      }
+      for (std::size_t i = 0; i < out.size(); ++i) {
+        if (i != *inferred && !(requested[i] == 0 && allow_zero == 0))
+          output_rest.push_back(out[i]);
+      }
+      const int64_t numerator = Product(input_rest);
+      const int64_t denominator = Product(output_rest);
+      if (Known(numerator) && Known(denominator)) {
+        if (denominator == 0 || numerator % denominator != 0)
+          return Mismatch("cannot reshape " + ShapeText(x) + " to " + ShapeText(out) +
+                          " (element counts differ)");
+        out[*inferred] = numerator / denominator;
+      }
+    } else {
+      const int64_t output_count = Product(out);
+      if (Known(input_count) && Known(output_count) && input_count != output_count)
+        return Mismatch("cannot reshape " + ShapeText(x) + " (" + std::to_string(input_count) +
+                        " elements) to " + ShapeText(out) + " (" + std::to_string(output_count) +
+                        " elements)");
+    }
+    SetOutput(std::move(out));
+    return Status::Ok();
+  }
+
+  Status InferTranspose() {
+    BACKPLANE_RETURN_IF_ERROR(CheckArity(1, 1, 1));
+    BACKPLANE_RETURN_IF_ERROR(CheckTypes());
+    const Shape& x = In(0);
+    std::vector<int64_t> reversed(x.size());
+    std::iota(reversed.rbegin(), reversed.rend(), 0);
+    std::vector<int64_t> perm;
+    BACKPLANE_RETURN_IF_ERROR(Ints("perm", reversed, &perm));
+    if (perm.size() != x.size())
+      return Error(StatusCode::kInvalidArgument, "perm has " + std::to_string(perm.size()) +
+                                                     " values for input rank " +
+                                                     std::to_string(x.size()));
+    std::vector<bool> seen(x.size(), false);
+    Shape out;
+    for (int64_t axis : perm) {
+      if (axis < 0 || axis >= static_cast<int64_t>(x.size()) || seen[axis])
+        return Error(StatusCode::kInvalidArgument, "perm is not a permutation of the axes");
+      seen[axis] = true;
+      out.push_back(x[axis]);
+    }
+    SetOutput(std::move(out));
+    return Status::Ok();
+  }
+
+  Status InferConcat() {
+    BACKPLANE_RETURN_IF_ERROR(CheckArity(1, SIZE_MAX, 1));
+    for (std::size_t i = 0; i < inputs_.size(); ++i) {
+      if (inputs_[i] == nullptr)
+        return Error(StatusCode::kInvalidArgument, "input " + std::to_string(i) + " is omitted");
+    }
+    BACKPLANE_RETURN_IF_ERROR(CheckTypes());
+    if (!HasAttr("axis"))
+      return Error(StatusCode::kInvalidArgument, "attribute 'axis' is required");
+    const Shape& first = In(0);
+    std::size_t axis = 0;
+    BACKPLANE_RETURN_IF_ERROR(Axis("axis", 0, first.size(), 0, &axis));
+    Shape out = first;
+    for (std::size_t i = 1; i < inputs_.size(); ++i) {
+      const Shape& shape = In(i);
+      if (shape.size() != first.size())
+        return Mismatch("input " + std::to_string(i) + " " + ShapeText(shape) +
+                        " has another rank than input 0 " + ShapeText(first));
+      for (std::size_t d = 0; d < shape.size(); ++d) {
+        if (d == axis) {
+          out[d] = Known(out[d]) && Known(shape[d]) ? out[d] + shape[d] : kDynamic;
+        } else if (Known(out[d]) && Known(shape[d]) && out[d] != shape[d]) {
+          return Mismatch("input " + std::to_string(i) + " " + ShapeText(shape) +
+                          " differs from input 0 " + ShapeText(first) + " outside axis " +
+                          std::to_string(axis));
+        } else if (!Known(out[d])) {
+          out[d] = shape[d];
+        }
+      }
+    }
+    SetOutput(std::move(out));
+    return Status::Ok();
+  }
+
+  const Node& node_;
+  const int64_t opset_;
+  const std::span<const TensorInfo* const> inputs_;
+  const std::map<std::string, Tensor, std::less<>>& constants_;
+  std::vector<TensorInfo> outputs_;
+};
+
+}  // namespace
+
+bool IsSupportedOp(std::string_view op_type) {
+  return std::find(kSupportedOps.begin(), kSupportedOps.end(), op_type) != kSupportedOps.end();
+}
+
+std::string DescribeNode(const Node& node) {
+  return "node '" + node.name + "' (" + node.op_type + ")";
+}
+
+Result<std::vector<TensorInfo>> InferNodeOutputs(
+    const Node& node, int64_t opset, std::span<const TensorInfo* const> inputs,
+    const std::map<std::string, Tensor, std::less<>>& constants) {
+  return NodeInference(node, opset, inputs, constants).Run();
+}
+
+Result<ValueInfoMap> InferAllValues(const Network& network, std::span<const TensorInfo> inputs) {
+  ValueInfoMap values;
+  for (const auto& [name, tensor] : network.constants)
+    values[name] = tensor.info();
+  for (std::size_t i = 0; i < network.inputs.size() && i < inputs.size(); ++i)
+    values[network.inputs[i].name] = inputs[i];
+  std::vector<const TensorInfo*> node_inputs;
+  for (const Node& node : network.nodes) {
+    node_inputs.clear();
+    for (const std::string& input : node.inputs) {
+      if (input.empty()) {
+        node_inputs.push_back(nullptr);
+        continue;
+      }
+      auto it = values.find(input);
+      if (it == values.end())
+        return Internal(DescribeNode(node) + ": input '" + input + "' has no inferred info");
+      node_inputs.push_back(&it->second);
+    }
+    auto outputs = InferNodeOutputs(node, network.opset, node_inputs, network.constants);
+    if (!outputs.ok())
+      return std::move(outputs).error();
+    for (std::size_t i = 0; i < node.outputs.size(); ++i) {
+      if (!node.outputs[i].empty())
+        values[node.outputs[i]] = std::move((*outputs)[i]);
+    }
+  }
+  return values;
+}
+
+Result<ValueInfoMap> InferShapes(const Network& network, std::span<const TensorInfo> inputs) {
+  if (inputs.size() != network.inputs.size())
+    return InvalidArgument("network " + network.name + " takes " +
+                           std::to_string(network.inputs.size()) + " inputs, got " +
+                           std::to_string(inputs.size()));
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    const ValueInfo& declared = network.inputs[i];
+    const TensorInfo& given = inputs[i];
+    if (given.type != declared.info.type)
+      return InvalidArgument("input '" + declared.name + "' must be " +
+                             std::string(ToString(declared.info.type)) + ", got " +
+                             std::string(ToString(given.type)));
+    bool matches = given.shape.size() == declared.info.shape.size();
+    for (std::size_t d = 0; matches && d < given.shape.size(); ++d) {
+      const int64_t want = declared.info.shape[d];
+      matches = given.shape[d] >= 0 && (want < 0 || want == given.shape[d]);
+    }
+    if (!matches)
+      return InvalidArgument("input '" + declared.name + "' has shape " + ToString(given.shape) +
+                             ", the network expects " + ShapeText(declared.info.shape));
+  }
+  return InferAllValues(network, inputs);
+}
+
+}  // namespace backplane

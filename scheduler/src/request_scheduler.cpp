@@ -1,0 +1,77 @@
+#include "backplane/scheduler/request_scheduler.hpp"
+
+#include <memory>
+#include <string>
+
+namespace backplane::scheduler {
+
+RequestScheduler::RequestScheduler(SchedulerOptions options)
+    : options_(options),
+      arena_(options.max_threads > 0 ? options.max_threads : tbb::task_arena::automatic) {}
+
+RequestScheduler::~RequestScheduler() {
+  std::unique_lock lock(drained_mutex_);
+  drained_.wait(lock, [this] { return in_flight_.load() == 0; });
+}
+
+RequestScheduler::Admission::~Admission() {
+  if (scheduler_ != nullptr)
+    scheduler_->Release();
+}
+
+void RequestScheduler::Release() {
+  if (in_flight_.fetch_sub(1) == 1) {
+    std::lock_guard lock(drained_mutex_);
+    drained_.notify_all();
+  }
+}
+
+Result<RequestScheduler::Admission> RequestScheduler::Admit() {
+  std::size_t current = in_flight_.load(std::memory_order_relaxed);
+  do {
+    if (current >= options_.max_in_flight) {
+      return Status(StatusCode::kResourceExhausted,
+                    "overloaded: " + std::to_string(current) + " requests in flight (limit " +
+                        std::to_string(options_.max_in_flight) + "); retry later");
+    }
+  } while (!in_flight_.compare_exchange_weak(current, current + 1, std::memory_order_acq_rel));
+  return Admission(this);
+}
+
+Status RequestScheduler::RunInArena(const std::function<Status()>& work) {
+  Status status;
+  arena_.execute([&] { status = work(); });
+  return status;
+}
+
+void RequestScheduler::Enqueue(Admission admission, std::function<Status()> work,
+                               std::function<void(Status)> done,
+                               std::optional<Clock::time_point> deadline) {
+  // TBB wants a copyable, const-callable task; the admission rides in a shared_ptr that the task
+  // releases itself, right after `done`, so that the destructor's wait covers the callback too.
+  struct Task {
+    // Mutable: released inside the task, not whenever TBB destroys its copy.
+    mutable std::shared_ptr<Admission> admission;
+    mutable std::function<Status()> work;
+    mutable std::function<void(Status)> done;
+    std::optional<Clock::time_point> deadline;
+
+    void operator()() const {
+      Status status;
+      if (deadline && Clock::now() > *deadline) {
+        status = Status(StatusCode::kDeadlineExceeded,
+                        "the request's deadline passed while it was queued; it was not run");
+      } else {
+        status = work();
+      }
+      done(std::move(status));
+      work = nullptr;  // what the closures own goes before the runtime may
+      done = nullptr;
+      admission.reset();
+    }
+  };
+  arena_.enqueue(Task{std::make_shared<Admission>(std::move(admission)), std::move(work),
+                      std::move(done), deadline});
+}
+
+}  // namespace backplane::scheduler
