@@ -1,5 +1,7 @@
 #include "backplane/core/runtime.hpp"
 
+#include <algorithm>
+
 #include "backplane/loader/logging.hpp"
 #include "loaded_network.hpp"
 
@@ -214,6 +216,34 @@ Result<std::vector<Tensor>> Runtime::Execute(NetworkId id,
   if (!ran.ok())
     return ran;
   return *std::move(result);
+}
+
+Result<std::vector<Tensor>> Runtime::ExecuteByName(NetworkId id, const NamedInputs& inputs) {
+  auto network = FindNetwork(id);
+  if (!network.ok())
+    return std::move(network).error();
+  const auto& expected = network.value()->network().inputs;
+  std::string names;
+  for (const auto& input : expected)
+    names += (names.empty() ? "" : ", ") + input.name;
+  for (const auto& [name, view] : inputs) {
+    const bool known = std::any_of(expected.begin(), expected.end(),
+                                   [&](const ValueInfo& input) { return input.name == name; });
+    if (!known) {
+      return InvalidArgument("network " + network.value()->network().name + " has no input '" +
+                             name + "' (inputs: " + names + ")");
+    }
+  }
+  std::vector<ConstTensorView> ordered;
+  for (const auto& input : expected) {
+    auto it = inputs.find(input.name);
+    if (it == inputs.end()) {
+      return InvalidArgument("input '" + input.name + "' is missing (network " +
+                             network.value()->network().name + " takes: " + names + ")");
+    }
+    ordered.push_back(it->second);
+  }
+  return Execute(id, ordered);
 }
 
 void Runtime::ExecuteAsync(NetworkId id, std::vector<Tensor> inputs, ExecuteCallback done,

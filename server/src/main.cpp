@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include <CLI/CLI.hpp>
+#include <iostream>
 
 #include "check_command.hpp"
 #include "run_command.hpp"
@@ -50,9 +51,16 @@ int main(int argc, char** argv) {
   // Logs go to stderr: stdout carries the command's own output (e.g. --json).
   spdlog::set_default_logger(spdlog::stderr_color_mt("backplane"));
   spdlog::set_level(spdlog::level::from_str(log_level));
-  if (check_command->parsed())
-    return backplane::server::RunCheck(check);
-  if (run_command->parsed())
-    return backplane::server::RunModel(run);
+  // Expected failures are statuses; this is the last line against the unexpected (e.g. a model
+  // whose declared shapes ask for more memory than there is): a message and exit 1, not abort.
+  try {
+    if (check_command->parsed())
+      return backplane::server::RunCheck(check);
+    if (run_command->parsed())
+      return backplane::server::RunModel(run);
+  } catch (const std::exception& e) {
+    std::cerr << "backplane: " << e.what() << "\n";
+    return 1;
+  }
   return 2;
 }

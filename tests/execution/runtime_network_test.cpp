@@ -111,6 +111,22 @@ TEST_F(RuntimeNetworkTest, BadRequestsGetClearErrorsAndTheNetworkKeepsServing) {
   EXPECT_THAT(RunOnce(*runtime, id, {1, 2, 3, 4, 5, 6}, {2, 3}), ElementsAre(1, 2, 3, 4, 5, 6));
 }
 
+TEST_F(RuntimeNetworkTest, InputsByNameAreCheckedAgainstTheNetwork) {
+  auto runtime = MakeRuntime({.default_preferences = {"TestValid"}});
+  const NetworkId id = runtime->LoadNetwork(IdentityNetwork({2})).value();
+  float values[2] = {3, 4};
+  const ConstTensorView view{{DataType::kFloat32, {2}}, values};
+  auto ok = runtime->ExecuteByName(id, Runtime::NamedInputs{{"x", view}});
+  ASSERT_TRUE(ok.ok()) << ok.error().ToString();
+  EXPECT_EQ((*ok)[0].Elements<float>()[1], 4.0f);
+  auto unknown = runtime->ExecuteByName(id, Runtime::NamedInputs{{"x", view}, {"z", view}});
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_THAT(unknown.error().message(), HasSubstr("has no input 'z' (inputs: x)"));
+  auto missing = runtime->ExecuteByName(id, Runtime::NamedInputs{});
+  ASSERT_FALSE(missing.ok());
+  EXPECT_THAT(missing.error().message(), HasSubstr("input 'x' is missing"));
+}
+
 TEST_F(RuntimeNetworkTest, DynamicBatchIsResolvedPerRequest) {
   auto runtime = MakeRuntime({.default_preferences = {"CpuRef"}});
   const NetworkId id = runtime->LoadNetwork(IdentityNetwork({-1, 2})).value();

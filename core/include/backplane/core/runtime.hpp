@@ -86,6 +86,10 @@ class Runtime {
   // it from many threads at once. Inputs in the order of the network's inputs; outputs in the
   // order of its outputs. kResourceExhausted when the runtime is at its limit of requests.
   Result<std::vector<Tensor>> Execute(NetworkId id, std::span<const ConstTensorView> inputs);
+  // The same with inputs by name (as an inference API receives them): an unknown or missing
+  // name is kInvalidArgument naming it and the network's inputs.
+  using NamedInputs = std::map<std::string, ConstTensorView, std::less<>>;
+  Result<std::vector<Tensor>> ExecuteByName(NetworkId id, const NamedInputs& inputs);
   // Queues one request in the runtime's arena; `done` runs on a worker with the outputs or the
   // error (kResourceExhausted at once when full, kDeadlineExceeded when the deadline passes
   // before it starts).
