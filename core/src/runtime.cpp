@@ -95,22 +95,34 @@ Result<NetworkId> Runtime::LoadNetwork(Network network, NetworkOptions options) 
   std::vector<std::string> preferences = options.backend_preferences.empty()
                                              ? default_preferences_
                                              : std::move(options.backend_preferences);
-  if (preferences.empty())
-    preferences = BackendIds();
-  std::vector<std::shared_ptr<loader::BackendInstance>> backends;
-  for (const auto& id : preferences) {
-    auto backend = Backend(id);
-    if (backend == nullptr) {
-      return NotFound("backend preference " + id + " names no backend of this runtime (have: " +
-                      [&] {
-                        std::string ids;
-                        for (const auto& known : BackendIds())
-                          ids += (ids.empty() ? "" : ", ") + known;
-                        return ids;
-                      }() +
-                      ")");
+  if (preferences.empty()) {
+    // Every backend, in registration order (static ones first, then directory order).
+    for (const auto& id : registry_->BackendIds()) {
+      if (backends_.contains(id))
+        preferences.push_back(id);
     }
-    backends.push_back(std::move(backend));
+  }
+  // An id this runtime lacks is skipped, as ArmNN's Optimize skips unavailable backends: a
+  // preference list like "GpuAcc,CpuRef" must work on machines without GpuAcc.
+  std::vector<std::shared_ptr<loader::BackendInstance>> backends;
+  std::string missing;
+  for (const auto& id : preferences) {
+    if (auto backend = Backend(id)) {
+      backends.push_back(std::move(backend));
+    } else {
+      missing += (missing.empty() ? "" : ", ") + id;
+    }
+  }
+  if (backends.empty()) {
+    std::string have;
+    for (const auto& known : BackendIds())
+      have += (have.empty() ? "" : ", ") + known;
+    return NotFound("network " + network.name + ": backend preference " + missing +
+                    " names no backend of this runtime (have: " + have + ")");
+  }
+  if (!missing.empty()) {
+    Log()->warn("network {}: skipping preferred backend(s) this runtime does not have: {}",
+                network.name, missing);
   }
 
   std::lock_guard lock(networks_mutex_);

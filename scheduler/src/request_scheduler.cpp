@@ -1,9 +1,28 @@
 #include "backplane/scheduler/request_scheduler.hpp"
 
+#include <cstdio>
+#include <exception>
 #include <memory>
 #include <string>
 
 namespace backplane::scheduler {
+
+namespace {
+
+template <typename Call>
+Status Guarded(const char* what, Call&& call) {
+  try {
+    return call();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "backplane: %s threw: %s\n", what, e.what());
+    return Internal(std::string(what) + " threw: " + e.what());
+  } catch (...) {
+    std::fprintf(stderr, "backplane: %s threw a non-standard exception\n", what);
+    return Internal(std::string(what) + " threw a non-standard exception");
+  }
+}
+
+}  // namespace
 
 RequestScheduler::RequestScheduler(SchedulerOptions options)
     : options_(options),
@@ -62,9 +81,13 @@ void RequestScheduler::Enqueue(Admission admission, std::function<Status()> work
         status = Status(StatusCode::kDeadlineExceeded,
                         "the request's deadline passed while it was queued; it was not run");
       } else {
-        status = work();
+        status = Guarded("the request", work);
       }
-      done(std::move(status));
+      // An exception escaping a TBB task aborts the process; a caller's callback must not.
+      (void)Guarded("the completion callback", [&] {
+        done(std::move(status));
+        return Status::Ok();
+      });
       work = nullptr;  // what the closures own goes before the runtime may
       done = nullptr;
       admission.reset();

@@ -92,6 +92,11 @@ TEST_F(RuntimeNetworkTest, ALayerNoBackendSupportsFailsTheLoadNamingLayerAndBack
   ASSERT_FALSE(unknown.ok());
   EXPECT_EQ(unknown.error().code(), StatusCode::kNotFound);
   EXPECT_THAT(unknown.error().message(), HasSubstr("GpuAcc names no backend of this runtime"));
+  // An unavailable backend among available ones is skipped (ArmNN's Optimize does the same).
+  auto skipped =
+      runtime->LoadNetwork(IdentityNetwork({2}), {.backend_preferences = {"GpuAcc", "TestValid"}});
+  ASSERT_TRUE(skipped.ok()) << skipped.error().ToString();
+  EXPECT_EQ(runtime->GetPlacement(skipped.value()).value()[0].backend_id, "TestValid");
 }
 
 TEST_F(RuntimeNetworkTest, BadRequestsGetClearErrorsAndTheNetworkKeepsServing) {

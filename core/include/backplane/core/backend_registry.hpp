@@ -89,8 +89,12 @@ class BackendRegistry {
 
 }  // namespace backplane
 
+// The variable's name comes from the line, so that a qualified class name (ns::Backend) works.
+#define BACKPLANE_STATIC_BACKEND_CONCAT_(a, b) a##b
+#define BACKPLANE_STATIC_BACKEND_NAME_(line) \
+  BACKPLANE_STATIC_BACKEND_CONCAT_(backplane_static_backend_registered_, line)
 #define BACKPLANE_REGISTER_STATIC_BACKEND(BackendClass, backend_id)                      \
-  static const bool backplane_static_backend_registered_##BackendClass =                 \
+  [[maybe_unused]] static const bool BACKPLANE_STATIC_BACKEND_NAME_(__LINE__) =          \
       ::backplane::RegisterStaticBackend(backend_id, [] {                                \
         return std::unique_ptr<::backplane::IBackend>(std::make_unique<BackendClass>()); \
       })

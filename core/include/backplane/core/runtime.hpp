@@ -90,9 +90,11 @@ class Runtime {
   // name is kInvalidArgument naming it and the network's inputs.
   using NamedInputs = std::map<std::string, ConstTensorView, std::less<>>;
   Result<std::vector<Tensor>> ExecuteByName(NetworkId id, const NamedInputs& inputs);
-  // Queues one request in the runtime's arena; `done` runs on a worker with the outputs or the
-  // error (kResourceExhausted at once when full, kDeadlineExceeded when the deadline passes
-  // before it starts).
+  // Queues one request in the runtime's arena; `done` runs on a TBB worker with the outputs or
+  // the error (kDeadlineExceeded when the deadline passed before it started). A refusal
+  // (kNotFound, kResourceExhausted when full) calls `done` at once on the caller's thread. An
+  // exception from `done` is logged and swallowed. Never destroy the Runtime inside `done`: the
+  // destructor waits for that very request.
   using ExecuteCallback = std::function<void(Result<std::vector<Tensor>>)>;
   void ExecuteAsync(NetworkId id, std::vector<Tensor> inputs, ExecuteCallback done,
                     std::optional<scheduler::Clock::time_point> deadline = std::nullopt);

@@ -113,7 +113,9 @@ class [[nodiscard]] Result {
     assert(ok() && "value() on an error Result");
     return std::get<0>(state_);
   }
-  T&& value() && {
+  // By value, not T&&: `for (auto& x : MakeResult().value())` must not loop over a destroyed
+  // temporary.
+  T value() && {
     assert(ok() && "value() on an error Result");
     return std::get<0>(std::move(state_));
   }
@@ -121,7 +123,7 @@ class [[nodiscard]] Result {
     assert(!ok() && "error() on a successful Result");
     return std::get<1>(state_);
   }
-  E&& error() && {
+  E error() && {
     assert(!ok() && "error() on a successful Result");
     return std::get<1>(std::move(state_));
   }

@@ -17,7 +17,10 @@
 namespace backplane::scheduler {
 
 struct SchedulerOptions {
-  // Threads of the arena that runs requests and their kernels; 0 = one per core.
+  // Threads of the arena that runs requests and their kernels; 0 = one per core. Queued requests
+  // run on TBB workers, of which a process has cores - 1 unless tbb::global_control raises it, so
+  // asynchronous requests run at most max(1, min(max_threads, workers + 1) - 1) at once; a
+  // synchronous Execute also runs on its caller's thread.
   int max_threads = 0;
   // Requests admitted at once (running or queued in the arena); beyond it, refused at once.
   std::size_t max_in_flight = 64;
