@@ -1,8 +1,10 @@
 #include "test_util.hpp"
 
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -49,6 +51,20 @@ std::string ReadFile(const fs::path& path) {
   std::stringstream buffer;
   buffer << in.rdbuf();
   return buffer.str();
+}
+
+CommandResult RunCommand(const std::string& command_line) {
+  CommandResult result;
+  FILE* pipe = popen(command_line.c_str(), "r");
+  if (pipe == nullptr)
+    return result;
+  char buffer[4096];
+  std::size_t n;
+  while ((n = fread(buffer, 1, sizeof buffer, pipe)) > 0)
+    result.output.append(buffer, n);
+  const int status = pclose(pipe);
+  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return result;
 }
 
 bool IsCodeMapped(std::string_view needle) {

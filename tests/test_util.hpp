@@ -32,6 +32,14 @@ void CopyFile(const std::filesystem::path& from, const std::filesystem::path& to
 void WriteFile(const std::filesystem::path& path, std::string_view content);
 std::string ReadFile(const std::filesystem::path& path);
 
+// Runs `command_line` with the shell and collects its standard output (redirect stderr in the
+// command line to capture it too). exit_code is 128 + signal when it was killed.
+struct CommandResult {
+  int exit_code = -1;
+  std::string output;
+};
+CommandResult RunCommand(const std::string& command_line);
+
 // True when /proc/self/maps has an executable mapping whose path contains `needle`: code of that
 // file is still in the process. Read-only mappings do not count: sanitizer symbolizers map
 // library files to read their debug info, which says nothing about the dynamic linker.

@@ -437,6 +437,18 @@ class NodeInference {
     return Status::Ok();
   }
 
+  // Conv and the pools: N x `channels` x one WindowOutput per spatial dimension of `x`.
+  Status SetWindowedOutput(const Window& window, const Shape& x, int64_t channels) {
+    Shape out = {x[0], channels};
+    for (std::size_t i = 0; i + 2 < x.size(); ++i) {
+      int64_t dim = 0;
+      BACKPLANE_RETURN_IF_ERROR(WindowOutput(window, i, x[i + 2], &dim));
+      out.push_back(dim);
+    }
+    SetOutput(std::move(out));
+    return Status::Ok();
+  }
+
   Status InferConv() {
     BACKPLANE_RETURN_IF_ERROR(CheckArity(2, 3, 1));
     BACKPLANE_RETURN_IF_ERROR(CheckTypes());
@@ -477,14 +489,7 @@ class NodeInference {
       }
     }
     BACKPLANE_RETURN_IF_ERROR(ReadWindow(spatial, /*allow_ceil=*/false, &window));
-    Shape out = {x[0], filters};
-    for (std::size_t i = 0; i < spatial; ++i) {
-      int64_t dim = 0;
-      BACKPLANE_RETURN_IF_ERROR(WindowOutput(window, i, x[i + 2], &dim));
-      out.push_back(dim);
-    }
-    SetOutput(std::move(out));
-    return Status::Ok();
+    return SetWindowedOutput(window, x, filters);
   }
 
   Status InferPool() {
@@ -501,14 +506,7 @@ class NodeInference {
     BACKPLANE_RETURN_IF_ERROR(ReadWindow(spatial, /*allow_ceil=*/true, &window));
     int64_t storage_order = 0;
     BACKPLANE_RETURN_IF_ERROR(Int("storage_order", 0, &storage_order));
-    Shape out = {x[0], x[1]};
-    for (std::size_t i = 0; i < spatial; ++i) {
-      int64_t dim = 0;
-      BACKPLANE_RETURN_IF_ERROR(WindowOutput(window, i, x[i + 2], &dim));
-      out.push_back(dim);
-    }
-    SetOutput(std::move(out));
-    return Status::Ok();
+    return SetWindowedOutput(window, x, x[1]);
   }
 
   Status InferGlobalPool() {

@@ -1,9 +1,7 @@
 // `backplane check`, run as a user runs it: the real executable on real files.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
-#include <cstdio>
 #include <nlohmann/json.hpp>
 
 #include "test_util.hpp"
@@ -17,28 +15,13 @@ using testing::Fixture;
 using ::testing::HasSubstr;
 using testing::TempDir;
 
-struct CommandResult {
-  int exit_code = -1;
-  std::string output;  // stdout only
-};
-
-CommandResult RunBackplane(const std::string& arguments) {
-  const std::string command = std::string(BACKPLANE_EXECUTABLE) + " " + arguments + " 2>/dev/null";
-  CommandResult result;
-  FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr)
-    return result;
-  char buffer[4096];
-  std::size_t n;
-  while ((n = fread(buffer, 1, sizeof buffer, pipe)) > 0)
-    result.output.append(buffer, n);
-  const int status = pclose(pipe);
-  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return result;
+// The real executable, as a user runs it (stdout only: --json output is parsed).
+testing::CommandResult RunBackplane(const std::string& arguments) {
+  return testing::RunCommand(std::string(BACKPLANE_EXECUTABLE) + " " + arguments + " 2>/dev/null");
 }
 
 json CheckJson(const std::string& files, int expected_exit) {
-  CommandResult result = RunBackplane("check --json " + files);
+  testing::CommandResult result = RunBackplane("check --json " + files);
   EXPECT_EQ(result.exit_code, expected_exit) << result.output;
   json parsed = json::parse(result.output, nullptr, false);
   EXPECT_TRUE(parsed.is_array()) << result.output;
@@ -120,7 +103,7 @@ TEST(CheckCommandTest, ADirectoryIsCheckedOncePerFile) {
 }
 
 TEST(CheckCommandTest, TextOutputHasAStageLineAndAVerdictPerFile) {
-  CommandResult result =
+  testing::CommandResult result =
       RunBackplane("check " + Fixture("Valid").string() + " " + Fixture("Api25").string());
   EXPECT_EQ(result.exit_code, 1);
   EXPECT_THAT(result.output, HasSubstr("  elf           ok"));
@@ -142,13 +125,9 @@ TEST(CheckCommandTest, UsageErrorsExitWithTwo) {
 // STB_GNU_UNIQUE ('u') symbols.
 TEST(CheckCommandTest, FirstPartyBackendsExportEntryPointsAndNoUniqueSymbols) {
   const std::string command = "nm -D --defined-only '" + testing::CpuRefBackend().string() + "'";
-  FILE* pipe = popen(command.c_str(), "r");
-  ASSERT_NE(pipe, nullptr);
-  std::string symbols;
-  char line[512];
-  while (fgets(line, sizeof line, pipe) != nullptr)
-    symbols += line;
-  ASSERT_EQ(pclose(pipe), 0) << "nm failed";
+  const testing::CommandResult nm = testing::RunCommand(command);
+  ASSERT_EQ(nm.exit_code, 0) << "nm failed";
+  const std::string& symbols = nm.output;
   for (const char* entry : {" T GetBackendId\n", " T GetVersion\n", " T BackendFactory\n"}) {
     EXPECT_THAT(symbols, HasSubstr(entry));
   }

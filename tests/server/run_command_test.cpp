@@ -1,9 +1,6 @@
 // `backplane run`, run as a user runs it.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <sys/wait.h>
-
-#include <cstdio>
 
 #include "backplane/core/network.hpp"
 #include "test_util.hpp"
@@ -16,24 +13,9 @@ using ::testing::HasSubstr;
 
 const fs::path kData = BACKPLANE_SHARED_DATA;
 
-struct CommandResult {
-  int exit_code = -1;
-  std::string output;  // stdout and stderr
-};
-
-CommandResult RunBackplane(const std::string& arguments) {
-  const std::string command = std::string(BACKPLANE_EXECUTABLE) + " " + arguments + " 2>&1";
-  CommandResult result;
-  FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr)
-    return result;
-  char buffer[4096];
-  std::size_t n;
-  while ((n = fread(buffer, 1, sizeof buffer, pipe)) > 0)
-    result.output.append(buffer, n);
-  const int status = pclose(pipe);
-  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return result;
+// The real executable, as a user runs it (stdout and stderr).
+testing::CommandResult RunBackplane(const std::string& arguments) {
+  return testing::RunCommand(std::string(BACKPLANE_EXECUTABLE) + " " + arguments + " 2>&1");
 }
 
 // Backends: a directory holding only CpuRef.
@@ -50,8 +32,9 @@ class RunCommandTest : public ::testing::Test {
 
 TEST_F(RunCommandTest, TestDataPassesAndSaysWhereEachLayerRan) {
   const fs::path gemm = kData / "onnx-node" / "test_gemm_all_attributes";
-  CommandResult result = RunBackplane("run " + (gemm / "model.onnx").string() + " --test-data " +
-                                      gemm.string() + " " + Backends() + " --repeat 3");
+  testing::CommandResult result =
+      RunBackplane("run " + (gemm / "model.onnx").string() + " --test-data " + gemm.string() + " " +
+                   Backends() + " --repeat 3");
   EXPECT_EQ(result.exit_code, 0) << result.output;
   EXPECT_THAT(result.output, HasSubstr("Gemm                 on CpuRef (generation"));
   EXPECT_THAT(result.output, HasSubstr("over 3 run(s)"));
@@ -61,8 +44,8 @@ TEST_F(RunCommandTest, TestDataPassesAndSaysWhereEachLayerRan) {
 TEST_F(RunCommandTest, MismatchingTestDataFailsWithExitOne) {
   // MNIST's expected outputs are one-hot labels, not logits: a comparison must fail.
   const fs::path mnist = kData / "models" / "mnist";
-  CommandResult result = RunBackplane("run " + (mnist / "model.onnx").string() + " --test-data " +
-                                      mnist.string() + " " + Backends());
+  testing::CommandResult result = RunBackplane("run " + (mnist / "model.onnx").string() +
+                                               " --test-data " + mnist.string() + " " + Backends());
   EXPECT_EQ(result.exit_code, 1) << result.output;
   EXPECT_THAT(result.output, HasSubstr("FAIL, max abs error"));
   EXPECT_THAT(result.output, HasSubstr("differ from the test data beyond atol"));
@@ -71,7 +54,7 @@ TEST_F(RunCommandTest, MismatchingTestDataFailsWithExitOne) {
 TEST_F(RunCommandTest, WritesOutputsThatMatchTheExpectedOnes) {
   const fs::path conv = kData / "onnx-node" / "test_conv_with_strides_padding";
   testing::TempDir out;
-  CommandResult result =
+  testing::CommandResult result =
       RunBackplane("run " + (conv / "model.onnx").string() + " --input " +
                    (conv / "test_data_set_0" / "input_0.pb").string() + " --input " +
                    (conv / "test_data_set_0" / "input_1.pb").string() + " --output-dir " +
@@ -90,17 +73,18 @@ TEST_F(RunCommandTest, WritesOutputsThatMatchTheExpectedOnes) {
 TEST_F(RunCommandTest, BadModelsAndInputsExitOneNamingTheProblem) {
   testing::TempDir dir;
   testing::WriteFile(dir / "model.onnx", "not a protobuf at all");
-  CommandResult garbage = RunBackplane("run " + (dir / "model.onnx").string() + " " + Backends());
+  testing::CommandResult garbage =
+      RunBackplane("run " + (dir / "model.onnx").string() + " " + Backends());
   EXPECT_EQ(garbage.exit_code, 1);
   EXPECT_THAT(garbage.output, HasSubstr("is not a valid ONNX model"));
 
   const fs::path relu = kData / "onnx-node" / "test_relu";
-  CommandResult missing_input =
+  testing::CommandResult missing_input =
       RunBackplane("run " + (relu / "model.onnx").string() + " " + Backends());
   EXPECT_EQ(missing_input.exit_code, 1);
   EXPECT_THAT(missing_input.output, HasSubstr("has 1 input(s) (x), 0 input file(s) given"));
 
-  CommandResult unknown_backend =
+  testing::CommandResult unknown_backend =
       RunBackplane("run " + (relu / "model.onnx").string() + " --prefer GpuAcc --input " +
                    (relu / "test_data_set_0" / "input_0.pb").string() + " " + Backends());
   EXPECT_EQ(unknown_backend.exit_code, 1);
