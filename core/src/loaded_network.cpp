@@ -16,10 +16,19 @@ bool IsDynamic(const TensorInfo& info) {
 
 }  // namespace
 
+bool LoadedNetwork::Uses(std::string_view id) const {
+  for (const auto& layer : placement_) {
+    if (layer.backend_id == id)
+      return true;
+  }
+  return false;
+}
+
 Result<std::unique_ptr<LoadedNetwork>> LoadedNetwork::Create(
-    Network network, const std::vector<std::shared_ptr<loader::BackendInstance>>& backends) {
+    std::shared_ptr<const Network> network,
+    const std::vector<std::shared_ptr<loader::BackendInstance>>& backends) {
   std::unique_ptr<LoadedNetwork> loaded(new LoadedNetwork(std::move(network)));
-  const Network& net = loaded->network_;
+  const Network& net = *loaded->network_;
 
   auto slot_of = [&](const std::string& name) {
     auto [it, inserted] =
@@ -89,12 +98,12 @@ Result<std::unique_ptr<LoadedNetwork>> LoadedNetwork::Create(
 }
 
 Status LoadedNetwork::ValidateInputs(std::span<const ConstTensorView> inputs) const {
-  const auto& expected = network_.inputs;
+  const auto& expected = network_->inputs;
   if (inputs.size() != expected.size()) {
     std::string names;
     for (const auto& input : expected)
       names += (names.empty() ? "" : ", ") + input.name;
-    return InvalidArgument("network " + network_.name + " takes " +
+    return InvalidArgument("network " + network_->name + " takes " +
                            std::to_string(expected.size()) + " input(s) (" + names + "), got " +
                            std::to_string(inputs.size()));
   }
@@ -126,13 +135,13 @@ Result<std::vector<Tensor>> LoadedNetwork::Execute(std::span<const ConstTensorVi
   BACKPLANE_RETURN_IF_ERROR(ValidateInputs(inputs));
 
   // Shapes: fixed at load time, or inferred for this request's dynamic dimensions.
-  const std::map<std::string, TensorInfo, std::less<>>* values = &network_.values;
+  const std::map<std::string, TensorInfo, std::less<>>* values = &network_->values;
   std::map<std::string, TensorInfo, std::less<>> request_values;
   if (has_dynamic_shapes_) {
     std::vector<TensorInfo> input_infos;
     for (const auto& input : inputs)
       input_infos.push_back(input.info);
-    auto inferred = InferShapes(network_, input_infos);
+    auto inferred = InferShapes(*network_, input_infos);
     if (!inferred.ok())
       return std::move(inferred).error();
     request_values = std::move(inferred).value();

@@ -20,10 +20,15 @@ class LoadedNetwork {
  public:
   // `backends` in preference order. Fails naming the node and every backend's reason when no
   // backend supports a node.
+  // `network` is shared with the networks that replace this one on a new generation.
   static Result<std::unique_ptr<LoadedNetwork>> Create(
-      Network network, const std::vector<std::shared_ptr<loader::BackendInstance>>& backends);
+      std::shared_ptr<const Network> network,
+      const std::vector<std::shared_ptr<loader::BackendInstance>>& backends);
 
-  const Network& network() const { return network_; }
+  const Network& network() const { return *network_; }
+  const std::shared_ptr<const Network>& shared_network() const { return network_; }
+  // Whether any layer runs on backend `id`.
+  bool Uses(std::string_view id) const;
   const std::vector<LayerPlacement>& placement() const { return placement_; }
 
   // Runs one request. `inputs` in the order of network().inputs; returns the outputs in the
@@ -37,12 +42,12 @@ class LoadedNetwork {
     std::vector<int> outputs;  // value slots
     std::unique_ptr<loader::Workload> workload;
   };
-  explicit LoadedNetwork(Network network) : network_(std::move(network)) {}
+  explicit LoadedNetwork(std::shared_ptr<const Network> network) : network_(std::move(network)) {}
   Status ValidateInputs(std::span<const ConstTensorView> inputs) const;
 
   // Declaration order matters: steps_ (workloads) are destroyed before network_, whose constant
   // tensors the workloads may point into.
-  const Network network_;
+  const std::shared_ptr<const Network> network_;
   bool has_dynamic_shapes_ = false;
   std::vector<std::string> slot_names_;  // slot -> value name
   std::map<std::string, int, std::less<>> slots_;

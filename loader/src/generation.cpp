@@ -35,8 +35,13 @@ Generation::~Generation() {
   library_.Close();
   // dlclose does not say whether the library left the process. Asking for the shadow path with
   // RTLD_NOLOAD does: glibc only answers with a handle while the library is still mapped.
-  if (void* still_mapped = dlopen(info_.shadow_path.c_str(), RTLD_NOW | RTLD_NOLOAD)) {
-    dlclose(still_mapped);
+  const bool leaked = [&] {
+    void* still_mapped = dlopen(info_.shadow_path.c_str(), RTLD_NOW | RTLD_NOLOAD);
+    if (still_mapped != nullptr)
+      dlclose(still_mapped);
+    return still_mapped != nullptr;
+  }();
+  if (leaked) {
     stats_->leaked.fetch_add(1, std::memory_order_relaxed);
     Log()->warn(
         "backend {} generation {} leaked: glibc kept it mapped after dlclose ({}), e.g. for a "
@@ -49,6 +54,34 @@ Generation::~Generation() {
   }
   unlink(info_.shadow_path.c_str());  // a leaked mapping stays valid without its file
   stats_->live.fetch_sub(1, std::memory_order_relaxed);
+  stats_->NotifyUnloaded(info_, leaked);
+}
+
+uint64_t LoaderStats::AddUnloadListener(UnloadListener listener) {
+  std::lock_guard lock(mutex_);
+  listeners_.emplace(next_listener_id_, std::move(listener));
+  return next_listener_id_++;
+}
+
+void LoaderStats::RemoveUnloadListener(uint64_t listener_id) {
+  std::lock_guard lock(mutex_);
+  listeners_.erase(listener_id);
+}
+
+void LoaderStats::NotifyUnloaded(const GenerationInfo& generation, bool leaked) const {
+  std::vector<UnloadListener> listeners;
+  {
+    std::lock_guard lock(mutex_);
+    for (const auto& [id, listener] : listeners_)
+      listeners.push_back(listener);
+  }
+  for (const auto& listener : listeners) {
+    try {
+      listener(generation, leaked);
+    } catch (const std::exception& e) {
+      Log()->error("unload listener threw: {}", e.what());
+    }
+  }
 }
 
 }  // namespace backplane::loader

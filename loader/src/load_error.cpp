@@ -3,7 +3,7 @@
 namespace backplane::loader {
 
 std::optional<LoadReason> ParseLoadReason(std::string_view text) {
-  for (int i = 0; i <= static_cast<int>(LoadReason::kFileChanged); ++i) {
+  for (int i = 0; i <= static_cast<int>(LoadReason::kLastReason); ++i) {
     auto reason = static_cast<LoadReason>(i);
     if (ToString(reason) == text)
       return reason;

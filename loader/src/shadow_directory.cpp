@@ -105,6 +105,22 @@ ShadowDirectory::~ShadowDirectory() {
   fs::remove(path_, error);  // only succeeds when empty: a leaked generation keeps its shadow
 }
 
+WriterProbe HasWriters(int fd) {
+  // A read lease is granted only while no process has the file open for writing (fcntl(2)).
+  // Trap: if a writer opens the file while we hold the lease, the kernel signals us (SIGIO by
+  // default, which terminates the process). So the break signal is made SIGURG, whose default
+  // action is to ignore it, and the lease is dropped at once.
+  if (fcntl(fd, F_SETSIG, SIGURG) != 0)
+    return WriterProbe::kUnknown;
+  if (fcntl(fd, F_SETLEASE, F_RDLCK) != 0) {
+    // EAGAIN: a writer holds it. EACCES/EPERM (not our file, no CAP_LEASE) and EINVAL (file
+    // systems without leases): the probe cannot tell; the fstat and ELF checks still apply.
+    return errno == EAGAIN ? WriterProbe::kWriting : WriterProbe::kUnknown;
+  }
+  fcntl(fd, F_SETLEASE, F_UNLCK);
+  return WriterProbe::kNoWriter;
+}
+
 LoadResult<ShadowCopy> ShadowDirectory::Copy(const fs::path& source, uint64_t generation) const {
   const fs::path target = path_ / (std::to_string(generation) + "-" + source.filename().string());
   // Another loader of this process may have removed the directory when it was last empty.
@@ -122,6 +138,12 @@ LoadResult<ShadowCopy> ShadowDirectory::Copy(const fs::path& source, uint64_t ge
   struct stat before {};
   if (fstat(in.get(), &before) != 0)
     return io_error("cannot stat " + source.string());
+  if (HasWriters(in.get()) == WriterProbe::kWriting) {
+    return LoadError{LoadReason::kFileBusy,
+                     source.string() +
+                         " is open for writing by a process; it is loaded once its writer closes "
+                         "it (publish with write-temp + fsync + rename to avoid the wait)"};
+  }
 
   FileDescriptor out(open(target.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0700));
   if (out.get() < 0)

@@ -101,7 +101,7 @@ TEST(BackendFileTest, DiscoveryReportsUnsafeFiles) {
 }
 
 TEST(BackendFileTest, ReasonCodesRoundTrip) {
-  for (int i = 0; i <= static_cast<int>(LoadReason::kFileChanged); ++i) {
+  for (int i = 0; i <= static_cast<int>(LoadReason::kLastReason); ++i) {
     const auto reason = static_cast<LoadReason>(i);
     EXPECT_EQ(ParseLoadReason(ToString(reason)), reason);
   }

@@ -23,6 +23,25 @@
 
 namespace backplane {
 
+// What a runtime does with its loaded networks when a new generation of a backend they use
+// becomes active (DESIGN "Hot swap semantics").
+enum class SwapPolicy {
+  // Re-prepare each affected network on the new generation, then switch it atomically; requests
+  // already running finish on the old one. A network that fails to prepare rejects the new
+  // generation. The server's default.
+  kMigrate,
+  // Loaded networks stay on the generation they were loaded with until unloaded; only networks
+  // loaded afterwards use the new one.
+  kPin,
+};
+
+// Before a migration switches, run a probe through the network on both generations and refuse
+// the new one when any output element differs by more than `tolerance` (bug-fix deploys that
+// must not change results).
+struct SwapValidation {
+  double tolerance = 0.0;
+};
+
 struct RuntimeOptions {
   // Backend directories; nullopt means DefaultBackendPaths(). Ignored when `registry` is given.
   std::optional<std::vector<std::filesystem::path>> backend_paths;
@@ -37,6 +56,9 @@ struct RuntimeOptions {
   std::vector<std::string> default_preferences;
   // The TBB arena and the limit on requests in flight (beyond it: refused, never queued).
   scheduler::SchedulerOptions scheduler;
+  SwapPolicy swap_policy = SwapPolicy::kMigrate;
+  // Per backend id: validate migrated networks before a new generation of it becomes active.
+  std::map<std::string, SwapValidation, std::less<>> swap_validation;
 };
 
 struct NetworkOptions {
@@ -55,8 +77,10 @@ struct LayerPlacement {
 
 class LoadedNetwork;
 
-// Thread-safe.
-class Runtime {
+// Thread-safe. Follows the registry's generations: when a backend id gets a new generation (or
+// loses its file), the runtime prepares its side off the request path and switches atomically
+// (see SwapPolicy); a request always runs wholly on the generations it started with.
+class Runtime : private BackendSubscriber {
  public:
   // Fails (kFailedPrecondition) when no backend is available at all: a runtime that cannot run
   // anything is a configuration error best reported at once.
@@ -67,7 +91,8 @@ class Runtime {
   // This runtime's instance of backend `id`, or null.
   std::shared_ptr<loader::BackendInstance> Backend(std::string_view id) const;
 
-  // Validated by the backend: an unknown key or a wrong type applies nothing.
+  // Validated by the backend: an unknown key or a wrong type applies nothing. Options set here
+  // (or at Create) are given to every later generation of the backend too.
   Status UpdateBackendOptions(std::string_view id, const BackendOptions& changes);
 
   const BackendRegistry& registry() const { return *registry_; }
@@ -107,22 +132,46 @@ class Runtime {
     std::shared_ptr<loader::BackendInstance> instance;
     std::unique_ptr<IBackendContext> context;  // destroyed before the instance (declared after)
   };
+  using BackendMap = std::map<std::string, BackendSlot, std::less<>>;
   using NetworkMap = std::map<NetworkId, std::shared_ptr<const LoadedNetwork>>;
+  using Instances = std::vector<std::shared_ptr<loader::BackendInstance>>;
+
   Runtime(std::shared_ptr<BackendRegistry> registry, RuntimeOptions& options);
   Result<std::shared_ptr<const LoadedNetwork>> FindNetwork(NetworkId id) const;
 
+  // With mutex_ held.
+  void AttachBackends();
+  Result<BackendSlot> CreateSlot(std::shared_ptr<loader::BackendInstance> instance);
+  std::vector<std::string> PreferencesOf(NetworkId id) const;
+  // The instances for `preferences`, in order; backend `swapped_id` becomes `swapped` (or is
+  // left out when `swapped` is null). Ids this runtime lacks are appended to `missing`.
+  Instances BackendsFor(const std::vector<std::string>& preferences, std::string_view swapped_id,
+                        const std::shared_ptr<loader::BackendInstance>& swapped,
+                        std::string* missing = nullptr) const;
+  std::shared_ptr<const LoadedNetwork> Reaped(std::unique_ptr<LoadedNetwork> network) const;
+
+  loader::LoadResult<CommitChange> PrepareChange(const BackendChange& change) override;
+  loader::LoadResult<CommitChange> PrepareWithdrawal(
+      const BackendChange& change, std::shared_ptr<std::unique_lock<std::mutex>> lock);
+
   const std::shared_ptr<BackendRegistry> registry_;
-  std::map<std::string, BackendSlot, std::less<>> backends_;  // immutable after Create
   const std::vector<std::string> default_preferences_;
+  const SwapPolicy swap_policy_;
+  const std::map<std::string, SwapValidation, std::less<>> swap_validation_;
 
-  // Load and unload serialise on this (the backend contexts are thread-compatible); requests
-  // read the map without it.
-  std::mutex networks_mutex_;
+  // Load, unload, option updates and generation changes serialise on this (backend contexts
+  // are thread-compatible); requests read the network map without it.
+  mutable std::mutex mutex_;
+  BackendMap backends_;                                                 // guarded by mutex_
+  std::map<std::string, BackendOptions, std::less<>> applied_options_;  // guarded by mutex_
+  std::map<NetworkId, std::vector<std::string>> preferences_;  // guarded by mutex_; as given
   std::atomic<std::shared_ptr<const NetworkMap>> networks_{std::make_shared<const NetworkMap>()};
-  NetworkId next_network_id_ = 1;  // guarded by networks_mutex_
+  NetworkId next_network_id_ = 1;  // guarded by mutex_
 
-  // Last: destroyed first, waiting for requests in flight while everything they use still lives.
+  // Destroyed first, waiting for requests in flight while everything they use still lives.
   scheduler::RequestScheduler scheduler_;
+  // Destroyed before anything else: no generation change reaches a half-destroyed runtime.
+  Subscription subscription_;
 };
 
 }  // namespace backplane

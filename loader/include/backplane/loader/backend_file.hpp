@@ -62,6 +62,7 @@ struct RejectedFile {
   std::filesystem::path file;
   LoadReason reason;
   std::string message;
+  std::string backend_id;  // when the file got far enough to name it, or replaced a known one
 };
 
 struct Discovery {

@@ -28,6 +28,10 @@ enum class LoadReason {
   kFactoryFailed,      // BackendFactory threw or returned null
   kDuplicateId,        // another file already provides this backend id
   kFileChanged,        // the file changed while it was being copied (a writer is still at work)
+  kFileBusy,           // another process holds the file open for writing
+  kPrepareFailed,      // a runtime could not create an instance or prepare a network on it
+  kValidationFailed,   // its outputs on a probe differ from the active generation's
+  kLastReason = kValidationFailed,
 };
 
 constexpr std::string_view ToString(LoadReason reason) {
@@ -64,6 +68,12 @@ constexpr std::string_view ToString(LoadReason reason) {
       return "DUPLICATE_ID";
     case LoadReason::kFileChanged:
       return "FILE_CHANGED";
+    case LoadReason::kFileBusy:
+      return "FILE_BUSY";
+    case LoadReason::kPrepareFailed:
+      return "PREPARE_FAILED";
+    case LoadReason::kValidationFailed:
+      return "VALIDATION_FAILED";
   }
   return "UNKNOWN";
 }

@@ -46,13 +46,26 @@ struct LoadTrace {
   }
 };
 
-// Counters for metrics and tests. Thread-safe.
+// Called on the reaper thread once a generation is closed: `leaked` when glibc kept it mapped.
+// Must not block, and must not add or remove listeners.
+using UnloadListener = std::function<void(const GenerationInfo& generation, bool leaked)>;
+
+// Counters for metrics and tests, and who to tell when a generation leaves. Thread-safe.
 class LoaderStats {
  public:
   std::atomic<uint64_t> loaded{0};    // generations mapped
   std::atomic<uint64_t> unloaded{0};  // generations verified gone after dlclose
   std::atomic<uint64_t> leaked{0};    // generations still mapped after dlclose
   std::atomic<uint64_t> live{0};      // generations not yet destroyed
+
+  uint64_t AddUnloadListener(UnloadListener listener);
+  void RemoveUnloadListener(uint64_t listener_id);
+  void NotifyUnloaded(const GenerationInfo& generation, bool leaked) const;
+
+ private:
+  mutable std::mutex mutex_;
+  std::map<uint64_t, UnloadListener> listeners_;  // guarded by mutex_
+  uint64_t next_listener_id_ = 1;                 // guarded by mutex_
 };
 
 // Thread-safe. Shared by every registry and runtime of a process (Shared()), so that a file is
@@ -76,6 +89,7 @@ class Loader : public std::enable_shared_from_this<Loader> {
   const LoaderOptions& options() const { return options_; }
   const std::shared_ptr<Reaper>& reaper() const { return reaper_; }
   const LoaderStats& stats() const { return *stats_; }
+  LoaderStats& stats() { return *stats_; }
   const ShadowDirectory& shadow_directory() const { return *shadows_; }
 
   // Blocks until every generation released so far is unloaded (or recorded as leaked).

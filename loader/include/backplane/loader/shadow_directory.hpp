@@ -17,6 +17,12 @@
 
 namespace backplane::loader {
 
+// Whether any process holds a file open for writing (DESIGN rule 7's lease probe), asked of an
+// open fd of it. kUnknown where leases are not available (another owner without CAP_LEASE, file
+// systems without lease support).
+enum class WriterProbe { kNoWriter, kWriting, kUnknown };
+WriterProbe HasWriters(int fd);
+
 struct ShadowCopy {
   std::filesystem::path path;
   FileIdentity source_identity;  // of the source, identical before and after the copy
@@ -32,7 +38,8 @@ class ShadowDirectory {
 
   const std::filesystem::path& path() const { return path_; }
 
-  // Copies `source` (already resolved) to "<generation>-<file name>". Fails with kFileChanged
+  // Copies `source` (already resolved) to "<generation>-<file name>". Fails with kFileBusy when
+  // a process holds the source open for writing, kFileChanged
   // when the source's identity differs before and after the copy, kIoError on I/O failure.
   LoadResult<ShadowCopy> Copy(const std::filesystem::path& source, uint64_t generation) const;
 
