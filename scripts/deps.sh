@@ -6,7 +6,9 @@ set -euo pipefail
 BACKPLANE_PACKAGES=(
   cmake ninja-build g++ pkg-config binutils
   libtbb-dev libspdlog-dev libcli11-dev nlohmann-json3-dev libonnx-dev libprotobuf-dev
+  libuv1-dev libcpp-httplib-dev libssl-dev curl
   libgtest-dev libgmock-dev libbenchmark-dev
+  prometheus  # promtool: the tests check /metrics with it
 )
 
 backplane_install_deps() {

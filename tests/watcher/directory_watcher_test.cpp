@@ -1,0 +1,536 @@
+// DirectoryWatcher against real temporary directories and a real libuv loop. Every wait is a
+// condition with a deadline; the few "nothing more happens" checks hold a condition for a while.
+#include "backplane/watcher/directory_watcher.hpp"
+
+#include <gtest/gtest.h>
+#include <sys/resource.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <functional>
+#include <mutex>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "test_util.hpp"
+
+namespace backplane::watcher {
+namespace {
+
+namespace fs = std::filesystem;
+using backplane::testing::TempDir;
+using backplane::testing::WriteFile;
+using std::chrono::milliseconds;
+using Clock = std::chrono::steady_clock;
+
+// Generous: sanitizer builds on a loaded 2-core machine are slow; a passing test returns early.
+constexpr auto kDeadline = std::chrono::seconds(20);
+// libuv's loop clock has millisecond resolution and truncates, so a timer may fire up to 1 ms
+// before the wall-clock duration it was given.
+constexpr auto kClockSlack = milliseconds(2);
+
+// Waits until `condition` holds; false when the deadline passes first.
+bool WaitFor(const std::function<bool()>& condition, Clock::duration deadline = kDeadline) {
+  const auto until = Clock::now() + deadline;
+  while (!condition()) {
+    if (Clock::now() > until)
+      return false;
+    std::this_thread::sleep_for(milliseconds(2));
+  }
+  return true;
+}
+
+// True when `condition` holds during all of `period` (for "nothing more happens").
+bool HoldsFor(const std::function<bool()>& condition, Clock::duration period) {
+  const auto until = Clock::now() + period;
+  while (Clock::now() < until) {
+    if (!condition())
+      return false;
+    std::this_thread::sleep_for(milliseconds(2));
+  }
+  return condition();
+}
+
+// The scan callback of the tests: records when each scan ran and what the listed directories
+// held, and answers with whatever `respond` says. Thread-safe; outlives the watcher in each test.
+class ScanProbe {
+ public:
+  struct Scan {
+    Clock::time_point time;
+    std::set<std::string> files;  // names in the listed directories at that time
+  };
+
+  explicit ScanProbe(std::vector<fs::path> listed = {}) : listed_(std::move(listed)) {}
+
+  // `respond(index)` is called for scan number `index` (0-based) on the watcher thread.
+  void SetResponder(std::function<ScanResult(size_t)> respond) {
+    std::lock_guard lock(mutex_);
+    respond_ = std::move(respond);
+  }
+  void SetListed(std::vector<fs::path> listed) {
+    std::lock_guard lock(mutex_);
+    listed_ = std::move(listed);
+  }
+
+  DirectoryWatcher::ScanCallback Callback() {
+    return [this] { return OnScan(); };
+  }
+
+  size_t Count() const {
+    std::lock_guard lock(mutex_);
+    return scans_.size();
+  }
+  std::vector<Scan> Scans() const {
+    std::lock_guard lock(mutex_);
+    return scans_;
+  }
+  bool SawFile(const std::string& name) const {
+    std::lock_guard lock(mutex_);
+    for (const Scan& scan : scans_) {
+      if (scan.files.contains(name))
+        return true;
+    }
+    return false;
+  }
+  size_t MostFilesSeen() const {
+    std::lock_guard lock(mutex_);
+    size_t most = 0;
+    for (const Scan& scan : scans_)
+      most = std::max(most, scan.files.size());
+    return most;
+  }
+  bool Overlapped() const { return overlapped_.load(); }
+
+ private:
+  ScanResult OnScan() {
+    if (in_scan_.exchange(true))
+      overlapped_ = true;
+    Scan scan{.time = Clock::now()};
+    std::function<ScanResult(size_t)> respond;
+    size_t index;
+    {
+      std::lock_guard lock(mutex_);
+      for (const fs::path& directory : listed_) {
+        std::error_code error;
+        for (fs::directory_iterator it(directory, error), end; !error && it != end;
+             it.increment(error))
+          scan.files.insert(it->path().filename().string());
+      }
+      index = scans_.size();
+      scans_.push_back(std::move(scan));
+      respond = respond_;
+    }
+    ScanResult result;
+    try {
+      if (respond)
+        result = respond(index);
+    } catch (...) {
+      in_scan_ = false;
+      throw;
+    }
+    in_scan_ = false;
+    return result;
+  }
+
+  mutable std::mutex mutex_;
+  std::vector<fs::path> listed_;
+  std::function<ScanResult(size_t)> respond_;
+  std::vector<Scan> scans_;
+  std::atomic<bool> in_scan_{false};
+  std::atomic<bool> overlapped_{false};
+};
+
+DirectoryWatcherOptions FastOptions(milliseconds debounce = milliseconds(50)) {
+  return {
+      .debounce = debounce, .rescan_interval = milliseconds(0), .poll_interval = milliseconds(100)};
+}
+
+std::unique_ptr<DirectoryWatcher> StartOrDie(std::vector<fs::path> directories, ScanProbe& probe,
+                                             DirectoryWatcherOptions options) {
+  auto started = DirectoryWatcher::Start(std::move(directories), probe.Callback(), options);
+  if (!started.ok())
+    throw std::runtime_error("DirectoryWatcher::Start failed: " + started.error().ToString());
+  return std::move(started).value();
+}
+
+// A watched directory inside a fresh temporary directory, so that its parent is ours too.
+struct WatchedDir {
+  TempDir root;
+  fs::path path = root / "backends";
+  WatchedDir() { fs::create_directory(path); }
+};
+
+TEST(DirectoryWatcherTest, ScansOnceAtStart) {
+  WatchedDir dir;
+  WriteFile(dir.path / "acme_npu_backend.so", "x");
+  ScanProbe probe({dir.path});
+  auto watcher = StartOrDie({dir.path}, probe, FastOptions());
+
+  ASSERT_TRUE(WaitFor([&] { return watcher->stats().scans.load() == 1; }));
+  EXPECT_TRUE(probe.SawFile("acme_npu_backend.so"));
+  EXPECT_EQ(watcher->stats().polled.load(), 0u);
+  EXPECT_TRUE(HoldsFor([&] { return probe.Count() == 1; }, milliseconds(150)));
+}
+
+TEST(DirectoryWatcherTest, CreatedFileLeadsToOneScanAfterTheDebounce) {
+  WatchedDir dir;
+  ScanProbe probe({dir.path});
+  const auto debounce = milliseconds(100);
+  auto watcher = StartOrDie({dir.path}, probe, FastOptions(debounce));
+  ASSERT_TRUE(WaitFor([&] { return watcher->stats().scans.load() == 1; }));
+
+  const auto before_write = Clock::now();
+  WriteFile(dir.path / "acme_npu_backend.so", "new version");
+
+  ASSERT_TRUE(WaitFor([&] { return watcher->stats().scans.load() == 2; }));
+  const auto scans = probe.Scans();
+  EXPECT_GE(scans[1].time - before_write, debounce - kClockSlack) << "scanned before the debounce";
+  EXPECT_TRUE(scans[1].files.contains("acme_npu_backend.so"));
+  EXPECT_GE(watcher->stats().events.load(), 1u);
+  EXPECT_TRUE(HoldsFor([&] { return probe.Count() == 2; }, 3 * debounce)) << "more than one scan";
+}
+
+TEST(DirectoryWatcherTest, SlowWriterPostponesTheScanUntilItStops) {
+  WatchedDir dir;
+  ScanProbe probe({dir.path});
+  const auto debounce = milliseconds(300);
+  auto watcher = StartOrDie({dir.path}, probe, FastOptions(debounce));
+  ASSERT_TRUE(WaitFor([&] { return watcher->stats().scans.load() == 1; }));
+
+  // A writer copying a big file: a chunk every 10 ms, far more often than the debounce.
+  std::vector<Clock::time_point> writes;
+  {
+    std::ofstream out(dir.path / "acme_npu_backend.so", std::ios::binary);
+    const std::string chunk(4096, 'x');
+    for (int i = 0; i < 60; ++i) {
+      out.write(chunk.data(), static_cast<std::streamsize>(chunk.size()));
+      out.flush();
+      writes.push_back(Clock::now());
+      std::this_thread::sleep_for(milliseconds(10));
+    }
+  }
+  const auto last_write = Clock::now();  // the close: no event, but nothing after it either
+  Clock::duration longest_pause{};
+  for (size_t i = 1; i < writes.size(); ++i)
+    longest_pause = std::max(longest_pause, writes[i] - writes[i - 1]);
+  ASSERT_LT(longest_pause, debounce) << "the writer stalled; this machine is too loaded to tell";
+  EXPECT_EQ(probe.Count(), 1u) << "scanned while the file was still being written";
+
+  ASSERT_TRUE(WaitFor([&] { return watcher->stats().scans.load() == 2; }));
+  EXPECT_GE(probe.Scans()[1].time - writes.back(), debounce - kClockSlack);
+  EXPECT_GE(probe.Scans()[1].time, last_write);
+  EXPECT_TRUE(HoldsFor([&] { return probe.Count() == 2; }, 2 * debounce));
+}
+
+TEST(DirectoryWatcherTest, ThousandFilesCreatedAtOnceLeadToAFewScans) {
+  WatchedDir dir;
+  ScanProbe probe({dir.path});
+  // Names still arriving postpone a scan by at most one debounce period, so that one endless
+  // writer cannot starve the others; a burst lasting several periods thus gets a scan per period.
+  // On a loaded machine or under a sanitizer 1000 creations take a second or two, hence the long
+  // debounce here.
+  const auto debounce = milliseconds(400);
+  auto watcher = StartOrDie({dir.path}, probe, FastOptions(debounce));
+  ASSERT_TRUE(WaitFor([&] { return watcher->stats().scans.load() == 1; }));
+
+  constexpr size_t kFiles = 1000;
+  for (size_t i = 0; i < kFiles; ++i)
+    WriteFile(dir.path / ("file" + std::to_string(i)), "x");
+
+  ASSERT_TRUE(WaitFor([&] { return probe.MostFilesSeen() == kFiles; }));
+  // Let the last quiet timers fire, then count.
+  ASSERT_TRUE(WaitFor([&] {
+    const size_t settled = probe.Count();
+    return HoldsFor([&] { return probe.Count() == settled; }, 2 * debounce);
+  }));
+  const size_t scans_for_the_files = probe.Count() - 1;
+  EXPECT_GE(scans_for_the_files, 1u);
+  EXPECT_LT(scans_for_the_files, 10u);
+  EXPECT_GE(watcher->stats().events.load(), kFiles);
+}
+
+TEST(DirectoryWatcherTest, RenameIntoPlaceLeadsToAScan) {
+  WatchedDir dir;
+  ScanProbe probe({dir.path});
+  auto watcher = StartOrDie({dir.path}, probe, FastOptions());
+  ASSERT_TRUE(WaitFor([&] { return watcher->stats().scans.load() == 1; }));
+
+  // The safe publish: write a temporary file elsewhere on the same file system (here: in the
+  // watched directory's parent, whose other entries the watcher ignores), then rename it in.
+  const fs::path staged = dir.root / "acme_npu_backend.so.tmp";
+  WriteFile(staged, "new version");
+  ASSERT_TRUE(HoldsFor([&] { return probe.Count() == 1; }, milliseconds(150)))
+      << "a file next to the watched directory caused a scan";
+  fs::rename(staged, dir.path / "acme_npu_backend.so");
+
+  ASSERT_TRUE(WaitFor([&] { return watcher->stats().scans.load() == 2; }));
+  EXPECT_TRUE(probe.Scans()[1].files.contains("acme_npu_backend.so"));
+}
+
+TEST(DirectoryWatcherTest, RearmsADirectoryDeletedAndRecreated) {
+  WatchedDir dir;
+  WriteFile(dir.path / "old_backend.so", "x");
+  ScanProbe probe({dir.path});
+  auto watcher = StartOrDie({dir.path}, probe, FastOptions());
+  ASSERT_TRUE(WaitFor([&] { return watcher->stats().scans.load() == 1; }));
+
+  // Back to back, so the watcher sees both before it looks (on ext4 the new directory often
+  // gets the old inode number).
+  fs::remove_all(dir.path);
+  fs::create_directory(dir.path);
+  const auto recreated = Clock::now();
+
+  ASSERT_TRUE(WaitFor([&] { return watcher->stats().rearms.load() >= 1; }));
+  ASSERT_TRUE(WaitFor([&] {
+    const auto scans = probe.Scans();
+    return scans.back().time > recreated && watcher->stats().scans.load() == scans.size();
+  }));
+  EXPECT_EQ(watcher->stats().polled.load(), 0u);
+
+  const uint64_t events_before = watcher->stats().events.load();
+  WriteFile(dir.path / "new_backend.so", "x");
+  ASSERT_TRUE(WaitFor([&] { return probe.SawFile("new_backend.so"); }));
+  EXPECT_GT(watcher->stats().events.load(), events_before) << "the new directory is not watched";
+}
+
+TEST(DirectoryWatcherTest, RearmsADirectoryRecreatedAfterItWasSeenMissing) {
+  WatchedDir dir;
+  ScanProbe probe({dir.path});
+  DirectoryWatcherOptions options = FastOptions();
+  options.poll_interval = std::chrono::seconds(60);  // the parent watch must find it, not a poll
+  auto watcher = StartOrDie({dir.path}, probe, options);
+  ASSERT_TRUE(WaitFor([&] { return watcher->stats().scans.load() == 1; }));
+
+  fs::remove(dir.path);
+  ASSERT_TRUE(WaitFor([&] { return watcher->stats().polled.load() == 1; }));
+  fs::create_directory(dir.path);
+  ASSERT_TRUE(WaitFor([&] { return watcher->stats().rearms.load() == 1; }));
+  EXPECT_EQ(watcher->stats().polled.load(), 0u);
+
+  const uint64_t events_before = watcher->stats().events.load();
+  WriteFile(dir.path / "new_backend.so", "x");
+  ASSERT_TRUE(WaitFor([&] { return probe.SawFile("new_backend.so"); }));
+  EXPECT_GT(watcher->stats().events.load(), events_before) << "the new directory is not watched";
+}
+
+TEST(DirectoryWatcherTest, DirectoryMissingAtStartIsWatchedOnceItAppears) {
+  TempDir root;
+  const fs::path missing = root / "backends";
+  ScanProbe probe({missing});
+  DirectoryWatcherOptions options = FastOptions();
+  options.poll_interval = std::chrono::seconds(60);  // the parent watch must find it, not a poll
+  auto watcher = StartOrDie({missing}, probe, options);
+  ASSERT_TRUE(WaitFor([&] { return watcher->stats().scans.load() == 1; }));
+  EXPECT_EQ(watcher->stats().polled.load(), 1u);
+
+  fs::create_directory(missing);
+  WriteFile(missing / "acme_npu_backend.so", "x");
+  ASSERT_TRUE(WaitFor([&] { return probe.SawFile("acme_npu_backend.so"); }));
+  EXPECT_EQ(watcher->stats().polled.load(), 0u);
+  EXPECT_EQ(watcher->stats().rearms.load(), 0u) << "a first arm is not a re-arm";
+
+  // Watched now, not merely found: a later file is seen through an event.
+  const uint64_t events_before = watcher->stats().events.load();
+  WriteFile(missing / "second_backend.so", "x");
+  ASSERT_TRUE(WaitFor([&] { return probe.SawFile("second_backend.so"); }));
+  EXPECT_GT(watcher->stats().events.load(), events_before);
+}
+
+TEST(DirectoryWatcherTest, DirectoryWhoseParentIsMissingTooIsFoundByPolling) {
+  TempDir root;
+  const fs::path missing = root / "not" / "yet" / "backends";
+  ScanProbe probe({missing});
+  auto watcher = StartOrDie({missing}, probe, FastOptions());  // polls every 100 ms
+  ASSERT_TRUE(WaitFor([&] { return watcher->stats().scans.load() == 1; }));
+  EXPECT_EQ(watcher->stats().polled.load(), 1u);
+
+  fs::create_directories(missing);
+  WriteFile(missing / "acme_npu_backend.so", "x");
+  ASSERT_TRUE(WaitFor([&] { return probe.SawFile("acme_npu_backend.so"); }));
+  ASSERT_TRUE(WaitFor([&] { return watcher->stats().polled.load() == 0; }));
+}
+
+TEST(DirectoryWatcherTest, ScanNowFromOtherThreads) {
+  WatchedDir dir;
+  ScanProbe probe({dir.path});
+  auto watcher = StartOrDie({dir.path}, probe, FastOptions(std::chrono::seconds(10)));
+  ASSERT_TRUE(WaitFor([&] { return watcher->stats().scans.load() == 1; }));
+
+  std::thread other([&] { watcher->ScanNow(); });
+  other.join();
+  ASSERT_TRUE(WaitFor([&] { return watcher->stats().scans.load() == 2; }));
+
+  // Many at once: they coalesce, and scans never overlap.
+  std::vector<std::thread> callers;
+  for (int t = 0; t < 4; ++t) {
+    callers.emplace_back([&] {
+      for (int i = 0; i < 50; ++i)
+        watcher->ScanNow();
+    });
+  }
+  for (auto& caller : callers)
+    caller.join();
+  ASSERT_TRUE(WaitFor([&] { return watcher->stats().scans.load() >= 3; }));
+  // The last request is always honoured.
+  const size_t before = probe.Count();
+  watcher->ScanNow();
+  ASSERT_TRUE(WaitFor([&] { return probe.Count() > before; }));
+  EXPECT_FALSE(probe.Overlapped());
+}
+
+TEST(DirectoryWatcherTest, RetrySoonScansAgainWithoutEvents) {
+  WatchedDir dir;
+  ScanProbe probe({dir.path});
+  probe.SetResponder([](size_t index) { return ScanResult{.retry_soon = index == 0}; });
+  const auto debounce = milliseconds(100);
+  auto watcher = StartOrDie({dir.path}, probe, FastOptions(debounce));
+
+  ASSERT_TRUE(WaitFor([&] { return watcher->stats().scans.load() == 2; }));
+  const auto scans = probe.Scans();
+  EXPECT_GE(scans[1].time - scans[0].time, debounce - kClockSlack);
+  EXPECT_EQ(watcher->stats().events.load(), 0u);
+  EXPECT_TRUE(HoldsFor([&] { return probe.Count() == 2; }, 3 * debounce));
+}
+
+TEST(DirectoryWatcherTest, ScanResultReplacesTheWatchedDirectories) {
+  TempDir root;
+  const fs::path old_dir = root / "old";
+  const fs::path new_dir = root / "new";
+  fs::create_directory(old_dir);
+  fs::create_directory(new_dir);
+  ScanProbe probe({old_dir, new_dir});
+  probe.SetResponder([&](size_t index) {
+    return index == 0 ? ScanResult{.directories = {new_dir}} : ScanResult{};
+  });
+  const auto debounce = milliseconds(50);
+  auto watcher = StartOrDie({old_dir}, probe, FastOptions(debounce));
+  ASSERT_TRUE(WaitFor([&] { return watcher->stats().scans.load() == 1; }));
+
+  WriteFile(new_dir / "in_new_backend.so", "x");
+  ASSERT_TRUE(WaitFor([&] { return probe.SawFile("in_new_backend.so"); }));
+  ASSERT_TRUE(WaitFor([&] { return watcher->stats().scans.load() == 2; }));
+
+  const uint64_t events_before = watcher->stats().events.load();
+  WriteFile(old_dir / "in_old_backend.so", "x");
+  EXPECT_TRUE(HoldsFor([&] { return probe.Count() == 2; }, 4 * debounce))
+      << "an event in the directory no longer watched led to a scan";
+  EXPECT_EQ(watcher->stats().events.load(), events_before);
+}
+
+TEST(DirectoryWatcherTest, ThrowingScanCallbackDoesNotStopTheWatcher) {
+  WatchedDir dir;
+  ScanProbe probe({dir.path});
+  probe.SetResponder([](size_t index) -> ScanResult {
+    if (index == 0)
+      throw std::runtime_error("scan exploded");
+    if (index == 1)
+      throw 42;  // not even a std::exception
+    return {};
+  });
+  auto watcher = StartOrDie({dir.path}, probe, FastOptions());
+  ASSERT_TRUE(WaitFor([&] { return probe.Count() == 1; }));
+  EXPECT_EQ(watcher->stats().scans.load(), 0u) << "a throwing scan counted as returned";
+
+  watcher->ScanNow();
+  ASSERT_TRUE(WaitFor([&] { return probe.Count() == 2; }));
+  EXPECT_EQ(watcher->stats().scans.load(), 0u);
+
+  WriteFile(dir.path / "acme_npu_backend.so", "x");
+  ASSERT_TRUE(WaitFor([&] { return watcher->stats().scans.load() == 1; }));
+  EXPECT_TRUE(probe.SawFile("acme_npu_backend.so"));
+}
+
+TEST(DirectoryWatcherTest, PeriodicRescanRunsWithoutEvents) {
+  WatchedDir dir;
+  ScanProbe probe({dir.path});
+  DirectoryWatcherOptions options = FastOptions();
+  options.rescan_interval = milliseconds(100);
+  auto watcher = StartOrDie({dir.path}, probe, options);
+
+  ASSERT_TRUE(WaitFor([&] { return watcher->stats().scans.load() >= 3; }));
+  const auto scans = probe.Scans();
+  EXPECT_GE(scans[2].time - scans[1].time, options.rescan_interval - kClockSlack);
+  EXPECT_EQ(watcher->stats().events.load(), 0u);
+}
+
+TEST(DirectoryWatcherTest, DestructorWithEventsPendingIsClean) {
+  WatchedDir dir;
+  ScanProbe probe({dir.path});
+  auto watcher = StartOrDie({dir.path}, probe, FastOptions(std::chrono::seconds(30)));
+  ASSERT_TRUE(WaitFor([&] { return watcher->stats().scans.load() == 1; }));
+
+  for (int i = 0; i < 50; ++i)
+    WriteFile(dir.path / ("file" + std::to_string(i)), "x");
+  ASSERT_TRUE(WaitFor([&] { return watcher->stats().events.load() >= 50; }));
+
+  const auto before = Clock::now();
+  watcher.reset();  // 50 quiet timers pending: each one closed and freed (ASan/valgrind check)
+  EXPECT_LT(Clock::now() - before, std::chrono::seconds(5));
+  EXPECT_EQ(probe.Count(), 1u);
+}
+
+TEST(DirectoryWatcherTest, DestructorWaitsForAScanInProgress) {
+  WatchedDir dir;
+  ScanProbe probe({dir.path});
+  std::atomic<bool> scan_entered{false};
+  std::atomic<bool> scan_finished{false};
+  probe.SetResponder([&](size_t) {
+    scan_entered = true;
+    std::this_thread::sleep_for(milliseconds(200));
+    scan_finished = true;
+    return ScanResult{};
+  });
+  auto watcher = StartOrDie({dir.path}, probe, FastOptions());
+  ASSERT_TRUE(WaitFor([&] { return scan_entered.load(); }));
+  watcher.reset();
+  EXPECT_TRUE(scan_finished.load());
+}
+
+TEST(DirectoryWatcherTest, StartsWithNoDirectoriesAndScansOnRequest) {
+  ScanProbe probe;
+  auto watcher = StartOrDie({}, probe, FastOptions());
+  ASSERT_TRUE(WaitFor([&] { return watcher->stats().scans.load() == 1; }));
+  watcher->ScanNow();
+  ASSERT_TRUE(WaitFor([&] { return watcher->stats().scans.load() == 2; }));
+  EXPECT_EQ(watcher->stats().polled.load(), 0u);
+}
+
+TEST(DirectoryWatcherTest, RejectsInvalidArguments) {
+  auto no_callback = DirectoryWatcher::Start({}, nullptr);
+  ASSERT_FALSE(no_callback.ok());
+  EXPECT_EQ(no_callback.error().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(no_callback.error().message(), "DirectoryWatcher::Start: the scan callback is empty");
+
+  auto zero_poll =
+      DirectoryWatcher::Start({}, [] { return ScanResult{}; }, {.poll_interval = milliseconds(0)});
+  ASSERT_FALSE(zero_poll.ok());
+  EXPECT_EQ(zero_poll.error().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(DirectoryWatcherTest, ReportsAnErrorWhenTheLoopCannotBeCreated) {
+  // A first watcher does libuv's process-wide one-time setup (which aborts rather than fail when
+  // it finds no file descriptor), so that only the loop's own creation meets the limit below.
+  ScanProbe probe;
+  StartOrDie({}, probe, FastOptions()).reset();
+
+  rlimit saved{};
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &saved), 0);
+  rlimit no_files = saved;
+  no_files.rlim_cur = 0;
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &no_files), 0);
+  auto started = DirectoryWatcher::Start({}, [] { return ScanResult{}; });
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &saved), 0);
+
+  ASSERT_FALSE(started.ok());
+  EXPECT_EQ(started.error().code(), StatusCode::kInternal);
+  EXPECT_EQ(started.error().message(),
+            "DirectoryWatcher::Start: cannot create the libuv event loop: too many open files");
+}
+
+}  // namespace
+}  // namespace backplane::watcher
