@@ -254,16 +254,20 @@ Status Runtime::UpdateBackendOptions(std::string_view id, const BackendOptions& 
   return Status::Ok();
 }
 
-std::vector<std::string> Runtime::PreferencesOf(NetworkId id) const {
+std::vector<std::string> Runtime::PreferencesOf(NetworkId id, std::string_view arriving) const {
   auto it = preferences_.find(id);
   std::vector<std::string> preferences =
       it == preferences_.end() || it->second.empty() ? default_preferences_ : it->second;
   if (preferences.empty()) {
-    // Every backend, in registration order (static ones first, then directory order).
+    // Every backend, in registration order (static ones first, then directory order), and the
+    // one about to arrive, which neither the registry nor this runtime offers yet.
     for (const auto& backend_id : registry_->BackendIds()) {
-      if (backends_.contains(backend_id))
+      if (backends_.contains(backend_id) || backend_id == arriving)
         preferences.push_back(backend_id);
     }
+    if (!arriving.empty() &&
+        std::find(preferences.begin(), preferences.end(), arriving) == preferences.end())
+      preferences.emplace_back(arriving);
   }
   return preferences;
 }
@@ -347,16 +351,16 @@ Result<NetworkId> Runtime::LoadNetwork(Network network, NetworkOptions options) 
   }
   ++next_network_id_;
   const std::size_t layers = loaded.value()->placement().size();
-  auto updated = std::make_shared<NetworkMap>(*networks_.load());
+  auto updated = std::make_shared<NetworkMap>(*networks_.Load());
   updated->emplace(id, Reaped(std::move(loaded).value()));
-  networks_.store(std::move(updated));
+  networks_.Publish(std::move(updated));
   Log()->info("loaded network {} ({}) with {} layer(s)", id, name, layers);
   return id;
 }
 
 Status Runtime::UnloadNetwork(NetworkId id) {
   std::lock_guard lock(mutex_);
-  auto current = networks_.load();
+  auto current = networks_.Load();
   if (!current->contains(id))
     return NotFound("no network " + std::to_string(id) + " is loaded");
   for (auto& [backend_id, slot] : backends_) {
@@ -371,7 +375,7 @@ Status Runtime::UnloadNetwork(NetworkId id) {
   }
   auto updated = std::make_shared<NetworkMap>(*current);
   updated->erase(id);
-  networks_.store(std::move(updated));
+  networks_.Publish(std::move(updated));
   preferences_.erase(id);
   for (auto& [backend_id, slot] : backends_) {
     if (slot.context == nullptr)
@@ -408,15 +412,17 @@ loader::LoadResult<CommitChange> Runtime::PrepareChange(const BackendChange& cha
 
   // The networks to move: every one with a layer on this id (kMigrate), prepared now so that
   // the switch is one pointer store.
-  auto networks = networks_.load();
+  auto networks = networks_.Load();
   std::map<NetworkId, std::shared_ptr<const LoadedNetwork>> moved;
-  if (swap_policy_ == SwapPolicy::kMigrate && backends_.contains(id)) {
+  // That includes networks left on a withdrawn generation of it, now that its file is back.
+  if (swap_policy_ == SwapPolicy::kMigrate) {
     const auto validation = swap_validation_.find(id);
     for (const auto& [network_id, network] : *networks) {
       if (!network->Uses(id))
         continue;
-      auto prepared = LoadedNetwork::Create(
-          network->shared_network(), BackendsFor(PreferencesOf(network_id), id, slot->instance));
+      auto prepared =
+          LoadedNetwork::Create(network->shared_network(),
+                                BackendsFor(PreferencesOf(network_id, id), id, slot->instance));
       if (!prepared.ok()) {
         return refuse(LoadReason::kPrepareFailed,
                       "network " + network->network().name +
@@ -444,12 +450,12 @@ loader::LoadResult<CommitChange> Runtime::PrepareChange(const BackendChange& cha
   }
 
   return CommitChange([this, lock, id, slot, moved, generation, previous = change.previous] {
-    std::shared_ptr<const NetworkMap> current = networks_.load();
+    std::shared_ptr<const NetworkMap> current = networks_.Load();
     if (!moved.empty()) {
       auto updated = std::make_shared<NetworkMap>(*current);
       for (const auto& [network_id, network] : moved)
         (*updated)[network_id] = network;
-      networks_.store(updated);
+      networks_.Publish(updated);
       current = std::move(updated);
     }
     // The old slot (context, then instance) goes here, on the registry's thread.
@@ -475,7 +481,7 @@ loader::LoadResult<CommitChange> Runtime::PrepareWithdrawal(
     const BackendChange& change, std::shared_ptr<std::unique_lock<std::mutex>> lock) {
   const std::string& id = change.backend_id;
   std::map<NetworkId, std::shared_ptr<const LoadedNetwork>> moved;
-  auto networks = networks_.load();
+  auto networks = networks_.Load();
   for (const auto& [network_id, network] : *networks) {
     if (!network->Uses(id))
       continue;
@@ -493,19 +499,19 @@ loader::LoadResult<CommitChange> Runtime::PrepareWithdrawal(
   }
   return CommitChange([this, lock, id, moved] {
     if (!moved.empty()) {
-      auto updated = std::make_shared<NetworkMap>(*networks_.load());
+      auto updated = std::make_shared<NetworkMap>(*networks_.Load());
       for (const auto& [network_id, network] : moved) {
         Log()->info("network {} moved off withdrawn backend {}", network->network().name, id);
         (*updated)[network_id] = network;
       }
-      networks_.store(std::move(updated));
+      networks_.Publish(std::move(updated));
     }
     backends_.erase(id);  // no new network uses it; loaded ones keep their leases
   });
 }
 
 Result<std::shared_ptr<const LoadedNetwork>> Runtime::FindNetwork(NetworkId id) const {
-  auto networks = networks_.load();
+  auto networks = networks_.Load();
   auto it = networks->find(id);
   if (it == networks->end())
     return NotFound("no network " + std::to_string(id) + " is loaded");

@@ -1,5 +1,7 @@
 #include "backplane/scheduler/request_scheduler.hpp"
 
+#include <atomic>
+
 #include <cstdio>
 #include <exception>
 #include <memory>
@@ -59,7 +61,15 @@ Result<RequestScheduler::Admission> RequestScheduler::Admit() {
 
 Status RequestScheduler::RunInArena(const std::function<Status()>& work) {
   Status status;
-  arena_.execute([&] { status = work(); });
+  // When the arena has no free slot, TBB runs `work` on one of its threads while this one waits.
+  // TBB's wait does order the two, but libtbb is not instrumented, so ThreadSanitizer reports
+  // every read of the results as a race. The release/acquire pair makes the ordering visible.
+  std::atomic<bool> finished{false};
+  arena_.execute([&] {
+    status = work();
+    finished.store(true, std::memory_order_release);
+  });
+  (void)finished.load(std::memory_order_acquire);
   return status;
 }
 

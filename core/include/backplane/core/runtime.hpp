@@ -18,6 +18,7 @@
 
 #include "backplane/core/backend_registry.hpp"
 #include "backplane/core/network.hpp"
+#include "backplane/core/published.hpp"
 #include "backplane/loader/backend_instance.hpp"
 #include "backplane/scheduler/request_scheduler.hpp"
 
@@ -142,7 +143,9 @@ class Runtime : private BackendSubscriber {
   // With mutex_ held.
   void AttachBackends();
   Result<BackendSlot> CreateSlot(std::shared_ptr<loader::BackendInstance> instance);
-  std::vector<std::string> PreferencesOf(NetworkId id) const;
+  // The network's preference list as given, or the default one; `arriving` is an id being
+  // added that the default list ("every backend") must include.
+  std::vector<std::string> PreferencesOf(NetworkId id, std::string_view arriving = {}) const;
   // The instances for `preferences`, in order; backend `swapped_id` becomes `swapped` (or is
   // left out when `swapped` is null). Ids this runtime lacks are appended to `missing`.
   Instances BackendsFor(const std::vector<std::string>& preferences, std::string_view swapped_id,
@@ -165,7 +168,7 @@ class Runtime : private BackendSubscriber {
   BackendMap backends_;                                                 // guarded by mutex_
   std::map<std::string, BackendOptions, std::less<>> applied_options_;  // guarded by mutex_
   std::map<NetworkId, std::vector<std::string>> preferences_;  // guarded by mutex_; as given
-  std::atomic<std::shared_ptr<const NetworkMap>> networks_{std::make_shared<const NetworkMap>()};
+  Published<NetworkMap> networks_;
   NetworkId next_network_id_ = 1;  // guarded by mutex_
 
   // Destroyed first, waiting for requests in flight while everything they use still lives.
