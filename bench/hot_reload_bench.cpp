@@ -214,7 +214,7 @@ void LatencyDuringSwaps(std::chrono::seconds duration) {
   measure(true);
   registry->loader().WaitForUnloads();
   const auto status = registry->Describe("CpuRef").value();
-  std::printf("CpuRef generations created: %llu active now\n",
+  std::printf("CpuRef active generation after the run: %llu\n",
               static_cast<unsigned long long>(status.active_generation));
 }
 
