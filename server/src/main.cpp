@@ -1,5 +1,4 @@
-// backplane: the command-line front end. `check` now; `run` and `serve` come with the networks and
-// server work.
+// backplane: the command-line front end: `serve`, `check`, `run`.
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
@@ -8,13 +7,41 @@
 
 #include "check_command.hpp"
 #include "run_command.hpp"
+#include "serve_command.hpp"
+#include "server_config.hpp"
 
 int main(int argc, char** argv) {
   CLI::App app{"Backplane: inference backends that can be replaced while they serve"};
   app.require_subcommand(1);
   std::string log_level = "warn";
-  app.add_option("--log-level", log_level, "trace, debug, info, warn, error, off")
-      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "critical", "off"}));
+  const auto log_levels =
+      CLI::IsMember({"trace", "debug", "info", "warn", "error", "critical", "off"});
+  auto* top_log_level =
+      app.add_option("--log-level", log_level, "trace, debug, info, warn, error, off")
+          ->check(log_levels);
+
+  backplane::server::ServeOptions serve;
+  std::string config_keys;
+  for (const auto& line : backplane::server::DescribeConfigKeys())
+    config_keys += "\n  " + line;
+  auto* serve_command = app.add_subcommand(
+      "serve",
+      "Serve the models of a model repository over HTTP (KServe v2), with the backend admin API "
+      "and Prometheus metrics. With no arguments: the example repository on the build's "
+      "backends, on 127.0.0.1:8000.");
+  serve_command->footer("Config file keys (JSON object) and their defaults:" + config_keys +
+                        "\nFlags override the config file; BACKPLANE_ADMIN_TOKEN sets "
+                        "admin_token. See docs/operators.md.");
+  serve_command->add_option("--config", serve.config_file, "JSON config file")
+      ->check(CLI::ExistingFile);
+  serve_command->add_option("--models", serve.models, "model repository directory");
+  serve_command->add_option("--backends", serve.backends,
+                            "backend directory (repeatable; default: the backend paths)");
+  serve_command->add_option("--listen", serve.listen,
+                            "HOST:PORT to listen on (default 127.0.0.1:8000; port 0: any free)");
+  serve_command->add_option("--log-level", serve.log_level, "default: info")->check(log_levels);
+  serve_command->add_option("--admin-token", serve.admin_token,
+                            "bearer token required by mutating admin and repository calls");
 
   backplane::server::CheckOptions check;
   auto* check_command = app.add_subcommand(
@@ -54,6 +81,11 @@ int main(int argc, char** argv) {
   // Expected failures are statuses; this is the last line against the unexpected (e.g. a model
   // whose declared shapes ask for more memory than there is): a message and exit 1, not abort.
   try {
+    if (serve_command->parsed()) {
+      if (top_log_level->count() > 0)
+        serve.inherited_log_level = log_level;
+      return backplane::server::RunServe(serve);
+    }
     if (check_command->parsed())
       return backplane::server::RunCheck(check);
     if (run_command->parsed())

@@ -1,0 +1,108 @@
+// The HTTP front: cpp-httplib with the server's limits (body, headers, JSON depth, timeouts,
+// threads), JSON errors for every failure, bearer-token checks for admin routes, and graceful
+// stop. Handlers see plain request/response values and never touch httplib.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "backplane/core/status.hpp"
+#include "server_config.hpp"
+
+namespace httplib {
+class Server;
+}
+
+namespace backplane::server {
+
+class ServerMetrics;
+
+struct HttpRequest {
+  std::string method;
+  std::string path;
+  std::vector<std::string> params;  // the route pattern's capture groups, in order
+  std::string body;                 // read in full, at most HttpLimits::max_body_bytes
+  std::function<std::string(std::string_view name)> header;  // "" when absent
+};
+
+struct HttpResponse {
+  int status = 200;
+  std::string body;
+  std::string content_type = "application/json";
+  std::vector<std::pair<std::string, std::string>> headers;
+
+  static HttpResponse Json(const nlohmann::json& body, int status = 200);
+  // {"error": message} with `status`.
+  static HttpResponse Error(int status, std::string_view message);
+  // The HTTP status for a failed Status (see HttpStatusFor) with its message.
+  static HttpResponse FromStatus(const Status& status);
+};
+
+// kInvalidArgument and kUnimplemented → 400, kNotFound → 404, kAlreadyExists and
+// kFailedPrecondition → 409, kResourceExhausted and kUnavailable → 503, kDeadlineExceeded → 504,
+// anything else → 500.
+int HttpStatusFor(StatusCode code);
+
+// Parses a request body as JSON, refusing nesting deeper than `max_depth` before parsing (a body
+// of a million '[' would otherwise cost a million parser frames). kInvalidArgument naming the
+// problem and where.
+Result<nlohmann::json> ParseJsonBody(std::string_view body, int max_depth);
+
+struct HttpLimits {
+  int threads = 32;
+  std::size_t max_body_bytes = 16u << 20;
+  std::size_t max_header_bytes = 16u << 10;
+  int max_json_depth = 32;
+  std::chrono::milliseconds read_timeout{5000};
+  std::chrono::milliseconds write_timeout{5000};
+  std::chrono::seconds keep_alive_timeout{5};
+  int keep_alive_max_requests = 1000;
+};
+HttpLimits HttpLimitsFrom(const ServeConfig& config);
+
+// Routes are registered before Start and never after. Start, Stop and the destructor are called
+// from one thread; handlers run concurrently on the server's threads and must be thread-safe.
+class HttpServer {
+ public:
+  // Admin routes require `Authorization: Bearer <token>` when a token is set.
+  enum class Access { kPublic, kAdmin };
+  using Handler = std::function<HttpResponse(const HttpRequest&)>;
+
+  HttpServer(HttpLimits limits, std::string admin_token, ServerMetrics& metrics);
+  ~HttpServer();  // Stop()
+  HttpServer(const HttpServer&) = delete;
+  HttpServer& operator=(const HttpServer&) = delete;
+
+  // `pattern` is a std::regex over the decoded path; its groups become HttpRequest::params.
+  void Get(const std::string& pattern, Handler handler);
+  void Post(const std::string& pattern, Access access, Handler handler);
+  void Put(const std::string& pattern, Access access, Handler handler);
+
+  // Binds and listens (port 0 picks a free one), then serves on a thread of its own. Returns the
+  // address actually bound. kUnavailable when the address cannot be bound.
+  Result<ListenAddress> Start(const ListenAddress& address);
+  // Stops accepting, lets every request being handled finish and be answered, joins the
+  // threads. Connections accepted but not yet picked up by a thread are closed unanswered
+  // (cpp-httplib's stop); size `threads` above the expected concurrency.
+  void Stop();
+
+ private:
+  HttpResponse Dispatch(const Handler& handler, Access access, const HttpRequest& request) const;
+
+  const HttpLimits limits_;
+  const std::string admin_token_;
+  ServerMetrics& metrics_;
+  std::unique_ptr<httplib::Server> server_;
+  std::thread listener_;
+};
+
+}  // namespace backplane::server

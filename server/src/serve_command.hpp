@@ -1,0 +1,27 @@
+// `backplane serve`: the inference server. KServe v2 REST over a Triton-layout model
+// repository, the backend admin API, Prometheus metrics, hot reload of backend files.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace backplane::server {
+
+// The command line; every flag overrides the config file's key of the same meaning.
+struct ServeOptions {
+  std::string config_file;                         // --config
+  std::optional<std::string> models;               // --models
+  std::vector<std::string> backends;               // --backends (repeatable)
+  std::optional<std::string> listen;               // --listen
+  std::optional<std::string> log_level;            // --log-level (after `serve`)
+  std::optional<std::string> admin_token;          // --admin-token
+  std::optional<std::string> inherited_log_level;  // `backplane --log-level L serve`
+};
+
+// Runs until SIGINT or SIGTERM, then shuts down gracefully: stops accepting, answers every
+// request in flight, unloads every model and backend (through the reaper), and returns 0.
+// Returns 1 when it cannot start (bad config, address in use, no backend at all).
+int RunServe(const ServeOptions& options);
+
+}  // namespace backplane::server

@@ -1,0 +1,218 @@
+// The pure parts of `backplane serve` on their own: config files, listen addresses, KServe JSON
+// tensors of every datatype (the example models take FP32 only), JSON depth, metrics text.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "http_server.hpp"
+#include "inference_api.hpp"
+#include "metrics.hpp"
+#include "server_config.hpp"
+#include "test_util.hpp"
+
+namespace backplane::server {
+namespace {
+
+using nlohmann::json;
+using ::testing::HasSubstr;
+
+TEST(ServeConfigTest, AnUnknownKeyIsNamedWithTheKnownOnes) {
+  testing::TempDir dir;
+  testing::WriteFile(dir / "serve.json", R"({"listen": "127.0.0.1:9000", "max_inflight": 3})");
+  ServeConfig config = DefaultServeConfig();
+  Status status = ApplyConfigFile(dir / "serve.json", config);
+  EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr("unknown key 'max_inflight' (known: models, backends,"));
+  // All or nothing: the valid key before it was not applied either.
+  EXPECT_EQ(config.listen, "127.0.0.1:8000");
+}
+
+TEST(ServeConfigTest, ValuesAreTypedAndRangeChecked) {
+  testing::TempDir dir;
+  const auto apply = [&](const std::string& text) {
+    testing::WriteFile(dir / "serve.json", text);
+    ServeConfig config = DefaultServeConfig();
+    return ApplyConfigFile(dir / "serve.json", config).message();
+  };
+  EXPECT_THAT(apply(R"({"http_threads": 0})"),
+              HasSubstr("'http_threads' must be between 1 and 4096, got 0"));
+  EXPECT_THAT(apply(R"({"watch_backends": "yes"})"),
+              HasSubstr("'watch_backends' must be true or false"));
+  EXPECT_THAT(apply(R"({"swap_policy": "hot"})"),
+              HasSubstr("'swap_policy' must be \"migrate\" or \"pin\""));
+  EXPECT_THAT(apply(R"({"listen": "8000"})"), HasSubstr("listen address '8000' has no port"));
+  EXPECT_THAT(apply(R"({"backends": "/opt"})"), HasSubstr("must be an array of strings"));
+  EXPECT_THAT(apply("[]"), HasSubstr("must hold a JSON object"));
+  EXPECT_THAT(apply("{"), HasSubstr("is not valid JSON"));
+}
+
+TEST(ServeConfigTest, RelativePathsAreRelativeToTheFileAndEveryKeyApplies) {
+  testing::TempDir dir;
+  testing::WriteFile(dir / "serve.json", R"({
+    // comments are allowed
+    "models": "repo", "backends": ["be", "/abs"], "backend_preferences": ["CpuRef"],
+    "listen": "[::1]:0", "log_level": "debug", "admin_token": "t", "http_threads": 4,
+    "max_body_bytes": 2048, "max_json_depth": 5, "max_header_bytes": 2048,
+    "read_timeout_ms": 100, "write_timeout_ms": 200, "keep_alive_timeout_s": 3,
+    "keep_alive_max_requests": 10, "inference_threads": 2, "max_in_flight": 7,
+    "swap_policy": "pin", "watch_backends": false, "watch_debounce_ms": 10,
+    "rescan_interval_ms": 0})");
+  ServeConfig config = DefaultServeConfig();
+  ASSERT_TRUE(ApplyConfigFile(dir / "serve.json", config).ok());
+  EXPECT_EQ(config.models, dir.path() / "repo");
+  ASSERT_TRUE(config.backends.has_value());
+  EXPECT_EQ(*config.backends, (std::vector<std::filesystem::path>{dir.path() / "be", "/abs"}));
+  EXPECT_EQ(config.listen, "[::1]:0");
+  EXPECT_EQ(config.max_body_bytes, 2048u);
+  EXPECT_EQ(config.read_timeout, std::chrono::milliseconds(100));
+  EXPECT_EQ(config.keep_alive_timeout, std::chrono::seconds(3));
+  EXPECT_EQ(config.swap_policy, "pin");
+  EXPECT_FALSE(config.watch_backends);
+  EXPECT_EQ(config.rescan_interval, std::chrono::milliseconds(0));
+  // Every key of the table is documented with its default.
+  EXPECT_EQ(DescribeConfigKeys().size(), 20u);
+}
+
+TEST(ServeConfigTest, ListenAddresses) {
+  auto ipv4 = ParseListenAddress("127.0.0.1:8000");
+  ASSERT_TRUE(ipv4.ok());
+  EXPECT_EQ(ipv4->host, "127.0.0.1");
+  EXPECT_EQ(ipv4->port, 8000);
+  auto ipv6 = ParseListenAddress("[::1]:0");
+  ASSERT_TRUE(ipv6.ok());
+  EXPECT_EQ(ipv6->host, "::1");
+  EXPECT_EQ(ipv6->ToString(), "[::1]:0");
+  EXPECT_FALSE(ParseListenAddress("localhost:65536").ok());
+  EXPECT_FALSE(ParseListenAddress(":80").ok());
+  EXPECT_FALSE(ParseListenAddress("::1:80").ok());
+  EXPECT_FALSE(ParseListenAddress("host:8o").ok());
+  EXPECT_TRUE(IsLoopbackHost("127.0.0.1"));
+  EXPECT_TRUE(IsLoopbackHost("::1"));
+  EXPECT_FALSE(IsLoopbackHost("0.0.0.0"));
+}
+
+// A network with one input of each datatype (the request side only looks at inputs/outputs).
+Network EveryDatatype() {
+  Network network;
+  network.name = "every";
+  for (auto [name, type] :
+       std::vector<std::pair<std::string, DataType>>{{"f32", DataType::kFloat32},
+                                                     {"f64", DataType::kFloat64},
+                                                     {"i64", DataType::kInt64},
+                                                     {"i32", DataType::kInt32},
+                                                     {"i8", DataType::kInt8},
+                                                     {"u8", DataType::kUint8},
+                                                     {"b", DataType::kBool}}) {
+    network.inputs.push_back({name, {type, {2}}});
+  }
+  network.outputs.push_back({"out", {DataType::kFloat32, {-1}}});
+  return network;
+}
+
+json Request(const std::string& name, const std::string& datatype, const json& data) {
+  json inputs = json::array();
+  for (const auto& [input, type] :
+       std::vector<std::pair<std::string, std::string>>{{"f32", "FP32"},
+                                                        {"f64", "FP64"},
+                                                        {"i64", "INT64"},
+                                                        {"i32", "INT32"},
+                                                        {"i8", "INT8"},
+                                                        {"u8", "UINT8"},
+                                                        {"b", "BOOL"}}) {
+    json values = type == "BOOL" ? json::array({true, false}) : json::array({1, 2});
+    if (input == name) {
+      values = data;
+      EXPECT_EQ(type, datatype);
+    }
+    inputs.push_back({{"name", input}, {"shape", {2}}, {"datatype", type}, {"data", values}});
+  }
+  return {{"inputs", inputs}};
+}
+
+TEST(InferenceApiTest, ConvertsEveryDatatype) {
+  const Network network = EveryDatatype();
+  auto parsed = ParseInferenceRequest(
+      Request("i64", "INT64", {int64_t{-9007199254740993}, uint64_t{9223372036854775807u}}),
+      network);
+  ASSERT_TRUE(parsed.ok()) << parsed.error().ToString();
+  ASSERT_EQ(parsed->inputs.size(), 7u);
+  EXPECT_EQ(parsed->inputs[0].Elements<float>()[1], 2.0f);
+  EXPECT_EQ(parsed->inputs[1].Elements<double>()[0], 1.0);
+  EXPECT_EQ(parsed->inputs[2].Elements<int64_t>()[0], -9007199254740993);
+  EXPECT_EQ(parsed->inputs[2].Elements<int64_t>()[1], std::numeric_limits<int64_t>::max());
+  EXPECT_EQ(parsed->inputs[5].Elements<uint8_t>()[1], 2);
+  EXPECT_EQ(parsed->inputs[6].Elements<uint8_t>()[0], 1);
+  EXPECT_EQ(parsed->inputs[6].Elements<uint8_t>()[1], 0);
+  EXPECT_EQ(parsed->outputs, std::vector<std::size_t>{0});
+}
+
+TEST(InferenceApiTest, RefusesValuesOutsideTheDatatype) {
+  const Network network = EveryDatatype();
+  const auto error = [&](const std::string& name, const std::string& type, const json& data) {
+    auto parsed = ParseInferenceRequest(Request(name, type, data), network);
+    return parsed.ok() ? std::string("ok") : parsed.error().message();
+  };
+  EXPECT_THAT(error("u8", "UINT8", {1, 256}), HasSubstr("input 'u8' element 1 is 256, out of range "
+                                                        "for UINT8"));
+  EXPECT_THAT(error("u8", "UINT8", {-1, 0}), HasSubstr("is -1, out of range for UINT8"));
+  EXPECT_THAT(error("i8", "INT8", {-129, 0}), HasSubstr("out of range for INT8"));
+  EXPECT_THAT(error("i32", "INT32", {1.5, 0}), HasSubstr("is 1.5, expected an integer for INT32"));
+  EXPECT_THAT(error("i64", "INT64", {uint64_t{18446744073709551615u}, 0}),
+              HasSubstr("out of range for INT64"));
+  EXPECT_THAT(error("b", "BOOL", {1, 0}), HasSubstr("is 1, expected true or false for BOOL"));
+  EXPECT_THAT(error("f32", "FP32", {nullptr, 0}), HasSubstr("is null, expected a number"));
+  EXPECT_THAT(error("f64", "FP64", {true, 0}), HasSubstr("is true, expected a number for FP64"));
+  EXPECT_EQ(error("f64", "FP64", {1e300, 0}), "ok");
+}
+
+TEST(InferenceApiTest, RendersShortestFloatsAndNullForNonFinite) {
+  Network network;
+  network.outputs.push_back({"y", {DataType::kFloat32, {3}}});
+  Tensor output(TensorInfo{DataType::kFloat32, {3}});
+  output.Elements<float>()[0] = 0.1f;
+  output.Elements<float>()[1] = std::numeric_limits<float>::quiet_NaN();
+  output.Elements<float>()[2] = -2702.9026f;
+  InferenceRequest request;
+  request.id = "a\"b";
+  request.outputs = {0};
+  const std::vector<Tensor> outputs = {std::move(output)};
+  const std::string text = RenderInferenceResponse("m", 3, request, network, outputs);
+  EXPECT_EQ(text, R"({"model_name":"m","model_version":"3","id":"a\"b","outputs":[{"name":"y",)"
+                  R"("datatype":"FP32","shape":[3],"data":[0.1,null,-2702.9026]}]})");
+  EXPECT_FALSE(json::parse(text, nullptr, false).is_discarded());
+}
+
+TEST(JsonBodyTest, DepthIsCountedOutsideStringsOnly) {
+  EXPECT_TRUE(ParseJsonBody(R"({"a": "[[[[[[[[[[[["})", 2).ok());
+  EXPECT_TRUE(ParseJsonBody(R"({"a": "\"[[[[[[["})", 2).ok());
+  const auto deep = ParseJsonBody(R"({"a": [[1]]})", 2);
+  ASSERT_FALSE(deep.ok());
+  EXPECT_THAT(deep.error().message(), HasSubstr("nested deeper than 2 levels at byte 7"));
+  const auto malformed = ParseJsonBody("{\"a\": tru}", 8);
+  ASSERT_FALSE(malformed.ok());
+  EXPECT_THAT(malformed.error().message(), HasSubstr("malformed JSON: parse error at line 1"));
+}
+
+TEST(MetricsTest, EscapesLabelValuesAndAccumulatesBuckets) {
+  EXPECT_EQ(EscapeLabelValue("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+  constexpr double kBounds[] = {0.1, 1};
+  Histogram histogram(kBounds);
+  histogram.Observe(0.05);
+  histogram.Observe(0.1);  // a bound belongs to its own bucket (le = less or equal)
+  histogram.Observe(0.5);
+  histogram.Observe(7);
+  const auto snapshot = histogram.Read();
+  EXPECT_EQ(snapshot.cumulative_counts, (std::vector<uint64_t>{2, 3, 4}));
+  EXPECT_EQ(snapshot.count, 4u);
+  EXPECT_DOUBLE_EQ(snapshot.sum, 7.65);
+
+  ServerMetrics metrics;
+  metrics.ForModel("we\"ird").requests = 2;
+  const std::string text = metrics.Render(nullptr, nullptr);
+  EXPECT_THAT(text, HasSubstr("backplane_inference_requests_total{model=\"we\\\"ird\"} 2\n"));
+}
+
+}  // namespace
+}  // namespace backplane::server
