@@ -71,7 +71,7 @@ Result<std::shared_ptr<BackendRegistry>> BackendRegistry::Create(BackendRegistry
   std::shared_ptr<BackendRegistry> registry(
       new BackendRegistry(std::move(shared_loader), std::move(directories)));
   // The reaper tells when a drained generation has left the process (or leaked).
-  registry->unload_listener_ = registry->loader_->stats().AddUnloadListener(
+  registry->unload_listener_ = registry->loader_->stats().unload_listeners.Add(
       [weak = std::weak_ptr<BackendRegistry>(registry)](const loader::GenerationInfo& generation,
                                                         bool leaked) {
         if (auto strong = weak.lock())
@@ -232,7 +232,7 @@ BackendRegistry::BackendRegistry(std::shared_ptr<loader::Loader> loader,
     : loader_(std::move(loader)), directories_(std::move(directories)) {}
 
 BackendRegistry::~BackendRegistry() {
-  loader_->stats().RemoveUnloadListener(unload_listener_);
+  loader_->stats().unload_listeners.Remove(unload_listener_);
   std::lock_guard lock(mutex_);
   for (const auto& lineage : lineages_) {
     if (!lineage->rollback_file.empty())
@@ -688,30 +688,15 @@ void BackendRegistry::Reject(loader::RejectedFile rejected) {
 }
 
 void BackendRegistry::Notify(const GenerationEvent& event) const {
-  std::vector<GenerationObserver> observers;
-  {
-    std::lock_guard lock(observers_mutex_);
-    for (const auto& [id, observer] : observers_)
-      observers.push_back(observer);
-  }
-  for (const auto& observer : observers) {
-    try {
-      observer(event);
-    } catch (const std::exception& e) {
-      Log()->error("generation observer threw: {}", e.what());
-    }
-  }
+  observers_.Notify(event);
 }
 
 uint64_t BackendRegistry::AddObserver(GenerationObserver observer) {
-  std::lock_guard lock(observers_mutex_);
-  observers_.emplace(next_observer_id_, std::move(observer));
-  return next_observer_id_++;
+  return observers_.Add(std::move(observer));
 }
 
 void BackendRegistry::RemoveObserver(uint64_t observer_id) {
-  std::lock_guard lock(observers_mutex_);
-  observers_.erase(observer_id);
+  observers_.Remove(observer_id);
 }
 
 Subscription BackendRegistry::Subscribe(BackendSubscriber& subscriber,

@@ -54,34 +54,7 @@ Generation::~Generation() {
   }
   unlink(info_.shadow_path.c_str());  // a leaked mapping stays valid without its file
   stats_->live.fetch_sub(1, std::memory_order_relaxed);
-  stats_->NotifyUnloaded(info_, leaked);
-}
-
-uint64_t LoaderStats::AddUnloadListener(UnloadListener listener) {
-  std::lock_guard lock(mutex_);
-  listeners_.emplace(next_listener_id_, std::move(listener));
-  return next_listener_id_++;
-}
-
-void LoaderStats::RemoveUnloadListener(uint64_t listener_id) {
-  std::lock_guard lock(mutex_);
-  listeners_.erase(listener_id);
-}
-
-void LoaderStats::NotifyUnloaded(const GenerationInfo& generation, bool leaked) const {
-  std::vector<UnloadListener> listeners;
-  {
-    std::lock_guard lock(mutex_);
-    for (const auto& [id, listener] : listeners_)
-      listeners.push_back(listener);
-  }
-  for (const auto& listener : listeners) {
-    try {
-      listener(generation, leaked);
-    } catch (const std::exception& e) {
-      Log()->error("unload listener threw: {}", e.what());
-    }
-  }
+  stats_->unload_listeners.Notify(info_, leaked);
 }
 
 }  // namespace backplane::loader

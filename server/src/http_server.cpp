@@ -343,23 +343,17 @@ void HttpServer::Get(const std::string& pattern, Handler handler) {
 }
 
 void HttpServer::Post(const std::string& pattern, Access access, Handler handler) {
-  server_->Post(pattern, [this, access, handler = std::move(handler)](
-                             const httplib::Request& raw, httplib::Response& res,
-                             const httplib::ContentReader& reader) {
-    InFlight in_flight(metrics_.http_in_flight);
-    HttpRequest request = MakeRequest(raw);
-    auto body = ReadBody(raw, reader, limits_.max_body_bytes);
-    if (!body.ok())
-      return WriteResponse(body.error(), res);
-    request.body = std::move(body).value();
-    WriteResponse(Dispatch(handler, access, request), res);
-  });
+  server_->Post(pattern, WithBody(access, std::move(handler)));
 }
 
 void HttpServer::Put(const std::string& pattern, Access access, Handler handler) {
-  server_->Put(pattern, [this, access, handler = std::move(handler)](
-                            const httplib::Request& raw, httplib::Response& res,
-                            const httplib::ContentReader& reader) {
+  server_->Put(pattern, WithBody(access, std::move(handler)));
+}
+
+HttpServer::BodyHandler HttpServer::WithBody(Access access, Handler handler) {
+  return [this, access, handler = std::move(handler)](const httplib::Request& raw,
+                                                      httplib::Response& res,
+                                                      const httplib::ContentReader& reader) {
     InFlight in_flight(metrics_.http_in_flight);
     HttpRequest request = MakeRequest(raw);
     auto body = ReadBody(raw, reader, limits_.max_body_bytes);
@@ -367,7 +361,7 @@ void HttpServer::Put(const std::string& pattern, Access access, Handler handler)
       return WriteResponse(body.error(), res);
     request.body = std::move(body).value();
     WriteResponse(Dispatch(handler, access, request), res);
-  });
+  };
 }
 
 Result<ListenAddress> HttpServer::Start(const ListenAddress& address) {

@@ -20,7 +20,10 @@
 
 namespace httplib {
 class Server;
-}
+struct Request;
+struct Response;
+class ContentReader;
+}  // namespace httplib
 
 namespace backplane::server {
 
@@ -97,6 +100,10 @@ class HttpServer {
 
  private:
   HttpResponse Dispatch(const Handler& handler, Access access, const HttpRequest& request) const;
+  // The handler of a request with a body (POST, PUT): the body read within the limit first.
+  using BodyHandler = std::function<void(const httplib::Request&, httplib::Response&,
+                                         const httplib::ContentReader&)>;
+  BodyHandler WithBody(Access access, Handler handler);
 
   const HttpLimits limits_;
   const std::string admin_token_;

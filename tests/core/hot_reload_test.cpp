@@ -20,32 +20,8 @@ namespace fs = std::filesystem;
 using Action = DeployOutcome::Action;
 using testing::Fixture;
 using ::testing::HasSubstr;
+using testing::kNextOffset;
 using testing::TempDir;
-
-constexpr float kNextOffset = 1000.0f;  // ValidNext adds this in each layer; Valid adds nothing
-
-// x -> Identity -> h -> Identity -> y. Two layers on the same backend, so a request that mixed
-// generations would be off by exactly one offset.
-Network TwoLayerNetwork() {
-  const TensorInfo info{DataType::kFloat32, {4}};
-  Network network{.name = "two_layers"};
-  network.inputs = {{"x", info}};
-  network.outputs = {{"y", info}};
-  network.nodes = {{.name = "first", .op_type = "Identity", .inputs = {"x"}, .outputs = {"h"}},
-                   {.name = "second", .op_type = "Identity", .inputs = {"h"}, .outputs = {"y"}}};
-  network.values = {{"x", info}, {"h", info}, {"y", info}};
-  return network;
-}
-
-// The offset every element of the output carries over the input, or NaN when elements differ.
-float OutputOffset(const Result<std::vector<Tensor>>& outputs, float input) {
-  const auto values = outputs.value().at(0).Elements<float>();
-  for (float value : values) {
-    if (value != values[0])
-      return NAN;
-  }
-  return values[0] - input;
-}
 
 int GenerationsOnDisk(const fs::path& shadows, std::string_view file_name) {
   int count = 0;
@@ -88,13 +64,7 @@ class HotReloadTest : public ::testing::Test {
   }
 
   float Offset(Runtime& runtime, NetworkId network) {
-    const std::vector<float> input{1, 2, 3, 4};
-    // Same input value everywhere, so that an offset is one number.
-    const std::vector<float> same(4, 5.0f);
-    const ConstTensorView view{{DataType::kFloat32, {4}}, same.data()};
-    auto outputs = runtime.Execute(network, std::span(&view, 1));
-    EXPECT_TRUE(outputs.ok()) << outputs.error().ToString();
-    return outputs.ok() ? OutputOffset(outputs, 5.0f) : NAN;
+    return testing::ExecuteOffset(runtime, network);
   }
 
   uint64_t ActiveGeneration(std::string_view id = "TestValid") {
@@ -132,7 +102,7 @@ TEST_F(HotReloadTest, UnchangedDirectoryChangesNothing) {
 
 TEST_F(HotReloadTest, NewFileBecomesActiveAndNetworksMigrate) {
   auto runtime = MakeRuntime();
-  auto network = runtime->LoadNetwork(TwoLayerNetwork());
+  auto network = runtime->LoadNetwork(testing::TwoLayerIdentityNetwork());
   ASSERT_TRUE(network.ok()) << network.error().ToString();
   EXPECT_EQ(Offset(*runtime, network.value()), 0.0f);
   const uint64_t old_generation = ActiveGeneration();
@@ -169,11 +139,11 @@ TEST_F(HotReloadTest, NewFileBecomesActiveAndNetworksMigrate) {
 
 TEST_F(HotReloadTest, PinPolicyKeepsLoadedNetworksOnTheirGeneration) {
   auto runtime = MakeRuntime({.swap_policy = SwapPolicy::kPin});
-  auto before = runtime->LoadNetwork(TwoLayerNetwork());
+  auto before = runtime->LoadNetwork(testing::TwoLayerIdentityNetwork());
   ASSERT_TRUE(before.ok());
   Publish("ValidNext");
   ASSERT_EQ(registry_->Rescan().outcomes.at(0).action, Action::kActivated);
-  auto after = runtime->LoadNetwork(TwoLayerNetwork());
+  auto after = runtime->LoadNetwork(testing::TwoLayerIdentityNetwork());
   ASSERT_TRUE(after.ok());
   EXPECT_EQ(Offset(*runtime, before.value()), 0.0f) << "loaded before the swap: stays";
   EXPECT_EQ(Offset(*runtime, after.value()), 2 * kNextOffset) << "loaded after: new generation";
@@ -207,7 +177,7 @@ class RejectedDeployTest : public HotReloadTest,
 
 TEST_P(RejectedDeployTest, OldGenerationKeepsServing) {
   auto runtime = MakeRuntime({.swap_validation = {{"TestValid", {.tolerance = 0.5}}}});
-  auto network = runtime->LoadNetwork(TwoLayerNetwork());
+  auto network = runtime->LoadNetwork(testing::TwoLayerIdentityNetwork());
   ASSERT_TRUE(network.ok());
   const uint64_t serving = ActiveGeneration();
 
@@ -261,7 +231,7 @@ INSTANTIATE_TEST_SUITE_P(
 
 TEST_F(HotReloadTest, RollbackReturnsToThePreviousVersionAndBack) {
   auto runtime = MakeRuntime();
-  auto network = runtime->LoadNetwork(TwoLayerNetwork());
+  auto network = runtime->LoadNetwork(testing::TwoLayerIdentityNetwork());
   ASSERT_TRUE(network.ok());
   auto none = registry_->Rollback("TestValid");
   ASSERT_FALSE(none.ok());
@@ -288,7 +258,7 @@ TEST_F(HotReloadTest, RollbackReturnsToThePreviousVersionAndBack) {
 
 TEST_F(HotReloadTest, PinnedIdIgnoresNewFilesUntilUnpinned) {
   auto runtime = MakeRuntime();
-  auto network = runtime->LoadNetwork(TwoLayerNetwork());
+  auto network = runtime->LoadNetwork(testing::TwoLayerIdentityNetwork());
   ASSERT_TRUE(network.ok());
   const uint64_t pinned = ActiveGeneration();
   ASSERT_TRUE(registry_->Pin("TestValid").ok());
@@ -327,9 +297,10 @@ TEST_F(HotReloadTest, DeletedFileMovesNetworksToTheNextPreference) {
   Publish("Other", "Test_Other_backend.so");
   ASSERT_EQ(registry_->Rescan().outcomes.at(0).action, Action::kActivated);
   auto runtime = MakeRuntime();
-  auto network =
-      runtime->LoadNetwork(TwoLayerNetwork(), {.backend_preferences = {"TestValid", "TestOther"}});
-  auto only_valid = runtime->LoadNetwork(TwoLayerNetwork(), {.backend_preferences = {"TestValid"}});
+  auto network = runtime->LoadNetwork(testing::TwoLayerIdentityNetwork(),
+                                      {.backend_preferences = {"TestValid", "TestOther"}});
+  auto only_valid = runtime->LoadNetwork(testing::TwoLayerIdentityNetwork(),
+                                         {.backend_preferences = {"TestValid"}});
   ASSERT_TRUE(network.ok() && only_valid.ok());
   EXPECT_EQ(runtime->GetPlacement(network.value()).value()[0].backend_id, "TestValid");
 
@@ -345,14 +316,16 @@ TEST_F(HotReloadTest, DeletedFileMovesNetworksToTheNextPreference) {
   EXPECT_EQ(runtime->Backend("TestValid"), nullptr) << "offered to no new load";
   EXPECT_FALSE(registry_->Find("TestValid").has_value());
   EXPECT_TRUE(registry_->Describe("TestValid")->withdrawn);
-  auto refused = runtime->LoadNetwork(TwoLayerNetwork(), {.backend_preferences = {"TestValid"}});
+  auto refused = runtime->LoadNetwork(testing::TwoLayerIdentityNetwork(),
+                                      {.backend_preferences = {"TestValid"}});
   EXPECT_EQ(refused.error().code(), StatusCode::kNotFound);
 
   Publish("ValidNext");  // the file comes back: what stayed on the withdrawn code moves to it
   ASSERT_EQ(registry_->Rescan().outcomes.at(0).action, Action::kActivated);
   EXPECT_EQ(Offset(*runtime, only_valid.value()), 2 * kNextOffset);
   ASSERT_NE(runtime->Backend("TestValid"), nullptr);
-  auto again = runtime->LoadNetwork(TwoLayerNetwork(), {.backend_preferences = {"TestValid"}});
+  auto again = runtime->LoadNetwork(testing::TwoLayerIdentityNetwork(),
+                                    {.backend_preferences = {"TestValid"}});
   ASSERT_TRUE(again.ok());
   EXPECT_EQ(Offset(*runtime, again.value()), 2 * kNextOffset);
 }
@@ -381,31 +354,26 @@ TEST_F(HotReloadTest, NewBackendFileAddsAnIdToRunningRuntimes) {
   ASSERT_EQ(rescan.outcomes.size(), 1u);
   EXPECT_EQ(rescan.outcomes[0].action, Action::kActivated);
   ASSERT_NE(runtime->Backend("TestOther"), nullptr);
-  auto network = runtime->LoadNetwork(TwoLayerNetwork(), {.backend_preferences = {"TestOther"}});
+  auto network = runtime->LoadNetwork(testing::TwoLayerIdentityNetwork(),
+                                      {.backend_preferences = {"TestOther"}});
   ASSERT_TRUE(network.ok());
 }
 
 TEST_F(HotReloadTest, SwapsUnderLoadNeverFailOrMixGenerations) {
   auto runtime = MakeRuntime();
-  auto network = runtime->LoadNetwork(TwoLayerNetwork());
+  auto network = runtime->LoadNetwork(testing::TwoLayerIdentityNetwork());
   ASSERT_TRUE(network.ok());
   std::atomic<bool> stop{false};
   std::atomic<int64_t> served{0}, failed{0}, mixed{0};
   std::vector<std::thread> clients;
   for (int i = 0; i < 3; ++i) {
     clients.emplace_back([&] {
-      const std::vector<float> input(4, 5.0f);
-      const ConstTensorView view{{DataType::kFloat32, {4}}, input.data()};
       while (!stop.load()) {
-        auto outputs = runtime->Execute(network.value(), std::span(&view, 1));
-        if (!outputs.ok()) {
-          // The runtime's limit on requests in flight is not what is tested here.
-          if (outputs.error().code() != StatusCode::kResourceExhausted)
-            ++failed;
-          continue;
-        }
-        const float offset = OutputOffset(outputs, 5.0f);
-        if (offset != 0.0f && offset != 2 * kNextOffset)
+        // NaN: the request failed or its elements disagree (layers on different generations).
+        const float offset = testing::ExecuteOffset(*runtime, network.value());
+        if (std::isnan(offset))
+          ++failed;
+        else if (offset != 0.0f && offset != 2 * kNextOffset)
           ++mixed;
         ++served;
       }
@@ -435,8 +403,8 @@ TEST_F(HotReloadTest, SwapsUnderLoadNeverFailOrMixGenerations) {
   while (std::getline(maps, line)) {
     // Code mappings only: sanitizer symbolizers map library files to read debug info.
     const auto perms = line.find(' ');
-    const bool executable = perms != std::string::npos && line.size() > perms + 3 &&
-                            line[perms + 3] == 'x';
+    const bool executable =
+        perms != std::string::npos && line.size() > perms + 3 && line[perms + 3] == 'x';
     if (executable && line.find("-Test_Valid_backend.so") != std::string::npos &&
         line.find("/" + std::to_string(active) + "-Test_Valid_backend.so") == std::string::npos)
       ++mapped_other;

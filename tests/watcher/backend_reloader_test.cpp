@@ -20,23 +20,12 @@ namespace {
 
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
-using ::testing::HasSubstr;
 using backplane::testing::Fixture;
+using backplane::testing::kNextOffset;
 using backplane::testing::TempDir;
+using ::testing::HasSubstr;
 
-constexpr float kNextOffset = 1000.0f;  // ValidNext adds it per layer; Valid adds nothing
 constexpr auto kDeadline = 20s;
-
-Network TwoLayerNetwork() {
-  const TensorInfo info{DataType::kFloat32, {4}};
-  Network network{.name = "two_layers"};
-  network.inputs = {{"x", info}};
-  network.outputs = {{"y", info}};
-  network.nodes = {{.name = "first", .op_type = "Identity", .inputs = {"x"}, .outputs = {"h"}},
-                   {.name = "second", .op_type = "Identity", .inputs = {"h"}, .outputs = {"y"}}};
-  network.values = {{"x", info}, {"h", info}, {"y", info}};
-  return network;
-}
 
 template <typename Predicate>
 bool WaitFor(Predicate done, std::chrono::steady_clock::duration deadline = kDeadline) {
@@ -72,7 +61,7 @@ class BackendReloaderTest : public ::testing::Test {
         ++withdrawn_;
     });
     runtime_ = Runtime::Create({.registry = registry_}).value();
-    network_ = runtime_->LoadNetwork(TwoLayerNetwork()).value();
+    network_ = runtime_->LoadNetwork(testing::TwoLayerIdentityNetwork()).value();
     auto reloader = BackendReloader::Start(
         registry_, {.debounce = 50ms, .rescan_interval = 0ms, .poll_interval = 100ms});
     ASSERT_TRUE(reloader.ok()) << reloader.error().ToString();
@@ -95,20 +84,7 @@ class BackendReloaderTest : public ::testing::Test {
 
   fs::path File() const { return backends_ / "Test_Valid_backend.so"; }
 
-  // The offset of the network's output, NaN when the request failed or mixed generations.
-  float Offset() {
-    const std::vector<float> input(4, 5.0f);
-    const ConstTensorView view{{DataType::kFloat32, {4}}, input.data()};
-    auto outputs = runtime_->Execute(network_, std::span(&view, 1));
-    if (!outputs.ok())
-      return NAN;
-    const auto values = outputs.value()[0].Elements<float>();
-    for (float value : values) {
-      if (value != values[0])
-        return NAN;
-    }
-    return values[0] - 5.0f;
-  }
+  float Offset() { return testing::ExecuteOffset(*runtime_, network_); }
 
   // Waits until the new version serves, then makes sure that nothing else follows: one more
   // scan of the settled directory changes nothing.
@@ -144,25 +120,25 @@ class BackendReloaderTest : public ::testing::Test {
 
 TEST_F(BackendReloaderTest, RenameOfAFinishedTempFile) {
   testing::CopyFile(Fixture("ValidNext"), backends_ / ".Test_Valid_backend.so.tmp");
-  ASSERT_EQ(testing::RunCommand("mv " + (backends_ / ".Test_Valid_backend.so.tmp").string() +
-                                " " + File().string())
+  ASSERT_EQ(testing::RunCommand("mv " + (backends_ / ".Test_Valid_backend.so.tmp").string() + " " +
+                                File().string())
                 .exit_code,
             0);
   ExpectExactlyOneNewGeneration();
 }
 
 TEST_F(BackendReloaderTest, CopyOverTheExistingFile) {
-  ASSERT_EQ(testing::RunCommand("cp " + Fixture("ValidNext").string() + " " + File().string())
-                .exit_code,
-            0);
+  ASSERT_EQ(
+      testing::RunCommand("cp " + Fixture("ValidNext").string() + " " + File().string()).exit_code,
+      0);
   ExpectExactlyOneNewGeneration();
 }
 
 TEST_F(BackendReloaderTest, Install) {
-  ASSERT_EQ(testing::RunCommand("install -m 755 " + Fixture("ValidNext").string() + " " +
-                                File().string())
-                .exit_code,
-            0);
+  ASSERT_EQ(
+      testing::RunCommand("install -m 755 " + Fixture("ValidNext").string() + " " + File().string())
+          .exit_code,
+      0);
   ExpectExactlyOneNewGeneration();
 }
 
@@ -243,7 +219,9 @@ TEST_F(BackendReloaderTest, ThousandFilesAtOnce) {
 }
 
 TEST_F(BackendReloaderTest, BrokenDeployIsRejectedAndTheOldOneServes) {
-  testing::WriteFile(backends_ / ".incoming", "\x7f" "ELF but not really");
+  testing::WriteFile(backends_ / ".incoming",
+                     "\x7f"
+                     "ELF but not really");
   fs::rename(backends_ / ".incoming", File());
   EXPECT_TRUE(WaitFor([&] { return rejected_.load() == 1; }));
   EXPECT_EQ(Offset(), 0.0f);

@@ -277,9 +277,7 @@ class BackendRegistry : public std::enable_shared_from_this<BackendRegistry> {
   std::vector<std::unique_ptr<Lineage>> lineages_;  // guarded by mutex_; registration order
   std::deque<loader::RejectedFile> rejected_;       // guarded by mutex_; bounded
 
-  mutable std::mutex observers_mutex_;
-  std::map<uint64_t, GenerationObserver> observers_;  // guarded by observers_mutex_
-  uint64_t next_observer_id_ = 1;                     // guarded by observers_mutex_
+  ListenerList<GenerationEvent> observers_{"generation observer"};
 };
 
 }  // namespace backplane
