@@ -17,7 +17,9 @@ using loader::LoadReason;
 namespace {
 
 const auto& Log() {
-  static const auto logger = ModuleLogger("backplane.registry");
+  // Never destroyed: the reaper thread may still log while static destructors run at exit.
+  static const auto& logger =
+      *new std::shared_ptr<spdlog::logger>(ModuleLogger("backplane.registry"));
   return logger;
 }
 
@@ -72,10 +74,10 @@ Result<std::shared_ptr<BackendRegistry>> BackendRegistry::Create(BackendRegistry
       new BackendRegistry(std::move(shared_loader), std::move(directories)));
   // The reaper tells when a drained generation has left the process (or leaked).
   registry->unload_listener_ = registry->loader_->stats().unload_listeners.Add(
-      [weak = std::weak_ptr<BackendRegistry>(registry)](const loader::GenerationInfo& generation,
-                                                        bool leaked) {
-        if (auto strong = weak.lock())
-          strong->OnUnloaded(generation, leaked);
+      [raw = registry.get()](const loader::GenerationInfo& generation, bool leaked) {
+        // Raw, not a locked weak_ptr: a strong reference taken here could make the reaper thread
+        // the registry's last owner. The destructor's Remove waits for a call in progress.
+        raw->OnUnloaded(generation, leaked);
       });
 
   {

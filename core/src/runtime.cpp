@@ -14,7 +14,9 @@ using loader::LoadReason;
 namespace {
 
 const auto& Log() {
-  static const auto logger = ModuleLogger("backplane.runtime");
+  // Never destroyed: the reaper thread may still log while static destructors run at exit.
+  static const auto& logger =
+      *new std::shared_ptr<spdlog::logger>(ModuleLogger("backplane.runtime"));
   return logger;
 }
 

@@ -6,7 +6,9 @@
 namespace backplane::loader {
 
 inline const std::shared_ptr<spdlog::logger>& Log() {
-  static const auto logger = ModuleLogger("backplane.loader");
+  // Never destroyed: the reaper thread may still log while static destructors run at exit.
+  static const auto& logger =
+      *new std::shared_ptr<spdlog::logger>(ModuleLogger("backplane.loader"));
   return logger;
 }
 

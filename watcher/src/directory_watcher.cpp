@@ -27,7 +27,9 @@ namespace fs = std::filesystem;
 using std::chrono::milliseconds;
 
 const std::shared_ptr<spdlog::logger>& Log() {
-  static const auto logger = ModuleLogger("backplane.watcher");
+  // Never destroyed: the reaper thread may still log while static destructors run at exit.
+  static const auto& logger =
+      *new std::shared_ptr<spdlog::logger>(ModuleLogger("backplane.watcher"));
   return logger;
 }
 

@@ -6,17 +6,18 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <shared_mutex>
 #include <string>
 #include <utility>
-#include <vector>
 
 #include "backplane/loader/logging.hpp"
 
 namespace backplane {
 
-// Thread-safe. Listeners run outside the lock, on the notifying thread, so they may call back
-// into their owner; one may still run just after Remove returned, when a Notify had already
-// taken its copy. An exception from a listener is logged and swallowed.
+// Thread-safe. Listeners run on the notifying thread; Remove waits until no Notify is running,
+// so after it returns the removed listener's captures may be destroyed. Trap: a listener must not
+// Add or Remove on its own list (it would wait for itself). An exception from a listener is
+// logged and swallowed.
 template <typename... Args>
 class ListenerList {
  public:
@@ -26,24 +27,19 @@ class ListenerList {
   explicit ListenerList(std::string what) : what_(std::move(what)) {}
 
   uint64_t Add(Listener listener) {
-    std::lock_guard lock(mutex_);
+    std::unique_lock lock(mutex_);
     listeners_.emplace(next_id_, std::move(listener));
     return next_id_++;
   }
 
   void Remove(uint64_t id) {
-    std::lock_guard lock(mutex_);
+    std::unique_lock lock(mutex_);
     listeners_.erase(id);
   }
 
   void Notify(const Args&... args) const {
-    std::vector<Listener> listeners;
-    {
-      std::lock_guard lock(mutex_);
-      for (const auto& [id, listener] : listeners_)
-        listeners.push_back(listener);
-    }
-    for (const auto& listener : listeners) {
+    std::shared_lock lock(mutex_);  // held while listeners run: Remove waits for them
+    for (const auto& [id, listener] : listeners_) {
       try {
         listener(args...);
       } catch (const std::exception& e) {
@@ -54,7 +50,7 @@ class ListenerList {
 
  private:
   const std::string what_;
-  mutable std::mutex mutex_;
+  mutable std::shared_mutex mutex_;
   std::map<uint64_t, Listener> listeners_;  // guarded by mutex_
   uint64_t next_id_ = 1;                    // guarded by mutex_
 };

@@ -30,18 +30,17 @@ class Reaper {
   // the last lease on its generation); those are waited for too.
   void WaitIdle();
 
-  bool OnReaperThread() const { return std::this_thread::get_id() == thread_.get_id(); }
+  bool OnReaperThread() const;
 
  private:
-  void Run();
+  // Shared with the thread: when the last owner of the Reaper is a disposal running on the
+  // reaper thread itself, the Reaper is destroyed under the running loop, which must still find
+  // its queue and lock afterwards.
+  struct State;
+  static void Run(const std::shared_ptr<State>& state);
 
-  std::mutex mutex_;
-  std::condition_variable wake_;
-  std::condition_variable idle_;
-  std::deque<std::function<void()>> queue_;  // guarded by mutex_
-  bool running_disposal_ = false;            // guarded by mutex_
-  bool stopping_ = false;                    // guarded by mutex_
-  std::thread thread_;                       // last: starts after the members it uses
+  std::shared_ptr<State> state_;
+  std::thread thread_;  // last: starts after the state it uses
 };
 
 // A shared_ptr whose last release hands `object` to `reaper` for destruction.
