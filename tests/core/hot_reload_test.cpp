@@ -43,10 +43,16 @@ class HotReloadTest : public ::testing::Test {
         BackendRegistry::Create({.backend_paths = std::vector{dir_.path()}, .loader = loader_});
     ASSERT_TRUE(registry.ok()) << registry.error().ToString();
     registry_ = std::move(registry).value();
-    registry_->AddObserver([this](const GenerationEvent& event) {
+    observer_ = registry_->AddObserver([this](const GenerationEvent& event) {
       std::lock_guard lock(events_mutex_);
       events_.push_back(event);
     });
+  }
+
+  // The reaper reports unloads after the test body; stop it from reaching members being destroyed.
+  void TearDown() override {
+    if (registry_ != nullptr)
+      registry_->RemoveObserver(observer_);
   }
 
   std::unique_ptr<Runtime> MakeRuntime(RuntimeOptions options = {}) {
@@ -89,6 +95,7 @@ class HotReloadTest : public ::testing::Test {
   std::shared_ptr<BackendRegistry> registry_;
   std::mutex events_mutex_;
   std::vector<GenerationEvent> events_;
+  uint64_t observer_ = 0;
 };
 
 TEST_F(HotReloadTest, UnchangedDirectoryChangesNothing) {

@@ -52,7 +52,7 @@ class BackendReloaderTest : public ::testing::Test {
     registry_ =
         BackendRegistry::Create({.backend_paths = std::vector{backends_}, .loader = loader_})
             .value();
-    registry_->AddObserver([this](const GenerationEvent& event) {
+    observer_ = registry_->AddObserver([this](const GenerationEvent& event) {
       if (event.kind == GenerationEvent::Kind::kActivated)
         ++activated_;
       if (event.kind == GenerationEvent::Kind::kRejected)
@@ -79,6 +79,8 @@ class BackendReloaderTest : public ::testing::Test {
     stop_ = true;
     if (client_.joinable())
       client_.join();
+    if (registry_ != nullptr)  // the reaper reports unloads after the test body
+      registry_->RemoveObserver(observer_);
     EXPECT_EQ(bad_responses_.load(), 0) << "a request failed or mixed generations";
   }
 
@@ -116,6 +118,7 @@ class BackendReloaderTest : public ::testing::Test {
   std::atomic<int> activated_{0}, rejected_{0}, withdrawn_{0}, bad_responses_{0};
   std::atomic<bool> stop_{false};
   std::thread client_;
+  uint64_t observer_ = 0;
 };
 
 TEST_F(BackendReloaderTest, RenameOfAFinishedTempFile) {
