@@ -24,14 +24,13 @@
 #include "backplane/core/runtime.hpp"
 #include "backplane/watcher/backend_reloader.hpp"
 #include "spdlog/spdlog.h"
+#include "test_util.hpp"
 
 namespace {
 
 namespace fs = std::filesystem;
 using namespace backplane;
 using Clock = std::chrono::steady_clock;
-
-constexpr float kNextOffset = 1000.0f;  // ValidNext adds it per layer; Valid adds nothing
 
 double Milliseconds(Clock::duration d) {
   return std::chrono::duration<double, std::milli>(d).count();
@@ -69,53 +68,20 @@ int MappingCount() {
   return lines;
 }
 
-Network TwoLayerNetwork() {
-  const TensorInfo info{DataType::kFloat32, {4}};
-  Network network{.name = "two_layers"};
-  network.inputs = {{"x", info}};
-  network.outputs = {{"y", info}};
-  network.nodes = {{.name = "first", .op_type = "Identity", .inputs = {"x"}, .outputs = {"h"}},
-                   {.name = "second", .op_type = "Identity", .inputs = {"h"}, .outputs = {"y"}}};
-  network.values = {{"x", info}, {"h", info}, {"y", info}};
-  return network;
-}
-
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string pattern = (fs::temp_directory_path() / "backplane-bench-XXXXXX").string();
-    path = mkdtemp(pattern.data());
-  }
-  ~TempDir() { fs::remove_all(path); }
-};
-
-// The offset of the output over the input, or NaN on failure or a mixed output.
-float Offset(Runtime& runtime, NetworkId network) {
-  const std::vector<float> input(4, 5.0f);
-  const ConstTensorView view{{DataType::kFloat32, {4}}, input.data()};
-  auto outputs = runtime.Execute(network, std::span(&view, 1));
-  if (!outputs.ok())
-    return NAN;
-  const auto values = outputs.value()[0].Elements<float>();
-  return std::all_of(values.begin(), values.end(), [&](float v) { return v == values[0]; })
-             ? values[0] - 5.0f
-             : NAN;
-}
-
 void RenameToServed(int swaps, std::chrono::milliseconds debounce) {
-  TempDir dir;
-  const fs::path target = dir.path / "Test_Valid_backend.so";
+  testing::TempDir dir;
+  const fs::path target = dir / "Test_Valid_backend.so";
   fs::copy_file(BACKPLANE_FIXTURE_DIR "/Test_Valid_backend.so", target);
-  auto registry = BackendRegistry::Create({.backend_paths = std::vector{dir.path}}).value();
+  auto registry = BackendRegistry::Create({.backend_paths = std::vector{dir.path()}}).value();
   auto runtime = Runtime::Create({.registry = registry}).value();
   auto reloader = watcher::BackendReloader::Start(registry, {.debounce = debounce}).value();
-  const NetworkId network = runtime->LoadNetwork(TwoLayerNetwork()).value();
+  const NetworkId network = runtime->LoadNetwork(testing::TwoLayerIdentityNetwork()).value();
 
   std::atomic<bool> stop{false};
   std::atomic<long> served{0}, failed{0};
   std::thread background([&] {  // another client, to count failures while swapping
     while (!stop) {
-      std::isnan(Offset(*runtime, network)) ? ++failed : ++served;
+      std::isnan(testing::ExecuteOffset(*runtime, network)) ? ++failed : ++served;
     }
   });
   std::vector<double> latencies;
@@ -123,12 +89,12 @@ void RenameToServed(int swaps, std::chrono::milliseconds debounce) {
     const bool next = swap % 2 == 0;
     const fs::path staged = Stage(next ? BACKPLANE_FIXTURE_DIR "/Test_ValidNext_backend.so"
                                        : BACKPLANE_FIXTURE_DIR "/Test_Valid_backend.so",
-                                  dir.path);
-    const float expected = next ? 2 * kNextOffset : 0.0f;
+                                  dir.path());
+    const float expected = next ? 2 * testing::kNextOffset : 0.0f;
     const auto renamed = Clock::now();
     fs::rename(staged, target);
     for (;;) {
-      const float offset = Offset(*runtime, network);
+      const float offset = testing::ExecuteOffset(*runtime, network);
       if (std::isnan(offset))
         ++failed;
       if (offset == expected)
@@ -155,18 +121,17 @@ void LatencyDuringSwaps(std::chrono::seconds duration) {
     std::printf("MNIST latency: skipped (no %s)\n", mnist.c_str());
     return;
   }
-  TempDir dir;
-  const fs::path target = dir.path / "Backplane_CpuRef_backend.so";
+  testing::TempDir dir;
+  const fs::path target = dir / "Backplane_CpuRef_backend.so";
   fs::copy_file(BACKPLANE_CPU_REF, target);
-  auto registry = BackendRegistry::Create({.backend_paths = std::vector{dir.path}}).value();
+  auto registry = BackendRegistry::Create({.backend_paths = std::vector{dir.path()}}).value();
   auto runtime = Runtime::Create({.registry = registry}).value();
   auto reloader =
       watcher::BackendReloader::Start(registry, {.debounce = std::chrono::milliseconds(20)})
           .value();
-  auto test_case =
-      LoadOnnxModelWithInputs(mnist / "model.onnx",
-                              std::vector{mnist / "test_data_set_0" / "input_0.pb"})
-          .value();
+  auto test_case = LoadOnnxModelWithInputs(mnist / "model.onnx",
+                                           std::vector{mnist / "test_data_set_0" / "input_0.pb"})
+                       .value();
   const NetworkId network = runtime->LoadNetwork(std::move(test_case.network)).value();
   const Tensor input = std::move(test_case.inputs[0]);
 
@@ -190,7 +155,7 @@ void LatencyDuringSwaps(std::chrono::seconds duration) {
     }
     std::thread swapper([&] {
       while (swapping && !stop) {
-        fs::rename(Stage(BACKPLANE_CPU_REF, dir.path), target);
+        fs::rename(Stage(BACKPLANE_CPU_REF, dir.path()), target);
         ++swaps;
         std::this_thread::sleep_for(std::chrono::milliseconds(100));
       }
@@ -203,12 +168,12 @@ void LatencyDuringSwaps(std::chrono::seconds duration) {
     std::vector<double> all;
     for (const auto& latencies : per_client)
       all.insert(all.end(), latencies.begin(), latencies.end());
-    std::printf("MNIST on CpuRef, 2 clients, %s: %zu requests, p50 %.2f ms, p99 %.2f ms, "
-                "failed %ld%s\n",
-                swapping ? "CpuRef replaced every 100 ms" : "steady state", all.size(),
-                Percentile(all, 0.5), Percentile(all, 0.99), failed.load(),
-                swapping ? (", " + std::to_string(swaps.load()) + " files published").c_str()
-                         : "");
+    std::printf(
+        "MNIST on CpuRef, 2 clients, %s: %zu requests, p50 %.2f ms, p99 %.2f ms, "
+        "failed %ld%s\n",
+        swapping ? "CpuRef replaced every 100 ms" : "steady state", all.size(),
+        Percentile(all, 0.5), Percentile(all, 0.99), failed.load(),
+        swapping ? (", " + std::to_string(swaps.load()) + " files published").c_str() : "");
   };
   measure(false);
   measure(true);
@@ -219,26 +184,25 @@ void LatencyDuringSwaps(std::chrono::seconds duration) {
 }
 
 void MemoryAfterSwaps(int many) {
-  TempDir dir;
-  const fs::path target = dir.path / "Test_Valid_backend.so";
+  testing::TempDir dir;
+  const fs::path target = dir / "Test_Valid_backend.so";
   fs::copy_file(BACKPLANE_FIXTURE_DIR "/Test_Valid_backend.so", target);
-  auto registry = BackendRegistry::Create({.backend_paths = std::vector{dir.path}}).value();
+  auto registry = BackendRegistry::Create({.backend_paths = std::vector{dir.path()}}).value();
   auto runtime = Runtime::Create({.registry = registry}).value();
-  const NetworkId network = runtime->LoadNetwork(TwoLayerNetwork()).value();
+  const NetworkId network = runtime->LoadNetwork(testing::TwoLayerIdentityNetwork()).value();
   long rss_at_10 = 0;
   int maps_at_10 = 0;
   for (int swap = 1; swap <= many; ++swap) {
     fs::rename(Stage(swap % 2 ? BACKPLANE_FIXTURE_DIR "/Test_ValidNext_backend.so"
                               : BACKPLANE_FIXTURE_DIR "/Test_Valid_backend.so",
-                     dir.path),
+                     dir.path()),
                target);
     const auto rescan = registry->Rescan();
-    if (rescan.outcomes.empty() ||
-        rescan.outcomes[0].action != DeployOutcome::Action::kActivated) {
+    if (rescan.outcomes.empty() || rescan.outcomes[0].action != DeployOutcome::Action::kActivated) {
       std::fprintf(stderr, "swap %d was not activated\n", swap);
       std::exit(1);
     }
-    (void)Offset(*runtime, network);
+    (void)testing::ExecuteOffset(*runtime, network);
     if (swap == 10) {
       registry->loader().WaitForUnloads();
       rss_at_10 = ResidentKiB();
@@ -246,11 +210,12 @@ void MemoryAfterSwaps(int many) {
     }
   }
   registry->loader().WaitForUnloads();
-  std::printf("after 10 swaps: %ld KiB resident, %d mappings; after %d swaps: %ld KiB resident, "
-              "%d mappings; live generations %llu, leaked %llu\n",
-              rss_at_10, maps_at_10, many, ResidentKiB(), MappingCount(),
-              static_cast<unsigned long long>(registry->loader().stats().live.load()),
-              static_cast<unsigned long long>(registry->loader().stats().leaked.load()));
+  std::printf(
+      "after 10 swaps: %ld KiB resident, %d mappings; after %d swaps: %ld KiB resident, "
+      "%d mappings; live generations %llu, leaked %llu\n",
+      rss_at_10, maps_at_10, many, ResidentKiB(), MappingCount(),
+      static_cast<unsigned long long>(registry->loader().stats().live.load()),
+      static_cast<unsigned long long>(registry->loader().stats().leaked.load()));
 }
 
 }  // namespace

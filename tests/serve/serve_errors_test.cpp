@@ -163,17 +163,7 @@ TEST_F(ServeErrorsTest, OverloadedModelIs503AndOthersCarryOn) {
   std::atomic<int> ok{0}, overloaded{0}, other{0};
   std::atomic<bool> stop{false};
   std::vector<std::thread> clients;
-  struct JoinAll {
-    std::atomic<bool>& stop;
-    std::vector<std::thread>& threads;
-    ~JoinAll() {
-      stop.store(true);
-      for (auto& thread : threads) {
-        if (thread.joinable())
-          thread.join();
-      }
-    }
-  } join_all{stop, clients};
+  JoinAll join_all{stop, clients};
   for (int i = 0; i < 6; ++i) {
     clients.emplace_back([&] {
       auto client = server_->Client();

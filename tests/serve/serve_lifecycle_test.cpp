@@ -38,18 +38,7 @@ TEST(ServeLifecycleTest, HotReloadUnderLoadFailsNoRequest) {
   std::mutex failures_mutex;
   std::vector<std::string> failures;
   std::vector<std::thread> clients;
-  // Joined on every way out of the test, failed assertions included.
-  struct JoinAll {
-    std::atomic<bool>& stop;
-    std::vector<std::thread>& threads;
-    ~JoinAll() {
-      stop.store(true);
-      for (auto& thread : threads) {
-        if (thread.joinable())
-          thread.join();
-      }
-    }
-  } join_all{stop, clients};
+  JoinAll join_all{stop, clients};
   for (int c = 0; c < 3; ++c) {
     clients.emplace_back([&, c] {
       auto own = server->Client();

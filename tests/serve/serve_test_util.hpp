@@ -5,6 +5,7 @@
 #include <httplib.h>
 #include <sys/types.h>
 
+#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <map>
@@ -105,5 +106,18 @@ JsonReply Post(httplib::Client& client, const std::string& path, const std::stri
 JsonReply Get(httplib::Client& client, const std::string& path);
 JsonReply Put(httplib::Client& client, const std::string& path, const std::string& body,
               const httplib::Headers& headers = {});
+
+// Client threads of a test, stopped and joined on every way out of it (failed assertions too).
+struct JoinAll {
+  std::atomic<bool>& stop;
+  std::vector<std::thread>& threads;
+  ~JoinAll() {
+    stop.store(true);
+    for (auto& thread : threads) {
+      if (thread.joinable())
+        thread.join();
+    }
+  }
+};
 
 }  // namespace backplane::testing

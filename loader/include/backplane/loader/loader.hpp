@@ -61,44 +61,44 @@ class LoaderStats {
 };
 
 // Thread-safe. Shared by every registry and runtime of a process (Shared()), so that a file is
-  // mapped once however many runtimes use it.
-  class Loader : public std::enable_shared_from_this<Loader> {
-   public:
-    static Result<std::shared_ptr<Loader>> Create(LoaderOptions options = {});
-    // The process-wide loader with default options, created on first use and destroyed when the
-    // last user releases it.
-    static Result<std::shared_ptr<Loader>> Shared();
+// mapped once however many runtimes use it.
+class Loader : public std::enable_shared_from_this<Loader> {
+ public:
+  static Result<std::shared_ptr<Loader>> Create(LoaderOptions options = {});
+  // The process-wide loader with default options, created on first use and destroyed when the
+  // last user releases it.
+  static Result<std::shared_ptr<Loader>> Shared();
 
-    // Loads `file` as a new generation, or returns the live generation of the same file (same
-    // real path and identity). With `trace`, appends one LoadStage per stage run. The factory is
-    // probed once (an instance created and destroyed) so that a broken factory fails here.
-    LoadResult<GenerationLease> Load(const std::filesystem::path& file, LoadTrace* trace = nullptr);
+  // Loads `file` as a new generation, or returns the live generation of the same file (same
+  // real path and identity). With `trace`, appends one LoadStage per stage run. The factory is
+  // probed once (an instance created and destroyed) so that a broken factory fails here.
+  LoadResult<GenerationLease> Load(const std::filesystem::path& file, LoadTrace* trace = nullptr);
 
-    // A new instance from `generation`'s factory; kFactoryFailed when it throws or returns null,
-    // kInvalidId when the instance reports another id than GetBackendId.
-    LoadResult<std::shared_ptr<BackendInstance>> CreateInstance(const GenerationLease& generation);
+  // A new instance from `generation`'s factory; kFactoryFailed when it throws or returns null,
+  // kInvalidId when the instance reports another id than GetBackendId.
+  LoadResult<std::shared_ptr<BackendInstance>> CreateInstance(const GenerationLease& generation);
 
-    const LoaderOptions& options() const { return options_; }
-    const std::shared_ptr<Reaper>& reaper() const { return reaper_; }
-    const LoaderStats& stats() const { return *stats_; }
-    LoaderStats& stats() { return *stats_; }
-    const ShadowDirectory& shadow_directory() const { return *shadows_; }
+  const LoaderOptions& options() const { return options_; }
+  const std::shared_ptr<Reaper>& reaper() const { return reaper_; }
+  const LoaderStats& stats() const { return *stats_; }
+  LoaderStats& stats() { return *stats_; }
+  const ShadowDirectory& shadow_directory() const { return *shadows_; }
 
-    // Blocks until every generation released so far is unloaded (or recorded as leaked).
-    void WaitForUnloads() { reaper_->WaitIdle(); }
+  // Blocks until every generation released so far is unloaded (or recorded as leaked).
+  void WaitForUnloads() { reaper_->WaitIdle(); }
 
-   private:
-    Loader(LoaderOptions options, std::shared_ptr<ShadowDirectory> shadows);
-    LoadResult<GenerationLease> LoadNew(const BackendFile& file, LoadTrace* trace);
+ private:
+  Loader(LoaderOptions options, std::shared_ptr<ShadowDirectory> shadows);
+  LoadResult<GenerationLease> LoadNew(const BackendFile& file, LoadTrace* trace);
 
-    const LoaderOptions options_;
-    const std::shared_ptr<ShadowDirectory> shadows_;
-    const std::shared_ptr<LoaderStats> stats_ = std::make_shared<LoaderStats>();
-    const std::shared_ptr<Reaper> reaper_ = std::make_shared<Reaper>();
+  const LoaderOptions options_;
+  const std::shared_ptr<ShadowDirectory> shadows_;
+  const std::shared_ptr<LoaderStats> stats_ = std::make_shared<LoaderStats>();
+  const std::shared_ptr<Reaper> reaper_ = std::make_shared<Reaper>();
 
-    std::mutex mutex_;
-    // Live generations by real path, to map an unchanged file once.
-    std::map<std::filesystem::path, std::weak_ptr<const Generation>> live_;  // guarded by mutex_
-  };
+  std::mutex mutex_;
+  // Live generations by real path, to map an unchanged file once.
+  std::map<std::filesystem::path, std::weak_ptr<const Generation>> live_;  // guarded by mutex_
+};
 
 }  // namespace backplane::loader
