@@ -4,8 +4,8 @@
 
 #include <filesystem>
 
-#include "backplane/core/network.hpp"
-#include "backplane/core/runtime.hpp"
+#include "backplane/onnx/network.hpp"
+#include "backplane/runtime/runtime.hpp"
 
 namespace {
 

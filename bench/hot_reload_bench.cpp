@@ -21,9 +21,10 @@
 #include <thread>
 #include <vector>
 
-#include "backplane/core/runtime.hpp"
-#include "backplane/watcher/backend_reloader.hpp"
+#include "backplane/runtime/runtime.hpp"
+#include "backplane/registry/backend_reloader.hpp"
 #include "spdlog/spdlog.h"
+#include "runtime/swap_test_util.hpp"
 #include "test_util.hpp"
 
 namespace {
@@ -74,7 +75,7 @@ void RenameToServed(int swaps, std::chrono::milliseconds debounce) {
   fs::copy_file(BACKPLANE_FIXTURE_DIR "/Test_Valid_backend.so", target);
   auto registry = BackendRegistry::Create({.backend_paths = std::vector{dir.path()}}).value();
   auto runtime = Runtime::Create({.registry = registry}).value();
-  auto reloader = watcher::BackendReloader::Start(registry, {.debounce = debounce}).value();
+  auto reloader = BackendReloader::Start(registry, {.debounce = debounce}).value();
   const NetworkId network = runtime->LoadNetwork(testing::TwoLayerIdentityNetwork()).value();
 
   std::atomic<bool> stop{false};
@@ -127,7 +128,7 @@ void LatencyDuringSwaps(std::chrono::seconds duration) {
   auto registry = BackendRegistry::Create({.backend_paths = std::vector{dir.path()}}).value();
   auto runtime = Runtime::Create({.registry = registry}).value();
   auto reloader =
-      watcher::BackendReloader::Start(registry, {.debounce = std::chrono::milliseconds(20)})
+      BackendReloader::Start(registry, {.debounce = std::chrono::milliseconds(20)})
           .value();
   auto test_case = LoadOnnxModelWithInputs(mnist / "model.onnx",
                                            std::vector{mnist / "test_data_set_0" / "input_0.pb"})

@@ -1,4 +1,4 @@
-// Loader costs: the numbers behind DESIGN.md's "measured costs" for this code base.
+// Loader costs: the numbers behind the measured costs in docs/loading-rules.md, for this code base.
 #include <benchmark/benchmark.h>
 
 #include "backplane/loader/loader.hpp"

@@ -5,7 +5,7 @@
 # Builds a dynamic backend <vendor>_<name>_backend.so that Backplane can load, replace and unload.
 # With VERSION the file is <vendor>_<name>_backend.so.x.y.z and the names .so, .so.x and .so.x.y
 # are symlinks to it, as in the ArmNN note. The flags are the ones without which a backend cannot
-# be unloaded or replaced safely (DESIGN.md, loading rule 4):
+# be unloaded or replaced safely (docs/loading-rules.md rule 4):
 #   -fvisibility=hidden, -fno-gnu-unique   no STB_GNU_UNIQUE symbols that would pin the library
 #   a version script                       exports only the entry points (plus EXPORTS)
 #   -Wl,-z,defs                            an unresolved symbol fails the build, not the deploy

@@ -2,10 +2,8 @@
 #pragma once
 
 #include <filesystem>
-
 #include <string>
 #include <string_view>
-#include "backplane/core/runtime.hpp"
 
 namespace backplane::testing {
 
@@ -47,13 +45,16 @@ CommandResult RunCommand(const std::string& command_line);
 // library files to read their debug info, which says nothing about the dynamic linker.
 bool IsCodeMapped(std::string_view needle);
 
-// Hot reload: the fixture builds Valid and ValidNext run Identity adding 0 and 1000 per layer.
-constexpr float kNextOffset = 1000.0f;
-// x -> Identity -> h -> Identity -> y on FP32[4]. Two layers on one backend, so that a request
-// that mixed generations would be off by exactly one offset.
-Network TwoLayerIdentityNetwork();
-// Executes `network` on an input of fives and returns by how much every output element exceeds
-// it: 0 on Valid, 2 * kNextOffset on ValidNext; NaN when the request failed or elements differ.
-float ExecuteOffset(Runtime& runtime, NetworkId network);
+// Tests that need ../shared/data (or another path outside the build) call this first: without
+// it they skip locally, and fail under CI (CI=true), where every test must run.
+#define BACKPLANE_REQUIRE_PATH(path)                                                    \
+  do {                                                                                  \
+    if (!std::filesystem::exists(path)) {                                               \
+      if (::backplane::testing::RunningInCi())                                          \
+        FAIL() << (path) << " is missing (CI=true: tests never skip for missing data)"; \
+      GTEST_SKIP() << (path) << " is missing";                                          \
+    }                                                                                   \
+  } while (false)
+bool RunningInCi();
 
 }  // namespace backplane::testing

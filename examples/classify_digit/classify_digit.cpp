@@ -16,8 +16,8 @@
 #include <string>
 #include <vector>
 
-#include "backplane/core/network.hpp"
-#include "backplane/core/runtime.hpp"
+#include "backplane/onnx/network.hpp"
+#include "backplane/runtime/runtime.hpp"
 
 namespace {
 

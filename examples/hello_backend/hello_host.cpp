@@ -6,7 +6,7 @@
 #include <cstdio>
 #include <vector>
 
-#include "backplane/core/runtime.hpp"
+#include "backplane/runtime/runtime.hpp"
 
 namespace {
 

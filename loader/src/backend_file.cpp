@@ -157,26 +157,26 @@ Discovery DiscoverBackendFiles(std::span<const fs::path> directories, const File
       names.push_back(it->path());
     }
     if (error) {
-      Log()->warn("cannot list backend directory {}: {}", directory.string(), error.message());
+      Log().warn("cannot list backend directory {}: {}", directory.string(), error.message());
       continue;
     }
     std::sort(names.begin(), names.end());
     for (const auto& path : names) {
       if (!IsBackendFileName(path.filename().string())) {
-        Log()->debug("ignoring {}: not named <vendor>_<name>_backend.so", path.string());
+        Log().debug("ignoring {}: not named <vendor>_<name>_backend.so", path.string());
         continue;
       }
       auto file = ResolveBackendFile(path, policy);
       if (!file.ok()) {
         if (file.error().reason == LoadReason::kNotFound) {
-          Log()->debug("ignoring {}: {}", path.string(), file.error().message);
+          Log().debug("ignoring {}: {}", path.string(), file.error().message);
         } else {
           discovery.rejected.push_back({path, file.error().reason, file.error().message});
         }
         continue;
       }
       if (!seen_real_paths.insert(file->real_path).second) {
-        Log()->debug("ignoring {}: same file as an earlier name ({})", path.string(),
+        Log().debug("ignoring {}: same file as an earlier name ({})", path.string(),
                      file->real_path.string());
         continue;
       }
@@ -191,11 +191,11 @@ std::vector<fs::path> ValidBackendDirectories(std::span<const fs::path> paths) {
   for (const auto& path : paths) {
     std::error_code error;
     if (!fs::exists(path, error)) {
-      Log()->warn("backend path {} dropped: it does not exist", path.string());
+      Log().warn("backend path {} dropped: it does not exist", path.string());
     } else if (!fs::is_directory(path, error)) {
-      Log()->warn("backend path {} dropped: it is not a directory", path.string());
+      Log().warn("backend path {} dropped: it is not a directory", path.string());
     } else if (access(path.c_str(), R_OK | X_OK) != 0) {
-      Log()->warn("backend path {} dropped: it is not readable ({})", path.string(),
+      Log().warn("backend path {} dropped: it is not readable ({})", path.string(),
                   std::strerror(errno));
     } else {
       valid.push_back(path);

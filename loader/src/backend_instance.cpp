@@ -24,12 +24,12 @@ BackendInstance::~BackendInstance() {
   try {
     backend_->Shutdown();
   } catch (...) {
-    Log()->error("backend {} generation {} threw from Shutdown", id_, generation_number());
+    Log().error("backend {} generation {} threw from Shutdown", id_, generation_number());
   }
   try {
     backend_.reset();
   } catch (...) {
-    Log()->error("backend {} generation {} threw from its destructor", id_, generation_number());
+    Log().error("backend {} generation {} threw from its destructor", id_, generation_number());
   }
 }
 
@@ -61,7 +61,7 @@ std::vector<OptionDescriptor> BackendInstance::DescribeOptions() const {
       id_, "DescribeOptions",
       [&]() -> Result<std::vector<OptionDescriptor>> { return backend_->DescribeOptions(); });
   if (!described.ok()) {
-    Log()->error("{}", described.error().message());
+    Log().error("{}", described.error().message());
     return {};
   }
   return std::move(described).value();

@@ -43,13 +43,13 @@ Generation::~Generation() {
   }();
   if (leaked) {
     stats_->leaked.fetch_add(1, std::memory_order_relaxed);
-    Log()->warn(
+    Log().warn(
         "backend {} generation {} leaked: glibc kept it mapped after dlclose ({}), e.g. for a "
         "thread_local destructor still registered or a unique symbol another library bound to",
         info_.backend_id, info_.number, info_.file.string());
   } else {
     stats_->unloaded.fetch_add(1, std::memory_order_relaxed);
-    Log()->debug("backend {} generation {} unloaded ({})", info_.backend_id, info_.number,
+    Log().debug("backend {} generation {} unloaded ({})", info_.backend_id, info_.number,
                  info_.file.string());
   }
   unlink(info_.shadow_path.c_str());  // a leaked mapping stays valid without its file

@@ -315,7 +315,7 @@ LoadResult<GenerationLease> Loader::LoadNew(const BackendFile& file, LoadTrace* 
   if (!probe.ok())
     return tracer.Fail("factory", std::move(probe).error());
   tracer.Pass("factory", "created and released a probe instance");
-  Log()->debug("mapped backend {} generation {} from {} (API {}{}{})", id, number,
+  Log().debug("mapped backend {} generation {} from {} (API {}{}{})", id, number,
                file.path.string(), VersionString(api), release.empty() ? "" : ", release ",
                release);
   return generation;

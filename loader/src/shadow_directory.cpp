@@ -91,7 +91,7 @@ Result<std::shared_ptr<ShadowDirectory>> ShadowDirectory::Create(fs::path root) 
       if (name == own_pid || !ProcessExists(static_cast<pid_t>(pid))) {
         std::error_code remove_error;
         const auto removed = fs::remove_all(it->path(), remove_error);
-        Log()->debug("removed {} stale shadow entries in {}", removed, it->path().string());
+        Log().debug("removed {} stale shadow entries in {}", removed, it->path().string());
       }
     }
   }

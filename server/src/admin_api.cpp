@@ -104,7 +104,7 @@ HttpResponse UpdateBackendOptions(const ServeContext& context, const HttpRequest
   Status updated = context.runtime.UpdateBackendOptions(id, changes);
   if (!updated.ok())
     return HttpResponse::FromStatus(updated);
-  Log()->info("backend {} options updated: {}", id, body->dump());
+  Log().info("backend {} options updated: {}", id, body->dump());
   return DescribeBackendOptions(context.runtime, id);
 }
 
@@ -254,7 +254,7 @@ void AddAdminRoutes(HttpServer& http, const ServeContext& context) {
               auto outcome = context.registry.Reload(request.params[0]);
               if (!outcome.ok())
                 return HttpResponse::FromStatus(outcome.error());
-              Log()->info("reload of backend {} asked through the admin API: {} {}",
+              Log().info("reload of backend {} asked through the admin API: {} {}",
                           request.params[0], ToString(outcome->action), outcome->message);
               return DeployOutcomeResponse(context.registry, outcome.value());
             });
@@ -263,7 +263,7 @@ void AddAdminRoutes(HttpServer& http, const ServeContext& context) {
               auto generation = context.registry.Rollback(request.params[0]);
               if (!generation.ok())
                 return HttpResponse::FromStatus(generation.error());
-              Log()->info("backend {} rolled back to generation {} through the admin API",
+              Log().info("backend {} rolled back to generation {} through the admin API",
                           request.params[0], generation.value());
               json body = {{"id", request.params[0]}, {"active_generation", generation.value()}};
               if (auto status = context.registry.Describe(request.params[0]))
@@ -275,7 +275,7 @@ void AddAdminRoutes(HttpServer& http, const ServeContext& context) {
               Status pinned = context.registry.Pin(request.params[0]);
               if (!pinned.ok())
                 return HttpResponse::FromStatus(pinned);
-              Log()->info("backend {} pinned through the admin API", request.params[0]);
+              Log().info("backend {} pinned through the admin API", request.params[0]);
               auto status = context.registry.Describe(request.params[0]);
               return status ? HttpResponse::Json(BackendStatusJson(*status))
                             : UnknownBackend(context.registry, request.params[0]);
@@ -285,7 +285,7 @@ void AddAdminRoutes(HttpServer& http, const ServeContext& context) {
               auto outcome = context.registry.Unpin(request.params[0]);
               if (!outcome.ok())
                 return HttpResponse::FromStatus(outcome.error());
-              Log()->info("backend {} unpinned through the admin API: {}", request.params[0],
+              Log().info("backend {} unpinned through the admin API: {}", request.params[0],
                           ToString(outcome->action));
               return DeployOutcomeResponse(context.registry, outcome.value());
             });

@@ -4,7 +4,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "backplane/core/backend_registry.hpp"
+#include "backplane/registry/backend_registry.hpp"
 #include "backplane/core/options.hpp"
 #include "http_server.hpp"
 #include "serve_context.hpp"

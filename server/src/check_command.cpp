@@ -12,7 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 
-#include "backplane/core/backend_registry.hpp"
+#include "backplane/registry/backend_registry.hpp"
 #include "backplane/loader/loader.hpp"
 
 namespace backplane::server {

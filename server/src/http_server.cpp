@@ -293,12 +293,12 @@ HttpServer::HttpServer(HttpLimits limits, std::string admin_token, ServerMetrics
           what = e.what();
         } catch (...) {
         }
-        Log()->error("unexpected exception in a handler: {}", what);
+        Log().error("unexpected exception in a handler: {}", what);
         WriteResponse(HttpResponse::Error(500, "internal error: " + what), res);
       });
   server_->set_logger([this](const httplib::Request& raw, const httplib::Response& res) {
     metrics_.CountHttpResponse(res.status);
-    Log()->debug("{} {} {} -> {}", raw.remote_addr, raw.method, raw.path, res.status);
+    Log().debug("{} {} {} -> {}", raw.remote_addr, raw.method, raw.path, res.status);
   });
 }
 
@@ -320,7 +320,7 @@ HttpResponse HttpServer::Dispatch(const Handler& handler, Access access,
       return response;
     }
     if (!TokensEqual(std::string_view(authorization).substr(kBearer.size()), admin_token_)) {
-      Log()->warn("refused {} {}: wrong admin token", request.method, request.path);
+      Log().warn("refused {} {}: wrong admin token", request.method, request.path);
       return HttpResponse::Error(403, "wrong admin token");
     }
   }
@@ -329,7 +329,7 @@ HttpResponse HttpServer::Dispatch(const Handler& handler, Access access,
   try {
     return handler(request);
   } catch (const std::exception& e) {
-    Log()->error("{} {}: unexpected exception: {}", request.method, request.path, e.what());
+    Log().error("{} {}: unexpected exception: {}", request.method, request.path, e.what());
     return HttpResponse::Error(500, std::string("internal error: ") + e.what());
   }
 }

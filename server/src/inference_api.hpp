@@ -11,7 +11,7 @@
 #include <string_view>
 #include <vector>
 
-#include "backplane/core/network.hpp"
+#include "backplane/onnx/network.hpp"
 #include "backplane/core/tensor.hpp"
 
 namespace backplane::server {

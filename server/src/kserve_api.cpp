@@ -83,7 +83,7 @@ HttpResponse Infer(const ServeContext& context, const HttpRequest& request) {
   auto outputs = context.runtime.Execute(version.network_id(), views);
   if (!outputs.ok()) {
     if (outputs.error().code() == StatusCode::kInternal)
-      Log()->error("model {} version {}: {}", model.name, version.version(),
+      Log().error("model {} version {}: {}", model.name, version.version(),
                    outputs.error().message());
     return fail(HttpResponse::FromStatus(outputs.error()));
   }

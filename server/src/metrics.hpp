@@ -15,7 +15,7 @@
 #include <string_view>
 #include <vector>
 
-#include "backplane/core/backend_registry.hpp"
+#include "backplane/registry/backend_registry.hpp"
 
 namespace backplane::server {
 

@@ -101,7 +101,7 @@ std::vector<int64_t> ListVersions(const fs::path& model_dir) {
     if (version && fs::is_regular_file(it->path() / kModelFile, file_error)) {
       versions.push_back(*version);
     } else if (it->is_directory(file_error)) {
-      Log()->debug("model directory {}: ignoring {} (not a version directory with {})",
+      Log().debug("model directory {}: ignoring {} (not a version directory with {})",
                    model_dir.string(), it->path().filename().string(), kModelFile);
     }
   }
@@ -211,9 +211,9 @@ ModelVersion::~ModelVersion() {
   // when a request outlived its model's unload. UnloadNetwork never calls into a request.
   Status unloaded = runtime_.UnloadNetwork(id_);
   if (unloaded.ok()) {
-    Log()->info("model {} version {} unloaded", model_, version_);
+    Log().info("model {} version {} unloaded", model_, version_);
   } else {
-    Log()->warn("model {} version {}: unloading its network failed: {}", model_, version_,
+    Log().warn("model {} version {}: unloading its network failed: {}", model_, version_,
                 unloaded.ToString());
   }
 }
@@ -365,7 +365,7 @@ Result<std::shared_ptr<const ServingModel>> ModelRepository::Prepare(const std::
       for (const auto& [backend, count] : layers_by_backend)
         placed += (placed.empty() ? "" : ", ") + std::to_string(count) + " on " + backend;
     }
-    Log()->info("model {} version {} loaded from {}: layers {}", name, version, file.string(),
+    Log().info("model {} version {} loaded from {}: layers {}", name, version, file.string(),
                 placed);
   }
   return std::shared_ptr<const ServingModel>(std::move(model));
@@ -382,7 +382,7 @@ Status ModelRepository::Load(std::string_view name_view) {
   const auto current = Find(name);
   auto prepared = Prepare(name, current.get());
   if (!prepared.ok()) {
-    Log()->error("{}", prepared.error().message());
+    Log().error("{}", prepared.error().message());
     // A model of the repository that fails to load is recorded as unavailable, with why; a
     // name that is no model directory is not (clients must not grow the map).
     std::error_code error;
@@ -408,14 +408,14 @@ Status ModelRepository::Unload(std::string_view name) {
     snapshot.serving.erase(snapshot.serving.find(name));
     snapshot.unavailable[std::string(name)] = "unloaded";
   });
-  Log()->info("model {} no longer serving (unloaded)", name);
+  Log().info("model {} no longer serving (unloaded)", name);
   return Status::Ok();
 }
 
 int ModelRepository::LoadAll() {
   std::error_code error;
   if (!fs::is_directory(root_, error)) {
-    Log()->error("model repository {} is not a directory: no model is served", root_.string());
+    Log().error("model repository {} is not a directory: no model is served", root_.string());
     return 0;
   }
   int serving = 0;
@@ -423,7 +423,7 @@ int ModelRepository::LoadAll() {
     if (Load(name).ok())
       ++serving;
   }
-  Log()->info("model repository {}: {} model(s) serving", root_.string(), serving);
+  Log().info("model repository {}: {} model(s) serving", root_.string(), serving);
   return serving;
 }
 

@@ -15,7 +15,7 @@
 #include <string_view>
 #include <vector>
 
-#include "backplane/core/runtime.hpp"
+#include "backplane/runtime/runtime.hpp"
 
 namespace backplane::server {
 

@@ -7,8 +7,8 @@
 #include <filesystem>
 #include <iostream>
 
-#include "backplane/core/network.hpp"
-#include "backplane/core/runtime.hpp"
+#include "backplane/onnx/network.hpp"
+#include "backplane/runtime/runtime.hpp"
 
 namespace backplane::server {
 namespace fs = std::filesystem;

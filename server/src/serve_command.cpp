@@ -8,9 +8,9 @@
 #include <iostream>
 
 #include "admin_api.hpp"
-#include "backplane/core/backend_registry.hpp"
-#include "backplane/core/runtime.hpp"
-#include "backplane/watcher/backend_reloader.hpp"
+#include "backplane/registry/backend_registry.hpp"
+#include "backplane/runtime/runtime.hpp"
+#include "backplane/registry/backend_reloader.hpp"
 #include "http_server.hpp"
 #include "kserve_api.hpp"
 #include "metrics.hpp"
@@ -27,7 +27,7 @@ namespace {
 constexpr char kAdminTokenVariable[] = "BACKPLANE_ADMIN_TOKEN";
 
 int StartupFailure(const std::string& message) {
-  Log()->error("backplane serve: {}", message);
+  Log().error("backplane serve: {}", message);
   std::cerr << "backplane serve: " << message << "\n";
   return 1;
 }
@@ -93,7 +93,7 @@ int RunServe(const ServeOptions& options) {
   spdlog::set_level(spdlog::level::from_str(config.log_level));
   const ListenAddress listen = ParseListenAddress(config.listen).value();
   if (!IsLoopbackHost(listen.host)) {
-    Log()->warn("listening on {}, reachable from other machines{}", listen.ToString(),
+    Log().warn("listening on {}, reachable from other machines{}", listen.ToString(),
                 config.admin_token.empty()
                     ? ": the admin API is open to them (set --admin-token or " +
                           std::string(kAdminTokenVariable) + ")"
@@ -141,22 +141,22 @@ int RunServe(const ServeOptions& options) {
                        ? " (generation " + std::to_string(instance->generation_number()) + ")"
                        : std::string(" (static)"));
     }
-    Log()->info("backends: {}", backends);
+    Log().info("backends: {}", backends);
   }
 
   // Hot reload: files published into the backend directories become new generations.
-  std::unique_ptr<watcher::BackendReloader> reloader;
+  std::unique_ptr<BackendReloader> reloader;
   if (config.watch_backends) {
-    auto started = watcher::BackendReloader::Start(
+    auto started = BackendReloader::Start(
         registry, {.debounce = config.watch_debounce, .rescan_interval = config.rescan_interval});
     if (started.ok()) {
       reloader = std::move(started).value();
       std::string watched;
       for (const auto& directory : registry->directories())
         watched += (watched.empty() ? "" : ", ") + directory.string();
-      Log()->info("watching backend directories for new versions: {}", watched);
+      Log().info("watching backend directories for new versions: {}", watched);
     } else {
-      Log()->warn("hot reload of backend files is off: {}", started.error().message());
+      Log().warn("hot reload of backend files is off: {}", started.error().message());
     }
   }
 
@@ -180,14 +180,14 @@ int RunServe(const ServeOptions& options) {
   ready.store(true);
   // Tests and scripts wait for this exact line: keep its wording, and print it even when the
   // log level hides info.
-  Log()->info("listening on http://{}", bound->ToString());
-  if (!Log()->should_log(spdlog::level::info))
+  Log().info("listening on http://{}", bound->ToString());
+  if (!Log().should_log(spdlog::level::info))
     std::cerr << "backplane serve: listening on http://" << bound->ToString() << std::endl;
 
   int signal_number = 0;
   sigwait(&shutdown_signals, &signal_number);
   UnblockShutdownSignals(shutdown_signals);
-  Log()->info(
+  Log().info(
       "{} received: shutting down (no new connections; finishing the {} request(s) in "
       "flight; a second signal ends the process at once)",
       signal_number == SIGINT ? "SIGINT" : "SIGTERM", metrics.http_in_flight.load());
@@ -206,12 +206,12 @@ int RunServe(const ServeOptions& options) {
   backend_loader->WaitForUnloads();
   const auto& stats = backend_loader->stats();
   if (stats.leaked.load() != 0 || stats.live.load() != 0) {
-    Log()->warn(
+    Log().warn(
         "stopped; {} backend generation(s) unloaded, {} leaked (still mapped after "
         "dlclose), {} still held",
         stats.unloaded.load(), stats.leaked.load(), stats.live.load());
   } else {
-    Log()->info("stopped; every backend generation unloaded ({} in all)", stats.unloaded.load());
+    Log().info("stopped; every backend generation unloaded ({} in all)", stats.unloaded.load());
   }
   return 0;
 }

@@ -5,8 +5,8 @@
 #include <atomic>
 #include <memory>
 
-#include "backplane/core/backend_registry.hpp"
-#include "backplane/core/runtime.hpp"
+#include "backplane/registry/backend_registry.hpp"
+#include "backplane/runtime/runtime.hpp"
 
 namespace backplane::server {
 

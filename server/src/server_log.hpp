@@ -1,22 +1,13 @@
-// The server's logger, "backplane.server", beside the library's backplane.loader,
-// backplane.registry and backplane.runtime. It copies the sinks of spdlog's default logger on
-// first use: main() installs the stderr logger before anything logs.
+// The server's logger, "backplane.server", beside the library's module loggers. main() installs
+// the stderr logger before anything logs, so it gets that logger's sinks.
 #pragma once
 
-#include <spdlog/spdlog.h>
-
-#include <memory>
+#include "backplane/core/logging.hpp"
 
 namespace backplane::server {
 
-inline const std::shared_ptr<spdlog::logger>& Log() {
-  static const std::shared_ptr<spdlog::logger> logger = [] {
-    if (auto existing = spdlog::get("backplane.server"))
-      return existing;
-    auto created = spdlog::default_logger()->clone("backplane.server");
-    spdlog::register_logger(created);
-    return created;
-  }();
+inline spdlog::logger& Log() {
+  static spdlog::logger& logger = ModuleLogger("backplane.server");
   return logger;
 }
 

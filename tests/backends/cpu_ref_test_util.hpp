@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "backplane/core/runtime.hpp"
+#include "backplane/runtime/runtime.hpp"
 
 namespace backplane::cpu_ref_test {
 

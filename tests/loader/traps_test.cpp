@@ -1,4 +1,4 @@
-// The measured traps of DESIGN.md's loading rules: each would crash or leak if the loader fell in.
+// The measured traps of the loading rules (docs/loading-rules.md): each would crash or leak if the loader fell in.
 #include <fcntl.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

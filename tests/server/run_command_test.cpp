@@ -2,7 +2,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "backplane/core/network.hpp"
+#include "backplane/onnx/network.hpp"
 #include "test_util.hpp"
 
 namespace backplane {
@@ -22,8 +22,7 @@ testing::CommandResult RunBackplane(const std::string& arguments) {
 class RunCommandTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!fs::exists(kData / "onnx-node"))
-      GTEST_SKIP() << "no shared data at " << kData;
+    BACKPLANE_REQUIRE_PATH(kData / "onnx-node");
     fs::create_symlink(testing::CpuRefBackend(), backends_ / "Backplane_CpuRef_backend.so");
   }
   std::string Backends() const { return "--backends " + backends_.path().string(); }

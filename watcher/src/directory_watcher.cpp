@@ -18,7 +18,7 @@
 #include <unordered_map>
 #include <utility>
 
-#include "backplane/loader/logging.hpp"
+#include "backplane/core/logging.hpp"
 
 namespace backplane::watcher {
 namespace {
@@ -26,10 +26,8 @@ namespace {
 namespace fs = std::filesystem;
 using std::chrono::milliseconds;
 
-const std::shared_ptr<spdlog::logger>& Log() {
-  // Never destroyed: the reaper thread may still log while static destructors run at exit.
-  static const auto& logger =
-      *new std::shared_ptr<spdlog::logger>(ModuleLogger("backplane.watcher"));
+spdlog::logger& Log() {
+  static spdlog::logger& logger = ModuleLogger("backplane.watcher");
   return logger;
 }
 
@@ -236,9 +234,9 @@ struct DirectoryWatcher::Loop {
     try {
       result = scan();
     } catch (const std::exception& error) {
-      Log()->error("the directory scan failed: {}; the watcher carries on", error.what());
+      Log().error("the directory scan failed: {}; the watcher carries on", error.what());
     } catch (...) {
-      Log()->error(
+      Log().error(
           "the directory scan failed with a non-standard exception; the watcher carries on");
     }
     uv_update_time(&uv);  // the callback may have run long: see the trap above
@@ -273,7 +271,7 @@ struct DirectoryWatcher::Loop {
         ++it;
         continue;
       }
-      Log()->info("no longer watching backend directory {}", it->first);
+      Log().info("no longer watching backend directory {}", it->first);
       Forget(it->second);
       it = directories.erase(it);
     }
@@ -282,7 +280,7 @@ struct DirectoryWatcher::Loop {
       if (!inserted)
         continue;
       it->second.path = key;
-      Log()->debug("watching backend directory {}", key);
+      Log().debug("watching backend directory {}", key);
       CheckDirectory(it->second);
     }
     UpdatePolling();
@@ -352,9 +350,9 @@ struct DirectoryWatcher::Loop {
     directory.entry_replaced = false;
     directory.ever_watched = true;
     if (rearm)
-      Log()->info("backend directory {} was replaced; watching the new one", directory.path);
+      Log().info("backend directory {} was replaced; watching the new one", directory.path);
     else if (!directory.warned_reason.empty())
-      Log()->info("backend directory {} is watched now", directory.path);
+      Log().info("backend directory {} is watched now", directory.path);
     directory.warned_reason.clear();
     UpdatePolling();
     // After `polled`, so that whoever sees the re-arm counted also sees the directory watched.
@@ -368,10 +366,10 @@ struct DirectoryWatcher::Loop {
       return;  // warn once per reason, not once per poll
     directory.warned_reason = reason;
     if (directory.state == State::kMissing) {
-      Log()->warn("backend directory {} is not there ({}); looking for it every {} ms",
+      Log().warn("backend directory {} is not there ({}); looking for it every {} ms",
                   directory.path, reason, options.poll_interval.count());
     } else {
-      Log()->warn("backend directory {} is polled: {}; scanning it every {} ms", directory.path,
+      Log().warn("backend directory {} is polled: {}; scanning it every {} ms", directory.path,
                   reason, options.poll_interval.count());
     }
   }
@@ -391,7 +389,7 @@ struct DirectoryWatcher::Loop {
     parent.event = StartFsEvent(parent_path.string(), OnParentEvent, &error);
     if (parent.event == nullptr && !parent.failure_logged) {
       parent.failure_logged = true;
-      Log()->debug(
+      Log().debug(
           "cannot watch {}, the parent of backend directory {}: {}; a re-created {} is "
           "found by polling only",
           parent_path.string(), directory.path, WatchFailureReason(error), directory.path);
@@ -437,14 +435,14 @@ struct DirectoryWatcher::Loop {
     auto* watch = static_cast<FsEvent*>(handle->data);
     Loop& loop = *watch->loop;
     if (status < 0) {
-      Log()->warn("watch on backend directory {} failed: {}; checking it again", watch->path,
+      Log().warn("watch on backend directory {} failed: {}; checking it again", watch->path,
                   uv_strerror(status));
       loop.RestartQuietTimer(watch->path);
       return;
     }
     loop.stats.events.fetch_add(1, std::memory_order_relaxed);
     const std::string name = filename != nullptr ? filename : "";
-    Log()->debug("file event: {} {} in {}", EventKind(events), name, watch->path);
+    Log().debug("file event: {} {} in {}", EventKind(events), name, watch->path);
     // Events on the directory itself (deleted, moved away) carry no name in inotify; libuv passes
     // the directory's own base name instead. A file of that name inside looks the same; mistaking
     // it costs one needless re-arm.
@@ -474,7 +472,7 @@ struct DirectoryWatcher::Loop {
     if (child == parent->second.children.end())
       return;
     loop.stats.events.fetch_add(1, std::memory_order_relaxed);
-    Log()->debug("file event: {} {} in {}", EventKind(events), filename, watch->path);
+    Log().debug("file event: {} {} in {}", EventKind(events), filename, watch->path);
     if (events & UV_RENAME) {
       if (auto directory = loop.directories.find(child->second);
           directory != loop.directories.end())
@@ -565,7 +563,7 @@ struct DirectoryWatcher::Loop {
     int error = uv_loop_close(&uv);
     if (error == UV_EBUSY) {
       // A handle this file forgot: a bug, but closing it beats leaving libuv with dangling memory.
-      Log()->error("directory watcher: libuv handles still open at shutdown; closing them");
+      Log().error("directory watcher: libuv handles still open at shutdown; closing them");
       uv_walk(
           &uv,
           [](uv_handle_t* handle, void*) noexcept {

@@ -1,7 +1,7 @@
 // Status and Result: expected failures as values.
 //
 // Header-only on purpose: backends include it through the SDK and must not link any host library
-// (DESIGN rule 4), so nothing here may need an out-of-line definition.
+// (docs/loading-rules.md rule 4), so nothing here may need an out-of-line definition.
 #pragma once
 
 #include <cassert>

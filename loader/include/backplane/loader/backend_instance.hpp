@@ -7,6 +7,7 @@
 #include <string_view>
 #include <vector>
 
+#include "backplane/core/backend_call.hpp"
 #include "backplane/loader/generation.hpp"
 #include "backplane/loader/reaper.hpp"
 #include "backplane/sdk/backend.hpp"
@@ -67,12 +68,4 @@ std::shared_ptr<BackendInstance> MakeBackendInstance(std::string id,
                                                      GenerationLease lease,
                                                      const std::shared_ptr<Reaper>& reaper);
 
-// Runs `call` (backend code) and turns an escaping exception into kInternal naming the backend
-// and the call. Every host call into backend code goes through this.
-template <typename Call>
-auto GuardBackendCall(std::string_view backend_id, std::string_view what, Call&& call)
-    -> decltype(call());
-
 }  // namespace backplane::loader
-
-#include "backplane/loader/detail/guard.inl"

@@ -1,4 +1,4 @@
-// ELF inspection before dlopen (DESIGN rule 3).
+// ELF inspection before dlopen (docs/loading-rules.md rule 3).
 //
 // glibc cannot really unload some libraries: those with STB_GNU_UNIQUE symbols, DF_1_NODELETE, or
 // thread_local objects with destructors (registered through __cxa_thread_atexit[_impl]). Loading

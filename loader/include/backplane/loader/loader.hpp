@@ -1,5 +1,5 @@
 // The loader: turns a backend file into a generation, stage by stage, refusing what the loading
-// rules (DESIGN.md) say would crash or leak.
+// rules (docs/loading-rules.md) say would crash or leak.
 #pragma once
 
 #include <atomic>
@@ -14,7 +14,7 @@
 #include "backplane/loader/backend_file.hpp"
 #include "backplane/loader/backend_instance.hpp"
 #include "backplane/loader/generation.hpp"
-#include "backplane/loader/listener_list.hpp"
+#include "backplane/core/listener_list.hpp"
 #include "backplane/loader/load_error.hpp"
 #include "backplane/loader/reaper.hpp"
 #include "backplane/loader/shadow_directory.hpp"

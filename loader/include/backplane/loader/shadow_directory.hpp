@@ -1,4 +1,4 @@
-// Private shadow copies of backend files (DESIGN rule 1).
+// Private shadow copies of backend files (docs/loading-rules.md rule 1).
 //
 // glibc returns the already-loaded handle for a path it has seen, even after the file changed, and
 // a file overwritten in place under a mapped library kills the process. So the loader never
@@ -17,7 +17,7 @@
 
 namespace backplane::loader {
 
-// Whether any process holds a file open for writing (DESIGN rule 7's lease probe), asked of an
+// Whether any process holds a file open for writing (docs/loading-rules.md rule 7: the lease probe), asked of an
 // open fd of it. kUnknown where leases are not available (another owner without CAP_LEASE, file
 // systems without lease support).
 enum class WriterProbe { kNoWriter, kWriting, kUnknown };

@@ -1,0 +1,180 @@
+// Runtime: the embedder's entry point (ArmNN's IRuntime). Holds one instance of every available
+// backend, created by that backend's factory for this runtime alone; runtimes share the loaded
+// libraries through the registry and the loader.
+#pragma once
+
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <atomic>
+#include <functional>
+#include <future>
+#include <mutex>
+
+#include "backplane/registry/backend_registry.hpp"
+#include "backplane/onnx/network.hpp"
+#include "backplane/core/published.hpp"
+#include "backplane/loader/backend_instance.hpp"
+#include "backplane/scheduler/request_scheduler.hpp"
+
+namespace backplane {
+
+// What a runtime does with its loaded networks when a new generation of a backend they use
+// becomes active (docs/hot-reload.md).
+enum class SwapPolicy {
+  // Re-prepare each affected network on the new generation, then switch it atomically; requests
+  // already running finish on the old one. A network that fails to prepare rejects the new
+  // generation. The server's default.
+  kMigrate,
+  // Loaded networks stay on the generation they were loaded with until unloaded; only networks
+  // loaded afterwards use the new one.
+  kPin,
+};
+
+// Before a migration switches, run a probe through the network on both generations and refuse
+// the new one when any output element differs by more than `tolerance` (bug-fix deploys that
+// must not change results).
+struct SwapValidation {
+  double tolerance = 0.0;
+};
+
+struct RuntimeOptions {
+  // Backend directories; nullopt means DefaultBackendPaths(). Ignored when `registry` is given.
+  std::optional<std::vector<std::filesystem::path>> backend_paths;
+  // false: only static (linked-in) backends. Ignored when `registry` is given.
+  bool dynamic_backends = true;
+  // Options per backend id, applied right after each instance is created. An id that no backend
+  // has, an unknown key or a wrong type fails Create.
+  std::map<std::string, BackendOptions, std::less<>> backend_options;
+  // Share a registry between runtimes; null creates one from the fields above.
+  std::shared_ptr<BackendRegistry> registry;
+  // Backend preference list for networks loaded without one; empty: every backend, by id.
+  std::vector<std::string> default_preferences;
+  // The TBB arena and the limit on requests in flight (beyond it: refused, never queued).
+  scheduler::SchedulerOptions scheduler;
+  SwapPolicy swap_policy = SwapPolicy::kMigrate;
+  // Per backend id: validate migrated networks before a new generation of it becomes active.
+  std::map<std::string, SwapValidation, std::less<>> swap_validation;
+};
+
+struct NetworkOptions {
+  // Backend ids, most preferred first; each layer goes to the first that supports it. Empty: the
+  // runtime's default preferences.
+  std::vector<std::string> backend_preferences;
+};
+
+// Where one layer runs.
+struct LayerPlacement {
+  std::string node;
+  std::string op_type;
+  std::string backend_id;
+  uint64_t generation = 0;  // 0 for a static backend
+};
+
+class LoadedNetwork;
+
+// Thread-safe. Follows the registry's generations: when a backend id gets a new generation (or
+// loses its file), the runtime prepares its side off the request path and switches atomically
+// (see SwapPolicy); a request always runs wholly on the generations it started with.
+class Runtime : private BackendSubscriber {
+ public:
+  // Fails (kFailedPrecondition) when no backend is available at all: a runtime that cannot run
+  // anything is a configuration error best reported at once.
+  static Result<std::unique_ptr<Runtime>> Create(RuntimeOptions options = {});
+  ~Runtime();
+
+  std::vector<std::string> BackendIds() const;
+  // This runtime's instance of backend `id`, or null.
+  std::shared_ptr<loader::BackendInstance> Backend(std::string_view id) const;
+
+  // Validated by the backend: an unknown key or a wrong type applies nothing. Options set here
+  // (or at Create) are given to every later generation of the backend too.
+  Status UpdateBackendOptions(std::string_view id, const BackendOptions& changes);
+
+  const BackendRegistry& registry() const { return *registry_; }
+
+  // Binds every layer of `network` to a backend (ArmNN's Optimize + LoadNetwork), calling each
+  // backend context's BeforeLoadNetwork / AfterLoadNetwork. Fails naming the layer no backend
+  // supports, with every backend's reason.
+  Result<NetworkId> LoadNetwork(Network network, NetworkOptions options = {});
+  // Calls BeforeUnloadNetwork on every context first; when one refuses, the network stays loaded
+  // and the error says which backend and why. Requests in flight finish on the old bindings.
+  Status UnloadNetwork(NetworkId id);
+  Result<std::vector<LayerPlacement>> GetPlacement(NetworkId id) const;
+  Result<std::shared_ptr<const Network>> GetNetwork(NetworkId id) const;
+
+  // Runs one request on the calling thread (kernels use the runtime's arena). Thread-safe: call
+  // it from many threads at once. Inputs in the order of the network's inputs; outputs in the
+  // order of its outputs. kResourceExhausted when the runtime is at its limit of requests.
+  Result<std::vector<Tensor>> Execute(NetworkId id, std::span<const ConstTensorView> inputs);
+  // The same with inputs by name (as an inference API receives them): an unknown or missing
+  // name is kInvalidArgument naming it and the network's inputs.
+  using NamedInputs = std::map<std::string, ConstTensorView, std::less<>>;
+  Result<std::vector<Tensor>> ExecuteByName(NetworkId id, const NamedInputs& inputs);
+  // Queues one request in the runtime's arena; `done` runs on a TBB worker with the outputs or
+  // the error (kDeadlineExceeded when the deadline passed before it started). A refusal
+  // (kNotFound, kResourceExhausted when full) calls `done` at once on the caller's thread. An
+  // exception from `done` is logged and swallowed. Never destroy the Runtime inside `done`: the
+  // destructor waits for that very request.
+  using ExecuteCallback = std::function<void(Result<std::vector<Tensor>>)>;
+  void ExecuteAsync(NetworkId id, std::vector<Tensor> inputs, ExecuteCallback done,
+                    std::optional<scheduler::Clock::time_point> deadline = std::nullopt);
+  std::future<Result<std::vector<Tensor>>> ExecuteAsync(
+      NetworkId id, std::vector<Tensor> inputs,
+      std::optional<scheduler::Clock::time_point> deadline = std::nullopt);
+
+ private:
+  struct BackendSlot {
+    std::shared_ptr<loader::BackendInstance> instance;
+    std::unique_ptr<IBackendContext> context;  // destroyed before the instance (declared after)
+  };
+  using BackendMap = std::map<std::string, BackendSlot, std::less<>>;
+  using NetworkMap = std::map<NetworkId, std::shared_ptr<const LoadedNetwork>>;
+  using Instances = std::vector<std::shared_ptr<loader::BackendInstance>>;
+
+  Runtime(std::shared_ptr<BackendRegistry> registry, RuntimeOptions& options);
+  Result<std::shared_ptr<const LoadedNetwork>> FindNetwork(NetworkId id) const;
+
+  // With mutex_ held.
+  void AttachBackends();
+  Result<BackendSlot> CreateSlot(std::shared_ptr<loader::BackendInstance> instance);
+  // The network's preference list as given, or the default one; `arriving` is an id being
+  // added that the default list ("every backend") must include.
+  std::vector<std::string> PreferencesOf(NetworkId id, std::string_view arriving = {}) const;
+  // The instances for `preferences`, in order; backend `swapped_id` becomes `swapped` (or is
+  // left out when `swapped` is null). Ids this runtime lacks are appended to `missing`.
+  Instances BackendsFor(const std::vector<std::string>& preferences, std::string_view swapped_id,
+                        const std::shared_ptr<loader::BackendInstance>& swapped,
+                        std::string* missing = nullptr) const;
+  std::shared_ptr<const LoadedNetwork> Reaped(std::unique_ptr<LoadedNetwork> network) const;
+
+  loader::LoadResult<CommitChange> PrepareChange(const BackendChange& change) override;
+  loader::LoadResult<CommitChange> PrepareWithdrawal(
+      const BackendChange& change, std::shared_ptr<std::unique_lock<std::mutex>> lock);
+
+  const std::shared_ptr<BackendRegistry> registry_;
+  const std::vector<std::string> default_preferences_;
+  const SwapPolicy swap_policy_;
+  const std::map<std::string, SwapValidation, std::less<>> swap_validation_;
+
+  // Load, unload, option updates and generation changes serialise on this (backend contexts
+  // are thread-compatible); requests read the network map without it.
+  mutable std::mutex mutex_;
+  BackendMap backends_;                                                 // guarded by mutex_
+  std::map<std::string, BackendOptions, std::less<>> applied_options_;  // guarded by mutex_
+  std::map<NetworkId, std::vector<std::string>> preferences_;  // guarded by mutex_; as given
+  Published<NetworkMap> networks_;
+  NetworkId next_network_id_ = 1;  // guarded by mutex_
+
+  // Destroyed first, waiting for requests in flight while everything they use still lives.
+  scheduler::RequestScheduler scheduler_;
+  // Destroyed before anything else: no generation change reaches a half-destroyed runtime.
+  Subscription subscription_;
+};
+
+}  // namespace backplane

@@ -1,0 +1,623 @@
+#include "backplane/runtime/runtime.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include "backplane/core/logging.hpp"
+#include "loaded_network.hpp"
+
+namespace backplane {
+
+using loader::LoadError;
+using loader::LoadReason;
+
+namespace {
+
+spdlog::logger& Log() {
+  static spdlog::logger& logger = ModuleLogger("backplane.runtime");
+  return logger;
+}
+
+std::string Join(const std::vector<std::string>& items) {
+  std::string joined;
+  for (const auto& item : items)
+    joined += (joined.empty() ? "" : ", ") + item;
+  return joined;
+}
+
+uint64_t GenerationOn(const LoadedNetwork& network, std::string_view backend_id) {
+  for (const auto& layer : network.placement()) {
+    if (layer.backend_id == backend_id)
+      return layer.generation;
+  }
+  return 0;
+}
+
+// A deterministic input for every network input (dynamic dimensions taken as 1), spread over
+// [-1, 1] so that offsets, scales and sign errors all show.
+std::vector<Tensor> ProbeInputs(const Network& network) {
+  std::vector<Tensor> inputs;
+  uint32_t state = 0x9e3779b9u;
+  auto next = [&] {
+    state = state * 1664525u + 1013904223u;
+    return static_cast<double>(state >> 8) / static_cast<double>(1u << 24) * 2.0 - 1.0;
+  };
+  for (const auto& input : network.inputs) {
+    TensorInfo info = input.info;
+    for (auto& dim : info.shape)
+      dim = dim < 0 ? 1 : dim;
+    Tensor tensor(info);
+    switch (info.type) {
+      case DataType::kFloat32:
+        for (auto& value : tensor.Elements<float>())
+          value = static_cast<float>(next());
+        break;
+      case DataType::kFloat64:
+        for (auto& value : tensor.Elements<double>())
+          value = next();
+        break;
+      case DataType::kInt32:
+        for (auto& value : tensor.Elements<int32_t>())
+          value = static_cast<int32_t>(next() * 8);
+        break;
+      case DataType::kInt64:
+        for (auto& value : tensor.Elements<int64_t>())
+          value = static_cast<int64_t>(next() * 8);
+        break;
+      default:  // bytes: uint8, int8, bool
+        for (auto& value : tensor.Elements<uint8_t>())
+          value = next() > 0 ? 1 : 0;
+    }
+    inputs.push_back(std::move(tensor));
+  }
+  return inputs;
+}
+
+// The largest difference between two outputs of the same type and shape.
+double MaxDifference(const Tensor& a, const Tensor& b) {
+  auto diff = [](auto x, auto y) {
+    const double dx = static_cast<double>(x), dy = static_cast<double>(y);
+    if (std::isnan(dx) && std::isnan(dy))
+      return 0.0;
+    return std::isnan(dx) || std::isnan(dy) ? INFINITY : std::abs(dx - dy);
+  };
+  auto max_of = [&](auto tag) {
+    using T = decltype(tag);
+    double worst = 0;
+    const auto xs = a.Elements<T>();
+    const auto ys = b.Elements<T>();
+    for (std::size_t i = 0; i < xs.size(); ++i)
+      worst = std::max(worst, diff(xs[i], ys[i]));
+    return worst;
+  };
+  switch (a.info().type) {
+    case DataType::kFloat32:
+      return max_of(float{});
+    case DataType::kFloat64:
+      return max_of(double{});
+    case DataType::kInt32:
+      return max_of(int32_t{});
+    case DataType::kInt64:
+      return max_of(int64_t{});
+    default:
+      return max_of(uint8_t{});
+  }
+}
+
+// Runs the probe through both networks; kValidationFailed naming the first output that differs.
+std::optional<LoadError> ValidateOnProbe(const LoadedNetwork& current,
+                                         const LoadedNetwork& candidate,
+                                         std::string_view backend_id, double tolerance) {
+  const auto inputs = ProbeInputs(current.network());
+  std::vector<ConstTensorView> views;
+  for (const auto& input : inputs)
+    views.push_back(input.View());
+  const std::string name = current.network().name;
+  auto expected = current.Execute(views);
+  auto actual = candidate.Execute(views);
+  if (!expected.ok())  // the current generation cannot run it: nothing to compare against
+    return std::nullopt;
+  if (!actual.ok()) {
+    return LoadError{LoadReason::kValidationFailed,
+                     "network " + name + " fails on the probe input with the new generation of " +
+                         std::string(backend_id) + ": " + actual.error().message()};
+  }
+  const auto& outputs = current.network().outputs;
+  for (std::size_t i = 0; i < expected.value().size(); ++i) {
+    const Tensor& want = expected.value()[i];
+    const Tensor& got = actual.value()[i];
+    if (want.info() != got.info()) {
+      return LoadError{LoadReason::kValidationFailed,
+                       "network " + name + " output '" + outputs[i].name + "' is " +
+                           ToString(got.info().shape) + " on the new generation of " +
+                           std::string(backend_id) + ", " + ToString(want.info().shape) +
+                           " on the active one"};
+    }
+    const double difference = MaxDifference(want, got);
+    if (difference > tolerance) {
+      return LoadError{LoadReason::kValidationFailed,
+                       "network " + name + " output '" + outputs[i].name + "' differs by " +
+                           std::to_string(difference) + " on the new generation of " +
+                           std::string(backend_id) + " (tolerance " + std::to_string(tolerance) +
+                           ")"};
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Runtime>> Runtime::Create(RuntimeOptions options) {
+  std::shared_ptr<BackendRegistry> registry = std::move(options.registry);
+  if (registry == nullptr) {
+    auto created = BackendRegistry::Create({.backend_paths = std::move(options.backend_paths),
+                                            .dynamic_backends = options.dynamic_backends});
+    if (!created.ok())
+      return std::move(created).error();
+    registry = std::move(created).value();
+  }
+
+  std::unique_ptr<Runtime> runtime(new Runtime(registry, options));
+  // Attached under the registry's change lock: no generation change slips in between.
+  runtime->subscription_ = registry->Subscribe(*runtime, [&] {
+    std::lock_guard lock(runtime->mutex_);
+    runtime->AttachBackends();
+  });
+
+  for (const auto& [id, changes] : options.backend_options) {
+    if (runtime->Backend(id) == nullptr) {
+      return InvalidArgument("options given for backend " + id +
+                             ", which this runtime does not have");
+    }
+    BACKPLANE_RETURN_IF_ERROR(runtime->UpdateBackendOptions(id, changes));
+  }
+
+  if (runtime->BackendIds().empty()) {
+    std::string why = registry->directories().empty()
+                          ? "dynamic loading is disabled or no backend directory is valid"
+                          : std::to_string(registry->directories().size()) + " backend director" +
+                                (registry->directories().size() == 1 ? "y" : "ies") + " searched";
+    const auto rejected = registry->Rejected();
+    if (!rejected.empty()) {
+      why += "; " + std::to_string(rejected.size()) +
+             " file(s) rejected, first: " + rejected.front().file.string() + ": " +
+             std::string(loader::ToString(rejected.front().reason));
+    }
+    return FailedPrecondition("no backend is available (" + why + ")");
+  }
+  return runtime;
+}
+
+Runtime::Runtime(std::shared_ptr<BackendRegistry> registry, RuntimeOptions& options)
+    : registry_(std::move(registry)),
+      default_preferences_(std::move(options.default_preferences)),
+      swap_policy_(options.swap_policy),
+      swap_validation_(std::move(options.swap_validation)),
+      scheduler_(options.scheduler) {}
+
+Runtime::~Runtime() = default;
+
+void Runtime::AttachBackends() {
+  for (const auto& id : registry_->BackendIds()) {
+    auto instance = registry_->CreateInstance(id);
+    if (!instance.ok()) {
+      Log().error("backend {} not available to this runtime: {}", id, instance.error().message());
+      continue;
+    }
+    auto slot = CreateSlot(std::move(instance).value());
+    if (!slot.ok()) {
+      Log().error("backend {} not available to this runtime: {}", id, slot.error().message());
+      continue;
+    }
+    backends_.emplace(id, std::move(slot).value());
+  }
+}
+
+Result<Runtime::BackendSlot> Runtime::CreateSlot(
+    std::shared_ptr<loader::BackendInstance> instance) {
+  // Options survive a swap: a new generation gets what this runtime set on the old one.
+  if (auto applied = applied_options_.find(instance->id()); applied != applied_options_.end()) {
+    Status status = instance->UpdateOptions(applied->second);
+    if (!status.ok()) {
+      return Status(status.code(), "it refuses the options this runtime set: " + status.message());
+    }
+  }
+  auto context = instance->CreateBackendContext();
+  if (!context.ok())
+    return std::move(context).error();
+  return BackendSlot{std::move(instance), std::move(context).value()};
+}
+
+std::vector<std::string> Runtime::BackendIds() const {
+  std::lock_guard lock(mutex_);
+  std::vector<std::string> ids;
+  for (const auto& [id, slot] : backends_)
+    ids.push_back(id);
+  return ids;
+}
+
+std::shared_ptr<loader::BackendInstance> Runtime::Backend(std::string_view id) const {
+  std::lock_guard lock(mutex_);
+  auto it = backends_.find(id);
+  return it == backends_.end() ? nullptr : it->second.instance;
+}
+
+Status Runtime::UpdateBackendOptions(std::string_view id, const BackendOptions& changes) {
+  std::lock_guard lock(mutex_);
+  auto it = backends_.find(id);
+  if (it == backends_.end())
+    return NotFound("this runtime has no backend " + std::string(id));
+  BACKPLANE_RETURN_IF_ERROR(it->second.instance->UpdateOptions(changes));
+  auto& applied = applied_options_[std::string(id)];
+  for (const auto& [key, value] : changes)
+    applied.insert_or_assign(key, value);
+  return Status::Ok();
+}
+
+std::vector<std::string> Runtime::PreferencesOf(NetworkId id, std::string_view arriving) const {
+  auto it = preferences_.find(id);
+  std::vector<std::string> preferences =
+      it == preferences_.end() || it->second.empty() ? default_preferences_ : it->second;
+  if (preferences.empty()) {
+    // Every backend, in registration order (static ones first, then directory order), and the
+    // one about to arrive, which neither the registry nor this runtime offers yet.
+    for (const auto& backend_id : registry_->BackendIds()) {
+      if (backends_.contains(backend_id) || backend_id == arriving)
+        preferences.push_back(backend_id);
+    }
+    if (!arriving.empty() &&
+        std::find(preferences.begin(), preferences.end(), arriving) == preferences.end())
+      preferences.emplace_back(arriving);
+  }
+  return preferences;
+}
+
+Runtime::Instances Runtime::BackendsFor(const std::vector<std::string>& preferences,
+                                        std::string_view swapped_id,
+                                        const std::shared_ptr<loader::BackendInstance>& swapped,
+                                        std::string* missing) const {
+  Instances backends;
+  for (const auto& id : preferences) {
+    if (id == swapped_id) {
+      if (swapped != nullptr)
+        backends.push_back(swapped);
+      continue;
+    }
+    if (auto it = backends_.find(id); it != backends_.end()) {
+      backends.push_back(it->second.instance);
+    } else if (missing != nullptr) {
+      *missing += (missing->empty() ? "" : ", ") + id;
+    }
+  }
+  return backends;
+}
+
+std::shared_ptr<const LoadedNetwork> Runtime::Reaped(std::unique_ptr<LoadedNetwork> network) const {
+  // Its workloads are backend code: the last request to let go of a replaced network must not
+  // run their destructors on a request thread (docs/loading-rules.md rule 6).
+  return loader::MakeReaped(std::move(network), registry_->loader().reaper());
+}
+
+Result<NetworkId> Runtime::LoadNetwork(Network network, NetworkOptions options) {
+  std::lock_guard lock(mutex_);
+  const NetworkId id = next_network_id_;
+  preferences_[id] = std::move(options.backend_preferences);
+  const std::vector<std::string> preferences = PreferencesOf(id);
+  // An id this runtime lacks is skipped, as ArmNN's Optimize skips unavailable backends: a
+  // preference list like "GpuAcc,CpuRef" must work on machines without GpuAcc.
+  std::string missing;
+  const Instances backends = BackendsFor(preferences, {}, nullptr, &missing);
+  if (backends.empty()) {
+    preferences_.erase(id);
+    std::vector<std::string> have;
+    for (const auto& [known, slot] : backends_)
+      have.push_back(known);
+    return NotFound("network " + network.name + ": backend preference " + missing +
+                    " names no backend of this runtime (have: " + Join(have) + ")");
+  }
+  if (!missing.empty()) {
+    Log().warn("network {}: skipping preferred backend(s) this runtime does not have: {}",
+                network.name, missing);
+  }
+
+  auto fail = [&](Status status) {
+    preferences_.erase(id);
+    return status;
+  };
+  for (auto& [backend_id, slot] : backends_) {
+    if (slot.context == nullptr)  // a backend without a context
+      continue;
+    Status before = GuardBackendCall(backend_id, "BeforeLoadNetwork",
+                                             [&] { return slot.context->BeforeLoadNetwork(id); });
+    if (!before.ok()) {
+      return fail(Status(before.code(), "backend " + backend_id + " refused to load network " +
+                                            network.name + ": " + before.message()));
+    }
+  }
+  const std::string name = network.name;
+  auto loaded =
+      LoadedNetwork::Create(std::make_shared<const Network>(std::move(network)), backends);
+  if (!loaded.ok()) {
+    return fail(Status(loaded.error().code(), "network " + name + ": " + loaded.error().message()));
+  }
+  for (auto& [backend_id, slot] : backends_) {
+    if (slot.context == nullptr)
+      continue;
+    Status after = GuardBackendCall(backend_id, "AfterLoadNetwork",
+                                            [&] { return slot.context->AfterLoadNetwork(id); });
+    if (!after.ok()) {
+      Log().warn("backend {}: AfterLoadNetwork({}) failed: {}", backend_id, id, after.message());
+    }
+  }
+  ++next_network_id_;
+  const std::size_t layers = loaded.value()->placement().size();
+  auto updated = std::make_shared<NetworkMap>(*networks_.Load());
+  updated->emplace(id, Reaped(std::move(loaded).value()));
+  networks_.Publish(std::move(updated));
+  Log().info("loaded network {} ({}) with {} layer(s)", id, name, layers);
+  return id;
+}
+
+Status Runtime::UnloadNetwork(NetworkId id) {
+  std::lock_guard lock(mutex_);
+  auto current = networks_.Load();
+  if (!current->contains(id))
+    return NotFound("no network " + std::to_string(id) + " is loaded");
+  for (auto& [backend_id, slot] : backends_) {
+    if (slot.context == nullptr)  // a backend without a context
+      continue;
+    Status before = GuardBackendCall(backend_id, "BeforeUnloadNetwork",
+                                             [&] { return slot.context->BeforeUnloadNetwork(id); });
+    if (!before.ok()) {
+      return FailedPrecondition("network " + std::to_string(id) + " stays loaded: backend " +
+                                backend_id + " refused to unload it: " + before.message());
+    }
+  }
+  auto updated = std::make_shared<NetworkMap>(*current);
+  updated->erase(id);
+  networks_.Publish(std::move(updated));
+  preferences_.erase(id);
+  for (auto& [backend_id, slot] : backends_) {
+    if (slot.context == nullptr)
+      continue;
+    Status after = GuardBackendCall(backend_id, "AfterUnloadNetwork",
+                                            [&] { return slot.context->AfterUnloadNetwork(id); });
+    if (!after.ok()) {
+      Log().warn("backend {}: AfterUnloadNetwork({}) failed: {}", backend_id, id, after.message());
+    }
+  }
+  return Status::Ok();
+}
+
+loader::LoadResult<CommitChange> Runtime::PrepareChange(const BackendChange& change) {
+  // Held from here until the commit (or abandonment) so that no load or unload slips between
+  // what is prepared and what is switched. The registry runs both on one thread.
+  auto lock = std::make_shared<std::unique_lock<std::mutex>>(mutex_);
+  if (change.next == nullptr)
+    return PrepareWithdrawal(change, std::move(lock));
+
+  const std::string& id = change.backend_id;
+  const uint64_t generation = change.next->info().number;
+  auto refuse = [&](LoadReason reason, const std::string& why) {
+    return LoadError{reason,
+                     "backend " + id + " generation " + std::to_string(generation) + ": " + why};
+  };
+  auto instance = registry_->loader().CreateInstance(change.next);
+  if (!instance.ok())
+    return std::move(instance).error();
+  auto created = CreateSlot(std::move(instance).value());
+  if (!created.ok())
+    return refuse(LoadReason::kPrepareFailed, created.error().message());
+  auto slot = std::make_shared<BackendSlot>(std::move(created).value());
+
+  // The networks to move: every one with a layer on this id (kMigrate), prepared now so that
+  // the switch is one pointer store.
+  auto networks = networks_.Load();
+  std::map<NetworkId, std::shared_ptr<const LoadedNetwork>> moved;
+  // That includes networks left on a withdrawn generation of it, now that its file is back.
+  if (swap_policy_ == SwapPolicy::kMigrate) {
+    const auto validation = swap_validation_.find(id);
+    for (const auto& [network_id, network] : *networks) {
+      if (!network->Uses(id))
+        continue;
+      auto prepared =
+          LoadedNetwork::Create(network->shared_network(),
+                                BackendsFor(PreferencesOf(network_id, id), id, slot->instance));
+      if (!prepared.ok()) {
+        return refuse(LoadReason::kPrepareFailed,
+                      "network " + network->network().name +
+                          " does not prepare on it: " + prepared.error().message());
+      }
+      if (validation != swap_validation_.end()) {
+        if (auto mismatch =
+                ValidateOnProbe(*network, *prepared.value(), id, validation->second.tolerance)) {
+          return refuse(LoadReason::kValidationFailed, mismatch->message);
+        }
+      }
+      moved.emplace(network_id, Reaped(std::move(prepared).value()));
+    }
+  }
+  for (const auto& [network_id, network] : *networks) {
+    if (slot->context == nullptr)
+      break;
+    Status before = GuardBackendCall(
+        id, "BeforeLoadNetwork", [&] { return slot->context->BeforeLoadNetwork(network_id); });
+    if (!before.ok()) {
+      return refuse(
+          LoadReason::kPrepareFailed,
+          "its context refuses network " + network->network().name + ": " + before.message());
+    }
+  }
+
+  return CommitChange([this, lock, id, slot, moved, generation, previous = change.previous] {
+    std::shared_ptr<const NetworkMap> current = networks_.Load();
+    if (!moved.empty()) {
+      auto updated = std::make_shared<NetworkMap>(*current);
+      for (const auto& [network_id, network] : moved)
+        (*updated)[network_id] = network;
+      networks_.Publish(updated);
+      current = std::move(updated);
+    }
+    // The old slot (context, then instance) goes here, on the registry's thread.
+    backends_.insert_or_assign(id, std::move(*slot));
+    auto& context = backends_.at(id).context;
+    for (const auto& [network_id, network] : *current) {
+      if (context == nullptr)
+        break;
+      Status after = GuardBackendCall(
+          id, "AfterLoadNetwork", [&] { return context->AfterLoadNetwork(network_id); });
+      if (!after.ok())
+        Log().warn("backend {}: AfterLoadNetwork({}) failed: {}", id, network_id, after.message());
+    }
+    if (previous != nullptr) {
+      Log().info("backend {}: generation {} replaces {}; {} network(s) moved ({})", id, generation,
+                  previous->info().number, moved.size(),
+                  swap_policy_ == SwapPolicy::kMigrate ? "migrate" : "pin");
+    }
+  });
+}
+
+loader::LoadResult<CommitChange> Runtime::PrepareWithdrawal(
+    const BackendChange& change, std::shared_ptr<std::unique_lock<std::mutex>> lock) {
+  const std::string& id = change.backend_id;
+  std::map<NetworkId, std::shared_ptr<const LoadedNetwork>> moved;
+  auto networks = networks_.Load();
+  for (const auto& [network_id, network] : *networks) {
+    if (!network->Uses(id))
+      continue;
+    const Instances others = BackendsFor(PreferencesOf(network_id), id, nullptr);
+    auto prepared = others.empty() ? Result<std::unique_ptr<LoadedNetwork>>(
+                                         NotFound("no other backend in its preference list"))
+                                   : LoadedNetwork::Create(network->shared_network(), others);
+    if (!prepared.ok()) {
+      Log().warn("network {} keeps running on withdrawn backend {} (generation {}): {}",
+                  network->network().name, id, GenerationOn(*network, id),
+                  prepared.error().message());
+      continue;
+    }
+    moved.emplace(network_id, Reaped(std::move(prepared).value()));
+  }
+  return CommitChange([this, lock, id, moved] {
+    if (!moved.empty()) {
+      auto updated = std::make_shared<NetworkMap>(*networks_.Load());
+      for (const auto& [network_id, network] : moved) {
+        Log().info("network {} moved off withdrawn backend {}", network->network().name, id);
+        (*updated)[network_id] = network;
+      }
+      networks_.Publish(std::move(updated));
+    }
+    backends_.erase(id);  // no new network uses it; loaded ones keep their leases
+  });
+}
+
+Result<std::shared_ptr<const LoadedNetwork>> Runtime::FindNetwork(NetworkId id) const {
+  auto networks = networks_.Load();
+  auto it = networks->find(id);
+  if (it == networks->end())
+    return NotFound("no network " + std::to_string(id) + " is loaded");
+  return it->second;
+}
+
+Result<std::vector<LayerPlacement>> Runtime::GetPlacement(NetworkId id) const {
+  auto network = FindNetwork(id);
+  if (!network.ok())
+    return std::move(network).error();
+  return network.value()->placement();
+}
+
+Result<std::shared_ptr<const Network>> Runtime::GetNetwork(NetworkId id) const {
+  auto network = FindNetwork(id);
+  if (!network.ok())
+    return std::move(network).error();
+  // Aliasing constructor: the Network lives as long as its loaded network.
+  return std::shared_ptr<const Network>(network.value(), &network.value()->network());
+}
+
+Result<std::vector<Tensor>> Runtime::Execute(NetworkId id,
+                                             std::span<const ConstTensorView> inputs) {
+  auto network = FindNetwork(id);
+  if (!network.ok())
+    return std::move(network).error();
+  auto admission = scheduler_.Admit();
+  if (!admission.ok())
+    return std::move(admission).error();
+  std::optional<Result<std::vector<Tensor>>> result;
+  Status ran = scheduler_.RunInArena([&] {
+    result.emplace(network.value()->Execute(inputs));
+    return Status::Ok();
+  });
+  if (!ran.ok())
+    return ran;
+  return *std::move(result);
+}
+
+Result<std::vector<Tensor>> Runtime::ExecuteByName(NetworkId id, const NamedInputs& inputs) {
+  auto network = FindNetwork(id);
+  if (!network.ok())
+    return std::move(network).error();
+  const auto& expected = network.value()->network().inputs;
+  std::string names;
+  for (const auto& input : expected)
+    names += (names.empty() ? "" : ", ") + input.name;
+  for (const auto& [name, view] : inputs) {
+    const bool known = std::any_of(expected.begin(), expected.end(),
+                                   [&](const ValueInfo& input) { return input.name == name; });
+    if (!known) {
+      return InvalidArgument("network " + network.value()->network().name + " has no input '" +
+                             name + "' (inputs: " + names + ")");
+    }
+  }
+  std::vector<ConstTensorView> ordered;
+  for (const auto& input : expected) {
+    auto it = inputs.find(input.name);
+    if (it == inputs.end()) {
+      return InvalidArgument("input '" + input.name + "' is missing (network " +
+                             network.value()->network().name + " takes: " + names + ")");
+    }
+    ordered.push_back(it->second);
+  }
+  return Execute(id, ordered);
+}
+
+void Runtime::ExecuteAsync(NetworkId id, std::vector<Tensor> inputs, ExecuteCallback done,
+                           std::optional<scheduler::Clock::time_point> deadline) {
+  auto network = FindNetwork(id);
+  if (!network.ok())
+    return done(std::move(network).error());
+  auto admission = scheduler_.Admit();
+  if (!admission.ok())
+    return done(std::move(admission).error());
+  // The request owns its inputs and the network binding it started with.
+  auto request =
+      std::make_shared<std::pair<std::vector<Tensor>, std::optional<Result<std::vector<Tensor>>>>>(
+          std::move(inputs), std::nullopt);
+  scheduler_.Enqueue(
+      std::move(admission).value(),
+      [request, loaded = std::move(network).value()] {
+        std::vector<ConstTensorView> views;
+        for (const auto& tensor : request->first)
+          views.push_back(tensor.View());
+        request->second.emplace(loaded->Execute(views));
+        return Status::Ok();
+      },
+      [request, done = std::move(done)](Status status) {
+        if (!status.ok())
+          return done(std::move(status));
+        done(*std::move(request->second));
+      },
+      deadline);
+}
+
+std::future<Result<std::vector<Tensor>>> Runtime::ExecuteAsync(
+    NetworkId id, std::vector<Tensor> inputs,
+    std::optional<scheduler::Clock::time_point> deadline) {
+  auto promise = std::make_shared<std::promise<Result<std::vector<Tensor>>>>();
+  auto future = promise->get_future();
+  ExecuteAsync(
+      id, std::move(inputs),
+      [promise](Result<std::vector<Tensor>> result) { promise->set_value(std::move(result)); },
+      deadline);
+  return future;
+}
+
+}  // namespace backplane

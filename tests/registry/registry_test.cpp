@@ -1,0 +1,155 @@
+// Registry: discovery, static and dynamic side by side, duplicates, rejected files kept.
+#include "backplane/registry/backend_registry.hpp"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+
+#include "test_util.hpp"
+
+namespace backplane {
+namespace {
+
+namespace fs = std::filesystem;
+using loader::LoadReason;
+using ::testing::ElementsAre;
+using testing::Fixture;
+using ::testing::HasSubstr;
+using testing::TempDir;
+using ::testing::UnorderedElementsAre;
+
+class EchoBackend final : public IBackend {
+ public:
+  std::string_view GetId() const override { return "StaticEcho"; }
+  Status IsSupported(const OperatorDesc&) const override { return Status::Ok(); }
+  Result<std::unique_ptr<IWorkload>> CreateWorkload(const OperatorDesc&) override {
+    return Unimplemented("echo has no workloads");
+  }
+};
+
+std::shared_ptr<BackendRegistry> MakeRegistry(std::vector<fs::path> paths) {
+  auto registry = BackendRegistry::Create({.backend_paths = std::move(paths)});
+  EXPECT_TRUE(registry.ok()) << registry.error().ToString();
+  return std::move(registry).value();
+}
+
+std::vector<std::string> RejectedReasons(const BackendRegistry& registry) {
+  std::vector<std::string> reasons;
+  for (const auto& rejected : registry.Rejected()) {
+    reasons.push_back(rejected.file.filename().string() + " " +
+                      std::string(loader::ToString(rejected.reason)));
+  }
+  return reasons;
+}
+
+TEST(RegistryTest, LoadsEveryGoodFileAndKeepsEveryRejectedOneWithItsReason) {
+  TempDir dir;
+  fs::create_symlink(Fixture("Valid"), dir / "Test_Valid_backend.so");
+  fs::create_symlink(Fixture("Other"), dir / "Test_Other_backend.so");
+  fs::create_symlink(Fixture("Unique"), dir / "Test_Unique_backend.so");
+  fs::create_symlink(Fixture("Api34"), dir / "Test_Api34_backend.so");
+  testing::WriteFile(dir / "Test_Text_backend.so", "text");
+  fs::permissions(dir / "Test_Text_backend.so", fs::perms(0644));
+
+  auto registry = MakeRegistry({dir.path()});
+  EXPECT_THAT(registry->BackendIds(), UnorderedElementsAre("TestValid", "TestOther"));
+  EXPECT_THAT(RejectedReasons(*registry),
+              UnorderedElementsAre("Test_Unique_backend.so NOT_UNLOADABLE",
+                                   "Test_Api34_backend.so API_INCOMPATIBLE",
+                                   "Test_Text_backend.so NOT_ELF"));
+  for (const auto& rejected : registry->Rejected())
+    EXPECT_FALSE(rejected.message.empty());
+}
+
+TEST(RegistryTest, SecondFileWithAnIdAlreadyRegisteredIsRejectedFirstWins) {
+  TempDir first, second;
+  fs::create_symlink(Fixture("Valid"), first / "Test_Valid_backend.so");
+  fs::create_symlink(Fixture("Duplicate"), second / "Test_Duplicate_backend.so");
+  auto registry = MakeRegistry({first.path(), second.path()});
+  EXPECT_THAT(registry->BackendIds(), ElementsAre("TestValid"));
+  EXPECT_EQ(registry->Find("TestValid")->generation->info().file, first / "Test_Valid_backend.so");
+  auto rejected = registry->Rejected();
+  ASSERT_EQ(rejected.size(), 1u);
+  EXPECT_EQ(rejected[0].reason, LoadReason::kDuplicateId);
+  EXPECT_THAT(rejected[0].message,
+              HasSubstr("already registered from " + (first / "Test_Valid_backend.so").string()));
+  registry->loader().WaitForUnloads();
+  EXPECT_FALSE(testing::IsCodeMapped("-Test_Duplicate_backend.so")) << "the loser is unloaded";
+}
+
+TEST(RegistryTest, TheSameFileCannotBeLoadedTwice) {
+  auto registry = MakeRegistry({});
+  ASSERT_TRUE(registry->LoadFile(Fixture("Valid")).ok());
+  auto again = registry->LoadFile(Fixture("Valid"));
+  ASSERT_FALSE(again.ok());
+  EXPECT_EQ(again.error().reason, LoadReason::kDuplicateId);
+  EXPECT_THAT(again.error().message, HasSubstr("from this very file already"));
+}
+
+TEST(RegistryTest, EmptyPathListDisablesDynamicLoading) {
+  auto registry = MakeRegistry({});
+  EXPECT_TRUE(registry->directories().empty());
+  EXPECT_TRUE(registry->BackendIds().empty());
+
+  TempDir dir;
+  fs::create_symlink(Fixture("Valid"), dir / "Test_Valid_backend.so");
+  auto disabled = BackendRegistry::Create(
+      {.backend_paths = std::vector{dir.path()}, .dynamic_backends = false});
+  ASSERT_TRUE(disabled.ok());
+  EXPECT_TRUE(disabled.value()->BackendIds().empty());
+}
+
+TEST(RegistryTest, InvalidPathsAreDroppedAndOrderKept) {
+  TempDir first, second;
+  auto registry = MakeRegistry({second.path(), "/no/such/dir", first.path()});
+  EXPECT_THAT(registry->directories(), ElementsAre(second.path(), first.path()));
+}
+
+TEST(RegistryTest, RuntimeOverrideOfTheDefaultPaths) {
+  TempDir dir;
+  ASSERT_EQ(setenv("BACKPLANE_BACKEND_PATHS", (dir.path().string() + ":/x").c_str(), 1), 0);
+  EXPECT_THAT(DefaultBackendPaths(), ElementsAre(dir.path(), "/x"));
+  ASSERT_EQ(setenv("BACKPLANE_BACKEND_PATHS", "", 1), 0);
+  EXPECT_TRUE(DefaultBackendPaths().empty()) << "set but empty disables dynamic loading";
+  unsetenv("BACKPLANE_BACKEND_PATHS");
+  EXPECT_FALSE(DefaultBackendPaths().empty()) << "the compile-time default list";
+}
+
+TEST(RegistryTest, StaticAndDynamicBackendsSideBySide) {
+  auto registry = MakeRegistry({});
+  auto factory = [] { return std::unique_ptr<IBackend>(std::make_unique<EchoBackend>()); };
+  ASSERT_TRUE(registry->RegisterStatic("StaticEcho", factory).ok());
+  ASSERT_TRUE(registry->LoadFile(Fixture("Valid")).ok());
+  EXPECT_THAT(registry->BackendIds(), ElementsAre("StaticEcho", "TestValid"));
+  EXPECT_TRUE(registry->Find("StaticEcho")->is_static());
+  EXPECT_FALSE(registry->Find("TestValid")->is_static());
+
+  auto instance = registry->CreateInstance("StaticEcho");
+  ASSERT_TRUE(instance.ok());
+  EXPECT_EQ(instance.value()->generation(), nullptr);
+  EXPECT_EQ(instance.value()->IsSupported({}).code(), StatusCode::kOk);
+}
+
+TEST(RegistryTest, RejectsEmptyAndDuplicateStaticIds) {
+  auto registry = MakeRegistry({});
+  auto factory = [] { return std::unique_ptr<IBackend>(std::make_unique<EchoBackend>()); };
+  EXPECT_EQ(registry->RegisterStatic("", factory).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(registry->RegisterStatic("Echo", nullptr).code(), StatusCode::kInvalidArgument);
+  ASSERT_TRUE(registry->RegisterStatic("TestValid", factory).ok());
+  EXPECT_EQ(registry->RegisterStatic("TestValid", factory).code(), StatusCode::kAlreadyExists);
+  auto dynamic = registry->LoadFile(Fixture("Valid"));
+  ASSERT_FALSE(dynamic.ok());
+  EXPECT_EQ(dynamic.error().reason, LoadReason::kDuplicateId);
+  EXPECT_THAT(dynamic.error().message, HasSubstr("a static (linked-in) backend"));
+}
+
+TEST(RegistryTest, UnknownIdIsNotFound) {
+  auto registry = MakeRegistry({});
+  auto instance = registry->CreateInstance("Nope");
+  ASSERT_FALSE(instance.ok());
+  EXPECT_EQ(instance.error().code(), StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace backplane

@@ -1,0 +1,18 @@
+// Helpers for hot-swap tests and the hot-reload bench: a network whose outputs tell which
+// generation ran each layer.
+#pragma once
+
+#include "backplane/runtime/runtime.hpp"
+
+namespace backplane::testing {
+
+// Hot reload: the fixture builds Valid and ValidNext run Identity adding 0 and 1000 per layer.
+constexpr float kNextOffset = 1000.0f;
+// x -> Identity -> h -> Identity -> y on FP32[4]. Two layers on one backend, so that a request
+// that mixed generations would be off by exactly one offset.
+Network TwoLayerIdentityNetwork();
+// Executes `network` on an input of fives and returns by how much every output element exceeds
+// it: 0 on Valid, 2 * kNextOffset on ValidNext; NaN when the request failed or elements differ.
+float ExecuteOffset(Runtime& runtime, NetworkId network);
+
+}  // namespace backplane::testing

@@ -1,0 +1,237 @@
+// `backplane serve` over its life: start and startup errors, a hot reload of the backend file
+// under load, graceful shutdown with requests in flight.
+#include <arpa/inet.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <regex>
+#include <thread>
+
+#include "serve_test_util.hpp"
+
+namespace backplane::testing {
+namespace {
+
+using nlohmann::json;
+using ::testing::HasSubstr;
+
+TEST(ServeLifecycleTest, HotReloadUnderLoadFailsNoRequest) {
+  BACKPLANE_REQUIRE_PATH(MnistDataDir());
+  ServeHome home;
+  home.Write("config.json", R"({"watch_debounce_ms": 50})");
+  auto server =
+      ServeProcess::Start({"--config", (home.path() / "config.json").string(), "--models",
+                           home.models().string(), "--backends", home.backends().string()});
+  auto client = server->Client();
+  const uint64_t initial = Get(*client, "/v2/backends/CpuRef").body["active_generation"];
+
+  // Clients infer real digits while the backend file is replaced under them.
+  std::atomic<bool> stop{false};
+  std::atomic<int> ok{0};
+  std::atomic<int> failed{0};
+  std::mutex failures_mutex;
+  std::vector<std::string> failures;
+  std::vector<std::thread> clients;
+  JoinAll join_all{stop, clients};
+  for (int c = 0; c < 3; ++c) {
+    clients.emplace_back([&, c] {
+      auto own = server->Client();
+      const std::string body = MnistRequestBody(c);
+      while (!stop.load()) {
+        const auto reply = Post(*own, "/v2/models/mnist/infer", body);
+        if (reply.status == 200 && ArgMax(reply.body) == MnistLabel(c)) {
+          ++ok;
+        } else {
+          ++failed;
+          std::lock_guard lock(failures_mutex);
+          failures.push_back(std::to_string(reply.status) + " " + reply.error + " " + reply.text);
+        }
+      }
+    });
+  }
+  uint64_t generation = initial;
+  for (int swap = 0; swap < 4; ++swap) {
+    const int ok_before = ok.load();
+    home.PublishBackendCopy();
+    const bool switched = Eventually(
+        [&] {
+          const auto reply = Get(*client, "/v2/backends/CpuRef");
+          return reply.status == 200 &&
+                 reply.body["active_generation"].get<uint64_t>() > generation;
+        },
+        20s);
+    ASSERT_TRUE(switched) << "swap " << swap << " never became active\n" << server->Log();
+    generation = Get(*client, "/v2/backends/CpuRef").body["active_generation"];
+    // Requests keep succeeding on the new generation before the next swap.
+    EXPECT_TRUE(Eventually([&] { return ok.load() > ok_before + 3; }, 20s));
+  }
+  stop.store(true);
+  for (auto& thread : clients)
+    thread.join();
+
+  EXPECT_EQ(failed.load(), 0) << (failures.empty() ? "" : failures.front());
+  EXPECT_GT(ok.load(), 0);
+  EXPECT_GE(generation, initial + 4);
+  // The model migrated to the newest generation.
+  EXPECT_TRUE(Eventually(
+      [&] {
+        return Get(*client, "/v2/models/mnist/placement")
+                   .body["versions"][0]["layers"][0]["generation"] == generation;
+      },
+      10s));
+  const auto metrics = client->Get("/metrics");
+  ASSERT_TRUE(metrics);
+  EXPECT_THAT(metrics->body, HasSubstr("backplane_backend_swaps_total{backend=\"CpuRef\"} 4\n"));
+}
+
+// A client that sends the headers and half of the body of an MNIST request, the rest later:
+// from the server's point of view, a request in flight.
+class SlowRequest {
+ public:
+  SlowRequest(int port, const std::string& body) {
+    fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_port = htons(static_cast<uint16_t>(port));
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (connect(fd_, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0)
+      throw std::runtime_error("connect failed");
+    const std::string head =
+        "POST /v2/models/mnist/infer HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        "Content-Type: application/json\r\nContent-Length: " +
+        std::to_string(body.size()) + "\r\n\r\n";
+    half_ = body.size() / 2;
+    Send(head + body.substr(0, half_));
+    rest_ = body.substr(half_);
+  }
+  ~SlowRequest() { close(fd_); }
+
+  // Sends the rest and reads the response until the server closes the connection.
+  std::string Finish() {
+    Send(rest_);
+    std::string response;
+    char buffer[4096];
+    ssize_t n;
+    while ((n = read(fd_, buffer, sizeof buffer)) > 0)
+      response.append(buffer, static_cast<std::size_t>(n));
+    return response;
+  }
+
+ private:
+  void Send(const std::string& data) {
+    for (std::size_t done = 0; done < data.size();) {
+      const ssize_t n = write(fd_, data.data() + done, data.size() - done);
+      if (n <= 0)
+        throw std::runtime_error("write failed");
+      done += static_cast<std::size_t>(n);
+    }
+  }
+  int fd_ = -1;
+  std::size_t half_ = 0;
+  std::string rest_;
+};
+
+int64_t HttpRequestsInFlight(httplib::Client& client) {
+  const auto reply = client.Get("/metrics");
+  if (!reply)
+    return -1;
+  std::smatch match;
+  static const std::regex kGauge("\nbackplane_http_requests_in_flight ([0-9]+)\n");
+  return std::regex_search(reply->body, match, kGauge) ? std::stoll(match[1].str()) : -1;
+}
+
+TEST(ServeLifecycleTest, SigtermFinishesRequestsInFlightThenExitsZero) {
+  BACKPLANE_REQUIRE_PATH(MnistDataDir());
+  ServeHome home;
+  auto server = ServeProcess::Start(
+      {"--models", home.models().string(), "--backends", home.backends().string()});
+  std::vector<std::unique_ptr<SlowRequest>> requests;
+  for (int i = 0; i < 3; ++i)
+    requests.push_back(std::make_unique<SlowRequest>(server->port(), MnistRequestBody(i)));
+  // All three are being handled (the scrape itself is the fourth).
+  {
+    auto client = server->Client();
+    ASSERT_TRUE(Eventually([&] { return HttpRequestsInFlight(*client) == 4; }, 10s));
+  }
+
+  server->Signal(SIGTERM);
+  ASSERT_TRUE(server->WaitForLog("SIGTERM received", 10s)) << server->Log();
+  // New requests are no longer accepted.
+  EXPECT_TRUE(Eventually([&] { return !server->Client()->Get("/v2/health/live"); }, 10s));
+
+  for (int i = 0; i < 3; ++i) {
+    const std::string response = requests[i]->Finish();
+    EXPECT_THAT(response, ::testing::StartsWith("HTTP/1.1 200")) << response;
+    const auto body = json::parse(response.substr(response.find("\r\n\r\n") + 4), nullptr, false);
+    ASSERT_FALSE(body.is_discarded()) << response;
+    EXPECT_EQ(ArgMax(body), MnistLabel(i));
+  }
+  EXPECT_EQ(server->WaitForExit(30s), 0) << server->Log();
+  EXPECT_THAT(server->Log(), HasSubstr("every backend generation unloaded"));
+}
+
+TEST(ServeLifecycleTest, SigintExitsZero) {
+  ServeHome home;
+  auto server = ServeProcess::Start(
+      {"--models", home.models().string(), "--backends", home.backends().string()});
+  server->Signal(SIGINT);
+  EXPECT_EQ(server->WaitForExit(30s), 0) << server->Log();
+  EXPECT_THAT(server->Log(), HasSubstr("SIGINT received"));
+}
+
+TEST(ServeLifecycleTest, ConfigErrorsNameTheKeyAndStopTheStart) {
+  ServeHome home;
+  home.Write("bad.json", R"({"listen": "127.0.0.1:0", "listne": "0.0.0.0:80"})");
+  const auto unknown = ServeProcess::RunToExit({"--config", (home.path() / "bad.json").string()});
+  EXPECT_EQ(unknown.exit_code, 1) << unknown.output;
+  EXPECT_THAT(unknown.output, HasSubstr("unknown key 'listne'"));
+
+  home.Write("type.json", R"({"http_threads": "many"})");
+  const auto type = ServeProcess::RunToExit({"--config", (home.path() / "type.json").string()});
+  EXPECT_EQ(type.exit_code, 1);
+  EXPECT_THAT(type.output, HasSubstr("'http_threads' must be an integer, got \"many\""));
+
+  const auto listen = ServeProcess::RunToExit({"--listen", "nowhere"});
+  EXPECT_EQ(listen.exit_code, 1);
+  EXPECT_THAT(listen.output, HasSubstr("listen address 'nowhere' has no port"));
+}
+
+TEST(ServeLifecycleTest, AnAddressInUseFailsTheStart) {
+  ServeHome home;
+  auto first = ServeProcess::Start(
+      {"--models", home.models().string(), "--backends", home.backends().string()});
+  const auto second =
+      ServeProcess::RunToExit({"--listen", "127.0.0.1:" + std::to_string(first->port()), "--models",
+                               home.models().string(), "--backends", home.backends().string()});
+  EXPECT_EQ(second.exit_code, 1);
+  EXPECT_THAT(second.output,
+              HasSubstr("cannot listen on 127.0.0.1:" + std::to_string(first->port())));
+}
+
+TEST(ServeLifecycleTest, CurlClassifiesTheExampleDigit) {
+  if (RunCommand("command -v curl >/dev/null 2>&1").exit_code != 0)
+    GTEST_SKIP() << "curl is not installed";
+  ServeHome home;
+  auto server = ServeProcess::Start(
+      {"--models", home.models().string(), "--backends", home.backends().string()});
+  // The README's line, against this server.
+  const auto classified =
+      RunCommand("curl -s -X POST --data @" + std::string(BACKPLANE_SOURCE_DIR) +
+                 "/models/mnist/example_request.json " + server->url() + "/v2/models/mnist/infer");
+  ASSERT_EQ(classified.exit_code, 0);
+  const auto body = json::parse(classified.output, nullptr, false);
+  ASSERT_FALSE(body.is_discarded()) << classified.output;
+  EXPECT_EQ(ArgMax(body), 5) << classified.output;
+  // `curl -X POST` without data sends no Content-Length: no body, answered at once.
+  const auto load = RunCommand("curl -s -m 3 -w ' %{http_code}' -X POST " + server->url() +
+                               "/v2/repository/models/mlp/load");
+  EXPECT_THAT(load.output, ::testing::EndsWith(" 200")) << load.output;
+}
+
+}  // namespace
+}  // namespace backplane::testing

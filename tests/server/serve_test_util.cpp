@@ -1,0 +1,268 @@
+#include "serve_test_util.hpp"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <regex>
+#include <stdexcept>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "backplane/onnx/network.hpp"
+
+namespace backplane::testing {
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+// ---- ServeHome ------------------------------------------------------------------------------
+
+ServeHome::ServeHome() {
+  fs::create_directory(backends());
+  fs::permissions(backends(), fs::perms(0700));
+  CopyFile(CpuRefBackend(), backend_file());
+  fs::copy(fs::path(BACKPLANE_SOURCE_DIR) / "models", models(), fs::copy_options::recursive);
+}
+
+void ServeHome::PublishBackendCopy() const {
+  static std::atomic<int> counter{0};
+  const fs::path temporary = backends() / (".publish-" + std::to_string(counter++) + ".tmp");
+  CopyFile(CpuRefBackend(), temporary);
+  const int fd = open(temporary.c_str(), O_RDONLY);
+  if (fd >= 0) {
+    fsync(fd);
+    close(fd);
+  }
+  fs::rename(temporary, backend_file());
+}
+
+void ServeHome::Write(const fs::path& relative, std::string_view text) const {
+  fs::create_directories((path() / relative).parent_path());
+  WriteFile(path() / relative, text);
+}
+
+// ---- ServeProcess ---------------------------------------------------------------------------
+
+ServeProcess::ServeProcess(pid_t pid, fs::path log_file)
+    : pid_(pid), log_file_(std::move(log_file)) {}
+
+ServeProcess::~ServeProcess() {
+  if (!exit_code_) {
+    kill(pid_, SIGKILL);
+    int status = 0;
+    waitpid(pid_, &status, 0);
+  }
+  // Under the sanitizer presets the server reports its errors in its log, not in an exit code
+  // a test would look at.
+  const std::string log = Log();
+  for (const char* report : {"ERROR: AddressSanitizer", "ERROR: LeakSanitizer",
+                             "runtime error:", "WARNING: ThreadSanitizer"}) {
+    if (log.find(report) != std::string::npos)
+      ADD_FAILURE() << "backplane serve reported \"" << report << "\":\n" << log;
+  }
+  std::error_code error;
+  fs::remove(log_file_, error);
+}
+
+namespace {
+
+pid_t Spawn(const std::vector<std::string>& args, const std::map<std::string, std::string>& env,
+            const fs::path& log_file) {
+  // Everything the child needs is prepared before fork: between fork and exec a child of a
+  // multi-threaded process may only call async-signal-safe functions (no malloc, no setenv).
+  std::vector<std::string> argv_storage = {BACKPLANE_EXECUTABLE, "serve"};
+  argv_storage.insert(argv_storage.end(), args.begin(), args.end());
+  std::vector<std::string> env_storage;
+  for (char** entry = environ; *entry != nullptr; ++entry) {
+    const std::string_view text(*entry);
+    if (!env.contains(std::string(text.substr(0, text.find('=')))))
+      env_storage.emplace_back(text);
+  }
+  for (const auto& [name, value] : env)
+    env_storage.push_back(name + "=" + value);
+  std::vector<char*> argv;
+  for (auto& arg : argv_storage)
+    argv.push_back(arg.data());
+  argv.push_back(nullptr);
+  std::vector<char*> envp;
+  for (auto& entry : env_storage)
+    envp.push_back(entry.data());
+  envp.push_back(nullptr);
+  const int fd = open(log_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  const pid_t parent = getpid();
+  const pid_t pid = fork();
+  if (pid == 0) {
+    // A test process that crashes must not leave servers behind: the server gets SIGKILL when
+    // the thread that started it ends (tests start servers from the main thread).
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent)
+      _exit(127);
+    dup2(fd, STDOUT_FILENO);  // dup2 clears O_CLOEXEC on the copies
+    dup2(fd, STDERR_FILENO);
+    execve(argv[0], argv.data(), envp.data());
+    _exit(127);
+  }
+  close(fd);
+  return pid;
+}
+
+fs::path NewLogFile() {
+  static std::atomic<int> counter{0};
+  return fs::temp_directory_path() / ("backplane-serve-test-" + std::to_string(getpid()) + "-" +
+                                      std::to_string(counter++) + ".log");
+}
+
+}  // namespace
+
+std::unique_ptr<ServeProcess> ServeProcess::Start(const std::vector<std::string>& args,
+                                                  const std::map<std::string, std::string>& env) {
+  std::vector<std::string> all = {"--listen", "127.0.0.1:0"};
+  all.insert(all.end(), args.begin(), args.end());
+  const fs::path log_file = NewLogFile();
+  std::unique_ptr<ServeProcess> process(new ServeProcess(Spawn(all, env, log_file), log_file));
+  static const std::regex kListening(R"(listening on http://127\.0\.0\.1:([0-9]+))");
+  const auto deadline = std::chrono::steady_clock::now() + 30s;
+  while (std::chrono::steady_clock::now() < deadline) {
+    std::smatch match;
+    const std::string log = process->Log();
+    if (std::regex_search(log, match, kListening)) {
+      process->port_ = std::stoi(match[1].str());
+      return process;
+    }
+    if (auto code = process->WaitForExit(0ms)) {
+      throw std::runtime_error("backplane serve exited with " + std::to_string(*code) +
+                               " before listening:\n" + log);
+    }
+    std::this_thread::sleep_for(10ms);
+  }
+  throw std::runtime_error("backplane serve did not listen within 30 s:\n" + process->Log());
+}
+
+CommandResult ServeProcess::RunToExit(const std::vector<std::string>& args,
+                                      std::chrono::milliseconds timeout) {
+  const fs::path log_file = NewLogFile();
+  ServeProcess process(Spawn(args, {}, log_file), log_file);
+  CommandResult result;
+  result.exit_code = process.WaitForExit(timeout).value_or(-1);
+  result.output = process.Log();
+  return result;
+}
+
+std::unique_ptr<httplib::Client> ServeProcess::Client() const {
+  auto client = std::make_unique<httplib::Client>("127.0.0.1", port_);
+  client->set_connection_timeout(5, 0);
+  client->set_read_timeout(30, 0);
+  client->set_write_timeout(30, 0);
+  return client;
+}
+
+void ServeProcess::Signal(int signal_number) const {
+  kill(pid_, signal_number);
+}
+
+std::optional<int> ServeProcess::WaitForExit(std::chrono::milliseconds timeout) {
+  if (exit_code_)
+    return exit_code_;
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  do {
+    int status = 0;
+    if (waitpid(pid_, &status, WNOHANG) == pid_) {
+      exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      return exit_code_;
+    }
+    if (timeout > 0ms)
+      std::this_thread::sleep_for(10ms);
+  } while (std::chrono::steady_clock::now() < deadline);
+  return std::nullopt;
+}
+
+std::string ServeProcess::Log() const {
+  return ReadFile(log_file_);
+}
+
+bool ServeProcess::WaitForLog(std::string_view needle, std::chrono::milliseconds timeout) const {
+  return Eventually([&] { return Log().find(needle) != std::string::npos; }, timeout);
+}
+
+// ---- MNIST ----------------------------------------------------------------------------------
+
+namespace {
+fs::path MnistDir() {
+  return fs::path(BACKPLANE_SHARED_DATA) / "models" / "mnist";
+}
+}  // namespace
+
+fs::path MnistDataDir() {
+  return MnistDir() / "test_data_set_0";
+}
+
+std::string MnistRequestBody(int index) {
+  auto tensor =
+      ReadTensorProtoFile(MnistDir() / ("test_data_set_" + std::to_string(index)) / "input_0.pb");
+  if (!tensor.ok())
+    throw std::runtime_error(tensor.error().ToString());
+  json data = json::array();
+  for (float value : tensor->Elements<float>())
+    data.push_back(value);
+  return json({{"id", "image-" + std::to_string(index)},
+               {"inputs",
+                {{{"name", "Input3"},
+                  {"shape", tensor->info().shape},
+                  {"datatype", "FP32"},
+                  {"data", data}}}}})
+      .dump();
+}
+
+int MnistLabel(int index) {
+  static constexpr int kLabels[] = {5, 0, 4};
+  return kLabels[index];
+}
+
+int ArgMax(const json& response) {
+  const auto& data = response.at("outputs").at(0).at("data");
+  int best = 0;
+  for (int i = 1; i < static_cast<int>(data.size()); ++i) {
+    if (data[i].get<double>() > data[best].get<double>())
+      best = i;
+  }
+  return best;
+}
+
+// ---- HTTP -----------------------------------------------------------------------------------
+
+namespace {
+JsonReply ToReply(const httplib::Result& result) {
+  JsonReply reply;
+  if (!result) {
+    reply.error = httplib::to_string(result.error());
+    return reply;
+  }
+  reply.status = result->status;
+  reply.text = result->body;
+  reply.body = json::parse(result->body, nullptr, false);
+  if (reply.body.is_discarded())
+    reply.body = nullptr;
+  return reply;
+}
+}  // namespace
+
+JsonReply Post(httplib::Client& client, const std::string& path, const std::string& body,
+               const httplib::Headers& headers) {
+  return ToReply(client.Post(path.c_str(), headers, body, "application/json"));
+}
+
+JsonReply Get(httplib::Client& client, const std::string& path) {
+  return ToReply(client.Get(path.c_str()));
+}
+
+JsonReply Put(httplib::Client& client, const std::string& path, const std::string& body,
+              const httplib::Headers& headers) {
+  return ToReply(client.Put(path.c_str(), headers, body, "application/json"));
+}
+
+}  // namespace backplane::testing

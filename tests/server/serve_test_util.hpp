@@ -1,0 +1,123 @@
+// Helpers of the `backplane serve` end-to-end tests: a server process on a free loopback port,
+// with its own copy of the CpuRef backend and of the example model repository.
+#pragma once
+
+#include <httplib.h>
+#include <sys/types.h>
+
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include "test_util.hpp"
+
+namespace backplane::testing {
+
+using namespace std::chrono_literals;
+
+// A temporary server home: backends/ with a copy of CpuRef as Backplane_CpuRef_backend.so,
+// models/ with a copy of the source tree's example repository (mnist, mlp).
+class ServeHome {
+ public:
+  ServeHome();
+  const std::filesystem::path& path() const { return dir_.path(); }
+  std::filesystem::path backends() const { return dir_ / "backends"; }
+  std::filesystem::path models() const { return dir_ / "models"; }
+  std::filesystem::path backend_file() const { return backends() / "Backplane_CpuRef_backend.so"; }
+  // Publishes a fresh copy of CpuRef over backend_file() the safe way: write a temporary file
+  // in the same directory, fsync, rename over (docs/loading-rules.md rule 7). Each call is a new file identity.
+  void PublishBackendCopy() const;
+  // Writes `text` to `relative` under path().
+  void Write(const std::filesystem::path& relative, std::string_view text) const;
+
+ private:
+  TempDir dir_;
+};
+
+// A running `backplane serve`. Stopped with SIGKILL on destruction if still running.
+class ServeProcess {
+ public:
+  // Starts BACKPLANE_EXECUTABLE serve --listen 127.0.0.1:0 plus `args`, with `env` added to the
+  // environment, and waits (deadline 30 s) for its "listening on http://HOST:PORT" line. Throws
+  // std::runtime_error with the log when it exits or the deadline passes first.
+  static std::unique_ptr<ServeProcess> Start(const std::vector<std::string>& args,
+                                             const std::map<std::string, std::string>& env = {});
+  // Runs a server that is expected to fail at start; returns its exit code and log.
+  static CommandResult RunToExit(const std::vector<std::string>& args,
+                                 std::chrono::milliseconds timeout = 30s);
+  ~ServeProcess();
+
+  int port() const { return port_; }
+  std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
+  std::unique_ptr<httplib::Client> Client() const;
+
+  void Signal(int signal_number) const;
+  // The exit code (128 + signal when killed), or nullopt when still running at the deadline.
+  std::optional<int> WaitForExit(std::chrono::milliseconds timeout);
+  std::string Log() const;
+  // Polls the log until it contains `needle`.
+  bool WaitForLog(std::string_view needle, std::chrono::milliseconds timeout) const;
+
+ private:
+  ServeProcess(pid_t pid, std::filesystem::path log_file);
+  pid_t pid_;
+  std::filesystem::path log_file_;
+  int port_ = 0;
+  std::optional<int> exit_code_;
+};
+
+// Polls `condition` every 10 ms until it holds or `timeout` passes.
+template <typename Condition>
+bool Eventually(Condition condition, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (condition())
+      return true;
+    std::this_thread::sleep_for(10ms);
+  }
+  return condition();
+}
+
+// The KServe request body for MNIST test image `index` (0, 1, 2) of the shared data, and its
+// label (5, 0, 4).
+std::string MnistRequestBody(int index);
+int MnistLabel(int index);
+// argmax of a response's first output.
+int ArgMax(const nlohmann::json& response);
+std::filesystem::path MnistDataDir();  // the test images; see BACKPLANE_REQUIRE_PATH
+
+// A POST with a JSON body; the body of the response parsed (null when not JSON).
+struct JsonReply {
+  int status = 0;  // 0: no response (connection error)
+  nlohmann::json body;
+  std::string text;
+  std::string error;  // the connection error, when status is 0
+};
+JsonReply Post(httplib::Client& client, const std::string& path, const std::string& body,
+               const httplib::Headers& headers = {});
+JsonReply Get(httplib::Client& client, const std::string& path);
+JsonReply Put(httplib::Client& client, const std::string& path, const std::string& body,
+              const httplib::Headers& headers = {});
+
+// Client threads of a test, stopped and joined on every way out of it (failed assertions too).
+struct JoinAll {
+  std::atomic<bool>& stop;
+  std::vector<std::thread>& threads;
+  ~JoinAll() {
+    stop.store(true);
+    for (auto& thread : threads) {
+      if (thread.joinable())
+        thread.join();
+    }
+  }
+};
+
+}  // namespace backplane::testing
