@@ -14,11 +14,11 @@ void BM_LoadAndUnloadGeneration(benchmark::State& state) {
   for (auto _ : state) {
     auto generation = loader->Load(BACKPLANE_BENCH_BACKEND);
     if (!generation.ok()) {
-      state.SkipWithError(generation.error().message.c_str());
+      state.SkipWithError(generation.error().message().c_str());
       return;
     }
     benchmark::DoNotOptimize(generation.value().get());
-    generation = backplane::loader::LoadError{};  // release; the reaper unloads
+    generation = backplane::Status{};  // release; the reaper unloads
     loader->WaitForUnloads();
   }
 }

@@ -72,18 +72,44 @@ bool IsBackendFileName(std::string_view name) {
   return true;
 }
 
-std::optional<LoadError> CheckOwnership(const fs::path& what, uid_t owner, mode_t mode,
+std::vector<uint64_t> BackendFileVersion(std::string_view name) {
+  std::vector<uint64_t> version;
+  const auto so = name.find("_backend.so");
+  if (so == std::string_view::npos)
+    return version;
+  std::string_view suffix = name.substr(so + std::string_view("_backend.so").size());
+  while (!suffix.empty() && suffix.front() == '.') {
+    suffix.remove_prefix(1);
+    uint64_t number = 0;
+    while (!suffix.empty() && suffix.front() >= '0' && suffix.front() <= '9') {
+      number = number * 10 + static_cast<uint64_t>(suffix.front() - '0');
+      suffix.remove_prefix(1);
+    }
+    version.push_back(number);
+  }
+  return version;
+}
+
+fs::path BackendFamily(const fs::path& path) {
+  const std::string name = path.filename().string();
+  const auto so = name.find("_backend.so");
+  if (so == std::string::npos)
+    return path;
+  return path.parent_path() / name.substr(0, so + std::string_view("_backend.so").size());
+}
+
+std::optional<Status> CheckOwnership(const fs::path& what, uid_t owner, mode_t mode,
                                         const FilePolicy& policy) {
   if (policy.allow_unsafe_permissions)
     return std::nullopt;
   if ((mode & S_ISVTX) && (mode & S_IWOTH)) {
-    return LoadError{LoadReason::kUnsafePermissions,
+    return Status{LoadReason::kUnsafePermissions,
                      what.string() + " is a shared directory (mode " + ModeString(mode) +
                          ") where anyone can create files: keep backends in a directory that "
                          "only their owner can write"};
   }
   if (mode & (S_IWGRP | S_IWOTH)) {
-    return LoadError{LoadReason::kUnsafePermissions,
+    return Status{LoadReason::kUnsafePermissions,
                      what.string() + " is writable by " +
                          ((mode & S_IWOTH) ? "others" : "its group") + " (mode " +
                          ModeString(mode) +
@@ -91,7 +117,7 @@ std::optional<LoadError> CheckOwnership(const fs::path& what, uid_t owner, mode_
                          "it, or allow unsafe permissions explicitly"};
   }
   if (owner != 0 && owner != geteuid()) {
-    return LoadError{LoadReason::kUnsafePermissions,
+    return Status{LoadReason::kUnsafePermissions,
                      what.string() + " is owned by uid " + std::to_string(owner) +
                          ", neither root nor this process's user (uid " +
                          std::to_string(geteuid()) +
@@ -100,14 +126,14 @@ std::optional<LoadError> CheckOwnership(const fs::path& what, uid_t owner, mode_
   return std::nullopt;
 }
 
-LoadResult<BackendFile> ResolveBackendFile(const fs::path& path, const FilePolicy& policy) {
+Result<BackendFile> ResolveBackendFile(const fs::path& path, const FilePolicy& policy) {
   struct stat link_stat {};
   if (lstat(path.c_str(), &link_stat) != 0) {
-    return LoadError{LoadReason::kNotFound,
+    return Status{LoadReason::kNotFound,
                      path.string() + " does not exist (" + std::strerror(errno) + ")"};
   }
   if (!IsBackendFileName(path.filename().string())) {
-    return LoadError{LoadReason::kNameScheme,
+    return Status{LoadReason::kNameScheme,
                      path.string() +
                          " is not named <vendor>_<name>_backend.so[.N...] (vendor "
                          "and name letters and digits only)"};
@@ -115,16 +141,16 @@ LoadResult<BackendFile> ResolveBackendFile(const fs::path& path, const FilePolic
   std::error_code error;
   fs::path real_path = fs::canonical(path, error);
   if (error) {
-    return LoadError{LoadReason::kNotFound,
+    return Status{LoadReason::kNotFound,
                      path.string() + " is a dangling symlink (" + error.message() + ")"};
   }
   struct stat file_stat {};
   if (stat(real_path.c_str(), &file_stat) != 0) {
-    return LoadError{LoadReason::kNotFound,
+    return Status{LoadReason::kNotFound,
                      real_path.string() + " cannot be read (" + std::strerror(errno) + ")"};
   }
   if (!S_ISREG(file_stat.st_mode)) {
-    return LoadError{
+    return Status{
         LoadReason::kNotRegular,
         path.string() +
             (S_ISDIR(file_stat.st_mode) ? " is a directory" : " is not a regular file") +
@@ -168,11 +194,7 @@ Discovery DiscoverBackendFiles(std::span<const fs::path> directories, const File
       }
       auto file = ResolveBackendFile(path, policy);
       if (!file.ok()) {
-        if (file.error().reason == LoadReason::kNotFound) {
-          Log().debug("ignoring {}: {}", path.string(), file.error().message);
-        } else {
-          discovery.rejected.push_back({path, file.error().reason, file.error().message});
-        }
+        discovery.rejected.push_back({path, std::move(file).error()});
         continue;
       }
       if (!seen_real_paths.insert(file->real_path).second) {

@@ -81,18 +81,18 @@ T ReadAt(std::span<const std::byte> bytes, std::uint64_t offset) {
   return value;
 }
 
-LoadError NotElf(std::string_view file, std::string_view cause) {
+Status NotElf(std::string_view file, std::string_view cause) {
   return {LoadReason::kNotElf, std::string(file) + " " + std::string(cause)};
 }
 
 // Fields that contradict each other cannot come from a linker; the file is damaged.
-LoadError Corrupt(std::string_view file, const std::string& cause) {
+Status Corrupt(std::string_view file, const std::string& cause) {
   return {LoadReason::kNotElf, std::string(file) + " is a corrupt ELF file: " + cause +
                                    "; rebuild it and deploy it again"};
 }
 
 // `end` is nullopt when offset + size overflows 64 bits.
-LoadError Truncated(std::string_view file, const std::string& what,
+Status Truncated(std::string_view file, const std::string& what,
                     std::optional<std::uint64_t> end, std::uint64_t file_size) {
   std::string where =
       end ? "ends at byte " + std::to_string(*end) : "ends beyond byte " + std::to_string(kMaxU64);
@@ -102,7 +102,7 @@ LoadError Truncated(std::string_view file, const std::string& what,
               " bytes; a deploy still being written? publish with write-temp + fsync + rename"};
 }
 
-std::optional<LoadError> CheckInFile(std::span<const std::byte> image, std::string_view file,
+std::optional<Status> CheckInFile(std::span<const std::byte> image, std::string_view file,
                                      const std::string& what, std::uint64_t offset,
                                      std::uint64_t length) {
   if (Contains(image, offset, length))
@@ -113,7 +113,7 @@ std::optional<LoadError> CheckInFile(std::span<const std::byte> image, std::stri
   return Truncated(file, what, end, image.size());
 }
 
-LoadError WrongArch(std::string_view file, const std::string& cause) {
+Status WrongArch(std::string_view file, const std::string& cause) {
   return {LoadReason::kWrongArch, std::string(file) + " " + cause};
 }
 
@@ -237,7 +237,7 @@ DynamicInfo ReadDynamic(std::span<const std::byte> image, const std::vector<Phdr
 // Fallback for images without section headers: find the table through PT_DYNAMIC. Without a
 // hash table the symbols cannot be counted, but then the dynamic linker cannot look any of them
 // up either (dlsym of the entry points fails later), so skipping is safe.
-Result<std::optional<SymbolTable>, LoadError> SymbolsFromDynamic(std::span<const std::byte> image,
+Result<std::optional<SymbolTable>> SymbolsFromDynamic(std::span<const std::byte> image,
                                                                  std::string_view file,
                                                                  const std::vector<Phdr>& phdrs,
                                                                  const DynamicInfo& dyn) {
@@ -323,7 +323,7 @@ std::string PhdrWhat(std::size_t index, std::string_view type) {
 
 }  // namespace
 
-LoadResult<ElfFacts> InspectElf(std::span<const std::byte> image, std::string_view file) {
+Result<ElfFacts> InspectElf(std::span<const std::byte> image, std::string_view file) {
   // 1. Is it ELF at all?
   if (image.size() < SELFMAG || std::memcmp(image.data(), ELFMAG, SELFMAG) != 0) {
     return NotElf(file,
@@ -560,7 +560,7 @@ LoadResult<ElfFacts> InspectElf(std::span<const std::byte> image, std::string_vi
     std::string message = std::string(file) + " " + causes.front();
     for (std::size_t i = 1; i < causes.size(); ++i)
       message += "; it also " + causes[i];
-    return LoadError{LoadReason::kNotUnloadable, std::move(message)};
+    return Status{LoadReason::kNotUnloadable, std::move(message)};
   }
 
   // 5. Identity.

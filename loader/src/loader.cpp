@@ -30,9 +30,9 @@ class Tracer {
     if (trace_ != nullptr)
       trace_->Add({std::move(stage), true, std::move(detail)});
   }
-  LoadError Fail(std::string stage, LoadError error) {
+  Status Fail(std::string stage, Status error) {
     if (trace_ != nullptr)
-      trace_->Add({std::move(stage), false, error.message});
+      trace_->Add({std::move(stage), false, error.message()});
     return error;
   }
 
@@ -57,16 +57,16 @@ class ShadowFileGuard {
 };
 
 // Maps the shadow file read-only for inspection: what is inspected is exactly what is dlopened.
-LoadResult<ElfFacts> InspectFile(const fs::path& path, const fs::path& named) {
+Result<ElfFacts> InspectFile(const fs::path& path, const fs::path& named) {
   const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
-    return LoadError{LoadReason::kIoError,
+    return Status{LoadReason::kIoError,
                      "cannot open shadow copy " + path.string() + ": " + std::strerror(errno)};
   }
   struct stat st {};
   if (fstat(fd, &st) != 0) {
     close(fd);
-    return LoadError{LoadReason::kIoError, "cannot stat shadow copy " + path.string()};
+    return Status{LoadReason::kIoError, "cannot stat shadow copy " + path.string()};
   }
   if (st.st_size == 0) {
     close(fd);
@@ -75,7 +75,7 @@ LoadResult<ElfFacts> InspectFile(const fs::path& path, const fs::path& named) {
   void* image = mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_PRIVATE, fd, 0);
   close(fd);
   if (image == MAP_FAILED) {
-    return LoadError{LoadReason::kIoError,
+    return Status{LoadReason::kIoError,
                      "cannot map shadow copy " + path.string() + ": " + std::strerror(errno)};
   }
   auto facts = InspectElf({static_cast<const std::byte*>(image), static_cast<size_t>(st.st_size)},
@@ -156,11 +156,11 @@ Result<std::shared_ptr<Loader>> Loader::Shared() {
 Loader::Loader(LoaderOptions options, std::shared_ptr<ShadowDirectory> shadows)
     : options_(std::move(options)), shadows_(std::move(shadows)) {}
 
-LoadResult<GenerationLease> Loader::Load(const fs::path& file, LoadTrace* trace) {
+Result<GenerationLease> Loader::Load(const fs::path& file, LoadTrace* trace) {
   Tracer tracer(trace);
   auto resolved = ResolveBackendFile(file, options_.file_policy);
   if (!resolved.ok()) {
-    const LoadReason reason = resolved.error().reason;
+    const auto reason = resolved.error().reason();
     if (reason == LoadReason::kUnsafePermissions)
       tracer.Pass("file", file.string());
     return tracer.Fail(reason == LoadReason::kUnsafePermissions ? "permissions" : "file",
@@ -193,7 +193,7 @@ LoadResult<GenerationLease> Loader::Load(const fs::path& file, LoadTrace* trace)
   return loaded;
 }
 
-LoadResult<GenerationLease> Loader::LoadNew(const BackendFile& file, LoadTrace* trace) {
+Result<GenerationLease> Loader::LoadNew(const BackendFile& file, LoadTrace* trace) {
   Tracer tracer(trace);
   const uint64_t number = next_generation.fetch_add(1, std::memory_order_relaxed);
 
@@ -321,7 +321,7 @@ LoadResult<GenerationLease> Loader::LoadNew(const BackendFile& file, LoadTrace* 
   return generation;
 }
 
-LoadResult<std::shared_ptr<BackendInstance>> Loader::CreateInstance(
+Result<std::shared_ptr<BackendInstance>> Loader::CreateInstance(
     const GenerationLease& generation) {
   const GenerationInfo& info = generation->info();
   IBackend* raw = nullptr;
@@ -336,7 +336,7 @@ LoadResult<std::shared_ptr<BackendInstance>> Loader::CreateInstance(
     failure = "BackendFactory threw an exception that is not a std::exception";
   }
   if (!failure.empty()) {
-    return LoadError{LoadReason::kFactoryFailed,
+    return Status{LoadReason::kFactoryFailed,
                      info.file.string() + " (backend " + info.backend_id + "): " + failure};
   }
   auto instance =
@@ -348,7 +348,7 @@ LoadResult<std::shared_ptr<BackendInstance>> Loader::CreateInstance(
     instance_id = "<GetId threw>";
   }
   if (instance_id != info.backend_id) {
-    return LoadError{LoadReason::kInvalidId,
+    return Status{LoadReason::kInvalidId,
                      info.file.string() + ": the instance says its id is '" + instance_id +
                          "' but GetBackendId says '" + info.backend_id + "'"};
   }

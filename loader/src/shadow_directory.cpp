@@ -121,14 +121,14 @@ WriterProbe HasWriters(int fd) {
   return WriterProbe::kNoWriter;
 }
 
-LoadResult<ShadowCopy> ShadowDirectory::Copy(const fs::path& source, uint64_t generation) const {
+Result<ShadowCopy> ShadowDirectory::Copy(const fs::path& source, uint64_t generation) const {
   const fs::path target = path_ / (std::to_string(generation) + "-" + source.filename().string());
   // Another loader of this process may have removed the directory when it was last empty.
   if (Status made = MakePrivateDirectory(path_); !made.ok()) {
-    return LoadError{LoadReason::kIoError, made.message()};
+    return Status{LoadReason::kIoError, made.message()};
   }
   auto io_error = [&](const std::string& what) {
-    return LoadError{LoadReason::kIoError, what + ": " + std::strerror(errno)};
+    return Status{LoadReason::kIoError, what + ": " + std::strerror(errno)};
   };
 
   // One fd for the whole copy: a rename over the path during the copy cannot mix two files.
@@ -139,7 +139,7 @@ LoadResult<ShadowCopy> ShadowDirectory::Copy(const fs::path& source, uint64_t ge
   if (fstat(in.get(), &before) != 0)
     return io_error("cannot stat " + source.string());
   if (HasWriters(in.get()) == WriterProbe::kWriting) {
-    return LoadError{LoadReason::kFileBusy,
+    return Status{LoadReason::kFileBusy,
                      source.string() +
                          " is open for writing by a process; it is loaded once its writer closes "
                          "it (publish with write-temp + fsync + rename to avoid the wait)"};
@@ -148,7 +148,7 @@ LoadResult<ShadowCopy> ShadowDirectory::Copy(const fs::path& source, uint64_t ge
   FileDescriptor out(open(target.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0700));
   if (out.get() < 0)
     return io_error("cannot create shadow copy " + target.string());
-  auto fail = [&](LoadError error) {
+  auto fail = [&](Status error) {
     unlink(target.c_str());
     return error;
   };
@@ -186,7 +186,7 @@ LoadResult<ShadowCopy> ShadowDirectory::Copy(const fs::path& source, uint64_t ge
   if (fstat(in.get(), &after) != 0)
     return fail(io_error("cannot stat " + source.string()));
   if (IdentityOf(before) != IdentityOf(after) || copied != after.st_size) {
-    return fail(LoadError{LoadReason::kFileChanged,
+    return fail(Status{LoadReason::kFileChanged,
                           source.string() + " changed while it was being copied (" +
                               std::to_string(before.st_size) + " -> " +
                               std::to_string(after.st_size) +

@@ -1,15 +1,15 @@
 #include "backplane/runtime/runtime.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <thread>
 
+#include "backplane/core/backend_call.hpp"
 #include "backplane/core/logging.hpp"
 #include "loaded_network.hpp"
 
 namespace backplane {
-
-using loader::LoadError;
-using loader::LoadReason;
 
 namespace {
 
@@ -104,45 +104,48 @@ double MaxDifference(const Tensor& a, const Tensor& b) {
   }
 }
 
-// Runs the probe through both networks; kValidationFailed naming the first output that differs.
-std::optional<LoadError> ValidateOnProbe(const LoadedNetwork& current,
-                                         const LoadedNetwork& candidate,
-                                         std::string_view backend_id, double tolerance) {
-  const auto inputs = ProbeInputs(current.network());
-  std::vector<ConstTensorView> views;
-  for (const auto& input : inputs)
-    views.push_back(input.View());
-  const std::string name = current.network().name;
-  auto expected = current.Execute(views);
-  auto actual = candidate.Execute(views);
-  if (!expected.ok())  // the current generation cannot run it: nothing to compare against
-    return std::nullopt;
-  if (!actual.ok()) {
-    return LoadError{LoadReason::kValidationFailed,
-                     "network " + name + " fails on the probe input with the new generation of " +
-                         std::string(backend_id) + ": " + actual.error().message()};
+// The instances for `preferences`, in order, from `instances`. Ids missing from it are appended
+// to `missing`: a preference list like "GpuAcc,CpuRef" must work on machines without GpuAcc, as
+// ArmNN's Optimize skips unavailable backends.
+std::vector<std::shared_ptr<loader::BackendInstance>> InstancesFor(
+    const std::vector<std::string>& preferences,
+    const std::map<std::string, std::shared_ptr<loader::BackendInstance>, std::less<>>& instances,
+    std::string* missing = nullptr) {
+  std::vector<std::shared_ptr<loader::BackendInstance>> ordered;
+  for (const auto& id : preferences) {
+    if (auto it = instances.find(id); it != instances.end()) {
+      ordered.push_back(it->second);
+    } else if (missing != nullptr) {
+      *missing += (missing->empty() ? "" : ", ") + id;
+    }
   }
-  const auto& outputs = current.network().outputs;
-  for (std::size_t i = 0; i < expected.value().size(); ++i) {
-    const Tensor& want = expected.value()[i];
-    const Tensor& got = actual.value()[i];
+  return ordered;
+}
+
+// The first output of `actual` that differs from `expected` by more than `tolerance`.
+Status CompareOnProbe(const Network& network, const std::vector<Tensor>& expected,
+                      const std::vector<Tensor>& actual, std::string_view backend_id,
+                      double tolerance) {
+  const auto& outputs = network.outputs;
+  for (std::size_t i = 0; i < expected.size(); ++i) {
+    const Tensor& want = expected[i];
+    const Tensor& got = actual[i];
     if (want.info() != got.info()) {
-      return LoadError{LoadReason::kValidationFailed,
-                       "network " + name + " output '" + outputs[i].name + "' is " +
-                           ToString(got.info().shape) + " on the new generation of " +
-                           std::string(backend_id) + ", " + ToString(want.info().shape) +
-                           " on the active one"};
+      return {LoadReason::kValidationFailed,
+              "network " + network.name + " output '" + outputs[i].name + "' is " +
+                  ToString(got.info().shape) + " on the new generation of " +
+                  std::string(backend_id) + ", " + ToString(want.info().shape) +
+                  " on the active one"};
     }
     const double difference = MaxDifference(want, got);
     if (difference > tolerance) {
-      return LoadError{LoadReason::kValidationFailed,
-                       "network " + name + " output '" + outputs[i].name + "' differs by " +
-                           std::to_string(difference) + " on the new generation of " +
-                           std::string(backend_id) + " (tolerance " + std::to_string(tolerance) +
-                           ")"};
+      return {LoadReason::kValidationFailed,
+              "network " + network.name + " output '" + outputs[i].name + "' differs by " +
+                  std::to_string(difference) + " on the new generation of " +
+                  std::string(backend_id) + " (tolerance " + std::to_string(tolerance) + ")"};
     }
   }
-  return std::nullopt;
+  return Status::Ok();
 }
 
 }  // namespace
@@ -158,9 +161,10 @@ Result<std::unique_ptr<Runtime>> Runtime::Create(RuntimeOptions options) {
   }
 
   std::unique_ptr<Runtime> runtime(new Runtime(registry, options));
-  // Attached under the registry's change lock: no generation change slips in between.
+  // Attached in the registry's change sequence: no generation change slips in between. The
+  // runtime is not shared yet, so its lock around backend code blocks nobody.
   runtime->subscription_ = registry->Subscribe(*runtime, [&] {
-    std::lock_guard lock(runtime->mutex_);
+    MutexLock lock(runtime->mutex_);
     runtime->AttachBackends();
   });
 
@@ -181,7 +185,7 @@ Result<std::unique_ptr<Runtime>> Runtime::Create(RuntimeOptions options) {
     if (!rejected.empty()) {
       why += "; " + std::to_string(rejected.size()) +
              " file(s) rejected, first: " + rejected.front().file.string() + ": " +
-             std::string(loader::ToString(rejected.front().reason));
+             rejected.front().error.ToString();
     }
     return FailedPrecondition("no backend is available (" + why + ")");
   }
@@ -204,7 +208,7 @@ void Runtime::AttachBackends() {
       Log().error("backend {} not available to this runtime: {}", id, instance.error().message());
       continue;
     }
-    auto slot = CreateSlot(std::move(instance).value());
+    auto slot = CreateSlot(std::move(instance).value(), nullptr);
     if (!slot.ok()) {
       Log().error("backend {} not available to this runtime: {}", id, slot.error().message());
       continue;
@@ -214,13 +218,12 @@ void Runtime::AttachBackends() {
 }
 
 Result<Runtime::BackendSlot> Runtime::CreateSlot(
-    std::shared_ptr<loader::BackendInstance> instance) {
+    std::shared_ptr<loader::BackendInstance> instance, const BackendOptions* options) {
   // Options survive a swap: a new generation gets what this runtime set on the old one.
-  if (auto applied = applied_options_.find(instance->id()); applied != applied_options_.end()) {
-    Status status = instance->UpdateOptions(applied->second);
-    if (!status.ok()) {
-      return Status(status.code(), "it refuses the options this runtime set: " + status.message());
-    }
+  if (options != nullptr) {
+    Status status = instance->UpdateOptions(*options);
+    if (!status.ok())
+      return status.WithContext("it refuses the options this runtime set: ");
   }
   auto context = instance->CreateBackendContext();
   if (!context.ok())
@@ -229,7 +232,7 @@ Result<Runtime::BackendSlot> Runtime::CreateSlot(
 }
 
 std::vector<std::string> Runtime::BackendIds() const {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   std::vector<std::string> ids;
   for (const auto& [id, slot] : backends_)
     ids.push_back(id);
@@ -237,13 +240,13 @@ std::vector<std::string> Runtime::BackendIds() const {
 }
 
 std::shared_ptr<loader::BackendInstance> Runtime::Backend(std::string_view id) const {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   auto it = backends_.find(id);
   return it == backends_.end() ? nullptr : it->second.instance;
 }
 
 Status Runtime::UpdateBackendOptions(std::string_view id, const BackendOptions& changes) {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   auto it = backends_.find(id);
   if (it == backends_.end())
     return NotFound("this runtime has no backend " + std::string(id));
@@ -251,6 +254,7 @@ Status Runtime::UpdateBackendOptions(std::string_view id, const BackendOptions& 
   auto& applied = applied_options_[std::string(id)];
   for (const auto& [key, value] : changes)
     applied.insert_or_assign(key, value);
+  ++state_version_;  // a new generation being prepared must get these options too
   return Status::Ok();
 }
 
@@ -272,24 +276,11 @@ std::vector<std::string> Runtime::PreferencesOf(NetworkId id, std::string_view a
   return preferences;
 }
 
-Runtime::Instances Runtime::BackendsFor(const std::vector<std::string>& preferences,
-                                        std::string_view swapped_id,
-                                        const std::shared_ptr<loader::BackendInstance>& swapped,
-                                        std::string* missing) const {
-  Instances backends;
-  for (const auto& id : preferences) {
-    if (id == swapped_id) {
-      if (swapped != nullptr)
-        backends.push_back(swapped);
-      continue;
-    }
-    if (auto it = backends_.find(id); it != backends_.end()) {
-      backends.push_back(it->second.instance);
-    } else if (missing != nullptr) {
-      *missing += (missing->empty() ? "" : ", ") + id;
-    }
-  }
-  return backends;
+Runtime::InstanceMap Runtime::CurrentInstances() const {
+  InstanceMap instances;
+  for (const auto& [id, slot] : backends_)
+    instances.emplace(id, slot.instance);
+  return instances;
 }
 
 std::shared_ptr<const LoadedNetwork> Runtime::Reaped(std::unique_ptr<LoadedNetwork> network) const {
@@ -299,14 +290,12 @@ std::shared_ptr<const LoadedNetwork> Runtime::Reaped(std::unique_ptr<LoadedNetwo
 }
 
 Result<NetworkId> Runtime::LoadNetwork(Network network, NetworkOptions options) {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   const NetworkId id = next_network_id_;
   preferences_[id] = std::move(options.backend_preferences);
   const std::vector<std::string> preferences = PreferencesOf(id);
-  // An id this runtime lacks is skipped, as ArmNN's Optimize skips unavailable backends: a
-  // preference list like "GpuAcc,CpuRef" must work on machines without GpuAcc.
   std::string missing;
-  const Instances backends = BackendsFor(preferences, {}, nullptr, &missing);
+  const Instances backends = InstancesFor(preferences, CurrentInstances(), &missing);
   if (backends.empty()) {
     preferences_.erase(id);
     std::vector<std::string> have;
@@ -317,10 +306,10 @@ Result<NetworkId> Runtime::LoadNetwork(Network network, NetworkOptions options) 
   }
   if (!missing.empty()) {
     Log().warn("network {}: skipping preferred backend(s) this runtime does not have: {}",
-                network.name, missing);
+               network.name, missing);
   }
 
-  auto fail = [&](Status status) {
+  auto fail = [&](Status status) REQUIRES(mutex_) {
     preferences_.erase(id);
     return status;
   };
@@ -328,28 +317,27 @@ Result<NetworkId> Runtime::LoadNetwork(Network network, NetworkOptions options) 
     if (slot.context == nullptr)  // a backend without a context
       continue;
     Status before = GuardBackendCall(backend_id, "BeforeLoadNetwork",
-                                             [&] { return slot.context->BeforeLoadNetwork(id); });
+                                     [&] { return slot.context->BeforeLoadNetwork(id); });
     if (!before.ok()) {
-      return fail(Status(before.code(), "backend " + backend_id + " refused to load network " +
-                                            network.name + ": " + before.message()));
+      return fail(before.WithContext("backend " + backend_id + " refused to load network " +
+                                     network.name + ": "));
     }
   }
   const std::string name = network.name;
   auto loaded =
       LoadedNetwork::Create(std::make_shared<const Network>(std::move(network)), backends);
-  if (!loaded.ok()) {
-    return fail(Status(loaded.error().code(), "network " + name + ": " + loaded.error().message()));
-  }
+  if (!loaded.ok())
+    return fail(loaded.error().WithContext("network " + name + ": "));
   for (auto& [backend_id, slot] : backends_) {
     if (slot.context == nullptr)
       continue;
     Status after = GuardBackendCall(backend_id, "AfterLoadNetwork",
-                                            [&] { return slot.context->AfterLoadNetwork(id); });
-    if (!after.ok()) {
+                                    [&] { return slot.context->AfterLoadNetwork(id); });
+    if (!after.ok())
       Log().warn("backend {}: AfterLoadNetwork({}) failed: {}", backend_id, id, after.message());
-    }
   }
   ++next_network_id_;
+  ++state_version_;  // a generation change being prepared must move this network too
   const std::size_t layers = loaded.value()->placement().size();
   auto updated = std::make_shared<NetworkMap>(*networks_.Load());
   updated->emplace(id, Reaped(std::move(loaded).value()));
@@ -359,7 +347,7 @@ Result<NetworkId> Runtime::LoadNetwork(Network network, NetworkOptions options) 
 }
 
 Status Runtime::UnloadNetwork(NetworkId id) {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   auto current = networks_.Load();
   if (!current->contains(id))
     return NotFound("no network " + std::to_string(id) + " is loaded");
@@ -367,7 +355,7 @@ Status Runtime::UnloadNetwork(NetworkId id) {
     if (slot.context == nullptr)  // a backend without a context
       continue;
     Status before = GuardBackendCall(backend_id, "BeforeUnloadNetwork",
-                                             [&] { return slot.context->BeforeUnloadNetwork(id); });
+                                     [&] { return slot.context->BeforeUnloadNetwork(id); });
     if (!before.ok()) {
       return FailedPrecondition("network " + std::to_string(id) + " stays loaded: backend " +
                                 backend_id + " refused to unload it: " + before.message());
@@ -377,137 +365,229 @@ Status Runtime::UnloadNetwork(NetworkId id) {
   updated->erase(id);
   networks_.Publish(std::move(updated));
   preferences_.erase(id);
+  ++state_version_;  // a generation change being prepared must not bring it back
   for (auto& [backend_id, slot] : backends_) {
     if (slot.context == nullptr)
       continue;
     Status after = GuardBackendCall(backend_id, "AfterUnloadNetwork",
-                                            [&] { return slot.context->AfterUnloadNetwork(id); });
-    if (!after.ok()) {
+                                    [&] { return slot.context->AfterUnloadNetwork(id); });
+    if (!after.ok())
       Log().warn("backend {}: AfterUnloadNetwork({}) failed: {}", backend_id, id, after.message());
-    }
   }
   return Status::Ok();
 }
 
-loader::LoadResult<CommitChange> Runtime::PrepareChange(const BackendChange& change) {
-  // Held from here until the commit (or abandonment) so that no load or unload slips between
-  // what is prepared and what is switched. The registry runs both on one thread.
-  auto lock = std::make_shared<std::unique_lock<std::mutex>>(mutex_);
-  if (change.next == nullptr)
-    return PrepareWithdrawal(change, std::move(lock));
+Status Runtime::ValidateOnProbe(const LoadedNetwork& current, const LoadedNetwork& candidate,
+                                std::string_view backend_id, double tolerance) {
+  // The probe is two requests of this runtime: it waits for a slot among the requests in flight
+  // like any other (a while, not forever: this is the registry's change sequence).
+  constexpr auto kWaitForSlot = std::chrono::seconds(2);
+  const auto until = scheduler::Clock::now() + kWaitForSlot;
+  std::optional<Result<scheduler::RequestScheduler::Admission>> admission;
+  while (true) {
+    admission.emplace(scheduler_.Admit());
+    if (admission->ok() || scheduler::Clock::now() >= until)
+      break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  if (!admission->ok()) {
+    return {LoadReason::kValidationFailed,
+            "the swap-validation probe of network " + current.network().name +
+                " found no free request slot for 2 s: " + admission->error().message()};
+  }
+  const auto inputs = ProbeInputs(current.network());
+  std::vector<ConstTensorView> views;
+  for (const auto& input : inputs)
+    views.push_back(input.View());
+  std::optional<Result<std::vector<Tensor>>> expected;
+  std::optional<Result<std::vector<Tensor>>> actual;
+  BACKPLANE_RETURN_IF_ERROR(scheduler_.RunInArena([&] {
+    expected.emplace(current.Execute(views));
+    actual.emplace(candidate.Execute(views));
+    return Status::Ok();
+  }));
+  if (!expected->ok())  // the current generation cannot run it: nothing to compare against
+    return Status::Ok();
+  if (!actual->ok()) {
+    return {LoadReason::kValidationFailed,
+            "network " + current.network().name +
+                " fails on the probe input with the new generation of " +
+                std::string(backend_id) + ": " + actual->error().message()};
+  }
+  return CompareOnProbe(current.network(), expected->value(), actual->value(), backend_id,
+                        tolerance);
+}
 
+// One runtime's side of a backend change: the new slot (instance and context) and the networks
+// re-prepared on it, built without the runtime's lock and switched under it.
+class Runtime::SwapChange final : public PreparedChange {
+ public:
+  SwapChange(Runtime& runtime, uint64_t version, const BackendChange& change)
+      : runtime_(runtime),
+        version_(version),
+        id_(change.backend_id),
+        generation_(change.next ? change.next->info().number : 0),
+        previous_generation_(change.previous ? change.previous->info().number : 0) {}
+
+  std::unique_lock<Mutex> LockState() override {
+    return std::unique_lock<Mutex>(runtime_.mutex_);
+  }
+
+  bool IsCurrent() const override {
+    runtime_.mutex_.AssertHeld();
+    return runtime_.state_version_ == version_;
+  }
+
+  void Commit() override {
+    runtime_.mutex_.AssertHeld();
+    if (!moved_.empty()) {
+      auto updated = std::make_shared<NetworkMap>(*runtime_.networks_.Load());
+      for (const auto& [network_id, network] : moved_)
+        (*updated)[network_id] = network;
+      runtime_.networks_.Publish(std::move(updated));
+    }
+    // The replaced slot (context, then instance) is released when this change is dropped,
+    // outside every lock.
+    if (auto it = runtime_.backends_.find(id_); it != runtime_.backends_.end()) {
+      replaced_ = std::move(it->second);
+      runtime_.backends_.erase(it);
+    }
+    if (slot_) {
+      auto& placed = runtime_.backends_.emplace(id_, *std::move(slot_)).first->second;
+      slot_.reset();
+      for (const auto& [network_id, network] : *runtime_.networks_.Load()) {
+        if (placed.context == nullptr)
+          break;
+        Status after = GuardBackendCall(id_, "AfterLoadNetwork", [&] {
+          return placed.context->AfterLoadNetwork(network_id);
+        });
+        if (!after.ok()) {
+          Log().warn("backend {}: AfterLoadNetwork({}) failed: {}", id_, network_id,
+                     after.message());
+        }
+      }
+    }
+    ++runtime_.state_version_;
+  }
+
+  void AfterCommit() override {
+    if (generation_ == 0) {
+      for (const auto& [network_id, network] : moved_)
+        Log().info("network {} moved off withdrawn backend {}", network->network().name, id_);
+    } else if (previous_generation_ != 0) {
+      Log().info("backend {}: generation {} replaces {}; {} network(s) moved ({})", id_,
+                 generation_, previous_generation_, moved_.size(),
+                 runtime_.swap_policy_ == SwapPolicy::kMigrate ? "migrate" : "pin");
+    }
+  }
+
+  // What was prepared: the new slot (none for a withdrawal) and the networks that move.
+  std::optional<BackendSlot> slot_;
+  std::map<NetworkId, std::shared_ptr<const LoadedNetwork>> moved_;
+
+ private:
+  Runtime& runtime_;
+  const uint64_t version_;
+  const std::string id_;
+  const uint64_t generation_;
+  const uint64_t previous_generation_;
+  std::optional<BackendSlot> replaced_;
+};
+
+Result<std::unique_ptr<PreparedChange>> Runtime::PrepareChange(const BackendChange& change) {
   const std::string& id = change.backend_id;
+  // What the change is prepared against, read under the lock. Everything that calls backend
+  // code runs after it is released.
+  struct Affected {
+    NetworkId id;
+    std::shared_ptr<const LoadedNetwork> network;
+    std::vector<std::string> preferences;
+  };
+  std::vector<Affected> affected;
+  std::vector<NetworkId> all_networks;
+  InstanceMap instances;
+  std::optional<BackendOptions> options;
+  uint64_t version = 0;
+  {
+    MutexLock lock(mutex_);
+    version = state_version_;
+    instances = CurrentInstances();
+    if (auto it = applied_options_.find(id); it != applied_options_.end())
+      options = it->second;
+    // A withdrawal moves every network off the id; a new generation moves them onto it
+    // (kMigrate), including networks left on a withdrawn generation now that its file is back.
+    const bool moves = change.next == nullptr || swap_policy_ == SwapPolicy::kMigrate;
+    for (const auto& [network_id, network] : *networks_.Load()) {
+      all_networks.push_back(network_id);
+      if (moves && network->Uses(id))
+        affected.push_back({network_id, network, PreferencesOf(network_id, id)});
+    }
+  }
+  auto prepared = std::make_unique<SwapChange>(*this, version, change);
+
+  if (change.next == nullptr) {
+    instances.erase(id);
+    for (const auto& [network_id, network, preferences] : affected) {
+      const Instances others = InstancesFor(preferences, instances);
+      auto moved = others.empty() ? Result<std::unique_ptr<LoadedNetwork>>(
+                                        NotFound("no other backend in its preference list"))
+                                  : LoadedNetwork::Create(network->shared_network(), others);
+      if (!moved.ok()) {
+        Log().warn("network {} keeps running on withdrawn backend {} (generation {}): {}",
+                   network->network().name, id, GenerationOn(*network, id),
+                   moved.error().message());
+        continue;
+      }
+      prepared->moved_.emplace(network_id, Reaped(std::move(moved).value()));
+    }
+    return std::unique_ptr<PreparedChange>(std::move(prepared));
+  }
+
   const uint64_t generation = change.next->info().number;
   auto refuse = [&](LoadReason reason, const std::string& why) {
-    return LoadError{reason,
-                     "backend " + id + " generation " + std::to_string(generation) + ": " + why};
+    return Status(reason, "backend " + id + " generation " + std::to_string(generation) + ": " +
+                              why);
   };
   auto instance = registry_->loader().CreateInstance(change.next);
   if (!instance.ok())
     return std::move(instance).error();
-  auto created = CreateSlot(std::move(instance).value());
-  if (!created.ok())
-    return refuse(LoadReason::kPrepareFailed, created.error().message());
-  auto slot = std::make_shared<BackendSlot>(std::move(created).value());
+  auto slot = CreateSlot(instance.value(), options ? &*options : nullptr);
+  if (!slot.ok())
+    return refuse(LoadReason::kPrepareFailed, slot.error().message());
+  instances.insert_or_assign(id, instance.value());
 
-  // The networks to move: every one with a layer on this id (kMigrate), prepared now so that
-  // the switch is one pointer store.
-  auto networks = networks_.Load();
-  std::map<NetworkId, std::shared_ptr<const LoadedNetwork>> moved;
-  // That includes networks left on a withdrawn generation of it, now that its file is back.
-  if (swap_policy_ == SwapPolicy::kMigrate) {
-    const auto validation = swap_validation_.find(id);
-    for (const auto& [network_id, network] : *networks) {
-      if (!network->Uses(id))
-        continue;
-      auto prepared =
-          LoadedNetwork::Create(network->shared_network(),
-                                BackendsFor(PreferencesOf(network_id, id), id, slot->instance));
-      if (!prepared.ok()) {
-        return refuse(LoadReason::kPrepareFailed,
-                      "network " + network->network().name +
-                          " does not prepare on it: " + prepared.error().message());
-      }
-      if (validation != swap_validation_.end()) {
-        if (auto mismatch =
-                ValidateOnProbe(*network, *prepared.value(), id, validation->second.tolerance)) {
-          return refuse(LoadReason::kValidationFailed, mismatch->message);
-        }
-      }
-      moved.emplace(network_id, Reaped(std::move(prepared).value()));
+  // Every affected network prepared now, so that the switch is one pointer store each.
+  const auto validation = swap_validation_.find(id);
+  for (const auto& [network_id, network, preferences] : affected) {
+    auto moved = LoadedNetwork::Create(network->shared_network(),
+                                       InstancesFor(preferences, instances));
+    if (!moved.ok()) {
+      return refuse(LoadReason::kPrepareFailed, "network " + network->network().name +
+                                                    " does not prepare on it: " +
+                                                    moved.error().message());
     }
+    if (validation != swap_validation_.end()) {
+      Status valid =
+          ValidateOnProbe(*network, *moved.value(), id, validation->second.tolerance);
+      if (!valid.ok())
+        return refuse(LoadReason::kValidationFailed, valid.message());
+    }
+    prepared->moved_.emplace(network_id, Reaped(std::move(moved).value()));
   }
-  for (const auto& [network_id, network] : *networks) {
-    if (slot->context == nullptr)
+  for (NetworkId network_id : all_networks) {
+    if (slot.value().context == nullptr)
       break;
-    Status before = GuardBackendCall(
-        id, "BeforeLoadNetwork", [&] { return slot->context->BeforeLoadNetwork(network_id); });
+    Status before = GuardBackendCall(id, "BeforeLoadNetwork", [&] {
+      return slot.value().context->BeforeLoadNetwork(network_id);
+    });
     if (!before.ok()) {
-      return refuse(
-          LoadReason::kPrepareFailed,
-          "its context refuses network " + network->network().name + ": " + before.message());
+      return refuse(LoadReason::kPrepareFailed, "its context refuses network " +
+                                                    std::to_string(network_id) + ": " +
+                                                    before.message());
     }
   }
-
-  return CommitChange([this, lock, id, slot, moved, generation, previous = change.previous] {
-    std::shared_ptr<const NetworkMap> current = networks_.Load();
-    if (!moved.empty()) {
-      auto updated = std::make_shared<NetworkMap>(*current);
-      for (const auto& [network_id, network] : moved)
-        (*updated)[network_id] = network;
-      networks_.Publish(updated);
-      current = std::move(updated);
-    }
-    // The old slot (context, then instance) goes here, on the registry's thread.
-    backends_.insert_or_assign(id, std::move(*slot));
-    auto& context = backends_.at(id).context;
-    for (const auto& [network_id, network] : *current) {
-      if (context == nullptr)
-        break;
-      Status after = GuardBackendCall(
-          id, "AfterLoadNetwork", [&] { return context->AfterLoadNetwork(network_id); });
-      if (!after.ok())
-        Log().warn("backend {}: AfterLoadNetwork({}) failed: {}", id, network_id, after.message());
-    }
-    if (previous != nullptr) {
-      Log().info("backend {}: generation {} replaces {}; {} network(s) moved ({})", id, generation,
-                  previous->info().number, moved.size(),
-                  swap_policy_ == SwapPolicy::kMigrate ? "migrate" : "pin");
-    }
-  });
-}
-
-loader::LoadResult<CommitChange> Runtime::PrepareWithdrawal(
-    const BackendChange& change, std::shared_ptr<std::unique_lock<std::mutex>> lock) {
-  const std::string& id = change.backend_id;
-  std::map<NetworkId, std::shared_ptr<const LoadedNetwork>> moved;
-  auto networks = networks_.Load();
-  for (const auto& [network_id, network] : *networks) {
-    if (!network->Uses(id))
-      continue;
-    const Instances others = BackendsFor(PreferencesOf(network_id), id, nullptr);
-    auto prepared = others.empty() ? Result<std::unique_ptr<LoadedNetwork>>(
-                                         NotFound("no other backend in its preference list"))
-                                   : LoadedNetwork::Create(network->shared_network(), others);
-    if (!prepared.ok()) {
-      Log().warn("network {} keeps running on withdrawn backend {} (generation {}): {}",
-                  network->network().name, id, GenerationOn(*network, id),
-                  prepared.error().message());
-      continue;
-    }
-    moved.emplace(network_id, Reaped(std::move(prepared).value()));
-  }
-  return CommitChange([this, lock, id, moved] {
-    if (!moved.empty()) {
-      auto updated = std::make_shared<NetworkMap>(*networks_.Load());
-      for (const auto& [network_id, network] : moved) {
-        Log().info("network {} moved off withdrawn backend {}", network->network().name, id);
-        (*updated)[network_id] = network;
-      }
-      networks_.Publish(std::move(updated));
-    }
-    backends_.erase(id);  // no new network uses it; loaded ones keep their leases
-  });
+  prepared->slot_ = std::move(slot).value();
+  return std::unique_ptr<PreparedChange>(std::move(prepared));
 }
 
 Result<std::shared_ptr<const LoadedNetwork>> Runtime::FindNetwork(NetworkId id) const {

@@ -156,8 +156,8 @@ HttpResponse Placement(const ServeContext& context, const HttpRequest& request) 
 
 json RejectedFileJson(const loader::RejectedFile& rejected) {
   return {{"file", rejected.file.string()},
-          {"reason", loader::ToString(rejected.reason)},
-          {"message", rejected.message}};
+          {"reason", rejected.error.name()},
+          {"message", rejected.error.message()}};
 }
 
 json BackendStatusJson(const BackendStatus& status) {
@@ -174,7 +174,8 @@ json BackendStatusJson(const BackendStatus& status) {
          {"refcount", generation.refcount},
          {"loaded_at", Rfc3339(generation.loaded_at)},
          {"drain_ms", generation.drain_ms ? json(*generation.drain_ms) : json(nullptr)},
-         {"reason", generation.reason.empty() ? json(nullptr) : json(generation.reason)}});
+         {"reason", generation.rejection.ok() ? json(nullptr)
+                                              : json(generation.rejection.ToString())}});
   }
   json rejected = json::array();
   for (const auto& file : status.rejected)

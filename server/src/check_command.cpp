@@ -17,7 +17,6 @@
 
 namespace backplane::server {
 namespace fs = std::filesystem;
-using loader::LoadReason;
 using nlohmann::json;
 
 namespace {
@@ -77,7 +76,7 @@ void CheckStages(const std::string& file, bool allow_unsafe,
   trace.on_stage = [&](const loader::LoadStage& done) { stage(done.name, done.ok, done.detail); };
   auto loaded = host_loader.Load(file, &trace);
   if (!loaded.ok()) {
-    return verdict_error(loader::ToString(loaded.error().reason), loaded.error().message);
+    return verdict_error(loaded.error().name(), loaded.error().message());
   }
   loader::GenerationLease generation = std::move(loaded).value();
   const loader::GenerationInfo info = generation->info();
@@ -85,8 +84,8 @@ void CheckStages(const std::string& file, bool allow_unsafe,
   {
     auto instance = host_loader.CreateInstance(generation);
     if (!instance.ok()) {
-      stage("instance", false, instance.error().message);
-      return verdict_error(loader::ToString(instance.error().reason), instance.error().message);
+      stage("instance", false, instance.error().message());
+      return verdict_error(instance.error().name(), instance.error().message());
     }
     auto context = instance.value()->CreateBackendContext();
     if (!context.ok()) {
@@ -181,7 +180,7 @@ FileReport CheckFile(const std::string& file, bool allow_unsafe) {
         report.api_version = line["api_version"];
         report.release = line["release"];
       } else {
-        report.reason = loader::ParseLoadReason(line["reason"].get<std::string>());
+        report.reason = ParseLoadReason(line["reason"].get<std::string>());
         report.message = line["message"];
       }
     }
@@ -246,7 +245,7 @@ void PrintText(const FileReport& report) {
     std::cout << "  verdict: OK, backend " << report.id << " (API " << report.api_version
               << (report.release.empty() ? "" : ", release " + report.release) << ")\n";
   } else {
-    std::cout << "  verdict: REJECTED " << loader::ToString(*report.reason) << ": "
+    std::cout << "  verdict: REJECTED " << ToString(*report.reason) << ": "
               << report.message << "\n";
   }
 }
@@ -263,7 +262,7 @@ json ToJson(const FileReport& report) {
           {"api_version", report.api_version.empty() ? json(nullptr) : json(report.api_version)},
           {"release", report.release.empty() ? json(nullptr) : json(report.release)},
           {"stage", report.stages.empty() ? json(nullptr) : json(report.stages.back().name)},
-          {"reason", ok ? json(nullptr) : json(loader::ToString(*report.reason))},
+          {"reason", ok ? json(nullptr) : json(ToString(*report.reason))},
           {"message", ok ? json("would load") : json(report.message)},
           {"stages", stages}};
 }

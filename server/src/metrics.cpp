@@ -209,7 +209,7 @@ void ServerMetrics::AttachRegistry(const BackendRegistry& registry) {
     BackendLocked(id);
   }
   for (const auto& file : rejected)
-    ++rejected_by_reason_[std::string(loader::ToString(file.reason))];
+    ++rejected_by_reason_[std::string(file.error.name())];
 }
 
 void ServerMetrics::OnGenerationEvent(const GenerationEvent& event) {
@@ -227,8 +227,8 @@ void ServerMetrics::OnGenerationEvent(const GenerationEvent& event) {
     case GenerationEvent::Kind::kRejected:
       // The registry gives every rejection a reason code (PREPARE_FAILED when a runtime could
       // not prepare its networks on the new generation); count one without as that, too.
-      ++rejected_by_reason_[event.reason ? std::string(loader::ToString(*event.reason))
-                                         : std::string("PREPARE_FAILED")];
+      ++rejected_by_reason_[event.error.reason() ? std::string(event.error.name())
+                                                 : std::string("PREPARE_FAILED")];
       break;
     case GenerationEvent::Kind::kLeaked:
       ++BackendLocked(event.backend_id).leaked;

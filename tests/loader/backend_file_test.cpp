@@ -12,6 +12,7 @@ namespace {
 namespace fs = std::filesystem;
 using testing::CopyFile;
 using ::testing::ElementsAre;
+using ::testing::HasSubstr;
 using testing::Fixture;
 using testing::TempDir;
 
@@ -77,7 +78,22 @@ TEST(BackendFileTest, DiscoveryFollowsSymlinksOncePerFileAndIgnoresOtherNames) {
     names.push_back(file.path.filename().string());
   EXPECT_THAT(names, ElementsAre("Test_Other_backend.so", "Test_Valid_backend.so"));
   EXPECT_EQ(discovery.files[1].real_path, fs::canonical(dir / "Test_Valid_backend.so.1.2.3"));
-  EXPECT_TRUE(discovery.rejected.empty()) << "a dangling symlink is dropped, not rejected";
+  // A dangling name is a broken deploy, reported like any other unusable name.
+  ASSERT_EQ(discovery.rejected.size(), 1u);
+  EXPECT_EQ(discovery.rejected[0].file, dir / "Test_Dangling_backend.so");
+  EXPECT_EQ(discovery.rejected[0].error.reason(), LoadReason::kNotFound);
+  EXPECT_THAT(discovery.rejected[0].error.message(), HasSubstr("dangling symlink"));
+}
+
+TEST(BackendFileTest, VersionedNamesBelongToOneFamily) {
+  EXPECT_EQ(BackendFamily("/b/Acme_Fast_backend.so.1.2.3"), fs::path("/b/Acme_Fast_backend.so"));
+  EXPECT_EQ(BackendFamily("/b/Acme_Fast_backend.so"), fs::path("/b/Acme_Fast_backend.so"));
+  EXPECT_NE(BackendFamily("/b/Acme_Fast_backend.so.1"), BackendFamily("/c/Acme_Fast_backend.so.1"));
+  EXPECT_THAT(BackendFileVersion("Acme_Fast_backend.so.1.20.3"), ElementsAre(1, 20, 3));
+  EXPECT_TRUE(BackendFileVersion("Acme_Fast_backend.so").empty());
+  // Numerically, not as text: 2.0.10 is newer than 2.0.9, and 1.0 than 1.
+  EXPECT_GT(BackendFileVersion("A_b_backend.so.2.0.10"), BackendFileVersion("A_b_backend.so.2.0.9"));
+  EXPECT_GT(BackendFileVersion("A_b_backend.so.1.0"), BackendFileVersion("A_b_backend.so.1"));
 }
 
 TEST(BackendFileTest, SameFileNameInTwoDirectoriesIsTwoFiles) {
@@ -97,7 +113,7 @@ TEST(BackendFileTest, DiscoveryReportsUnsafeFiles) {
   Discovery discovery = DiscoverBackendFiles(std::vector{dir.path()}, {});
   EXPECT_TRUE(discovery.files.empty());
   ASSERT_EQ(discovery.rejected.size(), 1u);
-  EXPECT_EQ(discovery.rejected[0].reason, LoadReason::kUnsafePermissions);
+  EXPECT_EQ(discovery.rejected[0].error.reason(), LoadReason::kUnsafePermissions);
 }
 
 TEST(BackendFileTest, ReasonCodesRoundTrip) {

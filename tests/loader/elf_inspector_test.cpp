@@ -482,8 +482,8 @@ TEST(ElfInspectorTest, RejectsNodelete) {
   spec.nodelete = true;
   const auto result = InspectElf(BuildElf(spec).span(), "acme_npu_backend.so");
   ASSERT_FALSE(result.ok());
-  EXPECT_EQ(result.error().reason, LoadReason::kNotUnloadable);
-  EXPECT_EQ(result.error().message,
+  EXPECT_EQ(result.error().reason(), LoadReason::kNotUnloadable);
+  EXPECT_EQ(result.error().message(),
             "acme_npu_backend.so is linked with -z nodelete (DF_1_NODELETE): glibc would never "
             "unmap it, so it could not be replaced; remove -z nodelete (backplane_add_backend() "
             "never sets it)");
@@ -509,8 +509,8 @@ TEST(ElfInspectorTest, RejectsGnuUniqueSymbol) {
   spec.symbols.push_back({"_ZN4acme5OtherE", STB_GNU_UNIQUE, true});
   const auto result = InspectElf(BuildElf(spec).span(), "acme_npu_backend.so");
   ASSERT_FALSE(result.ok());
-  EXPECT_EQ(result.error().reason, LoadReason::kNotUnloadable);
-  EXPECT_EQ(result.error().message,
+  EXPECT_EQ(result.error().reason(), LoadReason::kNotUnloadable);
+  EXPECT_EQ(result.error().message(),
             "acme_npu_backend.so defines STB_GNU_UNIQUE symbol _ZGVZN4acme8RegistryEvE8instance: "
             "glibc would never unmap it and a new version would bind to this version's objects; "
             "build with -fno-gnu-unique or backplane_add_backend()");
@@ -528,8 +528,8 @@ TEST(ElfInspectorTest, RejectsCxaThreadAtexitImport) {
   spec.symbols.push_back({"__cxa_thread_atexit", STB_GLOBAL, false});
   const auto result = InspectElf(BuildElf(spec).span(), "acme_npu_backend.so");
   ASSERT_FALSE(result.ok());
-  EXPECT_EQ(result.error().reason, LoadReason::kNotUnloadable);
-  EXPECT_EQ(result.error().message,
+  EXPECT_EQ(result.error().reason(), LoadReason::kNotUnloadable);
+  EXPECT_EQ(result.error().message(),
             "acme_npu_backend.so imports __cxa_thread_atexit: a thread_local object with a "
             "non-trivial destructor pins the library while any thread lives; make thread_local "
             "data trivially destructible or keep it in the backend instance");
@@ -540,9 +540,9 @@ TEST(ElfInspectorTest, RejectsCxaThreadAtexitImplImport) {
   spec.symbols.push_back({"__cxa_thread_atexit_impl", STB_WEAK, false});
   const auto result = InspectElf(BuildElf(spec).span(), "acme_npu_backend.so");
   ASSERT_FALSE(result.ok());
-  EXPECT_EQ(result.error().reason, LoadReason::kNotUnloadable);
-  EXPECT_TRUE(Contains(result.error().message, "imports __cxa_thread_atexit_impl: "));
-  EXPECT_TRUE(Contains(result.error().message, "make thread_local data trivially destructible"));
+  EXPECT_EQ(result.error().reason(), LoadReason::kNotUnloadable);
+  EXPECT_TRUE(Contains(result.error().message(), "imports __cxa_thread_atexit_impl: "));
+  EXPECT_TRUE(Contains(result.error().message(), "make thread_local data trivially destructible"));
 }
 
 TEST(ElfInspectorTest, AcceptsDefinedCxaThreadAtexitAndSimilarImports) {
@@ -559,8 +559,8 @@ TEST(ElfInspectorTest, RejectsExecutableStack) {
   spec.stack_flags = PF_R | PF_W | PF_X;
   const auto result = InspectElf(BuildElf(spec).span(), "acme_npu_backend.so");
   ASSERT_FALSE(result.ok());
-  EXPECT_EQ(result.error().reason, LoadReason::kNotUnloadable);
-  EXPECT_EQ(result.error().message,
+  EXPECT_EQ(result.error().reason(), LoadReason::kNotUnloadable);
+  EXPECT_EQ(result.error().message(),
             "acme_npu_backend.so requires an executable stack (PT_GNU_STACK is RWX): loading it "
             "would make every thread stack executable, which unloading cannot undo; link with -z "
             "noexecstack");
@@ -571,9 +571,9 @@ TEST(ElfInspectorTest, RejectsMissingGnuStackHeader) {
   spec.gnu_stack = false;
   const auto result = InspectElf(BuildElf(spec).span(), "acme_npu_backend.so");
   ASSERT_FALSE(result.ok());
-  EXPECT_EQ(result.error().reason, LoadReason::kNotUnloadable);
-  EXPECT_TRUE(Contains(result.error().message, "has no PT_GNU_STACK header"));
-  EXPECT_TRUE(Contains(result.error().message, "link with -z noexecstack"));
+  EXPECT_EQ(result.error().reason(), LoadReason::kNotUnloadable);
+  EXPECT_TRUE(Contains(result.error().message(), "has no PT_GNU_STACK header"));
+  EXPECT_TRUE(Contains(result.error().message(), "link with -z noexecstack"));
 }
 
 TEST(ElfInspectorTest, ReportsEveryReasonItCannotBeUnloaded) {
@@ -584,8 +584,8 @@ TEST(ElfInspectorTest, ReportsEveryReasonItCannotBeUnloaded) {
   spec.symbols.push_back({"_ZN4acme5OtherE", STB_GNU_UNIQUE, true});
   const auto result = InspectElf(BuildElf(spec).span(), "acme_npu_backend.so");
   ASSERT_FALSE(result.ok());
-  EXPECT_EQ(result.error().reason, LoadReason::kNotUnloadable);
-  const std::string& message = result.error().message;
+  EXPECT_EQ(result.error().reason(), LoadReason::kNotUnloadable);
+  const std::string& message = result.error().message();
   EXPECT_EQ(message.find("acme_npu_backend.so is linked with -z nodelete"), 0u) << message;
   EXPECT_TRUE(Contains(message, "; it also defines STB_GNU_UNIQUE symbol _ZN4acme5OtherE"));
   EXPECT_TRUE(Contains(message, "; it also imports __cxa_thread_atexit_impl"));
@@ -599,8 +599,8 @@ TEST(ElfInspectorTest, FindsGnuUniqueWithoutSectionHeadersThroughSysvHash) {
   spec.symbols.push_back({"_ZN4acme5OtherE", STB_GNU_UNIQUE, true});
   const auto result = InspectElf(BuildElf(spec).span(), "acme_npu_backend.so");
   ASSERT_FALSE(result.ok());
-  EXPECT_EQ(result.error().reason, LoadReason::kNotUnloadable);
-  EXPECT_TRUE(Contains(result.error().message, "defines STB_GNU_UNIQUE symbol _ZN4acme5OtherE"));
+  EXPECT_EQ(result.error().reason(), LoadReason::kNotUnloadable);
+  EXPECT_TRUE(Contains(result.error().message(), "defines STB_GNU_UNIQUE symbol _ZN4acme5OtherE"));
 }
 
 TEST(ElfInspectorTest, FindsGnuUniqueWithoutSectionHeadersThroughGnuHash) {
@@ -611,8 +611,8 @@ TEST(ElfInspectorTest, FindsGnuUniqueWithoutSectionHeadersThroughGnuHash) {
   spec.symbols.push_back({"_ZN4acme5OtherE", STB_GNU_UNIQUE, true});
   const auto result = InspectElf(BuildElf(spec).span(), "acme_npu_backend.so");
   ASSERT_FALSE(result.ok());
-  EXPECT_EQ(result.error().reason, LoadReason::kNotUnloadable);
-  EXPECT_TRUE(Contains(result.error().message, "defines STB_GNU_UNIQUE symbol _ZN4acme5OtherE"));
+  EXPECT_EQ(result.error().reason(), LoadReason::kNotUnloadable);
+  EXPECT_TRUE(Contains(result.error().message(), "defines STB_GNU_UNIQUE symbol _ZN4acme5OtherE"));
 }
 
 TEST(ElfInspectorTest, FindsImportWithoutSectionHeadersThroughGnuHash) {
@@ -622,8 +622,8 @@ TEST(ElfInspectorTest, FindsImportWithoutSectionHeadersThroughGnuHash) {
   spec.symbols.push_back({"__cxa_thread_atexit", STB_GLOBAL, false});
   const auto result = InspectElf(BuildElf(spec).span(), "acme_npu_backend.so");
   ASSERT_FALSE(result.ok());
-  EXPECT_EQ(result.error().reason, LoadReason::kNotUnloadable);
-  EXPECT_TRUE(Contains(result.error().message, "imports __cxa_thread_atexit:"));
+  EXPECT_EQ(result.error().reason(), LoadReason::kNotUnloadable);
+  EXPECT_TRUE(Contains(result.error().message(), "imports __cxa_thread_atexit:"));
 }
 
 TEST(ElfInspectorTest, AcceptsCleanImageWithoutSectionHeaders) {
@@ -646,16 +646,16 @@ TEST(ElfInspectorTest, RejectsDynamicSymbolTableOutsideLoadSegments) {
            [&](Elf64_Phdr& ph) { ph.p_filesz = elf.layout.dynsym_offset; });
   const auto result = InspectElf(elf.span(), "acme_npu_backend.so");
   ASSERT_FALSE(result.ok());
-  EXPECT_EQ(result.error().reason, LoadReason::kNotElf);
-  EXPECT_TRUE(Contains(result.error().message, "is a corrupt ELF file"));
+  EXPECT_EQ(result.error().reason(), LoadReason::kNotElf);
+  EXPECT_TRUE(Contains(result.error().message(), "is a corrupt ELF file"));
 }
 
 TEST(ElfInspectorTest, RejectsEmptyFile) {
   const auto result = InspectElf({}, "empty_x_backend.so");
   ASSERT_FALSE(result.ok());
-  EXPECT_EQ(result.error().reason, LoadReason::kNotElf);
+  EXPECT_EQ(result.error().reason(), LoadReason::kNotElf);
   EXPECT_TRUE(
-      Contains(result.error().message, "empty_x_backend.so is not an ELF file (bad magic)"));
+      Contains(result.error().message(), "empty_x_backend.so is not an ELF file (bad magic)"));
 }
 
 TEST(ElfInspectorTest, RejectsThreeBytesOfMagic) {
@@ -663,16 +663,16 @@ TEST(ElfInspectorTest, RejectsThreeBytesOfMagic) {
                                          "EL"),
                                  "a_b_backend.so");
   ASSERT_FALSE(result.ok());
-  EXPECT_EQ(result.error().reason, LoadReason::kNotElf);
+  EXPECT_EQ(result.error().reason(), LoadReason::kNotElf);
 }
 
 TEST(ElfInspectorTest, RejectsTextFile) {
   const auto result =
       InspectElf(AsBytes("#!/bin/sh\necho this is not a library\n"), "a_b_backend.so");
   ASSERT_FALSE(result.ok());
-  EXPECT_EQ(result.error().reason, LoadReason::kNotElf);
-  EXPECT_TRUE(Contains(result.error().message, "a_b_backend.so is not an ELF file (bad magic)"));
-  EXPECT_TRUE(Contains(result.error().message, "backplane_add_backend()"));
+  EXPECT_EQ(result.error().reason(), LoadReason::kNotElf);
+  EXPECT_TRUE(Contains(result.error().message(), "a_b_backend.so is not an ELF file (bad magic)"));
+  EXPECT_TRUE(Contains(result.error().message(), "backplane_add_backend()"));
 }
 
 TEST(ElfInspectorTest, RejectsMagicOnly) {
@@ -680,8 +680,8 @@ TEST(ElfInspectorTest, RejectsMagicOnly) {
                                          "ELF"),
                                  "a_b_backend.so");
   ASSERT_FALSE(result.ok());
-  EXPECT_EQ(result.error().reason, LoadReason::kElfTruncated);
-  EXPECT_EQ(result.error().message,
+  EXPECT_EQ(result.error().reason(), LoadReason::kElfTruncated);
+  EXPECT_EQ(result.error().message(),
             "a_b_backend.so is truncated: the ELF identification ends at byte 16 but the file has "
             "4 bytes; a deploy still being written? publish with write-temp + fsync + rename");
 }
@@ -690,8 +690,8 @@ TEST(ElfInspectorTest, RejectsTruncatedHeader) {
   const BuiltElf elf = BuildElf({});
   const auto result = InspectElf(elf.span().first(40), "a_b_backend.so");
   ASSERT_FALSE(result.ok());
-  EXPECT_EQ(result.error().reason, LoadReason::kElfTruncated);
-  EXPECT_EQ(result.error().message,
+  EXPECT_EQ(result.error().reason(), LoadReason::kElfTruncated);
+  EXPECT_EQ(result.error().message(),
             "a_b_backend.so is truncated: the ELF header ends at byte 64 but the file has 40 "
             "bytes; a deploy still being written? publish with write-temp + fsync + rename");
 }
@@ -702,20 +702,20 @@ TEST(ElfInspectorTest, RejectsProgramHeadersPastEnd) {
   EditEhdr(elf, [&](Elf64_Ehdr& e) { e.e_phoff = size - 8; });
   const auto result = InspectElf(elf.span(), "a_b_backend.so");
   ASSERT_FALSE(result.ok());
-  EXPECT_EQ(result.error().reason, LoadReason::kElfTruncated);
+  EXPECT_EQ(result.error().reason(), LoadReason::kElfTruncated);
   EXPECT_TRUE(
-      Contains(result.error().message, "the program header table ends at byte " +
+      Contains(result.error().message(), "the program header table ends at byte " +
                                            std::to_string(size - 8 + 4 * sizeof(Elf64_Phdr)) +
                                            " but the file has " + std::to_string(size) + " bytes"));
-  EXPECT_TRUE(Contains(result.error().message, kPublishFix));
+  EXPECT_TRUE(Contains(result.error().message(), kPublishFix));
 }
 
 TEST(ElfInspectorTest, RejectsSectionHeadersPastEnd) {
   const BuiltElf elf = BuildElf({});
   const auto result = InspectElf(elf.span().first(elf.bytes.size() - 1), "a_b_backend.so");
   ASSERT_FALSE(result.ok());
-  EXPECT_EQ(result.error().reason, LoadReason::kElfTruncated);
-  EXPECT_TRUE(Contains(result.error().message, "the section header table ends at byte " +
+  EXPECT_EQ(result.error().reason(), LoadReason::kElfTruncated);
+  EXPECT_TRUE(Contains(result.error().message(), "the section header table ends at byte " +
                                                    std::to_string(elf.bytes.size())));
 }
 
@@ -725,8 +725,8 @@ TEST(ElfInspectorTest, RejectsLoadSegmentPastEnd) {
   EditPhdr(elf, elf.layout.load_phdr, [&](Elf64_Phdr& ph) { ph.p_filesz = size + 100; });
   const auto result = InspectElf(elf.span(), "a_b_backend.so");
   ASSERT_FALSE(result.ok());
-  EXPECT_EQ(result.error().reason, LoadReason::kElfTruncated);
-  EXPECT_EQ(result.error().message,
+  EXPECT_EQ(result.error().reason(), LoadReason::kElfTruncated);
+  EXPECT_EQ(result.error().message(),
             "a_b_backend.so is truncated: program header 0 (PT_LOAD) ends at byte " +
                 std::to_string(size + 100) + " but the file has " + std::to_string(size) +
                 " bytes; a deploy still being written? publish with write-temp + fsync + rename");
@@ -740,8 +740,8 @@ TEST(ElfInspectorTest, RejectsSegmentWhoseEndOverflows) {
   });
   const auto result = InspectElf(elf.span(), "a_b_backend.so");
   ASSERT_FALSE(result.ok());
-  EXPECT_EQ(result.error().reason, LoadReason::kElfTruncated);
-  EXPECT_TRUE(Contains(result.error().message,
+  EXPECT_EQ(result.error().reason(), LoadReason::kElfTruncated);
+  EXPECT_TRUE(Contains(result.error().message(),
                        "program header 1 (PT_DYNAMIC) ends beyond byte 18446744073709551615"));
 }
 
@@ -750,8 +750,8 @@ TEST(ElfInspectorTest, RejectsNoteSegmentPastEnd) {
   EditPhdr(elf, elf.layout.note_phdr, [](Elf64_Phdr& ph) { ph.p_offset = 1 << 20; });
   const auto result = InspectElf(elf.span(), "a_b_backend.so");
   ASSERT_FALSE(result.ok());
-  EXPECT_EQ(result.error().reason, LoadReason::kElfTruncated);
-  EXPECT_TRUE(Contains(result.error().message, "program header 2 (PT_NOTE) ends at byte"));
+  EXPECT_EQ(result.error().reason(), LoadReason::kElfTruncated);
+  EXPECT_TRUE(Contains(result.error().message(), "program header 2 (PT_NOTE) ends at byte"));
 }
 
 TEST(ElfInspectorTest, RejectsDynsymPastEnd) {
@@ -759,8 +759,8 @@ TEST(ElfInspectorTest, RejectsDynsymPastEnd) {
   EditShdr(elf, elf.layout.dynsym_section, [](Elf64_Shdr& sh) { sh.sh_size = 24 << 20; });
   const auto result = InspectElf(elf.span(), "a_b_backend.so");
   ASSERT_FALSE(result.ok());
-  EXPECT_EQ(result.error().reason, LoadReason::kElfTruncated);
-  EXPECT_TRUE(Contains(result.error().message,
+  EXPECT_EQ(result.error().reason(), LoadReason::kElfTruncated);
+  EXPECT_TRUE(Contains(result.error().message(),
                        "the dynamic symbol table (.dynsym, section 1) ends at byte " +
                            std::to_string(elf.layout.dynsym_offset + (24 << 20))));
 }
@@ -770,8 +770,8 @@ TEST(ElfInspectorTest, RejectsDynstrPastEnd) {
   EditShdr(elf, elf.layout.dynstr_section, [](Elf64_Shdr& sh) { sh.sh_offset = 1 << 30; });
   const auto result = InspectElf(elf.span(), "a_b_backend.so");
   ASSERT_FALSE(result.ok());
-  EXPECT_EQ(result.error().reason, LoadReason::kElfTruncated);
-  EXPECT_TRUE(Contains(result.error().message, "the string table of .dynsym (section 2)"));
+  EXPECT_EQ(result.error().reason(), LoadReason::kElfTruncated);
+  EXPECT_TRUE(Contains(result.error().message(), "the string table of .dynsym (section 2)"));
 }
 
 TEST(ElfInspectorTest, RejectsEveryProperPrefixOfAnImage) {
@@ -779,7 +779,7 @@ TEST(ElfInspectorTest, RejectsEveryProperPrefixOfAnImage) {
   for (std::size_t size = 0; size < elf.bytes.size(); ++size) {
     const auto result = InspectElf(elf.span().first(size), "a_b_backend.so");
     ASSERT_FALSE(result.ok()) << "prefix of " << size << " bytes was accepted";
-    const LoadReason reason = result.error().reason;
+    const auto reason = result.error().reason();
     EXPECT_TRUE(reason == (size < 4 ? LoadReason::kNotElf : LoadReason::kElfTruncated))
         << size << ": " << result.error().ToString();
   }
@@ -790,9 +790,9 @@ TEST(ElfInspectorTest, RejectsWrongProgramHeaderEntrySize) {
   EditEhdr(elf, [](Elf64_Ehdr& e) { e.e_phentsize = 32; });
   const auto result = InspectElf(elf.span(), "a_b_backend.so");
   ASSERT_FALSE(result.ok());
-  EXPECT_EQ(result.error().reason, LoadReason::kNotElf);
+  EXPECT_EQ(result.error().reason(), LoadReason::kNotElf);
   EXPECT_TRUE(
-      Contains(result.error().message, "is a corrupt ELF file: e_phentsize is 32 but must be 56"));
+      Contains(result.error().message(), "is a corrupt ELF file: e_phentsize is 32 but must be 56"));
 }
 
 TEST(ElfInspectorTest, Rejects32BitClass) {
@@ -800,8 +800,8 @@ TEST(ElfInspectorTest, Rejects32BitClass) {
   elf.bytes[EI_CLASS] = std::byte{ELFCLASS32};
   const auto result = InspectElf(elf.span(), "a_b_backend.so");
   ASSERT_FALSE(result.ok());
-  EXPECT_EQ(result.error().reason, LoadReason::kWrongArch);
-  EXPECT_TRUE(Contains(result.error().message,
+  EXPECT_EQ(result.error().reason(), LoadReason::kWrongArch);
+  EXPECT_TRUE(Contains(result.error().message(),
                        "a_b_backend.so is a 32-bit ELF file (ELFCLASS32) but this host is 64-bit"));
 }
 
@@ -810,8 +810,8 @@ TEST(ElfInspectorTest, RejectsBigEndian) {
   elf.bytes[EI_DATA] = std::byte{ELFDATA2MSB};
   const auto result = InspectElf(elf.span(), "a_b_backend.so");
   ASSERT_FALSE(result.ok());
-  EXPECT_EQ(result.error().reason, LoadReason::kWrongArch);
-  EXPECT_TRUE(Contains(result.error().message,
+  EXPECT_EQ(result.error().reason(), LoadReason::kWrongArch);
+  EXPECT_TRUE(Contains(result.error().message(),
                        "is big-endian (ELFDATA2MSB) but this host is little-endian"));
 }
 
@@ -820,8 +820,8 @@ TEST(ElfInspectorTest, RejectsForeignMachine) {
   spec.machine = kForeignMachine;
   const auto result = InspectElf(BuildElf(spec).span(), "a_b_backend.so");
   ASSERT_FALSE(result.ok());
-  EXPECT_EQ(result.error().reason, LoadReason::kWrongArch);
-  EXPECT_EQ(result.error().message,
+  EXPECT_EQ(result.error().reason(), LoadReason::kWrongArch);
+  EXPECT_EQ(result.error().message(),
             "a_b_backend.so is built for " + std::string(kForeignMachineText) + " but " +
                 std::string(kHostMachineText) + "; rebuild the backend for this host");
 }
@@ -831,8 +831,8 @@ TEST(ElfInspectorTest, RejectsExecutable) {
   spec.type = ET_EXEC;
   const auto result = InspectElf(BuildElf(spec).span(), "a_b_backend.so");
   ASSERT_FALSE(result.ok());
-  EXPECT_EQ(result.error().reason, LoadReason::kWrongArch);
-  EXPECT_TRUE(Contains(result.error().message,
+  EXPECT_EQ(result.error().reason(), LoadReason::kWrongArch);
+  EXPECT_TRUE(Contains(result.error().message(),
                        "is an executable (ET_EXEC), not a shared object (ET_DYN); link the "
                        "backend with -shared"));
 }
@@ -842,8 +842,8 @@ TEST(ElfInspectorTest, RejectsRelocatableObject) {
   spec.type = ET_REL;
   const auto result = InspectElf(BuildElf(spec).span(), "a_b_backend.so");
   ASSERT_FALSE(result.ok());
-  EXPECT_EQ(result.error().reason, LoadReason::kWrongArch);
-  EXPECT_TRUE(Contains(result.error().message, "is a relocatable object file (ET_REL)"));
+  EXPECT_EQ(result.error().reason(), LoadReason::kWrongArch);
+  EXPECT_TRUE(Contains(result.error().message(), "is a relocatable object file (ET_REL)"));
 }
 
 TEST(ElfInspectorTest, ReportsTruncationBeforeWrongMachine) {
@@ -852,7 +852,7 @@ TEST(ElfInspectorTest, ReportsTruncationBeforeWrongMachine) {
   const BuiltElf elf = BuildElf(spec);
   const auto result = InspectElf(elf.span().first(elf.bytes.size() / 2), "a_b_backend.so");
   ASSERT_FALSE(result.ok());
-  EXPECT_EQ(result.error().reason, LoadReason::kElfTruncated);
+  EXPECT_EQ(result.error().reason(), LoadReason::kElfTruncated);
 }
 
 // --- Real files ---------------------------------------------------------------------------------
@@ -875,11 +875,11 @@ TEST(ElfInspectorTest, RejectsLibstdcxxForGnuUniqueSymbols) {
     GTEST_SKIP() << kLibstdcxx << " not found";
   const auto result = InspectElf(*bytes, kLibstdcxx);
   ASSERT_FALSE(result.ok());
-  EXPECT_EQ(result.error().reason, LoadReason::kNotUnloadable);
-  EXPECT_TRUE(Contains(result.error().message,
+  EXPECT_EQ(result.error().reason(), LoadReason::kNotUnloadable);
+  EXPECT_TRUE(Contains(result.error().message(),
                        std::string(kLibstdcxx) + " defines STB_GNU_UNIQUE symbol _Z"));
-  EXPECT_TRUE(Contains(result.error().message, "-fno-gnu-unique"));
-  EXPECT_TRUE(Contains(result.error().message, "it also imports __cxa_thread_atexit_impl"));
+  EXPECT_TRUE(Contains(result.error().message(), "-fno-gnu-unique"));
+  EXPECT_TRUE(Contains(result.error().message(), "it also imports __cxa_thread_atexit_impl"));
 }
 
 // Section headers are optional at run time; without them the dynamic symbol table is found through
@@ -901,9 +901,9 @@ TEST(ElfInspectorTest, RejectsLibstdcxxWithoutSectionHeaders) {
   DropSectionHeaders(*bytes);
   const auto result = InspectElf(*bytes, kLibstdcxx);
   ASSERT_FALSE(result.ok());
-  EXPECT_EQ(result.error().reason, LoadReason::kNotUnloadable);
+  EXPECT_EQ(result.error().reason(), LoadReason::kNotUnloadable);
   // The same table read both ways: the same first GNU_UNIQUE symbol and the same import.
-  EXPECT_EQ(result.error().message, with_sections.error().message);
+  EXPECT_EQ(result.error().message(), with_sections.error().message());
 }
 
 TEST(ElfInspectorTest, AcceptsLibmWithoutSectionHeaders) {
@@ -936,11 +936,11 @@ TEST(ElfInspectorTest, RejectsEveryTruncationOfLibm) {
     const auto result = InspectElf(image.first(length), kLibm);
     ASSERT_FALSE(result.ok()) << "libm cut to " << length << " bytes was accepted";
     const LoadReason expected = length < 4 ? LoadReason::kNotElf : LoadReason::kElfTruncated;
-    ASSERT_EQ(result.error().reason, expected) << length << ": " << result.error().ToString();
+    ASSERT_EQ(result.error().reason(), expected) << length << ": " << result.error().ToString();
   }
   const auto half = InspectElf(image.first(size / 2), kLibm);
   ASSERT_FALSE(half.ok());
-  EXPECT_EQ(half.error().message,
+  EXPECT_EQ(half.error().message(),
             std::string(kLibm) + " is truncated: the section header table ends at byte " +
                 std::to_string(size) + " but the file has " + std::to_string(size / 2) +
                 " bytes; a deploy still being written? publish with write-temp + fsync + rename");
@@ -953,8 +953,8 @@ TEST(ElfInspectorTest, RejectsLibmWith32BitClass) {
   (*bytes)[EI_CLASS] = std::byte{ELFCLASS32};
   const auto result = InspectElf(*bytes, kLibm);
   ASSERT_FALSE(result.ok());
-  EXPECT_EQ(result.error().reason, LoadReason::kWrongArch);
-  EXPECT_TRUE(Contains(result.error().message, "ELFCLASS32"));
+  EXPECT_EQ(result.error().reason(), LoadReason::kWrongArch);
+  EXPECT_TRUE(Contains(result.error().message(), "ELFCLASS32"));
 }
 
 TEST(ElfInspectorTest, RejectsLibmWithForeignMachine) {
@@ -964,9 +964,9 @@ TEST(ElfInspectorTest, RejectsLibmWithForeignMachine) {
   Set(*bytes, offsetof(Elf64_Ehdr, e_machine), std::uint16_t{kForeignMachine});
   const auto result = InspectElf(*bytes, kLibm);
   ASSERT_FALSE(result.ok());
-  EXPECT_EQ(result.error().reason, LoadReason::kWrongArch);
-  EXPECT_TRUE(Contains(result.error().message, std::string(kForeignMachineText)));
-  EXPECT_TRUE(Contains(result.error().message, std::string(kHostMachineText)));
+  EXPECT_EQ(result.error().reason(), LoadReason::kWrongArch);
+  EXPECT_TRUE(Contains(result.error().message(), std::string(kForeignMachineText)));
+  EXPECT_TRUE(Contains(result.error().message(), std::string(kHostMachineText)));
 }
 
 }  // namespace

@@ -25,7 +25,7 @@ std::shared_ptr<Loader> MakeLoader(LoaderOptions options = {}) {
   return std::move(loader).value();
 }
 
-LoadError LoadFailure(Loader& loader, const std::filesystem::path& file) {
+Status LoadFailure(Loader& loader, const std::filesystem::path& file) {
   auto loaded = loader.Load(file);
   EXPECT_FALSE(loaded.ok()) << file << " loaded but should not";
   if (loaded.ok())
@@ -71,11 +71,11 @@ TEST(LoaderTest, UnloadsAndDeletesShadowWhenTheLastLeaseGoes) {
   const auto shadow = lease->info().shadow_path;
   auto instance = loader->CreateInstance(lease);
   ASSERT_TRUE(instance.ok());
-  loaded = LoadError{LoadReason::kIoError, "released"};
+  loaded = Status{LoadReason::kIoError, "released"};
   lease.reset();
   loader->WaitForUnloads();
   EXPECT_TRUE(IsCodeMapped(shadow.string())) << "the instance still holds the generation";
-  instance = LoadError{LoadReason::kIoError, "released"};
+  instance = Status{LoadReason::kIoError, "released"};
   loader->WaitForUnloads();
   EXPECT_FALSE(IsCodeMapped(shadow.string()));
   EXPECT_FALSE(std::filesystem::exists(shadow));
@@ -100,7 +100,7 @@ TEST(LoaderTest, GenerationNumbersAreNeverReused) {
     auto loaded = loader->Load(Fixture("Valid"));
     ASSERT_TRUE(loaded.ok());
     EXPECT_TRUE(numbers.insert(loaded.value()->info().number).second);
-    loaded = LoadError{LoadReason::kIoError, "released"};
+    loaded = Status{LoadReason::kIoError, "released"};
     loader->WaitForUnloads();  // unloaded, so the next load is a new generation
   }
 }
@@ -112,11 +112,11 @@ TEST(LoaderTest, ApiVersionMatrixAgainstHost24) {
     EXPECT_TRUE(loaded.ok()) << ok << ": " << loaded.error().ToString();
   }
   for (const char* refused : {"Api25", "Api34", "Api14"}) {
-    LoadError error = LoadFailure(*loader, Fixture(refused));
-    EXPECT_EQ(error.reason, LoadReason::kApiIncompatible) << refused;
-    EXPECT_THAT(error.message, HasSubstr("this host implements 2.4")) << refused;
+    Status error = LoadFailure(*loader, Fixture(refused));
+    EXPECT_EQ(error.reason(), LoadReason::kApiIncompatible) << refused;
+    EXPECT_THAT(error.message(), HasSubstr("this host implements 2.4")) << refused;
   }
-  EXPECT_THAT(LoadFailure(*loader, Fixture("Api25")).message,
+  EXPECT_THAT(LoadFailure(*loader, Fixture("Api25")).message(),
               HasSubstr("built against backend API 2.5"));
 }
 
@@ -136,9 +136,9 @@ TEST(LoaderTest, RefusesMissingOrMangledEntryPoints) {
       {"NoFactory", "BackendFactory"},
       {"Mangled", "GetBackendId, GetVersion, BackendFactory"}};
   for (const auto& [fixture, missing] : cases) {
-    LoadError error = LoadFailure(*loader, Fixture(fixture));
-    EXPECT_EQ(error.reason, LoadReason::kMissingEntryPoint) << fixture;
-    EXPECT_THAT(error.message,
+    Status error = LoadFailure(*loader, Fixture(fixture));
+    EXPECT_EQ(error.reason(), LoadReason::kMissingEntryPoint) << fixture;
+    EXPECT_THAT(error.message(),
                 HasSubstr("does not export " + std::string(missing) + " with C linkage"))
         << fixture;
   }
@@ -152,20 +152,20 @@ TEST(LoaderTest, RefusesNullEmptyOrMalformedIds) {
       {"BadId", "returned 'no spaces allowed'"},
       {"WrongInstanceId", "the instance says its id is 'SomethingElse'"}};
   for (const auto& [fixture, message] : cases) {
-    LoadError error = LoadFailure(*loader, Fixture(fixture));
-    EXPECT_EQ(error.reason, LoadReason::kInvalidId) << fixture;
-    EXPECT_THAT(error.message, HasSubstr(message)) << fixture;
+    Status error = LoadFailure(*loader, Fixture(fixture));
+    EXPECT_EQ(error.reason(), LoadReason::kInvalidId) << fixture;
+    EXPECT_THAT(error.message(), HasSubstr(message)) << fixture;
   }
 }
 
 TEST(LoaderTest, RefusesBrokenFactories) {
   auto loader = MakeLoader();
-  LoadError null_factory = LoadFailure(*loader, Fixture("NullFactory"));
-  EXPECT_EQ(null_factory.reason, LoadReason::kFactoryFailed);
-  EXPECT_THAT(null_factory.message, HasSubstr("BackendFactory returned null"));
-  LoadError throwing = LoadFailure(*loader, Fixture("ThrowingFactory"));
-  EXPECT_EQ(throwing.reason, LoadReason::kFactoryFailed);
-  EXPECT_THAT(throwing.message,
+  Status null_factory = LoadFailure(*loader, Fixture("NullFactory"));
+  EXPECT_EQ(null_factory.reason(), LoadReason::kFactoryFailed);
+  EXPECT_THAT(null_factory.message(), HasSubstr("BackendFactory returned null"));
+  Status throwing = LoadFailure(*loader, Fixture("ThrowingFactory"));
+  EXPECT_EQ(throwing.reason(), LoadReason::kFactoryFailed);
+  EXPECT_THAT(throwing.message(),
               HasSubstr("BackendFactory threw: fixture factory refuses to build"));
   loader->WaitForUnloads();
   EXPECT_FALSE(IsCodeMapped("-Test_NullFactory_backend.so"));
@@ -177,16 +177,16 @@ TEST(LoaderTest, RefusesFilesThatAreNotSharedObjects) {
   TempDir dir;
 
   WriteFile(dir / "Test_Text_backend.so", "#!/bin/sh\necho I am not a library\n");
-  LoadError text = LoadFailure(*loader, dir / "Test_Text_backend.so");
-  EXPECT_EQ(text.reason, LoadReason::kNotElf);
-  EXPECT_THAT(text.message, HasSubstr("Test_Text_backend.so"));
+  Status text = LoadFailure(*loader, dir / "Test_Text_backend.so");
+  EXPECT_EQ(text.reason(), LoadReason::kNotElf);
+  EXPECT_THAT(text.message(), HasSubstr("Test_Text_backend.so"));
 
   WriteFile(dir / "Test_Empty_backend.so", "");
-  EXPECT_EQ(LoadFailure(*loader, dir / "Test_Empty_backend.so").reason, LoadReason::kNotElf);
+  EXPECT_EQ(LoadFailure(*loader, dir / "Test_Empty_backend.so").reason(), LoadReason::kNotElf);
 
   const std::string image = testing::ReadFile(Fixture("Valid"));
   WriteFile(dir / "Test_Half_backend.so", image.substr(0, image.size() / 2));
-  EXPECT_EQ(LoadFailure(*loader, dir / "Test_Half_backend.so").reason, LoadReason::kElfTruncated);
+  EXPECT_EQ(LoadFailure(*loader, dir / "Test_Half_backend.so").reason(), LoadReason::kElfTruncated);
 
   std::string other_machine = image;
   other_machine[18] = static_cast<char>(183);  // e_machine = EM_AARCH64 (or x86-64 on AArch64)
@@ -194,15 +194,15 @@ TEST(LoaderTest, RefusesFilesThatAreNotSharedObjects) {
   if (image[18] == other_machine[18])
     other_machine[18] = 62;
   WriteFile(dir / "Test_Arm_backend.so", other_machine);
-  EXPECT_EQ(LoadFailure(*loader, dir / "Test_Arm_backend.so").reason, LoadReason::kWrongArch);
+  EXPECT_EQ(LoadFailure(*loader, dir / "Test_Arm_backend.so").reason(), LoadReason::kWrongArch);
 
   std::filesystem::create_directory(dir / "Test_Dir_backend.so");
-  EXPECT_EQ(LoadFailure(*loader, dir / "Test_Dir_backend.so").reason, LoadReason::kNotRegular);
+  EXPECT_EQ(LoadFailure(*loader, dir / "Test_Dir_backend.so").reason(), LoadReason::kNotRegular);
 
-  EXPECT_EQ(LoadFailure(*loader, dir / "Test_Missing_backend.so").reason, LoadReason::kNotFound);
+  EXPECT_EQ(LoadFailure(*loader, dir / "Test_Missing_backend.so").reason(), LoadReason::kNotFound);
 
   CopyFile(Fixture("Valid"), dir / "libvalid.so");
-  EXPECT_EQ(LoadFailure(*loader, dir / "libvalid.so").reason, LoadReason::kNameScheme);
+  EXPECT_EQ(LoadFailure(*loader, dir / "libvalid.so").reason(), LoadReason::kNameScheme);
 
   loader->WaitForUnloads();
   EXPECT_EQ(loader->stats().loaded.load(), 0u);  // none of them reached dlopen
@@ -214,30 +214,30 @@ TEST(LoaderTest, RefusesUnsafePermissionsUnlessAllowed) {
   CopyFile(Fixture("Valid"), file);
   std::filesystem::permissions(file, std::filesystem::perms(0775));
   auto strict = MakeLoader();
-  LoadError group_writable = LoadFailure(*strict, file);
-  EXPECT_EQ(group_writable.reason, LoadReason::kUnsafePermissions);
-  EXPECT_THAT(group_writable.message, HasSubstr("writable by its group (mode 0775)"));
+  Status group_writable = LoadFailure(*strict, file);
+  EXPECT_EQ(group_writable.reason(), LoadReason::kUnsafePermissions);
+  EXPECT_THAT(group_writable.message(), HasSubstr("writable by its group (mode 0775)"));
 
   auto relaxed = MakeLoader({.file_policy = {.allow_unsafe_permissions = true}});
   EXPECT_TRUE(relaxed->Load(file).ok());
 
   std::filesystem::permissions(file, std::filesystem::perms(0755));
   std::filesystem::permissions(dir.path(), std::filesystem::perms(0777));
-  LoadError open_directory = LoadFailure(*strict, file);
-  EXPECT_EQ(open_directory.reason, LoadReason::kUnsafePermissions);
-  EXPECT_THAT(open_directory.message, HasSubstr("writable by others"));
+  Status open_directory = LoadFailure(*strict, file);
+  EXPECT_EQ(open_directory.reason(), LoadReason::kUnsafePermissions);
+  EXPECT_THAT(open_directory.message(), HasSubstr("writable by others"));
   std::filesystem::permissions(dir.path(), std::filesystem::perms(01777));
-  LoadError shared_directory = LoadFailure(*strict, file);
-  EXPECT_EQ(shared_directory.reason, LoadReason::kUnsafePermissions);
-  EXPECT_THAT(shared_directory.message, HasSubstr("is a shared directory (mode 1777)"));
-  EXPECT_THAT(shared_directory.message, ::testing::Not(HasSubstr("chmod")));
+  Status shared_directory = LoadFailure(*strict, file);
+  EXPECT_EQ(shared_directory.reason(), LoadReason::kUnsafePermissions);
+  EXPECT_THAT(shared_directory.message(), HasSubstr("is a shared directory (mode 1777)"));
+  EXPECT_THAT(shared_directory.message(), ::testing::Not(HasSubstr("chmod")));
   std::filesystem::permissions(dir.path(), std::filesystem::perms(0700));
 
   if (geteuid() == 0) {  // only root can give a file away
     ASSERT_EQ(chown(file.c_str(), 4242, 4242), 0);
-    LoadError foreign = LoadFailure(*strict, file);
-    EXPECT_EQ(foreign.reason, LoadReason::kUnsafePermissions);
-    EXPECT_THAT(foreign.message, HasSubstr("owned by uid 4242"));
+    Status foreign = LoadFailure(*strict, file);
+    EXPECT_EQ(foreign.reason(), LoadReason::kUnsafePermissions);
+    EXPECT_THAT(foreign.message(), HasSubstr("owned by uid 4242"));
   }
 }
 

@@ -102,8 +102,8 @@ TEST(LoaderTrapTest, RefusesWhatCannotBeUnloadedAndNamesTheFix) {
   for (const auto& [fixture, fix] : cases) {
     auto loaded = loader->Load(Fixture(fixture));
     ASSERT_FALSE(loaded.ok()) << fixture;
-    EXPECT_EQ(loaded.error().reason, LoadReason::kNotUnloadable) << fixture;
-    EXPECT_THAT(loaded.error().message, HasSubstr(fix)) << fixture;
+    EXPECT_EQ(loaded.error().reason(), LoadReason::kNotUnloadable) << fixture;
+    EXPECT_THAT(loaded.error().message(), HasSubstr(fix)) << fixture;
   }
   EXPECT_EQ(loader->stats().loaded.load(), 0u) << "refused before dlopen";
   EXPECT_FALSE(IsCodeMapped("-Test_Unique_backend.so"));
@@ -114,12 +114,12 @@ TEST(LoaderTrapTest, MissingSymbolFailsAtLoadNotAtFirstCall) {
   auto loader = Loader::Create().value();
   auto loaded = loader->Load(Fixture("MissingSymbol"));
   ASSERT_FALSE(loaded.ok());
-  EXPECT_EQ(loaded.error().reason, LoadReason::kDlopenFailed);
-  EXPECT_THAT(loaded.error().message, HasSubstr("backplane_fixture_function_that_does_not_exist"));
+  EXPECT_EQ(loaded.error().reason(), LoadReason::kDlopenFailed);
+  EXPECT_THAT(loaded.error().message(), HasSubstr("backplane_fixture_function_that_does_not_exist"));
   // The message names the deployed file, not the private shadow copy the operator never sees.
-  EXPECT_THAT(loaded.error().message,
+  EXPECT_THAT(loaded.error().message(),
               HasSubstr(std::filesystem::canonical(Fixture("MissingSymbol")).string() + ":"));
-  EXPECT_THAT(loaded.error().message,
+  EXPECT_THAT(loaded.error().message(),
               ::testing::Not(HasSubstr(loader->shadow_directory().path().string())));
 }
 

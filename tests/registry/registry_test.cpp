@@ -12,7 +12,6 @@ namespace backplane {
 namespace {
 
 namespace fs = std::filesystem;
-using loader::LoadReason;
 using ::testing::ElementsAre;
 using testing::Fixture;
 using ::testing::HasSubstr;
@@ -38,7 +37,7 @@ std::vector<std::string> RejectedReasons(const BackendRegistry& registry) {
   std::vector<std::string> reasons;
   for (const auto& rejected : registry.Rejected()) {
     reasons.push_back(rejected.file.filename().string() + " " +
-                      std::string(loader::ToString(rejected.reason)));
+                      std::string(rejected.error.name()));
   }
   return reasons;
 }
@@ -59,7 +58,7 @@ TEST(RegistryTest, LoadsEveryGoodFileAndKeepsEveryRejectedOneWithItsReason) {
                                    "Test_Api34_backend.so API_INCOMPATIBLE",
                                    "Test_Text_backend.so NOT_ELF"));
   for (const auto& rejected : registry->Rejected())
-    EXPECT_FALSE(rejected.message.empty());
+    EXPECT_FALSE(rejected.error.message().empty());
 }
 
 TEST(RegistryTest, SecondFileWithAnIdAlreadyRegisteredIsRejectedFirstWins) {
@@ -71,8 +70,8 @@ TEST(RegistryTest, SecondFileWithAnIdAlreadyRegisteredIsRejectedFirstWins) {
   EXPECT_EQ(registry->Find("TestValid")->generation->info().file, first / "Test_Valid_backend.so");
   auto rejected = registry->Rejected();
   ASSERT_EQ(rejected.size(), 1u);
-  EXPECT_EQ(rejected[0].reason, LoadReason::kDuplicateId);
-  EXPECT_THAT(rejected[0].message,
+  EXPECT_EQ(rejected[0].error.reason(), LoadReason::kDuplicateId);
+  EXPECT_THAT(rejected[0].error.message(),
               HasSubstr("already registered from " + (first / "Test_Valid_backend.so").string()));
   registry->loader().WaitForUnloads();
   EXPECT_FALSE(testing::IsCodeMapped("-Test_Duplicate_backend.so")) << "the loser is unloaded";
@@ -83,8 +82,8 @@ TEST(RegistryTest, TheSameFileCannotBeLoadedTwice) {
   ASSERT_TRUE(registry->LoadFile(Fixture("Valid")).ok());
   auto again = registry->LoadFile(Fixture("Valid"));
   ASSERT_FALSE(again.ok());
-  EXPECT_EQ(again.error().reason, LoadReason::kDuplicateId);
-  EXPECT_THAT(again.error().message, HasSubstr("from this very file already"));
+  EXPECT_EQ(again.error().reason(), LoadReason::kDuplicateId);
+  EXPECT_THAT(again.error().message(), HasSubstr("from this very file already"));
 }
 
 TEST(RegistryTest, EmptyPathListDisablesDynamicLoading) {
@@ -140,8 +139,8 @@ TEST(RegistryTest, RejectsEmptyAndDuplicateStaticIds) {
   EXPECT_EQ(registry->RegisterStatic("TestValid", factory).code(), StatusCode::kAlreadyExists);
   auto dynamic = registry->LoadFile(Fixture("Valid"));
   ASSERT_FALSE(dynamic.ok());
-  EXPECT_EQ(dynamic.error().reason, LoadReason::kDuplicateId);
-  EXPECT_THAT(dynamic.error().message, HasSubstr("a static (linked-in) backend"));
+  EXPECT_EQ(dynamic.error().reason(), LoadReason::kDuplicateId);
+  EXPECT_THAT(dynamic.error().message(), HasSubstr("a static (linked-in) backend"));
 }
 
 TEST(RegistryTest, UnknownIdIsNotFound) {

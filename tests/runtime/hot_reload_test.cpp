@@ -33,6 +33,10 @@ int GenerationsOnDisk(const fs::path& shadows, std::string_view file_name) {
   return count;
 }
 
+// These tests publish complete files: a broken one is rejected at once. The deferral of a file
+// that may still be written is the registry's own test (RegistrySettleTest).
+constexpr std::chrono::milliseconds kSettleTime{0};
+
 class HotReloadTest : public ::testing::Test {
  public:  // the parameterised deploys below reach into it
   void SetUp() override {
@@ -41,7 +45,9 @@ class HotReloadTest : public ::testing::Test {
     loader_ = std::move(loader).value();
     Publish("Valid");
     auto registry =
-        BackendRegistry::Create({.backend_paths = std::vector{dir_.path()}, .loader = loader_});
+        BackendRegistry::Create({.backend_paths = std::vector{dir_.path()},
+                                 .loader = loader_,
+                                 .settle_time = kSettleTime});
     ASSERT_TRUE(registry.ok()) << registry.error().ToString();
     registry_ = std::move(registry).value();
     observer_ = registry_->AddObserver([this](const GenerationEvent& event) {
@@ -176,7 +182,7 @@ TEST_F(HotReloadTest, OptionsSurviveASwap) {
 struct RejectedDeploy {
   std::string name;
   std::function<void(HotReloadTest&)> publish;
-  loader::LoadReason reason;
+  LoadReason reason;
   std::string message;
 };
 
@@ -194,17 +200,17 @@ TEST_P(RejectedDeployTest, OldGenerationKeepsServing) {
   ASSERT_EQ(rescan.outcomes.size(), 1u);
   const auto& outcome = rescan.outcomes[0];
   EXPECT_EQ(outcome.action, Action::kRejected);
-  EXPECT_THAT(outcome.message, HasSubstr(std::string(loader::ToString(GetParam().reason))));
+  EXPECT_THAT(outcome.message, HasSubstr(std::string(ToString(GetParam().reason))));
   EXPECT_THAT(outcome.message, HasSubstr(GetParam().message));
 
   EXPECT_EQ(ActiveGeneration(), serving);
   EXPECT_EQ(Offset(*runtime, network.value()), 0.0f);
   auto status = registry_->Describe("TestValid").value();
   ASSERT_FALSE(status.rejected.empty());
-  EXPECT_EQ(status.rejected[0].reason, GetParam().reason);
+  EXPECT_EQ(status.rejected[0].error.reason(), GetParam().reason);
   EXPECT_EQ(status.rejected[0].file, dir_ / "Test_Valid_backend.so");
   ASSERT_EQ(Events(GenerationEvent::Kind::kRejected).size(), 1u);
-  EXPECT_EQ(Events(GenerationEvent::Kind::kRejected)[0].reason, GetParam().reason);
+  EXPECT_EQ(Events(GenerationEvent::Kind::kRejected)[0].error.reason(), GetParam().reason);
 
   // An unchanged rejected file is not tried again at every rescan.
   EXPECT_TRUE(registry_->Rescan().outcomes.empty());
@@ -223,18 +229,18 @@ INSTANTIATE_TEST_SUITE_P(
                          testing::WriteFile(test.dir_ / ".incoming", "not a library");
                          fs::rename(test.dir_ / ".incoming", test.dir_ / "Test_Valid_backend.so");
                        },
-                       loader::LoadReason::kNotElf, "not an ELF"},
+                       LoadReason::kNotElf, "not an ELF"},
         RejectedDeploy{"IncompatibleVersion",
                        [](HotReloadTest& test) { test.Publish("ValidApi34"); },
-                       loader::LoadReason::kApiIncompatible, "3.4"},
+                       LoadReason::kApiIncompatible, "3.4"},
         RejectedDeploy{"ThrowingFactory",
                        [](HotReloadTest& test) { test.Publish("ValidThrowing"); },
-                       loader::LoadReason::kFactoryFailed, "threw"},
+                       LoadReason::kFactoryFailed, "threw"},
         RejectedDeploy{"NetworkPreparationFails",
                        [](HotReloadTest& test) { test.Publish("ValidNoWorkloads"); },
-                       loader::LoadReason::kPrepareFailed, "cannot create a workload"},
+                       LoadReason::kPrepareFailed, "cannot create a workload"},
         RejectedDeploy{"ValidationMismatch", [](HotReloadTest& test) { test.Publish("ValidNext"); },
-                       loader::LoadReason::kValidationFailed, "differs by 2000"}),
+                       LoadReason::kValidationFailed, "differs by 2000"}),
     [](const auto& info) { return info.param.name; });
 
 TEST_F(HotReloadTest, RollbackReturnsToThePreviousVersionAndBack) {

@@ -1,10 +1,12 @@
-// Status and Result: expected failures as values.
+// Status and Result: expected failures as values, one error model end to end.
 //
 // Header-only on purpose: backends include it through the SDK and must not link any host library
 // (docs/loading-rules.md rule 4), so nothing here may need an out-of-line definition.
 #pragma once
 
 #include <cassert>
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -52,29 +54,161 @@ constexpr std::string_view ToString(StatusCode code) {
   return "UNKNOWN";
 }
 
-// The outcome of an operation that returns nothing. Thread-compatible value type.
+// Why a backend file or generation was refused: a stable reason code beside the status code. The
+// codes are part of the public contract (`backplane check --json`, the admin API, metrics,
+// docs/troubleshooting.md): never renumber or rename one, only append.
+enum class LoadReason {
+  kNotFound,           // the path does not exist or is a dangling symlink
+  kNameScheme,         // the file name does not match <vendor>_<name>_backend.so[.N...]
+  kNotRegular,         // a directory, device, fifo...
+  kUnsafePermissions,  // writable by group/others, or owned by another user
+  kIoError,            // reading the file or writing its shadow copy failed
+  kNotElf,             // not an ELF file at all
+  kElfTruncated,       // an ELF whose headers or segments point past the end of the file
+  kWrongArch,          // ELF for another class, byte order, machine, or not a shared object
+  kNotUnloadable,      // GNU_UNIQUE, NODELETE, thread_local destructors, executable stack
+  kDlopenFailed,       // the dynamic linker refused it (missing symbol, missing dependency)
+  kMissingEntryPoint,  // GetBackendId, GetVersion or BackendFactory not exported with C linkage
+  kInvalidId,          // GetBackendId returned null, empty or ill-formed
+  kApiIncompatible,    // built against a backend API the host does not support
+  kFactoryFailed,      // BackendFactory threw or returned null
+  kDuplicateId,        // another file already provides this backend id
+  kFileChanged,        // the file changed while it was being copied (a writer is still at work)
+  kFileBusy,           // another process holds the file open for writing
+  kPrepareFailed,      // a runtime could not create an instance or prepare a network on it
+  kValidationFailed,   // its outputs on a probe differ from the active generation's
+  kLastReason = kValidationFailed,
+};
+
+constexpr std::string_view ToString(LoadReason reason) {
+  switch (reason) {
+    case LoadReason::kNotFound:
+      return "NOT_FOUND";
+    case LoadReason::kNameScheme:
+      return "NAME_SCHEME";
+    case LoadReason::kNotRegular:
+      return "NOT_REGULAR";
+    case LoadReason::kUnsafePermissions:
+      return "UNSAFE_PERMISSIONS";
+    case LoadReason::kIoError:
+      return "IO_ERROR";
+    case LoadReason::kNotElf:
+      return "NOT_ELF";
+    case LoadReason::kElfTruncated:
+      return "ELF_TRUNCATED";
+    case LoadReason::kWrongArch:
+      return "WRONG_ARCH";
+    case LoadReason::kNotUnloadable:
+      return "NOT_UNLOADABLE";
+    case LoadReason::kDlopenFailed:
+      return "DLOPEN_FAILED";
+    case LoadReason::kMissingEntryPoint:
+      return "MISSING_ENTRY_POINT";
+    case LoadReason::kInvalidId:
+      return "INVALID_ID";
+    case LoadReason::kApiIncompatible:
+      return "API_INCOMPATIBLE";
+    case LoadReason::kFactoryFailed:
+      return "FACTORY_FAILED";
+    case LoadReason::kDuplicateId:
+      return "DUPLICATE_ID";
+    case LoadReason::kFileChanged:
+      return "FILE_CHANGED";
+    case LoadReason::kFileBusy:
+      return "FILE_BUSY";
+    case LoadReason::kPrepareFailed:
+      return "PREPARE_FAILED";
+    case LoadReason::kValidationFailed:
+      return "VALIDATION_FAILED";
+  }
+  return "UNKNOWN";
+}
+
+constexpr std::optional<LoadReason> ParseLoadReason(std::string_view text) {
+  for (int i = 0; i <= static_cast<int>(LoadReason::kLastReason); ++i) {
+    if (ToString(static_cast<LoadReason>(i)) == text)
+      return static_cast<LoadReason>(i);
+  }
+  return std::nullopt;
+}
+
+// The status code a refusal for `reason` carries.
+constexpr StatusCode CodeOf(LoadReason reason) {
+  switch (reason) {
+    case LoadReason::kNotFound:
+      return StatusCode::kNotFound;
+    case LoadReason::kDuplicateId:
+      return StatusCode::kAlreadyExists;
+    case LoadReason::kFileChanged:
+    case LoadReason::kFileBusy:
+      return StatusCode::kUnavailable;  // a writer is at work: try again soon
+    case LoadReason::kIoError:
+    case LoadReason::kFactoryFailed:
+      return StatusCode::kInternal;
+    case LoadReason::kUnsafePermissions:
+    case LoadReason::kNotUnloadable:
+    case LoadReason::kDlopenFailed:
+    case LoadReason::kApiIncompatible:
+    case LoadReason::kPrepareFailed:
+    case LoadReason::kValidationFailed:
+      return StatusCode::kFailedPrecondition;
+    default:
+      return StatusCode::kInvalidArgument;  // the file itself is wrong
+  }
+}
+
+// The outcome of an operation that returns nothing: a code, for a refused backend file or
+// generation a LoadReason, and a message naming the thing and the reason. Thread-compatible.
 class [[nodiscard]] Status {
  public:
   Status() = default;
-  Status(StatusCode code, std::string message) : code_(code), message_(std::move(message)) {
+  Status(StatusCode code, std::string message)
+      : code_and_reason_(static_cast<uint32_t>(code)), message_(std::move(message)) {
     assert(code != StatusCode::kOk && "an error status needs an error code");
   }
+  Status(LoadReason reason, std::string message)
+      : code_and_reason_(static_cast<uint32_t>(CodeOf(reason)) |
+                         (static_cast<uint32_t>(reason) + 1) << 16),
+        message_(std::move(message)) {}
 
   static Status Ok() { return {}; }
 
-  bool ok() const { return code_ == StatusCode::kOk; }
-  StatusCode code() const { return code_; }
+  bool ok() const { return code() == StatusCode::kOk; }
+  StatusCode code() const { return static_cast<StatusCode>(code_and_reason_ & 0xffffu); }
+  std::optional<LoadReason> reason() const {
+    const uint32_t stored = code_and_reason_ >> 16;
+    if (stored == 0)
+      return std::nullopt;
+    return static_cast<LoadReason>(stored - 1);
+  }
   const std::string& message() const { return message_; }
 
-  // "INVALID_ARGUMENT: message", for logs and test failure output.
+  // The same failure with `context` in front of the message ("network mnist: " + message).
+  Status WithContext(std::string_view context) const {
+    Status status = *this;
+    status.message_ = std::string(context) + message_;
+    return status;
+  }
+
+  // The reason's name when there is one ("DUPLICATE_ID"), else the code's ("INVALID_ARGUMENT").
+  std::string_view name() const {
+    const auto why = reason();
+    return why ? backplane::ToString(*why) : backplane::ToString(code());
+  }
+
+  // "DUPLICATE_ID: message"; for logs and test failure output.
   std::string ToString() const {
     if (ok())
       return "OK";
-    return std::string(backplane::ToString(code_)) + ": " + message_;
+    return std::string(name()) + ": " + message_;
   }
 
  private:
-  StatusCode code_ = StatusCode::kOk;
+  // One 32-bit word: the code in the low half, the reason + 1 in the high half (0: none). Trap:
+  // this is the backend ABI. Statuses cross the backend boundary by value, and backends built
+  // against API 1.0, whose Status held a plain StatusCode here, fill the word with the code
+  // alone, so their statuses keep their meaning and read as "no reason".
+  uint32_t code_and_reason_ = 0;
   std::string message_;
 };
 
@@ -94,8 +228,8 @@ inline Status Internal(std::string message) {
   return {StatusCode::kInternal, std::move(message)};
 }
 
-// A value or an error. The error type defaults to Status; the loader uses its own LoadError so
-// that every failure carries a stable reason code.
+// A value or an error: the Status that says why there is none (another type only where a
+// protocol needs its own error, e.g. an HTTP response).
 template <typename T, typename E = Status>
 class [[nodiscard]] Result {
  public:

@@ -12,13 +12,20 @@
 #include <string_view>
 #include <vector>
 
-#include "backplane/loader/load_error.hpp"
+#include "backplane/core/status.hpp"
 
 namespace backplane::loader {
 
 // ArmNN's scheme: <vendor>_<name>_backend.so with optional numeric suffixes (.so.1, .so.1.2.3).
 // Vendor and name are letters and digits only.
 bool IsBackendFileName(std::string_view file_name);
+// The version suffix of a backend file name as numbers (.so.1.2 -> {1, 2}; none -> {}), which
+// compare as versions do.
+std::vector<uint64_t> BackendFileVersion(std::string_view file_name);
+// The family a backend file belongs to: its path without the version suffix
+// (dir/Acme_Fast_backend.so.1.2 -> dir/Acme_Fast_backend.so). Every versioned name of a backend
+// is one backend.
+std::filesystem::path BackendFamily(const std::filesystem::path& path);
 
 // What makes two looks at a file "the same file, unchanged" (rule 7: compare before and after the
 // shadow copy; the watcher compares it with what is loaded).
@@ -50,18 +57,17 @@ struct BackendFile {
 };
 
 // NOT_FOUND, NAME_SCHEME, NOT_REGULAR or UNSAFE_PERMISSIONS, in that order.
-LoadResult<BackendFile> ResolveBackendFile(const std::filesystem::path& path,
+Result<BackendFile> ResolveBackendFile(const std::filesystem::path& path,
                                            const FilePolicy& policy);
 
 // UNSAFE_PERMISSIONS when `what` (a file or directory, with this owner and mode) is writable by
 // group or others or owned by neither root nor this process's user; nullopt when it is safe.
-std::optional<LoadError> CheckOwnership(const std::filesystem::path& what, uid_t owner, mode_t mode,
+std::optional<Status> CheckOwnership(const std::filesystem::path& what, uid_t owner, mode_t mode,
                                         const FilePolicy& policy);
 
 struct RejectedFile {
   std::filesystem::path file;
-  LoadReason reason;
-  std::string message;
+  Status error;            // why; its reason() is set
   std::string backend_id;  // when the file got far enough to name it, or replaced a known one
 };
 
@@ -71,8 +77,9 @@ struct Discovery {
 };
 
 // Lists the backend files of `directories`, in order. Files not named like a backend are ignored
-// (said at debug level); symlinks are followed and dangling ones dropped; a file reached by several
-// names (e.g. .so -> .so.1 -> .so.1.2.3) appears once, under the first name in sort order.
+// (said at debug level); symlinks are followed, and dangling ones are rejected (NOT_FOUND) like
+// any other unusable name; a file reached by several names (e.g. .so -> .so.1 -> .so.1.2.3)
+// appears once, under the first name in sort order.
 Discovery DiscoverBackendFiles(std::span<const std::filesystem::path> directories,
                                const FilePolicy& policy);
 

@@ -12,7 +12,7 @@
 #include <string>
 #include <string_view>
 
-#include "backplane/loader/load_error.hpp"
+#include "backplane/core/status.hpp"
 
 namespace backplane::loader {
 
@@ -26,6 +26,6 @@ struct ElfFacts {
 //
 // Errors: kNotElf, kElfTruncated, kWrongArch (class, byte order, machine, or not ET_DYN),
 // kNotUnloadable (cause and fix in the message).
-LoadResult<ElfFacts> InspectElf(std::span<const std::byte> image, std::string_view file);
+Result<ElfFacts> InspectElf(std::span<const std::byte> image, std::string_view file);
 
 }  // namespace backplane::loader

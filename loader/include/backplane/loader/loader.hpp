@@ -15,7 +15,7 @@
 #include "backplane/loader/backend_instance.hpp"
 #include "backplane/loader/generation.hpp"
 #include "backplane/core/listener_list.hpp"
-#include "backplane/loader/load_error.hpp"
+#include "backplane/core/status.hpp"
 #include "backplane/loader/reaper.hpp"
 #include "backplane/loader/shadow_directory.hpp"
 
@@ -72,11 +72,11 @@ class Loader : public std::enable_shared_from_this<Loader> {
   // Loads `file` as a new generation, or returns the live generation of the same file (same
   // real path and identity). With `trace`, appends one LoadStage per stage run. The factory is
   // probed once (an instance created and destroyed) so that a broken factory fails here.
-  LoadResult<GenerationLease> Load(const std::filesystem::path& file, LoadTrace* trace = nullptr);
+  Result<GenerationLease> Load(const std::filesystem::path& file, LoadTrace* trace = nullptr);
 
   // A new instance from `generation`'s factory; kFactoryFailed when it throws or returns null,
   // kInvalidId when the instance reports another id than GetBackendId.
-  LoadResult<std::shared_ptr<BackendInstance>> CreateInstance(const GenerationLease& generation);
+  Result<std::shared_ptr<BackendInstance>> CreateInstance(const GenerationLease& generation);
 
   const LoaderOptions& options() const { return options_; }
   const std::shared_ptr<Reaper>& reaper() const { return reaper_; }
@@ -89,7 +89,7 @@ class Loader : public std::enable_shared_from_this<Loader> {
 
  private:
   Loader(LoaderOptions options, std::shared_ptr<ShadowDirectory> shadows);
-  LoadResult<GenerationLease> LoadNew(const BackendFile& file, LoadTrace* trace);
+  Result<GenerationLease> LoadNew(const BackendFile& file, LoadTrace* trace);
 
   const LoaderOptions options_;
   const std::shared_ptr<ShadowDirectory> shadows_;

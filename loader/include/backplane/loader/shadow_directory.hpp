@@ -13,7 +13,7 @@
 #include <string_view>
 
 #include "backplane/loader/backend_file.hpp"
-#include "backplane/loader/load_error.hpp"
+#include "backplane/core/status.hpp"
 
 namespace backplane::loader {
 
@@ -41,7 +41,7 @@ class ShadowDirectory {
   // Copies `source` (already resolved) to "<generation>-<file name>". Fails with kFileBusy when
   // a process holds the source open for writing, kFileChanged
   // when the source's identity differs before and after the copy, kIoError on I/O failure.
-  LoadResult<ShadowCopy> Copy(const std::filesystem::path& source, uint64_t generation) const;
+  Result<ShadowCopy> Copy(const std::filesystem::path& source, uint64_t generation) const;
 
  private:
   explicit ShadowDirectory(std::filesystem::path path) : path_(std::move(path)) {}

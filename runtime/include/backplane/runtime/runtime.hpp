@@ -4,6 +4,8 @@
 #pragma once
 
 #include <filesystem>
+#include <functional>
+#include <future>
 #include <map>
 #include <memory>
 #include <optional>
@@ -11,21 +13,17 @@
 #include <string_view>
 #include <vector>
 
-#include <atomic>
-#include <functional>
-#include <future>
-#include <mutex>
-
-#include "backplane/registry/backend_registry.hpp"
-#include "backplane/onnx/network.hpp"
 #include "backplane/core/published.hpp"
+#include "backplane/core/thread_annotations.hpp"
 #include "backplane/loader/backend_instance.hpp"
+#include "backplane/onnx/network.hpp"
+#include "backplane/registry/backend_registry.hpp"
 #include "backplane/scheduler/request_scheduler.hpp"
 
 namespace backplane {
 
 // What a runtime does with its loaded networks when a new generation of a backend they use
-// becomes active (docs/hot-reload.md).
+// becomes active (DESIGN "Hot swap semantics").
 enum class SwapPolicy {
   // Re-prepare each affected network on the new generation, then switch it atomically; requests
   // already running finish on the old one. A network that fails to prepare rejects the new
@@ -136,40 +134,46 @@ class Runtime : private BackendSubscriber {
   using BackendMap = std::map<std::string, BackendSlot, std::less<>>;
   using NetworkMap = std::map<NetworkId, std::shared_ptr<const LoadedNetwork>>;
   using Instances = std::vector<std::shared_ptr<loader::BackendInstance>>;
+  using InstanceMap = std::map<std::string, std::shared_ptr<loader::BackendInstance>, std::less<>>;
+  class SwapChange;
 
   Runtime(std::shared_ptr<BackendRegistry> registry, RuntimeOptions& options);
   Result<std::shared_ptr<const LoadedNetwork>> FindNetwork(NetworkId id) const;
 
-  // With mutex_ held.
-  void AttachBackends();
-  Result<BackendSlot> CreateSlot(std::shared_ptr<loader::BackendInstance> instance);
+  void AttachBackends() REQUIRES(mutex_);
+  // A slot for `instance` with this runtime's options for it applied, and its context. Calls
+  // backend code: never with mutex_ held once the runtime is shared.
+  static Result<BackendSlot> CreateSlot(std::shared_ptr<loader::BackendInstance> instance,
+                                        const BackendOptions* options);
   // The network's preference list as given, or the default one; `arriving` is an id being
   // added that the default list ("every backend") must include.
-  std::vector<std::string> PreferencesOf(NetworkId id, std::string_view arriving = {}) const;
-  // The instances for `preferences`, in order; backend `swapped_id` becomes `swapped` (or is
-  // left out when `swapped` is null). Ids this runtime lacks are appended to `missing`.
-  Instances BackendsFor(const std::vector<std::string>& preferences, std::string_view swapped_id,
-                        const std::shared_ptr<loader::BackendInstance>& swapped,
-                        std::string* missing = nullptr) const;
+  std::vector<std::string> PreferencesOf(NetworkId id, std::string_view arriving = {}) const
+      REQUIRES(mutex_);
+  InstanceMap CurrentInstances() const REQUIRES(mutex_);
   std::shared_ptr<const LoadedNetwork> Reaped(std::unique_ptr<LoadedNetwork> network) const;
+  // Runs the swap-validation probe through both networks as requests of this runtime (admitted
+  // like any other, in its arena); kValidationFailed naming the first output that differs.
+  Status ValidateOnProbe(const LoadedNetwork& current, const LoadedNetwork& candidate,
+                         std::string_view backend_id, double tolerance);
 
-  loader::LoadResult<CommitChange> PrepareChange(const BackendChange& change) override;
-  loader::LoadResult<CommitChange> PrepareWithdrawal(
-      const BackendChange& change, std::shared_ptr<std::unique_lock<std::mutex>> lock);
+  Result<std::unique_ptr<PreparedChange>> PrepareChange(const BackendChange& change) override;
 
   const std::shared_ptr<BackendRegistry> registry_;
   const std::vector<std::string> default_preferences_;
   const SwapPolicy swap_policy_;
   const std::map<std::string, SwapValidation, std::less<>> swap_validation_;
 
-  // Load, unload, option updates and generation changes serialise on this (backend contexts
-  // are thread-compatible); requests read the network map without it.
-  mutable std::mutex mutex_;
-  BackendMap backends_;                                                 // guarded by mutex_
-  std::map<std::string, BackendOptions, std::less<>> applied_options_;  // guarded by mutex_
-  std::map<NetworkId, std::vector<std::string>> preferences_;  // guarded by mutex_; as given
+  // Load, unload, option updates and the commit of a generation change serialise on this
+  // (backend contexts are thread-compatible); requests read the network map without it.
+  mutable Mutex mutex_;
+  BackendMap backends_ GUARDED_BY(mutex_);
+  std::map<std::string, BackendOptions, std::less<>> applied_options_ GUARDED_BY(mutex_);
+  std::map<NetworkId, std::vector<std::string>> preferences_ GUARDED_BY(mutex_);  // as given
+  NetworkId next_network_id_ GUARDED_BY(mutex_) = 1;
+  // Counts changes to the state above, so that a generation change prepared without the lock
+  // can tell at commit time whether it still applies.
+  uint64_t state_version_ GUARDED_BY(mutex_) = 0;
   Published<NetworkMap> networks_;
-  NetworkId next_network_id_ = 1;  // guarded by mutex_
 
   // Destroyed first, waiting for requests in flight while everything they use still lives.
   scheduler::RequestScheduler scheduler_;

@@ -1,0 +1,78 @@
+// How a change to what a backend id offers reaches the runtimes: every subscriber prepares its
+// side off the request path, then all of them commit together, or none does.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+
+#include "backplane/core/status.hpp"
+#include "backplane/core/thread_annotations.hpp"
+#include "backplane/loader/generation.hpp"
+
+namespace backplane {
+
+// A change to what an id offers, proposed to every subscriber (each Runtime) before it takes
+// effect, so that any of them can refuse it (e.g. a network fails to prepare on the new code).
+struct BackendChange {
+  std::string backend_id;
+  loader::GenerationLease next;      // null: the id is withdrawn (its file was deleted)
+  loader::GenerationLease previous;  // null: a new id
+};
+
+// One subscriber's prepared side of a change. It owns no lock: it holds what was prepared (new
+// instances, re-prepared networks) and a version of the subscriber's state to re-check. Dropped
+// uncommitted, it aborts: what was prepared is released and nothing became visible. After a
+// commit it holds what the change replaced, released when it is dropped, outside every lock.
+//
+// The coordinator commits like this, for every prepared change of one BackendChange at once:
+//   locks = each change's LockState(), in subscription order;
+//   if every IsCurrent(): every Commit();  (else: drop all, prepare again)
+//   unlock all; every AfterCommit().
+class PreparedChange {
+ public:
+  virtual ~PreparedChange() = default;
+  // The subscriber's state lock, held by the caller only around IsCurrent and Commit.
+  virtual std::unique_lock<Mutex> LockState() = 0;
+  // Under that lock: whether the subscriber's state is still what this was prepared against.
+  virtual bool IsCurrent() const = 0;
+  // Under that lock: makes the change visible (pointer stores and map updates). Cannot fail.
+  virtual void Commit() = 0;
+  // After every lock is released: logs, and anything else that may take time.
+  virtual void AfterCommit() {}
+};
+
+class BackendSubscriber {
+ public:
+  virtual ~BackendSubscriber() = default;
+  // Prepares everything `change` needs off the request path, without making it visible and
+  // without holding the subscriber's lock while it calls backend code. Called with the
+  // registry's change sequence held (changes arrive one at a time, in order): never call the
+  // registry's mutating operations from here. A refusal's reason names the step
+  // (kPrepareFailed, kValidationFailed, or the loader's own reason when an instance cannot be
+  // created).
+  virtual Result<std::unique_ptr<PreparedChange>> PrepareChange(const BackendChange& change) = 0;
+};
+
+class BackendRegistry;
+
+// Keeps a subscriber attached; unsubscribes on destruction (waiting for a change in progress).
+class Subscription {
+ public:
+  Subscription() = default;
+  Subscription(std::weak_ptr<BackendRegistry> registry, uint64_t id)
+      : registry_(std::move(registry)), id_(id) {}
+  Subscription(Subscription&& other) noexcept
+      : registry_(std::move(other.registry_)), id_(std::exchange(other.id_, 0)) {}
+  Subscription& operator=(Subscription&& other) noexcept;
+  ~Subscription() { Reset(); }
+  void Reset();
+
+ private:
+  std::weak_ptr<BackendRegistry> registry_;
+  uint64_t id_ = 0;
+};
+
+}  // namespace backplane

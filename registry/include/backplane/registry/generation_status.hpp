@@ -1,0 +1,108 @@
+// What the registry reports: where each generation of a backend id is in its life, what a deploy
+// did, and the events observers receive.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "backplane/loader/backend_file.hpp"
+#include "backplane/sdk/backend.hpp"
+
+namespace backplane {
+
+// Where one generation of a backend id is in its life (docs/hot-reload.md).
+enum class GenerationState {
+  kLoading,   // being copied, inspected, loaded, or prepared by the runtimes
+  kActive,    // what new work of this id runs on
+  kDraining,  // replaced; still mapped while networks or requests hold leases on it
+  kUnloaded,  // dlclosed and verified gone from the process
+  kLeaked,    // dlclosed but still mapped (docs/loading-rules.md rule 3); counted and warned
+  kRejected,  // failed a step; never became active
+};
+std::string_view ToString(GenerationState state);  // "loading", "active", ...
+
+struct GenerationStatus {
+  uint64_t generation = 0;
+  GenerationState state = GenerationState::kLoading;
+  std::filesystem::path file;
+  std::string release;
+  BackendApiVersion api_version;
+  std::string build_id;
+  long refcount = 0;  // leases held right now (networks, instances, the registry itself)
+  std::chrono::system_clock::time_point loaded_at;
+  // From the moment it stopped being active to the moment it was unmapped; set once unloaded.
+  std::optional<double> drain_ms;
+  Status rejection;  // kRejected: why
+};
+
+struct BackendStatus {
+  std::string id;
+  bool is_static = false;
+  uint64_t active_generation = 0;  // 0 for a static backend or when withdrawn
+  bool pinned = false;
+  bool withdrawn = false;                      // its file was deleted: offered to no new load
+  std::filesystem::path file;                  // the file its generations come from
+  std::vector<GenerationStatus> generations;   // newest first, bounded history
+  std::vector<loader::RejectedFile> rejected;  // rejected deploys of `file`, newest first
+};
+
+// What a rescan or a reload did about one backend file.
+struct DeployOutcome {
+  enum class Action {
+    kUnchanged,  // same file identity as the active generation
+    kActivated,  // a new generation (or a new id) is active
+    kRejected,   // the new file failed a step; the old generation keeps serving
+    kDeferred,   // a writer is still at work on the file: look again soon
+    kPinned,     // a new file was seen but the id is pinned
+    kWithdrawn,  // the file was deleted
+  };
+  Action action = Action::kUnchanged;
+  std::string backend_id;  // empty when the file never got as far as naming its id
+  std::filesystem::path file;
+  uint64_t generation = 0;  // the generation activated or rejected
+  std::string message;      // what happened, for people
+  Status error;             // kRejected and kDeferred: why
+};
+std::string_view ToString(DeployOutcome::Action action);
+
+struct RescanResult {
+  std::vector<DeployOutcome> outcomes;  // only files whose state changed
+  bool retry_soon = false;              // some file was deferred
+  // Every directory worth watching: the backend directories and the directories their
+  // symlinks point into.
+  std::vector<std::filesystem::path> watch_directories;
+};
+
+// A lifecycle event, delivered to observers after every lock of the registry is released (on the
+// thread that caused it, or on the reaper thread for kUnloaded and kLeaked). Observers must not
+// block; they may call the registry.
+struct GenerationEvent {
+  enum class Kind {
+    kLoaded,
+    kActivated,
+    kRejected,
+    kDraining,
+    kUnloaded,
+    kLeaked,
+    kWithdrawn,
+    kPinned,
+    kUnpinned
+  };
+  Kind kind;
+  std::string backend_id;
+  uint64_t generation = 0;
+  std::filesystem::path file;
+  Status error;  // kRejected: why (its reason() is set)
+  std::string message;
+  std::optional<double> drain_ms;  // kUnloaded, kLeaked
+};
+std::string_view ToString(GenerationEvent::Kind kind);
+using GenerationObserver = std::function<void(const GenerationEvent&)>;
+
+}  // namespace backplane

@@ -1,0 +1,96 @@
+#include "backend_scan.hpp"
+
+#include <algorithm>
+#include <set>
+
+#include "registry_log.hpp"
+
+namespace backplane::registry_detail {
+namespace fs = std::filesystem;
+
+namespace {
+
+// What makes a rejected file worth looking at again: any change of what the path resolves to.
+std::string Fingerprint(const fs::path& file) {
+  std::error_code ignored;
+  const fs::path real_path = fs::canonical(file, ignored);
+  const auto identity = loader::ReadFileIdentity(file).value_or(loader::FileIdentity{});
+  return real_path.string() + "|" + std::to_string(identity.device) + ":" +
+         std::to_string(identity.inode) + ":" + std::to_string(identity.size) + ":" +
+         std::to_string(identity.mtime_ns) + ":" + std::to_string(identity.ctime_ns);
+}
+
+// The unversioned name wins; among versioned names, the highest version.
+bool Outranks(const fs::path& a, const fs::path& b, const fs::path& family) {
+  if (a == family || b == family)
+    return a == family;
+  return loader::BackendFileVersion(a.filename().string()) >
+         loader::BackendFileVersion(b.filename().string());
+}
+
+}  // namespace
+
+BackendScanner::BackendScanner(std::vector<fs::path> directories, loader::FilePolicy policy)
+    : directories_(std::move(directories)), policy_(policy) {}
+
+std::vector<Candidate> BackendScanner::Choose(const loader::Discovery& discovery) const {
+  // Usable files and rejected names alike: a family whose chosen name is unusable (a FIFO or an
+  // unsafe copy renamed over it) is a rejected deploy, not a deleted backend.
+  std::vector<Candidate> names;
+  for (const auto& file : discovery.files)
+    names.push_back({loader::BackendFamily(file.path), file.path, Status::Ok()});
+  for (const auto& rejected : discovery.rejected)
+    names.push_back({loader::BackendFamily(rejected.file), rejected.file, rejected.error});
+
+  std::vector<Candidate> chosen;
+  for (auto& name : names) {
+    auto same = std::find_if(chosen.begin(), chosen.end(),
+                             [&](const Candidate& c) { return c.family == name.family; });
+    if (same == chosen.end()) {
+      chosen.push_back(std::move(name));
+      continue;
+    }
+    const bool wins = Outranks(name.path, same->path, name.family);
+    Log().debug("ignoring {}: {} speaks for backend {}", (wins ? same->path : name.path).string(),
+                (wins ? name.path : same->path).string(), name.family.filename().string());
+    if (wins)
+      *same = std::move(name);
+  }
+  return chosen;
+}
+
+Scan BackendScanner::ScanAll() const {
+  const auto discovery = loader::DiscoverBackendFiles(directories_, policy_);
+  std::set<fs::path> watch(directories_.begin(), directories_.end());
+  for (const auto& file : discovery.files)
+    watch.insert(file.real_path.parent_path());  // rule 7: where symlinks point is watched too
+  return {Choose(discovery), {watch.begin(), watch.end()}};
+}
+
+std::optional<Candidate> BackendScanner::ScanFamily(const fs::path& family) const {
+  const std::vector<fs::path> directory{family.parent_path()};
+  for (auto& candidate : Choose(loader::DiscoverBackendFiles(directory, policy_))) {
+    if (candidate.family == family)
+      return std::move(candidate);
+  }
+  return std::nullopt;
+}
+
+bool BackendScanner::RejectedAndUnchanged(const fs::path& file) const {
+  auto it = rejected_fingerprints_.find(file);
+  return it != rejected_fingerprints_.end() && it->second == Fingerprint(file);
+}
+
+void BackendScanner::RememberRejected(const fs::path& file) {
+  rejected_fingerprints_[file] = Fingerprint(file);
+  std::erase_if(rejected_fingerprints_, [](const auto& entry) {
+    std::error_code ignored;
+    return !fs::exists(fs::symlink_status(entry.first, ignored));
+  });
+}
+
+void BackendScanner::ForgetRejected(const fs::path& file) {
+  rejected_fingerprints_.erase(file);
+}
+
+}  // namespace backplane::registry_detail

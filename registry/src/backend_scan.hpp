@@ -1,0 +1,55 @@
+// What the backend directories hold, read the way the registry needs it: one candidate file per
+// backend family. Private to the registry.
+#pragma once
+
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "backplane/core/status.hpp"
+#include "backplane/loader/backend_file.hpp"
+
+namespace backplane::registry_detail {
+
+// The file that speaks for one backend family in a directory: every versioned name of a backend
+// (Acme_Fast_backend.so, .so.2, .so.2.0.1) is one backend, and one name is chosen for it: the
+// unversioned name when there is one (where `ln -sfn` points), else the highest version.
+struct Candidate {
+  std::filesystem::path family;  // <dir>/<vendor>_<name>_backend.so: what a lineage follows
+  std::filesystem::path path;    // the chosen name (maybe a versioned name, maybe a symlink)
+  Status unusable;  // why the chosen name fails the checks that need no opening; ok when it passes
+};
+
+struct Scan {
+  std::vector<Candidate> candidates;  // one per family, in directory order, then name order
+  // The backend directories and the directories their symlinks point into.
+  std::vector<std::filesystem::path> watch_directories;
+};
+
+// Thread-compatible: used in the registry's change sequence only.
+class BackendScanner {
+ public:
+  BackendScanner(std::vector<std::filesystem::path> directories, loader::FilePolicy policy);
+
+  Scan ScanAll() const;
+  // The candidate of one family now (its directory need not be a backend directory); nullopt
+  // when no name of it is left.
+  std::optional<Candidate> ScanFamily(const std::filesystem::path& family) const;
+
+  // A rejection is reported once per version of a file, not at every scan: whether `file` was
+  // rejected and is unchanged since (same real file, size and times).
+  bool RejectedAndUnchanged(const std::filesystem::path& file) const;
+  void RememberRejected(const std::filesystem::path& file);
+  void ForgetRejected(const std::filesystem::path& file);
+
+ private:
+  std::vector<Candidate> Choose(const loader::Discovery& discovery) const;
+
+  const std::vector<std::filesystem::path> directories_;
+  const loader::FilePolicy policy_;
+  std::map<std::filesystem::path, std::string> rejected_fingerprints_;
+};
+
+}  // namespace backplane::registry_detail

@@ -1,0 +1,99 @@
+// Each backend id's lineage: where its code comes from, the generation it offers, and the
+// generations it has had. Private to the registry.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "backplane/core/thread_annotations.hpp"
+#include "backplane/registry/backend_registry.hpp"
+
+namespace backplane::registry_detail {
+
+using SteadyClock = std::chrono::steady_clock;
+
+// What the change sequence needs to know about one lineage to decide what a file means for it.
+struct LineageView {
+  std::string id;
+  bool is_static = false;
+  loader::GenerationLease active;  // null: static, withdrawn, or never active
+  std::filesystem::path file;      // the backend file family its generations come from
+  std::optional<loader::FileIdentity> identity;  // of the file `active` was loaded from
+  bool pinned = false;
+  std::optional<loader::FileIdentity> pinned_seen;  // the newest identity ignored while pinned
+
+  bool offered() const { return is_static || active != nullptr; }
+};
+
+// An id and how to make an instance of it.
+struct Offer {
+  RegisteredBackend backend;
+  StaticBackendFactory factory;  // static backends only
+};
+
+// Thread-safe: one short lock around every lineage; it is never held while backend code, file
+// copies, logging or observers run. The transitions are the generation state machine:
+//   loading -> active -> draining -> unloaded | leaked;  loading -> rejected.
+class LineageTable {
+ public:
+  LineageTable();
+  ~LineageTable();
+
+  // kAlreadyExists for a registered id.
+  Status AddStatic(std::string id, StaticBackendFactory factory) EXCLUDES(mutex_);
+
+  std::vector<std::string> OfferedIds() const EXCLUDES(mutex_);  // registration order
+  std::optional<Offer> FindOffer(std::string_view id) const EXCLUDES(mutex_);
+  std::optional<LineageView> ById(std::string_view id) const EXCLUDES(mutex_);
+  std::optional<LineageView> ByFile(const std::filesystem::path& family) const EXCLUDES(mutex_);
+  // Ids offered from a backend file whose family is not in `present`: they were deleted.
+  std::vector<std::string> ActiveIdsMissingFrom(
+      const std::vector<std::filesystem::path>& present) const EXCLUDES(mutex_);
+
+  // A new generation of `id` (a new id when unknown, following `family`) starts loading.
+  // Returns the generation active now, null when none.
+  loader::GenerationLease BeginLoading(const std::string& id, const std::filesystem::path& family,
+                                       const loader::GenerationLease& next) EXCLUDES(mutex_);
+  // `next` becomes active; the previous active generation drains. `identity` is the file's as
+  // loaded (nullopt for a rollback, which keeps the lineage's file and identity).
+  void Activate(const std::string& id, const loader::GenerationLease& next,
+                std::optional<loader::FileIdentity> identity) EXCLUDES(mutex_);
+  void Reject(const std::string& id, uint64_t generation, const Status& why) EXCLUDES(mutex_);
+  // The id's file was deleted: no generation is offered any more. Returns the one that was.
+  loader::GenerationLease Withdraw(const std::string& id) EXCLUDES(mutex_);
+  // The reaper closed `generation`. nullopt when the registry never recorded it (a duplicate, an
+  // unchanged reload); else how long it drained (nullopt when it never was active).
+  std::optional<std::optional<double>> Unloaded(const loader::GenerationInfo& generation,
+                                                bool leaked) EXCLUDES(mutex_);
+
+  // kNotFound for an unknown id, kFailedPrecondition for a static one.
+  Status SetPinned(std::string_view id, bool pinned) EXCLUDES(mutex_);
+  // Remembers `identity` as seen while pinned; false when it was seen already.
+  bool NotePinnedSeen(std::string_view id, const loader::FileIdentity& identity) EXCLUDES(mutex_);
+  void ForgetPinnedSeen(std::string_view id) EXCLUDES(mutex_);
+
+  void AddRejected(loader::RejectedFile rejected) EXCLUDES(mutex_);
+  std::vector<loader::RejectedFile> Rejected() const EXCLUDES(mutex_);
+
+  std::vector<BackendStatus> Describe() const EXCLUDES(mutex_);
+  std::optional<BackendStatus> Describe(std::string_view id) const EXCLUDES(mutex_);
+
+ private:
+  class Lineage;
+  Lineage* Find(std::string_view id) REQUIRES(mutex_);
+  const Lineage* Find(std::string_view id) const REQUIRES(mutex_);
+  BackendStatus DescribeLocked(const Lineage& lineage) const REQUIRES(mutex_);
+
+  mutable Mutex mutex_;
+  std::vector<std::unique_ptr<Lineage>> lineages_ GUARDED_BY(mutex_);  // registration order
+  std::deque<loader::RejectedFile> rejected_ GUARDED_BY(mutex_);        // bounded, oldest first
+};
+
+}  // namespace backplane::registry_detail

@@ -1,0 +1,44 @@
+#include "rollback_store.hpp"
+
+#include <unistd.h>
+
+#include "registry_log.hpp"
+
+namespace backplane::registry_detail {
+namespace fs = std::filesystem;
+
+RollbackStore::RollbackStore(fs::path directory) : directory_(std::move(directory)) {}
+
+RollbackStore::~RollbackStore() {
+  std::error_code ignored;
+  fs::remove_all(directory_, ignored);
+}
+
+bool RollbackStore::Retain(const std::string& id, const loader::GenerationInfo& generation) {
+  // Named like a backend file (the loader checks the scheme), one directory per id.
+  const fs::path copy = directory_ / id / generation.real_path.filename();
+  std::error_code error;
+  fs::create_directories(copy.parent_path(), error);
+  if (!error)
+    fs::copy_file(generation.shadow_path, copy, fs::copy_options::overwrite_existing, error);
+  if (error) {
+    Log().warn("backend {}: cannot keep generation {} for rollback ({}): {}", id,
+               generation.number, copy.string(), error.message());
+    return false;
+  }
+  auto [it, inserted] = copies_.try_emplace(id, copy);
+  if (!inserted && it->second != copy) {
+    unlink(it->second.c_str());
+    it->second = copy;
+  }
+  return true;
+}
+
+std::optional<fs::path> RollbackStore::Find(const std::string& id) const {
+  auto it = copies_.find(id);
+  if (it == copies_.end())
+    return std::nullopt;
+  return it->second;
+}
+
+}  // namespace backplane::registry_detail

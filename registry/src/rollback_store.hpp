@@ -1,0 +1,37 @@
+// The version each backend id ran before its active one, kept as a private copy so that a
+// rollback can load it again as a new generation while the drained generation itself leaves the
+// process. Private to the registry.
+#pragma once
+
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <string>
+
+#include "backplane/loader/generation.hpp"
+
+namespace backplane::registry_detail {
+
+// Thread-compatible: used in the registry's change sequence only.
+class RollbackStore {
+ public:
+  // Keeps its copies in `directory` (created on first use), which lies inside the loader's
+  // shadow directory so that a dead process's copies are cleaned up with it.
+  explicit RollbackStore(std::filesystem::path directory);
+  ~RollbackStore();  // removes every copy and the directory
+  RollbackStore(const RollbackStore&) = delete;
+  RollbackStore& operator=(const RollbackStore&) = delete;
+
+  // Copies `generation`'s code as the version to roll `id` back to, replacing the one kept
+  // before. A copy, not a hard link: unlinking the shadow later would change a shared inode's
+  // ctime, which the loader takes for a writer at work. False (and logged) when it fails.
+  bool Retain(const std::string& id, const loader::GenerationInfo& generation);
+  // The copy to roll `id` back to, if one is kept.
+  std::optional<std::filesystem::path> Find(const std::string& id) const;
+
+ private:
+  const std::filesystem::path directory_;
+  std::map<std::string, std::filesystem::path> copies_;  // by backend id
+};
+
+}  // namespace backplane::registry_detail
