@@ -1,7 +1,6 @@
 #include "backplane/scheduler/request_scheduler.hpp"
 
 #include <atomic>
-
 #include <cstdio>
 #include <exception>
 #include <memory>
@@ -32,7 +31,7 @@ RequestScheduler::RequestScheduler(SchedulerOptions options)
 
 RequestScheduler::~RequestScheduler() {
   std::unique_lock lock(drained_mutex_);
-  drained_.wait(lock, [this] { return in_flight_.load() == 0; });
+  drained_.wait(lock, [this] { return in_flight_.load(std::memory_order_acquire) == 0; });
 }
 
 RequestScheduler::Admission::~Admission() {
@@ -41,10 +40,15 @@ RequestScheduler::Admission::~Admission() {
 }
 
 void RequestScheduler::Release() {
-  if (in_flight_.fetch_sub(1) == 1) {
-    std::lock_guard lock(drained_mutex_);
+  // Trap: decrement and notify under the lock, never decrement first and lock afterwards. The
+  // destructor returns as soon as it sees 0; had the count dropped to 0 before this thread locked,
+  // the destructor could see it, return and free the mutex and condition variable that this
+  // thread was about to lock and notify (a use-after-free when a Runtime is destroyed right after
+  // an asynchronous result). Under the lock the destructor cannot see 0 before the unlock, and the
+  // unlock is the last time this touches the scheduler. Admit() stays lock-free: it never makes 0.
+  std::lock_guard lock(drained_mutex_);
+  if (in_flight_.fetch_sub(1, std::memory_order_acq_rel) == 1)
     drained_.notify_all();
-  }
 }
 
 Result<RequestScheduler::Admission> RequestScheduler::Admit() {

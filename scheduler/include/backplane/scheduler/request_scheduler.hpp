@@ -11,6 +11,7 @@
 #include <functional>
 #include <mutex>
 #include <optional>
+#include <utility>
 
 #include "backplane/core/status.hpp"
 
@@ -69,6 +70,8 @@ class RequestScheduler {
 
   const SchedulerOptions options_;
   tbb::task_arena arena_;
+  // Goes up without the lock (Admit) but down only under drained_mutex_ (Release), so that the
+  // destructor, which waits for 0 under that lock, cannot free the lock while a Release uses it.
   std::atomic<std::size_t> in_flight_{0};
   std::mutex drained_mutex_;
   std::condition_variable drained_;
