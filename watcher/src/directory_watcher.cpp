@@ -367,10 +367,10 @@ struct DirectoryWatcher::Loop {
     directory.warned_reason = reason;
     if (directory.state == State::kMissing) {
       Log().warn("backend directory {} is not there ({}); looking for it every {} ms",
-                  directory.path, reason, options.poll_interval.count());
+                 directory.path, reason, options.poll_interval.count());
     } else {
       Log().warn("backend directory {} is polled: {}; scanning it every {} ms", directory.path,
-                  reason, options.poll_interval.count());
+                 reason, options.poll_interval.count());
     }
   }
 
@@ -436,7 +436,7 @@ struct DirectoryWatcher::Loop {
     Loop& loop = *watch->loop;
     if (status < 0) {
       Log().warn("watch on backend directory {} failed: {}; checking it again", watch->path,
-                  uv_strerror(status));
+                 uv_strerror(status));
       loop.RestartQuietTimer(watch->path);
       return;
     }

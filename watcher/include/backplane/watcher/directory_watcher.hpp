@@ -1,5 +1,6 @@
 // The directory watcher: one thread running a libuv loop that turns file events in backend
-// directories into debounced "look again" calls (docs/loading-rules.md rule 7: events are hints, not facts).
+// directories into debounced "look again" calls (docs/loading-rules.md rule 7: events are hints,
+// not facts).
 #pragma once
 
 #include <atomic>
