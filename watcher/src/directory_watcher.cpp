@@ -31,6 +31,10 @@ spdlog::logger& Log() {
   return logger;
 }
 
+// How many names of one directory may have open debounce windows for an event to still scan at
+// once (see NoteFileEvent): two per publish by rename, with room for two at a time.
+constexpr size_t kLeadingNames = 4;
+
 uint64_t ToLoopMillis(milliseconds duration) {
   return duration.count() > 0 ? static_cast<uint64_t>(duration.count()) : 0;
 }
@@ -140,11 +144,14 @@ struct DirectoryWatcher::Loop {
     bool failure_logged = false;
   };
 
-  // One pending name: restarted by each event on it, so it fires after a quiet period.
+  // A name with recent events. Its window stays open until the name has been quiet for a
+  // debounce period; the timer is restarted by each event on it.
   struct QuietTimer {
     uv_timer_t handle{};
     Loop* loop = nullptr;
-    std::string key;  // "<directory>/<name>", or a watched directory's own key
+    std::string key;        // "<directory>/<name>", or a watched directory's own key
+    std::string directory;  // the watched directory `key` is a file in; empty for a directory key
+    uint64_t last_event_before_scan = 0;  // scans_started when the name's last event came
   };
 
   Loop(ScanCallback scan_callback, DirectoryWatcherOptions watcher_options)
@@ -230,6 +237,7 @@ struct DirectoryWatcher::Loop {
 
   void RunScan() {
     uv_timer_stop(&scan_timer);
+    ++scans_started;  // events from here on are not seen by this scan
     std::optional<ScanResult> result;
     try {
       result = scan();
@@ -429,7 +437,8 @@ struct DirectoryWatcher::Loop {
       loop.RequestScan(milliseconds(0));
   }
 
-  // Events on a watched directory. Each one only restarts the quiet timer of its name.
+  // Events on a watched directory: the name's window (NoteFileEvent), and for events on the
+  // directory itself its quiet timer.
   static void OnDirectoryEvent(uv_fs_event_t* handle, const char* filename, int events,
                                int status) noexcept {
     auto* watch = static_cast<FsEvent*>(handle->data);
@@ -454,7 +463,7 @@ struct DirectoryWatcher::Loop {
       if (name.empty())
         return;
     }
-    loop.RestartQuietTimer((path / name).string());
+    loop.NoteFileEvent(watch->path, (path / name).string(), events);
   }
 
   // Events in a parent directory: only those on a watched directory's own entry matter; the rest
@@ -481,35 +490,93 @@ struct DirectoryWatcher::Loop {
     loop.RestartQuietTimer(child->second);  // the directory is checked once things are quiet
   }
 
-  // Debounce: one timer per pending name, restarted by each event on it.
+  // Debounce, leading and trailing edge. The first event on a file name scans at once: a rename
+  // (or `ln -sfn`) publishes a complete file, and waiting out the debounce only delays the
+  // deploy. A file still being written does not make this early scan unsafe: the scan checks
+  // completeness itself (lease probe, fstat before and after the copy, complete-ELF check), takes
+  // an unfinished file as a deferral, not a rejection, and asks for `retry_soon`. Further events on
+  // the name within its window coalesce into one trailing scan once the name has been quiet for the
+  // debounce period, so a writer that keeps writing gets a scan after it stops, and a burst of
+  // writes to one name leads to at most two scans.
+  //
+  // A RENAME event (created, deleted, moved in or out: the entry itself changed) scans at once
+  // even inside the window: a deploy script renaming new versions over one name in quick
+  // succession gets each one seen. Writes (CHANGE) cannot say when the writer is done, which is
+  // what the window waits for.
+  //
+  // Many names at once (1000 files copied in) must not lead to a scan each: once more than
+  // kLeadingNames names of a directory have open windows, its events only wait for the trailing
+  // scan. A publish by rename touches two names (the temporary one and the target).
+  void NoteFileEvent(const std::string& directory, const std::string& key, int events) {
+    if (closing)
+      return;
+    auto [timer, opened] = OpenWindow(key, directory);
+    const bool replaced = (events & UV_RENAME) != 0;
+    if ((opened || replaced) && open_windows[directory] <= kLeadingNames)
+      RequestScan(milliseconds(0));
+    timer->last_event_before_scan = scans_started;
+    uv_timer_start(&timer->handle, OnQuiet, ToLoopMillis(options.debounce), 0);
+  }
+
+  // For a watched directory's own key (deleted, moved, re-created, its watch failed): checked
+  // and scanned once things are quiet, as before; only a quiet directory is worth re-arming.
   void RestartQuietTimer(const std::string& key) {
     if (closing)
       return;
+    QuietTimer* timer = OpenWindow(key, "").first;
+    timer->last_event_before_scan = scans_started;
+    uv_timer_start(&timer->handle, OnQuiet, ToLoopMillis(options.debounce), 0);
+  }
+
+  // The window of `key`, created when there is none (the bool says so).
+  std::pair<QuietTimer*, bool> OpenWindow(const std::string& key, const std::string& directory) {
     auto [it, inserted] = quiet_timers.try_emplace(key, nullptr);
     if (inserted) {
       auto* timer = new QuietTimer;
       timer->loop = this;
       timer->key = key;
+      timer->directory = directory;
       uv_timer_init(&uv, &timer->handle);
       timer->handle.data = timer;
       it->second = timer;
+      if (!directory.empty())
+        ++open_windows[directory];
     }
-    uv_timer_start(&it->second->handle, OnQuiet, ToLoopMillis(options.debounce), 0);
+    return {it->second, inserted};
   }
+
+  // True when a scan started after the name's last event, so that scan saw what the event did.
+  bool Seen(const QuietTimer& timer) const { return scans_started > timer.last_event_before_scan; }
 
   static void OnQuiet(uv_timer_t* handle) noexcept {
     auto* timer = static_cast<QuietTimer*>(handle->data);
     Loop& loop = *timer->loop;
     const std::string key = timer->key;
+    const bool seen = loop.Seen(*timer);
+    if (!timer->directory.empty()) {
+      if (auto open = loop.open_windows.find(timer->directory); --open->second == 0)
+        loop.open_windows.erase(open);
+    }
     loop.quiet_timers.erase(key);
     CloseAndDelete(timer);
+    // A watched directory's key (possibly also a name in another watched directory) is checked
+    // and scanned whatever the scans since: its events say the watch itself may be dead.
     if (auto directory = loop.directories.find(key); directory != loop.directories.end())
       loop.CheckDirectory(directory->second);
+    else if (seen)
+      return;  // the leading scan (or a later one) came after the last event: nothing new
     // Coalescing: names that went quiet at about the same time (1000 files copied at once) must
     // lead to one scan, not one each. Timers due in this pass all run before a 0-ms timer
-    // started now; names still pending are waited for, but at most one more debounce period, so
-    // that one file written forever does not starve the others.
-    loop.RequestScan(loop.quiet_timers.empty() ? milliseconds(0) : loop.options.debounce);
+    // started now; names still waiting for a scan are waited for, but at most one more debounce
+    // period, so that one file written forever does not starve the others.
+    bool others_waiting = false;
+    for (const auto& [other_key, other] : loop.quiet_timers) {
+      if (!loop.Seen(*other)) {
+        others_waiting = true;
+        break;
+      }
+    }
+    loop.RequestScan(others_waiting ? loop.options.debounce : milliseconds(0));
   }
 
   FsEvent* StartFsEvent(const std::string& path, uv_fs_event_cb callback, int* error) {
@@ -553,6 +620,7 @@ struct DirectoryWatcher::Loop {
     for (auto& [key, timer] : quiet_timers)
       CloseAndDelete(timer);
     quiet_timers.clear();
+    open_windows.clear();
     // Members of Loop: their memory outlives the loop, so no close callback is needed.
     for (uv_timer_t* timer : {&scan_timer, &poll_timer, &rescan_timer})
       uv_close(reinterpret_cast<uv_handle_t*>(timer), nullptr);
@@ -594,9 +662,11 @@ struct DirectoryWatcher::Loop {
   uv_timer_t poll_timer{};
   uv_timer_t rescan_timer{};
 
-  std::map<std::string, Directory> directories;  // by normalized path
-  std::map<std::string, Parent> parents;         // by parent path
-  std::unordered_map<std::string, QuietTimer*> quiet_timers;
+  std::map<std::string, Directory> directories;               // by normalized path
+  std::map<std::string, Parent> parents;                      // by parent path
+  std::unordered_map<std::string, QuietTimer*> quiet_timers;  // the open windows, by key
+  std::unordered_map<std::string, size_t> open_windows;       // file windows per directory
+  uint64_t scans_started = 0;
 
   std::thread thread;  // runs Run(); joined by ~DirectoryWatcher
 };

@@ -1,6 +1,6 @@
 // The directory watcher: one thread running a libuv loop that turns file events in backend
-// directories into debounced "look again" calls (docs/loading-rules.md rule 7: events are hints,
-// not facts).
+// directories into "look again" calls, debounced on the leading and the trailing edge
+// (docs/loading-rules.md rule 7: events are hints, not facts).
 #pragma once
 
 #include <atomic>
@@ -16,8 +16,9 @@
 namespace backplane::watcher {
 
 struct DirectoryWatcherOptions {
-  // Quiet time per file name before its events lead to a scan; a writer that keeps writing
-  // keeps postponing it.
+  // The first event on a file name scans at once; further events on it coalesce into one more
+  // scan once the name has been quiet this long (a writer that keeps writing keeps postponing
+  // it). A rename onto the name scans at once again. Also the delay of `retry_soon`.
   std::chrono::milliseconds debounce{200};
   // A full scan even without events (inotify drops events silently when its queue overflows);
   // zero disables it.
@@ -53,9 +54,11 @@ class DirectoryWatcher {
   using ScanCallback = std::function<ScanResult()>;
 
   // Watches `directories` (each one, and its parent so that a deleted and re-created directory
-  // is re-armed) and calls `scan` once at start, after a debounce period of quiet following
-  // events, after a re-arm, every rescan_interval, every poll_interval while some directory is
-  // polled, and on ScanNow(). Events for many names at once lead to one scan.
+  // is re-armed) and calls `scan` once at start, at once on the first event on a file name (and
+  // on each rename onto it), once more after the name's later events are followed by a debounce
+  // period of quiet, after a re-arm, every rescan_interval, every poll_interval while some
+  // directory is polled, and on ScanNow(). Events for many names at once lead to a few scans:
+  // only the first few names of a burst scan at once, the rest wait for the quiet.
   static Result<std::unique_ptr<DirectoryWatcher>> Start(
       std::vector<std::filesystem::path> directories, ScanCallback scan,
       DirectoryWatcherOptions options = {});
