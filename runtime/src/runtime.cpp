@@ -609,8 +609,10 @@ Result<std::shared_ptr<const Network>> Runtime::GetNetwork(NetworkId id) const {
   auto network = FindNetwork(id);
   if (!network.ok())
     return std::move(network).error();
-  // Aliasing constructor: the Network lives as long as its loaded network.
-  return std::shared_ptr<const Network>(network.value(), &network.value()->network());
+  // The description its bindings on every generation share, not an alias into this binding: a
+  // caller that keeps it (a server's model, for as long as the model serves) would otherwise
+  // keep this binding's workloads, hence the generation it was loaded on, after a migration.
+  return network.value()->shared_network();
 }
 
 Result<std::vector<Tensor>> Runtime::Execute(NetworkId id,

@@ -5,6 +5,7 @@
 #include <set>
 #include <sstream>
 
+#include "backplane/loader/reaper.hpp"
 #include "metrics.hpp"
 #include "server_log.hpp"
 
@@ -207,8 +208,7 @@ ModelVersion::ModelVersion(Runtime& runtime, NetworkId id, std::string model, in
       size_(size) {}
 
 ModelVersion::~ModelVersion() {
-  // Runs on whichever thread drops the last reference: the loading thread, or a request thread
-  // when a request outlived its model's unload. UnloadNetwork never calls into a request.
+  // Runs on the reaper thread (see Prepare), whichever thread dropped the last reference.
   Status unloaded = runtime_.UnloadNetwork(id_);
   if (unloaded.ok()) {
     Log().info("model {} version {} unloaded", model_, version_);
@@ -230,6 +230,9 @@ ModelRepository::ModelRepository(fs::path root, Runtime& runtime, ServerMetrics&
 
 ModelRepository::~ModelRepository() {
   UnloadAll();
+  // The versions just released unload on the reaper, through the runtime, which the caller
+  // destroys next.
+  runtime_.registry().loader().reaper()->WaitIdle();
 }
 
 std::shared_ptr<const ServingModel> ModelRepository::Find(std::string_view name) const {
@@ -350,9 +353,14 @@ Result<std::shared_ptr<const ServingModel>> ModelRepository::Prepare(const std::
       return Status(loaded_network.error().code(), what + ": " + loaded_network.error().message());
     }
     // From here the ModelVersion owns the network: a later failure unloads it on the way out.
-    model->versions.emplace(version, std::make_shared<const ModelVersion>(
-                                         runtime_, id.value(), name, version,
-                                         std::move(loaded_network).value(), mtime, size));
+    // Unloading takes the runtime's lock, which a backend swap holds while it prepares every
+    // network, and calls backend hooks: the last request to let go of a version that stopped
+    // serving must not do that on its own thread (docs/loading-rules.md rule 6). The reaper does.
+    model->versions.emplace(version,
+                            loader::MakeReaped(std::make_unique<const ModelVersion>(
+                                                   runtime_, id.value(), name, version,
+                                                   std::move(loaded_network).value(), mtime, size),
+                                               runtime_.registry().loader().reaper()));
     std::string placed;
     if (auto placement = runtime_.GetPlacement(id.value()); placement.ok()) {
       std::map<std::string, int> layers_by_backend;

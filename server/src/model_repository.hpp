@@ -49,7 +49,8 @@ Result<ModelConfig> ParseModelConfig(const nlohmann::json& document, std::string
 bool IsValidModelName(std::string_view name);
 
 // One loaded version of a model. Unloads its network from the runtime when the last request
-// using it lets go, so that an unload or reload never fails a request already admitted.
+// using it lets go, so that an unload or reload never fails a request already admitted; the
+// repository hands versions out so that this happens on the loader's reaper thread.
 // Thread-safe (immutable).
 class ModelVersion {
  public:

@@ -179,6 +179,25 @@ TEST_F(HotReloadTest, OptionsSurviveASwap) {
   EXPECT_EQ(std::get<std::string>(instance->GetOption("label").value()), "kept");
 }
 
+// The probes used to run on the registry's thread, neither admitted nor in the runtime's arena:
+// they wait for a slot like any request (a while), then refuse the generation.
+TEST_F(HotReloadTest, ValidationProbesAreAdmittedLikeRequests) {
+  // A runtime that admits no request at all: its probes cannot run either.
+  auto runtime = MakeRuntime(
+      {.scheduler = {.max_in_flight = 0}, .swap_validation = {{"TestValid", {.tolerance = 0.5}}}});
+  ASSERT_TRUE(runtime->LoadNetwork(testing::TwoLayerIdentityNetwork()).ok());
+  const uint64_t serving = ActiveGeneration();
+
+  Publish("Valid");
+  auto rescan = registry_->Rescan();
+  ASSERT_EQ(rescan.outcomes.size(), 1u);
+  EXPECT_EQ(rescan.outcomes[0].action, Action::kRejected);
+  EXPECT_THAT(rescan.outcomes[0].message, HasSubstr("VALIDATION_FAILED"));
+  EXPECT_THAT(rescan.outcomes[0].message,
+              HasSubstr("found no free request slot for 2 s: overloaded: 0 requests in flight"));
+  EXPECT_EQ(ActiveGeneration(), serving);
+}
+
 struct RejectedDeploy {
   std::string name;
   std::function<void(HotReloadTest&)> publish;

@@ -9,7 +9,9 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <fstream>
 #include <regex>
+#include <set>
 #include <thread>
 
 #include "serve_test_util.hpp"
@@ -87,6 +89,63 @@ TEST(ServeLifecycleTest, HotReloadUnderLoadFailsNoRequest) {
   const auto metrics = client->Get("/metrics");
   ASSERT_TRUE(metrics);
   EXPECT_THAT(metrics->body, HasSubstr("backplane_backend_swaps_total{backend=\"CpuRef\"} 4\n"));
+}
+
+// The shadow copies of CpuRef mapped into process `pid`, by path (a deleted shadow still counts).
+std::set<std::string> MappedCpuRefCopies(pid_t pid) {
+  std::ifstream maps("/proc/" + std::to_string(pid) + "/maps");
+  std::set<std::string> copies;
+  for (std::string line; std::getline(maps, line);) {
+    const auto path = line.find('/');
+    if (path != std::string::npos && line.find("CpuRef_backend.so") != std::string::npos)
+      copies.insert(line.substr(path, line.find(" (deleted)") - path));
+  }
+  return copies;
+}
+
+// The generations of CpuRef other than the active one that have not left the process yet.
+std::vector<std::string> CpuRefGenerationsNotUnloaded(httplib::Client& client) {
+  const auto reply = Get(client, "/v2/backends/CpuRef");
+  if (reply.status != 200)
+    return {"GET /v2/backends/CpuRef: " + std::to_string(reply.status)};
+  std::vector<std::string> remaining;
+  for (const auto& generation : reply.body["generations"]) {
+    if (generation["generation"] != reply.body["active_generation"] &&
+        generation["state"] != "unloaded") {
+      remaining.push_back(generation.dump());
+    }
+  }
+  return remaining;
+}
+
+// Issue 10: the models loaded at start kept the generation they were loaded on mapped through
+// the network description the repository holds, long after they had migrated.
+TEST(ServeLifecycleTest, EveryReplacedGenerationLeavesTheProcess) {
+  BACKPLANE_REQUIRE_PATH(MnistDataDir());
+  ServeHome home;
+  home.Write("config.json", R"({"watch_debounce_ms": 50})");
+  auto server =
+      ServeProcess::Start({"--config", (home.path() / "config.json").string(), "--models",
+                           home.models().string(), "--backends", home.backends().string()});
+  auto client = server->Client();
+  uint64_t generation = Get(*client, "/v2/backends/CpuRef").body["active_generation"];
+  for (int swap = 0; swap < 3; ++swap) {
+    home.PublishBackendCopy();
+    ASSERT_TRUE(Eventually(
+        [&] { return Get(*client, "/v2/backends/CpuRef").body["active_generation"] > generation; },
+        20s))
+        << "swap " << swap << " never became active\n"
+        << server->Log();
+    generation = Get(*client, "/v2/backends/CpuRef").body["active_generation"];
+    const auto reply = Post(*client, "/v2/models/mnist/infer", MnistRequestBody(0));
+    ASSERT_EQ(reply.status, 200) << reply.text;
+    EXPECT_EQ(ArgMax(reply.body), MnistLabel(0));
+  }
+
+  EXPECT_TRUE(Eventually([&] { return CpuRefGenerationsNotUnloaded(*client).empty(); }, 10s))
+      << ::testing::PrintToString(CpuRefGenerationsNotUnloaded(*client));
+  EXPECT_TRUE(Eventually([&] { return MappedCpuRefCopies(server->pid()).size() == 1; }, 10s))
+      << ::testing::PrintToString(MappedCpuRefCopies(server->pid()));
 }
 
 // A client that sends the headers and half of the body of an MNIST request, the rest later:

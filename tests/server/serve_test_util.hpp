@@ -56,6 +56,7 @@ class ServeProcess {
   ~ServeProcess();
 
   int port() const { return port_; }
+  pid_t pid() const { return pid_; }
   std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
   std::unique_ptr<httplib::Client> Client() const;
 

@@ -1,14 +1,19 @@
 // The pure parts of `backplane serve` on their own: config files, listen addresses, KServe JSON
-// tensors of every datatype (the example models take FP32 only), JSON depth, metrics text.
+// tensors of every datatype (the example models take FP32 only), JSON depth, metrics text; and
+// the model repository in-process, on a runtime of its own.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <future>
 #include <limits>
 
+#include "backplane/loader/loader.hpp"
 #include "http_server.hpp"
 #include "inference_api.hpp"
 #include "metrics.hpp"
+#include "model_repository.hpp"
+#include "serve_test_util.hpp"
 #include "server_config.hpp"
 #include "test_util.hpp"
 
@@ -212,6 +217,36 @@ TEST(MetricsTest, EscapesLabelValuesAndAccumulatesBuckets) {
   metrics.ForModel("we\"ird").requests = 2;
   const std::string text = metrics.Render(nullptr, nullptr);
   EXPECT_THAT(text, HasSubstr("backplane_inference_requests_total{model=\"we\\\"ird\"} 2\n"));
+}
+
+// Issue 10: a request that outlived its model's unload unloaded the network on its own thread,
+// which takes the runtime's lock (held through a whole backend swap) and calls backend hooks.
+TEST(ModelRepositoryTest, TheLastRequestOnAnUnloadedModelLeavesTheUnloadToTheReaper) {
+  testing::ServeHome home;
+  const auto backend_loader = loader::Loader::Shared().value();
+  ServerMetrics metrics;
+  auto runtime = Runtime::Create({.backend_paths = std::vector{home.backends()}});
+  ASSERT_TRUE(runtime.ok()) << runtime.error().ToString();
+  ModelRepository repository(home.models(), *runtime.value(), metrics);
+  ASSERT_TRUE(repository.Load("mlp").ok());
+  auto resolved = ResolveModel(repository, "mlp", "");
+  ASSERT_TRUE(resolved.ok());
+  std::optional<ResolvedModel> request = std::move(resolved).value();
+  const NetworkId network = request->version->network_id();
+  ASSERT_TRUE(repository.Unload("mlp").ok());
+
+  // The reaper waits until we have looked, so that the unload cannot have happened yet.
+  std::promise<void> looked;
+  ASSERT_TRUE(
+      backend_loader->reaper()->Post([done = looked.get_future().share()] { done.wait(); }));
+  request.reset();  // the request thread's last reference
+  const bool still_loaded = runtime.value()->GetNetwork(network).ok();
+  looked.set_value();
+  EXPECT_TRUE(still_loaded);
+  backend_loader->WaitForUnloads();
+  const auto unloaded = runtime.value()->GetNetwork(network);
+  ASSERT_FALSE(unloaded.ok());
+  EXPECT_EQ(unloaded.error().code(), StatusCode::kNotFound);
 }
 
 }  // namespace
