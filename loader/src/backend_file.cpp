@@ -99,29 +99,27 @@ fs::path BackendFamily(const fs::path& path) {
 }
 
 std::optional<Status> CheckOwnership(const fs::path& what, uid_t owner, mode_t mode,
-                                        const FilePolicy& policy) {
+                                     const FilePolicy& policy) {
   if (policy.allow_unsafe_permissions)
     return std::nullopt;
   if ((mode & S_ISVTX) && (mode & S_IWOTH)) {
     return Status{LoadReason::kUnsafePermissions,
-                     what.string() + " is a shared directory (mode " + ModeString(mode) +
-                         ") where anyone can create files: keep backends in a directory that "
-                         "only their owner can write"};
+                  what.string() + " is a shared directory (mode " + ModeString(mode) +
+                      ") where anyone can create files: keep backends in a directory that "
+                      "only their owner can write"};
   }
   if (mode & (S_IWGRP | S_IWOTH)) {
     return Status{LoadReason::kUnsafePermissions,
-                     what.string() + " is writable by " +
-                         ((mode & S_IWOTH) ? "others" : "its group") + " (mode " +
-                         ModeString(mode) +
-                         "): anyone who can write it can run code in this process; chmod go-w "
-                         "it, or allow unsafe permissions explicitly"};
+                  what.string() + " is writable by " + ((mode & S_IWOTH) ? "others" : "its group") +
+                      " (mode " + ModeString(mode) +
+                      "): anyone who can write it can run code in this process; chmod go-w "
+                      "it, or allow unsafe permissions explicitly"};
   }
   if (owner != 0 && owner != geteuid()) {
     return Status{LoadReason::kUnsafePermissions,
-                     what.string() + " is owned by uid " + std::to_string(owner) +
-                         ", neither root nor this process's user (uid " +
-                         std::to_string(geteuid()) +
-                         "); chown it, or allow unsafe permissions explicitly"};
+                  what.string() + " is owned by uid " + std::to_string(owner) +
+                      ", neither root nor this process's user (uid " + std::to_string(geteuid()) +
+                      "); chown it, or allow unsafe permissions explicitly"};
   }
   return std::nullopt;
 }
@@ -130,31 +128,30 @@ Result<BackendFile> ResolveBackendFile(const fs::path& path, const FilePolicy& p
   struct stat link_stat {};
   if (lstat(path.c_str(), &link_stat) != 0) {
     return Status{LoadReason::kNotFound,
-                     path.string() + " does not exist (" + std::strerror(errno) + ")"};
+                  path.string() + " does not exist (" + std::strerror(errno) + ")"};
   }
   if (!IsBackendFileName(path.filename().string())) {
     return Status{LoadReason::kNameScheme,
-                     path.string() +
-                         " is not named <vendor>_<name>_backend.so[.N...] (vendor "
-                         "and name letters and digits only)"};
+                  path.string() +
+                      " is not named <vendor>_<name>_backend.so[.N...] (vendor "
+                      "and name letters and digits only)"};
   }
   std::error_code error;
   fs::path real_path = fs::canonical(path, error);
   if (error) {
     return Status{LoadReason::kNotFound,
-                     path.string() + " is a dangling symlink (" + error.message() + ")"};
+                  path.string() + " is a dangling symlink (" + error.message() + ")"};
   }
   struct stat file_stat {};
   if (stat(real_path.c_str(), &file_stat) != 0) {
     return Status{LoadReason::kNotFound,
-                     real_path.string() + " cannot be read (" + std::strerror(errno) + ")"};
+                  real_path.string() + " cannot be read (" + std::strerror(errno) + ")"};
   }
   if (!S_ISREG(file_stat.st_mode)) {
-    return Status{
-        LoadReason::kNotRegular,
-        path.string() +
-            (S_ISDIR(file_stat.st_mode) ? " is a directory" : " is not a regular file") +
-            ", not a shared object"};
+    return Status{LoadReason::kNotRegular,
+                  path.string() +
+                      (S_ISDIR(file_stat.st_mode) ? " is a directory" : " is not a regular file") +
+                      ", not a shared object"};
   }
   if (auto unsafe = CheckOwnership(real_path, file_stat.st_uid, file_stat.st_mode, policy)) {
     return *std::move(unsafe);
@@ -199,7 +196,7 @@ Discovery DiscoverBackendFiles(std::span<const fs::path> directories, const File
       }
       if (!seen_real_paths.insert(file->real_path).second) {
         Log().debug("ignoring {}: same file as an earlier name ({})", path.string(),
-                     file->real_path.string());
+                    file->real_path.string());
         continue;
       }
       discovery.files.push_back(*std::move(file));
@@ -218,7 +215,7 @@ std::vector<fs::path> ValidBackendDirectories(std::span<const fs::path> paths) {
       Log().warn("backend path {} dropped: it is not a directory", path.string());
     } else if (access(path.c_str(), R_OK | X_OK) != 0) {
       Log().warn("backend path {} dropped: it is not readable ({})", path.string(),
-                  std::strerror(errno));
+                 std::strerror(errno));
     } else {
       valid.push_back(path);
     }

@@ -172,8 +172,8 @@ Result<std::shared_ptr<BackendRegistry>> BackendRegistry::Create(BackendRegistry
                  paths.size());
     }
   }
-  std::shared_ptr<BackendRegistry> registry(new BackendRegistry(
-      std::move(shared_loader), std::move(directories), options.settle_time));
+  std::shared_ptr<BackendRegistry> registry(
+      new BackendRegistry(std::move(shared_loader), std::move(directories), options.settle_time));
   // The reaper tells when a drained generation has left the process (or leaked).
   registry->unload_listener_ = registry->loader_->stats().unload_listeners.Add(
       [raw = registry.get()](const loader::GenerationInfo& generation, bool leaked) {
@@ -209,7 +209,8 @@ BackendRegistry::BackendRegistry(std::shared_ptr<loader::Loader> loader,
       scanner_(std::make_unique<registry_detail::BackendScanner>(directories_,
                                                                  loader_->options().file_policy)),
       coordinator_(std::make_unique<registry_detail::ChangeCoordinator>()),
-      rollback_store_(std::make_unique<registry_detail::RollbackStore>(RollbackDirectory(*loader_))),
+      rollback_store_(
+          std::make_unique<registry_detail::RollbackStore>(RollbackDirectory(*loader_))),
       lineages_(std::make_unique<registry_detail::LineageTable>()) {}
 
 BackendRegistry::~BackendRegistry() {
@@ -317,8 +318,12 @@ DeployOutcome BackendRegistry::Deploy(const Candidate& candidate, bool registeri
     if (!registering && StillBeingWritten(error, file, settle_time)) {
       events.Add(spdlog::level::info,
                  fmt::format("backend file {} not loaded yet: {}", file.string(), error.message()));
-      return {DeployOutcome::Action::kDeferred, by_file ? by_file->id : "", file, 0,
-              "not loaded yet, looking again soon: " + error.message(), error};
+      return {DeployOutcome::Action::kDeferred,
+              by_file ? by_file->id : "",
+              file,
+              0,
+              "not loaded yet, looking again soon: " + error.message(),
+              error};
     }
     return RejectDeploy(candidate, std::move(error), by_file ? by_file->id : "", 0, events);
   }
@@ -328,10 +333,10 @@ DeployOutcome BackendRegistry::Deploy(const Candidate& candidate, bool registeri
 
   Status refused;
   if (by_file && by_file->id != info.backend_id && !registering) {
-    refused = {LoadReason::kInvalidId,
-               file.string() + " now provides backend id " + info.backend_id + " but provided " +
-                   by_file->id + " before; a backend file keeps its id (publish " +
-                   info.backend_id + " under a file name of its own)"};
+    refused = {LoadReason::kInvalidId, file.string() + " now provides backend id " +
+                                           info.backend_id + " but provided " + by_file->id +
+                                           " before; a backend file keeps its id (publish " +
+                                           info.backend_id + " under a file name of its own)"};
   } else if (by_id && by_id->offered() && (registering || by_id->file != candidate.family)) {
     const bool same_file =
         by_id->active != nullptr && by_id->active->info().real_path == info.real_path;
@@ -365,10 +370,10 @@ DeployOutcome BackendRegistry::Activate(const std::string& id, loader::Generatio
                                         Events& events) {
   const auto& info = next->info();
   loader::GenerationLease previous = lineages_->BeginLoading(id, candidate.family, next);
-  events.Add(spdlog::level::debug,
-             fmt::format("backend {} generation {} loaded from {}", id, info.number,
-                         info.file.string()),
-             GenerationEvent{GenerationEvent::Kind::kLoaded, id, info.number, info.file});
+  events.Add(
+      spdlog::level::debug,
+      fmt::format("backend {} generation {} loaded from {}", id, info.number, info.file.string()),
+      GenerationEvent{GenerationEvent::Kind::kLoaded, id, info.number, info.file});
 
   // Every runtime prepares (instances, contexts, networks) before anything switches.
   Status applied = coordinator_->Apply({id, next, previous});
@@ -386,12 +391,12 @@ DeployOutcome BackendRegistry::Activate(const std::string& id, loader::Generatio
                             : "replaces generation " + std::to_string(previous->info().number);
   if (!identity)
     message = "rollback; " + message;
-  events.Add(spdlog::level::info,
-             fmt::format("backend {} generation {} active ({}) from {}{}", id, info.number,
-                         message, info.file.string(),
-                         info.release.empty() ? "" : ", release " + info.release),
-             GenerationEvent{GenerationEvent::Kind::kActivated, id, info.number, info.file,
-                             Status::Ok(), message});
+  events.Add(
+      spdlog::level::info,
+      fmt::format("backend {} generation {} active ({}) from {}{}", id, info.number, message,
+                  info.file.string(), info.release.empty() ? "" : ", release " + info.release),
+      GenerationEvent{GenerationEvent::Kind::kActivated, id, info.number, info.file, Status::Ok(),
+                      message});
   if (previous != nullptr) {
     const auto& old = previous->info();
     events.Add(spdlog::level::debug,
@@ -415,8 +420,12 @@ DeployOutcome BackendRegistry::RejectDeploy(const Candidate& candidate, Status e
                          error.ToString(), keeps),
              GenerationEvent{GenerationEvent::Kind::kRejected, backend_id, generation,
                              candidate.path, error, error.message()});
-  return {DeployOutcome::Action::kRejected, std::move(backend_id), candidate.path, generation,
-          error.ToString(), error};
+  return {DeployOutcome::Action::kRejected,
+          std::move(backend_id),
+          candidate.path,
+          generation,
+          error.ToString(),
+          error};
 }
 
 DeployOutcome BackendRegistry::Withdraw(const std::string& id, Events& events) {
@@ -425,8 +434,9 @@ DeployOutcome BackendRegistry::Withdraw(const std::string& id, Events& events) {
   coordinator_->ApplyRegardless({id, nullptr, lineage->active});
   const loader::GenerationLease leaving = lineages_->Withdraw(id);
   const uint64_t number = leaving->info().number;
-  const std::string message = lineage->file.string() + " was deleted: no new network uses backend " +
-                              id + "; networks move to their next preferred backend";
+  const std::string message = lineage->file.string() +
+                              " was deleted: no new network uses backend " + id +
+                              "; networks move to their next preferred backend";
   events.Add(spdlog::level::warn,
              fmt::format("backend {} generation {} withdrawn: {}", id, number, message),
              GenerationEvent{GenerationEvent::Kind::kWithdrawn, id, number, lineage->file,
@@ -487,9 +497,9 @@ Result<uint64_t> BackendRegistry::Rollback(std::string_view id) {
     }
     // The lineage keeps following its file: the version on disk is still the one it rolled
     // back from, and is not loaded again until it changes.
-    DeployOutcome outcome = Activate(lineage->id, std::move(loaded).value(),
-                                     {lineage->file, *retained, Status::Ok()}, std::nullopt,
-                                     events);
+    DeployOutcome outcome =
+        Activate(lineage->id, std::move(loaded).value(), {lineage->file, *retained, Status::Ok()},
+                 std::nullopt, events);
     if (outcome.action != DeployOutcome::Action::kActivated)
       return outcome.error.WithContext("backend " + lineage->id + ": rollback refused: ");
     return outcome.generation;
@@ -503,8 +513,7 @@ Status BackendRegistry::Pin(std::string_view id) {
   const auto lineage = lineages_->ById(id);
   const uint64_t generation = lineage->active ? lineage->active->info().number : 0;
   Events events;
-  events.Add(spdlog::level::info,
-             fmt::format("backend {} pinned to generation {}", id, generation),
+  events.Add(spdlog::level::info, fmt::format("backend {} pinned to generation {}", id, generation),
              GenerationEvent{GenerationEvent::Kind::kPinned, std::string(id), generation});
   Deliver(events);
   return Status::Ok();

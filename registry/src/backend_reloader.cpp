@@ -17,7 +17,7 @@ Result<std::unique_ptr<BackendReloader>> BackendReloader::Start(
       [watched] {
         RescanResult rescan = watched->Rescan();
         return watcher::ScanResult{.directories = std::move(rescan.watch_directories),
-                          .retry_soon = rescan.retry_soon};
+                                   .retry_soon = rescan.retry_soon};
       },
       options);
   if (!started.ok())

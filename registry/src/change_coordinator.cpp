@@ -31,8 +31,9 @@ std::optional<Status> ChangeCoordinator::TryApply(const BackendChange& change, b
     if (result.ok()) {
       prepared.push_back(std::move(result).value());
     } else if (regardless) {
-      Log().warn("backend {}: a runtime could not prepare for the change, and keeps what it has: {}",
-                 change.backend_id, result.error().ToString());
+      Log().warn(
+          "backend {}: a runtime could not prepare for the change, and keeps what it has: {}",
+          change.backend_id, result.error().ToString());
     } else {
       return std::move(result).error();  // `prepared` is dropped: every change aborts
     }
@@ -70,9 +71,10 @@ void ChangeCoordinator::ApplyRegardless(const BackendChange& change) {
     if (TryApply(change, /*regardless=*/true))
       return;
   }
-  Log().error("backend {}: a runtime kept changing while its withdrawal was prepared; it keeps "
-              "offering the backend to new loads until the next scan",
-              change.backend_id);
+  Log().error(
+      "backend {}: a runtime kept changing while its withdrawal was prepared; it keeps "
+      "offering the backend to new loads until the next scan",
+      change.backend_id);
 }
 
 }  // namespace backplane::registry_detail

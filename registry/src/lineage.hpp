@@ -93,7 +93,7 @@ class LineageTable {
 
   mutable Mutex mutex_;
   std::vector<std::unique_ptr<Lineage>> lineages_ GUARDED_BY(mutex_);  // registration order
-  std::deque<loader::RejectedFile> rejected_ GUARDED_BY(mutex_);        // bounded, oldest first
+  std::deque<loader::RejectedFile> rejected_ GUARDED_BY(mutex_);       // bounded, oldest first
 };
 
 }  // namespace backplane::registry_detail

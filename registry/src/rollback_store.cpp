@@ -22,8 +22,8 @@ bool RollbackStore::Retain(const std::string& id, const loader::GenerationInfo& 
   if (!error)
     fs::copy_file(generation.shadow_path, copy, fs::copy_options::overwrite_existing, error);
   if (error) {
-    Log().warn("backend {}: cannot keep generation {} for rollback ({}): {}", id,
-               generation.number, copy.string(), error.message());
+    Log().warn("backend {}: cannot keep generation {} for rollback ({}): {}", id, generation.number,
+               copy.string(), error.message());
     return false;
   }
   auto [it, inserted] = copies_.try_emplace(id, copy);

@@ -217,8 +217,8 @@ void Runtime::AttachBackends() {
   }
 }
 
-Result<Runtime::BackendSlot> Runtime::CreateSlot(
-    std::shared_ptr<loader::BackendInstance> instance, const BackendOptions* options) {
+Result<Runtime::BackendSlot> Runtime::CreateSlot(std::shared_ptr<loader::BackendInstance> instance,
+                                                 const BackendOptions* options) {
   // Options survive a swap: a new generation gets what this runtime set on the old one.
   if (options != nullptr) {
     Status status = instance->UpdateOptions(*options);
@@ -411,8 +411,8 @@ Status Runtime::ValidateOnProbe(const LoadedNetwork& current, const LoadedNetwor
   if (!actual->ok()) {
     return {LoadReason::kValidationFailed,
             "network " + current.network().name +
-                " fails on the probe input with the new generation of " +
-                std::string(backend_id) + ": " + actual->error().message()};
+                " fails on the probe input with the new generation of " + std::string(backend_id) +
+                ": " + actual->error().message()};
   }
   return CompareOnProbe(current.network(), expected->value(), actual->value(), backend_id,
                         tolerance);
@@ -429,9 +429,7 @@ class Runtime::SwapChange final : public PreparedChange {
         generation_(change.next ? change.next->info().number : 0),
         previous_generation_(change.previous ? change.previous->info().number : 0) {}
 
-  std::unique_lock<Mutex> LockState() override {
-    return std::unique_lock<Mutex>(runtime_.mutex_);
-  }
+  std::unique_lock<Mutex> LockState() override { return std::unique_lock<Mutex>(runtime_.mutex_); }
 
   bool IsCurrent() const override {
     runtime_.mutex_.AssertHeld();
@@ -458,9 +456,8 @@ class Runtime::SwapChange final : public PreparedChange {
       for (const auto& [network_id, network] : *runtime_.networks_.Load()) {
         if (placed.context == nullptr)
           break;
-        Status after = GuardBackendCall(id_, "AfterLoadNetwork", [&] {
-          return placed.context->AfterLoadNetwork(network_id);
-        });
+        Status after = GuardBackendCall(
+            id_, "AfterLoadNetwork", [&] { return placed.context->AfterLoadNetwork(network_id); });
         if (!after.ok()) {
           Log().warn("backend {}: AfterLoadNetwork({}) failed: {}", id_, network_id,
                      after.message());
@@ -545,8 +542,8 @@ Result<std::unique_ptr<PreparedChange>> Runtime::PrepareChange(const BackendChan
 
   const uint64_t generation = change.next->info().number;
   auto refuse = [&](LoadReason reason, const std::string& why) {
-    return Status(reason, "backend " + id + " generation " + std::to_string(generation) + ": " +
-                              why);
+    return Status(reason,
+                  "backend " + id + " generation " + std::to_string(generation) + ": " + why);
   };
   auto instance = registry_->loader().CreateInstance(change.next);
   if (!instance.ok())
@@ -559,16 +556,15 @@ Result<std::unique_ptr<PreparedChange>> Runtime::PrepareChange(const BackendChan
   // Every affected network prepared now, so that the switch is one pointer store each.
   const auto validation = swap_validation_.find(id);
   for (const auto& [network_id, network, preferences] : affected) {
-    auto moved = LoadedNetwork::Create(network->shared_network(),
-                                       InstancesFor(preferences, instances));
+    auto moved =
+        LoadedNetwork::Create(network->shared_network(), InstancesFor(preferences, instances));
     if (!moved.ok()) {
-      return refuse(LoadReason::kPrepareFailed, "network " + network->network().name +
-                                                    " does not prepare on it: " +
-                                                    moved.error().message());
+      return refuse(LoadReason::kPrepareFailed,
+                    "network " + network->network().name +
+                        " does not prepare on it: " + moved.error().message());
     }
     if (validation != swap_validation_.end()) {
-      Status valid =
-          ValidateOnProbe(*network, *moved.value(), id, validation->second.tolerance);
+      Status valid = ValidateOnProbe(*network, *moved.value(), id, validation->second.tolerance);
       if (!valid.ok())
         return refuse(LoadReason::kValidationFailed, valid.message());
     }
@@ -581,9 +577,9 @@ Result<std::unique_ptr<PreparedChange>> Runtime::PrepareChange(const BackendChan
       return slot.value().context->BeforeLoadNetwork(network_id);
     });
     if (!before.ok()) {
-      return refuse(LoadReason::kPrepareFailed, "its context refuses network " +
-                                                    std::to_string(network_id) + ": " +
-                                                    before.message());
+      return refuse(
+          LoadReason::kPrepareFailed,
+          "its context refuses network " + std::to_string(network_id) + ": " + before.message());
     }
   }
   prepared->slot_ = std::move(slot).value();

@@ -36,8 +36,7 @@ std::shared_ptr<BackendRegistry> MakeRegistry(std::vector<fs::path> paths) {
 std::vector<std::string> RejectedReasons(const BackendRegistry& registry) {
   std::vector<std::string> reasons;
   for (const auto& rejected : registry.Rejected()) {
-    reasons.push_back(rejected.file.filename().string() + " " +
-                      std::string(rejected.error.name()));
+    reasons.push_back(rejected.file.filename().string() + " " + std::string(rejected.error.name()));
   }
   return reasons;
 }

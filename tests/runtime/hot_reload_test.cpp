@@ -44,10 +44,8 @@ class HotReloadTest : public ::testing::Test {
     ASSERT_TRUE(loader.ok()) << loader.error().ToString();
     loader_ = std::move(loader).value();
     Publish("Valid");
-    auto registry =
-        BackendRegistry::Create({.backend_paths = std::vector{dir_.path()},
-                                 .loader = loader_,
-                                 .settle_time = kSettleTime});
+    auto registry = BackendRegistry::Create(
+        {.backend_paths = std::vector{dir_.path()}, .loader = loader_, .settle_time = kSettleTime});
     ASSERT_TRUE(registry.ok()) << registry.error().ToString();
     registry_ = std::move(registry).value();
     observer_ = registry_->AddObserver([this](const GenerationEvent& event) {
@@ -242,24 +240,25 @@ TEST_P(RejectedDeployTest, OldGenerationKeepsServing) {
 
 INSTANTIATE_TEST_SUITE_P(
     Deploys, RejectedDeployTest,
-    ::testing::Values(
-        RejectedDeploy{"BrokenFile",
-                       [](HotReloadTest& test) {
-                         testing::WriteFile(test.dir_ / ".incoming", "not a library");
-                         fs::rename(test.dir_ / ".incoming", test.dir_ / "Test_Valid_backend.so");
-                       },
-                       LoadReason::kNotElf, "not an ELF"},
-        RejectedDeploy{"IncompatibleVersion",
-                       [](HotReloadTest& test) { test.Publish("ValidApi34"); },
-                       LoadReason::kApiIncompatible, "3.4"},
-        RejectedDeploy{"ThrowingFactory",
-                       [](HotReloadTest& test) { test.Publish("ValidThrowing"); },
-                       LoadReason::kFactoryFailed, "threw"},
-        RejectedDeploy{"NetworkPreparationFails",
-                       [](HotReloadTest& test) { test.Publish("ValidNoWorkloads"); },
-                       LoadReason::kPrepareFailed, "cannot create a workload"},
-        RejectedDeploy{"ValidationMismatch", [](HotReloadTest& test) { test.Publish("ValidNext"); },
-                       LoadReason::kValidationFailed, "differs by 2000"}),
+    ::testing::Values(RejectedDeploy{"BrokenFile",
+                                     [](HotReloadTest& test) {
+                                       testing::WriteFile(test.dir_ / ".incoming", "not a library");
+                                       fs::rename(test.dir_ / ".incoming",
+                                                  test.dir_ / "Test_Valid_backend.so");
+                                     },
+                                     LoadReason::kNotElf, "not an ELF"},
+                      RejectedDeploy{"IncompatibleVersion",
+                                     [](HotReloadTest& test) { test.Publish("ValidApi34"); },
+                                     LoadReason::kApiIncompatible, "3.4"},
+                      RejectedDeploy{"ThrowingFactory",
+                                     [](HotReloadTest& test) { test.Publish("ValidThrowing"); },
+                                     LoadReason::kFactoryFailed, "threw"},
+                      RejectedDeploy{"NetworkPreparationFails",
+                                     [](HotReloadTest& test) { test.Publish("ValidNoWorkloads"); },
+                                     LoadReason::kPrepareFailed, "cannot create a workload"},
+                      RejectedDeploy{"ValidationMismatch",
+                                     [](HotReloadTest& test) { test.Publish("ValidNext"); },
+                                     LoadReason::kValidationFailed, "differs by 2000"}),
     [](const auto& info) { return info.param.name; });
 
 TEST_F(HotReloadTest, RollbackReturnsToThePreviousVersionAndBack) {

@@ -46,8 +46,8 @@ class ListenerList {
         ModuleLogger("backplane").error("{} threw: {}", what_, e.what());
       } catch (...) {
         // Notify runs in noexcept destructors (a generation's): nothing may escape.
-        ModuleLogger("backplane").error("{} threw an exception that is not a std::exception",
-                                        what_);
+        ModuleLogger("backplane")
+            .error("{} threw an exception that is not a std::exception", what_);
       }
     }
   }

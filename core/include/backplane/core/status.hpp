@@ -167,8 +167,8 @@ class [[nodiscard]] Status {
     assert(code != StatusCode::kOk && "an error status needs an error code");
   }
   Status(LoadReason reason, std::string message)
-      : code_and_reason_(static_cast<uint32_t>(CodeOf(reason)) |
-                         (static_cast<uint32_t>(reason) + 1) << 16),
+      : code_and_reason_(static_cast<uint32_t>(CodeOf(reason)) | (static_cast<uint32_t>(reason) + 1)
+                                                                     << 16),
         message_(std::move(message)) {}
 
   static Status Ok() { return {}; }

@@ -57,13 +57,12 @@ struct BackendFile {
 };
 
 // NOT_FOUND, NAME_SCHEME, NOT_REGULAR or UNSAFE_PERMISSIONS, in that order.
-Result<BackendFile> ResolveBackendFile(const std::filesystem::path& path,
-                                           const FilePolicy& policy);
+Result<BackendFile> ResolveBackendFile(const std::filesystem::path& path, const FilePolicy& policy);
 
 // UNSAFE_PERMISSIONS when `what` (a file or directory, with this owner and mode) is writable by
 // group or others or owned by neither root nor this process's user; nullopt when it is safe.
 std::optional<Status> CheckOwnership(const std::filesystem::path& what, uid_t owner, mode_t mode,
-                                        const FilePolicy& policy);
+                                     const FilePolicy& policy);
 
 struct RejectedFile {
   std::filesystem::path file;

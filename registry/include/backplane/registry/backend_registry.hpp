@@ -168,10 +168,8 @@ class BackendRegistry : public std::enable_shared_from_this<BackendRegistry> {
   // never do). Nothing on the request path takes it.
   Mutex change_mutex_;
   const std::unique_ptr<registry_detail::BackendScanner> scanner_ GUARDED_BY(change_mutex_);
-  const std::unique_ptr<registry_detail::ChangeCoordinator> coordinator_
-      GUARDED_BY(change_mutex_);
-  const std::unique_ptr<registry_detail::RollbackStore> rollback_store_
-      GUARDED_BY(change_mutex_);
+  const std::unique_ptr<registry_detail::ChangeCoordinator> coordinator_ GUARDED_BY(change_mutex_);
+  const std::unique_ptr<registry_detail::RollbackStore> rollback_store_ GUARDED_BY(change_mutex_);
   // Thread-safe on its own (one short lock): read by queries, written by changes.
   const std::unique_ptr<registry_detail::LineageTable> lineages_;
 

@@ -14,8 +14,8 @@ namespace backplane {
 class BackendReloader {
  public:
   // kFailedPrecondition when the registry has no backend directory to watch.
-  static Result<std::unique_ptr<BackendReloader>> Start(std::shared_ptr<BackendRegistry> registry,
-                                                        watcher::DirectoryWatcherOptions options = {});
+  static Result<std::unique_ptr<BackendReloader>> Start(
+      std::shared_ptr<BackendRegistry> registry, watcher::DirectoryWatcherOptions options = {});
   ~BackendReloader();
 
   // Asks for a rescan as soon as possible (the admin API's "reload" of a directory).
@@ -25,7 +25,8 @@ class BackendReloader {
  private:
   BackendReloader() = default;
   std::shared_ptr<BackendRegistry> registry_;
-  std::unique_ptr<watcher::DirectoryWatcher> watcher_;  // after registry_: stops before it is released
+  std::unique_ptr<watcher::DirectoryWatcher>
+      watcher_;  // after registry_: stops before it is released
 };
 
 }  // namespace backplane
