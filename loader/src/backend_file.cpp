@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <optional>
 #include <set>
 
 #include "loader_log.hpp"
@@ -169,6 +170,54 @@ Result<BackendFile> ResolveBackendFile(const fs::path& path, const FilePolicy& p
   return BackendFile{path, std::move(real_path)};
 }
 
+namespace {
+
+// The unversioned name wins; among versioned names, the highest version.
+bool Outranks(const fs::path& a, const fs::path& b) {
+  const fs::path family = BackendFamily(a);
+  if (a == family || b == family)
+    return a == family;
+  return BackendFileVersion(a.filename().string()) > BackendFileVersion(b.filename().string());
+}
+
+// Keeps one name per family of one directory's entries; the others become `superseded`.
+void ChooseOnePerFamily(Discovery& found, Discovery& discovery) {
+  struct Name {
+    fs::path path;
+    std::optional<BackendFile> file;
+    std::optional<RejectedFile> rejected;
+  };
+  std::vector<Name> chosen;
+  auto consider = [&](Name name) {
+    auto same = std::find_if(chosen.begin(), chosen.end(), [&](const Name& other) {
+      return BackendFamily(other.path) == BackendFamily(name.path);
+    });
+    if (same == chosen.end()) {
+      chosen.push_back(std::move(name));
+      return;
+    }
+    if (Outranks(name.path, same->path))
+      std::swap(*same, name);
+    Log().debug("ignoring {}: {} speaks for that backend", name.path.string(),
+                same->path.string());
+    discovery.superseded.push_back({name.path, same->path});
+  };
+  for (auto& file : found.files)
+    consider({file.path, std::move(file), std::nullopt});
+  for (auto& rejected : found.rejected)
+    consider({rejected.file, std::nullopt, std::move(rejected)});
+  std::sort(chosen.begin(), chosen.end(),
+            [](const Name& a, const Name& b) { return a.path < b.path; });
+  for (auto& name : chosen) {
+    if (name.file)
+      discovery.files.push_back(std::move(*name.file));
+    else
+      discovery.rejected.push_back(std::move(*name.rejected));
+  }
+}
+
+}  // namespace
+
 Discovery DiscoverBackendFiles(std::span<const fs::path> directories, const FilePolicy& policy) {
   Discovery discovery;
   std::set<fs::path> seen_real_paths;
@@ -184,6 +233,7 @@ Discovery DiscoverBackendFiles(std::span<const fs::path> directories, const File
       continue;
     }
     std::sort(names.begin(), names.end());
+    Discovery found;
     for (const auto& path : names) {
       if (!IsBackendFileName(path.filename().string())) {
         Log().debug("ignoring {}: not named <vendor>_<name>_backend.so", path.string());
@@ -191,7 +241,7 @@ Discovery DiscoverBackendFiles(std::span<const fs::path> directories, const File
       }
       auto file = ResolveBackendFile(path, policy);
       if (!file.ok()) {
-        discovery.rejected.push_back({path, std::move(file).error()});
+        found.rejected.push_back({path, std::move(file).error()});
         continue;
       }
       if (!seen_real_paths.insert(file->real_path).second) {
@@ -199,8 +249,9 @@ Discovery DiscoverBackendFiles(std::span<const fs::path> directories, const File
                     file->real_path.string());
         continue;
       }
-      discovery.files.push_back(*std::move(file));
+      found.files.push_back(*std::move(file));
     }
+    ChooseOnePerFamily(found, discovery);
   }
   return discovery;
 }

@@ -20,43 +20,20 @@ std::string Fingerprint(const fs::path& file) {
          std::to_string(identity.mtime_ns) + ":" + std::to_string(identity.ctime_ns);
 }
 
-// The unversioned name wins; among versioned names, the highest version.
-bool Outranks(const fs::path& a, const fs::path& b, const fs::path& family) {
-  if (a == family || b == family)
-    return a == family;
-  return loader::BackendFileVersion(a.filename().string()) >
-         loader::BackendFileVersion(b.filename().string());
-}
-
 }  // namespace
 
 BackendScanner::BackendScanner(std::vector<fs::path> directories, loader::FilePolicy policy)
     : directories_(std::move(directories)), policy_(policy) {}
 
-std::vector<Candidate> BackendScanner::Choose(const loader::Discovery& discovery) const {
-  // Usable files and rejected names alike: a family whose chosen name is unusable (a FIFO or an
-  // unsafe copy renamed over it) is a rejected deploy, not a deleted backend.
-  std::vector<Candidate> names;
+std::vector<Candidate> BackendScanner::Candidates(const loader::Discovery& discovery) {
+  // Usable files and rejected names alike: a family whose speaking name is unusable (a FIFO or
+  // an unsafe copy renamed over it) is a rejected deploy, not a deleted backend.
+  std::vector<Candidate> candidates;
   for (const auto& file : discovery.files)
-    names.push_back({loader::BackendFamily(file.path), file.path, Status::Ok()});
+    candidates.push_back({loader::BackendFamily(file.path), file.path, Status::Ok()});
   for (const auto& rejected : discovery.rejected)
-    names.push_back({loader::BackendFamily(rejected.file), rejected.file, rejected.error});
-
-  std::vector<Candidate> chosen;
-  for (auto& name : names) {
-    auto same = std::find_if(chosen.begin(), chosen.end(),
-                             [&](const Candidate& c) { return c.family == name.family; });
-    if (same == chosen.end()) {
-      chosen.push_back(std::move(name));
-      continue;
-    }
-    const bool wins = Outranks(name.path, same->path, name.family);
-    Log().debug("ignoring {}: {} speaks for backend {}", (wins ? same->path : name.path).string(),
-                (wins ? name.path : same->path).string(), name.family.filename().string());
-    if (wins)
-      *same = std::move(name);
-  }
-  return chosen;
+    candidates.push_back({loader::BackendFamily(rejected.file), rejected.file, rejected.error});
+  return candidates;
 }
 
 Scan BackendScanner::ScanAll() const {
@@ -64,12 +41,12 @@ Scan BackendScanner::ScanAll() const {
   std::set<fs::path> watch(directories_.begin(), directories_.end());
   for (const auto& file : discovery.files)
     watch.insert(file.real_path.parent_path());  // rule 7: where symlinks point is watched too
-  return {Choose(discovery), {watch.begin(), watch.end()}};
+  return {Candidates(discovery), {watch.begin(), watch.end()}};
 }
 
 std::optional<Candidate> BackendScanner::ScanFamily(const fs::path& family) const {
   const std::vector<fs::path> directory{family.parent_path()};
-  for (auto& candidate : Choose(loader::DiscoverBackendFiles(directory, policy_))) {
+  for (auto& candidate : Candidates(loader::DiscoverBackendFiles(directory, policy_))) {
     if (candidate.family == family)
       return std::move(candidate);
   }

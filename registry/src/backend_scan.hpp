@@ -13,9 +13,8 @@
 
 namespace backplane::registry_detail {
 
-// The file that speaks for one backend family in a directory: every versioned name of a backend
-// (Acme_Fast_backend.so, .so.2, .so.2.0.1) is one backend, and one name is chosen for it: the
-// unversioned name when there is one (where `ln -sfn` points), else the highest version.
+// The name that speaks for one backend family in a directory (see loader::DiscoverBackendFiles):
+// every versioned name of a backend is one backend.
 struct Candidate {
   std::filesystem::path family;  // <dir>/<vendor>_<name>_backend.so: what a lineage follows
   std::filesystem::path path;    // the chosen name (maybe a versioned name, maybe a symlink)
@@ -45,7 +44,7 @@ class BackendScanner {
   void ForgetRejected(const std::filesystem::path& file);
 
  private:
-  std::vector<Candidate> Choose(const loader::Discovery& discovery) const;
+  static std::vector<Candidate> Candidates(const loader::Discovery& discovery);
 
   const std::vector<std::filesystem::path> directories_;
   const loader::FilePolicy policy_;

@@ -225,13 +225,19 @@ std::vector<std::string> ExpandArguments(const std::vector<std::string>& argumen
       files.push_back(argument);
     }
   }
-  // A directory is read as the registry reads it: one entry per real file.
+  // A directory is read as the registry reads it: one entry per backend family.
   const auto discovery =
       loader::DiscoverBackendFiles(directories, {.allow_unsafe_permissions = true});
   for (const auto& file : discovery.files)
     files.push_back(file.path.string());
   for (const auto& rejected : discovery.rejected)
     files.push_back(rejected.file.string());
+  // Not checked, as not loaded: every versioned name of a backend is one backend.
+  for (const auto& superseded : discovery.superseded) {
+    std::cerr << "backplane check: skipping " << superseded.file.string() << ": "
+              << superseded.speaking.filename().string()
+              << " speaks for that backend (check it by name to check this version)\n";
+  }
   return files;
 }
 

@@ -85,6 +85,24 @@ TEST(BackendFileTest, DiscoveryFollowsSymlinksOncePerFileAndIgnoresOtherNames) {
   EXPECT_THAT(discovery.rejected[0].error.message(), HasSubstr("dangling symlink"));
 }
 
+TEST(BackendFileTest, DiscoveryKeepsOneNamePerFamily) {
+  TempDir dir;
+  CopyFile(Fixture("Valid"), dir / "Test_Valid_backend.so.1.9");
+  CopyFile(Fixture("ValidNext"), dir / "Test_Valid_backend.so.1.10");
+  CopyFile(Fixture("Other"), dir / "Test_Other_backend.so.2");
+  CopyFile(Fixture("Other"), dir / "Test_Other_backend.so");  // another file, unversioned
+  Discovery discovery = DiscoverBackendFiles(std::vector{dir.path()}, {});
+  std::vector<std::string> names;
+  for (const auto& file : discovery.files)
+    names.push_back(file.path.filename().string());
+  EXPECT_THAT(names, ElementsAre("Test_Other_backend.so", "Test_Valid_backend.so.1.10"));
+  ASSERT_EQ(discovery.superseded.size(), 2u);
+  EXPECT_EQ(discovery.superseded[0].file, dir / "Test_Other_backend.so.2");
+  EXPECT_EQ(discovery.superseded[0].speaking, dir / "Test_Other_backend.so");
+  EXPECT_EQ(discovery.superseded[1].file, dir / "Test_Valid_backend.so.1.9");
+  EXPECT_EQ(discovery.superseded[1].speaking, dir / "Test_Valid_backend.so.1.10");
+}
+
 TEST(BackendFileTest, VersionedNamesBelongToOneFamily) {
   EXPECT_EQ(BackendFamily("/b/Acme_Fast_backend.so.1.2.3"), fs::path("/b/Acme_Fast_backend.so"));
   EXPECT_EQ(BackendFamily("/b/Acme_Fast_backend.so"), fs::path("/b/Acme_Fast_backend.so"));

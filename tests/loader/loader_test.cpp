@@ -120,6 +120,21 @@ TEST(LoaderTest, ApiVersionMatrixAgainstHost24) {
               HasSubstr("built against backend API 2.5"));
 }
 
+// An instance says which API its code was built against, so that calls to methods added by a
+// later minor go only to backends that have them.
+TEST(LoaderTest, InstancesKnowTheMinorTheirCodeImplements) {
+  auto loader = MakeLoader({.host_api = {2, 4}});
+  auto older = loader->Load(Fixture("Api23"));
+  ASSERT_TRUE(older.ok()) << older.error().ToString();
+  auto instance = loader->CreateInstance(older.value());
+  ASSERT_TRUE(instance.ok()) << instance.error().ToString();
+  EXPECT_EQ(instance.value()->api_version(), (BackendApiVersion{2, 3}));
+  EXPECT_TRUE(instance.value()->Implements({2, 0}));
+  EXPECT_TRUE(instance.value()->Implements({2, 3}));
+  EXPECT_FALSE(instance.value()->Implements({2, 4}));  // what 2.4 added is never called on it
+  EXPECT_FALSE(instance.value()->Implements({3, 0}));
+}
+
 TEST(LoaderTest, IsApiCompatibleFollowsTheArmnnRule) {
   EXPECT_TRUE(IsApiCompatible({2, 1}, {2, 4}));
   EXPECT_TRUE(IsApiCompatible({2, 4}, {2, 4}));

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <thread>
 
 #include "test_util.hpp"
 
@@ -147,6 +148,32 @@ TEST(RegistryTest, UnknownIdIsNotFound) {
   auto instance = registry->CreateInstance("Nope");
   ASSERT_FALSE(instance.ok());
   EXPECT_EQ(instance.error().code(), StatusCode::kNotFound);
+}
+
+// Issue 10: the registry looked lineages up without its lock while RegisterStatic could grow the
+// list. Run under ThreadSanitizer (the tsan preset) this is a data race report, not a flake.
+TEST(RegistryTest, StaticRegistrationsDuringDeploysAreSafe) {
+  TempDir dir;
+  auto publish = [&](std::string_view fixture) {
+    testing::CopyFile(Fixture(fixture), dir / ".incoming");
+    fs::rename(dir / ".incoming", dir / "Test_Valid_backend.so");
+  };
+  publish("Valid");
+  auto registry = MakeRegistry({dir.path()});
+  auto factory = [] { return std::unique_ptr<IBackend>(std::make_unique<EchoBackend>()); };
+  std::thread registering([&] {
+    for (int i = 0; i < 200; ++i)
+      EXPECT_TRUE(registry->RegisterStatic("Static" + std::to_string(i), factory).ok());
+  });
+  for (int i = 0; i < 20; ++i) {
+    publish(i % 2 == 0 ? "ValidNext" : "Valid");
+    const RescanResult rescan = registry->Rescan();
+    ASSERT_EQ(rescan.outcomes.size(), 1u);
+    EXPECT_EQ(rescan.outcomes[0].action, DeployOutcome::Action::kActivated)
+        << rescan.outcomes[0].message;
+  }
+  registering.join();
+  EXPECT_EQ(registry->BackendIds().size(), 201u);
 }
 
 }  // namespace

@@ -70,15 +70,26 @@ struct RejectedFile {
   std::string backend_id;  // when the file got far enough to name it, or replaced a known one
 };
 
+// A name left out because another name of its family speaks for the backend.
+struct SupersededFile {
+  std::filesystem::path file;
+  std::filesystem::path speaking;  // the family's chosen name
+};
+
 struct Discovery {
-  std::vector<BackendFile> files;      // in directory order, then name order; one per real path
-  std::vector<RejectedFile> rejected;  // named like a backend but unusable (dangling, unsafe...)
+  // One entry per backend family, in directory order, then name order: the name that speaks for
+  // it, usable (files) or not (rejected: dangling, unsafe, not a regular file...).
+  std::vector<BackendFile> files;
+  std::vector<RejectedFile> rejected;
+  std::vector<SupersededFile> superseded;  // the family's other versions
 };
 
 // Lists the backend files of `directories`, in order. Files not named like a backend are ignored
 // (said at debug level); symlinks are followed, and dangling ones are rejected (NOT_FOUND) like
-// any other unusable name; a file reached by several names (e.g. .so -> .so.1 -> .so.1.2.3)
-// appears once, under the first name in sort order.
+// any other unusable name. A file reached by several names appears once, under the first name in
+// sort order. Every versioned name of a backend in one directory (X_backend.so, .so.2, .so.2.0.1)
+// is one backend, its family, and one name speaks for it: the unversioned name when there is one
+// (where `ln -sfn` points), else the highest version.
 Discovery DiscoverBackendFiles(std::span<const std::filesystem::path> directories,
                                const FilePolicy& policy);
 

@@ -45,6 +45,19 @@ class BackendInstance : public std::enable_shared_from_this<BackendInstance> {
   // The generation this instance runs on; null for a static backend.
   const GenerationLease& generation() const { return lease_; }
   uint64_t generation_number() const { return lease_ ? lease_->info().number : 0; }
+  // The backend API the instance's code was built against: its generation's, or the host's own
+  // for a static backend (compiled with the host's headers).
+  BackendApiVersion api_version() const {
+    return lease_ ? lease_->info().api_version : kBackendApiVersion;
+  }
+  // Whether the instance's code has what API `since` added. Trap: the host must ask this before
+  // every call to an IBackend method added after x.0 (and only call those through a wrapper here
+  // that asks it): a backend built against an older minor loads, but its vtable has no slot for
+  // the newer method, and the call would jump into whatever lies past its end.
+  bool Implements(BackendApiVersion since) const {
+    const BackendApiVersion own = api_version();
+    return own.major == since.major && own.minor >= since.minor;
+  }
 
   Status IsSupported(const OperatorDesc& op) const;
   Result<std::unique_ptr<Workload>> CreateWorkload(const OperatorDesc& op);
