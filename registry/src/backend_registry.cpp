@@ -509,7 +509,11 @@ Result<uint64_t> BackendRegistry::Rollback(std::string_view id) {
 }
 
 Status BackendRegistry::Pin(std::string_view id) {
-  BACKPLANE_RETURN_IF_ERROR(lineages_->SetPinned(id, true));
+  {
+    // In the change sequence: once Pin returns, no change already under way can still switch.
+    MutexLock change(change_mutex_);
+    BACKPLANE_RETURN_IF_ERROR(lineages_->SetPinned(id, true));
+  }
   const auto lineage = lineages_->ById(id);
   const uint64_t generation = lineage->active ? lineage->active->info().number : 0;
   Events events;
@@ -520,12 +524,12 @@ Status BackendRegistry::Pin(std::string_view id) {
 }
 
 Result<DeployOutcome> BackendRegistry::Unpin(std::string_view id) {
-  BACKPLANE_RETURN_IF_ERROR(lineages_->SetPinned(id, false));
   Events events;
-  events.Add(spdlog::level::info, fmt::format("backend {} unpinned", id),
-             GenerationEvent{GenerationEvent::Kind::kUnpinned, std::string(id)});
-  auto outcome = [&] {
+  auto outcome = [&]() -> Result<DeployOutcome> {
     MutexLock change(change_mutex_);
+    BACKPLANE_RETURN_IF_ERROR(lineages_->SetPinned(id, false));
+    events.Add(spdlog::level::info, fmt::format("backend {} unpinned", id),
+               GenerationEvent{GenerationEvent::Kind::kUnpinned, std::string(id)});
     return ReloadLocked(id, events);  // whatever was published meanwhile takes effect now
   }();
   Deliver(events);

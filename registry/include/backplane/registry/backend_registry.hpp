@@ -108,7 +108,8 @@ class BackendRegistry : public std::enable_shared_from_this<BackendRegistry> {
   // subscriber refuses it.
   Result<uint64_t> Rollback(std::string_view id);
   // A pinned id keeps its active generation; new files are noticed but not loaded until Unpin,
-  // which looks at the file again at once.
+  // which looks at the file again at once. Both wait for a change in progress. An explicit
+  // Rollback still applies to a pinned id.
   Status Pin(std::string_view id);
   Result<DeployOutcome> Unpin(std::string_view id);
 
