@@ -54,6 +54,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench_util.hpp"
 #include "backplane/registry/backend_reloader.hpp"
 #include "backplane/runtime/runtime.hpp"
 #include "runtime/swap_test_util.hpp"
@@ -64,18 +65,11 @@ namespace {
 
 namespace fs = std::filesystem;
 using namespace backplane;
-using Clock = std::chrono::steady_clock;
+using backplane::bench::Clock;
+using backplane::bench::Milliseconds;
+using backplane::bench::Percentile;
 
-double Milliseconds(Clock::duration d) {
-  return std::chrono::duration<double, std::milli>(d).count();
-}
 
-double Percentile(std::vector<double> values, double p) {
-  if (values.empty())
-    return 0;
-  std::sort(values.begin(), values.end());
-  return values[static_cast<std::size_t>(p * static_cast<double>(values.size() - 1))];
-}
 
 // Writes `from` under a temporary name, fsyncs, and returns that name: the caller renames.
 fs::path Stage(const fs::path& from, const fs::path& directory) {

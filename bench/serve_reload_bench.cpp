@@ -48,28 +48,22 @@
 #include <thread>
 #include <vector>
 
+#include "bench_util.hpp"
 #include "httplib.h"
 #include "nlohmann/json.hpp"
 
 namespace {
 
 namespace fs = std::filesystem;
-using Clock = std::chrono::steady_clock;
+using backplane::bench::Clock;
+using backplane::bench::Milliseconds;
+using backplane::bench::Percentile;
 
 constexpr const char* kServedName = "Backplane_CpuRef_backend.so";
 constexpr const char* kInferPath = "/v2/models/mnist/infer";
 constexpr const char* kBackendPath = "/v2/backends/CpuRef";
 
-double Milliseconds(Clock::duration d) {
-  return std::chrono::duration<double, std::milli>(d).count();
-}
 
-double Percentile(std::vector<double> values, double p) {
-  if (values.empty())
-    return 0;
-  std::sort(values.begin(), values.end());
-  return values[static_cast<std::size_t>(p * static_cast<double>(values.size() - 1))];
-}
 
 [[noreturn]] void Fail(const std::string& message) {
   std::fprintf(stderr, "serve_reload_bench: %s\n", message.c_str());

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <stdexcept>
 
@@ -69,7 +70,8 @@ CommandResult RunCommand(const std::string& command_line) {
   return result;
 }
 
-bool IsCodeMapped(std::string_view needle) {
+std::set<std::string> MappedCode(std::string_view needle) {
+  std::set<std::string> mapped;
   std::ifstream maps("/proc/self/maps");
   std::string line;
   while (std::getline(maps, line)) {
@@ -77,10 +79,15 @@ bool IsCodeMapped(std::string_view needle) {
     const auto perms = line.find(' ');
     const bool executable =
         perms != std::string::npos && line.size() > perms + 3 && line[perms + 3] == 'x';
-    if (executable && line.find(needle) != std::string::npos)
-      return true;
+    const auto path = line.find('/', perms == std::string::npos ? 0 : perms);
+    if (executable && path != std::string::npos && line.find(needle) != std::string::npos)
+      mapped.insert(line.substr(path));
   }
-  return false;
+  return mapped;
+}
+
+bool IsCodeMapped(std::string_view needle) {
+  return !MappedCode(needle).empty();
 }
 
 bool RunningInCi() {

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <filesystem>
+#include <set>
 #include <string>
 #include <string_view>
 
@@ -40,10 +41,11 @@ struct CommandResult {
 };
 CommandResult RunCommand(const std::string& command_line);
 
-// True when /proc/self/maps has an executable mapping whose path contains `needle`: code of that
-// file is still in the process. Read-only mappings do not count: sanitizer symbolizers map
+// The files of /proc/self/maps's executable mappings whose line contains `needle`: code of those
+// files is still in the process. Read-only mappings do not count: sanitizer symbolizers map
 // library files to read their debug info, which says nothing about the dynamic linker.
-bool IsCodeMapped(std::string_view needle);
+std::set<std::string> MappedCode(std::string_view needle);
+bool IsCodeMapped(std::string_view needle);  // !MappedCode(needle).empty()
 
 // Tests that need ../shared/data (or another path outside the build) call this first: without
 // it they skip locally, and fail under CI (CI=true), where every test must run.

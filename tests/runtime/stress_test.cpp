@@ -140,23 +140,6 @@ bool Legitimate(const DeployOutcome& outcome) {
   return false;
 }
 
-// The paths of this loader's shadow copies that are mapped executable (code still in the process).
-std::set<std::string> MappedShadows(const fs::path& shadows) {
-  std::set<std::string> mapped;
-  std::ifstream maps("/proc/self/maps");
-  std::string line;
-  while (std::getline(maps, line)) {
-    // Code mappings only: sanitizer symbolizers map library files to read debug info.
-    const auto perms = line.find(' ');
-    const bool executable =
-        perms != std::string::npos && line.size() > perms + 3 && line[perms + 3] == 'x';
-    const auto at = line.find(shadows.string() + "/");
-    if (executable && at != std::string::npos)
-      mapped.insert(line.substr(at));
-  }
-  return mapped;
-}
-
 int ShadowCopiesOnDisk(const fs::path& shadows) {
   int count = 0;
   for (const auto& entry : fs::directory_iterator(shadows)) {
@@ -503,15 +486,15 @@ TEST_F(StressTest, RandomLifecycleOperationsNeverFailAnInference) {
   }
   const std::string active_shadow =
       (Shadows() / (std::to_string(active) + "-" + std::string(kFileName))).string();
-  EXPECT_EQ(MappedShadows(Shadows()), std::set<std::string>{active_shadow});
+  EXPECT_EQ(testing::MappedCode(Shadows().string() + "/"), std::set<std::string>{active_shadow});
   EXPECT_EQ(ShadowCopiesOnDisk(Shadows()), 1);
 
   // And the active one leaves with the last runtime and the registry.
   runtime_.reset();
   registry_.reset();
   loader_->WaitForUnloads();
-  EXPECT_TRUE(MappedShadows(Shadows()).empty())
-      << ::testing::PrintToString(MappedShadows(Shadows()));
+  EXPECT_TRUE(testing::MappedCode(Shadows().string() + "/").empty())
+      << ::testing::PrintToString(testing::MappedCode(Shadows().string() + "/"));
   EXPECT_EQ(loader_->stats().leaked.load(), 0u);
 }
 
