@@ -5,12 +5,11 @@
 #include <exception>
 #include <functional>
 #include <map>
-#include <mutex>
-#include <shared_mutex>
 #include <string>
 #include <utility>
 
 #include "backplane/core/logging.hpp"
+#include "backplane/core/thread_annotations.hpp"
 
 namespace backplane {
 
@@ -26,19 +25,19 @@ class ListenerList {
   // `what` names the listeners in the log ("generation observer").
   explicit ListenerList(std::string what) : what_(std::move(what)) {}
 
-  uint64_t Add(Listener listener) {
-    std::unique_lock lock(mutex_);
+  uint64_t Add(Listener listener) EXCLUDES(mutex_) {
+    WriterMutexLock lock(mutex_);
     listeners_.emplace(next_id_, std::move(listener));
     return next_id_++;
   }
 
-  void Remove(uint64_t id) {
-    std::unique_lock lock(mutex_);
+  void Remove(uint64_t id) EXCLUDES(mutex_) {
+    WriterMutexLock lock(mutex_);
     listeners_.erase(id);
   }
 
-  void Notify(const Args&... args) const {
-    std::shared_lock lock(mutex_);  // held while listeners run: Remove waits for them
+  void Notify(const Args&... args) const EXCLUDES(mutex_) {
+    ReaderMutexLock lock(mutex_);  // held while listeners run: Remove waits for them
     for (const auto& [id, listener] : listeners_) {
       try {
         listener(args...);
@@ -54,9 +53,9 @@ class ListenerList {
 
  private:
   const std::string what_;
-  mutable std::shared_mutex mutex_;
-  std::map<uint64_t, Listener> listeners_;  // guarded by mutex_
-  uint64_t next_id_ = 1;                    // guarded by mutex_
+  mutable SharedMutex mutex_;
+  std::map<uint64_t, Listener> listeners_ GUARDED_BY(mutex_);
+  uint64_t next_id_ GUARDED_BY(mutex_) = 1;
 };
 
 }  // namespace backplane

@@ -153,6 +153,10 @@ class OptionSet {
 
   const std::string backend_id_;
   const std::vector<OptionDescriptor> descriptors_;
+  // Not backplane::Mutex with GUARDED_BY: this header is part of the SDK that every backend
+  // compiles, and thread_annotations.hpp would put unprefixed macros (GUARDED_BY, REQUIRES,
+  // CAPABILITY...) into backend code, where they can clash with the backend's own (abseil's
+  // older ones, Chromium's).
   mutable std::mutex mutex_;
   BackendOptions values_;  // guarded by mutex_
 };

@@ -3,8 +3,9 @@
 #pragma once
 
 #include <memory>
-#include <mutex>
 #include <utility>
+
+#include "backplane/core/thread_annotations.hpp"
 
 namespace backplane {
 
@@ -17,22 +18,22 @@ class Published {
   explicit Published(std::shared_ptr<const T> initial = std::make_shared<const T>())
       : current_(std::move(initial)) {}
 
-  std::shared_ptr<const T> Load() const {
-    std::lock_guard lock(mutex_);
+  std::shared_ptr<const T> Load() const EXCLUDES(mutex_) {
+    MutexLock lock(mutex_);
     return current_;
   }
 
-  void Publish(std::shared_ptr<const T> next) {
+  void Publish(std::shared_ptr<const T> next) EXCLUDES(mutex_) {
     {
-      std::lock_guard lock(mutex_);
+      MutexLock lock(mutex_);
       current_.swap(next);
     }
     // `next` holds the old value now: released on return, outside the lock.
   }
 
  private:
-  mutable std::mutex mutex_;
-  std::shared_ptr<const T> current_;  // guarded by mutex_
+  mutable Mutex mutex_;
+  std::shared_ptr<const T> current_ GUARDED_BY(mutex_);
 };
 
 }  // namespace backplane
