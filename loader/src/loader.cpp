@@ -142,9 +142,9 @@ Result<std::shared_ptr<Loader>> Loader::Create(LoaderOptions options) {
 }
 
 Result<std::shared_ptr<Loader>> Loader::Shared() {
-  static std::mutex mutex;
-  static std::weak_ptr<Loader> shared;
-  std::lock_guard lock(mutex);
+  static Mutex mutex;
+  static std::weak_ptr<Loader> shared GUARDED_BY(mutex);
+  MutexLock lock(mutex);
   if (auto existing = shared.lock())
     return existing;
   auto created = Create();
@@ -173,7 +173,7 @@ Result<GenerationLease> Loader::Load(const fs::path& file, LoadTrace* trace) {
 
   {
     // An unchanged file that is already mapped is not mapped again.
-    std::lock_guard lock(mutex_);
+    MutexLock lock(mutex_);
     auto it = live_.find(resolved->real_path);
     if (it != live_.end()) {
       auto existing = it->second.lock();
@@ -186,7 +186,7 @@ Result<GenerationLease> Loader::Load(const fs::path& file, LoadTrace* trace) {
   }
   auto loaded = LoadNew(*resolved, trace);
   if (loaded.ok()) {
-    std::lock_guard lock(mutex_);
+    MutexLock lock(mutex_);
     live_[resolved->real_path] = loaded.value();
     std::erase_if(live_, [](const auto& entry) { return entry.second.expired(); });
   }

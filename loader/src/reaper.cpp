@@ -2,16 +2,22 @@
 
 #include <spdlog/spdlog.h>
 
+#include <condition_variable>
+#include <deque>
+
+#include "backplane/core/thread_annotations.hpp"
+
 namespace backplane::loader {
 
 struct Reaper::State {
-  std::mutex mutex;
-  std::condition_variable wake;
-  std::condition_variable idle;
-  std::deque<std::function<void()>> queue;  // guarded by mutex
-  bool running_disposal = false;            // guarded by mutex
-  bool stopping = false;                    // guarded by mutex
-  std::thread::id thread_id;                // set before the first Post
+  Mutex mutex;
+  // condition_variable_any waits on the Mutex itself, so the analysis sees it held throughout.
+  std::condition_variable_any wake;
+  std::condition_variable_any idle;
+  std::deque<std::function<void()>> queue GUARDED_BY(mutex);
+  bool running_disposal GUARDED_BY(mutex) = false;
+  bool stopping GUARDED_BY(mutex) = false;
+  std::thread::id thread_id;  // set before the first Post
 };
 
 Reaper::Reaper() : state_(std::make_shared<State>()), thread_([state = state_] { Run(state); }) {
@@ -20,7 +26,7 @@ Reaper::Reaper() : state_(std::make_shared<State>()), thread_([state = state_] {
 
 Reaper::~Reaper() {
   {
-    std::lock_guard lock(state_->mutex);
+    MutexLock lock(state_->mutex);
     state_->stopping = true;
   }
   state_->wake.notify_all();
@@ -39,7 +45,7 @@ bool Reaper::OnReaperThread() const {
 
 bool Reaper::Post(std::function<void()> disposal) {
   {
-    std::lock_guard lock(state_->mutex);
+    MutexLock lock(state_->mutex);
     if (state_->stopping && !OnReaperThread())
       return false;
     state_->queue.push_back(std::move(disposal));
@@ -49,14 +55,16 @@ bool Reaper::Post(std::function<void()> disposal) {
 }
 
 void Reaper::WaitIdle() {
-  std::unique_lock lock(state_->mutex);
-  state_->idle.wait(lock, [this] { return state_->queue.empty() && !state_->running_disposal; });
+  MutexLock lock(state_->mutex);
+  while (!state_->queue.empty() || state_->running_disposal)
+    state_->idle.wait(state_->mutex);
 }
 
 void Reaper::Run(const std::shared_ptr<State>& state) {
-  std::unique_lock lock(state->mutex);
+  MutexLock lock(state->mutex);
   for (;;) {
-    state->wake.wait(lock, [&] { return state->stopping || !state->queue.empty(); });
+    while (!state->stopping && state->queue.empty())
+      state->wake.wait(state->mutex);
     if (state->queue.empty()) {
       if (state->stopping)
         return;
@@ -65,17 +73,18 @@ void Reaper::Run(const std::shared_ptr<State>& state) {
     auto disposal = std::move(state->queue.front());
     state->queue.pop_front();
     state->running_disposal = true;
-    lock.unlock();
-    try {
-      disposal();
-    } catch (const std::exception& e) {
-      // Destructors do not throw in this code base; a backend destructor that does is reported.
-      spdlog::error("reaper: a disposal threw: {}", e.what());
-    } catch (...) {
-      spdlog::error("reaper: a disposal threw a non-standard exception");
+    {
+      MutexUnlock unlocked(state->mutex);
+      try {
+        disposal();
+      } catch (const std::exception& e) {
+        // Destructors do not throw in this code base; a backend destructor that does is reported.
+        spdlog::error("reaper: a disposal threw: {}", e.what());
+      } catch (...) {
+        spdlog::error("reaper: a disposal threw a non-standard exception");
+      }
+      disposal = nullptr;  // its captures may own more work; release them before going idle
     }
-    disposal = nullptr;  // its captures may own more work; release them before going idle
-    lock.lock();
     state->running_disposal = false;
     if (state->queue.empty())
       state->idle.notify_all();

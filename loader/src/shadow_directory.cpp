@@ -8,9 +8,9 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
-#include <mutex>
 #include <set>
 
+#include "backplane/core/thread_annotations.hpp"
 #include "loader_log.hpp"
 
 namespace backplane::loader {
@@ -76,9 +76,9 @@ Result<std::shared_ptr<ShadowDirectory>> ShadowDirectory::Create(fs::path root) 
 
   // Shadows of processes that died without cleaning up, and of an earlier process with our pid.
   // Once per process and root: a second loader must not delete the first one's live shadows.
-  static std::mutex mutex;
-  static std::set<fs::path> cleaned_bases;
-  std::lock_guard lock(mutex);
+  static Mutex mutex;
+  static std::set<fs::path> cleaned_bases GUARDED_BY(mutex);
+  MutexLock lock(mutex);
   if (cleaned_bases.insert(base).second) {
     std::error_code error;
     const std::string own_pid = std::to_string(getpid());

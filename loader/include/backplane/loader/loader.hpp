@@ -7,7 +7,6 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
@@ -16,6 +15,7 @@
 #include "backplane/loader/generation.hpp"
 #include "backplane/core/listener_list.hpp"
 #include "backplane/core/status.hpp"
+#include "backplane/core/thread_annotations.hpp"
 #include "backplane/loader/reaper.hpp"
 #include "backplane/loader/shadow_directory.hpp"
 
@@ -72,7 +72,8 @@ class Loader : public std::enable_shared_from_this<Loader> {
   // Loads `file` as a new generation, or returns the live generation of the same file (same
   // real path and identity). With `trace`, appends one LoadStage per stage run. The factory is
   // probed once (an instance created and destroyed) so that a broken factory fails here.
-  Result<GenerationLease> Load(const std::filesystem::path& file, LoadTrace* trace = nullptr);
+  Result<GenerationLease> Load(const std::filesystem::path& file, LoadTrace* trace = nullptr)
+      EXCLUDES(mutex_);
 
   // A new instance from `generation`'s factory; kFactoryFailed when it throws or returns null,
   // kInvalidId when the instance reports another id than GetBackendId.
@@ -96,9 +97,9 @@ class Loader : public std::enable_shared_from_this<Loader> {
   const std::shared_ptr<LoaderStats> stats_ = std::make_shared<LoaderStats>();
   const std::shared_ptr<Reaper> reaper_ = std::make_shared<Reaper>();
 
-  std::mutex mutex_;
+  Mutex mutex_;
   // Live generations by real path, to map an unchanged file once.
-  std::map<std::filesystem::path, std::weak_ptr<const Generation>> live_;  // guarded by mutex_
+  std::map<std::filesystem::path, std::weak_ptr<const Generation>> live_ GUARDED_BY(mutex_);
 };
 
 }  // namespace backplane::loader
