@@ -30,8 +30,9 @@ RequestScheduler::RequestScheduler(SchedulerOptions options)
       arena_(options.max_threads > 0 ? options.max_threads : tbb::task_arena::automatic) {}
 
 RequestScheduler::~RequestScheduler() {
-  std::unique_lock lock(drained_mutex_);
-  drained_.wait(lock, [this] { return in_flight_.load(std::memory_order_acquire) == 0; });
+  MutexLock lock(drained_mutex_);
+  while (in_flight_.load(std::memory_order_acquire) != 0)
+    drained_.wait(drained_mutex_);
 }
 
 RequestScheduler::Admission::~Admission() {
@@ -46,7 +47,7 @@ void RequestScheduler::Release() {
   // thread was about to lock and notify (a use-after-free when a Runtime is destroyed right after
   // an asynchronous result). Under the lock the destructor cannot see 0 before the unlock, and the
   // unlock is the last time this touches the scheduler. Admit() stays lock-free: it never makes 0.
-  std::lock_guard lock(drained_mutex_);
+  MutexLock lock(drained_mutex_);
   if (in_flight_.fetch_sub(1, std::memory_order_acq_rel) == 1)
     drained_.notify_all();
 }

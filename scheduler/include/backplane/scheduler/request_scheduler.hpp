@@ -9,11 +9,11 @@
 #include <condition_variable>
 #include <cstddef>
 #include <functional>
-#include <mutex>
 #include <optional>
 #include <utility>
 
 #include "backplane/core/status.hpp"
+#include "backplane/core/thread_annotations.hpp"
 
 namespace backplane::scheduler {
 
@@ -66,15 +66,15 @@ class RequestScheduler {
   const SchedulerOptions& options() const { return options_; }
 
  private:
-  void Release();
+  void Release() EXCLUDES(drained_mutex_);
 
   const SchedulerOptions options_;
   tbb::task_arena arena_;
   // Goes up without the lock (Admit) but down only under drained_mutex_ (Release), so that the
   // destructor, which waits for 0 under that lock, cannot free the lock while a Release uses it.
   std::atomic<std::size_t> in_flight_{0};
-  std::mutex drained_mutex_;
-  std::condition_variable drained_;
+  Mutex drained_mutex_;
+  std::condition_variable_any drained_;  // waits on drained_mutex_ itself
 };
 
 }  // namespace backplane::scheduler
