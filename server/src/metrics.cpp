@@ -166,12 +166,12 @@ Histogram::Snapshot Histogram::Read() const {
 ModelMetrics::ModelMetrics() : latency_seconds(kLatencyBounds) {}
 
 void ModelMetrics::CountFailure(int http_status) {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   ++failures_[FailureClass(http_status)];
 }
 
 std::map<int, uint64_t> ModelMetrics::Failures() const {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   return failures_;
 }
 
@@ -180,7 +180,7 @@ std::map<int, uint64_t> ModelMetrics::Failures() const {
 ServerMetrics::ServerMetrics() = default;
 
 ModelMetrics& ServerMetrics::ForModel(std::string_view name) {
-  std::lock_guard lock(models_mutex_);
+  MutexLock lock(models_mutex_);
   auto it = models_.find(name);
   if (it == models_.end())
     it = models_.emplace(std::string(name), std::make_unique<ModelMetrics>()).first;
@@ -203,7 +203,7 @@ ServerMetrics::BackendEvents& ServerMetrics::BackendLocked(const std::string& id
 void ServerMetrics::AttachRegistry(const BackendRegistry& registry) {
   const auto ids = registry.BackendIds();
   const auto rejected = registry.Rejected();
-  std::lock_guard lock(backend_mutex_);
+  MutexLock lock(backend_mutex_);
   for (const auto& id : ids) {
     known_backends_.insert(id);
     BackendLocked(id);
@@ -213,7 +213,7 @@ void ServerMetrics::AttachRegistry(const BackendRegistry& registry) {
 }
 
 void ServerMetrics::OnGenerationEvent(const GenerationEvent& event) {
-  std::lock_guard lock(backend_mutex_);
+  MutexLock lock(backend_mutex_);
   switch (event.kind) {
     case GenerationEvent::Kind::kActivated: {
       // A backend id seen before getting a new active generation is a swap (a deploy or a
@@ -261,7 +261,7 @@ std::string ServerMetrics::Render(const BackendRegistry* registry,
   // ---- Inference, per model
   std::vector<std::pair<std::string, const ModelMetrics*>> models;
   {
-    std::lock_guard lock(models_mutex_);
+    MutexLock lock(models_mutex_);
     for (const auto& [name, metrics] : models_)
       models.emplace_back(name, metrics.get());
   }
@@ -319,7 +319,7 @@ std::string ServerMetrics::Render(const BackendRegistry* registry,
     }
   }
   {
-    std::lock_guard lock(backend_mutex_);
+    MutexLock lock(backend_mutex_);
     out.Family("backplane_backend_swaps_total", "counter",
                "Times a backend's active generation was replaced (deploys and rollbacks).");
     for (const auto& [id, events] : backends_)

@@ -8,13 +8,13 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <set>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "backplane/core/thread_annotations.hpp"
 #include "backplane/registry/backend_registry.hpp"
 
 namespace backplane::server {
@@ -48,13 +48,13 @@ struct ModelMetrics {
   std::atomic<int64_t> in_flight{0};
   // Failed requests by HTTP status. A fixed set of classes keeps the label set bounded whatever
   // clients send.
-  void CountFailure(int http_status);
-  std::map<int, uint64_t> Failures() const;
+  void CountFailure(int http_status) EXCLUDES(mutex_);
+  std::map<int, uint64_t> Failures() const EXCLUDES(mutex_);
   Histogram latency_seconds;
 
  private:
-  mutable std::mutex mutex_;
-  std::map<int, uint64_t> failures_;  // guarded by mutex_
+  mutable Mutex mutex_;
+  std::map<int, uint64_t> failures_ GUARDED_BY(mutex_);
 };
 
 // Every metric of the server. Thread-safe.
@@ -65,7 +65,7 @@ class ServerMetrics {
   // The metrics of model `name`, created on first use and never removed (Prometheus counters
   // must not vanish while the process lives). Only names of models found in the repository may
   // reach this: a label per name a client typed would let clients grow memory without bound.
-  ModelMetrics& ForModel(std::string_view name);
+  ModelMetrics& ForModel(std::string_view name) EXCLUDES(models_mutex_);
 
   // Every HTTP response, by status code (from the access log hook).
   void CountHttpResponse(int status);
@@ -73,13 +73,13 @@ class ServerMetrics {
 
   // Hot-reload events, fed by a registry observer. Attach seeds the ids known at start (so that
   // their next activation counts as a swap) and the files rejected before the observer existed.
-  void AttachRegistry(const BackendRegistry& registry);
-  void OnGenerationEvent(const GenerationEvent& event);
+  void AttachRegistry(const BackendRegistry& registry) EXCLUDES(backend_mutex_);
+  void OnGenerationEvent(const GenerationEvent& event) EXCLUDES(backend_mutex_);
 
   // The whole exposition. `registry` (optional) adds the generations per backend and state; the
   // loader counters come from `loader_stats` when given.
-  std::string Render(const BackendRegistry* registry,
-                     const loader::LoaderStats* loader_stats) const;
+  std::string Render(const BackendRegistry* registry, const loader::LoaderStats* loader_stats) const
+      EXCLUDES(models_mutex_, backend_mutex_);
 
  private:
   struct BackendEvents {
@@ -87,17 +87,18 @@ class ServerMetrics {
     uint64_t leaked = 0;
     std::unique_ptr<Histogram> drain_seconds;
   };
-  BackendEvents& BackendLocked(const std::string& id);  // requires backend_mutex_
+  BackendEvents& BackendLocked(const std::string& id) REQUIRES(backend_mutex_);
 
-  mutable std::mutex models_mutex_;
-  std::map<std::string, std::unique_ptr<ModelMetrics>, std::less<>> models_;  // guarded
+  mutable Mutex models_mutex_;
+  std::map<std::string, std::unique_ptr<ModelMetrics>, std::less<>> models_
+      GUARDED_BY(models_mutex_);
 
   std::array<std::atomic<uint64_t>, 600> http_responses_{};  // by status code; 0 unused
 
-  mutable std::mutex backend_mutex_;
-  std::set<std::string> known_backends_;                // guarded by backend_mutex_
-  std::map<std::string, BackendEvents> backends_;       // guarded by backend_mutex_
-  std::map<std::string, uint64_t> rejected_by_reason_;  // guarded by backend_mutex_
+  mutable Mutex backend_mutex_;
+  std::set<std::string> known_backends_ GUARDED_BY(backend_mutex_);
+  std::map<std::string, BackendEvents> backends_ GUARDED_BY(backend_mutex_);
+  std::map<std::string, uint64_t> rejected_by_reason_ GUARDED_BY(backend_mutex_);
 };
 
 // Prometheus label value escaping: backslash, double quote and newline.

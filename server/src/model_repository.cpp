@@ -386,7 +386,7 @@ Status ModelRepository::Load(std::string_view name_view) {
                            "' is not a valid model name (1-128 characters of A-Z a-z 0-9 _ . -, "
                            "not starting with '.')");
   }
-  std::lock_guard lock(load_mutex_);
+  MutexLock lock(load_mutex_);
   const auto current = Find(name);
   auto prepared = Prepare(name, current.get());
   if (!prepared.ok()) {
@@ -409,7 +409,7 @@ Status ModelRepository::Load(std::string_view name_view) {
 }
 
 Status ModelRepository::Unload(std::string_view name) {
-  std::lock_guard lock(load_mutex_);
+  MutexLock lock(load_mutex_);
   if (Find(name) == nullptr)
     return NotFound("model '" + std::string(name) + "' is not loaded");
   Publish([&](Snapshot& snapshot) {
@@ -436,7 +436,7 @@ int ModelRepository::LoadAll() {
 }
 
 void ModelRepository::UnloadAll() {
-  std::lock_guard lock(load_mutex_);
+  MutexLock lock(load_mutex_);
   snapshot_.Publish(std::make_shared<const Snapshot>());
 }
 
