@@ -61,7 +61,7 @@ Result<ElfFacts> InspectFile(const fs::path& path, const fs::path& named) {
   const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     return Status{LoadReason::kIoError,
-                     "cannot open shadow copy " + path.string() + ": " + std::strerror(errno)};
+                  "cannot open shadow copy " + path.string() + ": " + std::strerror(errno)};
   }
   struct stat st {};
   if (fstat(fd, &st) != 0) {
@@ -76,7 +76,7 @@ Result<ElfFacts> InspectFile(const fs::path& path, const fs::path& named) {
   close(fd);
   if (image == MAP_FAILED) {
     return Status{LoadReason::kIoError,
-                     "cannot map shadow copy " + path.string() + ": " + std::strerror(errno)};
+                  "cannot map shadow copy " + path.string() + ": " + std::strerror(errno)};
   }
   auto facts = InspectElf({static_cast<const std::byte*>(image), static_cast<size_t>(st.st_size)},
                           named.string());
@@ -316,13 +316,11 @@ Result<GenerationLease> Loader::LoadNew(const BackendFile& file, LoadTrace* trac
     return tracer.Fail("factory", std::move(probe).error());
   tracer.Pass("factory", "created and released a probe instance");
   Log().debug("mapped backend {} generation {} from {} (API {}{}{})", id, number,
-               file.path.string(), VersionString(api), release.empty() ? "" : ", release ",
-               release);
+              file.path.string(), VersionString(api), release.empty() ? "" : ", release ", release);
   return generation;
 }
 
-Result<std::shared_ptr<BackendInstance>> Loader::CreateInstance(
-    const GenerationLease& generation) {
+Result<std::shared_ptr<BackendInstance>> Loader::CreateInstance(const GenerationLease& generation) {
   const GenerationInfo& info = generation->info();
   IBackend* raw = nullptr;
   std::string failure;
@@ -337,7 +335,7 @@ Result<std::shared_ptr<BackendInstance>> Loader::CreateInstance(
   }
   if (!failure.empty()) {
     return Status{LoadReason::kFactoryFailed,
-                     info.file.string() + " (backend " + info.backend_id + "): " + failure};
+                  info.file.string() + " (backend " + info.backend_id + "): " + failure};
   }
   auto instance =
       MakeBackendInstance(info.backend_id, std::unique_ptr<IBackend>(raw), generation, reaper_);
@@ -348,9 +346,9 @@ Result<std::shared_ptr<BackendInstance>> Loader::CreateInstance(
     instance_id = "<GetId threw>";
   }
   if (instance_id != info.backend_id) {
-    return Status{LoadReason::kInvalidId,
-                     info.file.string() + ": the instance says its id is '" + instance_id +
-                         "' but GetBackendId says '" + info.backend_id + "'"};
+    return Status{LoadReason::kInvalidId, info.file.string() + ": the instance says its id is '" +
+                                              instance_id + "' but GetBackendId says '" +
+                                              info.backend_id + "'"};
   }
   return instance;
 }

@@ -140,9 +140,9 @@ Result<ShadowCopy> ShadowDirectory::Copy(const fs::path& source, uint64_t genera
     return io_error("cannot stat " + source.string());
   if (HasWriters(in.get()) == WriterProbe::kWriting) {
     return Status{LoadReason::kFileBusy,
-                     source.string() +
-                         " is open for writing by a process; it is loaded once its writer closes "
-                         "it (publish with write-temp + fsync + rename to avoid the wait)"};
+                  source.string() +
+                      " is open for writing by a process; it is loaded once its writer closes "
+                      "it (publish with write-temp + fsync + rename to avoid the wait)"};
   }
 
   FileDescriptor out(open(target.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0700));
@@ -187,11 +187,10 @@ Result<ShadowCopy> ShadowDirectory::Copy(const fs::path& source, uint64_t genera
     return fail(io_error("cannot stat " + source.string()));
   if (IdentityOf(before) != IdentityOf(after) || copied != after.st_size) {
     return fail(Status{LoadReason::kFileChanged,
-                          source.string() + " changed while it was being copied (" +
-                              std::to_string(before.st_size) + " -> " +
-                              std::to_string(after.st_size) +
-                              " bytes): a writer is still at work; publish with write-temp + "
-                              "fsync + rename"});
+                       source.string() + " changed while it was being copied (" +
+                           std::to_string(before.st_size) + " -> " + std::to_string(after.st_size) +
+                           " bytes): a writer is still at work; publish with write-temp + "
+                           "fsync + rename"});
   }
   return ShadowCopy{target, IdentityOf(after)};
 }

@@ -103,7 +103,7 @@ std::vector<int64_t> ListVersions(const fs::path& model_dir) {
       versions.push_back(*version);
     } else if (it->is_directory(file_error)) {
       Log().debug("model directory {}: ignoring {} (not a version directory with {})",
-                   model_dir.string(), it->path().filename().string(), kModelFile);
+                  model_dir.string(), it->path().filename().string(), kModelFile);
     }
   }
   std::sort(versions.begin(), versions.end());
@@ -214,7 +214,7 @@ ModelVersion::~ModelVersion() {
     Log().info("model {} version {} unloaded", model_, version_);
   } else {
     Log().warn("model {} version {}: unloading its network failed: {}", model_, version_,
-                unloaded.ToString());
+               unloaded.ToString());
   }
 }
 
@@ -374,7 +374,7 @@ Result<std::shared_ptr<const ServingModel>> ModelRepository::Prepare(const std::
         placed += (placed.empty() ? "" : ", ") + std::to_string(count) + " on " + backend;
     }
     Log().info("model {} version {} loaded from {}: layers {}", name, version, file.string(),
-                placed);
+               placed);
   }
   return std::shared_ptr<const ServingModel>(std::move(model));
 }

@@ -10,12 +10,12 @@
 #include <string>
 #include <vector>
 
-#include "backplane/loader/backend_file.hpp"
-#include "backplane/loader/backend_instance.hpp"
-#include "backplane/loader/generation.hpp"
 #include "backplane/core/listener_list.hpp"
 #include "backplane/core/status.hpp"
 #include "backplane/core/thread_annotations.hpp"
+#include "backplane/loader/backend_file.hpp"
+#include "backplane/loader/backend_instance.hpp"
+#include "backplane/loader/generation.hpp"
 #include "backplane/loader/reaper.hpp"
 #include "backplane/loader/shadow_directory.hpp"
 
