@@ -54,7 +54,8 @@ function(backplane_add_backend target)
   set(version_script "${CMAKE_CURRENT_BINARY_DIR}/${target}.version-script")
   file(CONFIGURE OUTPUT "${version_script}" CONTENT "{\n  global: ${export_list};\n  local: *;\n};\n")
 
-  target_compile_options(${target} PRIVATE -fno-gnu-unique)
+  # GCC only: clang never emits STB_GNU_UNIQUE symbols and has no such flag.
+  target_compile_options(${target} PRIVATE $<$<CXX_COMPILER_ID:GNU>:-fno-gnu-unique>)
   target_link_options(${target} PRIVATE
     "LINKER:--version-script=${version_script}" "LINKER:-z,defs" "LINKER:-z,now"
     "LINKER:-z,noexecstack")
