@@ -9,6 +9,7 @@ BACKPLANE_PACKAGES=(
   libuv1-dev libcpp-httplib-dev libssl-dev curl
   libgtest-dev libgmock-dev libbenchmark-dev
   prometheus  # promtool: the tests check /metrics with it
+  clang-14    # the clang preset (thread-safety analysis) and the fuzz preset
 )
 
 backplane_install_deps() {

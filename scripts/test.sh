@@ -1,19 +1,22 @@
 #!/usr/bin/env bash
 # Builds and runs every test: the release build, then the same tests under AddressSanitizer +
-# UndefinedBehaviorSanitizer and under ThreadSanitizer. `scripts/test.sh release` runs one preset.
+# UndefinedBehaviorSanitizer and under ThreadSanitizer, then the clang build whose check is the
+# thread-safety analysis (-Werror=thread-safety; libraries and server, no tests to run).
+# `scripts/test.sh release` runs one preset.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/deps.sh
 backplane_install_deps
 
 presets=("$@")
-if ((${#presets[@]} == 0)); then presets=(release asan tsan); fi
+if ((${#presets[@]} == 0)); then presets=(release asan tsan clang); fi
 
 jobs=$(nproc)
 for preset in "${presets[@]}"; do
   echo "=== ${preset}: build"
   cmake --preset "$preset" >/dev/null
   cmake --build --preset "$preset" -j "$jobs"
+  if [[ "$preset" == clang ]]; then continue; fi  # the build is the check
   echo "=== ${preset}: test"
   ctest --preset "$preset" -j "$jobs"
 done
