@@ -316,8 +316,9 @@ Result<NetworkId> Runtime::LoadNetwork(Network network, NetworkOptions options) 
   for (auto& [backend_id, slot] : backends_) {
     if (slot.context == nullptr)  // a backend without a context
       continue;
-    Status before = GuardBackendCall(backend_id, "BeforeLoadNetwork",
-                                     [&] { return slot.context->BeforeLoadNetwork(id); });
+    Status before = GuardBackendCall(
+        backend_id, "BeforeLoadNetwork",
+        [&, context = slot.context.get()] { return context->BeforeLoadNetwork(id); });
     if (!before.ok()) {
       return fail(before.WithContext("backend " + backend_id + " refused to load network " +
                                      network.name + ": "));
@@ -331,8 +332,9 @@ Result<NetworkId> Runtime::LoadNetwork(Network network, NetworkOptions options) 
   for (auto& [backend_id, slot] : backends_) {
     if (slot.context == nullptr)
       continue;
-    Status after = GuardBackendCall(backend_id, "AfterLoadNetwork",
-                                    [&] { return slot.context->AfterLoadNetwork(id); });
+    Status after = GuardBackendCall(
+        backend_id, "AfterLoadNetwork",
+        [&, context = slot.context.get()] { return context->AfterLoadNetwork(id); });
     if (!after.ok())
       Log().warn("backend {}: AfterLoadNetwork({}) failed: {}", backend_id, id, after.message());
   }
@@ -354,8 +356,9 @@ Status Runtime::UnloadNetwork(NetworkId id) {
   for (auto& [backend_id, slot] : backends_) {
     if (slot.context == nullptr)  // a backend without a context
       continue;
-    Status before = GuardBackendCall(backend_id, "BeforeUnloadNetwork",
-                                     [&] { return slot.context->BeforeUnloadNetwork(id); });
+    Status before = GuardBackendCall(
+        backend_id, "BeforeUnloadNetwork",
+        [&, context = slot.context.get()] { return context->BeforeUnloadNetwork(id); });
     if (!before.ok()) {
       return FailedPrecondition("network " + std::to_string(id) + " stays loaded: backend " +
                                 backend_id + " refused to unload it: " + before.message());
@@ -369,8 +372,9 @@ Status Runtime::UnloadNetwork(NetworkId id) {
   for (auto& [backend_id, slot] : backends_) {
     if (slot.context == nullptr)
       continue;
-    Status after = GuardBackendCall(backend_id, "AfterUnloadNetwork",
-                                    [&] { return slot.context->AfterUnloadNetwork(id); });
+    Status after = GuardBackendCall(
+        backend_id, "AfterUnloadNetwork",
+        [&, context = slot.context.get()] { return context->AfterUnloadNetwork(id); });
     if (!after.ok())
       Log().warn("backend {}: AfterUnloadNetwork({}) failed: {}", backend_id, id, after.message());
   }
@@ -456,8 +460,9 @@ class Runtime::SwapChange final : public PreparedChange {
       for (const auto& [network_id, network] : *runtime_.networks_.Load()) {
         if (placed.context == nullptr)
           break;
-        Status after = GuardBackendCall(
-            id_, "AfterLoadNetwork", [&] { return placed.context->AfterLoadNetwork(network_id); });
+        Status after = GuardBackendCall(id_, "AfterLoadNetwork", [&, network_id = network_id] {
+          return placed.context->AfterLoadNetwork(network_id);
+        });
         if (!after.ok()) {
           Log().warn("backend {}: AfterLoadNetwork({}) failed: {}", id_, network_id,
                      after.message());
@@ -638,8 +643,9 @@ Result<std::vector<Tensor>> Runtime::ExecuteByName(NetworkId id, const NamedInpu
   for (const auto& input : expected)
     names += (names.empty() ? "" : ", ") + input.name;
   for (const auto& [name, view] : inputs) {
-    const bool known = std::any_of(expected.begin(), expected.end(),
-                                   [&](const ValueInfo& input) { return input.name == name; });
+    const bool known =
+        std::any_of(expected.begin(), expected.end(),
+                    [&name = name](const ValueInfo& input) { return input.name == name; });
     if (!known) {
       return InvalidArgument("network " + network.value()->network().name + " has no input '" +
                              name + "' (inputs: " + names + ")");
