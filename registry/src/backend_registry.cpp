@@ -38,8 +38,8 @@ struct Events {
 namespace {
 
 struct StaticBackendList {
-  std::mutex mutex;
-  std::vector<std::pair<std::string, StaticBackendFactory>> backends;  // guarded by mutex
+  Mutex mutex;
+  std::vector<std::pair<std::string, StaticBackendFactory>> backends GUARDED_BY(mutex);
 };
 
 StaticBackendList& StaticBackends() {
@@ -77,7 +77,7 @@ fs::path RollbackDirectory(const loader::Loader& loader) {
 
 bool RegisterStaticBackend(std::string id, StaticBackendFactory factory) {
   auto& list = StaticBackends();
-  std::lock_guard lock(list.mutex);
+  MutexLock lock(list.mutex);
   list.backends.emplace_back(std::move(id), std::move(factory));
   return true;
 }
@@ -185,7 +185,7 @@ Result<std::shared_ptr<BackendRegistry>> BackendRegistry::Create(BackendRegistry
   std::vector<std::pair<std::string, StaticBackendFactory>> statics;
   {
     auto& list = StaticBackends();
-    std::lock_guard lock(list.mutex);
+    MutexLock lock(list.mutex);
     statics = list.backends;
   }
   for (auto& [id, factory] : statics) {
