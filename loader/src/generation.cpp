@@ -3,10 +3,17 @@
 #include <dlfcn.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <thread>
+
 #include "backplane/loader/loader.hpp"
 #include "loader_log.hpp"
 
 namespace backplane::loader {
+
+namespace {
+constexpr std::chrono::milliseconds kReturnGrace{5};
+}  // namespace
 
 LibraryHandle& LibraryHandle::operator=(LibraryHandle&& other) noexcept {
   if (this != &other) {
@@ -32,6 +39,12 @@ Generation::Generation(GenerationInfo info, LibraryHandle library, EntryPoints e
 }
 
 Generation::~Generation() {
+  // Trap: a thread-pool worker that ran the backend's last task (TBB's templates are compiled
+  // into the backend) is released by the task's own code and may still be returning through a
+  // few instructions of it after every wait in Shutdown() has returned; unmapping then crashes
+  // it (seen under ThreadSanitizer). This is the reaper thread, off every request path: give
+  // such returns a moment before the code goes.
+  std::this_thread::sleep_for(kReturnGrace);
   library_.Close();
   // dlclose does not say whether the library left the process. Asking for the shadow path with
   // RTLD_NOLOAD does: glibc only answers with a handle while the library is still mapped.
