@@ -48,7 +48,12 @@ class LineageTable::Lineage {
 
   void Add(Record record) {
     history.push_front(std::move(record));
-    // Forget the oldest generations that are over (unloaded, leaked, or rejected and gone).
+    Prune();
+  }
+
+  // Forgets the oldest generations that are over (unloaded, leaked, or rejected and gone) while
+  // there are more than the limit; a generation still draining is kept whatever its age.
+  void Prune() {
     for (auto it = history.end(); history.size() > kHistoryLimit && it != history.begin();) {
       --it;
       const auto state = it->status.state;
@@ -218,6 +223,7 @@ std::optional<std::optional<double>> LineageTable::Unloaded(
   }
   if (record->status.state != GenerationState::kRejected)
     record->status.state = leaked ? GenerationState::kLeaked : GenerationState::kUnloaded;
+  lineage->Prune();  // swaps faster than unloads leave the history long until they catch up
   return drain_ms;
 }
 
