@@ -54,9 +54,9 @@
 #include <thread>
 #include <vector>
 
-#include "bench_util.hpp"
 #include "backplane/registry/backend_reloader.hpp"
 #include "backplane/runtime/runtime.hpp"
+#include "bench_util.hpp"
 #include "runtime/swap_test_util.hpp"
 #include "spdlog/spdlog.h"
 #include "test_util.hpp"
@@ -68,8 +68,6 @@ using namespace backplane;
 using backplane::bench::Clock;
 using backplane::bench::Milliseconds;
 using backplane::bench::Percentile;
-
-
 
 // Writes `from` under a temporary name, fsyncs, and returns that name: the caller renames.
 fs::path Stage(const fs::path& from, const fs::path& directory) {

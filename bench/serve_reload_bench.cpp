@@ -63,8 +63,6 @@ constexpr const char* kServedName = "Backplane_CpuRef_backend.so";
 constexpr const char* kInferPath = "/v2/models/mnist/infer";
 constexpr const char* kBackendPath = "/v2/backends/CpuRef";
 
-
-
 [[noreturn]] void Fail(const std::string& message) {
   std::fprintf(stderr, "serve_reload_bench: %s\n", message.c_str());
   std::exit(1);

@@ -198,8 +198,7 @@ void ChooseOnePerFamily(Discovery& found, Discovery& discovery) {
     }
     if (Outranks(name.path, same->path))
       std::swap(*same, name);
-    Log().debug("ignoring {}: {} speaks for that backend", name.path.string(),
-                same->path.string());
+    Log().debug("ignoring {}: {} speaks for that backend", name.path.string(), same->path.string());
     discovery.superseded.push_back({name.path, same->path});
   };
   for (auto& file : found.files)

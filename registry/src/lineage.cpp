@@ -35,7 +35,7 @@ class LineageTable::Lineage {
   bool offered() const { return is_static() || active != nullptr; }
 
   LineageView View() const {
-    return {id, is_static(), active, file, identity, pinned, pinned_seen};
+    return {id, is_static(), active, file, identity, pinned};
   }
 
   Record* Find(uint64_t number) {

@@ -27,7 +27,6 @@ struct LineageView {
   std::filesystem::path file;      // the backend file family its generations come from
   std::optional<loader::FileIdentity> identity;  // of the file `active` was loaded from
   bool pinned = false;
-  std::optional<loader::FileIdentity> pinned_seen;  // the newest identity ignored while pinned
 
   bool offered() const { return is_static || active != nullptr; }
 };

@@ -1,6 +1,7 @@
 // The reaper: the one host thread where backend instances are shut down and destroyed and where
-// libraries are closed (docs/loading-rules.md rule 6). Nothing that runs backend teardown code may run on a
-// request thread or inside backend code, where the code being unmapped could still be on the stack.
+// libraries are closed (docs/loading-rules.md rule 6). Nothing that runs backend teardown code may
+// run on a request thread or inside backend code, where the code being unmapped could still be on
+// the stack.
 #pragma once
 
 #include <condition_variable>

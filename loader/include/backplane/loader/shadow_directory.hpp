@@ -12,14 +12,14 @@
 #include <memory>
 #include <string_view>
 
-#include "backplane/loader/backend_file.hpp"
 #include "backplane/core/status.hpp"
+#include "backplane/loader/backend_file.hpp"
 
 namespace backplane::loader {
 
-// Whether any process holds a file open for writing (docs/loading-rules.md rule 7: the lease probe), asked of an
-// open fd of it. kUnknown where leases are not available (another owner without CAP_LEASE, file
-// systems without lease support).
+// Whether any process holds a file open for writing (docs/loading-rules.md rule 7: the lease
+// probe), asked of an open fd of it. kUnknown where leases are not available (another owner without
+// CAP_LEASE, file systems without lease support).
 enum class WriterProbe { kNoWriter, kWriting, kUnknown };
 WriterProbe HasWriters(int fd);
 
