@@ -49,6 +49,28 @@ Result<std::unique_ptr<Workload>> BackendInstance::CreateWorkload(const Operator
   return std::make_unique<Workload>(shared_from_this(), std::move(created).value());
 }
 
+Result<CompiledWorkload> BackendInstance::CompileSubgraph(const SubgraphDesc& subgraph) {
+  if (!Implements({1, 1})) {
+    return Unimplemented("backend " + id_ + " was built against API " +
+                         std::to_string(api_version().major) + "." +
+                         std::to_string(api_version().minor) + ", which has no CompileSubgraph");
+  }
+  auto compiled = GuardBackendCall(id_, "CompileSubgraph", [&]() -> Result<CompiledSubgraph> {
+    return backend_->CompileSubgraph(subgraph);
+  });
+  if (!compiled.ok())
+    return std::move(compiled).error();
+  CompiledSubgraph result = std::move(compiled).value();
+  if (result.workload == nullptr) {
+    return Internal("backend " + id_ + " returned a null workload for a subgraph of " +
+                    std::to_string(subgraph.layers.size()) + " layers");
+  }
+  result.layer_notes.resize(subgraph.layers.size());
+  return CompiledWorkload{
+      std::make_unique<Workload>(shared_from_this(), std::move(result.workload)),
+      std::move(result.layer_notes)};
+}
+
 Result<std::unique_ptr<IBackendContext>> BackendInstance::CreateBackendContext() {
   return GuardBackendCall(id_, "CreateBackendContext",
                           [&]() -> Result<std::unique_ptr<IBackendContext>> {

@@ -14,12 +14,19 @@
 //
 // Compatibility: C++ types cross this boundary, so host and backend must use the same C++ standard
 // library ABI. Within one API major version, types here only grow at the end (new virtual
-// functions are appended), so a backend built against minor N runs on any host with minor >= N.
+// functions are appended, new structs are new types), so a backend built against minor N runs on
+// any host with minor >= N; the host calls what minor N+1 added only on backends that report N+1.
+//
+// API history:
+//  1.0  IBackend: IsSupported, CreateWorkload (one workload per layer), contexts, options.
+//  1.1  IBackend::CompileSubgraph: one workload for a run of consecutive layers placed on the
+//       backend, so that it can fuse them and keep its own tensor layout between them.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -32,7 +39,7 @@ namespace backplane {
 
 // The backend API this header describes.
 inline constexpr uint32_t kBackendApiMajor = 1;
-inline constexpr uint32_t kBackendApiMinor = 0;
+inline constexpr uint32_t kBackendApiMinor = 1;
 
 struct BackendApiVersion {
   uint32_t major = 0;
@@ -61,6 +68,36 @@ class IWorkload {
   // with dynamic dimensions resolved; outputs are preallocated by the host.
   virtual Status Execute(std::span<const ConstTensorView> inputs,
                          std::span<const TensorView> outputs) = 0;
+};
+
+// SDK 1.1: a run of layers the host placed on one backend, in execution order, offered whole to
+// CompileSubgraph. Values are named; every name is produced by at most one layer.
+struct SubgraphDesc {
+  // Each layer as CreateWorkload would see it (shapes, attributes, constant inputs).
+  std::vector<OperatorDesc> layers;
+  // Per layer, the value names of its inputs and outputs, parallel to layers[i].inputs/outputs
+  // ("" for an omitted optional input). Constant inputs have names too; their data is in
+  // layers[i].constant_inputs and they are never among `inputs` below.
+  std::vector<std::vector<std::string>> layer_inputs;
+  std::vector<std::vector<std::string>> layer_outputs;
+  // The boundary: the non-constant values the run reads but does not produce (in the order the
+  // workload receives them), and the values it must write because something after the run (a
+  // later layer or a network output) reads them. Every other value stays inside the workload, in
+  // whatever layout the backend likes.
+  std::vector<std::string> inputs;
+  std::vector<TensorInfo> input_infos;
+  std::vector<std::string> outputs;
+  std::vector<TensorInfo> output_infos;
+};
+
+// SDK 1.1: what CompileSubgraph returns.
+struct CompiledSubgraph {
+  // Executes the whole run: inputs in the order of SubgraphDesc::inputs, outputs (preallocated by
+  // the host) in the order of SubgraphDesc::outputs. Thread-safe like every IWorkload.
+  std::unique_ptr<IWorkload> workload;
+  // Per layer of the run (parallel to SubgraphDesc::layers): how the backend ran it, for people
+  // reading a placement, e.g. "fused into conv1 (Conv+Add+Relu)"; "" when nothing to say.
+  std::vector<std::string> layer_notes;
 };
 
 // Per-runtime hooks around network loading (ArmNN's IBackendContext). A failing
@@ -115,6 +152,17 @@ class IBackend {
   // Returns only when all of this instance's own work (threads, tasks, callbacks) is finished.
   // The host calls it on its reaper thread before destroying the instance and closing the library.
   virtual void Shutdown() {}
+
+  // ---- Added in API 1.1 (append only below this line) ----
+
+  // The host offers each maximal run of two or more consecutive layers it placed on this backend
+  // (every layer already accepted by IsSupported). Return one workload for the whole run, or
+  // kUnimplemented to decline: the host then creates one workload per layer, as in 1.0. Any other
+  // error fails the network load with the message. Called only on backends that report API >= 1.1.
+  virtual Result<CompiledSubgraph> CompileSubgraph(const SubgraphDesc& subgraph) {
+    (void)subgraph;
+    return Unimplemented("backend " + std::string(GetId()) + " compiles no subgraphs");
+  }
 };
 
 }  // namespace backplane

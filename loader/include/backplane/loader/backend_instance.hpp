@@ -32,6 +32,12 @@ class Workload {
   std::unique_ptr<IWorkload> workload_;
 };
 
+// SDK 1.1: a compiled run of layers, as the host holds it.
+struct CompiledWorkload {
+  std::unique_ptr<Workload> workload;
+  std::vector<std::string> layer_notes;  // one per layer of the run
+};
+
 // Thread-safe as IBackend. Created by Generation factories (dynamic) or static factories; always
 // held through the shared_ptr that MakeBackendInstance returns, whose last release destroys the
 // instance on the reaper thread: Shutdown(), then the backend's destructor, then the lease.
@@ -61,6 +67,9 @@ class BackendInstance : public std::enable_shared_from_this<BackendInstance> {
 
   Status IsSupported(const OperatorDesc& op) const;
   Result<std::unique_ptr<Workload>> CreateWorkload(const OperatorDesc& op);
+  // API 1.1, gated: on a backend built against 1.0 it returns kUnimplemented without calling the
+  // backend, exactly as a 1.1 backend that declines.
+  Result<CompiledWorkload> CompileSubgraph(const SubgraphDesc& subgraph);
   Result<std::unique_ptr<IBackendContext>> CreateBackendContext();
   std::vector<OptionDescriptor> DescribeOptions() const;
   Status UpdateOptions(const BackendOptions& changes);
