@@ -1,11 +1,20 @@
 #include "backplane/loader/elf_inspector.hpp"
 
+#include <cxxabi.h>
 #include <elf.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
 
 #include <algorithm>
 #include <bit>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <optional>
 #include <string>
 #include <type_traits>
@@ -37,6 +46,8 @@ constexpr std::optional<std::uint16_t> kHostMachine = std::nullopt;
 #endif
 
 constexpr std::uint64_t kMaxU64 = ~std::uint64_t{0};
+// Symbol lists in ElfFacts keep at most this many names (the counts are exact).
+constexpr std::size_t kMaxListedSymbols = 64;
 
 std::string_view MachineName(std::uint16_t machine) {
   switch (machine) {
@@ -92,8 +103,8 @@ Status Corrupt(std::string_view file, const std::string& cause) {
 }
 
 // `end` is nullopt when offset + size overflows 64 bits.
-Status Truncated(std::string_view file, const std::string& what,
-                    std::optional<std::uint64_t> end, std::uint64_t file_size) {
+Status Truncated(std::string_view file, const std::string& what, std::optional<std::uint64_t> end,
+                 std::uint64_t file_size) {
   std::string where =
       end ? "ends at byte " + std::to_string(*end) : "ends beyond byte " + std::to_string(kMaxU64);
   return {LoadReason::kElfTruncated,
@@ -103,8 +114,8 @@ Status Truncated(std::string_view file, const std::string& what,
 }
 
 std::optional<Status> CheckInFile(std::span<const std::byte> image, std::string_view file,
-                                     const std::string& what, std::uint64_t offset,
-                                     std::uint64_t length) {
+                                  const std::string& what, std::uint64_t offset,
+                                  std::uint64_t length) {
   if (Contains(image, offset, length))
     return std::nullopt;
   std::optional<std::uint64_t> end;
@@ -190,7 +201,11 @@ std::optional<std::uint64_t> CountFromGnuHash(std::span<const std::byte> table) 
 
 struct DynamicInfo {
   bool nodelete = false;
+  bool bind_now = false;  // DT_BIND_NOW, DF_BIND_NOW or DF_1_NOW: what -z now sets
   std::optional<std::uint64_t> symtab, strtab, strsz, syment, hash, gnu_hash;
+  // String-table offsets, resolved once DT_STRTAB is known.
+  std::vector<std::uint64_t> needed;
+  std::optional<std::uint64_t> rpath, runpath;
 };
 
 DynamicInfo ReadDynamic(std::span<const std::byte> image, const std::vector<Phdr>& phdrs) {
@@ -207,6 +222,26 @@ DynamicInfo ReadDynamic(std::span<const std::byte> image, const std::vector<Phdr
         case DT_FLAGS_1:
           if (value & DF_1_NODELETE)
             info.nodelete = true;
+          if (value & DF_1_NOW)
+            info.bind_now = true;
+          break;
+        case DT_FLAGS:
+          if (value & DF_BIND_NOW)
+            info.bind_now = true;
+          break;
+        case DT_BIND_NOW:
+          info.bind_now = true;
+          break;
+        case DT_NEEDED:
+          // Bounded: a corrupt section of millions of DT_NEEDED entries must not eat memory.
+          if (info.needed.size() < 1024)
+            info.needed.push_back(value);
+          break;
+        case DT_RPATH:
+          info.rpath = info.rpath.value_or(value);
+          break;
+        case DT_RUNPATH:
+          info.runpath = info.runpath.value_or(value);
           break;
         case DT_SYMTAB:
           info.symtab = info.symtab.value_or(value);
@@ -238,9 +273,9 @@ DynamicInfo ReadDynamic(std::span<const std::byte> image, const std::vector<Phdr
 // hash table the symbols cannot be counted, but then the dynamic linker cannot look any of them
 // up either (dlsym of the entry points fails later), so skipping is safe.
 Result<std::optional<SymbolTable>> SymbolsFromDynamic(std::span<const std::byte> image,
-                                                                 std::string_view file,
-                                                                 const std::vector<Phdr>& phdrs,
-                                                                 const DynamicInfo& dyn) {
+                                                      std::string_view file,
+                                                      const std::vector<Phdr>& phdrs,
+                                                      const DynamicInfo& dyn) {
   if (!dyn.symtab || (!dyn.hash && !dyn.gnu_hash))
     return std::optional<SymbolTable>{};
   if (dyn.syment && *dyn.syment != sizeof(Sym)) {
@@ -323,7 +358,7 @@ std::string PhdrWhat(std::size_t index, std::string_view type) {
 
 }  // namespace
 
-Result<ElfFacts> InspectElf(std::span<const std::byte> image, std::string_view file) {
+Result<ElfFacts> ReadElf(std::span<const std::byte> image, std::string_view file) {
   // 1. Is it ELF at all?
   if (image.size() < SELFMAG || std::memcmp(image.data(), ELFMAG, SELFMAG) != 0) {
     return NotElf(file,
@@ -508,63 +543,67 @@ Result<ElfFacts> InspectElf(std::span<const std::byte> image, std::string_view f
       symbol_tables.push_back(*from_dynamic.value());
   }
 
-  std::vector<std::string> causes;
-  if (dynamic.nodelete) {
-    causes.push_back(
-        "is linked with -z nodelete (DF_1_NODELETE): glibc would never unmap it, so it could not "
-        "be replaced; remove -z nodelete (backplane_add_backend() never sets it)");
-  }
-  std::optional<std::string_view> unique;
-  std::optional<std::string_view> thread_atexit;
+  ElfFacts facts;
+  facts.nodelete = dynamic.nodelete;
+  facts.binds_now = dynamic.bind_now;
   for (const SymbolTable& table : symbol_tables) {
     for (std::uint64_t i = 0; i < table.count; ++i) {
       const Sym sym = ReadAt<Sym>(table.symbols, i * sizeof(Sym));
-      // ELF32_ST_BIND and ELF64_ST_BIND are the same shift.
+      // ELF32_ST_BIND and ELF64_ST_BIND are the same shift (and so are the others).
       const unsigned bind = ELF64_ST_BIND(sym.st_info);
-      if (bind == STB_GNU_UNIQUE && sym.st_shndx != SHN_UNDEF && !unique) {
-        unique = NameAt(table.strings, sym.st_name);
-      }
-      if (sym.st_shndx == SHN_UNDEF && !thread_atexit) {
-        const std::string_view name = NameAt(table.strings, sym.st_name);
-        if (name == "__cxa_thread_atexit" || name == "__cxa_thread_atexit_impl") {
-          thread_atexit = name;
+      const unsigned type = ELF64_ST_TYPE(sym.st_info);
+      const unsigned visibility = ELF64_ST_VISIBILITY(sym.st_other);
+      const std::string_view name = NameAt(table.strings, sym.st_name);
+      if (sym.st_shndx == SHN_UNDEF) {
+        if (facts.thread_atexit_import.empty() &&
+            (name == "__cxa_thread_atexit" || name == "__cxa_thread_atexit_impl")) {
+          facts.thread_atexit_import = name;
         }
+        continue;
       }
+      if (bind == STB_GNU_UNIQUE && facts.unique_symbols.size() < kMaxListedSymbols)
+        facts.unique_symbols.emplace_back(name.empty() ? "(unnamed)" : name);
+      if (bind == STB_GNU_UNIQUE)
+        ++facts.unique_symbol_count;
+      // What another object could bind to: version-node names (SHN_ABS) and section or file
+      // symbols are not code or data anyone imports.
+      const bool exported = (bind == STB_GLOBAL || bind == STB_WEAK || bind == STB_GNU_UNIQUE) &&
+                            (visibility == STV_DEFAULT || visibility == STV_PROTECTED) &&
+                            sym.st_shndx != SHN_ABS && type != STT_SECTION && type != STT_FILE &&
+                            !name.empty();
+      if (exported && facts.exported_symbols.size() < kMaxListedSymbols)
+        facts.exported_symbols.emplace_back(name);
+      if (exported)
+        ++facts.exported_symbol_count;
     }
-  }
-  if (unique) {
-    const std::string name = unique->empty() ? "(unnamed)" : std::string(*unique);
-    causes.push_back("defines STB_GNU_UNIQUE symbol " + name +
-                     ": glibc would never unmap it and a new version would bind to this "
-                     "version's objects; build with -fno-gnu-unique or backplane_add_backend()");
-  }
-  if (thread_atexit) {
-    causes.push_back("imports " + std::string(*thread_atexit) +
-                     ": a thread_local object with a non-trivial destructor pins the library "
-                     "while any thread lives; make thread_local data trivially destructible or "
-                     "keep it in the backend instance");
   }
   const auto stack = std::find_if(phdrs.begin(), phdrs.end(),
                                   [](const Phdr& ph) { return ph.p_type == PT_GNU_STACK; });
-  if (stack == phdrs.end()) {
-    // glibc's default stack permissions when PT_GNU_STACK is absent include PF_X.
-    causes.push_back(
-        "has no PT_GNU_STACK header, so glibc gives it an executable stack: loading it would make "
-        "every thread stack executable, which unloading cannot undo; link with -z noexecstack");
-  } else if (stack->p_flags & PF_X) {
-    causes.push_back(
-        "requires an executable stack (PT_GNU_STACK is RWX): loading it would make every thread "
-        "stack executable, which unloading cannot undo; link with -z noexecstack");
-  }
-  if (!causes.empty()) {
-    std::string message = std::string(file) + " " + causes.front();
-    for (std::size_t i = 1; i < causes.size(); ++i)
-      message += "; it also " + causes[i];
-    return Status{LoadReason::kNotUnloadable, std::move(message)};
+  facts.stack = stack == phdrs.end()      ? ElfFacts::Stack::kUnspecified
+                : (stack->p_flags & PF_X) ? ElfFacts::Stack::kExecutable
+                                          : ElfFacts::Stack::kNotExecutable;
+
+  // Dependencies and where the dynamic linker will look for them (its strings live in DT_STRTAB).
+  if (dynamic.strtab) {
+    auto strings = MapAddress(image, phdrs, *dynamic.strtab);
+    if (strings) {
+      const std::span<const std::byte> table =
+          strings->first(std::min<std::uint64_t>(strings->size(), dynamic.strsz.value_or(0)));
+      for (std::uint64_t offset : dynamic.needed) {
+        const std::string_view name = NameAt(table, offset);
+        if (!name.empty())
+          facts.needed.emplace_back(name);
+      }
+      if (dynamic.runpath) {
+        facts.search_path = NameAt(table, *dynamic.runpath);
+        facts.search_path_is_runpath = true;
+      } else if (dynamic.rpath) {
+        facts.search_path = NameAt(table, *dynamic.rpath);
+      }
+    }
   }
 
   // 5. Identity.
-  ElfFacts facts;
   std::optional<std::string> build_id;
   for (const Phdr& ph : phdrs) {
     if (ph.p_type != PT_NOTE)
@@ -582,6 +621,100 @@ Result<ElfFacts> InspectElf(std::span<const std::byte> image, std::string_view f
   if (build_id)
     facts.build_id = *std::move(build_id);
   return facts;
+}
+
+std::vector<std::string> UnloadabilityCauses(const ElfFacts& facts) {
+  std::vector<std::string> causes;
+  if (facts.nodelete) {
+    causes.push_back(
+        "is linked with -z nodelete (DF_1_NODELETE): glibc would never unmap it, so it could not "
+        "be replaced; remove -z nodelete (backplane_add_backend() never sets it)");
+  }
+  if (facts.unique_symbol_count != 0) {
+    // Every one, as the author must fix every one; a library like libstdc++ has a hundred.
+    constexpr std::size_t kNamed = 16;
+    std::string names;
+    for (std::size_t i = 0; i < facts.unique_symbols.size() && i < kNamed; ++i)
+      names += (names.empty() ? "" : ", ") + Demangle(facts.unique_symbols[i]);
+    if (facts.unique_symbol_count > kNamed) {
+      names += " and " + std::to_string(facts.unique_symbol_count - kNamed) +
+               " more; nm -DC --defined-only lists them with type u";
+    }
+    causes.push_back("defines " + std::to_string(facts.unique_symbol_count) +
+                     " STB_GNU_UNIQUE symbol" + (facts.unique_symbol_count == 1 ? "" : "s") + " (" +
+                     names +
+                     "): glibc would never unmap it and a new version would bind to this "
+                     "version's objects; build with -fno-gnu-unique or backplane_add_backend()");
+  }
+  if (!facts.thread_atexit_import.empty()) {
+    causes.push_back("imports " + facts.thread_atexit_import +
+                     ": a thread_local object with a non-trivial destructor pins the library "
+                     "while any thread lives; make thread_local data trivially destructible or "
+                     "keep it in the backend instance");
+  }
+  if (facts.stack == ElfFacts::Stack::kUnspecified) {
+    // glibc's default stack permissions when PT_GNU_STACK is absent include PF_X.
+    causes.push_back(
+        "has no PT_GNU_STACK header, so glibc gives it an executable stack: loading it would make "
+        "every thread stack executable, which unloading cannot undo; link with -z noexecstack");
+  } else if (facts.stack == ElfFacts::Stack::kExecutable) {
+    causes.push_back(
+        "requires an executable stack (PT_GNU_STACK is RWX): loading it would make every thread "
+        "stack executable, which unloading cannot undo; link with -z noexecstack");
+  }
+  return causes;
+}
+
+Result<ElfFacts> CheckUnloadable(ElfFacts facts, std::string_view file) {
+  const std::vector<std::string> causes = UnloadabilityCauses(facts);
+  if (causes.empty())
+    return facts;
+  std::string message = std::string(file) + " " + causes.front();
+  for (std::size_t i = 1; i < causes.size(); ++i)
+    message += "; it also " + causes[i];
+  return Status{LoadReason::kNotUnloadable, std::move(message)};
+}
+
+Result<ElfFacts> InspectElf(std::span<const std::byte> image, std::string_view file) {
+  auto facts = ReadElf(image, file);
+  if (!facts.ok())
+    return facts;
+  return CheckUnloadable(std::move(facts).value(), file);
+}
+
+Result<ElfFacts> ReadElfFile(const std::filesystem::path& path, std::string_view named) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return Status{LoadReason::kIoError,
+                  "cannot open " + path.string() + ": " + std::strerror(errno)};
+  struct stat st {};
+  if (fstat(fd, &st) != 0 || st.st_size == 0) {
+    const int error = errno;
+    close(fd);
+    if (st.st_size == 0)
+      return ReadElf({}, named);
+    return Status{LoadReason::kIoError,
+                  "cannot stat " + path.string() + ": " + std::strerror(error)};
+  }
+  const auto size = static_cast<std::size_t>(st.st_size);
+  void* image = mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+  close(fd);
+  if (image == MAP_FAILED)
+    return Status{LoadReason::kIoError,
+                  "cannot map " + path.string() + ": " + std::strerror(errno)};
+  auto facts = ReadElf({static_cast<const std::byte*>(image), size}, named);
+  munmap(image, size);
+  return facts;
+}
+
+std::string Demangle(std::string_view symbol) {
+  int status = 0;
+  const std::string mangled(symbol);
+  std::unique_ptr<char, void (*)(void*)> demangled(
+      abi::__cxa_demangle(mangled.c_str(), nullptr, nullptr, &status), std::free);
+  if (status != 0 || demangled == nullptr)
+    return mangled;
+  return demangled.get();
 }
 
 }  // namespace backplane::loader

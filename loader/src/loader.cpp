@@ -11,6 +11,7 @@
 
 #include <tbb/task_arena.h>
 
+#include "backplane/loader/dependencies.hpp"
 #include "backplane/loader/elf_inspector.hpp"
 #include "loader_log.hpp"
 
@@ -55,34 +56,6 @@ class ShadowFileGuard {
  private:
   fs::path path_;
 };
-
-// Maps the shadow file read-only for inspection: what is inspected is exactly what is dlopened.
-Result<ElfFacts> InspectFile(const fs::path& path, const fs::path& named) {
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    return Status{LoadReason::kIoError,
-                  "cannot open shadow copy " + path.string() + ": " + std::strerror(errno)};
-  }
-  struct stat st {};
-  if (fstat(fd, &st) != 0) {
-    close(fd);
-    return Status{LoadReason::kIoError, "cannot stat shadow copy " + path.string()};
-  }
-  if (st.st_size == 0) {
-    close(fd);
-    return InspectElf({}, named.string());
-  }
-  void* image = mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_PRIVATE, fd, 0);
-  close(fd);
-  if (image == MAP_FAILED) {
-    return Status{LoadReason::kIoError,
-                  "cannot map shadow copy " + path.string() + ": " + std::strerror(errno)};
-  }
-  auto facts = InspectElf({static_cast<const std::byte*>(image), static_cast<size_t>(st.st_size)},
-                          named.string());
-  munmap(image, static_cast<size_t>(st.st_size));
-  return facts;
-}
 
 // dlerror() names the shadow copy, which the operator never sees; name the deployed file.
 std::string NameTheDeployedFile(std::string message, const ShadowCopy& shadow,
@@ -203,12 +176,22 @@ Result<GenerationLease> Loader::LoadNew(const BackendFile& file, LoadTrace* trac
   ShadowFileGuard shadow_guard(shadow->path);
   tracer.Pass("copy", shadow->path.string());
 
-  auto facts = InspectFile(shadow->path, file.path);
+  // What is inspected is exactly what is dlopened: the shadow copy.
+  auto facts = ReadElfFile(shadow->path, file.path.string());
+  if (facts.ok())
+    facts = CheckUnloadable(std::move(facts).value(), file.path.string());
   if (!facts.ok())
     return tracer.Fail("elf", std::move(facts).error());
   tracer.Pass("elf", facts->build_id.empty()
                          ? "unloadable shared object"
                          : "unloadable shared object, build-id " + facts->build_id);
+
+  // Rule 8: what the backend needs and glibc could never unload is made resident first, or the
+  // first generation to bring it in would stay mapped forever.
+  auto dependencies = PrepareDependencies(facts.value(), file.path);
+  if (!dependencies.ok())
+    return tracer.Fail("dependencies", std::move(dependencies).error());
+  tracer.Pass("dependencies", DescribeDependencies(dependencies.value()));
 
   // Rule 2: RTLD_NOW turns a missing symbol into a load error instead of a later process kill;
   // RTLD_LOCAL keeps two versions of one backend from binding to each other's symbols.

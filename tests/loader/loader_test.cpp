@@ -49,8 +49,8 @@ TEST(LoaderTest, LoadsValidBackend) {
     EXPECT_TRUE(stage.ok) << stage.name << ": " << stage.detail;
     stages.push_back(stage.name);
   }
-  EXPECT_THAT(stages, ::testing::ElementsAre("file", "permissions", "copy", "elf", "dlopen",
-                                             "entry points", "id", "version", "factory"));
+  EXPECT_THAT(stages, ::testing::ElementsAre("file", "permissions", "copy", "elf", "dependencies",
+                                             "dlopen", "entry points", "id", "version", "factory"));
 }
 
 TEST(LoaderTest, MapsTheShadowCopyNeverTheWatchedPath) {

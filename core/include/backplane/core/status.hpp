@@ -77,7 +77,8 @@ enum class LoadReason {
   kFileBusy,           // another process holds the file open for writing
   kPrepareFailed,      // a runtime could not create an instance or prepare a network on it
   kValidationFailed,   // its outputs on a probe differ from the active generation's
-  kLastReason = kValidationFailed,
+  kBundledDependency,  // needs a library that sits in a backend directory (shared by all versions)
+  kLastReason = kBundledDependency,
 };
 
 constexpr std::string_view ToString(LoadReason reason) {
@@ -120,6 +121,8 @@ constexpr std::string_view ToString(LoadReason reason) {
       return "PREPARE_FAILED";
     case LoadReason::kValidationFailed:
       return "VALIDATION_FAILED";
+    case LoadReason::kBundledDependency:
+      return "BUNDLED_DEPENDENCY";
   }
   return "UNKNOWN";
 }

@@ -1,0 +1,324 @@
+#include "backplane/loader/dependencies.hpp"
+
+#include <dlfcn.h>
+#include <sys/stat.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <tuple>
+
+#include "backplane/core/thread_annotations.hpp"
+#include "backplane/loader/backend_file.hpp"
+#include "loader_log.hpp"
+
+namespace backplane::loader {
+namespace fs = std::filesystem;
+
+namespace {
+
+// A dependency tree deeper or wider than this is not a backend's.
+constexpr std::size_t kMaxLibraries = 256;
+
+#if defined(__x86_64__)
+constexpr const char* kMultiarch = "x86_64-linux-gnu";
+#elif defined(__aarch64__)
+constexpr const char* kMultiarch = "aarch64-linux-gnu";
+#else
+constexpr const char* kMultiarch = "";
+#endif
+
+// /etc/ld.so.cache (glibc's "glibc-ld.so.cache1.1" format, the only one glibc 2.32+ writes):
+// soname -> path, first entry for this host's ABI wins, as in the dynamic linker.
+class LdSoCache {
+ public:
+  static const LdSoCache& Get() {
+    static const LdSoCache cache("/etc/ld.so.cache");
+    return cache;
+  }
+  std::optional<fs::path> Find(const std::string& name) const {
+    auto it = paths_.find(name);
+    if (it == paths_.end())
+      return std::nullopt;
+    return it->second;
+  }
+
+ private:
+  explicit LdSoCache(const char* file) {
+    std::ifstream in(file, std::ios::binary);
+    const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    constexpr std::string_view kMagic = "glibc-ld.so.cache1.1";
+    constexpr std::size_t kHeader = 48, kEntry = 24;
+    const std::size_t at = bytes.find(kMagic);  // after the old format's table, when both exist
+    if (at == std::string::npos || bytes.size() < at + kHeader)
+      return;
+    auto u32 = [&](std::size_t offset) {
+      uint32_t value = 0;
+      std::memcpy(&value, bytes.data() + offset, sizeof value);
+      return value;
+    };
+    auto string_at = [&](uint32_t offset) -> std::optional<std::string> {
+      const std::size_t begin = at + offset;  // offsets count from the new header
+      if (begin >= bytes.size())
+        return std::nullopt;
+      const std::size_t end = bytes.find('\0', begin);
+      if (end == std::string::npos)
+        return std::nullopt;
+      return bytes.substr(begin, end - begin);
+    };
+    const uint32_t count = u32(at + 20);
+    // The low byte says the ELF flavour (3: libc6), the next one the ABI (x86-64, AArch64...);
+    // this host's own libraries carry the right one, so take the flags of libc.so.6's entry.
+    constexpr int32_t kElfLibc6 = 0x0003;
+    std::optional<int32_t> host_flags;
+    std::vector<std::tuple<int32_t, std::string, std::string>> entries;
+    for (uint32_t i = 0; i < count; ++i) {
+      const std::size_t entry = at + kHeader + std::size_t{i} * kEntry;
+      if (entry + kEntry > bytes.size())
+        break;
+      const auto flags = static_cast<int32_t>(u32(entry));
+      auto key = string_at(u32(entry + 4));
+      auto value = string_at(u32(entry + 8));
+      if (!key || !value || (flags & 0xff) != kElfLibc6)
+        continue;
+      if (*key == "libc.so.6" && !host_flags && value->find(kMultiarch) != std::string::npos)
+        host_flags = flags;
+      entries.emplace_back(flags, std::move(*key), std::move(*value));
+    }
+    for (auto& [flags, key, value] : entries) {
+      if (!host_flags || flags == *host_flags)
+        paths_.emplace(std::move(key), std::move(value));
+    }
+  }
+
+  std::map<std::string, fs::path> paths_;
+};
+
+bool IsRegularFile(const fs::path& path) {
+  struct stat st {};
+  return stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+std::vector<fs::path> SplitSearchPath(std::string_view list, const fs::path& origin) {
+  std::vector<fs::path> directories;
+  for (const fs::path& entry : SplitPathList(list)) {
+    std::string directory = entry.string();
+    for (std::string_view token : {"${ORIGIN}", "$ORIGIN"}) {
+      for (auto at = directory.find(token); at != std::string::npos; at = directory.find(token))
+        directory.replace(at, token.size(), origin.string());
+    }
+    directories.emplace_back(directory);
+  }
+  return directories;
+}
+
+// Where the dynamic linker would find `name` for an object in `origin` with `facts` (ld.so(8),
+// "Rpath token expansion" and "search order"). Hardware-capability subdirectories are not tried:
+// Debian installs none for the libraries backends use.
+std::optional<fs::path> FindLibrary(const std::string& name, const ElfFacts& facts,
+                                    const fs::path& origin) {
+  if (name.find('/') != std::string::npos) {
+    fs::path path = fs::path(name).is_absolute() ? fs::path(name) : origin / name;
+    return IsRegularFile(path) ? std::optional(path) : std::nullopt;
+  }
+  std::vector<fs::path> directories;
+  const auto own = SplitSearchPath(facts.search_path, origin);
+  if (!facts.search_path_is_runpath)
+    directories.insert(directories.end(), own.begin(), own.end());
+  if (const char* library_path = std::getenv("LD_LIBRARY_PATH")) {
+    const auto from_environment = SplitSearchPath(library_path, origin);
+    directories.insert(directories.end(), from_environment.begin(), from_environment.end());
+  }
+  if (facts.search_path_is_runpath)
+    directories.insert(directories.end(), own.begin(), own.end());
+  for (const fs::path& directory : directories) {
+    if (IsRegularFile(directory / name))
+      return directory / name;
+  }
+  if (auto cached = LdSoCache::Get().Find(name); cached && IsRegularFile(*cached))
+    return cached;
+  for (std::string prefix : {"/lib/", "/usr/lib/"}) {
+    for (const fs::path& directory : {fs::path(prefix + kMultiarch), fs::path(prefix)}) {
+      if (IsRegularFile(directory / name))
+        return directory / name;
+    }
+  }
+  return std::nullopt;
+}
+
+bool IsLoaded(const fs::path& path) {
+  void* handle = dlopen(path.c_str(), RTLD_LAZY | RTLD_NOLOAD);
+  if (handle == nullptr)
+    return false;
+  dlclose(handle);  // NOLOAD still counts a reference
+  return true;
+}
+
+// What keeps glibc from ever unloading a library with `facts`; empty when nothing does.
+std::string WhatPins(const ElfFacts& facts) {
+  std::string why;
+  auto add = [&why](const std::string& cause) { why += (why.empty() ? "" : ", ") + cause; };
+  if (facts.unique_symbol_count != 0) {
+    add("defines " + std::to_string(facts.unique_symbol_count) + " STB_GNU_UNIQUE symbol" +
+        (facts.unique_symbol_count == 1 ? "" : "s"));
+  }
+  if (facts.nodelete)
+    add("is DF_1_NODELETE");
+  if (!facts.thread_atexit_import.empty())
+    add("registers thread_local destructors (" + facts.thread_atexit_import + ")");
+  return why;
+}
+
+bool SameDirectory(const fs::path& a, const fs::path& b) {
+  std::error_code error;
+  return fs::equivalent(a, b, error);
+}
+
+// The libraries this process made resident, with what pins each; never closed (RTLD_NODELETE
+// would keep them anyway).
+Mutex resident_mutex;
+std::map<fs::path, std::string>& ResidentLibraries() REQUIRES(resident_mutex) {
+  static auto* libraries = new std::map<fs::path, std::string>();  // immortal: used during exit
+  return *libraries;
+}
+
+std::optional<std::string> WhyResident(const fs::path& path) {
+  MutexLock lock(resident_mutex);
+  auto it = ResidentLibraries().find(path);
+  if (it == ResidentLibraries().end())
+    return std::nullopt;
+  return it->second;
+}
+
+Status MakeResident(const Dependency& library, const std::string& backend) {
+  MutexLock lock(resident_mutex);
+  if (ResidentLibraries().contains(library.path))
+    return Status::Ok();
+  if (dlopen(library.path.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE) == nullptr) {
+    const char* error = dlerror();
+    return {LoadReason::kDlopenFailed,
+            backend + " needs " + library.name + " (" + library.path.string() +
+                "), which glibc could never unload (it " + library.why_resident +
+                ") and which could not be loaded ahead of the backend: " +
+                (error != nullptr ? error : "unknown dynamic linker error")};
+  }
+  ResidentLibraries().emplace(library.path, library.why_resident);
+  Log().info(
+      "made {} resident for the rest of the process, before {} loads: it {}, so the backend "
+      "copy that brought it in could never be unloaded (loading rule 8)",
+      library.path.string(), backend, library.why_resident);
+  return Status::Ok();
+}
+
+}  // namespace
+
+std::string_view ToString(Dependency::State state) {
+  switch (state) {
+    case Dependency::State::kAlreadyLoaded:
+      return "already loaded";
+    case Dependency::State::kResident:
+      return "resident";
+    case Dependency::State::kLoadsWithBackend:
+      return "loads with the backend";
+    case Dependency::State::kNotFound:
+      return "not found";
+  }
+  return "unknown";
+}
+
+Result<std::vector<Dependency>> PrepareDependencies(const ElfFacts& backend,
+                                                    const fs::path& deployed_file) {
+  const std::string backend_name = deployed_file.filename().string();
+  const fs::path backend_directory = fs::absolute(deployed_file).parent_path();
+
+  struct Pending {
+    std::string name;
+    std::string needed_by;
+    const ElfFacts* facts;  // of the object that needs it
+    fs::path origin;
+  };
+  std::deque<ElfFacts> read;  // stable addresses for Pending::facts
+  std::deque<Pending> pending;
+  for (const std::string& name : backend.needed)
+    pending.push_back({name, backend_name, &backend, backend_directory});
+
+  std::vector<Dependency> libraries;
+  std::set<std::string> seen;
+  while (!pending.empty() && libraries.size() < kMaxLibraries) {
+    Pending next = std::move(pending.front());
+    pending.pop_front();
+    if (!seen.insert(next.name).second)
+      continue;
+    Dependency library{.name = next.name, .needed_by = next.needed_by};
+    auto found = FindLibrary(next.name, *next.facts, next.origin);
+    if (!found) {
+      libraries.push_back(std::move(library));  // dlopen names it when it refuses the backend
+      continue;
+    }
+    library.path = *found;
+    if (SameDirectory(found->parent_path(), backend_directory)) {
+      return Status{LoadReason::kBundledDependency,
+                    deployed_file.string() + " needs " + next.name + ", which resolves to " +
+                        found->string() +
+                        " in the backend directory: glibc loads one copy of a library per "
+                        "soname, so every later version of the backend would run with the first "
+                        "version's copy; link it statically into the backend, or install it as a "
+                        "system library"};
+    }
+    if (auto why = WhyResident(*found)) {
+      library.state = Dependency::State::kResident;
+      library.why_resident = *std::move(why);
+      libraries.push_back(std::move(library));
+      continue;
+    }
+    if (IsLoaded(*found)) {
+      library.state = Dependency::State::kAlreadyLoaded;
+      libraries.push_back(std::move(library));
+      continue;  // its own dependencies are loaded too
+    }
+    auto facts = ReadElfFile(*found, found->string());
+    if (!facts.ok()) {
+      // Not for us to judge: the dynamic linker refuses it with its own words.
+      library.state = Dependency::State::kLoadsWithBackend;
+      libraries.push_back(std::move(library));
+      continue;
+    }
+    library.why_resident = WhatPins(facts.value());
+    library.state = library.why_resident.empty() ? Dependency::State::kLoadsWithBackend
+                                                 : Dependency::State::kResident;
+    read.push_back(std::move(facts).value());
+    for (const std::string& name : read.back().needed)
+      pending.push_back({name, found->filename().string(), &read.back(), found->parent_path()});
+    libraries.push_back(std::move(library));
+  }
+
+  for (const Dependency& library : libraries) {
+    if (library.state == Dependency::State::kResident)
+      BACKPLANE_RETURN_IF_ERROR(MakeResident(library, deployed_file.string()));
+  }
+  return libraries;
+}
+
+std::string DescribeDependencies(const std::vector<Dependency>& dependencies) {
+  if (dependencies.empty())
+    return "none";
+  std::string text;
+  for (const Dependency& library : dependencies) {
+    text += (text.empty() ? "" : "; ") + library.name;
+    if (!library.path.empty())
+      text += " -> " + library.path.string();
+    text += " (" + std::string(ToString(library.state));
+    if (library.state == Dependency::State::kResident)
+      text += ": it " + library.why_resident;
+    text += ")";
+  }
+  return text;
+}
+
+}  // namespace backplane::loader

@@ -1,0 +1,134 @@
+// Loading rule 8: a backend's dependencies, found as the dynamic linker finds them; those glibc
+// can never unload made resident first, so that every copy of the backend unloads; a library
+// bundled in the backend directory refused.
+#include "backplane/loader/dependencies.hpp"
+
+#include <dlfcn.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "backplane/loader/elf_inspector.hpp"
+#include "backplane/loader/loader.hpp"
+#include "test_util.hpp"
+
+namespace backplane::loader {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+using namespace backplane::testing;
+
+const fs::path kVendorLibrary = BACKPLANE_TEST_VENDOR_LIBRARY;
+
+std::shared_ptr<Loader> MakeLoader() {
+  auto loader = Loader::Create();
+  EXPECT_TRUE(loader.ok()) << loader.error().ToString();
+  return std::move(loader).value();
+}
+
+bool InProcess(const fs::path& library) {
+  void* handle = dlopen(library.c_str(), RTLD_LAZY | RTLD_NOLOAD);
+  if (handle != nullptr)
+    dlclose(handle);
+  return handle != nullptr;
+}
+
+const LoadStage* FindStage(const LoadTrace& trace, std::string_view name) {
+  for (const auto& stage : trace.stages) {
+    if (stage.name == name)
+      return &stage;
+  }
+  return nullptr;
+}
+
+TEST(DependencyTest, TheHostsOwnLibrariesAreAlreadyLoaded) {
+  auto facts = ReadElfFile(CpuRefBackend(), "CpuRef");
+  ASSERT_TRUE(facts.ok()) << facts.error().ToString();
+  EXPECT_THAT(facts->needed, ::testing::Contains("libstdc++.so.6"));
+  auto dependencies = PrepareDependencies(facts.value(), CpuRefBackend());
+  ASSERT_TRUE(dependencies.ok()) << dependencies.error().ToString();
+  ASSERT_FALSE(dependencies->empty());
+  for (const Dependency& library : dependencies.value()) {
+    // Found where the dynamic linker found it for this process: NOLOAD recognises the path.
+    EXPECT_EQ(library.state, Dependency::State::kAlreadyLoaded)
+        << library.name << " -> " << library.path;
+    EXPECT_TRUE(library.path.is_absolute()) << library.name;
+  }
+}
+
+// Measured on glibc 2.36: without rule 8, the first copy stays mapped after dlclose while later
+// copies unload. With it, every copy leaves and the library stays, loaded once.
+TEST(DependencyTest, ALibraryGlibcCannotUnloadIsMadeResidentSoEveryCopyUnloads) {
+  ASSERT_FALSE(InProcess(kVendorLibrary)) << "another test loaded " << kVendorLibrary;
+  auto loader = MakeLoader();
+  TempDir deploys;
+  constexpr int kCopies = 5;
+  std::vector<fs::path> shadows;
+  for (int copy = 0; copy < kCopies; ++copy) {
+    SCOPED_TRACE("copy " + std::to_string(copy));
+    // A new file each time (its own real path), so each is a new generation.
+    const fs::path file = deploys / std::to_string(copy) / "Test_VendorLibrary_backend.so";
+    fs::create_directories(file.parent_path());
+    CopyFile(Fixture("VendorLibrary"), file);
+    LoadTrace trace;
+    auto loaded = loader->Load(file, &trace);
+    ASSERT_TRUE(loaded.ok()) << loaded.error().ToString();
+    GenerationLease generation = std::move(loaded).value();
+    const LoadStage* stage = FindStage(trace, "dependencies");
+    ASSERT_NE(stage, nullptr);
+    EXPECT_TRUE(stage->ok);
+    EXPECT_THAT(stage->detail,
+                HasSubstr(kVendorLibrary.filename().string() + " -> " + kVendorLibrary.string() +
+                          " (resident: it defines 1 STB_GNU_UNIQUE symbol)"));
+    EXPECT_THAT(stage->detail, HasSubstr("libstdc++.so.6 -> "));
+    {
+      auto instance = loader->CreateInstance(generation);  // runs the library's code
+      ASSERT_TRUE(instance.ok()) << instance.error().ToString();
+    }
+    shadows.push_back(generation->info().shadow_path);
+    generation.reset();  // the last lease
+    loader->WaitForUnloads();
+  }
+  EXPECT_EQ(loader->stats().leaked.load(), 0u);
+  EXPECT_EQ(loader->stats().unloaded.load(), static_cast<uint64_t>(kCopies));
+  for (const fs::path& shadow : shadows)
+    EXPECT_FALSE(IsCodeMapped(shadow.string())) << shadow << " is still mapped";
+  EXPECT_TRUE(InProcess(kVendorLibrary)) << "the vendor library should stay resident";
+}
+
+TEST(DependencyTest, RefusesALibraryBundledInTheBackendDirectory) {
+  TempDir directory;
+  CopyFile(Fixture("BundledLibrary"), directory / "Test_BundledLibrary_backend.so");
+  CopyFile(kVendorLibrary, directory / kVendorLibrary.filename().string());
+  auto loader = MakeLoader();
+  LoadTrace trace;
+  auto loaded = loader->Load(directory / "Test_BundledLibrary_backend.so", &trace);
+  ASSERT_FALSE(loaded.ok());
+  EXPECT_EQ(loaded.error().reason(), LoadReason::kBundledDependency);
+  EXPECT_THAT(loaded.error().message(),
+              HasSubstr("needs " + kVendorLibrary.filename().string() + ", which resolves to " +
+                        (directory / kVendorLibrary.filename().string()).string() +
+                        " in the backend directory"));
+  EXPECT_THAT(loaded.error().message(), HasSubstr("link it statically"));
+  ASSERT_FALSE(trace.stages.empty());
+  EXPECT_EQ(trace.stages.back().name, "dependencies");
+  EXPECT_FALSE(trace.stages.back().ok);
+}
+
+TEST(DependencyTest, DescribesEveryLibraryWithItsState) {
+  std::vector<Dependency> dependencies = {
+      {.name = "libdnnl.so.2",
+       .needed_by = "X_Y_backend.so",
+       .path = "/usr/lib/libdnnl.so.2",
+       .state = Dependency::State::kResident,
+       .why_resident = "defines 3 STB_GNU_UNIQUE symbols"},
+      {.name = "libmissing.so.1", .needed_by = "X_Y_backend.so"},
+  };
+  EXPECT_EQ(DescribeDependencies(dependencies),
+            "libdnnl.so.2 -> /usr/lib/libdnnl.so.2 (resident: it defines 3 STB_GNU_UNIQUE "
+            "symbols); libmissing.so.1 (not found)");
+  EXPECT_EQ(DescribeDependencies({}), "none");
+}
+
+}  // namespace
+}  // namespace backplane::loader
