@@ -20,6 +20,31 @@ test -L "$backend"  # the versioned names are made
 "$work/prefix/bin/backplane" check --json "$backend" >"$work/report.json"
 grep -q '"id": "ExampleHello"' "$work/report.json"
 grep -q '"ok": true' "$work/report.json"
+# A backend needs the SDK component only, and it brings no dependency: none of the host's
+# packages is even looked for.
+mkdir -p "$work/sdk_only"
+cat >"$work/sdk_only/CMakeLists.txt" <<'CMAKE'
+cmake_minimum_required(VERSION 3.25)
+project(SdkOnly LANGUAGES CXX)
+find_package(Backplane 0.1 REQUIRED COMPONENTS sdk)
+foreach(dependency spdlog TBB Protobuf ONNX)
+  if(${dependency}_FOUND OR DEFINED ${dependency}_DIR)
+    message(FATAL_ERROR "find_package(Backplane COMPONENTS sdk) looked for ${dependency}")
+  endif()
+endforeach()
+if(TARGET backplane::runtime OR NOT TARGET backplane::sdk)
+  message(FATAL_ERROR "the sdk component must give backplane::sdk and nothing else")
+endif()
+backplane_add_backend(sdk_only_backend VENDOR Sdk NAME Only
+  SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/../hello_source/hello_backend.cpp)
+CMAKE
+mkdir -p "$work/hello_source"
+cp "$source_dir/examples/hello_backend/hello_backend.cpp" "$work/hello_source/"
+cmake -S "$work/sdk_only" -B "$work/sdk_only/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_PREFIX_PATH="$work/prefix" -DCMAKE_CXX_FLAGS="$cxx_flags" >"$work/sdk.log" 2>&1 ||
+  { cat "$work/sdk.log"; exit 1; }
+cmake --build "$work/sdk_only/build" >>"$work/sdk.log" 2>&1 || { cat "$work/sdk.log"; exit 1; }
+"$work/prefix/bin/backplane" check "$work/sdk_only/build/Sdk_Only_backend.so" >/dev/null
 # The installed first-party backend is checked by the installed executable too.
 "$work/prefix/bin/backplane" check "$work/prefix/lib/backplane/backends" >/dev/null
 echo "package test passed"

@@ -217,6 +217,11 @@ void ChooseOnePerFamily(Discovery& found, Discovery& discovery) {
 
 }  // namespace
 
+std::string MisnamedReason() {
+  return "not named <vendor>_<name>_backend.so[.N...] (vendor and name letters and digits only, "
+         "e.g. Acme_Fast_backend.so)";
+}
+
 Discovery DiscoverBackendFiles(std::span<const fs::path> directories, const FilePolicy& policy) {
   Discovery discovery;
   std::set<fs::path> seen_real_paths;
@@ -234,8 +239,12 @@ Discovery DiscoverBackendFiles(std::span<const fs::path> directories, const File
     std::sort(names.begin(), names.end());
     Discovery found;
     for (const auto& path : names) {
-      if (!IsBackendFileName(path.filename().string())) {
-        Log().debug("ignoring {}: not named <vendor>_<name>_backend.so", path.string());
+      const std::string name = path.filename().string();
+      if (!IsBackendFileName(name)) {
+        Log().debug("ignoring {}: {}", path.string(), MisnamedReason());
+        std::error_code ignored;
+        if (!name.starts_with('.') && !fs::is_directory(path, ignored))
+          discovery.misnamed.push_back(path);
         continue;
       }
       auto file = ResolveBackendFile(path, policy);

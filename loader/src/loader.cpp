@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -30,6 +31,10 @@ class Tracer {
   void Pass(std::string stage, std::string detail) {
     if (trace_ != nullptr)
       trace_->Add({std::move(stage), true, std::move(detail)});
+  }
+  void Warn(std::string stage, std::string detail) {
+    if (trace_ != nullptr)
+      trace_->Add({std::move(stage), true, std::move(detail), true});
   }
   Status Fail(std::string stage, Status error) {
     if (trace_ != nullptr)
@@ -56,6 +61,42 @@ class ShadowFileGuard {
  private:
   fs::path path_;
 };
+
+// What a backend built with backplane_add_backend() would not have: loadable, but a sign that
+// the file was built some other way, without the flags that keep versions apart. Empty when none.
+std::string BuildAdvice(const ElfFacts& facts) {
+  static constexpr std::string_view kEntryPoints[] = {"GetBackendId", "GetVersion",
+                                                      "BackendFactory", "GetBackendRelease"};
+  std::vector<std::string> extra;
+  for (const std::string& symbol : facts.exported_symbols) {
+    if (std::find(std::begin(kEntryPoints), std::end(kEntryPoints), symbol) ==
+        std::end(kEntryPoints)) {
+      extra.push_back(symbol);
+    }
+  }
+  const std::size_t entry_points = facts.exported_symbols.size() - extra.size();
+  const std::size_t extra_count = facts.exported_symbol_count - entry_points;
+  std::string advice;
+  if (extra_count != 0) {
+    constexpr std::size_t kNamed = 5;
+    std::string names;
+    for (std::size_t i = 0; i < extra.size() && i < kNamed; ++i)
+      names += (names.empty() ? "" : ", ") + Demangle(extra[i]);
+    if (extra_count > kNamed)
+      names += " and " + std::to_string(extra_count - kNamed) + " more";
+    advice = "exports " + std::to_string(extra_count) + " symbol" + (extra_count == 1 ? "" : "s") +
+             " besides the entry points (" + names +
+             "): code another library could bind to; build with backplane_add_backend() "
+             "(hidden visibility, a version script exporting only the entry points)";
+  }
+  if (!facts.binds_now) {
+    advice += std::string(advice.empty() ? "" : "; ") +
+              "binds lazily (no -z now): the host's RTLD_NOW resolves every symbol at load "
+              "anyway, but link with -Wl,-z,now (backplane_add_backend() does) so that every "
+              "other loader does too";
+  }
+  return advice;
+}
 
 // dlerror() names the shadow copy, which the operator never sees; name the deployed file.
 std::string NameTheDeployedFile(std::string message, const ShadowCopy& shadow,
@@ -185,6 +226,9 @@ Result<GenerationLease> Loader::LoadNew(const BackendFile& file, LoadTrace* trac
   tracer.Pass("elf", facts->build_id.empty()
                          ? "unloadable shared object"
                          : "unloadable shared object, build-id " + facts->build_id);
+
+  if (std::string advice = BuildAdvice(facts.value()); !advice.empty())
+    tracer.Warn("build", std::move(advice));
 
   // Rule 8: what the backend needs and glibc could never unload is made resident first, or the
   // first generation to bring it in would stay mapped forever.

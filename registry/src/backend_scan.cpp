@@ -41,7 +41,7 @@ Scan BackendScanner::ScanAll() const {
   std::set<fs::path> watch(directories_.begin(), directories_.end());
   for (const auto& file : discovery.files)
     watch.insert(file.real_path.parent_path());  // rule 7: where symlinks point is watched too
-  return {Candidates(discovery), {watch.begin(), watch.end()}};
+  return {Candidates(discovery), {watch.begin(), watch.end()}, discovery.misnamed};
 }
 
 std::optional<Candidate> BackendScanner::ScanFamily(const fs::path& family) const {
@@ -68,6 +68,17 @@ void BackendScanner::RememberRejected(const fs::path& file) {
 
 void BackendScanner::ForgetRejected(const fs::path& file) {
   rejected_fingerprints_.erase(file);
+}
+
+std::vector<fs::path> BackendScanner::NotYetSaid(const std::vector<fs::path>& misnamed) {
+  std::set<fs::path> now(misnamed.begin(), misnamed.end());
+  std::erase_if(said_misnamed_, [&now](const fs::path& file) { return !now.contains(file); });
+  std::vector<fs::path> news;
+  for (const fs::path& file : misnamed) {
+    if (said_misnamed_.insert(file).second)
+      news.push_back(file);
+  }
+  return news;
 }
 
 }  // namespace backplane::registry_detail

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,8 @@ struct Scan {
   std::vector<Candidate> candidates;  // one per family, in directory order, then name order
   // The backend directories and the directories their symlinks point into.
   std::vector<std::filesystem::path> watch_directories;
+  // Files in the backend directories not named like a backend (see loader::Discovery::misnamed).
+  std::vector<std::filesystem::path> misnamed;
 };
 
 // Thread-compatible: used in the registry's change sequence only.
@@ -43,12 +46,17 @@ class BackendScanner {
   void RememberRejected(const std::filesystem::path& file);
   void ForgetRejected(const std::filesystem::path& file);
 
+  // A misnamed file is said once (at info), not at every scan: those of `misnamed` not said
+  // before. A file that disappears is forgotten, so one put back is said again.
+  std::vector<std::filesystem::path> NotYetSaid(const std::vector<std::filesystem::path>& misnamed);
+
  private:
   static std::vector<Candidate> Candidates(const loader::Discovery& discovery);
 
   const std::vector<std::filesystem::path> directories_;
   const loader::FilePolicy policy_;
   std::map<std::filesystem::path, std::string> rejected_fingerprints_;
+  std::set<std::filesystem::path> said_misnamed_;
 };
 
 }  // namespace backplane::registry_detail

@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <functional>
@@ -39,7 +40,9 @@ std::pair<std::string, LoadReason> CrashedStageAfter(const std::string& stage) {
       {"file", {"permissions", LoadReason::kIoError}},
       {"permissions", {"copy", LoadReason::kIoError}},
       {"copy", {"elf", LoadReason::kNotElf}},
-      {"elf", {"dlopen", LoadReason::kDlopenFailed}},
+      {"elf", {"dependencies", LoadReason::kDlopenFailed}},
+      {"build", {"dependencies", LoadReason::kDlopenFailed}},
+      {"dependencies", {"dlopen", LoadReason::kDlopenFailed}},
       {"dlopen", {"entry points", LoadReason::kMissingEntryPoint}},
       {"entry points", {"id", LoadReason::kInvalidId}},
       {"id", {"version", LoadReason::kApiIncompatible}},
@@ -62,8 +65,9 @@ void CheckStages(const std::string& file, bool allow_unsafe,
   auto verdict_error = [&](std::string_view reason, const std::string& message) {
     emit({{"result", false}, {"reason", reason}, {"message", message}});
   };
-  auto stage = [&](const std::string& name, bool ok, const std::string& detail) {
-    emit({{"stage", name}, {"ok", ok}, {"detail", detail}});
+  auto stage = [&](const std::string& name, bool ok, const std::string& detail,
+                   bool warning = false) {
+    emit({{"stage", name}, {"ok", ok}, {"detail", detail}, {"warning", warning}});
   };
   loader::LoaderOptions options;
   options.file_policy.allow_unsafe_permissions = allow_unsafe;
@@ -73,7 +77,9 @@ void CheckStages(const std::string& file, bool allow_unsafe,
   loader::Loader& host_loader = *created.value();
 
   loader::LoadTrace trace;
-  trace.on_stage = [&](const loader::LoadStage& done) { stage(done.name, done.ok, done.detail); };
+  trace.on_stage = [&](const loader::LoadStage& done) {
+    stage(done.name, done.ok, done.detail, done.warning);
+  };
   auto loaded = host_loader.Load(file, &trace);
   if (!loaded.ok()) {
     return verdict_error(loaded.error().name(), loaded.error().message());
@@ -172,7 +178,8 @@ FileReport CheckFile(const std::string& file, bool allow_unsafe) {
     if (line.is_discarded())
       continue;
     if (line.contains("stage")) {
-      report.stages.push_back({line["stage"], line["ok"], line["detail"]});
+      report.stages.push_back(
+          {line["stage"], line["ok"], line["detail"], line.value("warning", false)});
     } else if (line.contains("result")) {
       finished = true;
       if (line["result"].get<bool>()) {
@@ -205,7 +212,19 @@ FileReport CheckFile(const std::string& file, bool allow_unsafe) {
   return report;
 }
 
-std::vector<std::string> ExpandArguments(const std::vector<std::string>& arguments) {
+// A file in a directory argument that is not checked, and why.
+struct SkippedFile {
+  std::string file;
+  std::string reason;  // NAME_SCHEME or SUPERSEDED
+  std::string message;
+};
+
+struct CheckList {
+  std::vector<std::string> files;
+  std::vector<SkippedFile> skipped;
+};
+
+CheckList ExpandArguments(const std::vector<std::string>& arguments) {
   std::vector<fs::path> directories;
   std::vector<std::string> files;
   if (arguments.empty()) {
@@ -232,23 +251,33 @@ std::vector<std::string> ExpandArguments(const std::vector<std::string>& argumen
     files.push_back(file.path.string());
   for (const auto& rejected : discovery.rejected)
     files.push_back(rejected.file.string());
-  // Not checked, as not loaded: every versioned name of a backend is one backend.
+  // Not checked, as not loaded, and said so: a misnamed file is the commonest first mistake.
+  std::vector<SkippedFile> skipped;
+  for (const auto& misnamed : discovery.misnamed)
+    skipped.push_back({misnamed.string(), "NAME_SCHEME", loader::MisnamedReason()});
+  // Every versioned name of a backend is one backend.
   for (const auto& superseded : discovery.superseded) {
-    std::cerr << "backplane check: skipping " << superseded.file.string() << ": "
-              << superseded.speaking.filename().string()
-              << " speaks for that backend (check it by name to check this version)\n";
+    skipped.push_back({superseded.file.string(), "SUPERSEDED",
+                       superseded.speaking.filename().string() +
+                           " speaks for that backend (check it by name to check this version)"});
   }
-  return files;
+  return {std::move(files), std::move(skipped)};
 }
 
 void PrintText(const FileReport& report) {
   std::cout << report.file << "\n";
   for (const auto& stage : report.stages) {
-    std::printf("  %-13s %-5s %s\n", stage.name.c_str(), stage.ok ? "ok" : "FAIL",
-                stage.detail.c_str());
+    std::printf("  %-13s %-5s %s\n", stage.name.c_str(),
+                !stage.ok ? "FAIL" : stage.warning ? "WARN" : "ok", stage.detail.c_str());
   }
   if (!report.reason) {
-    std::cout << "  verdict: OK, backend " << report.id << " (API " << report.api_version
+    const auto warnings = std::count_if(report.stages.begin(), report.stages.end(),
+                                        [](const auto& stage) { return stage.warning; });
+    std::cout << "  verdict: OK"
+              << (warnings == 0 ? ""
+                                : " with " + std::to_string(warnings) + " warning" +
+                                      (warnings == 1 ? "" : "s"))
+              << ", backend " << report.id << " (API " << report.api_version
               << (report.release.empty() ? "" : ", release " + report.release) << ")\n";
   } else {
     std::cout << "  verdict: REJECTED " << ToString(*report.reason) << ": "
@@ -259,7 +288,10 @@ void PrintText(const FileReport& report) {
 json ToJson(const FileReport& report) {
   json stages = json::array();
   for (const auto& stage : report.stages) {
-    stages.push_back({{"stage", stage.name}, {"ok", stage.ok}, {"detail", stage.detail}});
+    stages.push_back({{"stage", stage.name},
+                      {"ok", stage.ok},
+                      {"warning", stage.warning},
+                      {"detail", stage.detail}});
   }
   const bool ok = !report.reason;
   return {{"file", report.file},
@@ -270,16 +302,35 @@ json ToJson(const FileReport& report) {
           {"stage", report.stages.empty() ? json(nullptr) : json(report.stages.back().name)},
           {"reason", ok ? json(nullptr) : json(ToString(*report.reason))},
           {"message", ok ? json("would load") : json(report.message)},
-          {"stages", stages}};
+          {"stages", stages},
+          {"skipped", false}};
+}
+
+json ToJson(const SkippedFile& skipped) {
+  return {{"file", skipped.file},   {"ok", nullptr},          {"skipped", true},
+          {"reason", skipped.reason}, {"message", skipped.message}, {"stages", json::array()}};
 }
 
 }  // namespace
 
 int RunCheck(const CheckOptions& options) {
-  const auto files = ExpandArguments(options.files);
+  const auto [files, skipped] = ExpandArguments(options.files);
+  if (!options.json) {
+    for (const auto& file : skipped)
+      std::cout << "skipped " << file.file << ": " << file.message << "\n";
+  }
   if (files.empty()) {
+    if (options.json) {
+      json array = json::array();
+      for (const auto& file : skipped)
+        array.push_back(ToJson(file));
+      std::cout << array.dump(2) << "\n";
+    }
     std::cerr << "backplane check: no backend files found"
-              << (options.files.empty() ? " in the default backend paths" : "") << "\n";
+              << (options.files.empty() ? " in the default backend paths" : "")
+              << (skipped.empty() ? "" : " (" + std::to_string(skipped.size()) +
+                                             " file(s) skipped, named above)")
+              << "\n";
     return 1;
   }
   std::vector<FileReport> reports;
@@ -315,6 +366,8 @@ int RunCheck(const CheckOptions& options) {
     all_ok = all_ok && !report.reason;
     array.push_back(ToJson(report));
   }
+  for (const auto& file : skipped)
+    array.push_back(ToJson(file));
   if (options.json) {
     std::cout << array.dump(2) << "\n";
   } else {

@@ -5,8 +5,10 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <spdlog/sinks/ringbuffer_sink.h>
 #include <thread>
 
+#include "backplane/core/logging.hpp"
 #include "test_util.hpp"
 
 namespace backplane {
@@ -141,6 +143,35 @@ TEST(RegistryTest, RejectsEmptyAndDuplicateStaticIds) {
   ASSERT_FALSE(dynamic.ok());
   EXPECT_EQ(dynamic.error().reason(), LoadReason::kDuplicateId);
   EXPECT_THAT(dynamic.error().message(), HasSubstr("a static (linked-in) backend"));
+}
+
+// A file that does not follow the naming scheme is said once, at info, naming the scheme; the
+// deploy temporary names (hidden) are not.
+TEST(RegistryTest, AMisnamedFileIsSaidOnceAtInfo) {
+  auto lines = std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(64);
+  spdlog::logger& log = ModuleLogger("backplane.registry");
+  log.sinks().push_back(lines);
+  const auto level = log.level();
+  log.set_level(spdlog::level::info);
+  TempDir dir;
+  testing::CopyFile(Fixture("Valid"), dir / "acme-leaky.so");
+  testing::WriteFile(dir / ".Acme_Leaky_backend.so.tmp", "a deploy in progress");
+  auto registry = MakeRegistry({dir.path()});
+  (void)registry->Rescan();
+  (void)registry->Rescan();
+  log.sinks().pop_back();
+  log.set_level(level);
+  std::vector<std::string> said;
+  for (const std::string& line : lines->last_formatted()) {
+    if (line.find("acme-leaky.so") != std::string::npos ||
+        line.find(".tmp") != std::string::npos) {
+      said.push_back(line);
+    }
+  }
+  ASSERT_EQ(said.size(), 1u) << ::testing::PrintToString(said);
+  EXPECT_THAT(said[0], HasSubstr("[info] ignoring " + (dir / "acme-leaky.so").string() +
+                                 " in a backend directory: not named "
+                                 "<vendor>_<name>_backend.so[.N...]"));
 }
 
 TEST(RegistryTest, UnknownIdIsNotFound) {

@@ -2,6 +2,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "test_util.hpp"
@@ -33,7 +34,7 @@ TEST(CheckCommandTest, FirstPartyBackendWouldLoad) {
   ASSERT_EQ(report.size(), 1u);
   EXPECT_EQ(report[0]["ok"], true);
   EXPECT_EQ(report[0]["id"], "CpuRef");
-  EXPECT_EQ(report[0]["api_version"], "1.0");
+  EXPECT_EQ(report[0]["api_version"], "1.1");  // rebuilt with the 1.1 SDK header
   EXPECT_EQ(report[0]["reason"], nullptr);
   for (const char* key : {"file", "ok", "id", "api_version", "stage", "reason", "message"}) {
     EXPECT_TRUE(report[0].contains(key)) << key;
@@ -111,8 +112,72 @@ TEST(CheckCommandTest, TextOutputHasAStageLineAndAVerdictPerFile) {
                                        "verbose (bool), limit (int64), scale (double), label "
                                        "(string)"));
   EXPECT_THAT(result.output, HasSubstr("  unload        ok    unmapped after dlclose"));
-  EXPECT_THAT(result.output, HasSubstr("verdict: OK, backend TestValid (API 1.0, release 1.2.3)"));
+  EXPECT_THAT(result.output, HasSubstr("verdict: OK, backend TestValid (API 1.1, release 1.2.3)"));
   EXPECT_THAT(result.output, HasSubstr("verdict: REJECTED API_INCOMPATIBLE"));
+}
+
+// A backend author's commonest first mistake: the file is not named by the scheme. `check DIR`
+// names every file it skipped and why, in text and in JSON.
+TEST(CheckCommandTest, NamesEveryFileItSkippedAndWhy) {
+  TempDir dir;
+  testing::CopyFile(Fixture("Valid"), dir / "acme-leaky.so");
+  testing::WriteFile(dir / ".Acme_Leaky_backend.so.tmp", "a deploy in progress");  // hidden: quiet
+  testing::CommandResult text =
+      testing::RunCommand(std::string(BACKPLANE_EXECUTABLE) + " check " + dir.path().string() +
+                          " 2>&1");
+  EXPECT_EQ(text.exit_code, 1);
+  EXPECT_THAT(text.output, HasSubstr("skipped " + (dir / "acme-leaky.so").string() +
+                                     ": not named <vendor>_<name>_backend.so[.N...]"));
+  EXPECT_THAT(text.output, HasSubstr("no backend files found (1 file(s) skipped"));
+  EXPECT_THAT(text.output, ::testing::Not(HasSubstr(".tmp")));
+
+  testing::CopyFile(Fixture("Valid"), dir / "Acme_Leaky_backend.so");
+  testing::CopyFile(Fixture("Valid"), dir / "Acme_Leaky_backend.so.0.9");
+  json report = CheckJson(dir.path().string(), 0);
+  ASSERT_EQ(report.size(), 3u) << report.dump(2);
+  EXPECT_EQ(report[0]["ok"], true);
+  EXPECT_EQ(report[0]["skipped"], false);
+  std::map<std::string, std::string> skipped;
+  for (const auto& entry : report) {
+    if (entry["skipped"] == true) {
+      EXPECT_EQ(entry["ok"], nullptr);
+      skipped[fs::path(entry["file"].get<std::string>()).filename()] = entry["reason"];
+    }
+  }
+  EXPECT_EQ(skipped, (std::map<std::string, std::string>{
+                         {"acme-leaky.so", "NAME_SCHEME"},
+                         {"Acme_Leaky_backend.so.0.9", "SUPERSEDED"}}));
+}
+
+// Loadable, but not built with backplane_add_backend(): passes, with a warning and the fix.
+TEST(CheckCommandTest, WarnsAboutExtraExportsAndLazyBinding) {
+  testing::CommandResult result = RunBackplane("check " + Fixture("Plain").string());
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_THAT(result.output, HasSubstr("  build         WARN  exports "));
+  EXPECT_THAT(result.output, HasSubstr(" symbols besides the entry points ("));
+  EXPECT_THAT(result.output, HasSubstr("build with backplane_add_backend()"));
+  EXPECT_THAT(result.output, HasSubstr("binds lazily (no -z now)"));
+  EXPECT_THAT(result.output, HasSubstr("verdict: OK with 1 warning, backend TestPlain"));
+
+  json report = CheckJson(Fixture("Plain").string(), 0);
+  ASSERT_EQ(report.size(), 1u);
+  bool warned = false;
+  for (const auto& stage : report[0]["stages"])
+    warned = warned || (stage["stage"] == "build" && stage["warning"] == true);
+  EXPECT_TRUE(warned) << report.dump(2);
+
+  // What backplane_add_backend() builds gets no such stage.
+  testing::CommandResult clean = RunBackplane("check " + Fixture("Valid").string());
+  EXPECT_THAT(clean.output, ::testing::Not(HasSubstr("WARN")));
+}
+
+TEST(CheckCommandTest, ListsEveryDependencyAndWhetherItStaysResident) {
+  testing::CommandResult result = RunBackplane("check " + Fixture("VendorLibrary").string());
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_THAT(result.output, HasSubstr("  dependencies  ok    libbackplane_test_pinning.so -> "));
+  EXPECT_THAT(result.output, HasSubstr("(resident: it defines 1 STB_GNU_UNIQUE symbol)"));
+  EXPECT_THAT(result.output, HasSubstr("libc.so.6 -> "));
+  EXPECT_THAT(result.output, HasSubstr("  unload        ok"));
 }
 
 TEST(CheckCommandTest, UsageErrorsExitWithTwo) {

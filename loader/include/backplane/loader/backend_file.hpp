@@ -82,7 +82,14 @@ struct Discovery {
   std::vector<BackendFile> files;
   std::vector<RejectedFile> rejected;
   std::vector<SupersededFile> superseded;  // the family's other versions
+  // Entries that are not directories and not named like a backend, hidden names (".x.tmp", the
+  // documented temporary name of a deploy) excepted: likely a backend under the wrong name.
+  std::vector<std::filesystem::path> misnamed;
 };
+
+// Why `file` is not taken for a backend, with the scheme, for people: "not named
+// <vendor>_<name>_backend.so[.N...] (vendor and name letters and digits only)".
+std::string MisnamedReason();
 
 // Lists the backend files of `directories`, in order. Files not named like a backend are ignored
 // (said at debug level); symlinks are followed, and dangling ones are rejected (NOT_FOUND) like

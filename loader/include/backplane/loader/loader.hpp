@@ -30,9 +30,10 @@ struct LoaderOptions {
 
 // One line of `backplane check`: a loading stage and how it went.
 struct LoadStage {
-  std::string name;  // "file", "permissions", "copy", "elf", "dlopen", "entry points", ...
+  std::string name;  // "file", "permissions", "copy", "elf", "dependencies", "dlopen", ...
   bool ok = false;
-  std::string detail;  // what was found, or the error message
+  std::string detail;    // what was found, or the error message
+  bool warning = false;  // ok, but not as backplane_add_backend() builds it (detail says why)
 };
 struct LoadTrace {
   std::vector<LoadStage> stages;
