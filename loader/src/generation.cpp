@@ -63,7 +63,7 @@ Generation::~Generation() {
   } else {
     stats_->unloaded.fetch_add(1, std::memory_order_relaxed);
     Log().debug("backend {} generation {} unloaded ({})", info_.backend_id, info_.number,
-                 info_.file.string());
+                info_.file.string());
   }
   unlink(info_.shadow_path.c_str());  // a leaked mapping stays valid without its file
   stats_->live.fetch_sub(1, std::memory_order_relaxed);

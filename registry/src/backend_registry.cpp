@@ -252,9 +252,8 @@ RescanResult BackendRegistry::RescanSettling(std::chrono::milliseconds settle_ti
     MutexLock change(change_mutex_);
     registry_detail::Scan scan = scanner_->ScanAll();
     for (const fs::path& file : scanner_->NotYetSaid(scan.misnamed)) {
-      events.Add(spdlog::level::info,
-                 fmt::format("ignoring {} in a backend directory: {}", file.string(),
-                             loader::MisnamedReason()));
+      events.Add(spdlog::level::info, fmt::format("ignoring {} in a backend directory: {}",
+                                                  file.string(), loader::MisnamedReason()));
     }
     std::vector<fs::path> present;
     for (const auto& candidate : scan.candidates) {

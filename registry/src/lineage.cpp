@@ -34,9 +34,7 @@ class LineageTable::Lineage {
   bool is_static() const { return factory != nullptr; }
   bool offered() const { return is_static() || active != nullptr; }
 
-  LineageView View() const {
-    return {id, is_static(), active, file, identity, pinned};
-  }
+  LineageView View() const { return {id, is_static(), active, file, identity, pinned}; }
 
   Record* Find(uint64_t number) {
     for (auto& record : history) {

@@ -13,8 +13,8 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 
-#include "backplane/registry/backend_registry.hpp"
 #include "backplane/loader/loader.hpp"
+#include "backplane/registry/backend_registry.hpp"
 
 namespace backplane::server {
 namespace fs = std::filesystem;
@@ -268,7 +268,10 @@ void PrintText(const FileReport& report) {
   std::cout << report.file << "\n";
   for (const auto& stage : report.stages) {
     std::printf("  %-13s %-5s %s\n", stage.name.c_str(),
-                !stage.ok ? "FAIL" : stage.warning ? "WARN" : "ok", stage.detail.c_str());
+                !stage.ok       ? "FAIL"
+                : stage.warning ? "WARN"
+                                : "ok",
+                stage.detail.c_str());
   }
   if (!report.reason) {
     const auto warnings = std::count_if(report.stages.begin(), report.stages.end(),
@@ -280,8 +283,8 @@ void PrintText(const FileReport& report) {
               << ", backend " << report.id << " (API " << report.api_version
               << (report.release.empty() ? "" : ", release " + report.release) << ")\n";
   } else {
-    std::cout << "  verdict: REJECTED " << ToString(*report.reason) << ": "
-              << report.message << "\n";
+    std::cout << "  verdict: REJECTED " << ToString(*report.reason) << ": " << report.message
+              << "\n";
   }
 }
 
@@ -307,8 +310,12 @@ json ToJson(const FileReport& report) {
 }
 
 json ToJson(const SkippedFile& skipped) {
-  return {{"file", skipped.file},   {"ok", nullptr},          {"skipped", true},
-          {"reason", skipped.reason}, {"message", skipped.message}, {"stages", json::array()}};
+  return {{"file", skipped.file},
+          {"ok", nullptr},
+          {"skipped", true},
+          {"reason", skipped.reason},
+          {"message", skipped.message},
+          {"stages", json::array()}};
 }
 
 }  // namespace
@@ -328,8 +335,9 @@ int RunCheck(const CheckOptions& options) {
     }
     std::cerr << "backplane check: no backend files found"
               << (options.files.empty() ? " in the default backend paths" : "")
-              << (skipped.empty() ? "" : " (" + std::to_string(skipped.size()) +
-                                             " file(s) skipped, named above)")
+              << (skipped.empty()
+                      ? ""
+                      : " (" + std::to_string(skipped.size()) + " file(s) skipped, named above)")
               << "\n";
     return 1;
   }

@@ -4,8 +4,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include <cstdlib>
 #include <spdlog/sinks/ringbuffer_sink.h>
+#include <cstdlib>
 #include <thread>
 
 #include "backplane/core/logging.hpp"
@@ -163,8 +163,7 @@ TEST(RegistryTest, AMisnamedFileIsSaidOnceAtInfo) {
   log.set_level(level);
   std::vector<std::string> said;
   for (const std::string& line : lines->last_formatted()) {
-    if (line.find("acme-leaky.so") != std::string::npos ||
-        line.find(".tmp") != std::string::npos) {
+    if (line.find("acme-leaky.so") != std::string::npos || line.find(".tmp") != std::string::npos) {
       said.push_back(line);
     }
   }

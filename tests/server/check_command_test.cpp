@@ -122,9 +122,8 @@ TEST(CheckCommandTest, NamesEveryFileItSkippedAndWhy) {
   TempDir dir;
   testing::CopyFile(Fixture("Valid"), dir / "acme-leaky.so");
   testing::WriteFile(dir / ".Acme_Leaky_backend.so.tmp", "a deploy in progress");  // hidden: quiet
-  testing::CommandResult text =
-      testing::RunCommand(std::string(BACKPLANE_EXECUTABLE) + " check " + dir.path().string() +
-                          " 2>&1");
+  testing::CommandResult text = testing::RunCommand(std::string(BACKPLANE_EXECUTABLE) + " check " +
+                                                    dir.path().string() + " 2>&1");
   EXPECT_EQ(text.exit_code, 1);
   EXPECT_THAT(text.output, HasSubstr("skipped " + (dir / "acme-leaky.so").string() +
                                      ": not named <vendor>_<name>_backend.so[.N...]"));
@@ -144,9 +143,9 @@ TEST(CheckCommandTest, NamesEveryFileItSkippedAndWhy) {
       skipped[fs::path(entry["file"].get<std::string>()).filename()] = entry["reason"];
     }
   }
-  EXPECT_EQ(skipped, (std::map<std::string, std::string>{
-                         {"acme-leaky.so", "NAME_SCHEME"},
-                         {"Acme_Leaky_backend.so.0.9", "SUPERSEDED"}}));
+  EXPECT_EQ(skipped,
+            (std::map<std::string, std::string>{{"acme-leaky.so", "NAME_SCHEME"},
+                                                {"Acme_Leaky_backend.so.0.9", "SUPERSEDED"}}));
 }
 
 // Loadable, but not built with backplane_add_backend(): passes, with a warning and the fix.

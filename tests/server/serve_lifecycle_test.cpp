@@ -19,6 +19,7 @@
 namespace backplane::testing {
 namespace {
 
+namespace fs = std::filesystem;
 using nlohmann::json;
 using ::testing::HasSubstr;
 
@@ -146,6 +147,39 @@ TEST(ServeLifecycleTest, EveryReplacedGenerationLeavesTheProcess) {
       << ::testing::PrintToString(CpuRefGenerationsNotUnloaded(*client));
   EXPECT_TRUE(Eventually([&] { return MappedCpuRefCopies(server->pid()).size() == 1; }, 10s))
       << ::testing::PrintToString(MappedCpuRefCopies(server->pid()));
+}
+
+// Issue 13: a server that exits cleanly after deploys and a rollback leaves nothing in its shadow
+// directory: not the copies, not the rollback copies, not their empty directories.
+TEST(ServeLifecycleTest, ACleanExitLeavesNothingInTheShadowDirectory) {
+  ServeHome home;
+  TempDir shadow_root;
+  home.Write("config.json", R"({"watch_debounce_ms": 50})");
+  auto server =
+      ServeProcess::Start({"--config", (home.path() / "config.json").string(), "--models",
+                           home.models().string(), "--backends", home.backends().string()},
+                          {{"BACKPLANE_SHADOW_DIR", shadow_root.path().string()}});
+  auto client = server->Client();
+  const uint64_t first = Get(*client, "/v2/backends/CpuRef").body["active_generation"];
+  home.PublishBackendCopy();
+  ASSERT_TRUE(Eventually(
+      [&] { return Get(*client, "/v2/backends/CpuRef").body["active_generation"] > first; }, 20s))
+      << server->Log();
+  ASSERT_EQ(Post(*client, "/v2/backends/CpuRef/rollback", "").status, 200) << server->Log();
+  const fs::path process_shadows = shadow_root.path() / ("backplane-" + std::to_string(getuid())) /
+                                   std::to_string(server->pid());
+  std::vector<std::string> during;
+  for (const auto& entry : fs::recursive_directory_iterator(process_shadows))
+    during.push_back(entry.path().lexically_relative(process_shadows).string());
+  EXPECT_THAT(during, ::testing::Contains(::testing::StartsWith("rollback-")));
+
+  server->Signal(SIGTERM);
+  ASSERT_EQ(server->WaitForExit(30s), 0) << server->Log();
+  EXPECT_FALSE(fs::exists(process_shadows));
+  for (const auto& entry : fs::recursive_directory_iterator(shadow_root.path())) {
+    if (entry.is_regular_file() || entry.path().parent_path() != shadow_root.path())
+      ADD_FAILURE() << entry.path() << " is left in the shadow directory";
+  }
 }
 
 // A client that sends the headers and half of the body of an MNIST request, the rest later:
