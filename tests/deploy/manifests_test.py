@@ -5,7 +5,8 @@ Checked without a cluster: kinds and API versions; the ConfigMap's config.json i
 verbatim and `backplane serve --check-config` accepts it; ports match the configuration; the
 probes and scrape paths are endpoints a real `backplane serve` answers 200 on; the Deployment's
 command is the image's CMD; the grace period covers preStop and the server's drain; the KServe
-runtime's arguments resolve to /mnt/models and its port.
+runtime's arguments resolve to /mnt/models and its port; the alerting rules parse and name metrics
+the server exports.
 
 usage: manifests_test.py BACKPLANE_EXECUTABLE SOURCE_DIR BUILD_BACKENDS_DIR
 """
@@ -13,6 +14,7 @@ usage: manifests_test.py BACKPLANE_EXECUTABLE SOURCE_DIR BUILD_BACKENDS_DIR
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -234,6 +236,27 @@ with tempfile.TemporaryDirectory() as work:
         for path in sorted(http_paths):
             status, _ = http("GET", running.url + path)
             check(status == 200, f"GET {path} answers 200 on a running server")
+        # The alerting rules name metrics the server exports.
+        _, metrics = http("GET", running.url + "/metrics")
+        exported = set(re.findall(r"^# TYPE (\S+) (\S+)", metrics, re.M))
+        names = {name for name, _ in exported}
+        names |= {f"{name}_{suffix}" for name, kind in exported if kind == "histogram"
+                  for suffix in ("bucket", "sum", "count")}
+        with open(os.path.join(deploy, "prometheus", "alerts.yaml")) as stream:
+            rules = yaml.safe_load(stream)["groups"][0]["rules"]
+        for rule in rules:
+            used = set(re.findall(r"\b(backplane_[a-z_]+)", rule["expr"]))
+            check(used and used <= names,
+                  f"alert {rule['alert']} uses exported metrics ({', '.join(sorted(used))})")
     finally:
         running.stop()
+promtool = shutil.which("promtool")
+if promtool:
+    result = subprocess.run([promtool, "check", "rules", os.path.join(deploy, "prometheus",
+                                                                      "alerts.yaml")],
+                            capture_output=True, text=True)
+    check(result.returncode == 0, "promtool check rules accepts deploy/prometheus/alerts.yaml" +
+          ("" if result.returncode == 0 else f": {result.stdout}{result.stderr}"))
+else:
+    print("skipped: promtool check rules (Debian package prometheus not installed)")
 print("PASS: manifests agree with the server")
