@@ -120,7 +120,9 @@ request() {
 body() { cat "$work/body"; }
 why() { jq -r '.error // empty' "$work/body" 2>/dev/null || body; }
 
-# describe SERVER: the backend's JSON into $work/backend; fails loudly when unreachable.
+is_static="" is_pinned="" active="" rejected=""
+# describe SERVER: sets is_static, is_pinned, active (generation) and rejected (how many
+# rejected deploys are listed) from GET /v2/backends/ID; fails loudly when unreachable.
 describe() {
   local status
   status="$(request GET "$1/v2/backends/$backend")"
@@ -128,10 +130,10 @@ describe() {
     log "$1: GET /v2/backends/$backend answered $status: $(why) $(cat "$work/curl-error")"
     return 1
   fi
+  read -r is_static is_pinned active rejected < <(jq -r \
+    '[.static, .pinned, .active_generation, (.rejected | length)] | @tsv' "$work/body")
   cp "$work/body" "$work/backend"
 }
-active_generation() { jq -r '.active_generation' "$work/backend"; }
-rejected_count() { jq -r '.rejected | length' "$work/backend"; }
 
 # counters SERVER: "rejected failures requests duration_sum duration_count" from /metrics.
 # failures: inference failures with a 5xx code (a backend fault, an overload or a model not
@@ -164,17 +166,17 @@ log "backend $backend, file $file as $name, ${#servers[@]} replica(s), canary ${
 for i in "${!servers[@]}"; do
   server="${servers[i]}"
   describe "$server" || { echo "rollout: ${server} is not usable; nothing changed" >&2; exit 3; }
-  if [[ "$(jq -r '.static' "$work/backend")" == true ]]; then
+  if [[ "$is_static" == true ]]; then
     echo "rollout: $backend is a static backend on $server: it cannot be redeployed" >&2
     exit 3
   fi
-  if [[ "$(jq -r '.pinned' "$work/backend")" == true ]]; then
+  if [[ "$is_pinned" == true ]]; then
     echo "rollout: $backend is already pinned on $server (another rollout, or an operator):" \
       "unpin it or leave that replica out; nothing changed" >&2
     exit 3
   fi
-  generation_before[i]="$(active_generation)"
-  rejected_before[i]="$(rejected_count)"
+  generation_before[i]="$active"
+  rejected_before[i]="$rejected"
   counters "$server" >/dev/null || exit 3
   pinned_by_us[i]=0
   took_new[i]=0
@@ -223,7 +225,11 @@ stop_rollout() {
   if ! restore_file; then
     log "no way to restore the previous file (give --restore-command): the replicas that never" \
       "took the new version stay PINNED so they do not load it. Put the previous file back, then" \
-      "POST /v2/backends/$backend/unpin on each."
+      "POST /v2/backends/$backend/unpin on each of:"
+    for i in "${!servers[@]}"; do
+      ((pinned_by_us[i] == 1)) && log "  ${servers[i]}"
+    done
+    echo "rollout: stopped; replicas left pinned until the previous file is back (see above)" >&2
     exit 3
   fi
   for i in "${!servers[@]}"; do
@@ -307,12 +313,12 @@ deploy_to() {
   deadline=$((SECONDS + wait_seconds))
   while :; do
     describe "$server" || stop_rollout "$server stopped answering"
-    if (($(rejected_count) > rejected_before[i])); then
+    if ((rejected > rejected_before[i])); then
       stop_rollout "$server rejected the new file: $(jq -r '.rejected[0] | "\(.reason): \(.message)"' "$work/backend")"
     fi
-    if [[ "$(active_generation)" != "${generation_before[i]}" ]]; then
+    if [[ "$active" != "${generation_before[i]}" ]]; then
       took_new[i]=1
-      log "$server: generation $(active_generation) active (was ${generation_before[i]})"
+      log "$server: generation $active active (was ${generation_before[i]})"
       return 0
     fi
     ((SECONDS < deadline)) || stop_rollout "$server did not take the new file within ${wait_seconds} s (last answer: ${action:-none})"
@@ -322,7 +328,7 @@ deploy_to() {
 
 # check INDEX: stop when the replica's counters moved since before the rollout.
 check() {
-  local i="$1" server="${servers[$1]}" now
+  local i="$1" server="${servers[$1]}" now rejected0 failures0 rejected1 failures1
   read -r rejected0 failures0 _ _ _ <<<"${counters_before[i]}"
   now="$(counters "$server")" || stop_rollout "$server: /metrics did not answer"
   read -r rejected1 failures1 _ _ _ <<<"$now"
@@ -385,6 +391,6 @@ for dir in "${publish_dirs[@]}"; do
   [[ -f "$dir/.$name.rollout-previous" ]] && log "the previous file stays in $dir/.$name.rollout-previous"
 done
 for i in "${!servers[@]}"; do
-  describe "${servers[i]}" && log "${servers[i]}: generation ${generation_before[i]} -> $(active_generation)"
+  describe "${servers[i]}" && log "${servers[i]}: generation ${generation_before[i]} -> $active"
 done
 exit 0

@@ -75,7 +75,7 @@ class Traffic:
                 self.sent += 1
                 if status != 200:
                     self.failed.append((server.url, status, body))
-            time.sleep(0.02)
+            time.sleep(0.1)
 
     def stop(self):
         self.running = False
@@ -193,6 +193,23 @@ with tempfile.TemporaryDirectory() as work:
         check(not canary_state["pinned"] and canary_state["active_generation"] >= 6,
               "the canary is unpinned, on the previous version (rollback, then the restored file)")
         check(not any(backend(o)["pinned"] for o in others), "the others are unpinned")
+
+        # ---- Publishing by command, with no way to restore: the others must stay pinned.
+        publish = " && ".join(
+            f'install -m 0755 "$ROLLOUT_FILE" {d}/.incoming && mv -f {d}/.incoming {d}/"$ROLLOUT_NAME"'
+            for d in directories)
+        result = run_rollout(truncated, servers, [], extra=["--publish-command", publish])
+        check(result.returncode == 3 and "stay PINNED" in result.stdout,
+              "a rejected canary without --restore-command: exit 3, the others stay pinned")
+        check([backend(o)["pinned"] for o in others] == [True, True] and
+              not backend(canary)["pinned"], "the others are pinned, the canary is not")
+        for directory in directories:
+            shutil.copy2(good, os.path.join(directory, ".restore"))
+            os.rename(os.path.join(directory, ".restore"), os.path.join(directory, NAME))
+        for other in others:
+            status, answer = http("POST", other.url + "/v2/backends/CpuRef/unpin", token=TOKEN)
+            check(status == 200 and answer["action"] == "activated",
+                  f"{other.url}: unpinned by hand once the file is restored, it takes it")
     finally:
         traffic.stop()
         for server in servers:
