@@ -209,25 +209,28 @@ restore_file() {
 }
 
 stop_rollout() {
-  local reason="$1" i server status needs_hand=0
+  local reason="$*" i server status needs_hand=0
+  # A second Ctrl-C while stopping ends the script at once; the log says how far it got.
+  trap - INT TERM
   log "STOP: $reason"
   for i in "${!servers[@]}"; do
     ((took_new[i] == 1)) || continue
     server="${servers[i]}"
     status="$(request POST "$server/v2/backends/$backend/rollback")"
     if [[ "$status" == 200 ]]; then
-      log "$server: rolled back to the previous version (generation $(jq -r '.active_generation' "$work/body"))"
+      log "$server: rolled back to the previous version" \
+        "(generation $(jq -r '.active_generation' "$work/body"))"
     else
       log "$server: rollback answered $status: $(why)"
       needs_hand=1
     fi
   done
   if ! restore_file; then
-    log "no way to restore the previous file (give --restore-command): the replicas that never" \
-      "took the new version stay PINNED so they do not load it. Put the previous file back, then" \
-      "POST /v2/backends/$backend/unpin on each of:"
+    log "could not restore the previous file (none kept, or no --restore-command): the" \
+      "replicas that never took the new version stay PINNED so they do not load it. Put the" \
+      "previous file back, then POST /v2/backends/$backend/unpin on each of:"
     for i in "${!servers[@]}"; do
-      ((pinned_by_us[i] == 1)) && log "  ${servers[i]}"
+      if ((pinned_by_us[i] == 1)); then log "  ${servers[i]}"; fi
     done
     echo "rollout: stopped; replicas left pinned until the previous file is back (see above)" >&2
     exit 3
@@ -238,7 +241,8 @@ stop_rollout() {
     status="$(request POST "$server/v2/backends/$backend/unpin")"
     if [[ "$status" == 200 ]]; then
       pinned_by_us[i]=0
-      log "$server: unpinned ($(jq -r '.action' "$work/body"), generation $(jq -r '.backend.active_generation' "$work/body"))"
+      log "$server: unpinned ($(jq -r '.action' "$work/body")," \
+        "generation $(jq -r '.backend.active_generation' "$work/body"))"
     else
       log "$server: unpin answered $status: $(why); it stays pinned"
       needs_hand=1
@@ -248,10 +252,9 @@ stop_rollout() {
     echo "rollout: stopped; some replicas need a hand (see above)" >&2
     exit 3
   fi
-  echo "rollout: stopped at ${servers[$current]}: $reason; the fleet is back on the previous version" >&2
+  echo "rollout: stopped: $reason; the fleet is back on the previous version" >&2
   exit 1
 }
-current=0
 trap 'stop_rollout "interrupted"' INT TERM
 
 # ---- 1. Pin every replica: the published file is noticed, not loaded.
@@ -314,14 +317,16 @@ deploy_to() {
   while :; do
     describe "$server" || stop_rollout "$server stopped answering"
     if ((rejected > rejected_before[i])); then
-      stop_rollout "$server rejected the new file: $(jq -r '.rejected[0] | "\(.reason): \(.message)"' "$work/backend")"
+      stop_rollout "$server rejected the new file:" \
+        "$(jq -r '.rejected[0] | "\(.reason): \(.message)"' "$work/backend")"
     fi
     if [[ "$active" != "${generation_before[i]}" ]]; then
       took_new[i]=1
       log "$server: generation $active active (was ${generation_before[i]})"
       return 0
     fi
-    ((SECONDS < deadline)) || stop_rollout "$server did not take the new file within ${wait_seconds} s (last answer: ${action:-none})"
+    ((SECONDS < deadline)) || stop_rollout "$server did not take the new file within" \
+      "${wait_seconds} s (last answer: ${action:-none})"
     sleep 0.5
   done
 }
@@ -332,12 +337,15 @@ check() {
   read -r rejected0 failures0 _ _ _ <<<"${counters_before[i]}"
   now="$(counters "$server")" || stop_rollout "$server: /metrics did not answer"
   read -r rejected1 failures1 _ _ _ <<<"$now"
-  log "$server: rejected deploys +$((rejected1 - rejected0)), 5xx inference failures +$((failures1 - failures0))"
+  log "$server: rejected deploys +$((rejected1 - rejected0))," \
+    "5xx inference failures +$((failures1 - failures0))"
   if ((rejected1 > rejected0)); then
-    stop_rollout "$server: backplane_backend_rejected_loads_total moved (+$((rejected1 - rejected0)))"
+    stop_rollout "$server: backplane_backend_rejected_loads_total moved" \
+      "(+$((rejected1 - rejected0)))"
   fi
   if ((failures1 - failures0 > max_failures)); then
-    stop_rollout "$server: 5xx inference failures moved (+$((failures1 - failures0)), allowed $max_failures)"
+    stop_rollout "$server: 5xx inference failures moved" \
+      "(+$((failures1 - failures0)), allowed $max_failures)"
   fi
 }
 
@@ -351,10 +359,12 @@ mean_latency() {
 }
 
 # ---- 3. The canary: take it, soak, compare with the replicas still on the previous version.
-current=0
 deploy_to 0
 declare -a soak_start=()
-for i in "${!servers[@]}"; do soak_start[i]="$(counters "${servers[i]}")" || stop_rollout "${servers[i]}: /metrics did not answer"; done
+for i in "${!servers[@]}"; do
+  soak_start[i]="$(counters "${servers[i]}")" ||
+    stop_rollout "${servers[i]}: /metrics did not answer"
+done
 log "canary ${servers[0]}: soaking ${soak} s"
 sleep "$soak"
 check 0
@@ -367,19 +377,22 @@ for ((i = 1; i < ${#servers[@]}; i++)); do
   others_sum="$(awk -v a="$others_sum" -v b="$s1" -v c="$s0" 'BEGIN { printf "%.9f", a + b - c }')"
   others_count=$((others_count + c1 - c0))
 done
-others_mean="$(awk -v s="$others_sum" -v c="$others_count" 'BEGIN { if (c > 0) printf "%.6f", s / c; else print "-" }')"
-log "canary: $canary_count request(s), mean ${canary_mean} s; the others: $others_count, mean ${others_mean} s"
+others_mean="$(awk -v s="$others_sum" -v c="$others_count" \
+  'BEGIN { if (c > 0) printf "%.6f", s / c; else print "-" }')"
+log "canary: $canary_count request(s), mean ${canary_mean} s;" \
+  "the others: $others_count, mean ${others_mean} s"
 if ((canary_count == 0)); then
   log "warning: the canary served no inference during its soak: only load-time checks applied"
 fi
 if [[ "$max_latency_ratio" != 0 && "$canary_mean" != - && "$others_mean" != - ]] &&
-  awk -v a="$canary_mean" -v b="$others_mean" -v r="$max_latency_ratio" 'BEGIN { exit !(a > r * b) }'; then
-  stop_rollout "the canary's mean latency ${canary_mean} s is over ${max_latency_ratio}x the others' ${others_mean} s"
+  awk -v a="$canary_mean" -v b="$others_mean" -v r="$max_latency_ratio" \
+    'BEGIN { exit !(a > r * b) }'; then
+  stop_rollout "the canary's mean latency ${canary_mean} s is over ${max_latency_ratio}x" \
+    "the others' ${others_mean} s"
 fi
 
 # ---- 4. The others, one at a time.
 for ((i = 1; i < ${#servers[@]}; i++)); do
-  current=$i
   deploy_to "$i"
   if ((step_soak > 0)); then sleep "$step_soak"; fi
   check "$i"
@@ -388,7 +401,9 @@ trap - INT TERM
 
 log "rolled out: every replica runs the new $backend"
 for dir in "${publish_dirs[@]}"; do
-  [[ -f "$dir/.$name.rollout-previous" ]] && log "the previous file stays in $dir/.$name.rollout-previous"
+  if [[ -f "$dir/.$name.rollout-previous" ]]; then
+    log "the previous file stays in $dir/.$name.rollout-previous"
+  fi
 done
 for i in "${!servers[@]}"; do
   describe "${servers[i]}" && log "${servers[i]}: generation ${generation_before[i]} -> $active"
