@@ -107,7 +107,8 @@ with tempfile.TemporaryDirectory() as root:
     pre_stop = int(pod["containers"][0]["lifecycle"]["preStop"]["exec"]["command"][1])
     budget = pod["terminationGracePeriodSeconds"] - pre_stop
     check(code == 0, "SIGTERM: the server drains and exits 0")
-    check(seconds < budget, f"it exits in {seconds:.2f} s, within the pod's {budget} s after preStop")
+    check(seconds < budget,
+          f"it exits in {seconds:.2f} s, within the pod's {budget} s after preStop")
     log = server.log_text()
     check("stopped; every backend generation unloaded" in log, "every backend generation unloaded")
 print("PASS: the image's command and configuration serve from the build")

@@ -179,7 +179,8 @@ with tempfile.TemporaryDirectory() as work:
         result = run_rollout(good, servers, directories, soak=3)
         breaker.join()
         check(outcome.get("unload") == 200, f"the canary's model was unloaded ({outcome})")
-        check(result.returncode == 1 and "5xx inference failures moved (+3, allowed 0)" in result.stdout,
+        check(result.returncode == 1 and
+              "5xx inference failures moved (+3, allowed 0)" in result.stdout,
               "failures on the canary stop the rollout: exit 1")
         check(f"{canary.url}: rolled back to the previous version" in result.stdout,
               "the canary is rolled back")
@@ -196,7 +197,8 @@ with tempfile.TemporaryDirectory() as work:
 
         # ---- Publishing by command, with no way to restore: the others must stay pinned.
         publish = " && ".join(
-            f'install -m 0755 "$ROLLOUT_FILE" {d}/.incoming && mv -f {d}/.incoming {d}/"$ROLLOUT_NAME"'
+            f'install -m 0755 "$ROLLOUT_FILE" {d}/.incoming && '
+            f'mv -f {d}/.incoming {d}/"$ROLLOUT_NAME"'
             for d in directories)
         result = run_rollout(truncated, servers, [], extra=["--publish-command", publish])
         check(result.returncode == 3 and "stay PINNED" in result.stdout,
