@@ -81,6 +81,42 @@ kube = load_documents(os.path.join(deploy, "kubernetes"))
 kserve = load_documents(os.path.join(deploy, "kserve"))
 http_paths = set()  # every path a probe or a scraper will GET, checked against a real server
 
+# ---- Kubernetes' naming conventions (what the API server would refuse).
+DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+PORT_NAME = re.compile(r"^(?=.{1,15}$)(?=.*[a-z])[a-z0-9]+(-[a-z0-9]+)*$")  # IANA_SVC_NAME
+QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|Ki|Mi|Gi|Ti|k|M|G|T)?$")
+
+
+def containers_of(document):
+    spec = document.get("spec", {})
+    pod = spec.get("template", {}).get("spec", spec)
+    return pod.get("initContainers", []) + pod.get("containers", [])
+
+
+for (kind, name), document in sorted({**kube, **kserve}.items()):
+    if not DNS_LABEL.match(name):
+        fail(f"{kind} name '{name}' is not a DNS-1123 label")
+    for container in containers_of(document):
+        if not DNS_LABEL.match(container["name"]):
+            fail(f"{kind} {name}: container name '{container['name']}' is not a DNS-1123 label")
+        for port in container.get("ports", []):
+            if "name" in port and not PORT_NAME.match(port["name"]):
+                fail(f"{kind} {name}: port name '{port['name']}' is not an IANA_SVC_NAME")
+            if not 1 <= port["containerPort"] <= 65535:
+                fail(f"{kind} {name}: containerPort {port['containerPort']} out of range")
+        for bound in container.get("resources", {}).values():
+            for resource, quantity in bound.items():
+                if not QUANTITY.match(str(quantity)):
+                    fail(f"{kind} {name}: {resource} '{quantity}' is not a quantity")
+    # Labels and annotations are string maps: an unquoted true or 8000 is refused.
+    spec = document.get("spec", {})
+    for where in (document["metadata"], spec.get("template", {}).get("metadata", {}), spec):
+        for field in ("labels", "annotations"):
+            for key, value in (where.get(field) or {}).items():
+                if not isinstance(value, str):
+                    fail(f"{kind} {name}: {field[:-1]} {key} must be a string, got {value!r}")
+check(True, "names, port names, quantities, labels and annotations follow Kubernetes' conventions")
+
 # ---- The configuration: one source of truth, accepted by the server.
 with open(os.path.join(deploy, "config.json")) as stream:
     config_text = stream.read()
