@@ -10,6 +10,7 @@ BACKPLANE_PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   prometheus  # promtool: the tests check /metrics with it
   clang-14    # the clang preset (thread-safety analysis) and the fuzz preset
+  python3-yaml jq  # tests/deploy read the manifests; scripts/rollout.sh reads the admin API
 )
 
 backplane_install_deps() {

@@ -42,6 +42,9 @@ int main(int argc, char** argv) {
   serve_command->add_option("--log-level", serve.log_level, "default: info")->check(log_levels);
   serve_command->add_option("--admin-token", serve.admin_token,
                             "bearer token required by mutating admin and repository calls");
+  serve_command->add_flag("--check-config", serve.check_config,
+                          "resolve the configuration (file, environment, flags), print it as "
+                          "JSON and exit: 0 valid, 1 not; starts nothing");
 
   backplane::server::CheckOptions check;
   auto* check_command = app.add_subcommand(

@@ -81,9 +81,34 @@ void UnblockShutdownSignals(const sigset_t& signals) {
   pthread_sigmask(SIG_UNBLOCK, &signals, nullptr);
 }
 
+int CheckConfig(const ServeOptions& options) {
+  auto resolved = ResolveConfig(options);
+  if (!resolved.ok()) {
+    std::cerr << "backplane serve: " << resolved.error().message() << "\n";
+    return 1;
+  }
+  const ServeConfig& config = resolved.value();
+  std::cout << ConfigToJson(config) << std::endl;
+  std::error_code error;
+  if (!fs::is_directory(config.models, error))
+    std::cerr << "note: the model repository " << config.models << " is not a directory here\n";
+  for (const auto& directory : config.backends.value_or(std::vector<fs::path>{})) {
+    if (!fs::is_directory(directory, error))
+      std::cerr << "note: the backend directory " << directory << " is not a directory here\n";
+  }
+  if (!IsLoopbackHost(ParseListenAddress(config.listen).value().host) &&
+      config.admin_token.empty()) {
+    std::cerr << "note: listening on " << config.listen
+              << " without an admin token: set BACKPLANE_ADMIN_TOKEN where it runs\n";
+  }
+  return 0;
+}
+
 }  // namespace
 
 int RunServe(const ServeOptions& options) {
+  if (options.check_config)
+    return CheckConfig(options);
   const sigset_t shutdown_signals = BlockShutdownSignals();
 
   auto resolved = ResolveConfig(options);

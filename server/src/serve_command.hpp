@@ -17,11 +17,16 @@ struct ServeOptions {
   std::optional<std::string> log_level;            // --log-level (after `serve`)
   std::optional<std::string> admin_token;          // --admin-token
   std::optional<std::string> inherited_log_level;  // `backplane --log-level L serve`
+  bool check_config = false;                       // --check-config: validate, print, exit
 };
 
 // Runs until SIGINT or SIGTERM, then shuts down gracefully: stops accepting, answers every
 // request in flight, unloads every model and backend (through the reaper), and returns 0.
 // Returns 1 when it cannot start (bad config, address in use, no backend at all).
+// With check_config: resolves the configuration exactly as a start would (defaults, file,
+// environment, flags), prints it as JSON on stdout and returns 0, or names the problem and
+// returns 1; it starts nothing. Paths missing on this machine are noted on stderr, not errors:
+// a config is often checked where it is written, not where it runs.
 int RunServe(const ServeOptions& options);
 
 }  // namespace backplane::server

@@ -268,6 +268,21 @@ std::vector<std::string> DescribeConfigKeys() {
   return lines;
 }
 
+std::string ConfigToJson(const ServeConfig& config) {
+  json object = json::object();
+  for (const auto& key : ConfigKeys())
+    object[std::string(key.name)] = key.show(config);
+  if (config.backends) {
+    object["backends"] = json::array();
+    for (const auto& path : *config.backends)
+      object["backends"].push_back(path.string());
+  } else {
+    object["backends"] = nullptr;
+  }
+  object["admin_token"] = config.admin_token.empty() ? json(nullptr) : json("(set)");
+  return object.dump(2);
+}
+
 std::string ListenAddress::ToString() const {
   const bool ipv6 = host.find(':') != std::string::npos;
   return (ipv6 ? "[" + host + "]" : host) + ":" + std::to_string(port);

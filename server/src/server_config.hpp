@@ -62,6 +62,11 @@ Status ApplyConfigFile(const std::filesystem::path& file, ServeConfig& config);
 // Every config key with its default, as "key: default" lines (for --help and tests).
 std::vector<std::string> DescribeConfigKeys();
 
+// `config` as a JSON object of the config file's keys (what `serve --check-config` prints).
+// `backends` is null for the default backend paths; a set admin token is shown as "(set)", never
+// in clear.
+std::string ConfigToJson(const ServeConfig& config);
+
 struct ListenAddress {
   std::string host;  // without IPv6 brackets
   int port = 0;
