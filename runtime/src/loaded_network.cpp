@@ -1,5 +1,6 @@
 #include "loaded_network.hpp"
 
+#include <algorithm>
 #include <cstring>
 
 namespace backplane {
@@ -45,56 +46,207 @@ Result<std::unique_ptr<LoadedNetwork>> LoadedNetwork::Create(
     loaded->has_dynamic_shapes_ = loaded->has_dynamic_shapes_ || IsDynamic(input.info);
   }
 
-  for (const Node& node : net.nodes) {
-    OperatorDesc desc{.op_type = node.op_type, .name = node.name, .attributes = node.attributes};
-    Step step{.node = &node};
+  // 1. Placement (ArmNN's Optimize): each node on the first backend in preference order whose
+  //    support query accepts it. No workload is created yet: a run of layers may be compiled.
+  struct PlannedLayer {
+    OperatorDesc desc;
+    std::vector<int> inputs;   // value slots; -1 for an omitted optional input
+    std::vector<int> outputs;  // value slots
+    std::size_t backend = 0;   // index into `backends`
+    std::string refusals;      // why each backend tried so far did not take it
+  };
+  std::vector<PlannedLayer> planned(net.nodes.size());
+  for (std::size_t i = 0; i < net.nodes.size(); ++i) {
+    const Node& node = net.nodes[i];
+    PlannedLayer& layer = planned[i];
+    layer.desc = {.op_type = node.op_type, .name = node.name, .attributes = node.attributes};
     for (const auto& input : node.inputs) {
       if (input.empty()) {
-        step.inputs.push_back(-1);
-        desc.inputs.push_back({});
-        desc.constant_inputs.push_back(nullptr);
+        layer.inputs.push_back(-1);
+        layer.desc.inputs.push_back({});
+        layer.desc.constant_inputs.push_back(nullptr);
         continue;
       }
-      step.inputs.push_back(slot_of(input));
+      layer.inputs.push_back(slot_of(input));
       auto info = net.values.find(input);
-      desc.inputs.push_back(info == net.values.end() ? TensorInfo{} : info->second);
+      layer.desc.inputs.push_back(info == net.values.end() ? TensorInfo{} : info->second);
       auto constant = net.constants.find(input);
-      desc.constant_inputs.push_back(constant == net.constants.end() ? nullptr
-                                                                     : constant->second.data());
+      layer.desc.constant_inputs.push_back(
+          constant == net.constants.end() ? nullptr : constant->second.data());
     }
     for (const auto& output : node.outputs) {
-      step.outputs.push_back(slot_of(output));
+      layer.outputs.push_back(slot_of(output));
       auto info = net.values.find(output);
-      desc.outputs.push_back(info == net.values.end() ? TensorInfo{} : info->second);
+      layer.desc.outputs.push_back(info == net.values.end() ? TensorInfo{} : info->second);
     }
-
-    // ArmNN's Optimize: the first backend in preference order whose support query accepts it.
-    std::string refusals;
-    for (const auto& backend : backends) {
-      Status supported = backend->IsSupported(desc);
+    layer.backend = backends.size();
+    for (std::size_t b = 0; b < backends.size(); ++b) {
+      Status supported = backends[b]->IsSupported(layer.desc);
       if (supported.ok()) {
-        auto workload = backend->CreateWorkload(desc);
-        if (workload.ok()) {
-          step.workload = std::move(workload).value();
-          loaded->placement_.push_back(
-              {node.name, node.op_type, backend->id(), backend->generation_number()});
-          break;
-        }
-        supported = workload.error();
+        layer.backend = b;
+        break;
       }
-      refusals += "\n  " + backend->id() + ": " + supported.message();
+      layer.refusals += "\n  " + backends[b]->id() + ": " + supported.message();
     }
-    if (step.workload == nullptr) {
+    if (layer.backend == backends.size()) {
       return Unimplemented("node '" + node.name + "' (" + node.op_type +
                            ") is supported by no backend in the preference list" +
                            (backends.empty() ? std::string(" (the list is empty)") : ":") +
-                           refusals);
+                           layer.refusals);
     }
-    loaded->steps_.push_back(std::move(step));
   }
   for (const auto& output : net.outputs)
     loaded->output_slots_.push_back(slot_of(output.name));
+
+  // Who reads each value last, and which values leave the network: a run must write a value it
+  // produces exactly when a later layer or the caller reads it.
+  constexpr std::size_t kNoReader = 0;  // reader indices below are node index + 1
+  std::vector<std::size_t> last_reader(loaded->slot_names_.size(), kNoReader);
+  std::vector<bool> network_output(loaded->slot_names_.size(), false);
+  for (std::size_t i = 0; i < planned.size(); ++i) {
+    for (int slot : planned[i].inputs) {
+      if (slot >= 0)
+        last_reader[slot] = i + 1;
+    }
+  }
+  for (int slot : loaded->output_slots_)
+    network_output[slot] = true;
+
+  // 2. Workloads. One layer: its own workload, and when its backend cannot create it after all,
+  //    the next backend in preference order that supports it (as before SDK 1.1).
+  auto create_layer = [&](std::size_t i) -> Status {
+    const Node& node = net.nodes[i];
+    PlannedLayer& layer = planned[i];
+    for (std::size_t b = layer.backend; b < backends.size(); ++b) {
+      const auto& backend = backends[b];
+      Status supported = b == layer.backend ? Status::Ok() : backend->IsSupported(layer.desc);
+      if (supported.ok()) {
+        auto workload = backend->CreateWorkload(layer.desc);
+        if (workload.ok()) {
+          loaded->steps_.push_back({.node = &node,
+                                    .inputs = std::move(layer.inputs),
+                                    .outputs = std::move(layer.outputs),
+                                    .workload = std::move(workload).value()});
+          loaded->placement_.push_back(
+              {node.name, node.op_type, backend->id(), backend->generation_number()});
+          return Status::Ok();
+        }
+        supported = workload.error();
+      }
+      layer.refusals += "\n  " + backend->id() + ": " + supported.message();
+    }
+    return Unimplemented("node '" + node.name + "' (" + node.op_type +
+                         ") is supported by no backend in the preference list:" + layer.refusals);
+  };
+
+  // A run is a maximal sequence of two or more nodes that are consecutive in the network's node
+  // order (a topological order) and placed on the same backend instance. Consecutive, not
+  // connected: two independent branches that the order interleaves on one backend are one run,
+  // since the boundary below describes any such set exactly and a backend that wants chains only
+  // can decline; a chain that the order interrupts with another backend's layer is two runs.
+  // Because the run is consecutive, its one workload can run where its first layer would have:
+  // everything it reads is ready, and nothing before its last layer's successor reads what it
+  // writes.
+  for (std::size_t begin = 0; begin < planned.size();) {
+    std::size_t end = begin + 1;
+    while (end < planned.size() && planned[end].backend == planned[begin].backend)
+      ++end;
+    if (end - begin < 2) {
+      BACKPLANE_RETURN_IF_ERROR(create_layer(begin));
+      begin = end;
+      continue;
+    }
+    loader::BackendInstance& backend = *backends[planned[begin].backend];
+
+    // The boundary. Inputs: the non-constant values the run reads and does not produce, in the
+    // order it first reads them (topological order: nothing in the run reads a value a later
+    // layer of the run produces). Outputs: the values it produces that a layer after the run or
+    // the caller reads, in the order it produces them. The shapes are the load-time ones
+    // (negative: dynamic); Execute passes each request's own, as for any workload.
+    SubgraphDesc subgraph;
+    std::vector<int> input_slots;
+    std::vector<int> output_slots;
+    std::vector<bool> produced(loaded->slot_names_.size(), false);
+    for (std::size_t i = begin; i < end; ++i) {
+      PlannedLayer& layer = planned[i];
+      const Node& node = net.nodes[i];
+      for (int slot : layer.inputs) {
+        if (slot < 0 || produced[slot] || loaded->constants_[slot] != nullptr ||
+            std::find(input_slots.begin(), input_slots.end(), slot) != input_slots.end()) {
+          continue;
+        }
+        input_slots.push_back(slot);
+      }
+      for (int slot : layer.outputs) {
+        produced[slot] = true;
+        if (last_reader[slot] > end || network_output[slot])
+          output_slots.push_back(slot);
+      }
+      subgraph.layer_inputs.push_back(node.inputs);
+      subgraph.layer_outputs.push_back(node.outputs);
+      subgraph.layers.push_back(std::move(layer.desc));  // moved back below if declined
+    }
+    auto info_of = [&](int slot) {
+      auto info = net.values.find(loaded->slot_names_[slot]);
+      return info == net.values.end() ? TensorInfo{} : info->second;
+    };
+    for (int slot : input_slots) {
+      subgraph.inputs.push_back(loaded->slot_names_[slot]);
+      subgraph.input_infos.push_back(info_of(slot));
+    }
+    for (int slot : output_slots) {
+      subgraph.outputs.push_back(loaded->slot_names_[slot]);
+      subgraph.output_infos.push_back(info_of(slot));
+    }
+
+    // The backend's answer. BackendInstance never calls a backend built against API 1.0: it
+    // declines for it, and the run gets per-layer workloads as it always did.
+    auto compiled = backend.CompileSubgraph(subgraph);
+    if (!compiled.ok()) {
+      if (compiled.error().code() != StatusCode::kUnimplemented) {
+        std::string layers;
+        for (std::size_t i = begin; i < end; ++i) {
+          layers += (layers.empty() ? "'" : ", '") + net.nodes[i].name + "' (" +
+                    net.nodes[i].op_type + ")";
+        }
+        return compiled.error().WithContext(
+            "backend " + backend.id() + " failed to compile the run of layers " + layers + ": ");
+      }
+      for (std::size_t i = begin; i < end; ++i) {
+        planned[i].desc = std::move(subgraph.layers[i - begin]);
+        BACKPLANE_RETURN_IF_ERROR(create_layer(i));
+      }
+      begin = end;
+      continue;
+    }
+    loader::CompiledWorkload workload = std::move(compiled).value();
+    for (std::size_t i = begin; i < end; ++i) {
+      const Node& node = net.nodes[i];
+      loaded->placement_.push_back({.node = node.name,
+                                    .op_type = node.op_type,
+                                    .backend_id = backend.id(),
+                                    .generation = backend.generation_number(),
+                                    .compiled = true,
+                                    .subgraph = net.nodes[begin].name,
+                                    .note = std::move(workload.layer_notes[i - begin])});
+    }
+    loaded->steps_.push_back({.node = &net.nodes[begin],
+                              .layers = end - begin,
+                              .inputs = std::move(input_slots),
+                              .outputs = std::move(output_slots),
+                              .workload = std::move(workload.workload)});
+    begin = end;
+  }
   return loaded;
+}
+
+std::string LoadedNetwork::Describe(const Step& step) const {
+  const std::string& backend = step.workload->instance().id();
+  if (step.layers == 1)
+    return "node '" + step.node->name + "' (" + step.node->op_type + ") on backend " + backend;
+  const Node& last = step.node[step.layers - 1];
+  return "the " + std::to_string(step.layers) + " layers '" + step.node->name + "' to '" +
+         last.name + "' compiled by backend " + backend;
 }
 
 Status LoadedNetwork::ValidateInputs(std::span<const ConstTensorView> inputs) const {
@@ -176,11 +328,8 @@ Result<std::vector<Tensor>> LoadedNetwork::Execute(std::span<const ConstTensorVi
       step_outputs.push_back(owned[slot].MutableView());
     }
     Status status = step.workload->Execute(step_inputs, step_outputs);
-    if (!status.ok()) {
-      return Status(status.code(), "node '" + step.node->name + "' (" + step.node->op_type +
-                                       ") on backend " + step.workload->instance().id() + ": " +
-                                       status.message());
-    }
+    if (!status.ok())
+      return Status(status.code(), Describe(step) + ": " + status.message());
   }
 
   std::vector<Tensor> outputs;

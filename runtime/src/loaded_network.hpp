@@ -1,5 +1,7 @@
-// A network loaded on one runtime: each node bound to a workload of the first backend in the
-// preference list that supports it. Private to core/src.
+// A network loaded on one runtime: each node bound to the first backend in the preference list
+// that supports it, and run either by a workload of its own or, when its backend compiled the run
+// of consecutive layers it belongs to (SDK 1.1), by that run's one workload. Private to
+// runtime/src.
 #pragma once
 
 #include <map>
@@ -8,9 +10,9 @@
 #include <string>
 #include <vector>
 
+#include "backplane/loader/backend_instance.hpp"
 #include "backplane/onnx/network.hpp"
 #include "backplane/runtime/runtime.hpp"
-#include "backplane/loader/backend_instance.hpp"
 
 namespace backplane {
 
@@ -19,7 +21,8 @@ namespace backplane {
 class LoadedNetwork {
  public:
   // `backends` in preference order. Fails naming the node and every backend's reason when no
-  // backend supports a node.
+  // backend supports a node, and naming the backend and the layers when a backend fails to
+  // compile a run of layers (anything but declining with kUnimplemented).
   // `network` is shared with the networks that replace this one on a new generation.
   static Result<std::unique_ptr<LoadedNetwork>> Create(
       std::shared_ptr<const Network> network,
@@ -36,14 +39,19 @@ class LoadedNetwork {
   Result<std::vector<Tensor>> Execute(std::span<const ConstTensorView> inputs) const;
 
  private:
+  // One workload and the slots it reads and writes. A compiled subgraph is a step like any
+  // other: its inputs and outputs are the run's boundary values, and the values inside the run
+  // get no slot memory at all, so Execute has no special case for it.
   struct Step {
-    const Node* node;
+    const Node* node;          // the layer, or the first layer of a compiled run
+    std::size_t layers = 1;    // network nodes [node, node + layers) that this step runs
     std::vector<int> inputs;   // value slots; -1 for an omitted optional input
     std::vector<int> outputs;  // value slots
     std::unique_ptr<loader::Workload> workload;
   };
   explicit LoadedNetwork(std::shared_ptr<const Network> network) : network_(std::move(network)) {}
   Status ValidateInputs(std::span<const ConstTensorView> inputs) const;
+  std::string Describe(const Step& step) const;
 
   // Declaration order matters: steps_ (workloads) are destroyed before network_, whose constant
   // tensors the workloads may point into.

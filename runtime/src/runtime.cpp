@@ -341,10 +341,14 @@ Result<NetworkId> Runtime::LoadNetwork(Network network, NetworkOptions options) 
   ++next_network_id_;
   ++state_version_;  // a generation change being prepared must move this network too
   const std::size_t layers = loaded.value()->placement().size();
+  const auto compiled =
+      std::count_if(loaded.value()->placement().begin(), loaded.value()->placement().end(),
+                    [](const LayerPlacement& layer) { return layer.compiled; });
   auto updated = std::make_shared<NetworkMap>(*networks_.Load());
   updated->emplace(id, Reaped(std::move(loaded).value()));
   networks_.Publish(std::move(updated));
-  Log().info("loaded network {} ({}) with {} layer(s)", id, name, layers);
+  Log().info("loaded network {} ({}) with {} layer(s), {} of them in compiled subgraphs", id, name,
+             layers, compiled);
   return id;
 }
 

@@ -145,7 +145,12 @@ HttpResponse Placement(const ServeContext& context, const HttpRequest& request) 
       layers.push_back({{"node", layer.node},
                         {"op_type", layer.op_type},
                         {"backend", layer.backend_id},
-                        {"generation", layer.generation}});
+                        {"generation", layer.generation},
+                        // SDK 1.1: compiled into one workload with the run starting at
+                        // `subgraph`; `note` is what the backend said about the layer.
+                        {"compiled", layer.compiled},
+                        {"subgraph", layer.subgraph},
+                        {"note", layer.note}});
     }
     versions.push_back({{"version", std::to_string(number)}, {"layers", layers}});
   }

@@ -134,6 +134,15 @@ int RunModel(const RunOptions& options) {
         if (layer.generation != 0) {
           std::printf(" (generation %llu)", static_cast<unsigned long long>(layer.generation));
         }
+        // SDK 1.1: the layer ran inside one workload for a run of layers. The line keeps its
+        // prefix, so scripts that read "layer NAME OP on BACKEND" still match.
+        if (layer.compiled) {
+          if (!layer.note.empty()) {
+            std::printf(" [%s]", layer.note.c_str());
+          } else {
+            std::printf(" [compiled with the run from %s]", layer.subgraph.c_str());
+          }
+        }
         std::printf("\n");
       }
     }

@@ -120,6 +120,31 @@ TEST(LoaderTest, ApiVersionMatrixAgainstHost24) {
               HasSubstr("built against backend API 2.5"));
 }
 
+// SDK 1.1 made the minor rule real: the 1.1 host loads 1.0 and 1.1 backends and refuses 1.2; a
+// host still at 1.0 refuses a backend built against 1.1, whose code may rely on being offered
+// subgraphs.
+TEST(LoaderTest, ApiVersionMatrixAgainstHost11AndHost10) {
+  ASSERT_EQ(kBackendApiVersion, (BackendApiVersion{1, 1})) << "update this test with the SDK";
+  auto host11 = MakeLoader();
+  for (const char* ok : {"Api10", "Api11"}) {
+    auto loaded = host11->Load(Fixture(ok));
+    EXPECT_TRUE(loaded.ok()) << ok << ": " << loaded.error().ToString();
+  }
+  Status newer = LoadFailure(*host11, Fixture("Api12"));
+  EXPECT_EQ(newer.reason(), LoadReason::kApiIncompatible);
+  EXPECT_THAT(newer.message(), HasSubstr("built against backend API 1.2"));
+  EXPECT_THAT(newer.message(), HasSubstr("this host implements 1.1"));
+
+  auto host10 = MakeLoader({.host_api = {1, 0}});
+  EXPECT_TRUE(host10->Load(Fixture("Api10")).ok());
+  for (const char* refused : {"Api11", "Subgraph"}) {
+    Status error = LoadFailure(*host10, Fixture(refused));
+    EXPECT_EQ(error.reason(), LoadReason::kApiIncompatible) << refused;
+    EXPECT_THAT(error.message(), HasSubstr("built against backend API 1.1")) << refused;
+    EXPECT_THAT(error.message(), HasSubstr("this host implements 1.0")) << refused;
+  }
+}
+
 // An instance says which API its code was built against, so that calls to methods added by a
 // later minor go only to backends that have them.
 TEST(LoaderTest, InstancesKnowTheMinorTheirCodeImplements) {

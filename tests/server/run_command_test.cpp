@@ -2,13 +2,17 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cstring>
+
 #include "backplane/onnx/network.hpp"
+#include "onnx/model_builder.hpp"
 #include "test_util.hpp"
 
 namespace backplane {
 namespace {
 
 namespace fs = std::filesystem;
+using ::testing::ContainsRegex;
 using ::testing::HasSubstr;
 
 const fs::path kData = BACKPLANE_SHARED_DATA;
@@ -88,6 +92,40 @@ TEST_F(RunCommandTest, BadModelsAndInputsExitOneNamingTheProblem) {
                    (relu / "test_data_set_0" / "input_0.pb").string() + " " + Backends());
   EXPECT_EQ(unknown_backend.exit_code, 1);
   EXPECT_THAT(unknown_backend.output, HasSubstr("GpuAcc names no backend"));
+}
+
+// SDK 1.1: a run of layers that its backend compiled into one workload still prints one line per
+// original layer, with what the backend did to it after the usual prefix; a layer that ran on
+// its own prints exactly as before.
+TEST_F(RunCommandTest, CompiledLayersKeepOneLineEachAndSayTheyWereFused) {
+  fs::create_symlink(testing::Fixture("Subgraph"), backends_ / "Test_Subgraph_backend.so");
+  testing::TempDir dir;
+  testing::ModelBuilder model;  // y = (Relu(x) + x)^2: Relu and Add on TestSubgraph, Mul on CpuRef
+  model.Input("x", {4}).Output("y", {4});
+  model.Node("Relu", {"x"}, {"h"}, "relu");
+  model.Node("Add", {"h", "x"}, {"s"}, "add");
+  model.Node("Mul", {"s", "s"}, {"y"}, "square");
+  testing::WriteFile(dir / "model.onnx", model.Serialize());
+  Tensor x(TensorInfo{DataType::kFloat32, {4}});
+  const float values[] = {-2, -1, 1, 2};
+  std::memcpy(x.data(), values, sizeof(values));
+  ASSERT_TRUE(WriteTensorProtoFile(dir / "x.pb", x, "x").ok());
+
+  testing::CommandResult result = RunBackplane(
+      "run " + (dir / "model.onnx").string() + " --input " + (dir / "x.pb").string() +
+      " --prefer TestSubgraph,CpuRef --output-dir " + (dir / "out").string() + " " + Backends());
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_THAT(result.output,
+              ContainsRegex("layer relu +Relu +on TestSubgraph \\(generation [0-9]+\\) "
+                            "\\[fused into relu \\(Relu\\+Add\\)\\]\n"));
+  EXPECT_THAT(result.output,
+              ContainsRegex("layer add +Add +on TestSubgraph \\(generation [0-9]+\\) "
+                            "\\[fused into relu \\(Relu\\+Add\\)\\]\n"));
+  EXPECT_THAT(result.output,
+              ContainsRegex("layer square +Mul +on CpuRef \\(generation [0-9]+\\)\n"));
+  auto y = ReadTensorProtoFile(dir / "out" / "output_0.pb");
+  ASSERT_TRUE(y.ok()) << y.error().ToString();
+  EXPECT_THAT(y->Elements<float>(), ::testing::ElementsAre(4, 1, 4, 16));
 }
 
 TEST_F(RunCommandTest, UsageErrorsExitTwo) {

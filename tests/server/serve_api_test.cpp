@@ -139,6 +139,10 @@ TEST_F(ServeApiTest, PlacementSaysWhichBackendRunsEachLayer) {
   for (const auto& layer : layers) {
     EXPECT_EQ(layer["backend"], "CpuRef");
     EXPECT_GE(layer["generation"].get<int>(), 1);
+    // CpuRef declines compiling runs: every layer has a workload of its own.
+    EXPECT_EQ(layer["compiled"], false);
+    EXPECT_EQ(layer["subgraph"], "");
+    EXPECT_EQ(layer["note"], "");
   }
   EXPECT_EQ(layers[0]["op_type"], "Conv");
 }

@@ -66,12 +66,21 @@ struct NetworkOptions {
   std::vector<std::string> backend_preferences;
 };
 
-// Where one layer runs.
+// Where one layer runs. There is one per layer of the network, in node order, whether or not the
+// layer ran inside a compiled subgraph.
 struct LayerPlacement {
   std::string node;
   std::string op_type;
   std::string backend_id;
   uint64_t generation = 0;  // 0 for a static backend
+  // SDK 1.1: true when the backend compiled the run of layers this one belongs to into one
+  // workload (IBackend::CompileSubgraph); `subgraph` then names the run's first layer, so that
+  // the layers sharing it ran as one workload.
+  bool compiled = false;
+  std::string subgraph;
+  // What the backend said about this layer when it compiled the run (CompiledSubgraph::
+  // layer_notes), e.g. "fused into conv1 (Conv+Add+Relu)"; "" when not compiled or nothing said.
+  std::string note;
 };
 
 class LoadedNetwork;
@@ -98,7 +107,10 @@ class Runtime : private BackendSubscriber {
 
   // Binds every layer of `network` to a backend (ArmNN's Optimize + LoadNetwork), calling each
   // backend context's BeforeLoadNetwork / AfterLoadNetwork. Fails naming the layer no backend
-  // supports, with every backend's reason.
+  // supports, with every backend's reason. Each run of two or more consecutive layers placed on
+  // one backend is offered to it whole (SDK 1.1 CompileSubgraph): a backend that compiles it
+  // runs it as one workload; one that declines (or is built against 1.0) gets one workload per
+  // layer. A backend that fails to compile a run fails the load, naming it and the layers.
   Result<NetworkId> LoadNetwork(Network network, NetworkOptions options = {});
   // Calls BeforeUnloadNetwork on every context first; when one refuses, the network stays loaded
   // and the error says which backend and why. Requests in flight finish on the old bindings.
