@@ -108,41 +108,39 @@ class DynamicLayerWorkload final : public IWorkload {
     try {
       if (inputs.size() != op_.inputs.size() || outputs.size() != op_.outputs.size())
         return InvalidArgument("CpuAcc: " + label_ + ": wrong number of inputs or outputs");
-      std::vector<Shape> key;
-      for (std::size_t k = 0; k < inputs.size(); ++k)
-        key.push_back(HasInput(op_, k) ? inputs[k].info.shape : Shape{});
-      for (const auto& output : outputs)
-        key.push_back(output.info.shape);
-      std::shared_ptr<const Program> program;
-      std::vector<std::size_t> input_map;
+      // The steady state allocates nothing: shapes are compared in place, the entry shared.
+      std::shared_ptr<const Entry> entry;
       {
         std::lock_guard lock(mutex_);
-        for (const auto& entry : cache_) {
-          if (entry.key == key) {
-            program = entry.program;
-            input_map = entry.input_map;
-          }
+        for (const auto& candidate : cache_) {
+          if (Matches(*candidate, inputs, outputs))
+            entry = candidate;
         }
       }
-      if (program == nullptr) {
+      if (entry == nullptr) {
+        auto made = std::make_shared<Entry>();
         OperatorDesc concrete = op_;
         for (std::size_t k = 0; k < inputs.size(); ++k) {
+          made->key.push_back(HasInput(op_, k) ? inputs[k].info.shape : Shape{});
           if (HasInput(op_, k))
             concrete.inputs[k].shape = inputs[k].info.shape;
         }
-        for (std::size_t k = 0; k < outputs.size(); ++k)
+        for (std::size_t k = 0; k < outputs.size(); ++k) {
+          made->key.push_back(outputs[k].info.shape);
           concrete.outputs[k].shape = outputs[k].info.shape;
+        }
         BACKPLANE_RETURN_IF_ERROR(CheckOp(concrete));
-        auto compiled = Compile(SingleLayer(concrete, &input_map), state_.engine, threads_);
+        auto compiled = Compile(SingleLayer(concrete, &made->input_map), state_.engine, threads_);
         if (!compiled.ok())
           return compiled.error();
-        program = compiled.value().program;
+        made->program = compiled.value().program;
+        entry = made;
         std::lock_guard lock(mutex_);
         if (cache_.size() == kShapeCacheSize)
-          cache_.erase(cache_.begin());  // the oldest shape; requests using it keep their copy
-        cache_.push_back({key, program, input_map});
+          cache_.erase(cache_.begin());  // the oldest shape; requests using it keep their entry
+        cache_.push_back(std::move(made));
       }
-      return program->Run(inputs, &input_map, outputs, label_);
+      return entry->program->Run(inputs, &entry->input_map, outputs, label_);
     } catch (const std::exception& error) {
       return Internal("CpuAcc: " + label_ + ": " + error.what());
     } catch (...) {
@@ -152,17 +150,30 @@ class DynamicLayerWorkload final : public IWorkload {
 
  private:
   struct Entry {
-    std::vector<Shape> key;
+    std::vector<Shape> key;  // per input ([] when omitted), then per output
     std::shared_ptr<const Program> program;
     std::vector<std::size_t> input_map;
   };
+
+  bool Matches(const Entry& entry, std::span<const ConstTensorView> inputs,
+               std::span<const TensorView> outputs) const {
+    for (std::size_t k = 0; k < inputs.size(); ++k) {
+      if (HasInput(op_, k) && entry.key[k] != inputs[k].info.shape)
+        return false;
+    }
+    for (std::size_t k = 0; k < outputs.size(); ++k) {
+      if (entry.key[inputs.size() + k] != outputs[k].info.shape)
+        return false;
+    }
+    return true;
+  }
 
   BackendState& state_;
   const OperatorDesc op_;  // its constant_inputs stay valid while the workload lives
   const std::string label_;
   const int threads_;
   std::mutex mutex_;
-  std::vector<Entry> cache_;  // guarded by mutex_
+  std::vector<std::shared_ptr<const Entry>> cache_;  // guarded by mutex_
 };
 
 bool HasDynamicShape(const OperatorDesc& op) {
