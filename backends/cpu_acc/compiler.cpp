@@ -2,11 +2,11 @@
 
 #include <algorithm>
 #include <chrono>
-#include <unordered_map>
 #include <cmath>
 #include <cstring>
 #include <map>
 #include <optional>
+#include <unordered_map>
 
 #include "op_support.hpp"
 
@@ -244,8 +244,7 @@ class Compiler {
 
   // A layer's constant input as a plain value over the network's data (no copy).
   int ConstantValue(const OperatorDesc& op, std::size_t index, const Md& md) {
-    return program_->AddConstant(
-        memory(md, engine_, const_cast<void*>(op.constant_inputs[index])));
+    return program_->AddConstant(memory(md, engine_, const_cast<void*>(op.constant_inputs[index])));
   }
 
   // Owned constant memory, filled from `values` laid out as plain `md`, then reordered into
@@ -264,7 +263,9 @@ class Compiler {
   }
 
   // Input `index` of layer `i`: its value name ("" when omitted).
-  const std::string& InputName(std::size_t i, std::size_t index) { return g_.layer_inputs[i][index]; }
+  const std::string& InputName(std::size_t i, std::size_t index) {
+    return g_.layer_inputs[i][index];
+  }
   const std::string& OutputName(std::size_t i) { return g_.layer_outputs[i][0]; }
 
   // Input `index` of layer i as it is now (any layout): a constant is plain.
@@ -437,8 +438,8 @@ class Compiler {
   // the compile time.
   static constexpr double kTuneFlops = 4e6;
 
-  dnnl::convolution_forward::primitive_desc FastestConv(
-      const dnnl::convolution_forward::desc& desc, const dnnl::primitive_attr& attr) {
+  dnnl::convolution_forward::primitive_desc FastestConv(const dnnl::convolution_forward::desc& desc,
+                                                        const dnnl::primitive_attr& attr) {
     dnnl::convolution_forward::primitive_desc candidate(desc, attr, engine_);
     int best = 0, index = 0;
     double best_time = 1e300;
@@ -466,9 +467,9 @@ class Compiler {
           const auto start = std::chrono::steady_clock::now();
           primitive.execute(stream_, args);
           stream_.wait();
-          time = std::min(time, std::chrono::duration<double>(std::chrono::steady_clock::now() -
-                                                              start)
-                                    .count());
+          time = std::min(
+              time,
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
         }
         if (time < best_time) {
           best_time = time;
@@ -490,8 +491,8 @@ class Compiler {
     const int64_t group = IntAttr(op, "group", 1);
     const int64_t maps = w[0];
     Window window;
-    if (auto error = ResolveWindow(op, std::span(x).subspan(2), std::span(w).subspan(2), false,
-                                   &window)) {
+    if (auto error =
+            ResolveWindow(op, std::span(x).subspan(2), std::span(w).subspan(2), false, &window)) {
       throw CompileError{NodeInvalid(op, *error)};
     }
     Shape expected{x[0], maps};
@@ -563,13 +564,11 @@ class Compiler {
     dnnl::primitive_attr attr = UserScratchpad();
     attr.set_post_ops(post_ops);
     auto desc = with_bias ? dnnl::convolution_forward::desc(
-                                dnnl::prop_kind::forward_inference,
-                                algorithm::convolution_direct, src_any, w_any, bias_md, dst_any,
-                                strides, dilates, pad_l, pad_r)
+                                dnnl::prop_kind::forward_inference, algorithm::convolution_direct,
+                                src_any, w_any, bias_md, dst_any, strides, dilates, pad_l, pad_r)
                           : dnnl::convolution_forward::desc(
-                                dnnl::prop_kind::forward_inference,
-                                algorithm::convolution_direct, src_any, w_any, dst_any, strides,
-                                dilates, pad_l, pad_r);
+                                dnnl::prop_kind::forward_inference, algorithm::convolution_direct,
+                                src_any, w_any, dst_any, strides, dilates, pad_l, pad_r);
     dnnl::convolution_forward::primitive_desc pd(desc, attr, engine_);
     const double flops = 2.0 * static_cast<double>(ElementCount(expected)) *
                          static_cast<double>(ElementCount(w) / maps);
@@ -688,20 +687,19 @@ class Compiler {
       const Md c_md = PlainMd(c2);
       const int index = post_ops.len();
       post_ops.append_binary(algorithm::binary_add, c_md);
-      args.push_back({DNNL_ARG_ATTR_MULTIPLE_POST_OP(index) | DNNL_ARG_SRC_1,
-                      View(InputPlain(i, 2), c_md)});
+      args.push_back(
+          {DNNL_ARG_ATTR_MULTIPLE_POST_OP(index) | DNNL_ARG_SRC_1, View(InputPlain(i, 2), c_md)});
       bias_closed = true;
     }
     const bool b_is_column = !gemm && b.size() == 1;
-    std::size_t last =
-        separate_c ? i
-                   : FuseEpilogue(i, (bias_closed || b_is_column) ? nullptr : &bias,
-                                  &Compiler::MatMulBiasShape, &post_ops, i);
+    std::size_t last = separate_c ? i
+                                  : FuseEpilogue(i, (bias_closed || b_is_column) ? nullptr : &bias,
+                                                 &Compiler::MatMulBiasShape, &post_ops, i);
 
     const Md a_md(a_dims, memory::data_type::f32, a_strides);
     const Md b_plain(b_dims, memory::data_type::f32, b_strides);
-    const Md b_md = b_constant ? Md(b_dims, memory::data_type::f32, memory::format_tag::any)
-                               : b_plain;
+    const Md b_md =
+        b_constant ? Md(b_dims, memory::data_type::f32, memory::format_tag::any) : b_plain;
     const Md y_md = PlainMd(y_dims);
     std::optional<Md> bias_md;
     if (bias.present) {
@@ -786,7 +784,8 @@ class Compiler {
         kind = algorithm::pooling_max;
       } else if (IntAttr(op, "count_include_pad", 0) != 0) {
         if (window.ceil_extended)
-          throw CompileError{NodeUnimplemented(op, "ceil_mode with count_include_pad past the pads")};
+          throw CompileError{
+              NodeUnimplemented(op, "ceil_mode with count_include_pad past the pads")};
         kind = algorithm::pooling_avg_include_padding;
       } else {
         kind = algorithm::pooling_avg_exclude_padding;
@@ -889,8 +888,7 @@ class Compiler {
     const int src = Current(i, 0);
     const Md md = program_->value(src).md;
     const auto flags = dnnl::normalization_flags::use_global_stats |
-                       dnnl::normalization_flags::use_scale |
-                       dnnl::normalization_flags::use_shift;
+                       dnnl::normalization_flags::use_scale | dnnl::normalization_flags::use_shift;
     dnnl::batch_normalization_forward::desc desc(dnnl::prop_kind::forward_inference, md,
                                                  FloatAttr(op, "epsilon", 1e-5f), flags);
     // No post-ops here: oneDNN 2.6 takes them reliably on convolutions and matmuls only.
@@ -964,8 +962,8 @@ class Compiler {
 
 }  // namespace
 
-Result<CompileResult> Compile(const SubgraphDesc& subgraph, const dnnl::engine& engine,
-                              int threads, bool fuse) {
+Result<CompileResult> Compile(const SubgraphDesc& subgraph, const dnnl::engine& engine, int threads,
+                              bool fuse) {
   // Primitives are created with the thread count they will run with: oneDNN sizes some kernels'
   // work split at creation (omp_get_max_threads of the creating thread).
   ScopedOmpThreads scoped(threads);

@@ -26,8 +26,8 @@ struct CompileResult {
 // kUnimplemented when oneDNN has no primitive for a layer as described (the message names it),
 // kInvalidArgument for an inconsistent description. Every shape must be static. `fuse` false:
 // one primitive per layer (the tests compare both).
-Result<CompileResult> Compile(const SubgraphDesc& subgraph, const dnnl::engine& engine,
-                              int threads, bool fuse = true);
+Result<CompileResult> Compile(const SubgraphDesc& subgraph, const dnnl::engine& engine, int threads,
+                              bool fuse = true);
 
 // `op` as a run of one layer: its non-constant inputs in order are the boundary inputs (their
 // indices in op.inputs in `input_indices`), all its outputs the boundary outputs.

@@ -229,9 +229,8 @@ class CpuAccBackend final : public IBackend {
       return compiled.error();
     std::string label = "run " + subgraph.layers.front().name + ".." + subgraph.layers.back().name;
     CompiledSubgraph result;
-    result.workload = std::unique_ptr<IWorkload>(
-        new ProgramWorkload(state_, std::move(compiled.value().program), std::move(label),
-                            std::nullopt));
+    result.workload = std::unique_ptr<IWorkload>(new ProgramWorkload(
+        state_, std::move(compiled.value().program), std::move(label), std::nullopt));
     result.layer_notes = std::move(compiled.value().layer_notes);
     return result;
   }

@@ -150,8 +150,8 @@ Status CheckSignature(const OperatorDesc& op, const Signature& signature) {
   }
   for (const auto& output : op.outputs) {
     if (output.type != DataType::kFloat32 && output.type != DataType::kUndefined)
-      return NodeUnimplemented(op, "CpuAcc runs FP32 only; an output is " +
-                                       std::string(ToString(output.type)));
+      return NodeUnimplemented(
+          op, "CpuAcc runs FP32 only; an output is " + std::string(ToString(output.type)));
   }
   for (const auto& [key, value] : op.attributes) {
     const auto& known = signature.attributes;
@@ -193,13 +193,13 @@ Status CheckWindowAttributes(const OperatorDesc& op, std::size_t spatial_rank, b
       continue;
     const auto* values = std::get_if<std::vector<int64_t>>(&it->second);
     if (values == nullptr || values->size() != length)
-      return NodeInvalid(op, "attribute '" + std::string(name) + "' needs " +
-                                 std::to_string(length) + " ints");
+      return NodeInvalid(
+          op, "attribute '" + std::string(name) + "' needs " + std::to_string(length) + " ints");
     const int64_t minimum = std::string_view(name) == "pads" ? 0 : 1;
     for (int64_t v : *values) {
       if (v < minimum)
-        return NodeInvalid(op, "attribute '" + std::string(name) + "' has value " +
-                                   std::to_string(v));
+        return NodeInvalid(op,
+                           "attribute '" + std::string(name) + "' has value " + std::to_string(v));
     }
   }
   if (auto_pad != "NOTSET") {
@@ -321,16 +321,15 @@ Status CheckSoftmax(const OperatorDesc& op) {
 Status CheckBatchNorm(const OperatorDesc& op) {
   if (IntAttr(op, "training_mode", 0) != 0)
     return NodeUnimplemented(op, "training_mode=1 is not supported (inference only)");
-  BACKPLANE_RETURN_IF_ERROR(
-      CheckSignature(op, {.min_inputs = 5,
-                          .max_inputs = 5,
-                          .attributes = {"epsilon", "momentum", "training_mode"}}));
+  BACKPLANE_RETURN_IF_ERROR(CheckSignature(
+      op,
+      {.min_inputs = 5, .max_inputs = 5, .attributes = {"epsilon", "momentum", "training_mode"}}));
   const Shape& x = op.inputs[0].shape;
   if (x.size() < 2)
     return NodeInvalid(op, "X must have rank >= 2, is " + ToString(x));
   if (x.size() > 5)
-    return NodeUnimplemented(op, "oneDNN batch normalization takes rank 2 to 5, X is " +
-                                     ToString(x));
+    return NodeUnimplemented(op,
+                             "oneDNN batch normalization takes rank 2 to 5, X is " + ToString(x));
   for (std::size_t i = 1; i < 5; ++i) {
     const Shape& shape = op.inputs[i].shape;
     if (shape.size() != 1 || (x[1] >= 0 && shape[0] != x[1]))
@@ -382,8 +381,7 @@ Status CheckLayout(const OperatorDesc& op) {
     return CheckSignature(op, {});
   if (op.op_type == "Flatten") {
     BACKPLANE_RETURN_IF_ERROR(CheckSignature(op, {.attributes = {"axis"}}));
-    if (!NormalizedAxis(IntAttr(op, "axis", 1), static_cast<int64_t>(op.inputs[0].shape.size()),
-                        1))
+    if (!NormalizedAxis(IntAttr(op, "axis", 1), static_cast<int64_t>(op.inputs[0].shape.size()), 1))
       return NodeInvalid(op, "axis out of range");
     return Status::Ok();
   }

@@ -40,8 +40,8 @@ struct FreeDeleter {
 struct Program::Context {
   std::unique_ptr<std::byte, FreeDeleter> workspace;
   dnnl::stream stream;
-  std::vector<dnnl::memory> memories;             // per value
-  std::vector<dnnl::memory> scratchpads;          // per step (may be empty)
+  std::vector<dnnl::memory> memories;              // per value
+  std::vector<dnnl::memory> scratchpads;           // per step (may be empty)
   std::vector<std::vector<dnnl_exec_arg_t>> args;  // per step, C handles of the above
 };
 
@@ -162,14 +162,14 @@ void Program::Release(std::unique_ptr<Context> context) const {
 }
 
 Status Program::Run(std::span<const ConstTensorView> all_inputs,
-                    const std::vector<std::size_t>* input_map,
-                    std::span<const TensorView> outputs, const std::string& label) const {
+                    const std::vector<std::size_t>* input_map, std::span<const TensorView> outputs,
+                    const std::string& label) const {
   const std::size_t input_count = input_map == nullptr ? all_inputs.size() : input_map->size();
   if (input_map != nullptr) {
     for (std::size_t index : *input_map) {
       if (index >= all_inputs.size())
-        return InvalidArgument("CpuAcc: " + label + ": got " +
-                               std::to_string(all_inputs.size()) + " input(s)");
+        return InvalidArgument("CpuAcc: " + label + ": got " + std::to_string(all_inputs.size()) +
+                               " input(s)");
     }
   }
   auto input = [&](std::size_t i) -> const ConstTensorView& {
@@ -226,9 +226,8 @@ Status Program::Run(std::span<const ConstTensorView> all_inputs,
         continue;
       }
       const auto& args = context->args[i];
-      const dnnl_status_t result =
-          dnnl_primitive_execute(step.primitive.get(), context->stream.get(),
-                                 static_cast<int>(args.size()), args.data());
+      const dnnl_status_t result = dnnl_primitive_execute(
+          step.primitive.get(), context->stream.get(), static_cast<int>(args.size()), args.data());
       if (result != dnnl_success) {
         status = Internal("CpuAcc: " + label + ": oneDNN primitive " + std::to_string(i) +
                           " failed (status " + std::to_string(static_cast<int>(result)) + ")");

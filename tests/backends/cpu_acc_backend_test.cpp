@@ -118,7 +118,7 @@ SubgraphDesc WholeNetwork(const Network& network) {
       op.inputs.push_back(network.values.at(input));
       auto constant = network.constants.find(input);
       op.constant_inputs.push_back(constant == network.constants.end() ? nullptr
-                                                                        : constant->second.data());
+                                                                       : constant->second.data());
     }
     for (const auto& output : node.outputs)
       op.outputs.push_back(network.values.at(output));
@@ -381,8 +381,8 @@ TEST_F(CpuAccBackendTest, DISABLED_PrintsCompiledRunTimings) {
         MakeMlp(graph, rng, batch);
       const double us = TimeCompiled(cpu_acc(), graph.Subgraph(), graph.InputViews(),
                                      graph.ShapeOf(graph.outputs()[0]), batch == 1 ? 5000 : 500);
-      std::printf("%-6s b%-3lld compiled run, 1 thread: median %8.1f us\n",
-                  lenet ? "LeNet" : "MLP", static_cast<long long>(batch), us);
+      std::printf("%-6s b%-3lld compiled run, 1 thread: median %8.1f us\n", lenet ? "LeNet" : "MLP",
+                  static_cast<long long>(batch), us);
     }
   }
   const fs::path mnist = kData / "models" / "mnist";
@@ -390,7 +390,8 @@ TEST_F(CpuAccBackendTest, DISABLED_PrintsCompiledRunTimings) {
   auto test_case = LoadOnnxTestCase(mnist, 0);
   ASSERT_TRUE(test_case.ok());
   const std::vector<ConstTensorView> inputs{test_case->inputs[0].View()};
-  const double us = TimeCompiled(cpu_acc(), WholeNetwork(test_case->network), inputs, {1, 10}, 5000);
+  const double us =
+      TimeCompiled(cpu_acc(), WholeNetwork(test_case->network), inputs, {1, 10}, 5000);
   std::printf("MNIST  b1   compiled run, 1 thread: median %8.1f us\n", us);
 }
 

@@ -77,7 +77,8 @@ std::optional<Ints> WindowOutput(const WindowSpec& w, const Ints& in) {
 // A random window over `rank` spatial dims; `kernel` given for Conv (W's dims).
 WindowSpec RandomWindow(Rng& rng, std::size_t rank, const Ints& kernel, bool pool) {
   WindowSpec w;
-  w.auto_pad = Chance(rng, 0.7) ? "NOTSET" : Pick<std::string>(rng, {"SAME_UPPER", "SAME_LOWER", "VALID"});
+  w.auto_pad =
+      Chance(rng, 0.7) ? "NOTSET" : Pick<std::string>(rng, {"SAME_UPPER", "SAME_LOWER", "VALID"});
   for (std::size_t d = 0; d < rank; ++d) {
     w.kernel.push_back(kernel.empty() ? Uniform(rng, 1, 4) : kernel[d]);
     w.strides.push_back(Chance(rng, 0.5) ? 1 : Uniform(rng, 2, 3));
@@ -190,8 +191,8 @@ bool MakeGemm(TestGraph& g, Rng& rng) {
   std::vector<std::string> inputs{DataInput(g, "A", ta ? Shape{k, m} : Shape{m, k}, rng, 0.1),
                                   DataInput(g, "B", tb ? Shape{n, k} : Shape{k, n}, rng, 0.6)};
   if (Chance(rng, 0.7)) {
-    const Shape c = Pick<Shape>(rng, {Shape{}, Shape{1}, Shape{n}, Shape{1, n}, Shape{m, 1},
-                                      Shape{m, n}, Shape{1, 1}});
+    const Shape c = Pick<Shape>(
+        rng, {Shape{}, Shape{1}, Shape{n}, Shape{1, n}, Shape{m, 1}, Shape{m, n}, Shape{1, 1}});
     inputs.push_back(DataInput(g, "C", c, rng, 0.6));
   }
   AttributeMap attributes;
@@ -247,8 +248,8 @@ bool MakeMatMul(TestGraph& g, Rng& rng) {
     y.push_back(m);
   if (!b_vector)
     y.push_back(n);
-  g.AddLayer("MatMul", "matmul",
-             {DataInput(g, "A", a, rng, 0.0), DataInput(g, "B", b, rng, 0.5)}, {"Y"}, {y});
+  g.AddLayer("MatMul", "matmul", {DataInput(g, "A", a, rng, 0.0), DataInput(g, "B", b, rng, 0.5)},
+             {"Y"}, {y});
   return true;
 }
 
@@ -463,13 +464,12 @@ TEST_P(CpuAccRandomOpTest, MatchesCpuRef) {
                                      << " configurations, e.g. " << first_refusal;
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Ops, CpuAccRandomOpTest,
-    ::testing::Values("Conv", "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool",
-                      "Gemm", "MatMul", "Add", "Mul", "Relu", "Sigmoid", "Tanh", "Softmax",
-                      "BatchNormalization", "Concat", "Transpose", "Identity", "Flatten",
-                      "Reshape"),
-    [](const auto& info) { return info.param; });
+INSTANTIATE_TEST_SUITE_P(Ops, CpuAccRandomOpTest,
+                         ::testing::Values("Conv", "MaxPool", "AveragePool", "GlobalAveragePool",
+                                           "GlobalMaxPool", "Gemm", "MatMul", "Add", "Mul", "Relu",
+                                           "Sigmoid", "Tanh", "Softmax", "BatchNormalization",
+                                           "Concat", "Transpose", "Identity", "Flatten", "Reshape"),
+                         [](const auto& info) { return info.param; });
 
 // ---- random chains, compiled whole ------------------------------------------------------------
 
@@ -528,8 +528,8 @@ void MakeCnnChain(TestGraph& g, Rng& rng, bool* expect_fusion) {
     *expect_fusion = true;
   }
   if (Chance(rng, 0.5)) {
-    const Shape bias = Pick<Shape>(rng, {Shape{shape[1], 1, 1}, Shape{1, shape[1], 1, 1},
-                                         Shape{1}, Shape{shape[1], 1, 1}});
+    const Shape bias = Pick<Shape>(
+        rng, {Shape{shape[1], 1, 1}, Shape{1, shape[1], 1, 1}, Shape{1}, Shape{shape[1], 1, 1}});
     const std::string cname = "addc" + std::to_string(layer);
     g.AddConstant(cname, RandomTensor(bias, rng));
     const std::string name = next_name();
@@ -548,7 +548,8 @@ void MakeCnnChain(TestGraph& g, Rng& rng, bool* expect_fusion) {
   if (Chance(rng, 0.2))
     g.MarkOutput(current);  // an inner output: written out, and not fused past
   if (Chance(rng, 0.6)) {
-    const std::string type = Pick<std::string>(rng, {"MaxPool", "AveragePool", "GlobalAveragePool"});
+    const std::string type =
+        Pick<std::string>(rng, {"MaxPool", "AveragePool", "GlobalAveragePool"});
     const std::string name = next_name();
     if (type == "GlobalAveragePool") {
       const Shape y{shape[0], shape[1], 1, 1};
@@ -685,8 +686,7 @@ void CpuAccCompiledRunTest::CheckChains(bool cnn) {
     for (const auto& name : graph.outputs()) {
       std::string mismatch;
       ASSERT_TRUE(AllClose(actual->at(name).values, expected->at(name).values, &mismatch))
-          << "chain " << iteration << ", output " << name << ": " << mismatch
-          << graph.Describe();
+          << "chain " << iteration << ", output " << name << ": " << mismatch << graph.Describe();
     }
     const bool fused = std::any_of(notes.begin(), notes.end(), [](const std::string& note) {
       return note.starts_with("fused into");

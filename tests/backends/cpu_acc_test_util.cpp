@@ -58,8 +58,8 @@ void TestGraph::AddLayer(std::string op_type, std::string name, std::vector<std:
       continue;
     }
     auto constant = constants_.find(input);
-    const bool is_int = constant != constants_.end() && layer.op.op_type == "Reshape" &&
-                        &input == &inputs[1];
+    const bool is_int =
+        constant != constants_.end() && layer.op.op_type == "Reshape" && &input == &inputs[1];
     layer.op.inputs.push_back({is_int ? DataType::kInt64 : DataType::kFloat32, shapes_.at(input)});
     layer.op.constant_inputs.push_back(constant == constants_.end() ? nullptr : constant->second);
   }
