@@ -7,6 +7,7 @@ BACKPLANE_PACKAGES=(
   cmake ninja-build g++ pkg-config binutils
   libtbb-dev libspdlog-dev libcli11-dev nlohmann-json3-dev libonnx-dev libprotobuf-dev
   libuv1-dev libcpp-httplib-dev libssl-dev curl
+  libdnnl-dev  # oneDNN 2.6 (OpenMP build): the CpuAcc backend
   libgtest-dev libgmock-dev libbenchmark-dev
   prometheus  # promtool: the tests check /metrics with it
   clang-14    # the clang preset (thread-safety analysis) and the fuzz preset

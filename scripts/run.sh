@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The main job: build Backplane (release) and start `backplane serve` with no arguments: the
-# example model repository (models/: mnist, mlp) on the build's first-party backends, on
-# 127.0.0.1:8000. Ctrl-C (or SIGTERM) stops it gracefully. Extra arguments go to `serve`
-# (e.g. --listen 127.0.0.1:0, --config FILE); see docs/operators.md.
+# example model repository (models/: mnist, mlp) on the build's first-party backends (each model
+# prefers CpuAcc, the oneDNN backend, then CpuRef), on 127.0.0.1:8000. Ctrl-C (or SIGTERM) stops
+# it gracefully. Extra arguments go to `serve` (e.g. --listen 127.0.0.1:0, --config FILE); see
+# docs/operators.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/deps.sh

@@ -1,0 +1,1039 @@
+#include "compiler.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <optional>
+#include <unordered_map>
+
+#include "op_support.hpp"
+
+namespace backplane::cpu_acc {
+namespace {
+
+using dnnl::algorithm;
+using dnnl::memory;
+using Md = dnnl::memory::desc;
+
+// A compile-time failure that is not oneDNN's: carried out of the lowering as a Status.
+struct CompileError {
+  Status status;
+};
+
+memory::dims Dims(const Shape& shape) {
+  if (shape.empty())
+    return {1};  // a scalar is a one-element tensor to oneDNN
+  return memory::dims(shape.begin(), shape.end());
+}
+
+memory::dims RowMajorStrides(const memory::dims& dims) {
+  memory::dims strides(dims.size(), 1);
+  for (std::size_t i = dims.size(); i-- > 1;)
+    strides[i - 1] = strides[i] * dims[i];
+  return strides;
+}
+
+// Dense row-major; an ONNX scalar (no dims) is [1]. (Shape and memory::dims are one type.)
+Md PlainMd(const Shape& shape) {
+  const memory::dims dims = Dims(shape);
+  return Md(dims, memory::data_type::f32, RowMajorStrides(dims));
+}
+
+bool IsPlain(const Md& md) {
+  return md == PlainMd(md.dims());
+}
+
+// Pads `shape` with leading 1s to `rank`.
+Shape PadTo(const Shape& shape, std::size_t rank) {
+  Shape padded(rank - shape.size(), 1);
+  padded.insert(padded.end(), shape.begin(), shape.end());
+  return padded;
+}
+
+dnnl::primitive_attr UserScratchpad() {
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  return attr;
+}
+
+std::string ImplName(const dnnl::primitive_desc_base& pd) {
+  return std::string(pd.impl_info_str());
+}
+
+// Element-wise activations oneDNN can apply as a post-op; nullopt for other ops.
+std::optional<algorithm> Activation(const std::string& op_type) {
+  if (op_type == "Relu")
+    return algorithm::eltwise_relu;
+  if (op_type == "Sigmoid")
+    return algorithm::eltwise_logistic;
+  if (op_type == "Tanh")
+    return algorithm::eltwise_tanh;
+  return std::nullopt;
+}
+
+// A bias being folded: values and the shape they broadcast from (numpy rules) to the output.
+struct Bias {
+  Shape shape;  // empty with no values: no bias yet
+  std::vector<float> values;
+  bool present = false;
+
+  // this + scale * (data of `add_shape`), broadcast to a common shape.
+  void Add(const float* data, const Shape& add_shape, float scale) {
+    const Shape current = present ? shape : Shape{};
+    const Shape target = *Broadcast(current, add_shape);
+    std::vector<float> result(static_cast<std::size_t>(ElementCount(target)), 0.0f);
+    auto offset = [&](std::size_t flat, const Shape& of) {
+      // element of `of` (right-aligned to target, dims of 1 repeat) feeding target element `flat`
+      int64_t index = 0, stride = 1;
+      auto rest = static_cast<int64_t>(flat);
+      for (std::size_t i = 0; i < target.size(); ++i) {
+        const std::size_t axis = target.size() - 1 - i;
+        const int64_t coordinate = rest % target[axis];
+        rest /= target[axis];
+        if (i < of.size()) {
+          const int64_t dim = of[of.size() - 1 - i];
+          if (dim != 1)
+            index += coordinate * stride;
+          stride *= dim;
+        }
+      }
+      return index;
+    };
+    for (std::size_t i = 0; i < result.size(); ++i) {
+      float value = present ? values[offset(i, current)] : 0.0f;
+      result[i] = value + scale * data[offset(i, add_shape)];
+    }
+    shape = target;
+    values = std::move(result);
+    present = true;
+  }
+};
+
+class Compiler {
+ public:
+  Compiler(const SubgraphDesc& graph, const dnnl::engine& engine, int threads, bool fuse)
+      : g_(graph),
+        engine_(engine),
+        stream_(engine),
+        program_(std::make_shared<Program>(engine, threads)),
+        fuse_(fuse) {}
+
+  Result<CompileResult> Run() {
+    notes_.assign(g_.layers.size(), "");
+    for (std::size_t i = 0; i < g_.layers.size(); ++i) {
+      for (std::size_t k = 0; k < g_.layer_inputs[i].size(); ++k) {
+        if (!IsConstant(g_.layers[i], k) && !g_.layer_inputs[i][k].empty())
+          ++uses_[g_.layer_inputs[i][k]];
+      }
+    }
+    for (std::size_t i = 0; i < g_.outputs.size(); ++i)
+      output_index_[g_.outputs[i]] = i;
+    std::vector<Shape> input_shapes, output_shapes;
+    for (std::size_t i = 0; i < g_.inputs.size(); ++i) {
+      const Shape& shape = g_.input_infos[i].shape;
+      input_shapes.push_back(shape);
+      reps_[g_.inputs[i]].push_back(
+          program_->AddValue(PlainMd(shape), {ValueStorage::Kind::kInput, i}));
+      shapes_[g_.inputs[i]] = shape;
+    }
+    for (const auto& info : g_.output_infos)
+      output_shapes.push_back(info.shape);
+    for (std::size_t i = 0; i < g_.layers.size();) {
+      const OperatorDesc& op = g_.layers[i];
+      for (std::size_t k = 0; k < op.outputs.size(); ++k)
+        shapes_[g_.layer_outputs[i][k]] = op.outputs[k].shape;
+      std::size_t next = i + 1;
+      try {
+        next = Lower(i);
+      } catch (const dnnl::error& error) {
+        return Unimplemented("CpuAcc: " + NodeLabel(op) + ": oneDNN has no primitive for it (" +
+                             error.what() + ")");
+      } catch (const CompileError& error) {
+        return error.status;
+      }
+      i = next;
+    }
+    try {
+      for (std::size_t i = 0; i < g_.outputs.size(); ++i)
+        WriteOutput(i);
+      program_->SetBoundary(std::move(input_shapes), std::move(output_shapes));
+      program_->Finish();
+    } catch (const dnnl::error& error) {
+      return Internal(std::string("CpuAcc: oneDNN failed at the run's boundary: ") + error.what());
+    } catch (const CompileError& error) {
+      return error.status;
+    }
+    return CompileResult{program_, std::move(notes_)};
+  }
+
+ private:
+  // ---- values -------------------------------------------------------------------------------
+
+  const Shape& ShapeOf(const std::string& name) {
+    auto it = shapes_.find(name);
+    if (it == shapes_.end())
+      throw CompileError{Internal("CpuAcc: value '" + name + "' is used before it is produced")};
+    return it->second;
+  }
+
+  const std::vector<int>& Reps(const std::string& name) {
+    auto it = reps_.find(name);
+    if (it == reps_.end() || it->second.empty())
+      throw CompileError{Internal("CpuAcc: value '" + name + "' is used before it is produced")};
+    return it->second;
+  }
+
+  // A value over the same bytes as `value`, with another plain md (a view).
+  int View(int value, const Md& md) {
+    const ProgramValue& base = program_->value(value);
+    if (base.md == md)
+      return value;
+    if (base.storage.kind == ValueStorage::Kind::kConstant) {
+      return program_->AddConstant(
+          memory(md, engine_, const_cast<void*>(base.constant.get_data_handle())));
+    }
+    return program_->AddValue(md, base.storage);
+  }
+
+  // The value `name` in layout `wanted`, reordered from its current layout when needed.
+  int Get(const std::string& name, const Md& wanted) {
+    const auto& reps = Reps(name);
+    for (int rep : reps) {
+      if (program_->value(rep).md == wanted)
+        return rep;
+    }
+    const int from = reps.front();
+    const int to = program_->AddTemporary(wanted);
+    Reorder(from, to);
+    reps_[name].push_back(to);
+    return to;
+  }
+
+  int GetPlain(const std::string& name) { return Get(name, PlainMd(ShapeOf(name))); }
+
+  void Reorder(int from, int to) {
+    const Md& src = program_->value(from).md;
+    const Md& dst = program_->value(to).md;
+    if (src == dst && IsPlain(src)) {
+      program_->AddCopy(from, to);
+      return;
+    }
+    dnnl::reorder::primitive_desc pd(engine_, src, engine_, dst, UserScratchpad());
+    program_->AddPrimitive(dnnl::reorder(pd), {{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, to}},
+                           pd.scratchpad_desc());
+  }
+
+  // Where a layer writes `name`, laid out as `md` (whose dims may differ from the ONNX shape only
+  // when md is plain: the same bytes). A boundary output in plain layout is written in place.
+  int Define(const std::string& name, const Md& md) {
+    const Md logical = PlainMd(ShapeOf(name));
+    int value;
+    auto out = output_index_.find(name);
+    if (out != output_index_.end() && IsPlain(md) && md.get_size() == logical.get_size()) {
+      value = program_->AddValue(md, {ValueStorage::Kind::kOutput, out->second});
+    } else {
+      if (md.dims() != logical.dims() && !IsPlain(md))
+        throw CompileError{Internal("CpuAcc: blocked layout with other dims for '" + name + "'")};
+      value = program_->AddTemporary(md);
+    }
+    reps_[name].push_back(md.dims() == logical.dims() ? value : View(value, logical));
+    return value;
+  }
+
+  // A layer's constant input as a plain value over the network's data (no copy).
+  int ConstantValue(const OperatorDesc& op, std::size_t index, const Md& md) {
+    return program_->AddConstant(memory(md, engine_, const_cast<void*>(op.constant_inputs[index])));
+  }
+
+  // Owned constant memory, filled from `values` laid out as plain `md`, then reordered into
+  // `wanted` (e.g. oneDNN's blocked weights) once, now.
+  int OwnedConstant(const float* values, const Md& md, const Md& wanted) {
+    memory source(md, engine_, const_cast<float*>(values));
+    if (md == wanted) {
+      memory copy(md, engine_);
+      std::memcpy(copy.get_data_handle(), values, md.get_size());
+      return program_->AddConstant(copy);
+    }
+    memory target(wanted, engine_);
+    dnnl::reorder(source, target).execute(stream_, source, target);
+    stream_.wait();
+    return program_->AddConstant(target);
+  }
+
+  // Input `index` of layer `i`: its value name ("" when omitted).
+  const std::string& InputName(std::size_t i, std::size_t index) {
+    return g_.layer_inputs[i][index];
+  }
+  const std::string& OutputName(std::size_t i) { return g_.layer_outputs[i][0]; }
+
+  // Input `index` of layer i as it is now (any layout): a constant is plain.
+  int Current(std::size_t i, std::size_t index) {
+    const OperatorDesc& op = g_.layers[i];
+    if (IsConstant(op, index))
+      return ConstantValue(op, index, PlainMd(op.inputs[index].shape));
+    return Reps(InputName(i, index)).front();
+  }
+
+  // Input `index` of layer i in layout `md`.
+  int InputAs(std::size_t i, std::size_t index, const Md& md) {
+    const OperatorDesc& op = g_.layers[i];
+    if (IsConstant(op, index)) {
+      return OwnedConstant(static_cast<const float*>(op.constant_inputs[index]),
+                           PlainMd(op.inputs[index].shape), md);
+    }
+    return Get(InputName(i, index), md);
+  }
+
+  int InputPlain(std::size_t i, std::size_t index) {
+    const OperatorDesc& op = g_.layers[i];
+    if (IsConstant(op, index))
+      return ConstantValue(op, index, PlainMd(op.inputs[index].shape));
+    return GetPlain(InputName(i, index));
+  }
+
+  // The layer after `i` when it only consumes `value`, which nothing else reads (fusable).
+  std::optional<std::size_t> SoleConsumer(std::size_t i, const std::string& value) {
+    if (!fuse_ || i + 1 >= g_.layers.size() || output_index_.contains(value))
+      return std::nullopt;
+    auto uses = uses_.find(value);
+    if (uses == uses_.end() || uses->second != 1)
+      return std::nullopt;
+    const auto& inputs = g_.layer_inputs[i + 1];
+    if (std::find(inputs.begin(), inputs.end(), value) == inputs.end())
+      return std::nullopt;
+    return i + 1;
+  }
+
+  void WriteOutput(std::size_t index) {
+    const std::string& name = g_.outputs[index];
+    for (int rep : Reps(name)) {
+      const ValueStorage& storage = program_->value(rep).storage;
+      if (storage.kind == ValueStorage::Kind::kOutput && storage.index == index)
+        return;
+    }
+    const Md logical = PlainMd(g_.output_infos[index].shape);
+    const int to = program_->AddValue(logical, {ValueStorage::Kind::kOutput, index});
+    // Prefer a plain representation (a copy) over a reorder.
+    int from = Reps(name).front();
+    for (int rep : Reps(name)) {
+      if (program_->value(rep).md == logical)
+        from = rep;
+    }
+    Reorder(from, to);
+  }
+
+  void Note(std::size_t first, std::size_t last, const std::string& impl) {
+    if (first == last) {
+      notes_[first] = "oneDNN " + impl;
+      return;
+    }
+    std::string chain;
+    for (std::size_t k = first; k <= last; ++k)
+      chain += (k == first ? "" : "+") + g_.layers[k].op_type;
+    notes_[first] = "oneDNN " + impl + ", fused " + chain;
+    for (std::size_t k = first + 1; k <= last; ++k)
+      notes_[k] = "fused into " + g_.layers[first].name + " (" + chain + ")";
+  }
+
+  // ---- lowering -----------------------------------------------------------------------------
+
+  // Lowers layer i (and the layers fused into it); returns the index of the next layer.
+  std::size_t Lower(std::size_t i) {
+    const OperatorDesc& op = g_.layers[i];
+    const std::string& type = op.op_type;
+    if (type == "Conv")
+      return LowerConv(i);
+    if (type == "Gemm" || type == "MatMul")
+      return LowerMatMul(i);
+    if (type == "MaxPool" || type == "AveragePool")
+      return LowerPool(i, false);
+    if (type == "GlobalAveragePool" || type == "GlobalMaxPool")
+      return LowerPool(i, true);
+    if (auto activation = Activation(type))
+      return LowerEltwise(i, *activation);
+    if (type == "Add" || type == "Mul")
+      return LowerBinary(i);
+    if (type == "Softmax")
+      return LowerSoftmax(i);
+    if (type == "BatchNormalization")
+      return LowerBatchNorm(i);
+    if (type == "Concat")
+      return LowerConcat(i);
+    if (type == "Transpose")
+      return LowerTranspose(i);
+    if (type == "Identity" || type == "Flatten" || type == "Reshape") {
+      // The same bytes under the output's dims: a view, no work.
+      const int input = InputPlain(i, 0);
+      reps_[OutputName(i)].push_back(View(input, PlainMd(ShapeOf(OutputName(i)))));
+      notes_[i] = "a view of its input inside the compiled run (no copy)";
+      return i + 1;
+    }
+    throw CompileError{Unimplemented("CpuAcc does not implement op " + type)};
+  }
+
+  // Activations (and, with `bias`, constant Adds shaped like the bias) after layer `i`:
+  // appended to `post_ops` / folded into `bias`. `bias_shape` says whether an Add's constant
+  // fits the bias of the run's head layer, and as which shape. Returns the last fused layer.
+  using BiasShapeFn = std::optional<Shape> (Compiler::*)(const Shape&, std::size_t);
+  std::size_t FuseEpilogue(std::size_t i, Bias* bias, BiasShapeFn bias_shape,
+                           dnnl::post_ops* post_ops, std::size_t head) {
+    std::size_t last = i;
+    bool activated = false;
+    while (auto next = SoleConsumer(last, OutputName(last))) {
+      const OperatorDesc& op = g_.layers[*next];
+      if (auto activation = Activation(op.op_type)) {
+        post_ops->append_eltwise(1.0f, *activation, 0.0f, 0.0f);
+        activated = true;
+      } else if (op.op_type == "Add" && !activated && bias != nullptr) {
+        const std::size_t other = InputName(*next, 0) == OutputName(last) ? 1 : 0;
+        if (!IsConstant(op, other) || op.outputs[0].shape != g_.layers[head].outputs[0].shape)
+          break;
+        const auto shape = (this->*bias_shape)(op.inputs[other].shape, head);
+        if (!shape)
+          break;
+        bias->Add(static_cast<const float*>(op.constant_inputs[other]), *shape, 1.0f);
+      } else {
+        break;
+      }
+      shapes_[OutputName(*next)] = op.outputs[0].shape;
+      last = *next;
+    }
+    return last;
+  }
+
+  // Conv: a constant broadcasting along the channel axis only, as [maps] (or [1]: a scalar).
+  std::optional<Shape> ConvBiasShape(const Shape& shape, std::size_t head) {
+    const Shape& out = g_.layers[head].outputs[0].shape;
+    if (shape.size() > out.size())
+      return std::nullopt;
+    const Shape padded = PadTo(shape, out.size());
+    for (std::size_t d = 0; d < padded.size(); ++d) {
+      if (padded[d] != 1 && !(d == 1 && padded[d] == out[1]))
+        return std::nullopt;
+    }
+    return Shape{ElementCount(shape)};
+  }
+
+  // MatMul/Gemm: a constant broadcasting along the last axis only, as [N] (or [1]).
+  std::optional<Shape> MatMulBiasShape(const Shape& shape, std::size_t head) {
+    const Shape& out = g_.layers[head].outputs[0].shape;
+    if (shape.size() > out.size() || out.empty())
+      return std::nullopt;
+    const Shape padded = PadTo(shape, out.size());
+    for (std::size_t d = 0; d + 1 < padded.size(); ++d) {
+      if (padded[d] != 1)
+        return std::nullopt;
+    }
+    if (padded.back() != 1 && padded.back() != out.back())
+      return std::nullopt;
+    return Shape{ElementCount(shape)};
+  }
+
+  // oneDNN's first implementation is not always its fastest: on this machine (AVX-512, 1 thread)
+  // LeNet's convolutions at batch 64 run in 379 and 218 us on brgconv, its first choice, and in
+  // 219 and 167 us on jit:avx512_core (blocked layouts). Convolutions of at least this many FLOPs
+  // try each implementation once at compile time and keep the fastest; smaller ones are not worth
+  // the compile time.
+  static constexpr double kTuneFlops = 4e6;
+
+  // The fastest implementation over `descs` (the same convolution with other layouts): each
+  // one is timed on zeros, best of 3. A later desc wins a near tie (within 3%): the caller puts
+  // channels-last after format any, because the pools and activations that follow run faster on
+  // nhwc than on 16-channel blocks when the channels do not fill the blocks (measured: LeNet's
+  // first max pool, 6 channels at batch 64, 41 us on nhwc, 58 us on nChw16c).
+  dnnl::convolution_forward::primitive_desc FastestConv(
+      const std::vector<dnnl::convolution_forward::desc>& descs, const dnnl::primitive_attr& attr) {
+    std::size_t best_desc = 0;
+    int best_impl = 0;
+    double best_time = 1e300;
+    for (std::size_t d = 0; d < descs.size(); ++d) {
+      dnnl::convolution_forward::primitive_desc candidate;
+      try {
+        candidate = dnnl::convolution_forward::primitive_desc(descs[d], attr, engine_);
+      } catch (const dnnl::error&) {
+        continue;  // no implementation for these layouts
+      }
+      int index = 0;
+      do {
+        const std::string impl = candidate.impl_info_str();
+        if (impl.find("ref") == std::string::npos) {
+          const double time = TimeConv(candidate);
+          if (d > best_desc ? time <= best_time * 1.03 : time < best_time) {
+            best_time = time;
+            best_desc = d;
+            best_impl = index;
+          }
+        }
+        ++index;
+      } while (candidate.next_impl());
+    }
+    dnnl::convolution_forward::primitive_desc chosen(descs[best_desc], attr, engine_);
+    for (int k = 0; k < best_impl; ++k)
+      chosen.next_impl();
+    return chosen;
+  }
+
+  double TimeConv(const dnnl::convolution_forward::primitive_desc& pd) {
+    memory src(pd.src_desc(), engine_), weights(pd.weights_desc(), engine_),
+        dst(pd.dst_desc(), engine_), scratchpad(pd.scratchpad_desc(), engine_);
+    std::memset(src.get_data_handle(), 0, pd.src_desc().get_size());
+    std::memset(weights.get_data_handle(), 0, pd.weights_desc().get_size());
+    std::unordered_map<int, memory> args{{DNNL_ARG_SRC, src},
+                                         {DNNL_ARG_WEIGHTS, weights},
+                                         {DNNL_ARG_DST, dst},
+                                         {DNNL_ARG_SCRATCHPAD, scratchpad}};
+    if (pd.bias_desc().get_size() > 0) {
+      memory bias(pd.bias_desc(), engine_);
+      std::memset(bias.get_data_handle(), 0, pd.bias_desc().get_size());
+      args[DNNL_ARG_BIAS] = bias;
+    }
+    dnnl::convolution_forward primitive(pd);
+    primitive.execute(stream_, args);  // warm-up
+    stream_.wait();
+    double time = 1e300;
+    for (int run = 0; run < 3; ++run) {
+      const auto start = std::chrono::steady_clock::now();
+      primitive.execute(stream_, args);
+      stream_.wait();
+      time = std::min(
+          time, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    }
+    return time;
+  }
+
+  std::size_t LowerConv(std::size_t i) {
+    const OperatorDesc& op = g_.layers[i];
+    const Shape& x = op.inputs[0].shape;
+    const Shape& w = op.inputs[1].shape;
+    const int64_t group = IntAttr(op, "group", 1);
+    const int64_t maps = w[0];
+    Window window;
+    if (auto error =
+            ResolveWindow(op, std::span(x).subspan(2), std::span(w).subspan(2), false, &window)) {
+      throw CompileError{NodeInvalid(op, *error)};
+    }
+    Shape expected{x[0], maps};
+    expected.insert(expected.end(), window.out.begin(), window.out.end());
+    if (expected != op.outputs[0].shape) {
+      throw CompileError{NodeInvalid(op, "output " + ToString(op.outputs[0].shape) +
+                                             ", the window gives " + ToString(expected))};
+    }
+
+    const bool w_constant = IsConstant(op, 1);
+    const bool has_b = HasInput(op, 2);
+    const bool b_constant = has_b && IsConstant(op, 2);
+    Bias bias;
+    if (b_constant)
+      bias.Add(static_cast<const float*>(op.constant_inputs[2]), {maps}, 1.0f);
+    std::vector<float> scale;  // per output map, from a folded BatchNormalization
+
+    // Fusion: BatchNormalization into the weights, then constant Adds into the bias, then
+    // activations as post-ops. A non-constant bias input only takes activations.
+    std::size_t last = i;
+    if (!has_b || b_constant) {
+      if (auto next = SoleConsumer(i, OutputName(i)); next && w_constant) {
+        const OperatorDesc& bn = g_.layers[*next];
+        if (bn.op_type == "BatchNormalization" && InputName(*next, 0) == OutputName(i) &&
+            IsConstant(bn, 1) && IsConstant(bn, 2) && IsConstant(bn, 3) && IsConstant(bn, 4)) {
+          const float epsilon = FloatAttr(bn, "epsilon", 1e-5f);
+          const auto* gamma = static_cast<const float*>(bn.constant_inputs[1]);
+          const auto* beta = static_cast<const float*>(bn.constant_inputs[2]);
+          const auto* mean = static_cast<const float*>(bn.constant_inputs[3]);
+          const auto* var = static_cast<const float*>(bn.constant_inputs[4]);
+          // y = (conv + b - mean) * s + beta, s = gamma / sqrt(var + eps): weights * s,
+          // bias' = (b - mean) * s + beta.
+          std::vector<float> shift(maps);
+          scale.resize(maps);
+          for (int64_t m = 0; m < maps; ++m) {
+            const double s = gamma[m] / std::sqrt(static_cast<double>(var[m]) + epsilon);
+            scale[m] = static_cast<float>(s);
+            const double b = bias.present ? bias.values[m] : 0.0;
+            shift[m] = static_cast<float>((b - mean[m]) * s + beta[m]);
+          }
+          bias = Bias{};
+          bias.Add(shift.data(), {maps}, 1.0f);
+          shapes_[OutputName(*next)] = bn.outputs[0].shape;
+          last = *next;
+        }
+      }
+    }
+    dnnl::post_ops post_ops;
+    last = FuseEpilogue(last, (!has_b || b_constant) ? &bias : nullptr, &Compiler::ConvBiasShape,
+                        &post_ops, i);
+
+    // Descriptors: oneDNN picks the layouts of src, weights and dst (format any).
+    memory::dims w_dims = Dims(w);
+    if (group > 1) {
+      w_dims = {group, maps / group};
+      w_dims.insert(w_dims.end(), w.begin() + 1, w.end());
+    }
+    memory::dims strides(window.strides.begin(), window.strides.end());
+    memory::dims dilates;
+    for (int64_t d : window.dilations)
+      dilates.push_back(d - 1);
+    memory::dims pad_l(window.pad_begin.begin(), window.pad_begin.end());
+    memory::dims pad_r(window.pad_end.begin(), window.pad_end.end());
+    const Md src_any(Dims(x), memory::data_type::f32, memory::format_tag::any);
+    const Md w_any(w_dims, memory::data_type::f32, memory::format_tag::any);
+    const Md dst_any(Dims(expected), memory::data_type::f32, memory::format_tag::any);
+    const bool with_bias = bias.present || has_b;
+    const Md bias_md({maps}, memory::data_type::f32, memory::format_tag::a);
+    dnnl::primitive_attr attr = UserScratchpad();
+    attr.set_post_ops(post_ops);
+    auto desc = with_bias ? dnnl::convolution_forward::desc(
+                                dnnl::prop_kind::forward_inference, algorithm::convolution_direct,
+                                src_any, w_any, bias_md, dst_any, strides, dilates, pad_l, pad_r)
+                          : dnnl::convolution_forward::desc(
+                                dnnl::prop_kind::forward_inference, algorithm::convolution_direct,
+                                src_any, w_any, dst_any, strides, dilates, pad_l, pad_r);
+    dnnl::convolution_forward::primitive_desc pd(desc, attr, engine_);
+    const double flops = 2.0 * static_cast<double>(ElementCount(expected)) *
+                         static_cast<double>(ElementCount(w) / maps);
+    if (flops >= kTuneFlops) {
+      std::vector<dnnl::convolution_forward::desc> descs{desc};
+      if (x.size() == 4 && maps % 16 != 0) {
+        const Md src_nhwc(Dims(x), memory::data_type::f32, memory::format_tag::nhwc);
+        const Md dst_nhwc(Dims(expected), memory::data_type::f32, memory::format_tag::nhwc);
+        descs.push_back(
+            with_bias ? dnnl::convolution_forward::desc(
+                            dnnl::prop_kind::forward_inference, algorithm::convolution_direct,
+                            src_nhwc, w_any, bias_md, dst_nhwc, strides, dilates, pad_l, pad_r)
+                      : dnnl::convolution_forward::desc(
+                            dnnl::prop_kind::forward_inference, algorithm::convolution_direct,
+                            src_nhwc, w_any, dst_nhwc, strides, dilates, pad_l, pad_r));
+      }
+      pd = FastestConv(descs, attr);
+    }
+
+    // Weights: constant ones (scaled by a folded BatchNormalization) reordered now.
+    int weights;
+    if (w_constant) {
+      const auto* data = static_cast<const float*>(op.constant_inputs[1]);
+      if (scale.empty()) {
+        weights = OwnedConstant(data, PlainMd(w_dims), pd.weights_desc());
+      } else {
+        std::vector<float> scaled(data, data + ElementCount(w));
+        const int64_t per_map = ElementCount(w) / maps;
+        for (int64_t m = 0; m < maps; ++m) {
+          for (int64_t k = 0; k < per_map; ++k)
+            scaled[m * per_map + k] *= scale[m];
+        }
+        weights = OwnedConstant(scaled.data(), PlainMd(w_dims), pd.weights_desc());
+      }
+    } else {
+      const int plain = View(InputPlain(i, 1), PlainMd(w_dims));
+      if (program_->value(plain).md == pd.weights_desc()) {
+        weights = plain;
+      } else {
+        weights = program_->AddTemporary(pd.weights_desc());
+        Reorder(plain, weights);
+      }
+    }
+    std::vector<std::pair<int, int>> args{{DNNL_ARG_WEIGHTS, weights}};
+    if (bias.present) {
+      if (bias.shape != Shape{maps}) {  // a scalar so far: broadcast it to every map
+        Bias full;
+        const std::vector<float> zeros(maps, 0.0f);
+        full.Add(zeros.data(), {maps}, 1.0f);
+        full.Add(bias.values.data(), bias.shape, 1.0f);
+        bias = std::move(full);
+      }
+      args.push_back(
+          {DNNL_ARG_BIAS, OwnedConstant(bias.values.data(), PlainMd(Shape{maps}), bias_md)});
+    } else if (has_b) {
+      args.push_back({DNNL_ARG_BIAS, InputPlain(i, 2)});
+    }
+    args.push_back({DNNL_ARG_SRC, InputAs(i, 0, pd.src_desc())});
+    args.push_back({DNNL_ARG_DST, Define(OutputName(last), pd.dst_desc())});
+    program_->AddPrimitive(dnnl::convolution_forward(pd), std::move(args), pd.scratchpad_desc());
+    Note(i, last, ImplName(pd));
+    return last + 1;
+  }
+
+  std::size_t LowerMatMul(std::size_t i) {
+    const OperatorDesc& op = g_.layers[i];
+    const bool gemm = op.op_type == "Gemm";
+    const Shape& a = op.inputs[0].shape;
+    const Shape& b = op.inputs[1].shape;
+    const Shape& y = op.outputs[0].shape;
+
+    // oneDNN dims: src [batch..., M, K], weights [batch..., K, N], dst [batch..., M, N], all of
+    // one rank; a 1-D ONNX operand gets the dim it lacks (its bytes do not move).
+    memory::dims a_dims, b_dims, y_dims, a_strides, b_strides;
+    float alpha = 1.0f, beta = 1.0f;
+    if (gemm) {
+      alpha = FloatAttr(op, "alpha", 1.0f);
+      beta = FloatAttr(op, "beta", 1.0f);
+      const bool ta = IntAttr(op, "transA", 0) != 0, tb = IntAttr(op, "transB", 0) != 0;
+      const int64_t m = ta ? a[1] : a[0], k = ta ? a[0] : a[1], n = tb ? b[0] : b[1];
+      a_dims = {m, k};
+      b_dims = {k, n};
+      y_dims = {m, n};
+      a_strides = ta ? memory::dims{1, m} : memory::dims{k, 1};
+      b_strides = tb ? memory::dims{1, k} : memory::dims{n, 1};
+    } else {
+      const Shape a2 = a.size() == 1 ? Shape{1, a[0]} : a;
+      const Shape b2 = b.size() == 1 ? Shape{b[0], 1} : b;
+      const std::size_t rank = std::max(a2.size(), b2.size());
+      const Shape ap = PadTo(a2, rank), bp = PadTo(b2, rank);
+      a_dims = Dims(ap);
+      b_dims = Dims(bp);
+      y_dims = a_dims;
+      for (std::size_t d = 0; d + 2 < rank; ++d)
+        y_dims[d] = std::max(ap[d], bp[d]);
+      y_dims[rank - 1] = bp[rank - 1];
+      a_strides = RowMajorStrides(a_dims);
+      b_strides = RowMajorStrides(b_dims);
+    }
+    if (ElementCount(y) != ElementCount(Shape(y_dims.begin(), y_dims.end())))
+      throw CompileError{NodeInvalid(op, "output " + ToString(y) + " does not match the operands")};
+    const std::size_t rank = y_dims.size();
+    const int64_t n = y_dims[rank - 1];
+
+    // alpha goes into constant weights, else into an eltwise_linear post-op (after the bias,
+    // which is therefore divided by it).
+    const bool b_constant = IsConstant(op, 1);
+    const float post_scale = b_constant ? 1.0f : alpha;
+    Bias bias;
+    dnnl::post_ops post_ops;
+    std::vector<std::pair<int, int>> args;
+    const bool has_c = gemm && HasInput(op, 2) && beta != 0.0f;
+    bool bias_closed = false;  // a post-op exists: later constants cannot join the bias
+    if (has_c && IsConstant(op, 2)) {
+      bias.Add(static_cast<const float*>(op.constant_inputs[2]), op.inputs[2].shape,
+               beta / post_scale);
+    }
+    if (post_scale != 1.0f) {
+      post_ops.append_eltwise(1.0f, algorithm::eltwise_linear, post_scale, 0.0f);
+      bias_closed = true;
+    }
+    // A non-constant C: a binary post-op when beta is 1; else a binary primitive after the
+    // matmul (src1 scaled by beta). Trap: oneDNN 2.6 mishandles two eltwise_linear post-ops
+    // around a binary one (measured on test_gemm_beta: linear(2), add C, linear(0.5) gave 4x
+    // the expected values), so no beta post-op.
+    const bool separate_c = has_c && !IsConstant(op, 2) && beta != 1.0f;
+    const Shape c2 = has_c ? PadTo(op.inputs[2].shape, 2) : Shape{};
+    if (has_c && !IsConstant(op, 2) && !separate_c) {
+      const Md c_md = PlainMd(c2);
+      const int index = post_ops.len();
+      post_ops.append_binary(algorithm::binary_add, c_md);
+      args.push_back(
+          {DNNL_ARG_ATTR_MULTIPLE_POST_OP(index) | DNNL_ARG_SRC_1, View(InputPlain(i, 2), c_md)});
+      bias_closed = true;
+    }
+    const bool b_is_column = !gemm && b.size() == 1;
+    std::size_t last = separate_c ? i
+                                  : FuseEpilogue(i, (bias_closed || b_is_column) ? nullptr : &bias,
+                                                 &Compiler::MatMulBiasShape, &post_ops, i);
+
+    const Md a_md(a_dims, memory::data_type::f32, a_strides);
+    const Md b_plain(b_dims, memory::data_type::f32, b_strides);
+    const Md b_md =
+        b_constant ? Md(b_dims, memory::data_type::f32, memory::format_tag::any) : b_plain;
+    const Md y_md = PlainMd(y_dims);
+    std::optional<Md> bias_md;
+    if (bias.present) {
+      // The bias broadcasts over every dim but N ([1..., 1, N] or all ones).
+      memory::dims dims(rank, 1);
+      dims[rank - 1] = bias.shape.empty() ? 1 : bias.shape.back();
+      if (ElementCount(bias.shape) != dims[rank - 1]) {
+        // Gemm's C as [M,N] or [M,1]: a full 2-D bias.
+        const Shape c2 = PadTo(bias.shape, 2);
+        dims = Dims(c2);
+      }
+      bias_md = PlainMd(dims);
+      (void)n;
+    }
+    dnnl::primitive_attr attr = UserScratchpad();
+    attr.set_post_ops(post_ops);
+    auto desc = bias_md ? dnnl::matmul::desc(a_md, b_md, *bias_md, y_md)
+                        : dnnl::matmul::desc(a_md, b_md, y_md);
+    dnnl::matmul::primitive_desc pd(desc, attr, engine_);
+
+    int weights;
+    if (b_constant) {
+      const auto* data = static_cast<const float*>(op.constant_inputs[1]);
+      if (alpha != 1.0f) {
+        std::vector<float> scaled(data, data + ElementCount(b));
+        for (float& v : scaled)
+          v *= alpha;
+        weights = OwnedConstant(scaled.data(), b_plain, pd.weights_desc());
+      } else {
+        weights = OwnedConstant(data, b_plain, pd.weights_desc());
+      }
+    } else {
+      weights = View(InputPlain(i, 1), b_plain);
+    }
+    args.push_back({DNNL_ARG_SRC, View(InputPlain(i, 0), a_md)});
+    args.push_back({DNNL_ARG_WEIGHTS, weights});
+    if (bias_md)
+      args.push_back({DNNL_ARG_BIAS, OwnedConstant(bias.values.data(), *bias_md, *bias_md)});
+    if (!separate_c) {
+      args.push_back({DNNL_ARG_DST, Define(OutputName(last), y_md)});
+      program_->AddPrimitive(dnnl::matmul(pd), std::move(args), pd.scratchpad_desc());
+      Note(i, last, ImplName(pd));
+      return last + 1;
+    }
+    const int product = program_->AddTemporary(y_md);
+    args.push_back({DNNL_ARG_DST, product});
+    program_->AddPrimitive(dnnl::matmul(pd), std::move(args), pd.scratchpad_desc());
+    const Md c_md = PlainMd(c2);
+    dnnl::primitive_attr c_attr = UserScratchpad();
+    c_attr.set_scales(DNNL_ARG_SRC_1, 0, {beta});
+    dnnl::binary::primitive_desc add_pd(dnnl::binary::desc(algorithm::binary_add, y_md, c_md, y_md),
+                                        c_attr, engine_);
+    const int c = View(InputPlain(i, 2), c_md);
+    const int dst = Define(OutputName(i), y_md);
+    program_->AddPrimitive(dnnl::binary(add_pd),
+                           {{DNNL_ARG_SRC_0, product}, {DNNL_ARG_SRC_1, c}, {DNNL_ARG_DST, dst}},
+                           add_pd.scratchpad_desc());
+    Note(i, i, ImplName(pd) + " + " + ImplName(add_pd) + " for beta*C");
+    return i + 1;
+  }
+
+  std::size_t LowerPool(std::size_t i, bool global) {
+    const OperatorDesc& op = g_.layers[i];
+    const Shape& x = op.inputs[0].shape;
+    const std::span<const int64_t> spatial(x.begin() + 2, x.end());
+    Window window;
+    algorithm kind;
+    if (global) {
+      window.kernel.assign(spatial.begin(), spatial.end());
+      window.strides.assign(spatial.size(), 1);
+      window.dilations.assign(spatial.size(), 1);
+      window.pad_begin.assign(spatial.size(), 0);
+      window.pad_end.assign(spatial.size(), 0);
+      window.out.assign(spatial.size(), 1);
+      kind = op.op_type == "GlobalMaxPool" ? algorithm::pooling_max
+                                           : algorithm::pooling_avg_exclude_padding;
+    } else {
+      const bool ceil_mode = IntAttr(op, "ceil_mode", 0) != 0;
+      if (auto error = ResolveWindow(op, spatial, IntsAttr(op, "kernel_shape"), ceil_mode, &window))
+        throw CompileError{NodeInvalid(op, *error)};
+      if (op.op_type == "MaxPool") {
+        kind = algorithm::pooling_max;
+      } else if (IntAttr(op, "count_include_pad", 0) != 0) {
+        if (window.ceil_extended)
+          throw CompileError{
+              NodeUnimplemented(op, "ceil_mode with count_include_pad past the pads")};
+        kind = algorithm::pooling_avg_include_padding;
+      } else {
+        kind = algorithm::pooling_avg_exclude_padding;
+      }
+    }
+    Shape expected{x[0], x[1]};
+    expected.insert(expected.end(), window.out.begin(), window.out.end());
+    if (expected != op.outputs[0].shape) {
+      throw CompileError{NodeInvalid(op, "output " + ToString(op.outputs[0].shape) +
+                                             ", the window gives " + ToString(expected))};
+    }
+    memory::dims dilation;
+    for (int64_t d : window.dilations)
+      dilation.push_back(d - 1);
+    // The input stays in whatever layout it has (blocked after a convolution).
+    const int src = Current(i, 0);
+    const Md src_md = program_->value(src).md;
+    const Md dst_any(Dims(expected), memory::data_type::f32, memory::format_tag::any);
+    dnnl::pooling_v2_forward::desc desc(
+        dnnl::prop_kind::forward_inference, kind, src_md, dst_any,
+        memory::dims(window.strides.begin(), window.strides.end()),
+        memory::dims(window.kernel.begin(), window.kernel.end()), dilation,
+        memory::dims(window.pad_begin.begin(), window.pad_begin.end()),
+        memory::dims(window.pad_end.begin(), window.pad_end.end()));
+    // No post-ops here: oneDNN 2.6 takes them reliably on convolutions and matmuls only.
+    const std::size_t last = i;
+    const dnnl::primitive_attr attr = UserScratchpad();
+    dnnl::pooling_v2_forward::primitive_desc pd(desc, attr, engine_);
+    const int dst = Define(OutputName(last), pd.dst_desc());
+    program_->AddPrimitive(dnnl::pooling_v2_forward(pd), {{DNNL_ARG_SRC, src}, {DNNL_ARG_DST, dst}},
+                           pd.scratchpad_desc());
+    Note(i, last, ImplName(pd));
+    return last + 1;
+  }
+
+  std::size_t LowerEltwise(std::size_t i, algorithm kind) {
+    const int src = Current(i, 0);
+    const Md md = program_->value(src).md;
+    dnnl::eltwise_forward::desc desc(dnnl::prop_kind::forward_inference, kind, md, 0.0f, 0.0f);
+    // No post-ops here: oneDNN 2.6 takes them reliably on convolutions and matmuls only.
+    const std::size_t last = i;
+    const dnnl::primitive_attr attr = UserScratchpad();
+    dnnl::eltwise_forward::primitive_desc pd(desc, attr, engine_);
+    const int dst = Define(OutputName(last), pd.dst_desc());
+    program_->AddPrimitive(dnnl::eltwise_forward(pd), {{DNNL_ARG_SRC, src}, {DNNL_ARG_DST, dst}},
+                           pd.scratchpad_desc());
+    Note(i, last, ImplName(pd));
+    return last + 1;
+  }
+
+  std::size_t LowerBinary(std::size_t i) {
+    const OperatorDesc& op = g_.layers[i];
+    const Shape& y = op.outputs[0].shape;
+    auto out = Broadcast(op.inputs[0].shape, op.inputs[1].shape);
+    if (!out || *out != y)
+      throw CompileError{NodeInvalid(op, "output " + ToString(y) + " does not match the inputs")};
+    // oneDNN broadcasts src1 only: the full-size operand goes first (Add and Mul commute).
+    std::size_t first = 0, second = 1;
+    if (ElementCount(op.inputs[0].shape) != ElementCount(y)) {
+      std::swap(first, second);
+      if (ElementCount(op.inputs[1].shape) != ElementCount(y))
+        throw CompileError{NodeUnimplemented(op, "both operands broadcast")};
+    }
+    const Md y_md = PlainMd(y);
+    const Md src1_md = PlainMd(PadTo(op.inputs[second].shape, y.size()));
+    const int src0 = View(InputPlain(i, first), y_md);
+    const int src1 = View(InputPlain(i, second), src1_md);
+    const algorithm kind = op.op_type == "Add" ? algorithm::binary_add : algorithm::binary_mul;
+    dnnl::binary::desc desc(kind, y_md, src1_md, y_md);
+    // No post-ops here: oneDNN 2.6 takes them reliably on convolutions and matmuls only.
+    const std::size_t last = i;
+    const dnnl::primitive_attr attr = UserScratchpad();
+    dnnl::binary::primitive_desc pd(desc, attr, engine_);
+    const int dst = Define(OutputName(last), y_md);
+    program_->AddPrimitive(dnnl::binary(pd),
+                           {{DNNL_ARG_SRC_0, src0}, {DNNL_ARG_SRC_1, src1}, {DNNL_ARG_DST, dst}},
+                           pd.scratchpad_desc());
+    Note(i, last, ImplName(pd));
+    return last + 1;
+  }
+
+  std::size_t LowerSoftmax(std::size_t i) {
+    const OperatorDesc& op = g_.layers[i];
+    const Shape& x = op.inputs[0].shape;
+    const int axis =
+        static_cast<int>(*NormalizedAxis(IntAttr(op, "axis", -1), static_cast<int64_t>(x.size())));
+    const Md md = PlainMd(x);
+    dnnl::softmax_forward::desc desc(dnnl::prop_kind::forward_inference, md, axis);
+    dnnl::softmax_forward::primitive_desc pd(desc, UserScratchpad(), engine_);
+    const int src = InputPlain(i, 0);
+    const int dst = Define(OutputName(i), md);
+    program_->AddPrimitive(dnnl::softmax_forward(pd), {{DNNL_ARG_SRC, src}, {DNNL_ARG_DST, dst}},
+                           pd.scratchpad_desc());
+    Note(i, i, ImplName(pd));
+    return i + 1;
+  }
+
+  std::size_t LowerBatchNorm(std::size_t i) {
+    const OperatorDesc& op = g_.layers[i];
+    const int src = Current(i, 0);
+    const Md md = program_->value(src).md;
+    const auto flags = dnnl::normalization_flags::use_global_stats |
+                       dnnl::normalization_flags::use_scale | dnnl::normalization_flags::use_shift;
+    dnnl::batch_normalization_forward::desc desc(dnnl::prop_kind::forward_inference, md,
+                                                 FloatAttr(op, "epsilon", 1e-5f), flags);
+    // No post-ops here: oneDNN 2.6 takes them reliably on convolutions and matmuls only.
+    const std::size_t last = i;
+    const dnnl::primitive_attr attr = UserScratchpad();
+    dnnl::batch_normalization_forward::primitive_desc pd(desc, attr, engine_);
+    std::vector<std::pair<int, int>> args{{DNNL_ARG_SRC, src},
+                                          {DNNL_ARG_SCALE, InputPlain(i, 1)},
+                                          {DNNL_ARG_SHIFT, InputPlain(i, 2)},
+                                          {DNNL_ARG_MEAN, InputPlain(i, 3)},
+                                          {DNNL_ARG_VARIANCE, InputPlain(i, 4)}};
+    args.push_back({DNNL_ARG_DST, Define(OutputName(last), pd.dst_desc())});
+    program_->AddPrimitive(dnnl::batch_normalization_forward(pd), std::move(args),
+                           pd.scratchpad_desc());
+    Note(i, last, ImplName(pd));
+    return last + 1;
+  }
+
+  std::size_t LowerConcat(std::size_t i) {
+    const OperatorDesc& op = g_.layers[i];
+    const Shape& y = op.outputs[0].shape;
+    const int axis =
+        static_cast<int>(*NormalizedAxis(IntAttr(op, "axis", 0), static_cast<int64_t>(y.size())));
+    std::vector<Md> srcs;
+    std::vector<std::pair<int, int>> args;
+    for (std::size_t k = 0; k < op.inputs.size(); ++k) {
+      srcs.push_back(PlainMd(op.inputs[k].shape));
+      args.push_back({DNNL_ARG_MULTIPLE_SRC + static_cast<int>(k), InputPlain(i, k)});
+    }
+    const Md y_md = PlainMd(y);
+    dnnl::concat::primitive_desc pd(y_md, axis, srcs, engine_, UserScratchpad());
+    args.push_back({DNNL_ARG_DST, Define(OutputName(i), y_md)});
+    program_->AddPrimitive(dnnl::concat(pd), std::move(args), pd.scratchpad_desc());
+    Note(i, i, ImplName(pd));
+    return i + 1;
+  }
+
+  std::size_t LowerTranspose(std::size_t i) {
+    const OperatorDesc& op = g_.layers[i];
+    const Shape& x = op.inputs[0].shape;
+    const Shape& y = op.outputs[0].shape;
+    std::vector<int64_t> perm = IntsAttr(op, "perm");
+    if (!op.attributes.contains("perm")) {
+      for (std::size_t d = x.size(); d-- > 0;)
+        perm.push_back(static_cast<int64_t>(d));
+    }
+    // The input seen in the output's dim order: output dim d walks input dim perm[d].
+    const memory::dims x_strides = RowMajorStrides(Dims(x));
+    memory::dims strides;
+    for (int64_t p : perm)
+      strides.push_back(x_strides[p]);
+    const Md permuted(Dims(y), memory::data_type::f32, x.empty() ? memory::dims{1} : strides);
+    const int src = View(InputPlain(i, 0), permuted);
+    const int dst = Define(OutputName(i), PlainMd(y));
+    Reorder(src, dst);
+    Note(i, i, "reorder");
+    return i + 1;
+  }
+
+  const SubgraphDesc& g_;
+  dnnl::engine engine_;
+  dnnl::stream stream_;
+  std::shared_ptr<Program> program_;
+  const bool fuse_;
+  std::map<std::string, std::vector<int>, std::less<>> reps_;  // value -> its layouts in program
+  std::map<std::string, Shape, std::less<>> shapes_;
+  std::map<std::string, int, std::less<>> uses_;  // consumers inside the run
+  std::map<std::string, std::size_t, std::less<>> output_index_;
+  std::vector<std::string> notes_;
+};
+
+}  // namespace
+
+Result<CompileResult> Compile(const SubgraphDesc& subgraph, const dnnl::engine& engine, int threads,
+                              bool fuse) {
+  // Primitives are created with the thread count they will run with: oneDNN sizes some kernels'
+  // work split at creation (omp_get_max_threads of the creating thread).
+  ScopedOmpThreads scoped(threads);
+  try {
+    return Compiler(subgraph, engine, threads, fuse).Run();
+  } catch (const dnnl::error& error) {
+    return Unimplemented(std::string("CpuAcc: oneDNN: ") + error.what());
+  } catch (const std::exception& error) {
+    return Internal(std::string("CpuAcc: compiling a run of layers: ") + error.what());
+  }
+}
+
+SubgraphDesc SingleLayer(const OperatorDesc& op, std::vector<std::size_t>* input_indices) {
+  SubgraphDesc graph;
+  graph.layers.push_back(op);
+  std::vector<std::string> inputs, outputs;
+  input_indices->clear();
+  for (std::size_t k = 0; k < op.inputs.size(); ++k) {
+    const std::string name = "in" + std::to_string(k);
+    if (!HasInput(op, k)) {
+      inputs.emplace_back();
+      continue;
+    }
+    inputs.push_back(name);
+    if (!IsConstant(op, k)) {
+      graph.inputs.push_back(name);
+      graph.input_infos.push_back(op.inputs[k]);
+      input_indices->push_back(k);
+    }
+  }
+  for (std::size_t k = 0; k < op.outputs.size(); ++k) {
+    outputs.push_back("out" + std::to_string(k));
+    graph.outputs.push_back(outputs.back());
+    graph.output_infos.push_back(op.outputs[k]);
+  }
+  graph.layer_inputs.push_back(std::move(inputs));
+  graph.layer_outputs.push_back(std::move(outputs));
+  return graph;
+}
+
+}  // namespace backplane::cpu_acc

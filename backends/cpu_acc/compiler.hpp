@@ -1,0 +1,36 @@
+// Lowers a run of ONNX layers (static shapes) onto oneDNN primitives: one Program.
+//
+// The same compiler serves CreateWorkload (a run of one layer) and CompileSubgraph. Inside a run
+// it fuses (Conv + BatchNormalization folded into the weights + constant Add folded into the bias
+// + Relu/Sigmoid/Tanh as post-ops; Gemm/MatMul + constant Add as bias + activation post-ops),
+// keeps oneDNN's blocked layouts between convolutions, pools and element-wise layers, turns
+// Identity/Flatten/Reshape into views of the same bytes, and reorders only where a primitive
+// needs another layout (always plain row-major at the run's boundary).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backplane/sdk/backend.hpp"
+#include "oneapi/dnnl/dnnl.hpp"
+#include "program.hpp"
+
+namespace backplane::cpu_acc {
+
+struct CompileResult {
+  std::shared_ptr<const Program> program;
+  std::vector<std::string> layer_notes;  // per layer
+};
+
+// kUnimplemented when oneDNN has no primitive for a layer as described (the message names it),
+// kInvalidArgument for an inconsistent description. Every shape must be static. `fuse` false:
+// one primitive per layer (the tests compare both).
+Result<CompileResult> Compile(const SubgraphDesc& subgraph, const dnnl::engine& engine, int threads,
+                              bool fuse = true);
+
+// `op` as a run of one layer: its non-constant inputs in order are the boundary inputs (their
+// indices in op.inputs in `input_indices`), all its outputs the boundary outputs.
+SubgraphDesc SingleLayer(const OperatorDesc& op, std::vector<std::size_t>* input_indices);
+
+}  // namespace backplane::cpu_acc

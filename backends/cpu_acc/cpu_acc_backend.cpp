@@ -1,0 +1,278 @@
+// CpuAcc: FP32 inference on oneDNN (Debian's libdnnl 2.6, OpenMP runtime).
+//
+// Ops: Conv, MaxPool, AveragePool, GlobalAveragePool, GlobalMaxPool, Gemm, MatMul, Relu, Sigmoid,
+// Tanh, Softmax, BatchNormalization (inference), Add, Mul, Concat, Transpose, Identity, Flatten,
+// Reshape, with ONNX semantics as CpuRef implements them (backends/cpu_ref). What oneDNN cannot
+// do, or not with CpuRef's results, IsSupported refuses with the reason (op_support.cpp), and the
+// layer falls to the next backend of the network's preference list.
+//
+// Primitives are created once, when a workload is created or a run of layers is compiled
+// (SDK 1.1 CompileSubgraph, compiler.cpp); Execute only binds the host's tensors and runs them
+// (program.cpp). Shapes: a layer whose description has dynamic dims gets its primitives per
+// concrete shape on first use, cached per workload (kShapeCacheSize shapes); a compiled run needs
+// static shapes and is declined otherwise (its layers then run one by one).
+//
+// Threading (option intra_op_threads, default 1): oneDNN here runs on OpenMP, and every primitive
+// runs on the thread that calls Execute, with that thread's OpenMP thread count set to
+// intra_op_threads for the call (a per-thread setting, restored after). The host runs up to
+// max_in_flight requests at once, so requests x intra_op_threads threads may compute at once:
+// keep that product within the cores (1, the default, never oversubscribes). The value is read
+// when a workload is created (oneDNN sizes some kernels' work split at creation), so an update
+// applies to networks loaded (or migrated) after it.
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+#include "compiler.hpp"
+#include "op_support.hpp"
+#include "program.hpp"
+
+namespace backplane::cpu_acc {
+namespace {
+
+constexpr std::string_view kIntraOpThreads = "intra_op_threads";
+constexpr std::size_t kShapeCacheSize = 8;
+
+// What the workloads of one backend instance share. Thread-safe.
+struct BackendState {
+  dnnl::engine engine{dnnl::engine::kind::cpu, 0};
+  OptionSet options{std::string(kId),
+                    {{std::string(kIntraOpThreads), OptionType::kInt64, int64_t{1},
+                      "OpenMP threads each request's primitives use (>= 1); requests in flight x "
+                      "this should not exceed the cores. Applies to networks loaded after a "
+                      "change"}}};
+  std::atomic<int> executing{0};  // Execute calls inside this instance's code
+};
+
+// Counts an Execute in progress, for Shutdown.
+class ExecutingScope {
+ public:
+  explicit ExecutingScope(std::atomic<int>& counter) : counter_(counter) { counter_.fetch_add(1); }
+  ~ExecutingScope() { counter_.fetch_sub(1); }
+  ExecutingScope(const ExecutingScope&) = delete;
+  ExecutingScope& operator=(const ExecutingScope&) = delete;
+
+ private:
+  std::atomic<int>& counter_;
+};
+
+int ThreadsOf(const BackendState& state) {
+  return static_cast<int>(state.options.GetAs<int64_t>(kIntraOpThreads));
+}
+
+// One compiled program for a whole run of layers (or one layer with static shapes).
+// Thread-safe: the program is immutable; per-request state comes from its context pool.
+class ProgramWorkload final : public IWorkload {
+ public:
+  ProgramWorkload(BackendState& state, std::shared_ptr<const Program> program, std::string label,
+                  std::optional<std::vector<std::size_t>> input_map)
+      : state_(state),
+        program_(std::move(program)),
+        label_(std::move(label)),
+        input_map_(std::move(input_map)) {}
+
+  Status Execute(std::span<const ConstTensorView> inputs,
+                 std::span<const TensorView> outputs) override {
+    ExecutingScope scope(state_.executing);
+    try {
+      return program_->Run(inputs, input_map_ ? &*input_map_ : nullptr, outputs, label_);
+    } catch (const std::exception& error) {
+      return Internal("CpuAcc: " + label_ + ": " + error.what());
+    } catch (...) {
+      return Internal("CpuAcc: " + label_ + ": unknown exception");
+    }
+  }
+
+ private:
+  BackendState& state_;
+  const std::shared_ptr<const Program> program_;
+  const std::string label_;
+  // Per layer: boundary input -> index in Execute's inputs (all of the op's inputs). A compiled
+  // run gets exactly its boundary inputs (nullopt).
+  const std::optional<std::vector<std::size_t>> input_map_;
+};
+
+// A layer whose description has dynamic dims: a program per concrete shape, made on first use.
+// Thread-safe: the cache is locked; programs are shared and immutable.
+class DynamicLayerWorkload final : public IWorkload {
+ public:
+  DynamicLayerWorkload(BackendState& state, OperatorDesc op, int threads)
+      : state_(state), op_(std::move(op)), label_(NodeLabel(op_)), threads_(threads) {}
+
+  Status Execute(std::span<const ConstTensorView> inputs,
+                 std::span<const TensorView> outputs) override {
+    ExecutingScope scope(state_.executing);
+    try {
+      if (inputs.size() != op_.inputs.size() || outputs.size() != op_.outputs.size())
+        return InvalidArgument("CpuAcc: " + label_ + ": wrong number of inputs or outputs");
+      // The steady state allocates nothing: shapes are compared in place, the entry shared.
+      std::shared_ptr<const Entry> entry;
+      {
+        std::lock_guard lock(mutex_);
+        for (const auto& candidate : cache_) {
+          if (Matches(*candidate, inputs, outputs))
+            entry = candidate;
+        }
+      }
+      if (entry == nullptr) {
+        auto made = std::make_shared<Entry>();
+        OperatorDesc concrete = op_;
+        for (std::size_t k = 0; k < inputs.size(); ++k) {
+          made->key.push_back(HasInput(op_, k) ? inputs[k].info.shape : Shape{});
+          if (HasInput(op_, k))
+            concrete.inputs[k].shape = inputs[k].info.shape;
+        }
+        for (std::size_t k = 0; k < outputs.size(); ++k) {
+          made->key.push_back(outputs[k].info.shape);
+          concrete.outputs[k].shape = outputs[k].info.shape;
+        }
+        BACKPLANE_RETURN_IF_ERROR(CheckOp(concrete));
+        auto compiled = Compile(SingleLayer(concrete, &made->input_map), state_.engine, threads_);
+        if (!compiled.ok())
+          return compiled.error();
+        made->program = compiled.value().program;
+        entry = made;
+        std::lock_guard lock(mutex_);
+        if (cache_.size() == kShapeCacheSize)
+          cache_.erase(cache_.begin());  // the oldest shape; requests using it keep their entry
+        cache_.push_back(std::move(made));
+      }
+      return entry->program->Run(inputs, &entry->input_map, outputs, label_);
+    } catch (const std::exception& error) {
+      return Internal("CpuAcc: " + label_ + ": " + error.what());
+    } catch (...) {
+      return Internal("CpuAcc: " + label_ + ": unknown exception");
+    }
+  }
+
+ private:
+  struct Entry {
+    std::vector<Shape> key;  // per input ([] when omitted), then per output
+    std::shared_ptr<const Program> program;
+    std::vector<std::size_t> input_map;
+  };
+
+  bool Matches(const Entry& entry, std::span<const ConstTensorView> inputs,
+               std::span<const TensorView> outputs) const {
+    for (std::size_t k = 0; k < inputs.size(); ++k) {
+      if (HasInput(op_, k) && entry.key[k] != inputs[k].info.shape)
+        return false;
+    }
+    for (std::size_t k = 0; k < outputs.size(); ++k) {
+      if (entry.key[inputs.size() + k] != outputs[k].info.shape)
+        return false;
+    }
+    return true;
+  }
+
+  BackendState& state_;
+  const OperatorDesc op_;  // its constant_inputs stay valid while the workload lives
+  const std::string label_;
+  const int threads_;
+  std::mutex mutex_;
+  std::vector<std::shared_ptr<const Entry>> cache_;  // guarded by mutex_
+};
+
+bool HasDynamicShape(const OperatorDesc& op) {
+  for (std::size_t k = 0; k < op.inputs.size(); ++k) {
+    if (HasInput(op, k) && !IsStatic(op.inputs[k].shape))
+      return true;
+  }
+  return std::any_of(op.outputs.begin(), op.outputs.end(),
+                     [](const TensorInfo& info) { return !IsStatic(info.shape); });
+}
+
+// Thread-safe: the state's option set locks; dnnl engines are safe to share.
+class CpuAccBackend final : public IBackend {
+ public:
+  std::string_view GetId() const override { return kId; }
+
+  Status IsSupported(const OperatorDesc& op) const override { return CheckOp(op); }
+
+  Result<std::unique_ptr<IWorkload>> CreateWorkload(const OperatorDesc& op) override {
+    BACKPLANE_RETURN_IF_ERROR(CheckOp(op));
+    const int threads = ThreadsOf(state_);
+    if (HasDynamicShape(op))
+      return std::unique_ptr<IWorkload>(new DynamicLayerWorkload(state_, op, threads));
+    std::vector<std::size_t> input_map;
+    auto compiled = Compile(SingleLayer(op, &input_map), state_.engine, threads);
+    if (!compiled.ok())
+      return compiled.error();
+    return std::unique_ptr<IWorkload>(new ProgramWorkload(
+        state_, std::move(compiled.value().program), NodeLabel(op), std::move(input_map)));
+  }
+
+  Result<CompiledSubgraph> CompileSubgraph(const SubgraphDesc& subgraph) override {
+    if (subgraph.layers.empty() || subgraph.layer_inputs.size() != subgraph.layers.size() ||
+        subgraph.layer_outputs.size() != subgraph.layers.size() ||
+        subgraph.input_infos.size() != subgraph.inputs.size() ||
+        subgraph.output_infos.size() != subgraph.outputs.size()) {
+      return InvalidArgument("CpuAcc: inconsistent SubgraphDesc");
+    }
+    for (const OperatorDesc& op : subgraph.layers) {
+      BACKPLANE_RETURN_IF_ERROR(CheckOp(op));
+      if (HasDynamicShape(op)) {
+        return Unimplemented("CpuAcc compiles runs with static shapes only; " + NodeLabel(op) +
+                             " has a dynamic dim (its layers run one by one, with primitives per "
+                             "shape)");
+      }
+    }
+    for (const auto& info : subgraph.input_infos) {
+      if (!IsStatic(info.shape))
+        return Unimplemented("CpuAcc compiles runs with static shapes only");
+    }
+    auto compiled = Compile(subgraph, state_.engine, ThreadsOf(state_));
+    if (!compiled.ok())
+      return compiled.error();
+    std::string label = "run " + subgraph.layers.front().name + ".." + subgraph.layers.back().name;
+    CompiledSubgraph result;
+    result.workload = std::unique_ptr<IWorkload>(new ProgramWorkload(
+        state_, std::move(compiled.value().program), std::move(label), std::nullopt));
+    result.layer_notes = std::move(compiled.value().layer_notes);
+    return result;
+  }
+
+  std::vector<OptionDescriptor> DescribeOptions() const override {
+    return state_.options.descriptors();
+  }
+
+  // All-or-nothing: the range is checked before OptionSet applies anything.
+  Status UpdateOptions(const BackendOptions& changes) override {
+    BACKPLANE_RETURN_IF_ERROR(ValidateOptions(changes, state_.options.descriptors(), kId));
+    auto threads = changes.find(kIntraOpThreads);
+    if (threads != changes.end()) {
+      const int64_t value = std::get<int64_t>(threads->second);
+      if (value < 1 || value > 1024) {
+        return InvalidArgument("backend CpuAcc option 'intra_op_threads' must be 1 to 1024, got " +
+                               std::to_string(value));
+      }
+    }
+    return state_.options.Update(changes);
+  }
+
+  Result<OptionValue> GetOption(std::string_view key) const override {
+    return state_.options.Get(key);
+  }
+
+  // Every primitive runs synchronously inside Execute, on the caller's thread: CpuAcc starts no
+  // thread, task or callback of its own. OpenMP's worker threads belong to libgomp (and run
+  // libdnnl's code, which the host keeps resident: loading rule 8), and they are idle once a
+  // parallel region returns, which is before Execute returns. The host destroys every workload
+  // before calling this, so no Execute can be running; the wait below only guards a host that
+  // would break that order.
+  void Shutdown() override {
+    while (state_.executing.load() != 0)
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+
+ private:
+  BackendState state_;
+};
+
+}  // namespace
+}  // namespace backplane::cpu_acc
+
+BACKPLANE_DEFINE_BACKEND(backplane::cpu_acc::CpuAccBackend, "CpuAcc")

@@ -1,0 +1,241 @@
+#include "program.hpp"
+
+#include <cstdlib>
+#include <cstring>
+
+// Declared here instead of including <omp.h>: the backend needs these two functions of libgomp
+// only, and clang's installation may have no omp.h.
+extern "C" {
+int omp_get_max_threads(void);
+void omp_set_num_threads(int);
+}
+
+namespace backplane::cpu_acc {
+
+ScopedOmpThreads::ScopedOmpThreads(int threads) : previous_(omp_get_max_threads()) {
+  if (threads != previous_)
+    omp_set_num_threads(threads);
+}
+
+ScopedOmpThreads::~ScopedOmpThreads() {
+  if (omp_get_max_threads() != previous_)
+    omp_set_num_threads(previous_);
+}
+
+namespace {
+
+constexpr std::size_t kAlignment = 64;
+
+std::size_t AlignUp(std::size_t bytes) {
+  return (bytes + kAlignment - 1) / kAlignment * kAlignment;
+}
+
+struct FreeDeleter {
+  void operator()(void* pointer) const { std::free(pointer); }
+};
+
+}  // namespace
+
+// Per-request state; used by one request at a time (the pool hands it out).
+struct Program::Context {
+  std::unique_ptr<std::byte, FreeDeleter> workspace;
+  dnnl::stream stream;
+  std::vector<dnnl::memory> memories;              // per value
+  std::vector<dnnl::memory> scratchpads;           // per step (may be empty)
+  std::vector<std::vector<dnnl_exec_arg_t>> args;  // per step, C handles of the above
+};
+
+Program::Program(dnnl::engine engine, int threads)
+    : engine_(std::move(engine)), threads_(threads) {}
+
+Program::~Program() = default;
+
+int Program::AddValue(dnnl::memory::desc md, ValueStorage storage) {
+  values_.push_back({std::move(md), storage, {}});
+  return static_cast<int>(values_.size() - 1);
+}
+
+int Program::AddConstant(dnnl::memory memory) {
+  values_.push_back({memory.get_desc(), {ValueStorage::Kind::kConstant, 0}, memory});
+  return static_cast<int>(values_.size() - 1);
+}
+
+int Program::AddTemporary(const dnnl::memory::desc& md) {
+  const std::size_t offset = workspace_bytes_;
+  workspace_bytes_ += AlignUp(md.get_size());
+  return AddValue(md, {ValueStorage::Kind::kTemporary, offset});
+}
+
+void Program::AddPrimitive(dnnl::primitive primitive, std::vector<std::pair<int, int>> args,
+                           const dnnl::memory::desc& scratchpad) {
+  ProgramStep step;
+  step.primitive = std::move(primitive);
+  step.args = std::move(args);
+  step.scratchpad = scratchpad;
+  scratchpad_bytes_ = std::max(scratchpad_bytes_, AlignUp(scratchpad.get_size()));
+  steps_.push_back(std::move(step));
+}
+
+void Program::AddCopy(int from, int to) {
+  ProgramStep step;
+  step.kind = ProgramStep::Kind::kCopy;
+  step.copy_from = from;
+  step.copy_to = to;
+  step.copy_bytes = values_[to].md.get_size();
+  steps_.push_back(std::move(step));
+}
+
+void Program::SetBoundary(std::vector<Shape> inputs, std::vector<Shape> outputs) {
+  input_shapes_ = std::move(inputs);
+  output_shapes_ = std::move(outputs);
+}
+
+void Program::Finish() {
+  for (std::size_t i = 0; i < values_.size(); ++i) {
+    const ValueStorage& storage = values_[i].storage;
+    if (storage.kind == ValueStorage::Kind::kInput || storage.kind == ValueStorage::Kind::kOutput) {
+      bindings_.push_back(
+          {static_cast<int>(i), storage.kind == ValueStorage::Kind::kInput, storage.index});
+    }
+  }
+  // One context up front: the first request pays no set-up.
+  Release(NewContext());
+}
+
+std::unique_ptr<Program::Context> Program::NewContext() const {
+  auto context = std::make_unique<Context>();
+  const std::size_t bytes = workspace_bytes_ + scratchpad_bytes_;
+  if (bytes > 0) {
+    context->workspace.reset(static_cast<std::byte*>(std::aligned_alloc(kAlignment, bytes)));
+    if (context->workspace == nullptr)
+      throw std::bad_alloc();
+  }
+  std::byte* base = context->workspace.get();
+  context->stream = dnnl::stream(engine_);
+  context->memories.reserve(values_.size());
+  for (const ProgramValue& value : values_) {
+    switch (value.storage.kind) {
+      case ValueStorage::Kind::kConstant:
+        context->memories.push_back(value.constant);
+        break;
+      case ValueStorage::Kind::kTemporary:
+        context->memories.emplace_back(value.md, engine_, base + value.storage.index);
+        break;
+      case ValueStorage::Kind::kInput:
+      case ValueStorage::Kind::kOutput:
+        context->memories.emplace_back(value.md, engine_, static_cast<void*>(nullptr));
+        break;
+    }
+  }
+  for (const ProgramStep& step : steps_) {
+    std::vector<dnnl_exec_arg_t> args;
+    dnnl::memory scratchpad;
+    if (step.kind == ProgramStep::Kind::kPrimitive) {
+      for (const auto& [arg, value] : step.args)
+        args.push_back({arg, context->memories[value].get()});
+      if (step.scratchpad.get_size() > 0) {
+        scratchpad = dnnl::memory(step.scratchpad, engine_, base + workspace_bytes_);
+        args.push_back({DNNL_ARG_SCRATCHPAD, scratchpad.get()});
+      }
+    }
+    context->scratchpads.push_back(std::move(scratchpad));
+    context->args.push_back(std::move(args));
+  }
+  return context;
+}
+
+std::unique_ptr<Program::Context> Program::Acquire() const {
+  {
+    std::lock_guard lock(pool_mutex_);
+    if (!pool_.empty()) {
+      auto context = std::move(pool_.back());
+      pool_.pop_back();
+      return context;
+    }
+  }
+  return NewContext();  // more concurrent requests than ever before on this program
+}
+
+void Program::Release(std::unique_ptr<Context> context) const {
+  std::lock_guard lock(pool_mutex_);
+  pool_.push_back(std::move(context));
+}
+
+Status Program::Run(std::span<const ConstTensorView> all_inputs,
+                    const std::vector<std::size_t>* input_map, std::span<const TensorView> outputs,
+                    const std::string& label) const {
+  const std::size_t input_count = input_map == nullptr ? all_inputs.size() : input_map->size();
+  if (input_map != nullptr) {
+    for (std::size_t index : *input_map) {
+      if (index >= all_inputs.size())
+        return InvalidArgument("CpuAcc: " + label + ": got " + std::to_string(all_inputs.size()) +
+                               " input(s)");
+    }
+  }
+  auto input = [&](std::size_t i) -> const ConstTensorView& {
+    return all_inputs[input_map == nullptr ? i : (*input_map)[i]];
+  };
+  if (input_count != input_shapes_.size() || outputs.size() != output_shapes_.size()) {
+    return InvalidArgument("CpuAcc: " + label + ": got " + std::to_string(input_count) +
+                           " input(s) and " + std::to_string(outputs.size()) +
+                           " output(s), compiled for " + std::to_string(input_shapes_.size()) +
+                           " and " + std::to_string(output_shapes_.size()));
+  }
+  for (std::size_t i = 0; i < input_count; ++i) {
+    if (input(i).info.shape != input_shapes_[i] || input(i).info.type != DataType::kFloat32) {
+      return InvalidArgument("CpuAcc: " + label + ": input " + std::to_string(i) + " is " +
+                             ToString(input(i).info.shape) + ", compiled for FP32 " +
+                             ToString(input_shapes_[i]));
+    }
+  }
+  for (std::size_t i = 0; i < outputs.size(); ++i) {
+    if (outputs[i].info.shape != output_shapes_[i] || outputs[i].info.type != DataType::kFloat32) {
+      return InvalidArgument("CpuAcc: " + label + ": output " + std::to_string(i) +
+                             " allocated as " + ToString(outputs[i].info.shape) +
+                             ", compiled for FP32 " + ToString(output_shapes_[i]));
+    }
+  }
+  std::unique_ptr<Context> context;
+  try {
+    context = Acquire();
+  } catch (const std::exception& error) {
+    return Internal("CpuAcc: " + label + ": cannot create an execution context: " + error.what());
+  }
+  Status status;
+  {
+    ScopedOmpThreads threads(threads_);
+    for (const Binding& binding : bindings_) {
+      void* data = binding.input ? const_cast<void*>(input(binding.index).data)
+                                 : outputs[binding.index].data;
+      // Plain (dense, unpadded) layouts only at the boundary, so this only stores the pointer.
+      const dnnl_status_t result =
+          dnnl_memory_set_data_handle_v2(context->memories[binding.value].get(), data, nullptr);
+      if (result != dnnl_success) {
+        status = Internal("CpuAcc: " + label + ": dnnl_memory_set_data_handle failed (status " +
+                          std::to_string(static_cast<int>(result)) + ")");
+        break;
+      }
+    }
+    for (std::size_t i = 0; status.ok() && i < steps_.size(); ++i) {
+      const ProgramStep& step = steps_[i];
+      if (step.kind == ProgramStep::Kind::kCopy) {
+        void* to = context->memories[step.copy_to].get_data_handle();
+        const void* from = context->memories[step.copy_from].get_data_handle();
+        if (step.copy_bytes > 0 && to != from)
+          std::memcpy(to, from, step.copy_bytes);
+        continue;
+      }
+      const auto& args = context->args[i];
+      const dnnl_status_t result = dnnl_primitive_execute(
+          step.primitive.get(), context->stream.get(), static_cast<int>(args.size()), args.data());
+      if (result != dnnl_success) {
+        status = Internal("CpuAcc: " + label + ": oneDNN primitive " + std::to_string(i) +
+                          " failed (status " + std::to_string(static_cast<int>(result)) + ")");
+      }
+    }
+  }
+  Release(std::move(context));
+  return status;
+}
+
+}  // namespace backplane::cpu_acc

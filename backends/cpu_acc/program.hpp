@@ -1,0 +1,120 @@
+// A compiled run of layers: oneDNN primitives created once, executed many times concurrently.
+//
+// A Program is a list of steps over values. A value is a dnnl memory descriptor plus where its
+// bytes live: a boundary input or output (the host's buffer, given per request), a constant
+// (owned by the program, already in the layout its primitive wants), or a temporary at a fixed
+// offset of a per-request workspace. Several values may share bytes (a Reshape inside a run is
+// the same bytes under other dims).
+//
+// Execution needs per-request state (memory objects bound to this request's pointers, the
+// workspace, the scratchpad, a stream). It lives in an ExecContext; contexts are pooled per
+// program, so that a request in the steady state allocates nothing on the heap and creates no
+// dnnl object: it takes a context, points the boundary memories at the host's tensors, runs the
+// primitives through the C API with prebuilt argument arrays, and gives the context back.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "backplane/sdk/backend.hpp"
+#include "oneapi/dnnl/dnnl.hpp"
+
+namespace backplane::cpu_acc {
+
+// The calling thread's OpenMP thread count, set for the duration of a scope and restored after.
+// omp_set_num_threads sets a per-thread ICV: it bounds the OpenMP team a oneDNN primitive starts
+// from this thread and nothing else, so concurrent requests with their own counts do not mix.
+class ScopedOmpThreads {
+ public:
+  explicit ScopedOmpThreads(int threads);
+  ~ScopedOmpThreads();
+  ScopedOmpThreads(const ScopedOmpThreads&) = delete;
+  ScopedOmpThreads& operator=(const ScopedOmpThreads&) = delete;
+
+ private:
+  int previous_;
+};
+
+struct ValueStorage {
+  enum class Kind { kInput, kOutput, kConstant, kTemporary };
+  Kind kind = Kind::kTemporary;
+  std::size_t index = 0;  // boundary index (input/output), or byte offset in the workspace
+};
+
+struct ProgramValue {
+  dnnl::memory::desc md;
+  ValueStorage storage;
+  dnnl::memory constant;  // kConstant only: owned, immutable after compilation
+};
+
+struct ProgramStep {
+  enum class Kind { kPrimitive, kCopy };
+  Kind kind = Kind::kPrimitive;
+  dnnl::primitive primitive;
+  std::vector<std::pair<int, int>> args;  // dnnl argument id -> value index
+  dnnl::memory::desc scratchpad;          // empty when the primitive needs none
+  // kCopy: bytes from value `copy_from` to value `copy_to` (same dense layout).
+  int copy_from = -1, copy_to = -1;
+  std::size_t copy_bytes = 0;
+};
+
+// Immutable after Finish(); Run is thread-safe.
+class Program {
+ public:
+  Program(dnnl::engine engine, int threads);
+  ~Program();
+  Program(const Program&) = delete;
+  Program& operator=(const Program&) = delete;
+
+  // ---- building (single-threaded, before Finish) ----
+  int AddValue(dnnl::memory::desc md, ValueStorage storage);
+  int AddConstant(dnnl::memory memory);
+  int AddTemporary(const dnnl::memory::desc& md);
+  void AddPrimitive(dnnl::primitive primitive, std::vector<std::pair<int, int>> args,
+                    const dnnl::memory::desc& scratchpad);
+  void AddCopy(int from, int to);
+  // Boundary shapes the host passes, checked on every request.
+  void SetBoundary(std::vector<Shape> inputs, std::vector<Shape> outputs);
+  void Finish();
+
+  const ProgramValue& value(int index) const { return values_[index]; }
+  const dnnl::engine& engine() const { return engine_; }
+  std::size_t step_count() const { return steps_.size(); }
+
+  // Runs every step on the host's tensors; `label` prefixes error messages. Boundary input i is
+  // inputs[(*input_map)[i]] (input_map null: inputs[i]).
+  Status Run(std::span<const ConstTensorView> inputs, const std::vector<std::size_t>* input_map,
+             std::span<const TensorView> outputs, const std::string& label) const;
+
+ private:
+  struct Context;
+  std::unique_ptr<Context> NewContext() const;
+  std::unique_ptr<Context> Acquire() const;
+  void Release(std::unique_ptr<Context> context) const;
+
+  dnnl::engine engine_;
+  const int threads_;
+  std::vector<ProgramValue> values_;
+  std::vector<ProgramStep> steps_;
+  std::vector<Shape> input_shapes_, output_shapes_;
+  std::size_t workspace_bytes_ = 0;   // temporaries
+  std::size_t scratchpad_bytes_ = 0;  // the largest scratchpad of any step (steps run in turn)
+  // Values bound to the host's buffers per request: (value index, boundary input?, boundary index)
+  struct Binding {
+    int value;
+    bool input;
+    std::size_t index;
+  };
+  std::vector<Binding> bindings_;
+
+  mutable std::mutex pool_mutex_;
+  mutable std::vector<std::unique_ptr<Context>> pool_;  // guarded by pool_mutex_
+};
+
+}  // namespace backplane::cpu_acc
