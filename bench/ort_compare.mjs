@@ -7,10 +7,15 @@
 // an input of the model's fixed shape filled once, warm-up calls, then timed `session.run` calls
 // until SECONDS have passed (at least 20 calls, at most 20000). Prints one line per model:
 //
-//   ort model=PATH calls=N median_us=M p90_us=P
+//   ort model=PATH calls=N median_us=M p90_us=P threads_added=T
+//
+// T: threads the process gained while the session was created and run. The first session of the
+// process shows 1 (a thread the binding starts once); a session with an intra-op pool would add
+// its threads (intraOpNumThreads 2 adds 1 more): 0 after the first means no pool.
 //
 // The times include the Node binding's per-call cost (a promise, N-API, output tensor objects);
 // the script runs identity.onnx in the same process and subtracts its median.
+import fs from 'node:fs';
 import { createRequire } from 'node:module';
 import path from 'node:path';
 
@@ -35,7 +40,9 @@ function percentile(sorted, p) {
   return sorted[Math.floor(p * (sorted.length - 1))];
 }
 
+const threadCount = () => fs.readdirSync('/proc/self/task').length;
 for (const model of models) {
+  const threadsBefore = threadCount();
   const session = await ort.InferenceSession.create(model, sessionOptions);
   const feeds = {};
   for (const meta of session.inputMetadata) {
@@ -59,6 +66,6 @@ for (const model of models) {
   }
   times.sort((a, b) => a - b);
   console.log(`ort model=${model} calls=${times.length} median_us=${percentile(times, 0.5).toFixed(2)} ` +
-              `p90_us=${percentile(times, 0.9).toFixed(2)}`);
+              `p90_us=${percentile(times, 0.9).toFixed(2)} threads_added=${threadCount() - threadsBefore}`);
   await session.release();
 }

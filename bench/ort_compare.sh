@@ -116,7 +116,9 @@ round() { # one decimal for a number, anything else as it is
 }
 
 echo "# bench/ort_compare.sh, $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg)"
-echo "# ONNX Runtime $ORT_VERSION (Node $(node --version)); CpuAcc: $([[ $have_acc == 1 ]] && echo "$(readlink -f "$cpu_acc")" || echo missing)"
+ort_backends=$(cd "$ort_dir" && node -e "const o = require('onnxruntime-node');
+  console.log(o.listSupportedBackends().map((b) => b.name + (b.bundled ? '' : ' (not installed)')).join(', '))")
+echo "# ONNX Runtime $ORT_VERSION (Node $(node --version); binding backends: $ort_backends); CpuAcc: $([[ $have_acc == 1 ]] && echo "$(readlink -f "$cpu_acc")" || echo missing)"
 echo
 echo "| case | ORT µs | CpuAcc 1 thr µs | ratio | CpuAcc 2 thr µs | ratio | CpuRef µs |"
 echo "|---|---|---|---|---|---|---|"
