@@ -45,19 +45,26 @@
 //
 // A real backend (--backend-file PATH --model PATH, or --cpu-acc): the model is loaded on that
 // backend alone (its id is whatever the file says; every layer must be supported), one client
-// executes it throughout, and each swap copies the SAME file to a temporary name in the watched
-// directory, fsyncs it and rename()s it over the served name: a new file identity, so a new
-// generation of identical code. The measuring thread cannot tell generations apart by output, so
-// "the new generation" is the network's placement (Runtime::GetPlacement): before each of its
-// requests it reads the placement, and the first request started once every layer is on a
-// generation newer than the one before the rename is the one that stops the clock (a request
-// runs wholly on the generations current when it starts). Lines:
+// executes it throughout, and each swap copies the SAME file (a snapshot of PATH taken at start)
+// to a temporary name in the watched directory, fsyncs it and rename()s it over the served name:
+// a new file identity, so a new generation of identical code. The measuring thread cannot tell
+// generations apart by output, so "the new generation" is the network's placement
+// (Runtime::GetPlacement): before each of its requests it reads the placement, and the first
+// request started once every layer is on a generation newer than the one before the rename
+// stops the clock (a request runs wholly on the generations current when it starts; the
+// resolution is one request). Lines:
 //
 //   <id>: rename -> first request on the new generation (N swaps): p50, p99, max; requests R,
 //   failed F
 //     As above; F counts failed requests of both clients.
 //
 //   <id>: after 10 swaps ... after N swaps ... (as above)
+//
+//   <id>: resident by kind (anon, file, shmem KiB) after 10 swaps: ...; after N: ...
+//     The same two samples split as /proc/self/status does (RssAnon, RssFile, RssShmem): says
+//     whether a growth is heap (anon), code and data of files, or shared memory. Then, once,
+//     malloc_trim(0) and the resident and anon figures again: a growth that this gives back was
+//     free memory that glibc's malloc kept (fragmented arenas), not memory in use.
 //
 //   <id>: replaced generations N: unloaded U (verified unmapped), leaked L [numbers], code still
 //   mapped M [numbers]
@@ -71,6 +78,7 @@
 //   MNIST on <id>, 2 clients, steady state | <id> replaced every 100 ms: ...
 //     As for CpuRef above, with the given backend and model.
 #include <fcntl.h>
+#include <malloc.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -144,8 +152,27 @@ int MappedShadowCount(const fs::path& shadows) {
   return static_cast<int>(files.size());
 }
 
+// RssAnon, RssFile and RssShmem of /proc/self/status (KiB): which kind of memory a growth is.
+struct ResidentKinds {
+  long anon = 0, file = 0, shmem = 0;
+};
+ResidentKinds ResidentByKind() {
+  std::ifstream status("/proc/self/status");
+  ResidentKinds kinds;
+  for (std::string line; std::getline(status, line);) {
+    long* field = line.starts_with("RssAnon:")    ? &kinds.anon
+                  : line.starts_with("RssFile:")  ? &kinds.file
+                  : line.starts_with("RssShmem:") ? &kinds.shmem
+                                                  : nullptr;
+    if (field != nullptr)
+      *field = std::atol(line.c_str() + line.find(':') + 1);
+  }
+  return kinds;
+}
+
 struct MemorySample {
   long resident_kib = 0;
+  ResidentKinds kinds;
   int mappings = 0;
   int shadows = 0;
   uint64_t live = 0;    // the loader's generations not yet destroyed
@@ -185,7 +212,10 @@ void RenameToServed(int swaps, std::optional<std::chrono::milliseconds> debounce
     while (registry->loader().stats().live.load() > 1 && Clock::now() < deadline)
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     registry->loader().WaitForUnloads();
-    return MemorySample{ResidentKiB(), MappingCount(), MappedShadowCount(shadows),
+    return MemorySample{ResidentKiB(),
+                        ResidentByKind(),
+                        MappingCount(),
+                        MappedShadowCount(shadows),
                         registry->loader().stats().live.load(),
                         registry->loader().stats().leaked.load()};
   };
@@ -435,7 +465,10 @@ bool SwapServedBackend(Served& served, int swaps,
     while (registry.value()->loader().stats().live.load() > 1 && Clock::now() < deadline)
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     registry.value()->loader().WaitForUnloads();
-    return MemorySample{ResidentKiB(), MappingCount(), MappedShadowCount(shadows),
+    return MemorySample{ResidentKiB(),
+                        ResidentByKind(),
+                        MappingCount(),
+                        MappedShadowCount(shadows),
                         registry.value()->loader().stats().live.load(),
                         registry.value()->loader().stats().leaked.load()};
   };
@@ -526,6 +559,14 @@ bool SwapServedBackend(Served& served, int swaps,
       id, at_10.resident_kib, at_10.mappings, at_10.shadows, swaps, at_end.resident_kib,
       at_end.mappings, at_end.shadows, static_cast<unsigned long long>(at_end.live),
       static_cast<unsigned long long>(at_end.leaked));
+  // Diagnostic, after every number above was taken: how much of the growth is memory malloc
+  // holds free (returned by malloc_trim) rather than memory still in use.
+  malloc_trim(0);
+  std::printf(
+      "%s: resident by kind (anon, file, shmem KiB) after 10 swaps: %ld, %ld, %ld; after %d: %ld, "
+      "%ld, %ld; then after malloc_trim(0): %ld KiB resident, anon %ld\n",
+      id, at_10.kinds.anon, at_10.kinds.file, at_10.kinds.shmem, swaps, at_end.kinds.anon,
+      at_end.kinds.file, at_end.kinds.shmem, ResidentKiB(), ResidentByKind().anon);
   std::printf(
       "%s: replaced generations %zu: unloaded %d (verified unmapped), leaked %zu %s, code still "
       "mapped %zu %s%s\n",
@@ -586,7 +627,12 @@ int main(int argc, char** argv) {
         return 1;
       }
     }
-    auto served = ServedModel(*backend_file, *model);
+    // Every swap copies from a private snapshot, taken once: the file given may sit in a build
+    // tree that a linker rewrites in place meanwhile (seen: a half-written copy, rejected).
+    testing::TempDir snapshot_dir;
+    const fs::path snapshot = snapshot_dir / backend_file->filename().string();
+    testing::CopyFile(*backend_file, snapshot);
+    auto served = ServedModel(snapshot, *model);
     if (!served || !SwapServedBackend(*served, swaps, debounce))
       return 1;
     LatencyDuringSwaps(std::chrono::seconds(seconds), debounce, &*served);
