@@ -71,6 +71,17 @@ if [[ $have_acc == 0 ]]; then
   echo "CpuAcc: missing (no usable $cpu_acc): its columns say \"missing\"" >&2
 fi
 
+for tool in node npm /usr/bin/python3; do
+  command -v "$tool" >/dev/null || {
+    echo "$tool is required (Debian: apt-get install nodejs npm python3-onnx)" >&2
+    exit 1
+  }
+done
+/usr/bin/python3 -c "import onnx" 2>/dev/null || {
+  echo "/usr/bin/python3 has no onnx module (Debian: apt-get install python3-onnx)" >&2
+  exit 1
+}
+
 # ONNX Runtime in Node, once per build tree.
 ort_dir=$build/bench/ort
 if [[ ! -f $ort_dir/node_modules/onnxruntime-node/package.json ]] ||
