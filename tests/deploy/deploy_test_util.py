@@ -98,12 +98,14 @@ def http(method, url, body=None, token=None, timeout=30):
         return status, text
 
 
-def copy_backends(build_backends, target):
-    """The build's backend files into `target` (mode 0755: the loader refuses a directory
-    others can write), as the image's `cp -a` does."""
+def copy_backends(build_backends, target, prefix=""):
+    """The build's backend files (those whose names start with `prefix`) into `target` (mode
+    0755: the loader refuses a directory others can write), as the image's `cp -a` does."""
     os.makedirs(target, mode=0o755, exist_ok=True)
     os.chmod(target, 0o755)
     for name in os.listdir(build_backends):
+        if not name.startswith(prefix):
+            continue
         source = os.path.join(build_backends, name)
         destination = os.path.join(target, name)
         if os.path.islink(source):

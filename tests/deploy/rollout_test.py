@@ -97,7 +97,9 @@ with tempfile.TemporaryDirectory() as work:
     directories, servers = [], []
     for replica in range(3):
         directory = os.path.join(work, f"replica{replica}", "backends")
-        copy_backends(build_backends, directory)
+        # CpuRef only: generation numbers count every backend of a process (docs/operators.md),
+        # and the checks below follow CpuRef's.
+        copy_backends(build_backends, directory, prefix="Backplane_CpuRef_backend.so")
         directories.append(directory)
         servers.append(Server([backplane, "serve", "--listen", "127.0.0.1:0",
                                "--models", os.path.join(source, "models"),
