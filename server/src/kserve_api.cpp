@@ -1,11 +1,8 @@
 #include "kserve_api.hpp"
 
-#include <chrono>
-
 #include "inference_api.hpp"
-#include "metrics.hpp"
+#include "model_inference.hpp"
 #include "model_repository.hpp"
-#include "server_log.hpp"
 
 namespace backplane::server {
 using nlohmann::json;
@@ -14,84 +11,25 @@ namespace {
 
 constexpr char kModelPath[] = R"(/v2/models/([^/]+)(?:/versions/([^/]+))?)";
 
-// Admits one request of a model against its max_in_flight; releases on destruction.
-class ModelAdmission {
- public:
-  ModelAdmission(ModelMetrics& metrics, int64_t limit) : metrics_(metrics) {
-    const int64_t before = metrics_.in_flight.fetch_add(1);
-    admitted_ = limit <= 0 || before < limit;
-    if (!admitted_)
-      metrics_.in_flight.fetch_sub(1);
-  }
-  ~ModelAdmission() {
-    if (admitted_)
-      metrics_.in_flight.fetch_sub(1);
-  }
-  ModelAdmission(const ModelAdmission&) = delete;
-  ModelAdmission& operator=(const ModelAdmission&) = delete;
-  bool admitted() const { return admitted_; }
-
- private:
-  ModelMetrics& metrics_;
-  bool admitted_ = false;
-};
-
 HttpResponse Infer(const ServeContext& context, const HttpRequest& request) {
-  const auto start = std::chrono::steady_clock::now();
-  auto resolved = ResolveModel(context.repository, request.params[0], request.params[1]);
-  if (!resolved.ok()) {
-    // Count only models of the repository: labels from arbitrary client input would grow the
-    // metrics without bound.
-    if (resolved.error().code() == StatusCode::kUnavailable) {
-      ModelMetrics& unavailable = context.metrics.ForModel(request.params[0]);
-      unavailable.requests.fetch_add(1, std::memory_order_relaxed);
-      unavailable.CountFailure(503);
-    }
-    return HttpResponse::FromStatus(resolved.error());
-  }
-  const ServingModel& model = *resolved->model;
-  const ModelVersion& version = *resolved->version;
-  ModelMetrics& metrics = *model.metrics;
-  metrics.requests.fetch_add(1, std::memory_order_relaxed);
-  const auto fail = [&](HttpResponse response) {
-    metrics.CountFailure(response.status);
+  auto outcome = RunInference(
+      context, request.params[0], request.params[1],
+      [&](const Network& network) -> Result<InferenceRequest> {
+        auto body = ParseJsonBody(request.body, context.max_json_depth);
+        if (!body.ok())
+          return body.error();
+        return ParseInferenceRequest(body.value(), network);
+      });
+  if (!outcome.ok()) {
+    HttpResponse response = HttpResponse::FromStatus(outcome.error());
+    if (outcome.error().code() == StatusCode::kResourceExhausted)
+      response.headers.emplace_back("Retry-After", "1");
     return response;
-  };
-
-  auto body = ParseJsonBody(request.body, context.max_json_depth);
-  if (!body.ok())
-    return fail(HttpResponse::FromStatus(body.error()));
-  auto parsed = ParseInferenceRequest(body.value(), version.network());
-  if (!parsed.ok()) {
-    return fail(HttpResponse::Error(400, "model '" + model.name + "' version " +
-                                             std::to_string(version.version()) + ": " +
-                                             parsed.error().message()));
-  }
-
-  ModelAdmission admission(metrics, model.config.max_in_flight);
-  if (!admission.admitted()) {
-    HttpResponse response = HttpResponse::Error(
-        503, "model '" + model.name + "' has " + std::to_string(model.config.max_in_flight) +
-                 " requests in flight, its max_in_flight; retry later");
-    response.headers.emplace_back("Retry-After", "1");
-    return fail(std::move(response));
-  }
-  std::vector<ConstTensorView> views;
-  views.reserve(parsed->inputs.size());
-  for (const auto& tensor : parsed->inputs)
-    views.push_back(tensor.View());
-  auto outputs = context.runtime.Execute(version.network_id(), views);
-  if (!outputs.ok()) {
-    if (outputs.error().code() == StatusCode::kInternal)
-      Log().error("model {} version {}: {}", model.name, version.version(),
-                   outputs.error().message());
-    return fail(HttpResponse::FromStatus(outputs.error()));
   }
   HttpResponse response;
-  response.body = RenderInferenceResponse(model.name, version.version(), parsed.value(),
-                                          version.network(), outputs.value());
-  metrics.latency_seconds.Observe(
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  response.body = RenderInferenceResponse(
+      outcome->model.model->name, outcome->model.version->version(), outcome->request,
+      outcome->model.version->network(), outcome->outputs);
   return response;
 }
 

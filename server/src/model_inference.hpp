@@ -1,0 +1,40 @@
+// One inference on a served model, whatever the transport: resolve the model and version, count
+// the request, parse its inputs against the network, admit it under the model's max_in_flight,
+// execute, observe the latency. The REST handler (kserve_api.cpp) and the gRPC service both call
+// RunInference and only translate bodies and errors. Thread-safe.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string_view>
+#include <vector>
+
+#include "backplane/core/status.hpp"
+#include "backplane/core/tensor.hpp"
+#include "inference_api.hpp"
+#include "model_repository.hpp"
+#include "serve_context.hpp"
+
+namespace backplane::server {
+
+// What a finished inference hands back to the transport that renders it. The resolved model
+// keeps the network loaded while the response is written.
+struct InferenceOutcome {
+  ResolvedModel model;
+  InferenceRequest request;
+  std::vector<Tensor> outputs;
+};
+
+// Turns the transport's body into a validated request for `network`; kInvalidArgument naming the
+// input and why.
+using InferenceRequestParser = std::function<Result<InferenceRequest>(const Network& network)>;
+
+// Errors: kNotFound (no such model or version), kUnavailable (model not serving),
+// kInvalidArgument (the parser's message, prefixed with the model and version),
+// kResourceExhausted (max_in_flight reached, or the scheduler refused), and whatever Execute
+// returns. Every failure of a repository model is counted in its metrics.
+Result<InferenceOutcome> RunInference(const ServeContext& context, std::string_view model,
+                                      std::string_view version_text,
+                                      const InferenceRequestParser& parse);
+
+}  // namespace backplane::server
