@@ -1,6 +1,9 @@
 #include "backplane/loader/generation.hpp"
 
 #include <dlfcn.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 #include <unistd.h>
 
 #include <chrono>
@@ -66,6 +69,13 @@ Generation::~Generation() {
                 info_.file.string());
   }
   unlink(info_.shadow_path.c_str());  // a leaked mapping stays valid without its file
+#ifdef __GLIBC__
+  // What the generation's instances and workloads allocated was freed above, but glibc keeps
+  // freed memory in the arena of the thread that allocated it (a backend compiles on the watcher
+  // thread, runs on TBB workers, dies here), so resident memory would creep up swap after swap
+  // (measured: +54 MB over 1000 CpuAcc swaps). Returning it costs ~1 ms here, off every request.
+  malloc_trim(0);
+#endif
   stats_->live.fetch_sub(1, std::memory_order_relaxed);
   stats_->unload_listeners.Notify(info_, leaked);
 }
