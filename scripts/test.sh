@@ -14,9 +14,14 @@ if ((${#presets[@]} == 0)); then presets=(release asan tsan clang); fi
 jobs=$(nproc)
 for preset in "${presets[@]}"; do
   echo "=== ${preset}: build"
+  start=$SECONDS
   cmake --preset "$preset" >/dev/null
   cmake --build --preset "$preset" -j "$jobs"
+  echo "=== ${preset}: built in $((SECONDS - start)) s"
   if [[ "$preset" == clang ]]; then continue; fi  # the build is the check
   echo "=== ${preset}: test"
+  start=$SECONDS
   ctest --preset "$preset" -j "$jobs"
+  echo "=== ${preset}: tested in $((SECONDS - start)) s"
 done
+echo "=== all presets passed in ${SECONDS} s"
