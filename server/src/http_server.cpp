@@ -228,15 +228,17 @@ class HttpServer::Core {
       : limits(limits),
         admin_token(std::move(admin_token)),
         metrics(metrics),
+        loop(limits.io_threads),
         handler_pool(static_cast<std::size_t>(limits.threads)) {}
 
   // Routing, the admin check and the handler; runs on a handler thread.
-  HttpResponse Handle(const HttpRequest& request, const std::string& client);
+  HttpResponse Handle(HttpRequest request, const std::string& client);
   Result<ListenAddress> Start(const ListenAddress& address);
   void Stop();
 
   void Accept();
   void OnAccepted(beast::error_code error, tcp::socket socket);
+  void TakeConnection(tcp::socket socket);  // serves it, or refuses it over max_connections
   void Register(std::uint64_t id, std::weak_ptr<Connection> connection);
   void Unregister(std::uint64_t id);
   bool stopping() const { return stopping_.load(std::memory_order_acquire); }
@@ -305,29 +307,46 @@ class Connection : public std::enable_shared_from_this<Connection> {
   }
 
  private:
-  enum class Phase { kIdle, kInRequest, kClosing };
+  enum class Phase { kIdle, kInRequest, kClosing, kClosed };
 
   const HttpLimits& limits() const { return core_.limits; }
 
   // Our own deadline rather than beast::tcp_stream's: that one closes the socket when it
   // expires, and a 408 could no longer be sent. Expiry cancels the pending operation, which
-  // then completes with operation_aborted; TimedOut tells the two apart.
+  // then completes with operation_aborted; Outcome tells the two apart.
+  //
+  // Lazy: re-arming a timer for every read and write (three per request) costs a timer-queue
+  // update and a cancelled completion each, a large share of a small request. So one wait stays
+  // pending; moving the deadline later only updates deadline_at_, and when the wait ends early
+  // it waits again for the rest. Only a deadline earlier than the pending wait re-arms it.
   void ArmTimer(Clock::time_point when) {
     timed_out_ = false;
+    deadline_at_ = when;
+    if (!timer_waiting_ || when < timer_expiry_)
+      StartTimer(when);
+  }
+  void DisarmTimer() { deadline_at_ = Clock::time_point::max(); }
+  void StartTimer(Clock::time_point when) {
+    timer_waiting_ = true;
+    timer_expiry_ = when;
     const std::uint64_t generation = ++timer_generation_;
     timer_.expires_at(when);
     timer_.async_wait([self = shared_from_this(), generation](beast::error_code error) {
-      // A stale expiry (queued just before re-arming) must not cut the next phase short.
-      if (error || generation != self->timer_generation_)
-        return;
-      self->timed_out_ = true;
-      beast::error_code ignored;
-      self->socket_.cancel(ignored);
+      self->OnTimer(error, generation);
     });
   }
-  void DisarmTimer() {
-    ++timer_generation_;
-    timer_.cancel();
+  void OnTimer(beast::error_code error, std::uint64_t generation) {
+    // A wait replaced by StartTimer completes too (operation_aborted): not ours to act on.
+    if (generation != timer_generation_)
+      return;
+    timer_waiting_ = false;
+    if (error || phase_ == Phase::kClosed || deadline_at_ == Clock::time_point::max())
+      return;
+    if (Clock::now() < deadline_at_)
+      return StartTimer(deadline_at_);
+    timed_out_ = true;
+    beast::error_code ignored;
+    socket_.cancel(ignored);
   }
   // The completion's error, with a cancellation by our timer reported as beast::error::timeout.
   beast::error_code Outcome(beast::error_code error) {
@@ -486,7 +505,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
                      Milliseconds(self->limits().request_timeout) + " (request_timeout_ms)");
         answer.response.headers.emplace_back("Retry-After", "1");
       } else {
-        answer.response = self->core_.Handle(request, self->client_);
+        answer.response = self->core_.Handle(std::move(request), self->client_);
       }
       answer.close = !keep_alive;
       asio::post(self->socket_.get_executor(), [self, answer = std::move(answer)]() mutable {
@@ -580,14 +599,19 @@ class Connection : public std::enable_shared_from_this<Connection> {
     }
     DisarmTimer();
     beast::error_code ignored;
+    timer_.cancel();  // the pending wait holds this connection alive
     socket_.shutdown(tcp::socket::shutdown_both, ignored);
     socket_.close(ignored);
+    phase_ = Phase::kClosed;
   }
 
   HttpServer::Core& core_;
   tcp::socket socket_;
   asio::steady_timer timer_;
   std::uint64_t timer_generation_ = 0;
+  bool timer_waiting_ = false;
+  Clock::time_point timer_expiry_;
+  Clock::time_point deadline_at_ = Clock::time_point::max();
   bool timed_out_ = false;
   const std::uint64_t id_;
   std::string client_;
@@ -603,8 +627,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::array<char, 8192> drain_{};
 };
 
-HttpResponse HttpServer::Core::Handle(const HttpRequest& original, const std::string& client) {
-  HttpRequest request = original;
+HttpResponse HttpServer::Core::Handle(HttpRequest request, const std::string& client) {
   const Route* found = nullptr;
   std::smatch match;
   for (const Route& route : routes) {
@@ -706,21 +729,7 @@ void HttpServer::Core::Accept() {
       }));
 }
 
-void HttpServer::Core::OnAccepted(beast::error_code error, tcp::socket socket) {
-  if (error == asio::error::operation_aborted || stopping() || !acceptor_->is_open())
-    return;
-  if (error) {
-    // EMFILE/ENFILE: out of descriptors. Retrying at once would spin; the pending connection
-    // waits in the backlog meanwhile.
-    LogAtMostEverySecond("accept failed: " + error.message() +
-                         " (raise the fd limit or lower max_connections)");
-    accept_retry_->expires_after(std::chrono::milliseconds(50));
-    accept_retry_->async_wait(asio::bind_executor(*accept_strand_, [this](beast::error_code e) {
-      if (!e && !stopping())
-        Accept();
-    }));
-    return;
-  }
+void HttpServer::Core::TakeConnection(tcp::socket socket) {
   if (open_connections.load() >= limits.max_connections) {
     // Over max_connections: accept, answer 503 and close, so that the client learns why
     // instead of waiting in the backlog. One non-blocking write of a small response: if the
@@ -747,6 +756,35 @@ void HttpServer::Core::OnAccepted(beast::error_code error, tcp::socket socket) {
     auto connection = std::make_shared<Connection>(*this, std::move(socket), id);
     Register(id, connection);
     connection->Start();
+  }
+}
+
+void HttpServer::Core::OnAccepted(beast::error_code error, tcp::socket socket) {
+  if (error == asio::error::operation_aborted || stopping() || !acceptor_->is_open())
+    return;
+  if (error) {
+    // EMFILE/ENFILE: out of descriptors. Retrying at once would spin; the pending connection
+    // waits in the backlog meanwhile.
+    LogAtMostEverySecond("accept failed: " + error.message() +
+                         " (raise the fd limit or lower max_connections)");
+    accept_retry_->expires_after(std::chrono::milliseconds(50));
+    accept_retry_->async_wait(asio::bind_executor(*accept_strand_, [this](beast::error_code e) {
+      if (!e && !stopping())
+        Accept();
+    }));
+    return;
+  }
+  TakeConnection(std::move(socket));
+  // Drain the kernel's accept queue now rather than one connection per loop turn: with a
+  // thousand clients connecting at once, a slow drain overflows the backlog and the clients
+  // that overflow retry their SYN a second (then three) later.
+  for (int i = 0; i < 256; ++i) {
+    tcp::socket next(asio::make_strand(loop));
+    beast::error_code again;
+    acceptor_->accept(next, again);
+    if (again)
+      break;  // would_block: empty; anything else shows again on the async accept
+    TakeConnection(std::move(next));
   }
   Accept();
 }
@@ -809,6 +847,7 @@ Result<ListenAddress> HttpServer::Core::Start(const ListenAddress& address) {
   ListenAddress bound = address;
   bound.port = acceptor_->local_endpoint().port();
 
+  acceptor_->non_blocking(true, error);  // for the draining accepts of OnAccepted
   accept_strand_.emplace(asio::make_strand(loop));
   accept_retry_.emplace(*accept_strand_);
   work_.emplace(loop.get_executor());
