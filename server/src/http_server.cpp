@@ -96,6 +96,7 @@ struct Answer {
   HttpResponse response;
   bool close = false;   // send `Connection: close`, then close
   bool linger = false;  // the request's body may be unread: drain before closing (see Linger)
+  bool say_keep_alive = false;  // an HTTP/1.0 client asked for keep-alive and gets it
 };
 
 }  // namespace
@@ -444,6 +445,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     if (parser_->is_done())
       return Dispatch();
     // curl sends `Expect: 100-continue` for bodies over 1 KiB and waits a second for this.
+    // Written synchronously: 25 bytes into a socket that has sent nothing yet never block.
     if (header.version() >= 11 && beast::iequals(header[http::field::expect], "100-continue")) {
       static constexpr std::string_view kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
       beast::error_code ignored;
@@ -483,35 +485,38 @@ class Connection : public std::enable_shared_from_this<Connection> {
     const bool keep_alive = message->keep_alive() && !core_.stopping() &&
                             requests_served_ + 1 < limits().keep_alive_max_requests;
     head_only_ = message->method() == http::verb::head;
+    const bool http10 = message->version() == 10;
     const Clock::time_point deadline = deadline_;
-    asio::post(core_.handler_pool, [self = shared_from_this(), message, keep_alive, deadline] {
-      HttpRequest request;
-      request.method = std::string(message->method_string());
-      if (request.method == "HEAD")
-        request.method = "GET";
-      const auto target = message->target();
-      request.path = DecodedPath(std::string_view(target.data(), target.size()));
-      request.body = std::move(message->body());
-      request.header = [message](std::string_view name) {
-        const auto field = message->find(beast::string_view(name.data(), name.size()));
-        return field == message->end() ? std::string() : std::string(field->value());
-      };
-      Answer answer;
-      if (Clock::now() > deadline) {
-        // Waited in the pool's queue past the request deadline: the client has likely given
-        // up; refuse rather than spend a handler on it.
-        answer.response = HttpResponse::Error(
-            503, "no handler thread became free within the request deadline of " +
-                     Milliseconds(self->limits().request_timeout) + " (request_timeout_ms)");
-        answer.response.headers.emplace_back("Retry-After", "1");
-      } else {
-        answer.response = self->core_.Handle(std::move(request), self->client_);
-      }
-      answer.close = !keep_alive;
-      asio::post(self->socket_.get_executor(), [self, answer = std::move(answer)]() mutable {
-        self->Respond(std::move(answer));
-      });
-    });
+    asio::post(
+        core_.handler_pool, [self = shared_from_this(), message, keep_alive, http10, deadline] {
+          HttpRequest request;
+          request.method = std::string(message->method_string());
+          if (request.method == "HEAD")
+            request.method = "GET";
+          const auto target = message->target();
+          request.path = DecodedPath(std::string_view(target.data(), target.size()));
+          request.body = std::move(message->body());
+          request.header = [message](std::string_view name) {
+            const auto field = message->find(beast::string_view(name.data(), name.size()));
+            return field == message->end() ? std::string() : std::string(field->value());
+          };
+          Answer answer;
+          if (Clock::now() > deadline) {
+            // Waited in the pool's queue past the request deadline: the client has likely given
+            // up; refuse rather than spend a handler on it.
+            answer.response = HttpResponse::Error(
+                503, "no handler thread became free within the request deadline of " +
+                         Milliseconds(self->limits().request_timeout) + " (request_timeout_ms)");
+            answer.response.headers.emplace_back("Retry-After", "1");
+          } else {
+            answer.response = self->core_.Handle(std::move(request), self->client_);
+          }
+          answer.close = !keep_alive;
+          answer.say_keep_alive = keep_alive && http10;
+          asio::post(self->socket_.get_executor(), [self, answer = std::move(answer)]() mutable {
+            self->Respond(std::move(answer));
+          });
+        });
   }
 
   // An error of the transport: answered, then the connection closes, draining a body that may
@@ -552,6 +557,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
     }
     if (answer.close)
       out_ += "Connection: close\r\n";
+    else if (answer.say_keep_alive)
+      out_ += "Connection: keep-alive\r\n";
     out_ += "\r\n";
     if (!head_only_)
       out_ += response.body;

@@ -426,7 +426,9 @@ TEST_F(HttpTransportTest, HttpOneZeroClosesUnlessKeepAliveIsAsked) {
 
   RawConnection kept(port());
   ASSERT_TRUE(kept.Send("GET /v2/health/live HTTP/1.0\r\nConnection: keep-alive\r\n\r\n"));
-  EXPECT_EQ(kept.Read().status, 200);
+  const Response first = kept.Read();
+  EXPECT_EQ(first.status, 200);
+  EXPECT_THAT(first.head, HasSubstr("Connection: keep-alive"));
   ASSERT_TRUE(kept.Send("GET /v2/health/live HTTP/1.0\r\nConnection: keep-alive\r\n\r\n"));
   EXPECT_EQ(kept.Read().status, 200);
 }
