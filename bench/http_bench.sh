@@ -1,14 +1,21 @@
 #!/usr/bin/env bash
-# HTTP serving benchmark: MNIST inference through `backplane serve` with wrk, at a few
-# concurrency levels, first with the backend file left alone, then while a loop publishes a new
-# copy of the CpuRef backend into the server's backend directory (write temp + rename) every
-# SWAP_INTERVAL seconds, so that each run crosses several hot swaps.
+# HTTP serving benchmark with wrk against `backplane serve`:
 #
-#   bench/http_bench.sh                      # 10 s per run, concurrency 1 4 16 64
-#   DURATION=30 CONNECTIONS="1 8" bench/http_bench.sh
+# 1. The transport: POST inference on `mlp` (tiny: measures the HTTP front) and on MNIST (on
+#    CpuAcc when the build has it, else CpuRef) at 1, 16, 64, 256 and 1024 connections. With
+#    OLD_BACKPLANE=/path/to/backplane the same runs go to that binary too (same arguments, same
+#    models and backends), side by side in one table.
+# 2. With SWAP=1, also the hot-swap runs: MNIST while a loop publishes a new copy of the CpuRef
+#    backend into the server's backend directory every SWAP_INTERVAL seconds.
 #
-# Prints one line per run: requests/s, p50, p99, non-2xx responses, socket errors, swaps done.
-# Needs the release build (it builds it) and wrk (installed on demand, Debian package wrk).
+#   bench/http_bench.sh
+#   OLD_BACKPLANE=/work/backplane-httplib DURATION=10 bench/http_bench.sh
+#   CONNECTIONS="64 1024" MODELS=mlp bench/http_bench.sh
+#
+# Prints one line per run: requests/s, p50, p99, non-2xx responses, wrk timeouts, other socket
+# errors. Needs the release build (it builds it) and wrk (Debian package wrk: installed on
+# demand with `apt-get install wrk`). 1024 connections need about 1100 descriptors on each
+# side: the script raises `ulimit -n` to the hard limit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/deps.sh
@@ -18,58 +25,125 @@ if ! command -v wrk >/dev/null; then
   sudo=""; if [[ $(id -u) -ne 0 ]]; then sudo="sudo"; fi
   $sudo apt-get install -y -qq --no-install-recommends wrk
 fi
+ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 
-DURATION=${DURATION:-10}
-CONNECTIONS=${CONNECTIONS:-"1 4 16 64"}
+DURATION=${DURATION:-5}
+CONNECTIONS=${CONNECTIONS:-"1 16 64 256 1024"}
+MODELS=${MODELS:-"mlp mnist"}
+SWAP=${SWAP:-0}
+SWAP_CONNECTIONS=${SWAP_CONNECTIONS:-"1 4 16 64"}
 SWAP_INTERVAL=${SWAP_INTERVAL:-0.5}
 WRK_THREADS=${WRK_THREADS:-2}
+OLD_BACKPLANE=${OLD_BACKPLANE:-}
 
 cmake --preset release >/dev/null
 cmake --build --preset release --target backplane backplane_cpu_ref >/dev/null
 root=$(pwd)
 cpu_ref=$(readlink -f build/release/backends/Backplane_CpuRef_backend.so)
+cpu_acc=""
+if [[ -e build/release/backends/Backplane_CpuAcc_backend.so ]]; then
+  cpu_acc=$(readlink -f build/release/backends/Backplane_CpuAcc_backend.so)
+fi
 
 work=$(mktemp -d /tmp/backplane-http-bench-XXXXXX)
 server_pid=""
 swapper_pid=""
-cleanup() {
-  if [[ -n "$swapper_pid" ]]; then kill "$swapper_pid" 2>/dev/null || true; fi
+stop_server() {
   if [[ -n "$server_pid" ]]; then
     kill -TERM "$server_pid" 2>/dev/null || true
     wait "$server_pid" 2>/dev/null || true
+    server_pid=""
   fi
+}
+cleanup() {
+  if [[ -n "$swapper_pid" ]]; then kill "$swapper_pid" 2>/dev/null || true; fi
+  stop_server
   rm -rf "$work"
 }
 trap cleanup EXIT
 
 mkdir -m 700 "$work/backends"
 install -m 755 "$cpu_ref" "$work/backends/Backplane_CpuRef_backend.so"
-# One thread per connection (cpp-httplib keeps a keep-alive connection on its thread): more
-# threads than the highest concurrency, or connections queue behind each other.
+preferences='[]'
+if [[ -n "$cpu_acc" ]]; then
+  install -m 755 "$cpu_acc" "$work/backends/Backplane_CpuAcc_backend.so"
+  preferences='["CpuAcc", "CpuRef"]'
+fi
+# Only keys both front ends know, so that OLD_BACKPLANE runs with the very same file; each
+# keeps its own defaults for threads (old: a thread per connection, 32; new: 2 I/O threads and
+# 32 handler threads).
 cat >"$work/serve.json" <<JSON
 {"models": "$root/models", "backends": ["$work/backends"], "listen": "127.0.0.1:0",
- "log_level": "info", "http_threads": 128, "watch_debounce_ms": 50}
+ "log_level": "warn", "watch_debounce_ms": 50, "backend_preferences": $preferences}
 JSON
-cat >"$work/post.lua" <<LUA
+cat >"$work/mnist.lua" <<LUA
 wrk.method = "POST"
 wrk.headers["Content-Type"] = "application/json"
 local file = io.open("$root/models/mnist/example_request.json", "rb")
 wrk.body = file:read("*a")
 file:close()
 LUA
+cat >"$work/mlp.lua" <<'LUA'
+wrk.method = "POST"
+wrk.headers["Content-Type"] = "application/json"
+wrk.body = '{"inputs": [{"name":"features","shape":[1,4],"datatype":"FP32","data":[1,2,3,4]}]}'
+LUA
 
-build/release/bin/backplane serve --config "$work/serve.json" 2>"$work/serve.log" &
-server_pid=$!
-for _ in $(seq 1 300); do
-  if grep -q "listening on http://" "$work/serve.log"; then break; fi
-  sleep 0.1
-done
-url=$(grep -o "listening on http://[0-9.:]*" "$work/serve.log" | sed 's/listening on //')
-if [[ -z "$url" ]]; then cat "$work/serve.log"; exit 1; fi
+url=""
+start_server() {  # start_server BINARY
+  : >"$work/serve.log"
+  "$1" serve --config "$work/serve.json" 2>"$work/serve.log" &
+  server_pid=$!
+  url=""
+  for _ in $(seq 1 300); do
+    url=$(grep -o "listening on http://[0-9.:]*" "$work/serve.log" | sed 's/listening on //' || true)
+    if [[ -n "$url" ]]; then break; fi
+    sleep 0.1
+  done
+  if [[ -z "$url" ]]; then cat "$work/serve.log"; exit 1; fi
+  # Warm-up: TBB starts its threads on the first request.
+  for model in mlp mnist; do
+    wrk -t1 -c1 -d1s -s "$work/$model.lua" "$url/v2/models/$model/infer" >/dev/null
+  done
+}
+
+row() {  # row FRONT MODEL CONNECTIONS
+  local front=$1 model=$2 connections=$3 threads=$WRK_THREADS
+  if ((connections < threads)); then threads=$connections; fi
+  local output
+  output=$(wrk -t"$threads" -c"$connections" -d"${DURATION}s" --latency -s "$work/$model.lua" \
+    "$url/v2/models/$model/infer" 2>&1)
+  local rps p50 p99 non2xx timeouts errors
+  rps=$(awk '/^Requests\/sec:/ {print $2}' <<<"$output")
+  p50=$(awk '$1 == "50%" {print $2}' <<<"$output")
+  p99=$(awk '$1 == "99%" {print $2}' <<<"$output")
+  non2xx=$(awk '/Non-2xx or 3xx responses:/ {print $5}' <<<"$output")
+  # "Socket errors: connect 0, read 12, write 0, timeout 3"
+  timeouts=$(awk '/Socket errors:/ {print $10}' <<<"$output")
+  errors=$(awk '/Socket errors:/ {gsub(",", ""); print $4 + $6 + $8}' <<<"$output")
+  printf "%-9s %-6s %11s %12s %10s %10s %8s %9s %13s\n" "$front" "$model" "$connections" \
+    "${rps:-?}" "${p50:-?}" "${p99:-?}" "${non2xx:-0}" "${timeouts:-0}" "${errors:-0}"
+}
+
+transport_table() {  # transport_table FRONT BINARY
+  start_server "$2"
+  for model in $MODELS; do
+    for connections in $CONNECTIONS; do row "$1" "$model" "$connections"; done
+  done
+  stop_server
+}
+
+echo "POST /v2/models/MODEL/infer, ${DURATION}s per run, wrk -t${WRK_THREADS} --latency;" \
+  "CPU: $(nproc) cores; MNIST on ${cpu_acc:+CpuAcc}${cpu_acc:-CpuRef}; ulimit -n $(ulimit -n)"
+printf "%-9s %-6s %11s %12s %10s %10s %8s %9s %13s\n" front model connections requests/s p50 p99 \
+  non-2xx timeouts "socket errors"
+transport_table beast build/release/bin/backplane
+if [[ -n "$OLD_BACKPLANE" ]]; then transport_table httplib "$OLD_BACKPLANE"; fi
+if [[ "$SWAP" != 1 ]]; then exit 0; fi
+
+echo
+start_server build/release/bin/backplane
 infer="$url/v2/models/mnist/infer"
-# Warm-up: TBB starts its threads on the first request.
-curl -sf -X POST --data @models/mnist/example_request.json "$infer" >/dev/null
-
 swaps_so_far() {
   curl -sf "$url/metrics" | awk '/^backplane_backend_swaps_total\{backend="CpuRef"\}/ {print $2}'
 }
@@ -89,7 +163,7 @@ run() {  # run MODE CONNECTIONS
   if ((connections < threads)); then threads=$connections; fi
   local before after output
   before=$(swaps_so_far)
-  output=$(wrk -t"$threads" -c"$connections" -d"${DURATION}s" --latency -s "$work/post.lua" "$infer")
+  output=$(wrk -t"$threads" -c"$connections" -d"${DURATION}s" --latency -s "$work/mnist.lua" "$infer")
   after=$(swaps_so_far)
   local rps p50 p99 non2xx errors
   rps=$(awk '/^Requests\/sec:/ {print $2}' <<<"$output")
@@ -105,10 +179,10 @@ echo "MNIST over HTTP: POST $infer, ${DURATION}s per run, wrk -t${WRK_THREADS} -
 echo "CPU: $(nproc) cores; backend CpuRef ($(stat -c %s "$cpu_ref") bytes)"
 printf "%-10s %11s %12s %10s %10s %8s %-34s %s\n" mode connections requests/s p50 p99 non-2xx \
   "socket errors" swaps
-for connections in $CONNECTIONS; do run steady "$connections"; done
+for connections in $SWAP_CONNECTIONS; do run steady "$connections"; done
 swap_loop &
 swapper_pid=$!
-for connections in $CONNECTIONS; do run swapping "$connections"; done
+for connections in $SWAP_CONNECTIONS; do run swapping "$connections"; done
 kill "$swapper_pid"
 wait "$swapper_pid" 2>/dev/null || true
 swapper_pid=""

@@ -6,7 +6,9 @@ set -euo pipefail
 BACKPLANE_PACKAGES=(
   cmake ninja-build g++ pkg-config binutils
   libtbb-dev libspdlog-dev libcli11-dev nlohmann-json3-dev libonnx-dev libprotobuf-dev
-  libuv1-dev libcpp-httplib-dev libssl-dev curl
+  libuv1-dev libssl-dev curl
+  libboost-dev  # Boost.Beast/Asio 1.74 (header-only): the HTTP server
+  libcpp-httplib-dev  # the tests' and benchmarks' HTTP client
   libdnnl-dev  # oneDNN 2.6 (OpenMP build): the CpuAcc backend
   libgtest-dev libgmock-dev libbenchmark-dev
   prometheus  # promtool: the tests check /metrics with it

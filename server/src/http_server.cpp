@@ -1,8 +1,32 @@
 #include "http_server.hpp"
 
-#include <httplib.h>
+#include <sys/resource.h>
 
-#include <charconv>
+#include <array>
+#include <boost/asio/bind_executor.hpp>
+#include <boost/asio/dispatch.hpp>
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/strand.hpp>
+#include <boost/asio/thread_pool.hpp>
+#include <boost/asio/write.hpp>
+#include <boost/beast/core/flat_buffer.hpp>
+#include <boost/beast/core/string.hpp>
+#include <boost/beast/http/error.hpp>
+#include <boost/beast/http/parser.hpp>
+#include <boost/beast/http/read.hpp>
+#include <boost/beast/http/status.hpp>
+#include <boost/beast/http/string_body.hpp>
+#include <condition_variable>
+#include <future>
+#include <limits>
+#include <mutex>
+#include <optional>
+#include <regex>
+#include <unordered_map>
 
 #include "metrics.hpp"
 #include "server_log.hpp"
@@ -10,53 +34,13 @@
 namespace backplane::server {
 using nlohmann::json;
 
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = boost::beast::http;
+using tcp = boost::asio::ip::tcp;
+using Clock = std::chrono::steady_clock;
+
 namespace {
-
-std::string_view ReasonPhrase(int status) {
-  switch (status) {
-    case 400:
-      return "bad request";
-    case 401:
-      return "unauthorized";
-    case 403:
-      return "forbidden";
-    case 404:
-      return "not found";
-    case 405:
-      return "method not allowed";
-    case 408:
-      return "request timeout";
-    case 409:
-      return "conflict";
-    case 413:
-      return "request body too large";
-    case 414:
-      return "request URI too long";
-    case 416:
-      return "range not satisfiable";
-    case 431:
-      return "request headers too large";
-    case 500:
-      return "internal server error";
-    case 503:
-      return "service unavailable";
-    default:
-      return "error";
-  }
-}
-
-// Counts a request as in flight for its whole life in a handler, the body read included (so
-// that graceful shutdown can be observed waiting for it).
-class InFlight {
- public:
-  explicit InFlight(std::atomic<int64_t>& gauge) : gauge_(gauge) { gauge_.fetch_add(1); }
-  ~InFlight() { gauge_.fetch_sub(1); }
-  InFlight(const InFlight&) = delete;
-  InFlight& operator=(const InFlight&) = delete;
-
- private:
-  std::atomic<int64_t>& gauge_;
-};
 
 // Equal-time comparison: a token check must not tell an attacker how many leading bytes match.
 bool TokensEqual(std::string_view given, std::string_view expected) {
@@ -68,70 +52,52 @@ bool TokensEqual(std::string_view given, std::string_view expected) {
   return difference == 0;
 }
 
-HttpRequest MakeRequest(const httplib::Request& raw) {
-  HttpRequest request;
-  request.method = raw.method;
-  request.path = raw.path;
-  for (std::size_t i = 1; i < raw.matches.size(); ++i)
-    request.params.push_back(raw.matches[i].str());
-  request.header = [&raw](std::string_view name) {
-    return raw.get_header_value(std::string(name).c_str());
-  };
-  return request;
+int HexValue(char c) {
+  if (c >= '0' && c <= '9')
+    return c - '0';
+  if (c >= 'a' && c <= 'f')
+    return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F')
+    return c - 'A' + 10;
+  return -1;
 }
 
-void WriteResponse(const HttpResponse& response, httplib::Response& raw) {
-  raw.status = response.status;
-  for (const auto& [name, value] : response.headers)
-    raw.set_header(name.c_str(), value);
-  raw.set_content(response.body, response.content_type.c_str());
+// The path of a request target: the query cut off, %XX decoded (routes match decoded paths, as
+// with cpp-httplib before). A malformed escape is kept as it is.
+std::string DecodedPath(std::string_view target) {
+  target = target.substr(0, target.find('?'));
+  std::string path;
+  path.reserve(target.size());
+  for (std::size_t i = 0; i < target.size(); ++i) {
+    if (target[i] == '%' && i + 2 < target.size() && HexValue(target[i + 1]) >= 0 &&
+        HexValue(target[i + 2]) >= 0) {
+      path.push_back(static_cast<char>(HexValue(target[i + 1]) * 16 + HexValue(target[i + 2])));
+      i += 2;
+    } else {
+      path.push_back(target[i]);
+    }
+  }
+  return path;
 }
 
-// Reads the whole body, at most `limit` bytes, or says why not.
-Result<std::string, HttpResponse> ReadBody(const httplib::Request& raw,
-                                           const httplib::ContentReader& reader,
-                                           std::size_t limit) {
-  const bool chunked = raw.get_header_value("Transfer-Encoding") == "chunked";
-  const bool has_length = raw.has_header("Content-Length");
-  // HTTP/1.1: a request with neither has no body. cpp-httplib 0.11 would instead read until the
-  // client closes the connection (a `curl -X POST` without data would hang until the timeout),
-  // so the reader is not called at all.
-  if (!chunked && !has_length)
-    return std::string();
-  std::string body;
-  std::size_t declared = 0;
-  if (has_length) {
-    const std::string text = raw.get_header_value("Content-Length");
-    const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), declared);
-    if (error != std::errc() || end != text.data() + text.size())
-      return HttpResponse::Error(400, "malformed Content-Length '" + text + "'");
-    if (declared > limit) {
-      // cpp-httplib (payload_max_length = limit) discards such a body unread; let it, so that
-      // the connection stays in sync for the next request.
-      (void)reader([](const char*, std::size_t) { return true; });
-      return HttpResponse::Error(413, "request body of " + std::to_string(declared) +
-                                          " bytes exceeds the limit of " + std::to_string(limit) +
-                                          " bytes (max_body_bytes)");
-    }
-    body.reserve(declared);
-  }
-  bool too_large = false;
-  const bool complete = reader([&](const char* data, std::size_t size) {
-    if (body.size() + size > limit) {
-      too_large = true;  // a chunked body has no length to check up front
-      return false;
-    }
-    body.append(data, size);
-    return true;
-  });
-  if (too_large) {
-    return HttpResponse::Error(413, "request body exceeds the limit of " + std::to_string(limit) +
-                                        " bytes (max_body_bytes)");
-  }
-  if (!complete)
-    return HttpResponse::Error(400, "request body incomplete or malformed");
-  return body;
+std::string Milliseconds(std::chrono::milliseconds duration) {
+  return std::to_string(duration.count()) + " ms";
 }
+
+struct Route {
+  std::string method;
+  std::regex pattern;
+  HttpServer::Access access;
+  HttpServer::Handler handler;
+};
+
+// What a connection answers: a handler's response, or an error of the transport itself.
+struct Answer {
+  HttpResponse response;
+  bool close = false;   // send `Connection: close`, then close
+  bool linger = false;  // the request's body may be unread: drain before closing (see Linger)
+  bool say_keep_alive = false;  // an HTTP/1.0 client asked for keep-alive and gets it
+};
 
 }  // namespace
 
@@ -209,106 +175,481 @@ Result<json> ParseJsonBody(std::string_view body, int max_depth) {
     return InvalidArgument("malformed JSON: the request body is empty");
   try {
     return json::parse(body);
+  } catch (const json::out_of_range& e) {
+    // A number beyond double's range ("1e400"): nlohmann throws out_of_range 406, "number
+    // overflow parsing '1e400'". A bad request, not a server error; name the token and where.
+    std::string what = e.what();
+    const auto start = what.find("] ");
+    std::string message = start == std::string::npos ? what : what.substr(start + 2);
+    const auto quote = message.find('\'');
+    if (quote != std::string::npos) {
+      const auto token = message.substr(quote + 1, message.rfind('\'') - quote - 1);
+      const auto at = body.find(token);
+      if (!token.empty() && at != std::string_view::npos)
+        message += " at byte " + std::to_string(at);
+    }
+    return InvalidArgument("malformed JSON: " + message);
   } catch (const json::parse_error& e) {
     // "[json.exception.parse_error.101] parse error at line 1, column 2: ..." → from "parse".
     std::string what = e.what();
     const auto start = what.find("] ");
     return InvalidArgument("malformed JSON: " +
                            (start == std::string::npos ? what : what.substr(start + 2)));
+  } catch (const json::exception& e) {
+    return InvalidArgument(std::string("malformed JSON: ") + e.what());
   }
 }
 
 HttpLimits HttpLimitsFrom(const ServeConfig& config) {
-  return {.threads = config.http_threads,
+  return {.io_threads = config.io_threads,
+          .threads = config.http_threads,
           .max_body_bytes = config.max_body_bytes,
           .max_header_bytes = config.max_header_bytes,
           .max_json_depth = config.max_json_depth,
+          .header_timeout = config.header_timeout,
           .read_timeout = config.read_timeout,
           .write_timeout = config.write_timeout,
+          .request_timeout = config.request_timeout,
           .keep_alive_timeout = config.keep_alive_timeout,
-          .keep_alive_max_requests = config.keep_alive_max_requests};
+          .keep_alive_max_requests = config.keep_alive_max_requests,
+          .max_connections = config.max_connections,
+          .listen_backlog = config.listen_backlog};
 }
 
-// ---- HttpServer ---------------------------------------------------------------------------
+class Connection;
 
-HttpServer::HttpServer(HttpLimits limits, std::string admin_token, ServerMetrics& metrics)
-    : limits_(limits),
-      admin_token_(std::move(admin_token)),
-      metrics_(metrics),
-      server_(std::make_unique<httplib::Server>()) {
-  const int threads = limits_.threads;
-  server_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
-  server_->set_payload_max_length(limits_.max_body_bytes);
-  const auto split = [](std::chrono::milliseconds duration) {
-    return std::pair<time_t, time_t>(duration.count() / 1000, (duration.count() % 1000) * 1000);
-  };
-  server_->set_read_timeout(split(limits_.read_timeout).first, split(limits_.read_timeout).second);
-  server_->set_write_timeout(split(limits_.write_timeout).first,
-                             split(limits_.write_timeout).second);
-  server_->set_keep_alive_timeout(limits_.keep_alive_timeout.count());
-  server_->set_keep_alive_max_count(static_cast<std::size_t>(limits_.keep_alive_max_requests));
-  // Without TCP_NODELAY a keep-alive client's small requests meet Nagle and delayed ACKs: 40 ms
-  // stalls per request.
-  server_->set_tcp_nodelay(true);
-  // cpp-httplib's default socket options add SO_REUSEPORT, with which a second server started
-  // on the same port binds too and silently takes part of the connections. SO_REUSEADDR alone
-  // still allows a restart while old connections sit in TIME_WAIT.
-  server_->set_socket_options([](socket_t socket) {
-    int yes = 1;
-    setsockopt(socket, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
-  });
+// ---- HttpServer::Core ---------------------------------------------------------------------
 
-  // Runs after the headers are read, before routing and before any body is read.
-  server_->set_pre_routing_handler([this](const httplib::Request& raw, httplib::Response& res) {
-    std::size_t header_bytes = 0;
-    for (const auto& [name, value] : raw.headers)
-      header_bytes += name.size() + value.size() + 4;  // ": " and CRLF
-    if (header_bytes > limits_.max_header_bytes) {
-      WriteResponse(HttpResponse::Error(431, "request headers of " + std::to_string(header_bytes) +
-                                                 " bytes exceed the limit of " +
-                                                 std::to_string(limits_.max_header_bytes) +
-                                                 " bytes (max_header_bytes)"),
-                    res);
-      res.set_header("Connection", "close");
-      return httplib::Server::HandlerResponse::Handled;
-    }
-    return httplib::Server::HandlerResponse::Unhandled;
-  });
-  // Every error cpp-httplib answers by itself (no route, malformed request, oversized body...)
-  // becomes a JSON error too. It also runs after our handlers' errors: keep their bodies.
-  server_->set_error_handler([](const httplib::Request& raw, httplib::Response& res) {
-    if (!res.body.empty())
+// Thread-safe. Owns the event loop, its I/O threads, the handler pool, the acceptor and the
+// registry of live connections. Connections refer to it by reference: Stop waits until every
+// connection is gone before the loop and the pool are torn down.
+class HttpServer::Core {
+ public:
+  Core(HttpLimits limits, std::string admin_token, ServerMetrics& metrics)
+      : limits(limits),
+        admin_token(std::move(admin_token)),
+        metrics(metrics),
+        loop(limits.io_threads),
+        handler_pool(static_cast<std::size_t>(limits.threads)) {}
+
+  // Routing, the admin check and the handler; runs on a handler thread.
+  HttpResponse Handle(HttpRequest request, const std::string& client);
+  Result<ListenAddress> Start(const ListenAddress& address);
+  void Stop();
+
+  void Accept();
+  void OnAccepted(beast::error_code error, tcp::socket socket);
+  void TakeConnection(tcp::socket socket);  // serves it, or refuses it over max_connections
+  void Register(std::uint64_t id, std::weak_ptr<Connection> connection);
+  void Unregister(std::uint64_t id);
+  bool stopping() const { return stopping_.load(std::memory_order_acquire); }
+
+  const HttpLimits limits;
+  const std::string admin_token;
+  ServerMetrics& metrics;
+  std::vector<Route> routes;  // written before Start only
+
+  // Declared before the loop so that connections destroyed with the loop can still unregister.
+  std::mutex connections_mutex;
+  std::condition_variable connections_gone;
+  std::unordered_map<std::uint64_t, std::weak_ptr<Connection>> connections;  // guarded
+  std::atomic<std::uint64_t> next_connection_id{0};
+  std::atomic<int> open_connections{0};
+
+  // A wrong admin token is logged once per client address per minute: a scanner must not be
+  // able to fill the log. Bounded: entries older than a minute go when the map is full.
+  std::mutex refusals_mutex;
+  std::unordered_map<std::string, Clock::time_point> last_refusal_logged;  // guarded
+
+  asio::io_context loop;
+  // The handler pool outlives no connection: joined in Stop, destroyed before the loop.
+  asio::thread_pool handler_pool;
+
+ private:
+  bool ShouldLogRefusal(const std::string& client);
+  void LogAtMostEverySecond(std::string_view what);
+
+  std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work_;
+  std::optional<tcp::acceptor> acceptor_;  // on its own strand
+  std::optional<asio::strand<asio::io_context::executor_type>> accept_strand_;
+  std::optional<asio::steady_timer> accept_retry_;
+  std::vector<std::thread> io_threads_;
+  std::atomic<bool> stopping_{false};
+  std::atomic<bool> started_{false};
+  std::mutex log_mutex_;
+  Clock::time_point last_accept_log_{};  // guarded by log_mutex_
+};
+
+// One accepted connection. Strand-only: every member is touched on the connection's strand,
+// except the pool job, which only reads the request it was given and posts the response back.
+// Keeps itself alive through the shared_ptrs its pending operations hold.
+class Connection : public std::enable_shared_from_this<Connection> {
+ public:
+  Connection(HttpServer::Core& core, tcp::socket socket, std::uint64_t id)
+      : core_(core), socket_(std::move(socket)), timer_(socket_.get_executor()), id_(id) {
+    beast::error_code error;
+    const auto remote = socket_.remote_endpoint(error);
+    client_ = error ? "unknown" : remote.address().to_string();
+    core_.open_connections.fetch_add(1);
+  }
+  ~Connection() {
+    core_.Unregister(id_);  // wakes Stop when it is the last
+  }
+
+  void Start() {
+    asio::dispatch(socket_.get_executor(), [self = shared_from_this()] { self->WaitForRequest(); });
+  }
+  asio::any_io_executor executor() { return socket_.get_executor(); }
+
+  // Posted by Stop: an idle connection closes now, one in a request finishes it first.
+  void OnStop() {
+    if (phase_ == Phase::kIdle)
+      Close();  // the pending read ends with operation_aborted
+  }
+
+ private:
+  enum class Phase { kIdle, kInRequest, kClosing, kClosed };
+
+  const HttpLimits& limits() const { return core_.limits; }
+
+  // Our own deadline rather than beast::tcp_stream's: that one closes the socket when it
+  // expires, and a 408 could no longer be sent. Expiry cancels the pending operation, which
+  // then completes with operation_aborted; Outcome tells the two apart.
+  //
+  // Lazy: re-arming a timer for every read and write (three per request) costs a timer-queue
+  // update and a cancelled completion each, a large share of a small request. So one wait stays
+  // pending; moving the deadline later only updates deadline_at_, and when the wait ends early
+  // it waits again for the rest. Only a deadline earlier than the pending wait re-arms it.
+  void ArmTimer(Clock::time_point when) {
+    timed_out_ = false;
+    deadline_at_ = when;
+    if (!timer_waiting_ || when < timer_expiry_)
+      StartTimer(when);
+  }
+  void DisarmTimer() { deadline_at_ = Clock::time_point::max(); }
+  void StartTimer(Clock::time_point when) {
+    timer_waiting_ = true;
+    timer_expiry_ = when;
+    const std::uint64_t generation = ++timer_generation_;
+    timer_.expires_at(when);
+    timer_.async_wait([self = shared_from_this(), generation](beast::error_code error) {
+      self->OnTimer(error, generation);
+    });
+  }
+  void OnTimer(beast::error_code error, std::uint64_t generation) {
+    // A wait replaced by StartTimer completes too (operation_aborted): not ours to act on.
+    if (generation != timer_generation_)
       return;
-    const std::string message = res.status == 404 ? "no route for " + raw.method + " " + raw.path
-                                                  : std::string(ReasonPhrase(res.status));
-    res.set_content(json({{"error", message}}).dump(-1, ' ', false, json::error_handler_t::replace),
-                    "application/json");
-  });
-  server_->set_exception_handler(
-      [](const httplib::Request&, httplib::Response& res, std::exception_ptr error) {
-        std::string what = "unknown exception";
-        try {
-          std::rethrow_exception(error);
-        } catch (const std::exception& e) {
-          what = e.what();
-        } catch (...) {
-        }
-        Log().error("unexpected exception in a handler: {}", what);
-        WriteResponse(HttpResponse::Error(500, "internal error: " + what), res);
-      });
-  server_->set_logger([this](const httplib::Request& raw, const httplib::Response& res) {
-    metrics_.CountHttpResponse(res.status);
-    Log().debug("{} {} {} -> {}", raw.remote_addr, raw.method, raw.path, res.status);
-  });
-}
+    timer_waiting_ = false;
+    if (error || phase_ == Phase::kClosed || deadline_at_ == Clock::time_point::max())
+      return;
+    if (Clock::now() < deadline_at_)
+      return StartTimer(deadline_at_);
+    timed_out_ = true;
+    beast::error_code ignored;
+    socket_.cancel(ignored);
+  }
+  // The completion's error, with a cancellation by our timer reported as beast::error::timeout.
+  beast::error_code Outcome(beast::error_code error) {
+    DisarmTimer();
+    if (error && timed_out_)
+      return beast::error::timeout;
+    return error;
+  }
 
-HttpServer::~HttpServer() {
-  Stop();
-}
+  // Between requests. A pipelined request already in the buffer is read at once; otherwise the
+  // first byte must come within the keep-alive timeout (the header timeout for a connection's
+  // first request), and from it the header timeout runs.
+  void WaitForRequest() {
+    phase_ = Phase::kIdle;
+    if (core_.stopping())
+      return Close();
+    if (buffer_.size() > 0)
+      return ReadHeader();
+    ArmTimer(Clock::now() + (requests_served_ == 0
+                                 ? limits().header_timeout
+                                 : std::chrono::duration_cast<std::chrono::milliseconds>(
+                                       limits().keep_alive_timeout)));
+    socket_.async_read_some(buffer_.prepare(4096), [self = shared_from_this()](
+                                                       beast::error_code error, std::size_t bytes) {
+      if (self->Outcome(error))
+        return self->Close();  // idle timeout, client gone, or Stop: nothing to answer
+      self->buffer_.commit(bytes);
+      self->ReadHeader();
+    });
+  }
 
-HttpResponse HttpServer::Dispatch(const Handler& handler, Access access,
-                                  const HttpRequest& request) const {
-  if (access == Access::kAdmin && !admin_token_.empty()) {
+  void ReadHeader() {
+    request_started_ = Clock::now();
+    deadline_ = request_started_ + limits().request_timeout;
+    parser_.emplace();
+    parser_->header_limit(
+        static_cast<std::uint32_t>(std::min<std::size_t>(limits().max_header_bytes, UINT32_MAX)));
+    // The body's limit is checked once the header is known (for a 413 that names the length).
+    // Not boost::none: Beast 1.74 compares the length with the optional, and none is less
+    // than every length.
+    parser_->body_limit(std::numeric_limits<std::uint64_t>::max());
+    ArmTimer(std::min(request_started_ + limits().header_timeout, deadline_));
+    http::async_read_header(socket_, buffer_, *parser_,
+                            [self = shared_from_this()](beast::error_code error, std::size_t) {
+                              self->OnHeader(self->Outcome(error));
+                            });
+  }
+
+  void OnHeader(beast::error_code error) {
+    if (error == beast::error::timeout) {
+      return Fail(408, "request header not received within " +
+                           Milliseconds(limits().header_timeout) + " (header_timeout_ms)");
+    }
+    if (error == http::error::header_limit) {
+      return Fail(431, "request headers exceed the limit of " +
+                           std::to_string(limits().max_header_bytes) + " bytes (max_header_bytes)");
+    }
+    if (error == http::error::bad_content_length) {
+      return Fail(400,
+                  "malformed or conflicting Content-Length (or Content-Length with "
+                  "Transfer-Encoding)");
+    }
+    if (error == http::error::bad_transfer_encoding) {
+      return Fail(400, "Transfer-Encoding repeated or sent with Content-Length");
+    }
+    if (error == http::error::end_of_stream || error == http::error::partial_message ||
+        (error &&
+         error.category() != http::make_error_code(http::error::header_limit).category())) {
+      return Close();  // the client left or the socket failed: nobody to answer
+    }
+    if (error)
+      return Fail(400, "malformed request: " + error.message());
+
+    phase_ = Phase::kInRequest;
+    const auto& header = parser_->get();
+    // RFC 9112 6.1: a request whose transfer coding the server does not understand cannot be
+    // framed: refuse it rather than read its body as the next request.
+    const auto coding = header.find(http::field::transfer_encoding);
+    if (coding != header.end()) {
+      if (!beast::iequals(coding->value(), "chunked")) {
+        return Fail(501, "transfer coding '" + std::string(coding->value()) +
+                             "' is not supported (only chunked)");
+      }
+      if (header.count(http::field::transfer_encoding) > 1)
+        return Fail(400, "Transfer-Encoding repeated");
+    }
+    if (const auto length = parser_->content_length();
+        length && *length > limits().max_body_bytes) {
+      return Fail(413, "request body of " + std::to_string(*length) +
+                           " bytes exceeds the limit of " +
+                           std::to_string(limits().max_body_bytes) + " bytes (max_body_bytes)");
+    }
+    core_.metrics.http_in_flight.fetch_add(1);
+    in_flight_ = true;
+    if (parser_->is_done())
+      return Dispatch();
+    // curl sends `Expect: 100-continue` for bodies over 1 KiB and waits a second for this.
+    // Written synchronously: 25 bytes into a socket that has sent nothing yet never block.
+    if (header.version() >= 11 && beast::iequals(header[http::field::expect], "100-continue")) {
+      static constexpr std::string_view kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
+      beast::error_code ignored;
+      asio::write(socket_, asio::buffer(kContinue.data(), kContinue.size()), ignored);
+    }
+    parser_->body_limit(limits().max_body_bytes);
+    ArmTimer(std::min(Clock::now() + limits().read_timeout, deadline_));
+    http::async_read(socket_, buffer_, *parser_,
+                     [self = shared_from_this()](beast::error_code error, std::size_t) {
+                       self->OnBody(self->Outcome(error));
+                     });
+  }
+
+  void OnBody(beast::error_code error) {
+    if (error == beast::error::timeout) {
+      return Fail(408, "request body not received within " +
+                           Milliseconds(std::min(limits().read_timeout, limits().request_timeout)) +
+                           " (read_timeout_ms, request_timeout_ms)");
+    }
+    if (error == http::error::body_limit) {
+      return Fail(413, "request body exceeds the limit of " +
+                           std::to_string(limits().max_body_bytes) + " bytes (max_body_bytes)");
+    }
+    if (error == http::error::end_of_stream || error == http::error::partial_message ||
+        (error && error.category() != http::make_error_code(http::error::body_limit).category())) {
+      return Close();
+    }
+    if (error)
+      return Fail(400, "malformed request body: " + error.message());
+    Dispatch();
+  }
+
+  // Hands the request to a handler thread; the answer comes back on this strand.
+  void Dispatch() {
+    auto message = std::make_shared<http::request<http::string_body>>(parser_->release());
+    parser_.reset();
+    const bool keep_alive = message->keep_alive() && !core_.stopping() &&
+                            requests_served_ + 1 < limits().keep_alive_max_requests;
+    head_only_ = message->method() == http::verb::head;
+    const bool http10 = message->version() == 10;
+    const Clock::time_point deadline = deadline_;
+    asio::post(
+        core_.handler_pool, [self = shared_from_this(), message, keep_alive, http10, deadline] {
+          HttpRequest request;
+          request.method = std::string(message->method_string());
+          if (request.method == "HEAD")
+            request.method = "GET";
+          const auto target = message->target();
+          request.path = DecodedPath(std::string_view(target.data(), target.size()));
+          request.body = std::move(message->body());
+          request.header = [message](std::string_view name) {
+            const auto field = message->find(beast::string_view(name.data(), name.size()));
+            return field == message->end() ? std::string() : std::string(field->value());
+          };
+          Answer answer;
+          if (Clock::now() > deadline) {
+            // Waited in the pool's queue past the request deadline: the client has likely given
+            // up; refuse rather than spend a handler on it.
+            answer.response = HttpResponse::Error(
+                503, "no handler thread became free within the request deadline of " +
+                         Milliseconds(self->limits().request_timeout) + " (request_timeout_ms)");
+            answer.response.headers.emplace_back("Retry-After", "1");
+          } else {
+            answer.response = self->core_.Handle(std::move(request), self->client_);
+          }
+          answer.close = !keep_alive;
+          answer.say_keep_alive = keep_alive && http10;
+          asio::post(self->socket_.get_executor(), [self, answer = std::move(answer)]() mutable {
+            self->Respond(std::move(answer));
+          });
+        });
+  }
+
+  // An error of the transport: answered, then the connection closes, draining a body that may
+  // be left unread so that none of it is ever parsed as a request.
+  void Fail(int status, const std::string& message) {
+    phase_ = Phase::kClosing;
+    parser_.reset();
+    head_only_ = false;
+    Log().debug("{}: {} {}", client_, status, message);
+    Respond({HttpResponse::Error(status, message), /*close=*/true, /*linger=*/true});
+  }
+
+  void Respond(Answer answer) {
+    if (core_.stopping())
+      answer.close = true;
+    const HttpResponse& response = answer.response;
+    core_.metrics.CountHttpResponse(response.status);
+    if (in_flight_) {
+      core_.metrics.http_in_flight.fetch_sub(1);
+      in_flight_ = false;
+    }
+    out_.clear();
+    out_ += "HTTP/1.1 ";
+    out_ += std::to_string(response.status);
+    out_ += ' ';
+    const auto reason = http::obsolete_reason(static_cast<http::status>(response.status));
+    out_.append(reason.data(), reason.size());
+    out_ += "\r\nContent-Type: ";
+    out_ += response.content_type;
+    out_ += "\r\nContent-Length: ";
+    out_ += std::to_string(response.body.size());
+    out_ += "\r\n";
+    for (const auto& [name, value] : response.headers) {
+      out_ += name;
+      out_ += ": ";
+      out_ += value;
+      out_ += "\r\n";
+    }
+    if (answer.close)
+      out_ += "Connection: close\r\n";
+    else if (answer.say_keep_alive)
+      out_ += "Connection: keep-alive\r\n";
+    out_ += "\r\n";
+    if (!head_only_)
+      out_ += response.body;
+    ArmTimer(Clock::now() + limits().write_timeout);
+    asio::async_write(socket_, asio::buffer(out_),
+                      [self = shared_from_this(), close = answer.close, linger = answer.linger](
+                          beast::error_code error, std::size_t) {
+                        if (self->Outcome(error))
+                          return self->Close();
+                        ++self->requests_served_;
+                        if (linger)
+                          return self->Linger();
+                        if (close)
+                          return self->Close();
+                        self->WaitForRequest();
+                      });
+  }
+
+  // After an error with unread request bytes: stop sending, then read and discard for a short
+  // while. Closing at once with unread data would send a reset, and the client could lose the
+  // error response before reading it.
+  void Linger() {
+    phase_ = Phase::kClosing;
+    beast::error_code ignored;
+    socket_.shutdown(tcp::socket::shutdown_send, ignored);
+    buffer_.clear();
+    ArmTimer(Clock::now() +
+             std::min<std::chrono::milliseconds>(limits().read_timeout, std::chrono::seconds(2)));
+    DrainSome();
+  }
+  void DrainSome() {
+    socket_.async_read_some(asio::buffer(drain_),
+                            [self = shared_from_this()](beast::error_code error, std::size_t) {
+                              if (error)
+                                return self->Close();
+                              self->DrainSome();
+                            });
+  }
+
+  void Close() {
+    phase_ = Phase::kClosing;
+    if (in_flight_) {
+      core_.metrics.http_in_flight.fetch_sub(1);
+      in_flight_ = false;
+    }
+    DisarmTimer();
+    beast::error_code ignored;
+    timer_.cancel();  // the pending wait holds this connection alive
+    socket_.shutdown(tcp::socket::shutdown_both, ignored);
+    socket_.close(ignored);
+    phase_ = Phase::kClosed;
+  }
+
+  HttpServer::Core& core_;
+  tcp::socket socket_;
+  asio::steady_timer timer_;
+  std::uint64_t timer_generation_ = 0;
+  bool timer_waiting_ = false;
+  Clock::time_point timer_expiry_;
+  Clock::time_point deadline_at_ = Clock::time_point::max();
+  bool timed_out_ = false;
+  const std::uint64_t id_;
+  std::string client_;
+  beast::flat_buffer buffer_;
+  std::optional<http::request_parser<http::string_body>> parser_;
+  Phase phase_ = Phase::kIdle;
+  bool in_flight_ = false;
+  bool head_only_ = false;
+  int requests_served_ = 0;
+  Clock::time_point request_started_;
+  Clock::time_point deadline_;
+  std::string out_;
+  std::array<char, 8192> drain_{};
+};
+
+HttpResponse HttpServer::Core::Handle(HttpRequest request, const std::string& client) {
+  const Route* found = nullptr;
+  std::smatch match;
+  for (const Route& route : routes) {
+    if (route.method == request.method && std::regex_match(request.path, match, route.pattern)) {
+      found = &route;
+      break;
+    }
+  }
+  if (found == nullptr) {
+    Log().debug("{} {} {} -> 404", client, request.method, request.path);
+    return HttpResponse::Error(404, "no route for " + request.method + " " + request.path);
+  }
+  for (std::size_t i = 1; i < match.size(); ++i)
+    request.params.push_back(match[i].str());
+  if (found->access == Access::kAdmin && !admin_token.empty()) {
     const std::string authorization = request.header("Authorization");
     constexpr std::string_view kBearer = "Bearer ";
     if (!authorization.starts_with(kBearer)) {
@@ -319,76 +660,280 @@ HttpResponse HttpServer::Dispatch(const Handler& handler, Access access,
       response.headers.emplace_back("WWW-Authenticate", "Bearer realm=\"backplane admin\"");
       return response;
     }
-    if (!TokensEqual(std::string_view(authorization).substr(kBearer.size()), admin_token_)) {
-      Log().warn("refused {} {}: wrong admin token", request.method, request.path);
+    if (!TokensEqual(std::string_view(authorization).substr(kBearer.size()), admin_token)) {
+      if (ShouldLogRefusal(client)) {
+        Log().warn("refused {} {} from {}: wrong admin token (logged once a minute per address)",
+                   request.method, request.path, client);
+      }
       return HttpResponse::Error(403, "wrong admin token");
     }
   }
   // Handlers report expected failures as responses; an exception here is a bug, answered with
-  // 500 rather than allowed to take down the connection thread.
+  // 500 rather than allowed to take down the handler thread.
+  HttpResponse response;
   try {
-    return handler(request);
+    response = found->handler(request);
   } catch (const std::exception& e) {
-    Log().error("{} {}: unexpected exception: {}", request.method, request.path, e.what());
-    return HttpResponse::Error(500, std::string("internal error: ") + e.what());
+    Log().error("{} {}: unexpected exception in a handler: {}", request.method, request.path,
+                e.what());
+    response = HttpResponse::Error(500, std::string("internal error: ") + e.what());
+  } catch (...) {
+    Log().error("{} {}: unexpected exception in a handler", request.method, request.path);
+    response = HttpResponse::Error(500, "internal error: unknown exception");
+  }
+  Log().debug("{} {} {} -> {}", client, request.method, request.path, response.status);
+  return response;
+}
+
+bool HttpServer::Core::ShouldLogRefusal(const std::string& client) {
+  constexpr std::size_t kMaxAddresses = 1024;
+  const auto now = Clock::now();
+  std::lock_guard lock(refusals_mutex);
+  auto found = last_refusal_logged.find(client);
+  if (found != last_refusal_logged.end()) {
+    if (now - found->second < std::chrono::minutes(1))
+      return false;
+    found->second = now;
+    return true;
+  }
+  if (last_refusal_logged.size() >= kMaxAddresses) {
+    std::erase_if(last_refusal_logged,
+                  [&](const auto& entry) { return now - entry.second >= std::chrono::minutes(1); });
+    // Still full: a flood from many addresses; forget them all rather than grow.
+    if (last_refusal_logged.size() >= kMaxAddresses)
+      last_refusal_logged.clear();
+  }
+  last_refusal_logged.emplace(client, now);
+  return true;
+}
+
+void HttpServer::Core::LogAtMostEverySecond(std::string_view what) {
+  std::lock_guard lock(log_mutex_);
+  const auto now = Clock::now();
+  if (now - last_accept_log_ < std::chrono::seconds(1))
+    return;
+  last_accept_log_ = now;
+  Log().warn("{}", what);
+}
+
+void HttpServer::Core::Register(std::uint64_t id, std::weak_ptr<Connection> connection) {
+  std::lock_guard lock(connections_mutex);
+  connections.emplace(id, std::move(connection));
+}
+
+void HttpServer::Core::Unregister(std::uint64_t id) {
+  std::lock_guard lock(connections_mutex);
+  connections.erase(id);
+  open_connections.fetch_sub(1);
+  connections_gone.notify_all();
+}
+
+void HttpServer::Core::Accept() {
+  acceptor_->async_accept(
+      asio::make_strand(loop),
+      asio::bind_executor(*accept_strand_, [this](beast::error_code error, tcp::socket socket) {
+        OnAccepted(error, std::move(socket));
+      }));
+}
+
+void HttpServer::Core::TakeConnection(tcp::socket socket) {
+  if (open_connections.load() >= limits.max_connections) {
+    // Over max_connections: accept, answer 503 and close, so that the client learns why
+    // instead of waiting in the backlog. One non-blocking write of a small response: if the
+    // socket cannot take it, the client gets a plain close.
+    static const std::string kRefusal = [] {
+      const std::string body =
+          R"({"error":"too many connections: the server is at max_connections"})";
+      return "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+             "Content-Length: " +
+             std::to_string(body.size()) + "\r\nRetry-After: 1\r\nConnection: close\r\n\r\n" + body;
+    }();
+    beast::error_code ignored;
+    socket.non_blocking(true, ignored);
+    socket.write_some(asio::buffer(kRefusal.data(), kRefusal.size()), ignored);
+    socket.shutdown(tcp::socket::shutdown_both, ignored);
+    socket.close(ignored);
+    metrics.CountHttpResponse(503);
+    LogAtMostEverySecond("refused a connection: " + std::to_string(limits.max_connections) +
+                         " connections open (max_connections)");
+  } else {
+    beast::error_code ignored;
+    socket.set_option(tcp::no_delay(true), ignored);  // else Nagle + delayed ACK: 40 ms stalls
+    const std::uint64_t id = next_connection_id.fetch_add(1);
+    auto connection = std::make_shared<Connection>(*this, std::move(socket), id);
+    Register(id, connection);
+    connection->Start();
   }
 }
 
-void HttpServer::Get(const std::string& pattern, Handler handler) {
-  server_->Get(pattern, [this, handler = std::move(handler)](const httplib::Request& raw,
-                                                             httplib::Response& res) {
-    InFlight in_flight(metrics_.http_in_flight);
-    WriteResponse(Dispatch(handler, Access::kPublic, MakeRequest(raw)), res);
-  });
-}
-
-void HttpServer::Post(const std::string& pattern, Access access, Handler handler) {
-  server_->Post(pattern, WithBody(access, std::move(handler)));
-}
-
-void HttpServer::Put(const std::string& pattern, Access access, Handler handler) {
-  server_->Put(pattern, WithBody(access, std::move(handler)));
-}
-
-HttpServer::BodyHandler HttpServer::WithBody(Access access, Handler handler) {
-  return [this, access, handler = std::move(handler)](const httplib::Request& raw,
-                                                      httplib::Response& res,
-                                                      const httplib::ContentReader& reader) {
-    InFlight in_flight(metrics_.http_in_flight);
-    HttpRequest request = MakeRequest(raw);
-    auto body = ReadBody(raw, reader, limits_.max_body_bytes);
-    if (!body.ok())
-      return WriteResponse(body.error(), res);
-    request.body = std::move(body).value();
-    WriteResponse(Dispatch(handler, access, request), res);
-  };
-}
-
-Result<ListenAddress> HttpServer::Start(const ListenAddress& address) {
-  ListenAddress bound = address;
-  if (address.port == 0) {
-    bound.port = server_->bind_to_any_port(address.host);
-  } else if (!server_->bind_to_port(address.host, address.port)) {
-    bound.port = -1;
+void HttpServer::Core::OnAccepted(beast::error_code error, tcp::socket socket) {
+  if (error == asio::error::operation_aborted || stopping() || !acceptor_->is_open())
+    return;
+  if (error) {
+    // EMFILE/ENFILE: out of descriptors. Retrying at once would spin; the pending connection
+    // waits in the backlog meanwhile.
+    LogAtMostEverySecond("accept failed: " + error.message() +
+                         " (raise the fd limit or lower max_connections)");
+    accept_retry_->expires_after(std::chrono::milliseconds(50));
+    accept_retry_->async_wait(asio::bind_executor(*accept_strand_, [this](beast::error_code e) {
+      if (!e && !stopping())
+        Accept();
+    }));
+    return;
   }
-  if (bound.port <= 0) {
+  TakeConnection(std::move(socket));
+  // Drain the kernel's accept queue now rather than one connection per loop turn: with a
+  // thousand clients connecting at once, a slow drain overflows the backlog and the clients
+  // that overflow retry their SYN a second (then three) later.
+  for (int i = 0; i < 256; ++i) {
+    tcp::socket next(asio::make_strand(loop));
+    beast::error_code again;
+    acceptor_->accept(next, again);
+    if (again)
+      break;  // would_block: empty; anything else shows again on the async accept
+    TakeConnection(std::move(next));
+  }
+  Accept();
+}
+
+Result<ListenAddress> HttpServer::Core::Start(const ListenAddress& address) {
+  // Each connection is a descriptor: raise the soft limit to the hard one, and say so when
+  // max_connections cannot fit.
+  rlimit files{};
+  if (getrlimit(RLIMIT_NOFILE, &files) == 0) {
+    if (files.rlim_cur < files.rlim_max) {
+      files.rlim_cur = files.rlim_max;
+      (void)setrlimit(RLIMIT_NOFILE, &files);
+      (void)getrlimit(RLIMIT_NOFILE, &files);
+    }
+    // Some descriptors go to backends, the log, the watcher: keep a margin of 64.
+    if (files.rlim_cur != RLIM_INFINITY &&
+        static_cast<rlim_t>(limits.max_connections) + 64 > files.rlim_cur) {
+      Log().warn(
+          "max_connections is {} but the process may open only {} files (ulimit -n): accepts "
+          "beyond that fail until connections close",
+          limits.max_connections, files.rlim_cur);
+    }
+  }
+
+  const auto unavailable = [&](const std::string& why) {
     return Status(StatusCode::kUnavailable,
-                  "cannot listen on " + address.ToString() +
+                  "cannot listen on " + address.ToString() + ": " + why +
                       " (address in use, not an address of this machine, or no permission)");
+  };
+  beast::error_code error;
+  tcp::resolver resolver(loop);
+  const auto endpoints =
+      resolver.resolve(address.host, std::to_string(address.port),
+                       tcp::resolver::passive | tcp::resolver::numeric_service, error);
+  if (error)
+    return unavailable(error.message());
+  std::string last_error = "no address";
+  for (const auto& entry : endpoints) {
+    tcp::acceptor acceptor(loop);
+    acceptor.open(entry.endpoint().protocol(), error);
+    if (error) {
+      last_error = error.message();
+      continue;
+    }
+    // SO_REUSEADDR allows a restart while old connections sit in TIME_WAIT; no SO_REUSEPORT,
+    // with which a second server on the same port would silently take part of the connections.
+    acceptor.set_option(tcp::acceptor::reuse_address(true), error);
+    acceptor.bind(entry.endpoint(), error);
+    if (!error)
+      acceptor.listen(limits.listen_backlog, error);
+    if (error) {
+      last_error = error.message();
+      continue;
+    }
+    acceptor_.emplace(std::move(acceptor));
+    break;
   }
-  listener_ = std::thread([this] { server_->listen_after_bind(); });
-  // Wait for the accept loop: cpp-httplib's stop() does nothing before the loop runs, so a Stop
-  // right after Start would otherwise leave the listener running forever.
-  while (!server_->is_running())
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  if (!acceptor_)
+    return unavailable(last_error);
+  ListenAddress bound = address;
+  bound.port = acceptor_->local_endpoint().port();
+
+  acceptor_->non_blocking(true, error);  // for the draining accepts of OnAccepted
+  accept_strand_.emplace(asio::make_strand(loop));
+  accept_retry_.emplace(*accept_strand_);
+  work_.emplace(loop.get_executor());
+  asio::dispatch(*accept_strand_, [this] { Accept(); });
+  for (int i = 0; i < limits.io_threads; ++i)
+    io_threads_.emplace_back([this] { loop.run(); });
+  started_.store(true);
   return bound;
 }
 
-void HttpServer::Stop() {
-  if (!listener_.joinable())
+void HttpServer::Core::Stop() {
+  if (!started_.exchange(false))
     return;
-  server_->stop();
-  listener_.join();  // returns once every handler running has answered
+  stopping_.store(true, std::memory_order_release);
+  // 1. No new connections: the listening socket closes (clients get refused from now on).
+  std::promise<void> closed;
+  asio::dispatch(*accept_strand_, [this, &closed] {
+    beast::error_code ignored;
+    acceptor_->close(ignored);
+    accept_retry_->cancel();
+    closed.set_value();
+  });
+  closed.get_future().wait();
+  // 2. Idle connections close; those in a request finish it and answer with Connection: close.
+  {
+    std::vector<std::shared_ptr<Connection>> live;
+    {
+      std::lock_guard lock(connections_mutex);
+      for (auto& [id, weak] : connections) {
+        if (auto connection = weak.lock())
+          live.push_back(std::move(connection));
+      }
+    }
+    for (auto& connection : live) {
+      Connection* raw = connection.get();
+      asio::post(raw->executor(), [connection] { connection->OnStop(); });
+    }
+  }
+  // 3. Wait for the last connection. Handlers are not interrupted (they hold no deadline of
+  // ours); a client that stops reading is cut off by the write timeout.
+  {
+    std::unique_lock lock(connections_mutex);
+    connections_gone.wait(lock, [&] { return open_connections.load() == 0; });
+  }
+  work_.reset();
+  loop.stop();
+  for (auto& thread : io_threads_)
+    thread.join();
+  io_threads_.clear();
+  handler_pool.join();
+}
+
+// ---- HttpServer ---------------------------------------------------------------------------
+
+HttpServer::HttpServer(HttpLimits limits, std::string admin_token, ServerMetrics& metrics)
+    : core_(std::make_unique<Core>(limits, std::move(admin_token), metrics)) {}
+
+HttpServer::~HttpServer() {
+  Stop();
+}
+
+void HttpServer::Get(const std::string& pattern, Handler handler) {
+  core_->routes.push_back({"GET", std::regex(pattern), Access::kPublic, std::move(handler)});
+}
+
+void HttpServer::Post(const std::string& pattern, Access access, Handler handler) {
+  core_->routes.push_back({"POST", std::regex(pattern), access, std::move(handler)});
+}
+
+void HttpServer::Put(const std::string& pattern, Access access, Handler handler) {
+  core_->routes.push_back({"PUT", std::regex(pattern), access, std::move(handler)});
+}
+
+Result<ListenAddress> HttpServer::Start(const ListenAddress& address) {
+  return core_->Start(address);
+}
+
+void HttpServer::Stop() {
+  core_->Stop();
 }
 
 }  // namespace backplane::server

@@ -1,6 +1,7 @@
-// The HTTP front: cpp-httplib with the server's limits (body, headers, JSON depth, timeouts,
-// threads), JSON errors for every failure, bearer-token checks for admin routes, and graceful
-// stop. Handlers see plain request/response values and never touch httplib.
+// The HTTP front: an event-driven HTTP/1.1 server on Boost.Beast/Asio with the server's limits
+// (connections, header and body bytes, JSON depth, timeouts), JSON errors for every failure,
+// bearer-token checks for admin routes, and graceful stop. Handlers see plain request/response
+// values and never touch Beast; they run on a pool of their own, never on the I/O threads.
 #pragma once
 
 #include <atomic>
@@ -17,13 +18,6 @@
 
 #include "backplane/core/status.hpp"
 #include "server_config.hpp"
-
-namespace httplib {
-class Server;
-struct Request;
-struct Response;
-class ContentReader;
-}  // namespace httplib
 
 namespace backplane::server {
 
@@ -61,19 +55,26 @@ int HttpStatusFor(StatusCode code);
 Result<nlohmann::json> ParseJsonBody(std::string_view body, int max_depth);
 
 struct HttpLimits {
-  int threads = 32;
+  int io_threads = 2;  // threads running the event loop (accept, read, write; never handlers)
+  int threads = 32;    // handler threads: requests being handled at once
   std::size_t max_body_bytes = 16u << 20;
   std::size_t max_header_bytes = 16u << 10;
   int max_json_depth = 32;
-  std::chrono::milliseconds read_timeout{5000};
-  std::chrono::milliseconds write_timeout{5000};
-  std::chrono::seconds keep_alive_timeout{5};
+  std::chrono::milliseconds header_timeout{5000};    // the whole header, from its first byte
+  std::chrono::milliseconds read_timeout{5000};      // the whole body, from the header's end
+  std::chrono::milliseconds write_timeout{5000};     // the whole response
+  std::chrono::milliseconds request_timeout{60000};  // first byte to the start of handling
+  std::chrono::seconds keep_alive_timeout{5};        // idle between requests
   int keep_alive_max_requests = 1000;
+  int max_connections = 10000;
+  int listen_backlog = 1024;
 };
 HttpLimits HttpLimitsFrom(const ServeConfig& config);
 
 // Routes are registered before Start and never after. Start, Stop and the destructor are called
-// from one thread; handlers run concurrently on the server's threads and must be thread-safe.
+// from one thread; handlers run concurrently on the handler threads and must be thread-safe.
+// Each connection answers its requests in order, one at a time (pipelined requests wait in the
+// connection's read buffer).
 class HttpServer {
  public:
   // Admin routes require `Authorization: Bearer <token>` when a token is set.
@@ -90,26 +91,18 @@ class HttpServer {
   void Post(const std::string& pattern, Access access, Handler handler);
   void Put(const std::string& pattern, Access access, Handler handler);
 
-  // Binds and listens (port 0 picks a free one), then serves on a thread of its own. Returns the
+  // Binds and listens (port 0 picks a free one), then serves on the I/O threads. Returns the
   // address actually bound. kUnavailable when the address cannot be bound.
   Result<ListenAddress> Start(const ListenAddress& address);
-  // Stops accepting, lets every request being handled finish and be answered, joins the
-  // threads. Connections accepted but not yet picked up by a thread are closed unanswered
-  // (cpp-httplib's stop); size `threads` above the expected concurrency.
+  // Stops accepting and closes idle connections; every request whose header has arrived is
+  // read, handled and answered (with `Connection: close`); then joins the threads.
   void Stop();
 
- private:
-  HttpResponse Dispatch(const Handler& handler, Access access, const HttpRequest& request) const;
-  // The handler of a request with a body (POST, PUT): the body read within the limit first.
-  using BodyHandler = std::function<void(const httplib::Request&, httplib::Response&,
-                                         const httplib::ContentReader&)>;
-  BodyHandler WithBody(Access access, Handler handler);
+  // The server's state shared with its connections (http_server.cpp).
+  class Core;
 
-  const HttpLimits limits_;
-  const std::string admin_token_;
-  ServerMetrics& metrics_;
-  std::unique_ptr<httplib::Server> server_;
-  std::thread listener_;
+ private:
+  std::unique_ptr<Core> core_;
 };
 
 }  // namespace backplane::server

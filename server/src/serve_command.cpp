@@ -70,8 +70,8 @@ sigset_t BlockShutdownSignals() {
   sigaddset(&signals, SIGINT);
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-  // cpp-httplib writes with send() flags 0: a client that hangs up mid-response would raise
-  // SIGPIPE and kill the process. Ignored, the write fails with EPIPE instead.
+  // Asio sends with MSG_NOSIGNAL, but a backend or library writing to a socket or pipe a peer
+  // closed would raise SIGPIPE and kill the process. Ignored, the write fails with EPIPE.
   signal(SIGPIPE, SIG_IGN);
   return signals;
 }

@@ -31,13 +31,21 @@ struct ServeConfig {
   std::string log_level = "info";
   // Bearer token that mutating admin and repository calls must present; empty: not required.
   std::string admin_token;
-  int http_threads = 32;  // connections served at once (keep-alive connections hold one each)
+  int io_threads = 2;  // event-loop threads: accept, read, write (never a handler)
+  // Handler threads: requests handled at once (a handler blocks while its inference runs).
+  // Connections do not hold one; an idle keep-alive connection costs a descriptor and a buffer.
+  int http_threads = 32;
+  int max_connections = 10000;  // beyond it a new connection gets 503 and is closed
+  int listen_backlog = 1024;    // the kernel caps it at net.core.somaxconn
   std::size_t max_body_bytes = 16u << 20;
   int max_json_depth = 32;
-  std::size_t max_header_bytes = 16u << 10;  // all request headers together
-  std::chrono::milliseconds read_timeout{5000};
-  std::chrono::milliseconds write_timeout{5000};
-  std::chrono::seconds keep_alive_timeout{5};
+  std::size_t max_header_bytes = 16u << 10;        // request line and headers together
+  std::chrono::milliseconds header_timeout{5000};  // the whole header, from its first byte
+  std::chrono::milliseconds read_timeout{5000};    // the whole body, after the header
+  std::chrono::milliseconds write_timeout{5000};   // the whole response
+  // From a request's first byte until a handler takes it (header, body, wait for a handler).
+  std::chrono::milliseconds request_timeout{60000};
+  std::chrono::seconds keep_alive_timeout{5};  // idle between two requests
   int keep_alive_max_requests = 1000;
 
   // ---- Execution

@@ -1,0 +1,491 @@
+// The HTTP transport of `backplane serve` seen from raw sockets: pipelining, keep-alive at a
+// thousand connections, the slowloris defence, request smuggling (RFC 9112 framing), limits,
+// half-close and graceful stop. Every wait is a deadline, never a sleep.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <regex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "http_server.hpp"
+#include "serve_test_util.hpp"
+
+namespace backplane::testing {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
+using Clock = std::chrono::steady_clock;
+
+// How fast a request must be answered while slow clients hold connections: 100 ms, but a
+// sanitizer build runs 5-15 times slower on shared cores.
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+constexpr auto kPromptAnswer = 1000ms;
+#else
+constexpr auto kPromptAnswer = 100ms;
+#endif
+
+constexpr char kMlpBody[] =
+    R"({"inputs": [{"name":"features","shape":[1,4],"datatype":"FP32","data":[1,2,3,4]}]})";
+
+std::string Get(const std::string& path, const std::string& extra = "") {
+  return "GET " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\n" + extra + "\r\n";
+}
+
+std::string PostMlp(const std::string& extra = "") {
+  return "POST /v2/models/mlp/infer HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: "
+         "application/json\r\nContent-Length: " +
+         std::to_string(sizeof kMlpBody - 1) + "\r\n" + extra + "\r\n" + kMlpBody;
+}
+
+struct Response {
+  int status = 0;  // 0: none (closed or deadline)
+  std::string head;
+  std::string body;
+};
+
+// A client connection on raw POSIX sockets. Thread-compatible.
+class RawConnection {
+ public:
+  explicit RawConnection(int port) {
+    fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_port = htons(static_cast<uint16_t>(port));
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    connected_ = connect(fd_, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0;
+    int yes = 1;
+    setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &yes, sizeof yes);
+  }
+  ~RawConnection() {
+    if (fd_ >= 0)
+      close(fd_);
+  }
+  RawConnection(const RawConnection&) = delete;
+  RawConnection& operator=(const RawConnection&) = delete;
+
+  bool connected() const { return connected_; }
+  int fd() const { return fd_; }
+
+  // False when the server closed the connection. MSG_NOSIGNAL: no SIGPIPE in the test.
+  bool Send(std::string_view data) {
+    for (std::size_t done = 0; done < data.size();) {
+      const ssize_t n = send(fd_, data.data() + done, data.size() - done, MSG_NOSIGNAL);
+      if (n <= 0)
+        return false;
+      done += static_cast<std::size_t>(n);
+    }
+    return true;
+  }
+  void HalfClose() { shutdown(fd_, SHUT_WR); }
+
+  // One response (Content-Length framed), or status 0 when the connection closed or the
+  // deadline passed first.
+  Response Read(std::chrono::milliseconds timeout = 10s) {
+    const auto deadline = Clock::now() + timeout;
+    Response response;
+    std::size_t end = std::string::npos;
+    while ((end = pending_.find("\r\n\r\n")) == std::string::npos) {
+      if (!Fill(deadline))
+        return response;
+    }
+    response.head = pending_.substr(0, end + 2);
+    std::size_t length = 0;
+    static const std::regex kLength("\r\n[Cc]ontent-[Ll]ength: *([0-9]+)\r\n");
+    std::smatch match;
+    if (std::regex_search(response.head, match, kLength))
+      length = std::stoul(match[1].str());
+    while (pending_.size() < end + 4 + length) {
+      if (!Fill(deadline))
+        return response;
+    }
+    response.body = pending_.substr(end + 4, length);
+    pending_.erase(0, end + 4 + length);
+    response.status = std::stoi(response.head.substr(9, 3));
+    return response;
+  }
+
+  // True when the server closes the connection (EOF or reset) before the deadline; everything
+  // it sent meanwhile is appended to `rest`.
+  bool WaitForClose(std::chrono::milliseconds timeout, std::string* rest = nullptr) {
+    const auto deadline = Clock::now() + timeout;
+    while (true) {
+      const std::size_t before = pending_.size();
+      const int outcome = FillOnce(deadline);
+      if (rest != nullptr) {
+        rest->append(pending_, before);
+        pending_.resize(before);
+      }
+      if (outcome < 0)
+        return true;
+      if (outcome == 0)
+        return false;
+    }
+  }
+
+ private:
+  // 1: bytes read, 0: deadline, -1: closed.
+  int FillOnce(Clock::time_point deadline) {
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    if (left.count() <= 0)
+      return 0;
+    pollfd poll_fd{fd_, POLLIN, 0};
+    if (poll(&poll_fd, 1, static_cast<int>(left.count())) <= 0)
+      return 0;
+    char buffer[16384];
+    const ssize_t n = read(fd_, buffer, sizeof buffer);
+    if (n <= 0)
+      return -1;
+    pending_.append(buffer, static_cast<std::size_t>(n));
+    return 1;
+  }
+  bool Fill(Clock::time_point deadline) { return FillOnce(deadline) > 0; }
+
+  int fd_ = -1;
+  bool connected_ = false;
+  std::string pending_;
+};
+
+// A server with small, testable limits; `extra` adds config keys.
+class HttpTransportTest : public ::testing::Test {
+ protected:
+  void StartServer(const std::string& extra = "", const std::vector<std::string>& flags = {}) {
+    home_ = std::make_unique<ServeHome>();
+    home_->Write("config.json", R"({"max_body_bytes": 65536, "max_header_bytes": 4096)" +
+                                    (extra.empty() ? std::string() : ", " + extra) + "}");
+    std::vector<std::string> args = {"--config",   (home_->path() / "config.json").string(),
+                                     "--models",   home_->models().string(),
+                                     "--backends", home_->backends().string()};
+    args.insert(args.end(), flags.begin(), flags.end());
+    server_ = ServeProcess::Start(args);
+  }
+  int port() const { return server_->port(); }
+
+  std::unique_ptr<ServeHome> home_;
+  std::unique_ptr<ServeProcess> server_;
+};
+
+TEST_F(HttpTransportTest, PipelinedRequestsAreAnsweredInOrder) {
+  StartServer();
+  RawConnection connection(port());
+  ASSERT_TRUE(connection.connected());
+  ASSERT_TRUE(connection.Send(Get("/v2/models/mnist") + PostMlp() + Get("/v2/nothing/here")));
+  const Response first = connection.Read();
+  const Response second = connection.Read();
+  const Response third = connection.Read();
+  EXPECT_EQ(first.status, 200) << first.head;
+  EXPECT_THAT(first.body, HasSubstr("\"mnist\""));
+  EXPECT_EQ(second.status, 200) << second.head << second.body;
+  EXPECT_THAT(second.body, HasSubstr("outputs"));
+  EXPECT_EQ(third.status, 404) << third.head;
+  EXPECT_THAT(third.body, HasSubstr("no route for GET /v2/nothing/here"));
+  // Still open: a fourth request on the same connection.
+  ASSERT_TRUE(connection.Send(Get("/v2/health/live")));
+  EXPECT_EQ(connection.Read().status, 200);
+}
+
+TEST_F(HttpTransportTest, SlowlorisConnectionsDoNotBlockOthersAndTimeOutWith408) {
+  StartServer(R"("header_timeout_ms": 1500)");
+  constexpr int kSlow = 50;
+  std::vector<std::unique_ptr<RawConnection>> slow;
+  for (int i = 0; i < kSlow; ++i) {
+    slow.push_back(std::make_unique<RawConnection>(port()));
+    ASSERT_TRUE(slow.back()->connected());
+    ASSERT_TRUE(slow.back()->Send("GET /v2/health/live HTTP/1.1\r\nHost: x\r\n"));
+  }
+  // They trickle a header byte each every 50 ms, never finishing.
+  std::atomic<bool> stop{false};
+  std::thread trickler([&] {
+    while (!stop.load()) {
+      for (auto& connection : slow)
+        (void)connection->Send("X");
+      std::this_thread::sleep_for(50ms);
+    }
+  });
+  const auto started = Clock::now();
+  RawConnection normal(port());
+  ASSERT_TRUE(normal.Send(Get("/v2/health/live")));
+  const Response answer = normal.Read(kPromptAnswer);
+  const auto took = Clock::now() - started;
+  EXPECT_EQ(answer.status, 200);
+  EXPECT_LT(took, kPromptAnswer);
+  // Each trickling connection gets 408 and is closed once its header timeout passes.
+  int answered_408 = 0;
+  int closed = 0;
+  for (auto& connection : slow) {
+    std::string rest;
+    if (connection->WaitForClose(5s, &rest))
+      ++closed;
+    if (rest.starts_with("HTTP/1.1 408"))
+      ++answered_408;
+  }
+  stop.store(true);
+  trickler.join();
+  EXPECT_EQ(closed, kSlow);
+  EXPECT_EQ(answered_408, kSlow);
+  EXPECT_GE(Clock::now() - started, 1400ms);
+}
+
+TEST_F(HttpTransportTest, ConflictingContentLengthIs400AndCloses) {
+  StartServer();
+  RawConnection connection(port());
+  ASSERT_TRUE(
+      connection.Send("POST /v2/models/mlp/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n"
+                      "Content-Length: 7\r\n\r\nhello" +
+                      Get("/v2/health/live")));
+  const Response response = connection.Read();
+  EXPECT_EQ(response.status, 400) << response.head;
+  EXPECT_THAT(response.head, HasSubstr("Connection: close"));
+  EXPECT_THAT(response.body, HasSubstr("Content-Length"));
+  std::string rest;
+  EXPECT_TRUE(connection.WaitForClose(5s, &rest));
+  EXPECT_EQ(rest, "");  // the smuggled request is never answered
+}
+
+TEST_F(HttpTransportTest, ContentLengthWithTransferEncodingIs400AndCloses) {
+  StartServer();
+  for (const std::string& head :
+       {std::string("Content-Length: 4\r\nTransfer-Encoding: chunked\r\n"),
+        std::string("Transfer-Encoding: chunked\r\nContent-Length: 4\r\n")}) {
+    RawConnection connection(port());
+    ASSERT_TRUE(connection.Send("POST /v2/models/mlp/infer HTTP/1.1\r\nHost: x\r\n" + head +
+                                "\r\n0\r\n\r\n" + Get("/v2/health/live")));
+    const Response response = connection.Read();
+    EXPECT_EQ(response.status, 400) << head;
+    std::string rest;
+    EXPECT_TRUE(connection.WaitForClose(5s, &rest)) << head;
+    EXPECT_EQ(rest, "") << head;
+  }
+}
+
+TEST_F(HttpTransportTest, UnknownTransferCodingIs501AndCloses) {
+  StartServer();
+  RawConnection connection(port());
+  ASSERT_TRUE(connection.Send(
+      "POST /v2/models/mlp/infer HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n" +
+      Get("/v2/health/live")));
+  const Response response = connection.Read();
+  EXPECT_EQ(response.status, 501) << response.head;
+  EXPECT_THAT(response.body, HasSubstr("transfer coding 'gzip'"));
+  std::string rest;
+  EXPECT_TRUE(connection.WaitForClose(5s, &rest));
+  EXPECT_EQ(rest, "");
+}
+
+TEST_F(HttpTransportTest, MalformedChunkSizeIs400) {
+  StartServer();
+  RawConnection connection(port());
+  ASSERT_TRUE(connection.Send(
+      "POST /v2/models/mlp/infer HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+      "zz\r\nhello\r\n0\r\n\r\n"));
+  EXPECT_EQ(connection.Read().status, 400);
+  EXPECT_TRUE(connection.WaitForClose(5s));
+}
+
+TEST_F(HttpTransportTest, OversizeChunkedBodyIs413AndTheRestIsNeverParsed) {
+  StartServer();  // max_body_bytes 65536
+  std::string request =
+      "POST /v2/models/mlp/infer HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n";
+  // 65537 bytes in chunks of 4096, the last one crossing the limit; what follows the chunk
+  // that crossed it would, parsed as a request, be a health check.
+  for (int sent = 0; sent < 65537;) {
+    const int size = std::min(4096, 65537 - sent);
+    char hex[16];
+    std::snprintf(hex, sizeof hex, "%x\r\n", size);
+    request += hex + std::string(static_cast<std::size_t>(size), 'a') + "\r\n";
+    sent += size;
+  }
+  request += "0\r\n\r\n" + Get("/v2/health/live");
+  RawConnection connection(port());
+  ASSERT_TRUE(connection.Send(request));
+  const Response response = connection.Read();
+  EXPECT_EQ(response.status, 413) << response.head;
+  EXPECT_THAT(response.head, HasSubstr("Connection: close"));
+  EXPECT_THAT(response.body, HasSubstr("exceeds the limit of 65536 bytes (max_body_bytes)"));
+  std::string rest;
+  EXPECT_TRUE(connection.WaitForClose(5s, &rest));
+  EXPECT_EQ(rest, "");
+}
+
+TEST_F(HttpTransportTest, HalfCloseAfterACompleteRequestIsAnswered) {
+  StartServer();
+  RawConnection connection(port());
+  ASSERT_TRUE(connection.Send(PostMlp()));
+  connection.HalfClose();
+  const Response response = connection.Read();
+  EXPECT_EQ(response.status, 200) << response.head;
+  EXPECT_THAT(response.body, HasSubstr("outputs"));
+  EXPECT_TRUE(connection.WaitForClose(5s));
+}
+
+TEST_F(HttpTransportTest, HeaderTooLargeIs431AndCloses) {
+  StartServer();  // max_header_bytes 4096
+  RawConnection connection(port());
+  ASSERT_TRUE(
+      connection.Send(Get("/v2/health/live", "X-Padding: " + std::string(5000, 'x') + "\r\n")));
+  const Response response = connection.Read();
+  EXPECT_EQ(response.status, 431);
+  EXPECT_THAT(response.body, HasSubstr("max_header_bytes"));
+  EXPECT_TRUE(connection.WaitForClose(5s));
+}
+
+TEST_F(HttpTransportTest, ConnectionsBeyondMaxConnectionsGet503AndAreClosed) {
+  StartServer(R"("max_connections": 4)");
+  std::vector<std::unique_ptr<RawConnection>> held;
+  for (int i = 0; i < 4; ++i) {
+    held.push_back(std::make_unique<RawConnection>(port()));
+    ASSERT_TRUE(held.back()->Send(Get("/v2/health/live")));
+    ASSERT_EQ(held.back()->Read().status, 200);  // accepted and served: it counts
+  }
+  RawConnection refused(port());
+  ASSERT_TRUE(refused.connected());  // accepted by the kernel, then refused by the server
+  const Response response = refused.Read(5s);
+  EXPECT_EQ(response.status, 503) << response.head;
+  EXPECT_THAT(response.body, HasSubstr("max_connections"));
+  EXPECT_TRUE(refused.WaitForClose(5s));
+  // Once one leaves, a new connection is served again.
+  held.pop_back();
+  EXPECT_TRUE(Eventually(
+      [&] {
+        RawConnection again(port());
+        return again.Send(Get("/v2/health/live")) && again.Read(2s).status == 200;
+      },
+      10s));
+}
+
+TEST_F(HttpTransportTest, AThousandKeepAliveConnectionsAreAllAnswered) {
+  constexpr int kConnections = 1000;
+  rlimit files{};
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &files), 0);
+  if (files.rlim_max != RLIM_INFINITY && files.rlim_max < kConnections + 100)
+    GTEST_SKIP() << "the fd hard limit " << files.rlim_max << " is below " << kConnections;
+  files.rlim_cur = files.rlim_max;
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &files), 0);
+  StartServer();
+  std::vector<std::unique_ptr<RawConnection>> connections;
+  for (int i = 0; i < kConnections; ++i) {
+    connections.push_back(std::make_unique<RawConnection>(port()));
+    ASSERT_TRUE(connections.back()->connected()) << i;
+  }
+  // Two rounds: every connection stays open between them (keep-alive).
+  for (int round = 0; round < 2; ++round) {
+    for (auto& connection : connections)
+      ASSERT_TRUE(connection->Send(Get("/v2/health/ready")));
+    int answered = 0;
+    for (auto& connection : connections)
+      answered += connection->Read(20s).status == 200 ? 1 : 0;
+    EXPECT_EQ(answered, kConnections) << "round " << round;
+  }
+}
+
+// Requests in flight are metered; the scrape is one of them.
+int64_t InFlight(int port) {
+  RawConnection connection(port);
+  if (!connection.Send(Get("/metrics")))
+    return -1;
+  const Response response = connection.Read(5s);
+  static const std::regex kGauge("\nbackplane_http_requests_in_flight ([0-9]+)\n");
+  std::smatch match;
+  return std::regex_search(response.body, match, kGauge) ? std::stoll(match[1].str()) : -1;
+}
+
+TEST_F(HttpTransportTest, GracefulStopAnswersTheRequestInFlight) {
+  StartServer();
+  const std::string request = PostMlp();
+  const std::size_t half = request.size() - 10;
+  RawConnection in_flight(port());
+  ASSERT_TRUE(in_flight.Send(request.substr(0, half)));  // the header and part of the body
+  RawConnection idle(port());
+  ASSERT_TRUE(idle.Send(Get("/v2/health/live")));
+  ASSERT_EQ(idle.Read().status, 200);
+  ASSERT_TRUE(Eventually([&] { return InFlight(port()) == 2; }, 10s));
+
+  server_->Signal(SIGTERM);
+  ASSERT_TRUE(server_->WaitForLog("SIGTERM received", 10s)) << server_->Log();
+  EXPECT_TRUE(idle.WaitForClose(5s));  // an idle keep-alive connection is closed
+  ASSERT_TRUE(in_flight.Send(request.substr(half)));
+  const Response response = in_flight.Read();
+  EXPECT_EQ(response.status, 200) << response.head;
+  EXPECT_THAT(response.head, HasSubstr("Connection: close"));
+  EXPECT_THAT(response.body, HasSubstr("outputs"));
+  EXPECT_TRUE(in_flight.WaitForClose(5s));
+  EXPECT_EQ(server_->WaitForExit(30s), 0) << server_->Log();
+}
+
+TEST_F(HttpTransportTest, HttpOneZeroClosesUnlessKeepAliveIsAsked) {
+  StartServer();
+  RawConnection plain(port());
+  ASSERT_TRUE(plain.Send("GET /v2/health/live HTTP/1.0\r\n\r\n"));
+  EXPECT_EQ(plain.Read().status, 200);
+  EXPECT_TRUE(plain.WaitForClose(5s));
+
+  RawConnection kept(port());
+  ASSERT_TRUE(kept.Send("GET /v2/health/live HTTP/1.0\r\nConnection: keep-alive\r\n\r\n"));
+  const Response first = kept.Read();
+  EXPECT_EQ(first.status, 200);
+  EXPECT_THAT(first.head, HasSubstr("Connection: keep-alive"));
+  ASSERT_TRUE(kept.Send("GET /v2/health/live HTTP/1.0\r\nConnection: keep-alive\r\n\r\n"));
+  EXPECT_EQ(kept.Read().status, 200);
+}
+
+TEST_F(HttpTransportTest, ConnectionCloseIsHonoured) {
+  StartServer();
+  RawConnection connection(port());
+  ASSERT_TRUE(connection.Send(Get("/v2/health/live", "Connection: close\r\n")));
+  const Response response = connection.Read();
+  EXPECT_EQ(response.status, 200);
+  EXPECT_THAT(response.head, HasSubstr("Connection: close"));
+  EXPECT_TRUE(connection.WaitForClose(5s));
+}
+
+TEST_F(HttpTransportTest, KeepAliveMaxRequestsClosesAfterTheLast) {
+  StartServer(R"("keep_alive_max_requests": 2)");
+  RawConnection connection(port());
+  ASSERT_TRUE(connection.Send(Get("/v2/health/live") + Get("/v2/health/live")));
+  EXPECT_EQ(connection.Read().status, 200);
+  const Response last = connection.Read();
+  EXPECT_EQ(last.status, 200);
+  EXPECT_THAT(last.head, HasSubstr("Connection: close"));
+  EXPECT_TRUE(connection.WaitForClose(5s));
+}
+
+TEST_F(HttpTransportTest, AWrongAdminTokenIsLoggedOncePerAddress) {
+  StartServer("", {"--admin-token", "secret-token"});
+  for (int i = 0; i < 5; ++i) {
+    RawConnection connection(port());
+    ASSERT_TRUE(connection.Send(
+        "POST /v2/repository/models/mlp/load HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+        "wrong\r\nContent-Length: 0\r\n\r\n"));
+    EXPECT_EQ(connection.Read().status, 403);
+  }
+  const std::string log = server_->Log();
+  std::size_t warnings = 0;
+  for (std::size_t at = log.find("wrong admin token"); at != std::string::npos;
+       at = log.find("wrong admin token", at + 1))
+    ++warnings;
+  EXPECT_EQ(warnings, 1u) << log;
+}
+
+TEST(HttpJsonTest, NumberOutOfRangeIsInvalidArgumentNamingWhere) {
+  const auto parsed = server::ParseJsonBody(R"({"data": [1, 1e400]})", 8);
+  ASSERT_FALSE(parsed.ok());
+  EXPECT_EQ(parsed.error().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(parsed.error().message(), HasSubstr("1e400"));
+  EXPECT_THAT(parsed.error().message(), HasSubstr("at byte 13"));
+}
+
+}  // namespace
+}  // namespace backplane::testing
