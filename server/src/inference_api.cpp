@@ -126,8 +126,8 @@ Status ConvertElement(const Scalar& value, DataType type, const std::string& inp
 }
 
 template <typename T>
-Status WriteElement(const Scalar& value, DataType type, const std::string& input,
-                    std::size_t index, void* data) {
+Status WriteElement(const Scalar& value, DataType type, const std::string& input, std::size_t index,
+                    void* data) {
   if constexpr (std::is_same_v<T, bool>) {
     bool flag = false;
     BACKPLANE_RETURN_IF_ERROR(ConvertElement<bool>(value, type, input, index, &flag));
@@ -216,11 +216,11 @@ class DataSink {
     }
     const std::size_t dim = depth_ - 1;
     if (nested_ && counts_[dim] != shape_[dim]) {
-      Structure(level_seq_[dim], InvalidArgument("input " + input_ + ": nested data has " +
-                                                 std::to_string(counts_[dim]) +
-                                                 " element(s) at depth " + std::to_string(dim) +
-                                                 ", shape " + ToString(shape_) + " needs " +
-                                                 std::to_string(shape_[dim])));
+      Structure(
+          level_seq_[dim],
+          InvalidArgument("input " + input_ + ": nested data has " + std::to_string(counts_[dim]) +
+                          " element(s) at depth " + std::to_string(dim) + ", shape " +
+                          ToString(shape_) + " needs " + std::to_string(shape_[dim])));
     }
     counts_.pop_back();
     level_seq_.pop_back();
@@ -345,11 +345,11 @@ class DataSink {
   ElementWriter write_;
 
   bool started_ = false, not_array_ = false, decided_ = false, nested_ = false, mixes_ = false;
-  std::size_t depth_ = 0;          // arrays open, the data array included
-  int skip_ = 0;                   // arrays open inside an element that is being skipped
-  std::size_t top_count_ = 0;      // flat: elements of the data array
-  std::size_t elements_ = 0;       // nested: scalars at the last level
-  std::vector<int64_t> counts_;    // nested: elements so far at each open level
+  std::size_t depth_ = 0;        // arrays open, the data array included
+  int skip_ = 0;                 // arrays open inside an element that is being skipped
+  std::size_t top_count_ = 0;    // flat: elements of the data array
+  std::size_t elements_ = 0;     // nested: scalars at the last level
+  std::vector<int64_t> counts_;  // nested: elements so far at each open level
   std::vector<uint64_t> level_seq_;
   uint64_t seq_ = 0;  // pre-order number of the next node
   uint64_t structure_seq_ = 0;
@@ -546,10 +546,10 @@ Result<bool> CheckRequestParameters(const std::optional<json>& parameters) {
   const json& values = **object;
   for (const char* key : {"binary_data_size", "binary_data"}) {
     if (IsSet(values, key)) {
-      return InvalidArgument(where + ": parameter '" + std::string(key) + "' belongs on " +
-                             (key == std::string_view("binary_data") ? "a requested output"
-                                                                     : "an input") +
-                             " (the binary tensor data extension)");
+      return InvalidArgument(
+          where + ": parameter '" + std::string(key) + "' belongs on " +
+          (key == std::string_view("binary_data") ? "a requested output" : "an input") +
+          " (the binary tensor data extension)");
     }
   }
   BACKPLANE_RETURN_IF_ERROR(CheckClassification(values, where));
@@ -575,9 +575,8 @@ Result<std::optional<uint64_t>> CheckInputParameters(const std::optional<json>& 
   for (const char* key : {"binary_data", "binary_data_output"}) {
     if (IsSet(values, key)) {
       return InvalidArgument(where + ": parameter '" + std::string(key) + "' belongs on " +
-                             (key == std::string_view("binary_data")
-                                  ? "a requested output"
-                                  : "the request's parameters") +
+                             (key == std::string_view("binary_data") ? "a requested output"
+                                                                     : "the request's parameters") +
                              ", not on an input (the binary tensor data extension)");
     }
   }
@@ -603,11 +602,10 @@ Result<std::optional<bool>> CheckOutputParameters(const json& output, const std:
     return InvalidArgument(where + ": 'parameters' must be an object");
   for (const char* key : {"binary_data_size", "binary_data_output"}) {
     if (IsSet(*found, key)) {
-      return InvalidArgument(where + ": parameter '" + std::string(key) + "' belongs on " +
-                             (key == std::string_view("binary_data_size")
-                                  ? "an input"
-                                  : "the request's parameters") +
-                             ", not on a requested output (the binary tensor data extension)");
+      return InvalidArgument(
+          where + ": parameter '" + std::string(key) + "' belongs on " +
+          (key == std::string_view("binary_data_size") ? "an input" : "the request's parameters") +
+          ", not on a requested output (the binary tensor data extension)");
     }
   }
   BACKPLANE_RETURN_IF_ERROR(CheckClassification(*found, where));
@@ -1083,6 +1081,29 @@ void AppendNumber(std::string& out, T value) {
   out.append(buffer, error == std::errc() ? end : buffer);
 }
 
+// The longest JSON text of one element and its comma: "-1.17549435e-38," for FP32.
+std::size_t MaxCharsPerElement(DataType type) {
+  switch (type) {
+    case DataType::kFloat32:
+      return 16;
+    case DataType::kFloat64:
+      return 25;
+    case DataType::kInt64:
+      return 21;
+    case DataType::kInt32:
+      return 12;
+    case DataType::kInt8:
+      return 5;
+    case DataType::kUint8:
+      return 4;
+    case DataType::kBool:
+      return 6;
+    case DataType::kUndefined:
+      break;
+  }
+  return 0;
+}
+
 template <typename T>
 void AppendElements(std::string& out, const Tensor& tensor) {
   const auto count = static_cast<std::size_t>(tensor.info().ElementCount());
@@ -1185,10 +1206,9 @@ class BinaryCursor {
   Status CheckAllTaken() const {
     if (used_ == bytes_.size())
       return Status::Ok();
-    return InvalidArgument("the binary data after the JSON header is " +
-                           std::to_string(bytes_.size()) +
-                           " byte(s), but the inputs' binary_data_size add up to " +
-                           std::to_string(used_));
+    return InvalidArgument(
+        "the binary data after the JSON header is " + std::to_string(bytes_.size()) +
+        " byte(s), but the inputs' binary_data_size add up to " + std::to_string(used_));
   }
 
  private:
@@ -1202,8 +1222,8 @@ class BinaryCursor {
 Result<Tensor> FinishInput(InputDraft& input, const ValueInfo& expected, const std::string& name,
                            std::size_t json_bytes, BinaryCursor& binary) {
   const std::string where = "input " + Quote(name);
-  BACKPLANE_RETURN_IF_ERROR(CheckKeys(input.unknown_keys,
-                                      {"name", "shape", "datatype", "data", "parameters"}, where));
+  BACKPLANE_RETURN_IF_ERROR(
+      CheckKeys(input.unknown_keys, {"name", "shape", "datatype", "data", "parameters"}, where));
   if (!input.repeated_keys.empty())
     return InvalidArgument(where + ": key '" + input.repeated_keys.front() + "' is given twice");
   auto binary_size = CheckInputParameters(input.parameters, where);
@@ -1299,8 +1319,8 @@ Result<InferenceBody> SplitInferenceBody(std::string_view body, std::string_view
                            std::to_string(length) + " but the body has only " +
                            std::to_string(body.size()) + " byte(s)");
   }
-  return InferenceBody{.json = body.substr(0, length), .binary = body.substr(length),
-                       .has_binary_header = true};
+  return InferenceBody{
+      .json = body.substr(0, length), .binary = body.substr(length), .has_binary_header = true};
 }
 
 Result<InferenceRequest> ParseInferenceRequest(const InferenceBody& body, const Network& network,
@@ -1434,7 +1454,23 @@ RenderedInferenceResponse Render(std::string_view model, int64_t version,
   };
   RenderedInferenceResponse rendered;
   std::string& out = rendered.body;
-  out = "{\"model_name\":" + quoted(model) + ",\"model_version\":\"" + std::to_string(version) + "\"";
+  // Reserved for the longest text the outputs can take, so the string never grows by doubling
+  // (which held the old and the new buffer at once: 1.5x a large response at its peak). Pages
+  // reserved and never written are not resident.
+  std::size_t most = 256 + model.size() + (request.id ? request.id->size() * 6 : 0);
+  for (std::size_t i = 0; i < request.outputs.size(); ++i) {
+    if (request.outputs[i] >= outputs.size())
+      continue;
+    const Tensor& tensor = outputs[request.outputs[i]];
+    most += 256 + network.outputs[request.outputs[i]].name.size() * 6 +
+            tensor.info().shape.size() * 21 +
+            static_cast<std::size_t>(tensor.info().ElementCount()) *
+                MaxCharsPerElement(tensor.info().type) +
+            tensor.bytes().size();
+  }
+  out.reserve(most);
+  out =
+      "{\"model_name\":" + quoted(model) + ",\"model_version\":\"" + std::to_string(version) + "\"";
   if (request.id)
     out += ",\"id\":" + quoted(*request.id);
   out += ",\"outputs\":[";
@@ -1462,10 +1498,6 @@ RenderedInferenceResponse Render(std::string_view model, int64_t version,
   out += "]}";
   rendered.json_length = out.size();
   rendered.has_binary = !binary.empty();
-  std::size_t binary_bytes = 0;
-  for (const Tensor* tensor : binary)
-    binary_bytes += tensor->bytes().size();
-  out.reserve(out.size() + binary_bytes);
   // Little-endian, as the extension wants and every host this builds for is; BOOL is already
   // one byte per element, 0 or 1.
   for (const Tensor* tensor : binary)
@@ -1475,8 +1507,7 @@ RenderedInferenceResponse Render(std::string_view model, int64_t version,
 
 }  // namespace
 
-RenderedInferenceResponse RenderInferenceResponseWithBinary(std::string_view model,
-                                                            int64_t version,
+RenderedInferenceResponse RenderInferenceResponseWithBinary(std::string_view model, int64_t version,
                                                             const InferenceRequest& request,
                                                             const Network& network,
                                                             std::span<const Tensor> outputs) {

@@ -11,8 +11,8 @@
 #include <string_view>
 #include <vector>
 
-#include "backplane/onnx/network.hpp"
 #include "backplane/core/tensor.hpp"
+#include "backplane/onnx/network.hpp"
 
 namespace backplane::server {
 
@@ -84,8 +84,7 @@ struct RenderedInferenceResponse {
 // their shortest exact form ("0.1", not "0.10000000149011612"). NaN and infinities, which JSON
 // cannot express, are written as null. A binary output has "parameters": {"binary_data_size":
 // bytes} instead of "data", and its bytes follow the JSON, little-endian.
-RenderedInferenceResponse RenderInferenceResponseWithBinary(std::string_view model,
-                                                            int64_t version,
+RenderedInferenceResponse RenderInferenceResponseWithBinary(std::string_view model, int64_t version,
                                                             const InferenceRequest& request,
                                                             const Network& network,
                                                             std::span<const Tensor> outputs);

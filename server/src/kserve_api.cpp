@@ -16,8 +16,7 @@ HttpResponse Infer(const ServeContext& context, const HttpRequest& request) {
       context, request.params[0], request.params[1],
       [&](const Network& network) -> Result<InferenceRequest> {
         // Streamed from the body's text: no JSON document of the request is ever built.
-        auto body =
-            SplitInferenceBody(request.body, request.header(kInferenceHeaderContentLength));
+        auto body = SplitInferenceBody(request.body, request.header(kInferenceHeaderContentLength));
         if (!body.ok())
           return body.error();
         return ParseInferenceRequest(*body, network,
@@ -29,6 +28,9 @@ HttpResponse Infer(const ServeContext& context, const HttpRequest& request) {
       response.headers.emplace_back("Retry-After", "1");
     return response;
   }
+  // The inputs' memory back before the response is rendered: a large request's tensors and
+  // its response are never resident together.
+  outcome->request.inputs.clear();
   auto rendered = RenderInferenceResponseWithBinary(
       outcome->model.model->name, outcome->model.version->version(), outcome->request,
       outcome->model.version->network(), outcome->outputs);
@@ -118,11 +120,11 @@ void AddKServeRoutes(HttpServer& http, const ServeContext& context) {
     return HttpResponse::Json({{"ready", true}});
   });
   http.Get("/v2", [](const HttpRequest&) {
-    return HttpResponse::Json(
-        {{"name", "backplane"},
-         {"version", BACKPLANE_VERSION},
-         {"extensions", {"model_repository", "backend_admin", "model_placement", "metrics",
-                         "binary_tensor_data"}}});
+    return HttpResponse::Json({{"name", "backplane"},
+                               {"version", BACKPLANE_VERSION},
+                               {"extensions",
+                                {"model_repository", "backend_admin", "model_placement", "metrics",
+                                 "binary_tensor_data"}}});
   });
   http.Get(kModelPath,
            [context](const HttpRequest& request) { return ModelMetadata(context, request); });
