@@ -1270,6 +1270,8 @@ Result<Tensor> FinishInput(InputDraft& input, const ValueInfo& expected, const s
   switch (input.mode) {
     case InputDraft::DataMode::kDirect: {
       BACKPLANE_RETURN_IF_ERROR(input.sink->Finish());
+      if (input.tensor.info() != *info)
+        break;  // not allocated: Finish cannot have passed (see StartData)
       return std::move(input.tensor);
     }
     case InputDraft::DataMode::kLogged: {
@@ -1283,6 +1285,8 @@ Result<Tensor> FinishInput(InputDraft& input, const ValueInfo& expected, const s
       input.log->ReplayInto(sink);
       input.log.reset();  // its memory back before the next input's
       BACKPLANE_RETURN_IF_ERROR(sink.Finish());
+      if (buffer == nullptr)
+        break;  // more elements than the body has bytes: Finish cannot have passed
       return tensor;
     }
     case InputDraft::DataMode::kDropped:
@@ -1290,8 +1294,9 @@ Result<Tensor> FinishInput(InputDraft& input, const ValueInfo& expected, const s
         return InvalidArgument(where + ": 'data' (an array) is required");
       break;
   }
-  // Dropped data belong to an input refused above; reaching here is a bug in StartData.
-  return Status(StatusCode::kInternal, where + ": its data were dropped while reading");
+  // Dropped data belong to an input refused above, and a tensor too large for the body fails its
+  // count check: reaching here is a bug in StartData or DataSink.
+  return Status(StatusCode::kInternal, where + ": its data were not kept while reading");
 }
 
 }  // namespace
