@@ -15,10 +15,12 @@ HttpResponse Infer(const ServeContext& context, const HttpRequest& request) {
   auto outcome = RunInference(
       context, request.params[0], request.params[1],
       [&](const Network& network) -> Result<InferenceRequest> {
-        auto body = ParseJsonBody(request.body, context.max_json_depth);
+        // Streamed from the body's text: no JSON document of the request is ever built.
+        auto body = SplitInferenceBody(request.body, request.header(kInferenceHeaderContentLength));
         if (!body.ok())
           return body.error();
-        return ParseInferenceRequest(body.value(), network);
+        return ParseInferenceRequest(*body, network,
+                                     ParseLimits{.max_json_depth = context.max_json_depth});
       });
   if (!outcome.ok()) {
     HttpResponse response = HttpResponse::FromStatus(outcome.error());
@@ -26,10 +28,22 @@ HttpResponse Infer(const ServeContext& context, const HttpRequest& request) {
       response.headers.emplace_back("Retry-After", "1");
     return response;
   }
-  HttpResponse response;
-  response.body = RenderInferenceResponse(
+  // The inputs' memory back before the response is rendered: a large request's tensors and
+  // its response are never resident together.
+  outcome->request.inputs.clear();
+  auto rendered = RenderInferenceResponseWithBinary(
       outcome->model.model->name, outcome->model.version->version(), outcome->request,
       outcome->model.version->network(), outcome->outputs);
+  // The outputs' memory back before the response is copied into the transport.
+  outcome->outputs.clear();
+  HttpResponse response;
+  response.body = std::move(rendered.body);
+  if (rendered.has_binary) {
+    // As Triton answers: JSON then raw bytes, typed as octet-stream, split by this header.
+    response.content_type = "application/octet-stream";
+    response.headers.emplace_back(kInferenceHeaderContentLength,
+                                  std::to_string(rendered.json_length));
+  }
   return response;
 }
 
@@ -106,10 +120,11 @@ void AddKServeRoutes(HttpServer& http, const ServeContext& context) {
     return HttpResponse::Json({{"ready", true}});
   });
   http.Get("/v2", [](const HttpRequest&) {
-    return HttpResponse::Json(
-        {{"name", "backplane"},
-         {"version", BACKPLANE_VERSION},
-         {"extensions", {"model_repository", "backend_admin", "model_placement", "metrics"}}});
+    return HttpResponse::Json({{"name", "backplane"},
+                               {"version", BACKPLANE_VERSION},
+                               {"extensions",
+                                {"model_repository", "backend_admin", "model_placement", "metrics",
+                                 "binary_tensor_data"}}});
   });
   http.Get(kModelPath,
            [context](const HttpRequest& request) { return ModelMetadata(context, request); });
