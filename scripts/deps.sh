@@ -14,7 +14,13 @@ BACKPLANE_PACKAGES=(
   prometheus  # promtool: the tests check /metrics with it
   clang-14    # the clang preset (thread-safety analysis) and the fuzz preset
   python3-yaml jq  # tests/deploy read the manifests; scripts/rollout.sh reads the admin API
+  libgrpc++-dev protobuf-compiler-grpc  # KServe v2 over gRPC
 )
+# Node and npm run the independent gRPC client of the tests (tests/grpc_client); any install of
+# them will do, so Debian's are only added when there is none.
+if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+  BACKPLANE_PACKAGES+=(nodejs npm)
+fi
 
 backplane_install_deps() {
   local missing=()

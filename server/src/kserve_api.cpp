@@ -120,11 +120,11 @@ void AddKServeRoutes(HttpServer& http, const ServeContext& context) {
     return HttpResponse::Json({{"ready", true}});
   });
   http.Get("/v2", [](const HttpRequest&) {
-    return HttpResponse::Json({{"name", "backplane"},
-                               {"version", BACKPLANE_VERSION},
-                               {"extensions",
-                                {"model_repository", "backend_admin", "model_placement", "metrics",
-                                 "binary_tensor_data"}}});
+    json extensions = json::array();
+    for (std::string_view extension : kServerExtensions)
+      extensions.push_back(extension);
+    return HttpResponse::Json(
+        {{"name", "backplane"}, {"version", BACKPLANE_VERSION}, {"extensions", extensions}});
   });
   http.Get(kModelPath,
            [context](const HttpRequest& request) { return ModelMetadata(context, request); });

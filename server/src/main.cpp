@@ -39,6 +39,9 @@ int main(int argc, char** argv) {
                             "backend directory (repeatable; default: the backend paths)");
   serve_command->add_option("--listen", serve.listen,
                             "HOST:PORT to listen on (default 127.0.0.1:8000; port 0: any free)");
+  serve_command->add_option("--grpc-listen", serve.grpc_listen,
+                            "HOST:PORT for KServe v2 gRPC (default 127.0.0.1:8001; port 0: any "
+                            "free; off: no gRPC)");
   serve_command->add_option("--log-level", serve.log_level, "default: info")->check(log_levels);
   serve_command->add_option("--admin-token", serve.admin_token,
                             "bearer token required by mutating admin and repository calls");

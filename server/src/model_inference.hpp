@@ -17,6 +17,10 @@
 
 namespace backplane::server {
 
+// The protocol extensions the server speaks, as /v2 (REST) and ServerMetadata (gRPC) list them.
+inline constexpr std::string_view kServerExtensions[] = {
+    "model_repository", "backend_admin", "model_placement", "metrics", "binary_tensor_data"};
+
 // What a finished inference hands back to the transport that renders it. The resolved model
 // keeps the network loaded while the response is written.
 struct InferenceOutcome {

@@ -11,6 +11,7 @@
 #include "backplane/registry/backend_registry.hpp"
 #include "backplane/runtime/runtime.hpp"
 #include "backplane/registry/backend_reloader.hpp"
+#include "grpc_server.hpp"
 #include "http_server.hpp"
 #include "kserve_api.hpp"
 #include "metrics.hpp"
@@ -47,6 +48,8 @@ Result<ServeConfig> ResolveConfig(const ServeOptions& options) {
     config.backends = std::vector<fs::path>(options.backends.begin(), options.backends.end());
   if (options.listen)
     config.listen = *options.listen;
+  if (options.grpc_listen)
+    config.grpc_listen = *options.grpc_listen;
   if (options.log_level)
     config.log_level = *options.log_level;
   if (options.admin_token)
@@ -54,6 +57,11 @@ Result<ServeConfig> ResolveConfig(const ServeOptions& options) {
   auto listen = ParseListenAddress(config.listen);
   if (!listen.ok())
     return listen.error();
+  if (config.grpc_listen != kGrpcOff) {
+    auto grpc_listen = ParseListenAddress(config.grpc_listen);
+    if (!grpc_listen.ok())
+      return InvalidArgument("gRPC " + grpc_listen.error().message());
+  }
   return config;
 }
 
@@ -117,6 +125,10 @@ int RunServe(const ServeOptions& options) {
   const ServeConfig config = std::move(resolved).value();
   spdlog::set_level(spdlog::level::from_str(config.log_level));
   const ListenAddress listen = ParseListenAddress(config.listen).value();
+  if (config.grpc_listen != kGrpcOff &&
+      !IsLoopbackHost(ParseListenAddress(config.grpc_listen).value().host)) {
+    Log().warn("gRPC listening on {}, reachable from other machines", config.grpc_listen);
+  }
   if (!IsLoopbackHost(listen.host)) {
     Log().warn("listening on {}, reachable from other machines{}", listen.ToString(),
                 config.admin_token.empty()
@@ -202,12 +214,27 @@ int RunServe(const ServeOptions& options) {
   auto bound = http->Start(listen);
   if (!bound.ok())
     return StartupFailure(bound.error().message());
+  std::unique_ptr<GrpcServer> grpc;
+  if (config.grpc_listen != kGrpcOff) {
+    auto started = GrpcServer::Start(ParseListenAddress(config.grpc_listen).value(), context,
+                                     {.max_message_bytes = config.max_body_bytes,
+                                      .inference_threads = config.grpc_threads});
+    if (!started.ok())
+      return StartupFailure(started.error().message());
+    grpc = std::move(started).value();
+  }
   ready.store(true);
   // Tests and scripts wait for this exact line: keep its wording, and print it even when the
   // log level hides info.
   Log().info("listening on http://{}", bound->ToString());
   if (!Log().should_log(spdlog::level::info))
     std::cerr << "backplane serve: listening on http://" << bound->ToString() << std::endl;
+  if (grpc) {
+    Log().info("listening on grpc://{}", grpc->address().ToString());
+    if (!Log().should_log(spdlog::level::info))
+      std::cerr << "backplane serve: listening on grpc://" << grpc->address().ToString()
+                << std::endl;
+  }
 
   int signal_number = 0;
   sigwait(&shutdown_signals, &signal_number);
@@ -219,6 +246,7 @@ int RunServe(const ServeOptions& options) {
 
   // 1. Stop taking requests; every request being handled is answered first.
   ready.store(false);
+  grpc.reset();
   http.reset();
   // 2. No more backend files applied while tearing down.
   reloader.reset();

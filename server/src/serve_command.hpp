@@ -14,6 +14,7 @@ struct ServeOptions {
   std::optional<std::string> models;               // --models
   std::vector<std::string> backends;               // --backends (repeatable)
   std::optional<std::string> listen;               // --listen
+  std::optional<std::string> grpc_listen;          // --grpc-listen (HOST:PORT or "off")
   std::optional<std::string> log_level;            // --log-level (after `serve`)
   std::optional<std::string> admin_token;          // --admin-token
   std::optional<std::string> inherited_log_level;  // `backplane --log-level L serve`

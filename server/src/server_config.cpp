@@ -163,6 +163,17 @@ const std::vector<ConfigKey>& ConfigKeys() {
                   auto parsed = ParseListenAddress(text);
                   return parsed.ok() ? Status::Ok() : parsed.error();
                 }),
+      StringKey("grpc_listen", &ServeConfig::grpc_listen,
+                [](const std::string& text) -> Status {
+                  if (text == kGrpcOff)
+                    return Status::Ok();
+                  auto parsed = ParseListenAddress(text);
+                  if (parsed.ok())
+                    return Status::Ok();
+                  return InvalidArgument("'grpc_listen': " + parsed.error().message() +
+                                         " (or \"off\")");
+                }),
+      IntegerKey("grpc_threads", &ServeConfig::grpc_threads, 1, 1024),
       StringKey("log_level", &ServeConfig::log_level, CheckLogLevel),
       {"admin_token",
        [](const json& value, const fs::path&, ServeConfig& config) -> Status {

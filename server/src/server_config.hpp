@@ -28,6 +28,9 @@ struct ServeConfig {
 
   // ---- Where and how to listen
   std::string listen = "127.0.0.1:8000";  // HOST:PORT; port 0 picks a free one
+  // KServe v2 gRPC, HOST:PORT like `listen`, or "off"; 8001 like Triton and KServe runtimes.
+  std::string grpc_listen = "127.0.0.1:8001";
+  int grpc_threads = 4;  // threads running gRPC ModelInfer calls (health and metadata: gRPC's own)
   std::string log_level = "info";
   // Bearer token that mutating admin and repository calls must present; empty: not required.
   std::string admin_token;
@@ -58,6 +61,9 @@ struct ServeConfig {
   std::chrono::milliseconds watch_debounce{200};
   std::chrono::milliseconds rescan_interval{30000};
 };
+
+// The grpc_listen value that turns gRPC off.
+inline constexpr char kGrpcOff[] = "off";
 
 // The built-in defaults, with `models` set to the compile-time example repository.
 ServeConfig DefaultServeConfig();

@@ -50,6 +50,7 @@ with tempfile.TemporaryDirectory() as root:
         original = stream.read()
     rewritten = original.replace('"/var/lib/backplane/', f'"{root}/var/lib/backplane/')
     rewritten = rewritten.replace('"0.0.0.0:8000"', '"127.0.0.1:0"')
+    rewritten = rewritten.replace('"0.0.0.0:8001"', '"127.0.0.1:0"')
     config_path = root + config_destination
     os.makedirs(os.path.dirname(config_path))
     with open(config_path, "w") as stream:
@@ -61,7 +62,7 @@ with tempfile.TemporaryDirectory() as root:
         before = resolved("--config", copy.name)
     after = resolved("--config", config_path)
     for key in before:
-        if key == "listen":
+        if key in ("listen", "grpc_listen"):
             continue
         strip = (lambda value: value.replace(root, "", 1) if isinstance(value, str) else
                  [strip(v) for v in value] if isinstance(value, list) else value)

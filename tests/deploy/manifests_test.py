@@ -142,6 +142,8 @@ with tempfile.TemporaryDirectory() as work:
           "--check-config refuses a misspelt key and names it")
 http_port = port_of(config["listen"])
 check(config["listen"].startswith("0.0.0.0:"), "the server listens on every interface in a pod")
+grpc_port = port_of(config["grpc_listen"])
+check(config["grpc_listen"].startswith("0.0.0.0:"), "gRPC listens on every interface in a pod")
 check(config["admin_token"] is None, "no admin token in the config file (it is a Secret)")
 
 # ---- The Deployment.
@@ -157,7 +159,8 @@ check(server["command"] == containerfile_cmd(),
       f"the container runs the image's CMD {containerfile_cmd()}")
 config_path = server["command"][server["command"].index("--config") + 1]
 ports = {p["name"]: p["containerPort"] for p in server["ports"]}
-check(ports == {"http": http_port}, f"the container port is the configured HTTP port {http_port}")
+check(ports == {"http": http_port, "grpc": grpc_port},
+      f"the container ports are the configured HTTP port {http_port} and gRPC port {grpc_port}")
 probes = {name: server[name] for name in ("readinessProbe", "livenessProbe", "startupProbe")}
 check(probes["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready",
       "readiness probes /v2/health/ready")
@@ -215,8 +218,8 @@ check(service["spec"]["selector"].items() <= pod["metadata"]["labels"].items(),
 service_ports = {p["name"]: p for p in service["spec"]["ports"]}
 check(resolve_port(server, service_ports["http"]["targetPort"]) == http_port,
       "the Service's http port targets the server's port")
-check("grpc" not in service_ports and "grpc" not in ports,
-      "no gRPC port is claimed (issue 11 has not landed)")
+check(resolve_port(server, service_ports["grpc"]["targetPort"]) == grpc_port,
+      "the Service's grpc port targets the server's gRPC port")
 
 # ---- KServe.
 check(set(kind for kind, _ in kserve) == {"ServingRuntime", "InferenceService"},
@@ -264,7 +267,7 @@ check(re.match(r"^[a-z]+://", predictor["storageUri"]) is not None, "it has a st
 # ---- Every probe and scrape path is a real endpoint of the server.
 with tempfile.TemporaryDirectory() as work:
     copy_backends(build_backends, os.path.join(work, "backends"))
-    running = Server([backplane, "serve", "--listen", "127.0.0.1:0",
+    running = Server([backplane, "serve", "--listen", "127.0.0.1:0", "--grpc-listen", "127.0.0.1:0",
                       "--models", os.path.join(source, "models"),
                       "--backends", os.path.join(work, "backends")],
                      os.path.join(work, "serve.log"))

@@ -101,7 +101,7 @@ with tempfile.TemporaryDirectory() as work:
         # and the checks below follow CpuRef's.
         copy_backends(build_backends, directory, prefix="Backplane_CpuRef_backend.so")
         directories.append(directory)
-        servers.append(Server([backplane, "serve", "--listen", "127.0.0.1:0",
+        servers.append(Server([backplane, "serve", "--listen", "127.0.0.1:0", "--grpc-listen", "off",
                                "--models", os.path.join(source, "models"),
                                "--backends", directory, "--admin-token", TOKEN],
                               os.path.join(work, f"replica{replica}.log")))

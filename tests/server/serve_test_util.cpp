@@ -1,5 +1,6 @@
 #include "serve_test_util.hpp"
 
+#include <algorithm>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -121,17 +122,27 @@ fs::path NewLogFile() {
 
 std::unique_ptr<ServeProcess> ServeProcess::Start(const std::vector<std::string>& args,
                                                   const std::map<std::string, std::string>& env) {
+  // gRPC on a free port too, unless the test chooses: servers of parallel tests must never
+  // meet on the default 8001.
   std::vector<std::string> all = {"--listen", "127.0.0.1:0"};
+  const auto grpc_flag = std::find(args.begin(), args.end(), "--grpc-listen");
+  if (grpc_flag == args.end())
+    all.insert(all.end(), {"--grpc-listen", "127.0.0.1:0"});
+  const bool grpc = grpc_flag == args.end() || (grpc_flag + 1 != args.end() && grpc_flag[1] != "off");
   all.insert(all.end(), args.begin(), args.end());
   const fs::path log_file = NewLogFile();
   std::unique_ptr<ServeProcess> process(new ServeProcess(Spawn(all, env, log_file), log_file));
   static const std::regex kListening(R"(listening on http://127\.0\.0\.1:([0-9]+))");
+  static const std::regex kGrpcListening(R"(listening on grpc://[^:]+:([0-9]+))");
   const auto deadline = std::chrono::steady_clock::now() + 30s;
   while (std::chrono::steady_clock::now() < deadline) {
-    std::smatch match;
+    std::smatch match, grpc_match;
     const std::string log = process->Log();
-    if (std::regex_search(log, match, kListening)) {
+    if (std::regex_search(log, match, kListening) &&
+        (!grpc || std::regex_search(log, grpc_match, kGrpcListening))) {
       process->port_ = std::stoi(match[1].str());
+      if (grpc)
+        process->grpc_port_ = std::stoi(grpc_match[1].str());
       return process;
     }
     if (auto code = process->WaitForExit(0ms)) {

@@ -45,8 +45,9 @@ class ServeHome {
 // A running `backplane serve`. Stopped with SIGKILL on destruction if still running.
 class ServeProcess {
  public:
-  // Starts BACKPLANE_EXECUTABLE serve --listen 127.0.0.1:0 plus `args`, with `env` added to the
-  // environment, and waits (deadline 30 s) for its "listening on http://HOST:PORT" line. Throws
+  // Starts BACKPLANE_EXECUTABLE serve --listen 127.0.0.1:0 --grpc-listen 127.0.0.1:0 (unless
+  // `args` has --grpc-listen) plus `args`, with `env` added to the environment, and waits
+  // (deadline 30 s) for its "listening on http://HOST:PORT" line (and the grpc:// one). Throws
   // std::runtime_error with the log when it exits or the deadline passes first.
   static std::unique_ptr<ServeProcess> Start(const std::vector<std::string>& args,
                                              const std::map<std::string, std::string>& env = {});
@@ -56,6 +57,8 @@ class ServeProcess {
   ~ServeProcess();
 
   int port() const { return port_; }
+  int grpc_port() const { return grpc_port_; }  // 0 when gRPC is off
+  std::string grpc_target() const { return "127.0.0.1:" + std::to_string(grpc_port_); }
   pid_t pid() const { return pid_; }
   std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
   std::unique_ptr<httplib::Client> Client() const;
@@ -72,6 +75,7 @@ class ServeProcess {
   pid_t pid_;
   std::filesystem::path log_file_;
   int port_ = 0;
+  int grpc_port_ = 0;
   std::optional<int> exit_code_;
 };
 

@@ -1,0 +1,271 @@
+#include "grpc_server.hpp"
+
+#include <grpcpp/grpcpp.h>
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "backplane/core/thread_annotations.hpp"
+#include "grpc_service.grpc.pb.h"
+#include "grpc_tensors.hpp"
+#include "model_inference.hpp"
+#include "model_repository.hpp"
+#include "server_log.hpp"
+
+namespace backplane::server {
+namespace {
+
+// The same classes as HttpStatusFor: the REST and gRPC answers to one failure agree.
+grpc::Status ToGrpc(const Status& status) {
+  grpc::StatusCode code = grpc::StatusCode::INTERNAL;
+  switch (status.code()) {
+    case StatusCode::kOk:
+      return grpc::Status::OK;
+    case StatusCode::kInvalidArgument:
+      code = grpc::StatusCode::INVALID_ARGUMENT;
+      break;
+    case StatusCode::kUnimplemented:
+      code = grpc::StatusCode::UNIMPLEMENTED;
+      break;
+    case StatusCode::kNotFound:
+      code = grpc::StatusCode::NOT_FOUND;
+      break;
+    case StatusCode::kAlreadyExists:
+      code = grpc::StatusCode::ALREADY_EXISTS;
+      break;
+    case StatusCode::kFailedPrecondition:
+      code = grpc::StatusCode::FAILED_PRECONDITION;
+      break;
+    case StatusCode::kResourceExhausted:
+      code = grpc::StatusCode::RESOURCE_EXHAUSTED;
+      break;
+    case StatusCode::kUnavailable:
+      code = grpc::StatusCode::UNAVAILABLE;
+      break;
+    case StatusCode::kDeadlineExceeded:
+      code = grpc::StatusCode::DEADLINE_EXCEEDED;
+      break;
+    default:
+      break;
+  }
+  return {code, status.message()};
+}
+
+// A fixed set of threads running queued calls in order, at most `max_queued` waiting. Thread-safe.
+class InferencePool {
+ public:
+  InferencePool(int threads, std::size_t max_queued) : max_queued_(max_queued) {
+    for (int i = 0; i < threads; ++i)
+      threads_.emplace_back([this] { Run(); });
+  }
+  // Runs what is queued, then joins.
+  ~InferencePool() {
+    {
+      MutexLock lock(mutex_);
+      stopping_ = true;
+    }
+    wake_.notify_all();
+    for (auto& thread : threads_)
+      thread.join();
+  }
+  InferencePool(const InferencePool&) = delete;
+  InferencePool& operator=(const InferencePool&) = delete;
+
+  // False when the queue is full or the pool is stopping: the caller answers the call itself.
+  bool Post(std::function<void()> work) EXCLUDES(mutex_) {
+    {
+      MutexLock lock(mutex_);
+      if (stopping_ || queue_.size() >= max_queued_)
+        return false;
+      queue_.push_back(std::move(work));
+    }
+    wake_.notify_one();
+    return true;
+  }
+
+ private:
+  void Run() EXCLUDES(mutex_) {
+    for (;;) {
+      std::function<void()> work;
+      {
+        MutexLock lock(mutex_);
+        while (!stopping_ && queue_.empty())
+          wake_.wait(mutex_);
+        if (queue_.empty())
+          return;
+        work = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      work();
+    }
+  }
+
+  const std::size_t max_queued_;
+  Mutex mutex_;
+  std::condition_variable_any wake_;
+  std::deque<std::function<void()>> queue_ GUARDED_BY(mutex_);
+  bool stopping_ GUARDED_BY(mutex_) = false;
+  std::vector<std::thread> threads_;
+};
+
+// Thread-safe: every method only reads the context or runs RunInference.
+class InferenceService final : public inference::GRPCInferenceService::CallbackService {
+ public:
+  InferenceService(const ServeContext& context, InferencePool& pool)
+      : context_(context), pool_(pool) {}
+
+  grpc::ServerUnaryReactor* ServerLive(grpc::CallbackServerContext* call,
+                                       const inference::ServerLiveRequest*,
+                                       inference::ServerLiveResponse* response) override {
+    response->set_live(true);
+    return Finish(call, grpc::Status::OK);
+  }
+
+  grpc::ServerUnaryReactor* ServerReady(grpc::CallbackServerContext* call,
+                                        const inference::ServerReadyRequest*,
+                                        inference::ServerReadyResponse* response) override {
+    response->set_ready(context_.ready.load());
+    return Finish(call, grpc::Status::OK);
+  }
+
+  grpc::ServerUnaryReactor* ModelReady(grpc::CallbackServerContext* call,
+                                       const inference::ModelReadyRequest* request,
+                                       inference::ModelReadyResponse* response) override {
+    auto resolved = ResolveModel(context_.repository, request->name(), request->version());
+    // A known model that is not serving is "not ready", not an error (as REST's 503 says).
+    if (!resolved.ok() && resolved.error().code() != StatusCode::kUnavailable)
+      return Finish(call, ToGrpc(resolved.error()));
+    response->set_ready(resolved.ok());
+    return Finish(call, grpc::Status::OK);
+  }
+
+  grpc::ServerUnaryReactor* ServerMetadata(grpc::CallbackServerContext* call,
+                                           const inference::ServerMetadataRequest*,
+                                           inference::ServerMetadataResponse* response) override {
+    response->set_name("backplane");
+    response->set_version(BACKPLANE_VERSION);
+    for (std::string_view extension : kServerExtensions)
+      response->add_extensions(std::string(extension));
+    return Finish(call, grpc::Status::OK);
+  }
+
+  grpc::ServerUnaryReactor* ModelMetadata(grpc::CallbackServerContext* call,
+                                          const inference::ModelMetadataRequest* request,
+                                          inference::ModelMetadataResponse* response) override {
+    auto resolved = ResolveModel(context_.repository, request->name(), request->version());
+    if (!resolved.ok())
+      return Finish(call, ToGrpc(resolved.error()));
+    response->set_name(resolved->model->name);
+    for (const auto& [number, loaded] : resolved->model->versions)
+      response->add_versions(std::to_string(number));
+    response->set_platform("onnx");
+    const Network& network = resolved->version->network();
+    const auto describe = [](const ValueInfo& value, auto* tensor) {
+      tensor->set_name(value.name);
+      tensor->set_datatype(std::string(ToString(value.info.type)));
+      for (const int64_t dim : value.info.shape)
+        tensor->add_shape(dim);
+    };
+    for (const auto& input : network.inputs)
+      describe(input, response->add_inputs());
+    for (const auto& output : network.outputs)
+      describe(output, response->add_outputs());
+    return Finish(call, grpc::Status::OK);
+  }
+
+  grpc::ServerUnaryReactor* ModelInfer(grpc::CallbackServerContext* call,
+                                       const inference::ModelInferRequest* request,
+                                       inference::ModelInferResponse* response) override {
+    grpc::ServerUnaryReactor* reactor = call->DefaultReactor();
+    // The request and response live until Finish; the reactor's completion is the pool's.
+    const bool queued = pool_.Post([this, reactor, request, response] {
+      auto outcome = RunInference(context_, request->model_name(), request->model_version(),
+                                  [request](const Network& network) {
+                                    return ParseGrpcInferRequest(*request, network);
+                                  });
+      if (!outcome.ok()) {
+        reactor->Finish(ToGrpc(outcome.error()));
+        return;
+      }
+      RenderGrpcInferResponse(outcome->model.model->name, outcome->model.version->version(),
+                              outcome->request, outcome->model.version->network(),
+                              outcome->outputs, request->raw_input_contents_size() != 0,
+                              *response);
+      reactor->Finish(grpc::Status::OK);
+    });
+    if (!queued) {
+      reactor->Finish({grpc::StatusCode::RESOURCE_EXHAUSTED,
+                       "the server has too many gRPC inference calls waiting; retry later"});
+    }
+    return reactor;
+  }
+
+ private:
+  static grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* call, grpc::Status status) {
+    grpc::ServerUnaryReactor* reactor = call->DefaultReactor();
+    reactor->Finish(std::move(status));
+    return reactor;
+  }
+
+  const ServeContext& context_;
+  InferencePool& pool_;
+};
+
+}  // namespace
+
+// Declaration order is destruction order reversed: the gRPC server (which waits for the calls
+// in flight) goes first, then the pool that finishes them, then the service they call.
+struct GrpcServer::Impl {
+  ListenAddress address;
+  std::unique_ptr<InferencePool> pool;
+  std::unique_ptr<InferenceService> service;
+  std::unique_ptr<grpc::Server> server;
+};
+
+GrpcServer::GrpcServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+GrpcServer::~GrpcServer() {
+  Stop();
+}
+
+const ListenAddress& GrpcServer::address() const {
+  return impl_->address;
+}
+
+Result<std::unique_ptr<GrpcServer>> GrpcServer::Start(const ListenAddress& address,
+                                                      const ServeContext& context,
+                                                      GrpcLimits limits) {
+  auto impl = std::make_unique<Impl>();
+  impl->pool = std::make_unique<InferencePool>(limits.inference_threads, limits.max_queued);
+  impl->service = std::make_unique<InferenceService>(context, *impl->pool);
+  grpc::ServerBuilder builder;
+  int bound_port = 0;
+  builder.AddListeningPort(address.ToString(), grpc::InsecureServerCredentials(), &bound_port);
+  builder.SetMaxReceiveMessageSize(static_cast<int>(
+      std::min<std::size_t>(limits.max_message_bytes, std::numeric_limits<int>::max())));
+  builder.RegisterService(impl->service.get());
+  impl->server = builder.BuildAndStart();
+  if (impl->server == nullptr || bound_port == 0) {
+    return Status(StatusCode::kUnavailable,
+                  "cannot listen for gRPC on " + address.ToString() +
+                      " (address in use, or not an address of this machine)");
+  }
+  impl->address = ListenAddress{address.host, bound_port};
+  return std::unique_ptr<GrpcServer>(new GrpcServer(std::move(impl)));
+}
+
+void GrpcServer::Stop() {
+  if (impl_->server == nullptr)
+    return;
+  // Calls in flight get a few seconds to finish; the pool keeps running them meanwhile.
+  impl_->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  impl_->server->Wait();
+  impl_->server.reset();
+  impl_->pool.reset();
+}
+
+}  // namespace backplane::server

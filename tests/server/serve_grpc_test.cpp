@@ -1,0 +1,279 @@
+// KServe v2 over gRPC against a real `backplane serve`, through the C++ stub generated from the
+// server's own .proto. tests/grpc_client holds the independent client (Node's grpc-js).
+#include <gmock/gmock.h>
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "backplane/onnx/network.hpp"
+#include "grpc_service.grpc.pb.h"
+#include "serve_test_util.hpp"
+
+namespace backplane::testing {
+namespace {
+using nlohmann::json;
+using ::testing::HasSubstr;
+
+class ServeGrpcTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    home_ = new ServeHome();
+    server_ = ServeProcess::Start(
+                  {"--models", home_->models().string(), "--backends", home_->backends().string()})
+                  .release();
+  }
+  static void TearDownTestSuite() {
+    delete server_;
+    delete home_;
+  }
+  void SetUp() override {
+    ASSERT_NE(server_->grpc_port(), 0) << server_->Log();
+    channel_ = grpc::CreateChannel(server_->grpc_target(), grpc::InsecureChannelCredentials());
+    stub_ = inference::GRPCInferenceService::NewStub(channel_);
+  }
+
+  // One call with a 10 s deadline.
+  template <typename Request, typename Response, typename Method>
+  grpc::Status Call(Method method, const Request& request, Response* response) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    return ((*stub_).*method)(&context, request, response);
+  }
+
+  static inference::ModelInferRequest MlpRequest() {
+    inference::ModelInferRequest request;
+    request.set_model_name("mlp");
+    request.set_id("grpc-1");
+    auto* input = request.add_inputs();
+    input->set_name("features");
+    input->set_datatype("FP32");
+    input->add_shape(2);
+    input->add_shape(4);
+    for (float value : {1.0f, 2.0f, 3.0f, 4.0f, -1.0f, 0.5f, 0.0f, 2.0f})
+      input->mutable_contents()->add_fp32_contents(value);
+    return request;
+  }
+
+  static ServeHome* home_;
+  static ServeProcess* server_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<inference::GRPCInferenceService::Stub> stub_;
+};
+ServeHome* ServeGrpcTest::home_ = nullptr;
+ServeProcess* ServeGrpcTest::server_ = nullptr;
+
+using Service = inference::GRPCInferenceService::Stub;
+
+TEST_F(ServeGrpcTest, HealthAndServerMetadata) {
+  inference::ServerLiveResponse live;
+  ASSERT_TRUE(Call(&Service::ServerLive, inference::ServerLiveRequest(), &live).ok());
+  EXPECT_TRUE(live.live());
+  inference::ServerReadyResponse ready;
+  ASSERT_TRUE(Call(&Service::ServerReady, inference::ServerReadyRequest(), &ready).ok());
+  EXPECT_TRUE(ready.ready());
+  inference::ServerMetadataResponse metadata;
+  ASSERT_TRUE(Call(&Service::ServerMetadata, inference::ServerMetadataRequest(), &metadata).ok());
+  EXPECT_EQ(metadata.name(), "backplane");
+  EXPECT_FALSE(metadata.version().empty());
+  auto client = server_->Client();
+  const auto rest = Get(*client, "/v2");
+  ASSERT_EQ(rest.status, 200) << rest.text;
+  EXPECT_EQ(json(std::vector<std::string>(metadata.extensions().begin(),
+                                          metadata.extensions().end())),
+            rest.body["extensions"]);
+}
+
+TEST_F(ServeGrpcTest, ModelReadyAndMetadataAgreeWithRest) {
+  inference::ModelReadyRequest ready_request;
+  ready_request.set_name("mnist");
+  inference::ModelReadyResponse ready;
+  ASSERT_TRUE(Call(&Service::ModelReady, ready_request, &ready).ok());
+  EXPECT_TRUE(ready.ready());
+
+  inference::ModelMetadataRequest request;
+  request.set_name("mlp");
+  inference::ModelMetadataResponse metadata;
+  ASSERT_TRUE(Call(&Service::ModelMetadata, request, &metadata).ok());
+  auto client = server_->Client();
+  const auto rest = Get(*client, "/v2/models/mlp");
+  ASSERT_EQ(rest.status, 200) << rest.text;
+  EXPECT_EQ(metadata.name(), rest.body["name"]);
+  EXPECT_EQ(metadata.platform(), rest.body["platform"]);
+  ASSERT_EQ(metadata.versions_size(), 1);
+  EXPECT_EQ(metadata.versions(0), rest.body["versions"][0]);
+  ASSERT_EQ(metadata.inputs_size(), 1);
+  EXPECT_EQ(metadata.inputs(0).name(), rest.body["inputs"][0]["name"]);
+  EXPECT_EQ(metadata.inputs(0).datatype(), rest.body["inputs"][0]["datatype"]);
+  EXPECT_EQ(json(std::vector<int64_t>(metadata.inputs(0).shape().begin(),
+                                      metadata.inputs(0).shape().end())),
+            rest.body["inputs"][0]["shape"]);
+  EXPECT_EQ(metadata.outputs(0).name(), rest.body["outputs"][0]["name"]);
+}
+
+TEST_F(ServeGrpcTest, TypedContentsGiveRestsNumbers) {
+  inference::ModelInferResponse response;
+  const grpc::Status status = Call(&Service::ModelInfer, MlpRequest(), &response);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(response.model_name(), "mlp");
+  EXPECT_EQ(response.model_version(), "1");
+  EXPECT_EQ(response.id(), "grpc-1");
+  ASSERT_EQ(response.outputs_size(), 1);
+  const auto& output = response.outputs(0);
+  EXPECT_EQ(output.datatype(), "FP32");
+  EXPECT_THAT(output.shape(), ::testing::ElementsAre(2, 3));
+  EXPECT_EQ(response.raw_output_contents_size(), 0);  // typed in, typed out
+
+  auto client = server_->Client();
+  const auto rest = Post(*client, "/v2/models/mlp/infer", R"({
+    "inputs": [{"name": "features", "shape": [2, 4], "datatype": "FP32",
+                "data": [1, 2, 3, 4, -1, 0.5, 0, 2]}]})");
+  ASSERT_EQ(rest.status, 200) << rest.text;
+  const auto& data = rest.body["outputs"][0]["data"];
+  ASSERT_EQ(output.contents().fp32_contents_size(), static_cast<int>(data.size()));
+  for (int i = 0; i < output.contents().fp32_contents_size(); ++i)
+    EXPECT_EQ(output.contents().fp32_contents(i), data[i].get<float>()) << i;
+}
+
+TEST_F(ServeGrpcTest, RawContentsPredictMnistLabels) {
+  BACKPLANE_REQUIRE_PATH(MnistDataDir());
+  for (int index = 0; index < 3; ++index) {
+    auto tensor = ReadTensorProtoFile(MnistDataDir().parent_path() /
+                                      ("test_data_set_" + std::to_string(index)) / "input_0.pb");
+    ASSERT_TRUE(tensor.ok()) << tensor.error().ToString();
+    inference::ModelInferRequest request;
+    request.set_model_name("mnist");
+    auto* input = request.add_inputs();
+    input->set_name("Input3");
+    input->set_datatype("FP32");
+    for (int64_t dim : tensor->info().shape)
+      input->add_shape(dim);
+    request.add_raw_input_contents(reinterpret_cast<const char*>(tensor->bytes().data()),
+                                   tensor->bytes().size());
+    inference::ModelInferResponse response;
+    const grpc::Status status = Call(&Service::ModelInfer, request, &response);
+    ASSERT_TRUE(status.ok()) << status.error_message();
+    // Raw in, raw out (as Triton answers).
+    ASSERT_EQ(response.raw_output_contents_size(), 1);
+    const std::string& raw = response.raw_output_contents(0);
+    ASSERT_EQ(raw.size(), 10 * sizeof(float));
+    float logits[10];
+    std::memcpy(logits, raw.data(), raw.size());
+    EXPECT_EQ(std::max_element(logits, logits + 10) - logits, MnistLabel(index)) << index;
+
+    // The same numbers as REST's JSON.
+    auto client = server_->Client();
+    const auto rest = Post(*client, "/v2/models/mnist/infer", MnistRequestBody(index));
+    ASSERT_EQ(rest.status, 200) << rest.text;
+    for (int i = 0; i < 10; ++i)
+      EXPECT_EQ(logits[i], rest.body["outputs"][0]["data"][i].get<float>()) << i;
+  }
+}
+
+TEST_F(ServeGrpcTest, ErrorsMapToGrpcCodesWithRestsMessages) {
+  inference::ModelInferResponse response;
+  auto unknown = MlpRequest();
+  unknown.set_model_name("no-such-model");
+  grpc::Status status = Call(&Service::ModelInfer, unknown, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_THAT(status.error_message(), HasSubstr("no-such-model"));
+
+  auto wrong_type = MlpRequest();
+  wrong_type.mutable_inputs(0)->set_datatype("INT64");
+  status = Call(&Service::ModelInfer, wrong_type, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(),
+              HasSubstr("input 'features': datatype INT64 does not match the model's FP32"));
+
+  auto wrong_shape = MlpRequest();
+  wrong_shape.mutable_inputs(0)->set_shape(1, 5);
+  status = Call(&Service::ModelInfer, wrong_shape, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(), HasSubstr("shape [2,5] does not match the model's [-1,4]"));
+
+  auto short_contents = MlpRequest();
+  short_contents.mutable_inputs(0)->mutable_contents()->mutable_fp32_contents()->RemoveLast();
+  status = Call(&Service::ModelInfer, short_contents, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(), HasSubstr("fp32_contents has 7 element(s)"));
+
+  auto wrong_field = MlpRequest();
+  wrong_field.mutable_inputs(0)->mutable_contents()->clear_fp32_contents();
+  for (int i = 0; i < 8; ++i)
+    wrong_field.mutable_inputs(0)->mutable_contents()->add_int64_contents(i);
+  status = Call(&Service::ModelInfer, wrong_field, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(), HasSubstr("contents in int64_contents"));
+
+  auto raw_size = MlpRequest();
+  raw_size.mutable_inputs(0)->clear_contents();
+  raw_size.add_raw_input_contents(std::string(31, '\0'));
+  status = Call(&Service::ModelInfer, raw_size, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(), HasSubstr("raw_input_contents holds 31 bytes"));
+  EXPECT_THAT(status.error_message(), HasSubstr("needs 32"));
+
+  auto unknown_input = MlpRequest();
+  unknown_input.mutable_inputs(0)->set_name("pixels");
+  status = Call(&Service::ModelInfer, unknown_input, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(), HasSubstr("unknown input 'pixels' (the model takes: features)"));
+
+  auto unknown_output = MlpRequest();
+  unknown_output.add_outputs()->set_name("logits");
+  status = Call(&Service::ModelInfer, unknown_output, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(), HasSubstr("unknown requested output 'logits'"));
+
+  inference::ModelMetadataRequest metadata_request;
+  metadata_request.set_name("mlp");
+  metadata_request.set_version("7");
+  inference::ModelMetadataResponse metadata;
+  EXPECT_EQ(Call(&Service::ModelMetadata, metadata_request, &metadata).error_code(),
+            grpc::StatusCode::NOT_FOUND);
+
+  // The server kept serving through all of it.
+  status = Call(&Service::ModelInfer, MlpRequest(), &response);
+  EXPECT_TRUE(status.ok()) << status.error_message();
+}
+
+// Not ready (an unloaded model) → UNAVAILABLE, as REST's 503.
+TEST(ServeGrpcLifecycleTest, AnUnloadedModelIsUnavailableAndNotReady) {
+  ServeHome home;
+  auto server = ServeProcess::Start(
+      {"--models", home.models().string(), "--backends", home.backends().string()});
+  auto client = server->Client();
+  ASSERT_EQ(Post(*client, "/v2/repository/models/mlp/unload", "").status, 200);
+  auto channel = grpc::CreateChannel(server->grpc_target(), grpc::InsecureChannelCredentials());
+  auto stub = inference::GRPCInferenceService::NewStub(channel);
+  grpc::ClientContext ready_context;
+  inference::ModelReadyRequest ready_request;
+  ready_request.set_name("mlp");
+  inference::ModelReadyResponse ready;
+  ASSERT_TRUE(stub->ModelReady(&ready_context, ready_request, &ready).ok());
+  EXPECT_FALSE(ready.ready());
+
+  grpc::ClientContext infer_context;
+  inference::ModelInferRequest request;
+  request.set_model_name("mlp");
+  inference::ModelInferResponse response;
+  const grpc::Status status = stub->ModelInfer(&infer_context, request, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_THAT(status.error_message(), HasSubstr("unloaded"));
+}
+
+TEST(ServeGrpcLifecycleTest, OffMeansNoGrpcAndABadAddressIsAStartupError) {
+  ServeHome home;
+  auto server = ServeProcess::Start({"--models", home.models().string(), "--backends",
+                                     home.backends().string(), "--grpc-listen", "off"});
+  EXPECT_EQ(server->grpc_port(), 0);
+  EXPECT_THAT(server->Log(), ::testing::Not(HasSubstr("grpc://")));
+
+  const auto bad = ServeProcess::RunToExit({"--listen", "127.0.0.1:0", "--grpc-listen", "nowhere",
+                                            "--models", home.models().string()});
+  EXPECT_EQ(bad.exit_code, 1) << bad.output;
+  EXPECT_THAT(bad.output, HasSubstr("gRPC listen address 'nowhere'"));
+}
+
+}  // namespace
+}  // namespace backplane::testing
