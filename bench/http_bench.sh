@@ -92,7 +92,10 @@ LUA
 url=""
 start_server() {  # start_server BINARY
   : >"$work/serve.log"
-  "$1" serve --config "$work/serve.json" 2>"$work/serve.log" &
+  # gRPC off (the pre-gRPC binary of OLD_BACKPLANE knows no such flag): only REST is measured.
+  local grpc=(--grpc-listen off)
+  [[ "$1" == "${OLD_BACKPLANE:-}" ]] && grpc=()
+  "$1" serve --config "$work/serve.json" "${grpc[@]}" 2>"$work/serve.log" &
   server_pid=$!
   url=""
   for _ in $(seq 1 300); do

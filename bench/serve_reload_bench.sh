@@ -46,7 +46,7 @@ trap cleanup EXIT
 mkdir -m 700 "$work/backends"
 install -m 755 "$cpu_ref" "$work/backends/Backplane_CpuRef_backend.so"
 
-build/release/bin/backplane serve --listen 127.0.0.1:0 --models "$root/models" \
+build/release/bin/backplane serve --listen 127.0.0.1:0 --grpc-listen off --models "$root/models" \
   --backends "$work/backends" 2>"$work/serve.log" &
 server_pid=$!
 for _ in $(seq 1 300); do
