@@ -245,6 +245,9 @@ Result<std::unique_ptr<GrpcServer>> GrpcServer::Start(const ListenAddress& addre
   grpc::ServerBuilder builder;
   int bound_port = 0;
   builder.AddListeningPort(address.ToString(), grpc::InsecureServerCredentials(), &bound_port);
+  // gRPC sets SO_REUSEPORT by default: a second server on the same port would start and share
+  // the traffic silently instead of failing like HTTP's bind.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.SetMaxReceiveMessageSize(static_cast<int>(
       std::min<std::size_t>(limits.max_message_bytes, std::numeric_limits<int>::max())));
   builder.RegisterService(impl->service.get());

@@ -269,6 +269,15 @@ TEST(ServeGrpcLifecycleTest, OffMeansNoGrpcAndABadAddressIsAStartupError) {
   EXPECT_EQ(server->grpc_port(), 0);
   EXPECT_THAT(server->Log(), ::testing::Not(HasSubstr("grpc://")));
 
+  // A gRPC address already taken is a startup error, not a shared port.
+  auto first = ServeProcess::Start({"--models", home.models().string(), "--backends",
+                                    home.backends().string()});
+  const auto taken = ServeProcess::RunToExit(
+      {"--listen", "127.0.0.1:0", "--grpc-listen", first->grpc_target(), "--models",
+       home.models().string(), "--backends", home.backends().string()});
+  EXPECT_EQ(taken.exit_code, 1) << taken.output;
+  EXPECT_THAT(taken.output, HasSubstr("cannot listen for gRPC on " + first->grpc_target()));
+
   const auto bad = ServeProcess::RunToExit({"--listen", "127.0.0.1:0", "--grpc-listen", "nowhere",
                                             "--models", home.models().string()});
   EXPECT_EQ(bad.exit_code, 1) << bad.output;
