@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # gRPC raw tensors against REST JSON on MNIST through one `backplane serve` on its embedded default
-# (the example models on the build's backends: MNIST prefers CpuAcc), side by side in one run. The
-# load generator is bench/grpc_bench.mjs (Node, @grpc/grpc-js from tests/grpc_client's lock file).
+# (the example models on the build's backends: MNIST prefers CpuAcc), side by side in one run, with
+# native clients (bench/transport_bench.cpp: cpp-httplib and the generated gRPC stub), then with
+# Node's (bench/grpc_bench.mjs, @grpc/grpc-js from tests/grpc_client's lock file).
 #
 #   bench/grpc_bench.sh                          # 5 s per run, 1 and 4 clients
 #   DURATION=10 CLIENTS="1 2 8" bench/grpc_bench.sh
@@ -11,7 +12,8 @@ cd "$(dirname "$0")/.."
 root=$(pwd)
 if [[ ${BUILD:-1} != 0 ]]; then
   cmake --preset release >/dev/null
-  cmake --build --preset release --target backplane backplane_cpu_ref backplane_cpu_acc >/dev/null
+  cmake --build --preset release --target backplane backplane_cpu_ref backplane_cpu_acc \
+    backplane_bench_transport >/dev/null
 fi
 prefix=$root/build/release/grpc_bench
 if [[ ! -f $prefix/node_modules/@grpc/grpc-js/package.json ]]; then
@@ -34,5 +36,10 @@ http_url=$(grep -o "listening on http://[0-9.:]*" "$log" | sed 's/listening on /
 grpc_target=$(grep -o "listening on grpc://[0-9.:]*" "$log" | sed 's|listening on grpc://||')
 echo "# bench/grpc_bench.sh, $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
 grep -o "backends: .*" "$log" | head -1
+build/release/bin/backplane_bench_transport --http "${http_url#http://}" --grpc "$grpc_target" \
+  --request "$root/models/mnist/example_request.json" --seconds "${DURATION:-5}" \
+  --clients "${CLIENTS:-1 4}"
+echo
+echo "The same from Node (grpc-js and http, independent clients; grpc-js costs ~0.6 ms a call itself):"
 node "$prefix/grpc_bench.mjs" "$root/server/proto/grpc_service.proto" "$grpc_target" "$http_url" \
   "$root/models/mnist/example_request.json"

@@ -1,6 +1,5 @@
 // KServe v2 over gRPC (`inference.GRPCInferenceService`) beside the REST API, on its own address.
-// The health and metadata calls answer on gRPC's own threads (they only read); ModelInfer runs on
-// a pool of the server's own threads, so a long inference never holds one of gRPC's.
+// Every call runs on gRPC's callback threads (see ModelInfer in grpc_server.cpp for why).
 #pragma once
 
 #include <memory>
@@ -13,8 +12,6 @@ namespace backplane::server {
 
 struct GrpcLimits {
   std::size_t max_message_bytes = 16u << 20;  // received messages; the REST body limit
-  int inference_threads = 4;                  // the pool that runs ModelInfer
-  std::size_t max_queued = 1024;              // calls waiting for the pool; beyond: RESOURCE_EXHAUSTED
 };
 
 // Started by Start, stopped by Stop or the destructor, from one thread. The RPCs are served

@@ -217,8 +217,7 @@ int RunServe(const ServeOptions& options) {
   std::unique_ptr<GrpcServer> grpc;
   if (config.grpc_listen != kGrpcOff) {
     auto started = GrpcServer::Start(ParseListenAddress(config.grpc_listen).value(), context,
-                                     {.max_message_bytes = config.max_body_bytes,
-                                      .inference_threads = config.grpc_threads});
+                                     {.max_message_bytes = config.max_body_bytes});
     if (!started.ok())
       return StartupFailure(started.error().message());
     grpc = std::move(started).value();

@@ -173,7 +173,6 @@ const std::vector<ConfigKey>& ConfigKeys() {
                   return InvalidArgument("'grpc_listen': " + parsed.error().message() +
                                          " (or \"off\")");
                 }),
-      IntegerKey("grpc_threads", &ServeConfig::grpc_threads, 1, 1024),
       StringKey("log_level", &ServeConfig::log_level, CheckLogLevel),
       {"admin_token",
        [](const json& value, const fs::path&, ServeConfig& config) -> Status {

@@ -30,7 +30,6 @@ struct ServeConfig {
   std::string listen = "127.0.0.1:8000";  // HOST:PORT; port 0 picks a free one
   // KServe v2 gRPC, HOST:PORT like `listen`, or "off"; 8001 like Triton and KServe runtimes.
   std::string grpc_listen = "127.0.0.1:8001";
-  int grpc_threads = 4;  // threads running gRPC ModelInfer calls (health and metadata: gRPC's own)
   std::string log_level = "info";
   // Bearer token that mutating admin and repository calls must present; empty: not required.
   std::string admin_token;

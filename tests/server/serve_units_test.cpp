@@ -50,7 +50,6 @@ TEST(ServeConfigTest, ValuesAreTypedAndRangeChecked) {
   EXPECT_THAT(apply(R"({"listen": "8000"})"), HasSubstr("listen address '8000' has no port"));
   EXPECT_THAT(apply(R"({"grpc_listen": "8001"})"),
               HasSubstr("'grpc_listen': listen address '8001' has no port"));
-  EXPECT_THAT(apply(R"({"grpc_threads": 0})"), HasSubstr("grpc_threads"));
   EXPECT_THAT(apply(R"({"backends": "/opt"})"), HasSubstr("must be an array of strings"));
   EXPECT_THAT(apply("[]"), HasSubstr("must hold a JSON object"));
   EXPECT_THAT(apply("{"), HasSubstr("is not valid JSON"));
@@ -66,7 +65,7 @@ TEST(ServeConfigTest, RelativePathsAreRelativeToTheFileAndEveryKeyApplies) {
     "read_timeout_ms": 100, "write_timeout_ms": 200, "keep_alive_timeout_s": 3,
     "keep_alive_max_requests": 10, "inference_threads": 2, "max_in_flight": 7,
     "swap_policy": "pin", "watch_backends": false, "watch_debounce_ms": 10,
-    "rescan_interval_ms": 0, "grpc_listen": "off", "grpc_threads": 3})");
+    "rescan_interval_ms": 0, "grpc_listen": "off"})");
   ServeConfig config = DefaultServeConfig();
   ASSERT_TRUE(ApplyConfigFile(dir / "serve.json", config).ok());
   EXPECT_EQ(config.models, dir.path() / "repo");
@@ -80,9 +79,8 @@ TEST(ServeConfigTest, RelativePathsAreRelativeToTheFileAndEveryKeyApplies) {
   EXPECT_FALSE(config.watch_backends);
   EXPECT_EQ(config.rescan_interval, std::chrono::milliseconds(0));
   EXPECT_EQ(config.grpc_listen, "off");
-  EXPECT_EQ(config.grpc_threads, 3);
   // Every key of the table is documented with its default.
-  EXPECT_EQ(DescribeConfigKeys().size(), 27u);  // 20 + the transport's five + gRPC's two
+  EXPECT_EQ(DescribeConfigKeys().size(), 26u);  // 20 + the transport's five + grpc_listen
 }
 
 TEST(ServeConfigTest, ListenAddresses) {
