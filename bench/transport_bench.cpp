@@ -47,7 +47,8 @@ Result Run(int clients, double seconds, MakeCaller make_caller) {
         const auto start = Clock::now();
         if (!call())
           failures.fetch_add(1);
-        latencies[c].push_back(std::chrono::duration<double, std::milli>(Clock::now() - start).count());
+        latencies[c].push_back(
+            std::chrono::duration<double, std::milli>(Clock::now() - start).count());
       }
     });
   }
@@ -74,15 +75,21 @@ int main(int argc, char** argv) {
   double seconds = 5;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
-    if (flag == "--http") http_address = argv[i + 1];
-    else if (flag == "--grpc") grpc_address = argv[i + 1];
-    else if (flag == "--request") request_file = argv[i + 1];
-    else if (flag == "--seconds") seconds = std::stod(argv[i + 1]);
-    else if (flag == "--clients") client_counts = argv[i + 1];
+    if (flag == "--http")
+      http_address = argv[i + 1];
+    else if (flag == "--grpc")
+      grpc_address = argv[i + 1];
+    else if (flag == "--request")
+      request_file = argv[i + 1];
+    else if (flag == "--seconds")
+      seconds = std::stod(argv[i + 1]);
+    else if (flag == "--clients")
+      client_counts = argv[i + 1];
   }
   if (http_address.empty() || grpc_address.empty() || request_file.empty()) {
-    std::cerr << "usage: backplane_bench_transport --http HOST:PORT --grpc HOST:PORT --request FILE "
-                 "[--seconds S] [--clients \"1 4\"]\n";
+    std::cerr
+        << "usage: backplane_bench_transport --http HOST:PORT --grpc HOST:PORT --request FILE "
+           "[--seconds S] [--clients \"1 4\"]\n";
     return 2;
   }
   std::ifstream in(request_file);
@@ -146,11 +153,11 @@ int main(int argc, char** argv) {
   std::istringstream counts(client_counts);
   for (int clients; counts >> clients;) {
     for (const bool grpc_side : {false, true}) {
-      const Result result = grpc_side ? Run(clients, seconds, grpc_caller)
-                                      : Run(clients, seconds, rest_caller);
-      std::printf("%-27s %8d %11.0f %7.3f %7.3f %7d\n",
-                  grpc_side ? "gRPC raw" : "REST JSON", clients, result.requests_per_second,
-                  result.p50_ms, result.p99_ms, result.failures);
+      const Result result =
+          grpc_side ? Run(clients, seconds, grpc_caller) : Run(clients, seconds, rest_caller);
+      std::printf("%-27s %8d %11.0f %7.3f %7.3f %7d\n", grpc_side ? "gRPC raw" : "REST JSON",
+                  clients, result.requests_per_second, result.p50_ms, result.p99_ms,
+                  result.failures);
     }
   }
   return 0;

@@ -2,7 +2,6 @@
 
 #include <grpcpp/grpcpp.h>
 
-
 #include "grpc_service.grpc.pb.h"
 #include "grpc_tensors.hpp"
 #include "model_inference.hpp"
@@ -120,10 +119,9 @@ class InferenceService final : public inference::GRPCInferenceService::CallbackS
     // (measured on MNIST: p50 2.08 ms through a pool, 1.12 ms here, bench/grpc_bench.sh).
     // Concurrency stays bounded by the runtime's admission (max_in_flight), which refuses
     // rather than queues.
-    auto outcome = RunInference(context_, request->model_name(), request->model_version(),
-                                [request](const Network& network) {
-                                  return ParseGrpcInferRequest(*request, network);
-                                });
+    auto outcome = RunInference(
+        context_, request->model_name(), request->model_version(),
+        [request](const Network& network) { return ParseGrpcInferRequest(*request, network); });
     if (!outcome.ok())
       return Finish(call, ToGrpc(outcome.error()));
     RenderGrpcInferResponse(outcome->model.model->name, outcome->model.version->version(),

@@ -135,13 +135,9 @@ Result<Tensor> ParseInput(const inference::ModelInferRequest::InferInputTensor& 
     shape.push_back(dim);
     count = (dim != 0 && count > kMaxElements / dim) ? kMaxElements + 1 : count * dim;
   }
-  bool shape_matches = shape.size() == expected.info.shape.size();
-  for (std::size_t i = 0; shape_matches && i < shape.size(); ++i)
-    shape_matches = expected.info.shape[i] < 0 || expected.info.shape[i] == shape[i];
-  if (!shape_matches || count > kMaxElements) {
-    return InvalidArgument(where + ": shape " + ToString(shape) + " does not match the model's " +
-                           ToString(expected.info.shape) + " (-1: any size)");
-  }
+  BACKPLANE_RETURN_IF_ERROR(CheckShapeMatches(where, shape, expected));
+  if (count > kMaxElements)
+    return InvalidArgument(where + ": shape " + ToString(shape) + " has too many elements");
   if (raw != nullptr) {
     if (input.has_contents() && input.contents().ByteSizeLong() != 0) {
       return InvalidArgument(where + ": has both contents and raw_input_contents; send one");
@@ -199,8 +195,8 @@ Result<InferenceRequest> ParseGrpcInferRequest(const inference::ModelInferReques
   const bool raw = message.raw_input_contents_size() != 0;
   if (raw && message.raw_input_contents_size() != message.inputs_size()) {
     return InvalidArgument("raw_input_contents has " +
-                           std::to_string(message.raw_input_contents_size()) +
-                           " entries for " + std::to_string(message.inputs_size()) +
+                           std::to_string(message.raw_input_contents_size()) + " entries for " +
+                           std::to_string(message.inputs_size()) +
                            " input(s): send one per input, in order");
   }
   const std::string expected_names = Names(network.inputs);
@@ -225,15 +221,10 @@ Result<InferenceRequest> ParseGrpcInferRequest(const inference::ModelInferReques
   InferenceRequest request;
   if (!message.id().empty())
     request.id = message.id();
-  for (const auto& input : network.inputs) {
-    auto it = by_name.find(input.name);
-    if (it == by_name.end()) {
-      return InvalidArgument(
-          "missing input " + Quote(input.name) + " (" + std::string(ToString(input.info.type)) +
-          " " + ToString(input.info.shape) + "; the model takes: " + expected_names + ")");
-    }
-    request.inputs.push_back(std::move(it->second));
-  }
+  auto ordered = InputsInNetworkOrder(std::move(by_name), network);
+  if (!ordered.ok())
+    return ordered.error();
+  request.inputs = std::move(ordered).value();
   for (const auto& output : message.outputs()) {
     const auto found = std::find_if(network.outputs.begin(), network.outputs.end(),
                                     [&](const ValueInfo& v) { return v.name == output.name(); });
@@ -271,7 +262,7 @@ void RenderGrpcInferResponse(std::string_view model, int64_t version,
       output.add_shape(dim);
     if (raw) {
       response.add_raw_output_contents(reinterpret_cast<const char*>(tensor.bytes().data()),
-                                        tensor.bytes().size());
+                                       tensor.bytes().size());
     } else {
       FillContents(tensor, *output.mutable_contents());
     }

@@ -28,6 +28,7 @@
 #include <regex>
 #include <unordered_map>
 
+#include "json_depth.hpp"
 #include "metrics.hpp"
 #include "server_log.hpp"
 
@@ -146,31 +147,7 @@ int HttpStatusFor(StatusCode code) {
 }
 
 Result<json> ParseJsonBody(std::string_view body, int max_depth) {
-  // Nesting depth outside strings; a string's brackets do not count, escaped quotes do not end
-  // it. Invalid JSON is left to the parser.
-  int depth = 0;
-  bool in_string = false;
-  bool escaped = false;
-  for (std::size_t i = 0; i < body.size(); ++i) {
-    const char c = body[i];
-    if (in_string) {
-      if (escaped)
-        escaped = false;
-      else if (c == '\\')
-        escaped = true;
-      else if (c == '"')
-        in_string = false;
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      if (++depth > max_depth) {
-        return InvalidArgument("malformed JSON: nested deeper than " + std::to_string(max_depth) +
-                               " levels at byte " + std::to_string(i) + " (max_json_depth)");
-      }
-    } else if (c == ']' || c == '}') {
-      --depth;
-    }
-  }
+  BACKPLANE_RETURN_IF_ERROR(CheckJsonDepth(body, max_depth));
   if (body.empty())
     return InvalidArgument("malformed JSON: the request body is empty");
   try {

@@ -1,5 +1,7 @@
 #include "inference_api.hpp"
 
+#include "json_depth.hpp"
+
 #include <algorithm>
 #include <bit>
 #include <charconv>
@@ -648,14 +650,7 @@ Result<TensorInfo> CheckTensorInfo(const std::optional<json>& datatype,
     }
     shape.push_back(dim.get<int64_t>());
   }
-  bool shape_matches = shape.size() == expected.info.shape.size();
-  for (std::size_t i = 0; shape_matches && i < shape.size(); ++i) {
-    shape_matches = expected.info.shape[i] < 0 || expected.info.shape[i] == shape[i];
-  }
-  if (!shape_matches) {
-    return InvalidArgument(where + ": shape " + ToString(shape) + " does not match the model's " +
-                           ToString(expected.info.shape) + " (-1: any size)");
-  }
+  BACKPLANE_RETURN_IF_ERROR(CheckShapeMatches(where, shape, expected));
   return TensorInfo{type, shape};
 }
 
@@ -1153,36 +1148,6 @@ json TensorMetadata(const ValueInfo& value) {
       {"name", value.name}, {"datatype", ToString(value.info.type)}, {"shape", value.info.shape}};
 }
 
-// Refuses nesting deeper than `max_depth` before anything is parsed: counted outside strings
-// (a string's brackets do not count, escaped quotes do not end it). Invalid JSON is left to the
-// parser.
-Status CheckJsonDepth(std::string_view text, int max_depth) {
-  int depth = 0;
-  bool in_string = false;
-  bool escaped = false;
-  for (std::size_t i = 0; i < text.size(); ++i) {
-    const char c = text[i];
-    if (in_string) {
-      if (escaped)
-        escaped = false;
-      else if (c == '\\')
-        escaped = true;
-      else if (c == '"')
-        in_string = false;
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      if (++depth > max_depth) {
-        return InvalidArgument("malformed JSON: nested deeper than " + std::to_string(max_depth) +
-                               " levels at byte " + std::to_string(i) + " (max_json_depth)");
-      }
-    } else if (c == ']' || c == '}') {
-      --depth;
-    }
-  }
-  return Status::Ok();
-}
-
 // The binary data after the JSON header, handed out in input order.
 class BinaryCursor {
  public:
@@ -1301,6 +1266,36 @@ Result<Tensor> FinishInput(InputDraft& input, const ValueInfo& expected, const s
 
 }  // namespace
 
+Status CheckShapeMatches(const std::string& where, const Shape& shape, const ValueInfo& expected) {
+  bool shape_matches = shape.size() == expected.info.shape.size();
+  for (std::size_t i = 0; shape_matches && i < shape.size(); ++i)
+    shape_matches = expected.info.shape[i] < 0 || expected.info.shape[i] == shape[i];
+  if (!shape_matches) {
+    return InvalidArgument(where + ": shape " + ToString(shape) + " does not match the model's " +
+                           ToString(expected.info.shape) + " (-1: any size)");
+  }
+  return Status::Ok();
+}
+
+Result<std::vector<Tensor>> InputsInNetworkOrder(std::map<std::string, Tensor, std::less<>> by_name,
+                                                 const Network& network) {
+  std::string expected_names;
+  for (const auto& input : network.inputs)
+    expected_names += (expected_names.empty() ? "" : ", ") + input.name;
+  std::vector<Tensor> inputs;
+  inputs.reserve(network.inputs.size());
+  for (const auto& input : network.inputs) {
+    auto it = by_name.find(input.name);
+    if (it == by_name.end()) {
+      return InvalidArgument(
+          "missing input " + Quote(input.name) + " (" + std::string(ToString(input.info.type)) +
+          " " + ToString(input.info.shape) + "; the model takes: " + expected_names + ")");
+    }
+    inputs.push_back(std::move(it->second));
+  }
+  return inputs;
+}
+
 DataType ParseDataType(std::string_view name) {
   for (DataType type : kDataTypes) {
     if (ToString(type) == name)
@@ -1385,15 +1380,10 @@ Result<InferenceRequest> ParseInferenceRequest(const InferenceBody& body, const 
       return tensor.error();
     by_name.emplace(input_name, std::move(tensor).value());
   }
-  for (const auto& input : network.inputs) {
-    auto it = by_name.find(input.name);
-    if (it == by_name.end()) {
-      return InvalidArgument(
-          "missing input " + Quote(input.name) + " (" + std::string(ToString(input.info.type)) +
-          " " + ToString(input.info.shape) + "; the model takes: " + expected_names + ")");
-    }
-    request.inputs.push_back(std::move(it->second));
-  }
+  auto ordered = InputsInNetworkOrder(std::move(by_name), network);
+  if (!ordered.ok())
+    return ordered.error();
+  request.inputs = std::move(ordered).value();
   BACKPLANE_RETURN_IF_ERROR(binary.CheckAllTaken());
 
   if (draft.outputs) {

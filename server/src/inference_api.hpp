@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <span>
@@ -19,6 +20,15 @@ namespace backplane::server {
 // KServe datatype names ("FP32", "INT64", "BOOL", ...) for the element types Backplane has;
 // kUndefined for anything else (FP16, BYTES, ...).
 DataType ParseDataType(std::string_view name);
+
+// The rules every transport's parser shares, with the messages REST and gRPC both give.
+// `where` names the input ("input 'x'").
+// A shape against the model's (-1: any size).
+Status CheckShapeMatches(const std::string& where, const Shape& shape, const ValueInfo& expected);
+// The tensors given by input name, in the order of the network's inputs; the first one missing
+// is kInvalidArgument naming it, its datatype and shape, and every input the model takes.
+Result<std::vector<Tensor>> InputsInNetworkOrder(std::map<std::string, Tensor, std::less<>> by_name,
+                                                 const Network& network);
 
 // A validated inference request. Value type.
 struct InferenceRequest {

@@ -79,9 +79,9 @@ TEST_F(ServeGrpcTest, HealthAndServerMetadata) {
   auto client = server_->Client();
   const auto rest = Get(*client, "/v2");
   ASSERT_EQ(rest.status, 200) << rest.text;
-  EXPECT_EQ(json(std::vector<std::string>(metadata.extensions().begin(),
-                                          metadata.extensions().end())),
-            rest.body["extensions"]);
+  EXPECT_EQ(
+      json(std::vector<std::string>(metadata.extensions().begin(), metadata.extensions().end())),
+      rest.body["extensions"]);
 }
 
 TEST_F(ServeGrpcTest, ModelReadyAndMetadataAgreeWithRest) {
@@ -217,7 +217,8 @@ TEST_F(ServeGrpcTest, ErrorsMapToGrpcCodesWithRestsMessages) {
   unknown_input.mutable_inputs(0)->set_name("pixels");
   status = Call(&Service::ModelInfer, unknown_input, &response);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_THAT(status.error_message(), HasSubstr("unknown input 'pixels' (the model takes: features)"));
+  EXPECT_THAT(status.error_message(),
+              HasSubstr("unknown input 'pixels' (the model takes: features)"));
 
   auto unknown_output = MlpRequest();
   unknown_output.add_outputs()->set_name("logits");
@@ -270,16 +271,16 @@ TEST(ServeGrpcLifecycleTest, OffMeansNoGrpcAndABadAddressIsAStartupError) {
   EXPECT_THAT(server->Log(), ::testing::Not(HasSubstr("grpc://")));
 
   // A gRPC address already taken is a startup error, not a shared port.
-  auto first = ServeProcess::Start({"--models", home.models().string(), "--backends",
-                                    home.backends().string()});
+  auto first = ServeProcess::Start(
+      {"--models", home.models().string(), "--backends", home.backends().string()});
   const auto taken = ServeProcess::RunToExit(
       {"--listen", "127.0.0.1:0", "--grpc-listen", first->grpc_target(), "--models",
        home.models().string(), "--backends", home.backends().string()});
   EXPECT_EQ(taken.exit_code, 1) << taken.output;
   EXPECT_THAT(taken.output, HasSubstr("cannot listen for gRPC on " + first->grpc_target()));
 
-  const auto bad = ServeProcess::RunToExit({"--listen", "127.0.0.1:0", "--grpc-listen", "nowhere",
-                                            "--models", home.models().string()});
+  const auto bad = ServeProcess::RunToExit(
+      {"--listen", "127.0.0.1:0", "--grpc-listen", "nowhere", "--models", home.models().string()});
   EXPECT_EQ(bad.exit_code, 1) << bad.output;
   EXPECT_THAT(bad.output, HasSubstr("gRPC listen address 'nowhere'"));
 }

@@ -1,12 +1,12 @@
 #include "serve_test_util.hpp"
 
-#include <algorithm>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <algorithm>
 
 #include <atomic>
 #include <regex>
@@ -128,7 +128,8 @@ std::unique_ptr<ServeProcess> ServeProcess::Start(const std::vector<std::string>
   const auto grpc_flag = std::find(args.begin(), args.end(), "--grpc-listen");
   if (grpc_flag == args.end())
     all.insert(all.end(), {"--grpc-listen", "127.0.0.1:0"});
-  const bool grpc = grpc_flag == args.end() || (grpc_flag + 1 != args.end() && grpc_flag[1] != "off");
+  const bool grpc =
+      grpc_flag == args.end() || (grpc_flag + 1 != args.end() && grpc_flag[1] != "off");
   all.insert(all.end(), args.begin(), args.end());
   const fs::path log_file = NewLogFile();
   std::unique_ptr<ServeProcess> process(new ServeProcess(Spawn(all, env, log_file), log_file));

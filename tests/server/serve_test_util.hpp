@@ -33,7 +33,8 @@ class ServeHome {
   std::filesystem::path models() const { return dir_ / "models"; }
   std::filesystem::path backend_file() const { return backends() / "Backplane_CpuRef_backend.so"; }
   // Publishes a fresh copy of CpuRef over backend_file() the safe way: write a temporary file
-  // in the same directory, fsync, rename over (docs/loading-rules.md rule 7). Each call is a new file identity.
+  // in the same directory, fsync, rename over (docs/loading-rules.md rule 7). Each call is a new
+  // file identity.
   void PublishBackendCopy() const;
   // Writes `text` to `relative` under path().
   void Write(const std::filesystem::path& relative, std::string_view text) const;
