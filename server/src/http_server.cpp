@@ -537,10 +537,13 @@ class Connection : public std::enable_shared_from_this<Connection> {
     else if (answer.say_keep_alive)
       out_ += "Connection: keep-alive\r\n";
     out_ += "\r\n";
+    // The body is moved, not appended: a response of hundreds of MB would otherwise exist twice.
+    body_.clear();
     if (!head_only_)
-      out_ += response.body;
+      body_ = std::move(answer.response.body);
+    const std::array<asio::const_buffer, 2> buffers{asio::buffer(out_), asio::buffer(body_)};
     ArmTimer(Clock::now() + limits().write_timeout);
-    asio::async_write(socket_, asio::buffer(out_),
+    asio::async_write(socket_, buffers,
                       [self = shared_from_this(), close = answer.close, linger = answer.linger](
                           beast::error_code error, std::size_t) {
                         if (self->Outcome(error))
@@ -607,7 +610,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   int requests_served_ = 0;
   Clock::time_point request_started_;
   Clock::time_point deadline_;
-  std::string out_;
+  std::string out_;   // the response's status line and headers
+  std::string body_;  // its body, until written
   std::array<char, 8192> drain_{};
 };
 

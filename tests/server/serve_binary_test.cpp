@@ -323,7 +323,9 @@ TEST_F(ServeBinaryTest, LargeJsonRequestPeakMemoryIsProportionalToTheBody) {
       "large JSON request, JSON output: body %.1f MB, server peak RSS growth %.1f MB "
       "(%.2fx the body)\n",
       json_out.size() / 1e6, json_growth / 1e6, static_cast<double>(json_growth) / json_out.size());
-  // 3x plus the transport's copy of the response, which is not this path's to remove.
+  // A JSON response as large as the body is itself 1x: the body, the input and output tensors
+  // (0.4x each here) and the rendered response peak together while it is written (3.4x
+  // measured). The 3x goal holds for requests whose output is small or binary (above).
   EXPECT_LE(json_growth, 4 * static_cast<int64_t>(json_out.size()));
   const json parsed = json::parse(response);
   const auto& values = parsed["outputs"][0]["data"];
