@@ -70,9 +70,10 @@ CommandResult RunCommand(const std::string& command_line) {
   return result;
 }
 
-std::set<std::string> MappedCode(std::string_view needle) {
+std::set<std::string> MappedCode(std::string_view needle, pid_t pid) {
   std::set<std::string> mapped;
-  std::ifstream maps("/proc/self/maps");
+  std::ifstream maps(pid == 0 ? std::string("/proc/self/maps")
+                              : "/proc/" + std::to_string(pid) + "/maps");
   std::string line;
   while (std::getline(maps, line)) {
     // "start-end perms offset dev inode path", perms like "r-xp".
@@ -81,7 +82,7 @@ std::set<std::string> MappedCode(std::string_view needle) {
         perms != std::string::npos && line.size() > perms + 3 && line[perms + 3] == 'x';
     const auto path = line.find('/', perms == std::string::npos ? 0 : perms);
     if (executable && path != std::string::npos && line.find(needle) != std::string::npos)
-      mapped.insert(line.substr(path));
+      mapped.insert(line.substr(path, line.find(" (deleted)", path) - path));
   }
   return mapped;
 }

@@ -1,6 +1,8 @@
 // Helpers shared by the tests: fixture paths, temporary directories, the process's mappings.
 #pragma once
 
+#include <sys/types.h>
+
 #include <filesystem>
 #include <set>
 #include <string>
@@ -43,8 +45,9 @@ CommandResult RunCommand(const std::string& command_line);
 
 // The files of /proc/self/maps's executable mappings whose line contains `needle`: code of those
 // files is still in the process. Read-only mappings do not count: sanitizer symbolizers map
-// library files to read their debug info, which says nothing about the dynamic linker.
-std::set<std::string> MappedCode(std::string_view needle);
+// library files to read their debug info, which says nothing about the dynamic linker. `pid`: of
+// another process (0: this one). A deleted file's " (deleted)" suffix is dropped.
+std::set<std::string> MappedCode(std::string_view needle, pid_t pid = 0);
 bool IsCodeMapped(std::string_view needle);  // !MappedCode(needle).empty()
 
 // Tests that need ../shared/data (or another path outside the build) call this first: without

@@ -269,7 +269,7 @@ int64_t PeakGrowth(const ServeProcess& server, httplib::Client& client, const st
 // (the body, the input and output tensors and the response), where a JSON document of the body
 // cost about 16x.
 TEST_F(ServeBinaryTest, LargeJsonRequestPeakMemoryIsProportionalToTheBody) {
-#if defined(__SANITIZE_ADDRESS__)
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
   // The server is built like this test: ASan's quarantine and redzones make its peak no measure
   // of the parser's (3.7x and 6.1x here, against 2.2x and 3.4x in release).
   GTEST_SKIP() << "peak memory is measured in release builds only";

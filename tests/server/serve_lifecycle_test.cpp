@@ -94,14 +94,7 @@ TEST(ServeLifecycleTest, HotReloadUnderLoadFailsNoRequest) {
 
 // The shadow copies of CpuRef mapped into process `pid`, by path (a deleted shadow still counts).
 std::set<std::string> MappedCpuRefCopies(pid_t pid) {
-  std::ifstream maps("/proc/" + std::to_string(pid) + "/maps");
-  std::set<std::string> copies;
-  for (std::string line; std::getline(maps, line);) {
-    const auto path = line.find('/');
-    if (path != std::string::npos && line.find("CpuRef_backend.so") != std::string::npos)
-      copies.insert(line.substr(path, line.find(" (deleted)") - path));
-  }
-  return copies;
+  return testing::MappedCode("CpuRef_backend.so", pid);
 }
 
 // The generations of CpuRef other than the active one that have not left the process yet.
