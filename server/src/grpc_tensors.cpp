@@ -114,17 +114,10 @@ Status CopyContents(const inference::InferTensorContents& contents, Tensor& tens
 Result<Tensor> ParseInput(const inference::ModelInferRequest::InferInputTensor& input,
                           const ValueInfo& expected, const std::string* raw) {
   const std::string where = "input " + Quote(input.name());
-  const DataType type = ParseDataType(input.datatype());
-  if (type == DataType::kUndefined) {
-    return InvalidArgument(where + ": datatype '" + input.datatype() +
-                           "' is not supported (supported: FP32, FP64, INT64, INT32, INT8, UINT8, "
-                           "BOOL)");
-  }
-  if (type != expected.info.type) {
-    return InvalidArgument(where + ": datatype " + std::string(ToString(type)) +
-                           " does not match the model's " +
-                           std::string(ToString(expected.info.type)));
-  }
+  auto checked = CheckDataTypeMatches(where, input.datatype(), expected);
+  if (!checked.ok())
+    return checked.error();
+  const DataType type = checked.value();
   Shape shape;
   int64_t count = 1;
   for (const int64_t dim : input.shape()) {

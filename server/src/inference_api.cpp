@@ -627,16 +627,10 @@ Result<TensorInfo> CheckTensorInfo(const std::optional<json>& datatype,
                                    const ValueInfo& expected, const std::string& where) {
   if (!datatype || !datatype->is_string())
     return InvalidArgument(where + ": 'datatype' (a string such as \"FP32\") is required");
-  const DataType type = ParseDataType(datatype->get<std::string>());
-  if (type == DataType::kUndefined) {
-    return InvalidArgument(where + ": datatype '" + datatype->get<std::string>() +
-                           "' is not supported (supported: " + SupportedDataTypes() + ")");
-  }
-  if (type != expected.info.type) {
-    return InvalidArgument(where + ": datatype " + std::string(ToString(type)) +
-                           " does not match the model's " +
-                           std::string(ToString(expected.info.type)));
-  }
+  auto checked = CheckDataTypeMatches(where, datatype->get<std::string>(), expected);
+  if (!checked.ok())
+    return checked.error();
+  const DataType type = checked.value();
   if (!shape_value || !shape_value->is_array())
     return InvalidArgument(where + ": 'shape' (an array of dimensions) is required");
   if (shape_value->size() > kMaxRank)
@@ -1265,6 +1259,21 @@ Result<Tensor> FinishInput(InputDraft& input, const ValueInfo& expected, const s
 }
 
 }  // namespace
+
+Result<DataType> CheckDataTypeMatches(const std::string& where, std::string_view name,
+                                      const ValueInfo& expected) {
+  const DataType type = ParseDataType(name);
+  if (type == DataType::kUndefined) {
+    return InvalidArgument(where + ": datatype '" + std::string(name) +
+                           "' is not supported (supported: " + SupportedDataTypes() + ")");
+  }
+  if (type != expected.info.type) {
+    return InvalidArgument(where + ": datatype " + std::string(ToString(type)) +
+                           " does not match the model's " +
+                           std::string(ToString(expected.info.type)));
+  }
+  return type;
+}
 
 Status CheckShapeMatches(const std::string& where, const Shape& shape, const ValueInfo& expected) {
   bool shape_matches = shape.size() == expected.info.shape.size();

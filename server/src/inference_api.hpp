@@ -23,6 +23,10 @@ DataType ParseDataType(std::string_view name);
 
 // The rules every transport's parser shares, with the messages REST and gRPC both give.
 // `where` names the input ("input 'x'").
+// A datatype name against the model's: kInvalidArgument for a name Backplane does not have
+// (listing those it has) or a type other than the model's.
+Result<DataType> CheckDataTypeMatches(const std::string& where, std::string_view name,
+                                      const ValueInfo& expected);
 // A shape against the model's (-1: any size).
 Status CheckShapeMatches(const std::string& where, const Shape& shape, const ValueInfo& expected);
 // The tensors given by input name, in the order of the network's inputs; the first one missing
