@@ -9,8 +9,8 @@
 
 #include "admin_api.hpp"
 #include "backplane/registry/backend_registry.hpp"
-#include "backplane/runtime/runtime.hpp"
 #include "backplane/registry/backend_reloader.hpp"
+#include "backplane/runtime/runtime.hpp"
 #include "grpc_server.hpp"
 #include "http_server.hpp"
 #include "kserve_api.hpp"
@@ -131,10 +131,10 @@ int RunServe(const ServeOptions& options) {
   }
   if (!IsLoopbackHost(listen.host)) {
     Log().warn("listening on {}, reachable from other machines{}", listen.ToString(),
-                config.admin_token.empty()
-                    ? ": the admin API is open to them (set --admin-token or " +
-                          std::string(kAdminTokenVariable) + ")"
-                    : "");
+               config.admin_token.empty()
+                   ? ": the admin API is open to them (set --admin-token or " +
+                         std::string(kAdminTokenVariable) + ")"
+                   : "");
   }
 
   // Declaration order is destruction order reversed, which the shutdown below also follows

@@ -12,9 +12,9 @@ namespace {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
+using ::testing::ContainsRegex;
 using testing::Fixture;
 using ::testing::HasSubstr;
-using ::testing::ContainsRegex;
 using testing::TempDir;
 
 // The real executable, as a user runs it (stdout only: --json output is parsed).
@@ -174,11 +174,13 @@ TEST(CheckCommandTest, WarnsAboutExtraExportsAndLazyBinding) {
 TEST(CheckCommandTest, ListsEveryDependencyAndWhetherItStaysResident) {
   testing::CommandResult result = RunBackplane("check " + Fixture("VendorLibrary").string());
   EXPECT_EQ(result.exit_code, 0) << result.output;
-  // Sanitizer builds list their runtimes first, so the vendor library is found anywhere on the line.
+  // Sanitizer builds list their runtimes first, so the vendor library is found anywhere on the
+  // line.
   EXPECT_THAT(result.output, HasSubstr("  dependencies  ok    "));
-  EXPECT_THAT(result.output,
-              ContainsRegex("libbackplane_test_pinning\\.so -> [^;]*/libbackplane_test_pinning\\.so "
-                            "\\(resident: it defines 1 STB_GNU_UNIQUE symbol\\)"));
+  EXPECT_THAT(
+      result.output,
+      ContainsRegex("libbackplane_test_pinning\\.so -> [^;]*/libbackplane_test_pinning\\.so "
+                    "\\(resident: it defines 1 STB_GNU_UNIQUE symbol\\)"));
   EXPECT_THAT(result.output, HasSubstr("libc.so.6 -> "));
   EXPECT_THAT(result.output, HasSubstr("  unload        ok"));
 }
