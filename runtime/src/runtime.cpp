@@ -669,29 +669,42 @@ Result<std::vector<Tensor>> Runtime::ExecuteByName(NetworkId id, const NamedInpu
 
 void Runtime::ExecuteAsync(NetworkId id, std::vector<Tensor> inputs, ExecuteCallback done,
                            std::optional<scheduler::Clock::time_point> deadline) {
+  // std::function wants a copyable callable: the inputs ride in a shared_ptr, taken once.
+  auto owned = std::make_shared<std::vector<Tensor>>(std::move(inputs));
+  ExecuteAsync(
+      id, [owned]() -> Result<std::vector<Tensor>> { return std::move(*owned); }, std::move(done),
+      deadline);
+}
+
+void Runtime::ExecuteAsync(NetworkId id, InputsFactory make_inputs, ExecuteCallback done,
+                           std::optional<scheduler::Clock::time_point> deadline) {
   auto network = FindNetwork(id);
   if (!network.ok())
     return done(std::move(network).error());
   auto admission = scheduler_.Admit();
   if (!admission.ok())
     return done(std::move(admission).error());
-  // The request owns its inputs and the network binding it started with.
-  auto request =
-      std::make_shared<std::pair<std::vector<Tensor>, std::optional<Result<std::vector<Tensor>>>>>(
-          std::move(inputs), std::nullopt);
+  // The request keeps the network binding it started with.
+  auto result = std::make_shared<std::optional<Result<std::vector<Tensor>>>>();
   scheduler_.Enqueue(
       std::move(admission).value(),
-      [request, loaded = std::move(network).value()] {
+      [result, make_inputs = std::move(make_inputs), loaded = std::move(network).value()] {
+        auto inputs = make_inputs();
+        if (!inputs.ok()) {
+          result->emplace(std::move(inputs).error());
+          return Status::Ok();
+        }
         std::vector<ConstTensorView> views;
-        for (const auto& tensor : request->first)
+        views.reserve(inputs->size());
+        for (const auto& tensor : *inputs)
           views.push_back(tensor.View());
-        request->second.emplace(loaded->Execute(views));
+        result->emplace(loaded->Execute(views));
         return Status::Ok();
       },
-      [request, done = std::move(done)](Status status) {
+      [result, done = std::move(done)](Status status) {
         if (!status.ok())
           return done(std::move(status));
-        done(*std::move(request->second));
+        done(*std::move(*result));
       },
       deadline);
 }

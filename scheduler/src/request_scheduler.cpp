@@ -6,6 +6,8 @@
 #include <memory>
 #include <string>
 
+#include <tbb/info.h>
+
 namespace backplane::scheduler {
 
 namespace {
@@ -23,11 +25,23 @@ Status Guarded(const char* what, Call&& call) {
   }
 }
 
+int ArenaSize(const SchedulerOptions& options) {
+  return options.max_threads > 0 ? options.max_threads : tbb::info::default_concurrency();
+}
+
 }  // namespace
 
-RequestScheduler::RequestScheduler(SchedulerOptions options)
-    : options_(options),
-      arena_(options.max_threads > 0 ? options.max_threads : tbb::task_arena::automatic) {}
+RequestScheduler::RequestScheduler(SchedulerOptions options) : options_(options) {
+  const auto size = static_cast<std::size_t>(ArenaSize(options_));
+  // max_allowed_parallelism counts the workers plus one caller; queued requests need `size`
+  // workers. Raised only: a larger pool (another runtime's, the embedder's) is left as it is.
+  const auto needed = size + 1;
+  if (tbb::global_control::active_value(tbb::global_control::max_allowed_parallelism) < needed)
+    workers_.emplace(tbb::global_control::max_allowed_parallelism, needed);
+  // No slot reserved for callers: with the default one, workers could fill all slots but one,
+  // and requests queued by I/O threads (which never join) would run on one core fewer.
+  arena_.initialize(static_cast<int>(size), /*reserved_for_masters=*/0);
+}
 
 RequestScheduler::~RequestScheduler() {
   MutexLock lock(drained_mutex_);

@@ -3,7 +3,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <future>
 #include <latch>
+#include <memory>
 #include <thread>
 
 #include "backplane/runtime/runtime.hpp"
@@ -227,6 +229,44 @@ TEST_F(RuntimeNetworkTest, AsyncExecutionDeliversOutputsAndHonoursDeadlines) {
               ElementsAre(1001, 1002));
   auto late = runtime->ExecuteAsync(id, {input}, scheduler::Clock::now() - std::chrono::seconds(1));
   EXPECT_EQ(late.get().error().code(), StatusCode::kDeadlineExceeded);
+}
+
+TEST_F(RuntimeNetworkTest, AsyncExecutionMakesItsInputsOnTheWorkerAndReportsTheirError) {
+  auto runtime = MakeRuntime({.default_preferences = {"TestOffset"}});
+  const NetworkId id = runtime->LoadNetwork(IdentityNetwork({1})).value();
+  const auto caller = std::this_thread::get_id();
+
+  std::promise<std::pair<std::thread::id, Result<std::vector<Tensor>>>> made;
+  auto made_on = std::make_shared<std::thread::id>();
+  runtime->ExecuteAsync(
+      id,
+      [made_on]() -> Result<std::vector<Tensor>> {
+        *made_on = std::this_thread::get_id();
+        Tensor input({DataType::kFloat32, {1}});
+        input.Elements<float>()[0] = 7;
+        return std::vector<Tensor>{std::move(input)};
+      },
+      [&](Result<std::vector<Tensor>> result) {
+        made.set_value({*made_on, std::move(result)});
+      });
+  auto [thread, result] = made.get_future().get();
+  EXPECT_NE(thread, caller);
+  ASSERT_TRUE(result.ok()) << result.error().ToString();
+  EXPECT_EQ(result->at(0).Elements<float>()[0], 1007);
+
+  std::promise<Result<std::vector<Tensor>>> refused;
+  bool executed = false;
+  runtime->ExecuteAsync(
+      id, []() -> Result<std::vector<Tensor>> { return InvalidArgument("input 'x': bad shape"); },
+      [&](Result<std::vector<Tensor>> outcome) {
+        executed = outcome.ok();
+        refused.set_value(std::move(outcome));
+      });
+  auto error = refused.get_future().get();
+  ASSERT_FALSE(error.ok());
+  EXPECT_FALSE(executed);
+  EXPECT_EQ(error.error().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(error.error().message(), "input 'x': bad shape");
 }
 
 }  // namespace

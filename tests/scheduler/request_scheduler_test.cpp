@@ -53,6 +53,37 @@ TEST(RequestSchedulerTest, EnqueuedWorkRunsAndReportsItsStatus) {
   EXPECT_EQ(status.message(), "bad input");
 }
 
+// A server's I/O threads queue requests and never join the arena: the queued requests alone
+// must be able to fill every slot. Each of three requests waits until all three run at once; on
+// TBB's default pool of cores - 1 workers (or with a slot kept for callers) they never would.
+TEST(RequestSchedulerTest, QueuedRequestsRunOnEverySlotOfTheArena) {
+  constexpr int kSlots = 3;
+  RequestScheduler scheduler({.max_threads = kSlots});
+  std::atomic<int> running{0};
+  std::atomic<int> saw_all{0};
+  std::promise<void> finished;
+  std::atomic<int> done{0};
+  for (int i = 0; i < kSlots; ++i) {
+    scheduler.Enqueue(
+        scheduler.Admit().value(),
+        [&] {
+          running.fetch_add(1);
+          const auto until = Clock::now() + std::chrono::seconds(5);
+          while (running.load() < kSlots && Clock::now() < until)
+            std::this_thread::yield();
+          if (running.load() == kSlots)
+            saw_all.fetch_add(1);
+          return Status::Ok();
+        },
+        [&](Status) {
+          if (done.fetch_add(1) + 1 == kSlots)
+            finished.set_value();
+        });
+  }
+  finished.get_future().wait();
+  EXPECT_EQ(saw_all.load(), kSlots);
+}
+
 TEST(RequestSchedulerTest, RequestWhoseDeadlinePassedWhileQueuedIsNotRun) {
   RequestScheduler scheduler;
   bool ran = false;

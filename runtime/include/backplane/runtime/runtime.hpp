@@ -137,6 +137,13 @@ class Runtime : private BackendSubscriber {
   std::future<Result<std::vector<Tensor>>> ExecuteAsync(
       NetworkId id, std::vector<Tensor> inputs,
       std::optional<scheduler::Clock::time_point> deadline = std::nullopt);
+  // The same for a request whose inputs are still to be made, say parsed from a transport's
+  // body: `make_inputs` runs first, on the TBB worker, so that the parse is part of the request
+  // (admitted, bounded, off the caller's thread); its error goes to `done` as the request's.
+  // The inputs are released before `done` runs.
+  using InputsFactory = std::function<Result<std::vector<Tensor>>()>;
+  void ExecuteAsync(NetworkId id, InputsFactory make_inputs, ExecuteCallback done,
+                    std::optional<scheduler::Clock::time_point> deadline = std::nullopt);
 
  private:
   struct BackendSlot {

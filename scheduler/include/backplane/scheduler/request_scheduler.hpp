@@ -2,6 +2,7 @@
 // beyond a limit on requests in flight instead of queueing it without bound.
 #pragma once
 
+#include <tbb/global_control.h>
 #include <tbb/task_arena.h>
 
 #include <atomic>
@@ -19,9 +20,10 @@ namespace backplane::scheduler {
 
 struct SchedulerOptions {
   // Threads of the arena that runs requests and their kernels; 0 = one per core. Queued requests
-  // run on TBB workers, of which a process has cores - 1 unless tbb::global_control raises it, so
-  // asynchronous requests run at most max(1, min(max_threads, workers + 1) - 1) at once; a
-  // synchronous Execute also runs on its caller's thread.
+  // run on TBB workers and may take every slot: the scheduler raises TBB's worker count to the
+  // arena's size when it is lower (TBB's default is one per core less one, for a caller that a
+  // queued request does not have). A synchronous Execute joins the arena on its caller's thread
+  // when a slot is free, and otherwise waits while a worker runs it.
   int max_threads = 0;
   // Requests admitted at once (running or queued in the arena); beyond it, refused at once.
   std::size_t max_in_flight = 64;
@@ -69,6 +71,8 @@ class RequestScheduler {
   void Release() EXCLUDES(drained_mutex_);
 
   const SchedulerOptions options_;
+  // Process-wide, and the smallest active value wins: an embedder's own lower limit still holds.
+  std::optional<tbb::global_control> workers_;
   tbb::task_arena arena_;
   // Goes up without the lock (Admit) but down only under drained_mutex_ (Release), so that the
   // destructor, which waits for 0 under that lock, cannot free the lock while a Release uses it.
