@@ -21,12 +21,14 @@
 #include <boost/beast/http/status.hpp>
 #include <boost/beast/http/string_body.hpp>
 #include <condition_variable>
+#include <deque>
 #include <future>
 #include <limits>
 #include <mutex>
 #include <optional>
 #include <regex>
 #include <unordered_map>
+#include <variant>
 
 #include "json_depth.hpp"
 #include "metrics.hpp"
@@ -89,7 +91,8 @@ struct Route {
   std::string method;
   std::regex pattern;
   HttpServer::Access access;
-  HttpServer::Handler handler;
+  HttpServer::Handler handler;             // on a handler thread, or
+  HttpServer::AsyncHandler async_handler;  // on the I/O thread, answering later
 };
 
 // What a connection answers: a handler's response, or an error of the transport itself.
@@ -209,8 +212,23 @@ class HttpServer::Core {
         loop(limits.io_threads),
         handler_pool(static_cast<std::size_t>(limits.threads)) {}
 
-  // Routing, the admin check and the handler; runs on a handler thread.
-  HttpResponse Handle(HttpRequest request, const std::string& client);
+  // Routing and the admin check, cheap enough for the I/O thread: the route, with the request's
+  // params filled in, or the refusal to answer at once (404, 401, 403).
+  std::variant<const Route*, HttpResponse> Find(HttpRequest& request, const std::string& client);
+  // A synchronous route's handler, with an exception answered as 500; on a handler thread.
+  HttpResponse Invoke(const Route& route, const HttpRequest& request);
+
+  // Asynchronous requests are handled `limits.threads` at once, like synchronous ones: the rest
+  // wait in arrival order (at most one per connection) and start as slots free. `start` runs now
+  // on this thread, or later on its connection's strand; it gets the slot, which frees the next
+  // waiting request when the last copy of it is gone.
+  class AsyncSlot;
+  void StartAsync(asio::any_io_executor executor,
+                  std::function<void(std::shared_ptr<AsyncSlot>)> start);
+  // An asynchronous route's handler, called on the thread that got the slot. Its responder
+  // answers once and frees the slot with the answer; an exception is answered as 500.
+  void InvokeAsync(const Route& route, HttpRequest request, HttpServer::Responder respond,
+                   std::shared_ptr<AsyncSlot> slot);
   Result<ListenAddress> Start(const ListenAddress& address);
   void Stop();
 
@@ -238,6 +256,11 @@ class HttpServer::Core {
   std::mutex refusals_mutex;
   std::unordered_map<std::string, Clock::time_point> last_refusal_logged;  // guarded
 
+  std::mutex async_mutex;
+  int async_running = 0;  // guarded
+  std::deque<std::pair<asio::any_io_executor, std::function<void(std::shared_ptr<AsyncSlot>)>>>
+      async_waiting;  // guarded
+
   asio::io_context loop;
   // The handler pool outlives no connection: joined in Stop, destroyed before the loop.
   asio::thread_pool handler_pool;
@@ -256,6 +279,90 @@ class HttpServer::Core {
   std::mutex log_mutex_;
   Clock::time_point last_accept_log_{};  // guarded by log_mutex_
 };
+
+class HttpServer::Core::AsyncSlot {
+ public:
+  explicit AsyncSlot(Core& core) : core_(core) {}
+  AsyncSlot(const AsyncSlot&) = delete;
+  AsyncSlot& operator=(const AsyncSlot&) = delete;
+  // The next waiting request starts on its own strand: never here, where a chain of requests
+  // refused at once could recurse without bound.
+  ~AsyncSlot() {
+    std::unique_lock lock(core_.async_mutex);
+    if (core_.async_waiting.empty()) {
+      --core_.async_running;
+      return;
+    }
+    auto [executor, start] = std::move(core_.async_waiting.front());
+    core_.async_waiting.pop_front();
+    lock.unlock();
+    asio::post(executor, [&core = core_, start = std::move(start)] {
+      start(std::make_shared<AsyncSlot>(core));
+    });
+  }
+
+ private:
+  Core& core_;
+};
+
+void HttpServer::Core::StartAsync(asio::any_io_executor executor,
+                                  std::function<void(std::shared_ptr<AsyncSlot>)> start) {
+  {
+    std::lock_guard lock(async_mutex);
+    if (async_running >= limits.threads) {
+      async_waiting.emplace_back(std::move(executor), std::move(start));
+      return;
+    }
+    ++async_running;
+  }
+  start(std::make_shared<AsyncSlot>(*this));
+}
+
+namespace {
+
+// What an asynchronous handler answers through. Answers once (a handler may answer, then
+// throw); frees the handler slot with the answer; and when the last copy is dropped unanswered
+// (a handler bug), answers 500 rather than leave the client waiting. Thread-safe.
+class OnceAnswer {
+ public:
+  OnceAnswer(HttpServer::Responder respond, std::shared_ptr<HttpServer::Core::AsyncSlot> slot)
+      : respond_(std::move(respond)), slot_(std::move(slot)) {}
+  ~OnceAnswer() {
+    Answer(HttpResponse::Error(500, "internal error: the request was dropped unanswered"));
+  }
+  OnceAnswer(const OnceAnswer&) = delete;
+  OnceAnswer& operator=(const OnceAnswer&) = delete;
+
+  void Answer(HttpResponse response) {
+    if (answered_.exchange(true))
+      return;
+    respond_(std::move(response));
+    slot_.reset();
+  }
+
+ private:
+  const HttpServer::Responder respond_;
+  std::shared_ptr<HttpServer::Core::AsyncSlot> slot_;  // reset by the one Answer that runs
+  std::atomic<bool> answered_{false};
+};
+
+}  // namespace
+
+void HttpServer::Core::InvokeAsync(const Route& route, HttpRequest request,
+                                   HttpServer::Responder respond, std::shared_ptr<AsyncSlot> slot) {
+  auto once = std::make_shared<OnceAnswer>(std::move(respond), std::move(slot));
+  const std::string path = request.path;
+  try {
+    route.async_handler(std::move(request),
+                        [once](HttpResponse response) { once->Answer(std::move(response)); });
+  } catch (const std::exception& e) {
+    Log().error("{} {}: unexpected exception in a handler: {}", route.method, path, e.what());
+    once->Answer(HttpResponse::Error(500, std::string("internal error: ") + e.what()));
+  } catch (...) {
+    Log().error("{} {}: unexpected exception in a handler", route.method, path);
+    once->Answer(HttpResponse::Error(500, "internal error: unknown exception"));
+  }
+}
 
 // One accepted connection. Strand-only: every member is touched on the connection's strand,
 // except the pool job, which only reads the request it was given and posts the response back.
@@ -455,7 +562,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
     Dispatch();
   }
 
-  // Hands the request to a handler thread; the answer comes back on this strand.
+  // Routes the request; a synchronous route's handler runs on a handler thread, an asynchronous
+  // one is called here and answers from wherever its work ends. Either way the answer comes back
+  // on this strand.
   void Dispatch() {
     auto message = std::make_shared<http::request<http::string_body>>(parser_->release());
     parser_.reset();
@@ -463,37 +572,62 @@ class Connection : public std::enable_shared_from_this<Connection> {
                             requests_served_ + 1 < limits().keep_alive_max_requests;
     head_only_ = message->method() == http::verb::head;
     const bool http10 = message->version() == 10;
-    const Clock::time_point deadline = deadline_;
-    asio::post(
-        core_.handler_pool, [self = shared_from_this(), message, keep_alive, http10, deadline] {
-          HttpRequest request;
-          request.method = std::string(message->method_string());
-          if (request.method == "HEAD")
-            request.method = "GET";
-          const auto target = message->target();
-          request.path = DecodedPath(std::string_view(target.data(), target.size()));
-          request.body = std::move(message->body());
-          request.header = [message](std::string_view name) {
-            const auto field = message->find(beast::string_view(name.data(), name.size()));
-            return field == message->end() ? std::string() : std::string(field->value());
-          };
-          Answer answer;
-          if (Clock::now() > deadline) {
-            // Waited in the pool's queue past the request deadline: the client has likely given
-            // up; refuse rather than spend a handler on it.
-            answer.response = HttpResponse::Error(
-                503, "no handler thread became free within the request deadline of " +
-                         Milliseconds(self->limits().request_timeout) + " (request_timeout_ms)");
-            answer.response.headers.emplace_back("Retry-After", "1");
-          } else {
-            answer.response = self->core_.Handle(std::move(request), self->client_);
-          }
-          answer.close = !keep_alive;
-          answer.say_keep_alive = keep_alive && http10;
-          asio::post(self->socket_.get_executor(), [self, answer = std::move(answer)]() mutable {
-            self->Respond(std::move(answer));
+
+    HttpRequest request;
+    request.method = std::string(message->method_string());
+    if (request.method == "HEAD")
+      request.method = "GET";
+    const auto target = message->target();
+    request.path = DecodedPath(std::string_view(target.data(), target.size()));
+    request.body = std::move(message->body());
+    request.header = [message](std::string_view name) {
+      const auto field = message->find(beast::string_view(name.data(), name.size()));
+      return field == message->end() ? std::string() : std::string(field->value());
+    };
+    request.deadline = deadline_;
+
+    // Called once, from any thread.
+    HttpServer::Responder respond = [self = shared_from_this(), keep_alive,
+                                     http10](HttpResponse response) {
+      Answer answer{.response = std::move(response),
+                    .close = !keep_alive,
+                    .say_keep_alive = keep_alive && http10};
+      asio::post(self->socket_.get_executor(), [self, answer = std::move(answer)]() mutable {
+        self->Respond(std::move(answer));
+      });
+    };
+    if (Log().should_log(spdlog::level::debug))
+      request_line_ = request.method + " " + request.path;
+    auto found = core_.Find(request, client_);
+    if (auto* refusal = std::get_if<HttpResponse>(&found))
+      return respond(std::move(*refusal));
+    const Route& route = *std::get<const Route*>(found);
+    if (route.async_handler) {
+      return core_.StartAsync(
+          executor(), [self = shared_from_this(), &route, request = std::move(request),
+                       respond = std::move(respond)](
+                          std::shared_ptr<HttpServer::Core::AsyncSlot> slot) mutable {
+            if (Clock::now() > request.deadline)
+              return respond(self->DeadlinePassedInQueue());
+            self->core_.InvokeAsync(route, std::move(request), std::move(respond), std::move(slot));
           });
-        });
+    }
+    asio::post(core_.handler_pool, [self = shared_from_this(), &route, request = std::move(request),
+                                    respond = std::move(respond)] {
+      if (Clock::now() > request.deadline)
+        return respond(self->DeadlinePassedInQueue());
+      respond(self->core_.Invoke(route, request));
+    });
+  }
+
+  // A request that waited for a handler past its deadline: the client has likely given up;
+  // refused rather than handled.
+  HttpResponse DeadlinePassedInQueue() const {
+    HttpResponse busy = HttpResponse::Error(
+        503, "no handler became free within the request deadline of " +
+                 Milliseconds(limits().request_timeout) + " (request_timeout_ms)");
+    busy.headers.emplace_back("Retry-After", "1");
+    return busy;
   }
 
   // An error of the transport: answered, then the connection closes, draining a body that may
@@ -511,6 +645,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
       answer.close = true;
     const HttpResponse& response = answer.response;
     core_.metrics.CountHttpResponse(response.status);
+    if (!request_line_.empty()) {
+      Log().debug("{} {} -> {}", client_, request_line_, response.status);
+      request_line_.clear();
+    }
     if (in_flight_) {
       core_.metrics.http_in_flight.fetch_sub(1);
       in_flight_ = false;
@@ -610,12 +748,14 @@ class Connection : public std::enable_shared_from_this<Connection> {
   int requests_served_ = 0;
   Clock::time_point request_started_;
   Clock::time_point deadline_;
-  std::string out_;   // the response's status line and headers
-  std::string body_;  // its body, until written
+  std::string request_line_;  // "METHOD path" for the debug log, when it is on
+  std::string out_;           // the response's status line and headers
+  std::string body_;          // its body, until written
   std::array<char, 8192> drain_{};
 };
 
-HttpResponse HttpServer::Core::Handle(HttpRequest request, const std::string& client) {
+std::variant<const Route*, HttpResponse> HttpServer::Core::Find(HttpRequest& request,
+                                                                const std::string& client) {
   const Route* found = nullptr;
   std::smatch match;
   for (const Route& route : routes) {
@@ -649,11 +789,15 @@ HttpResponse HttpServer::Core::Handle(HttpRequest request, const std::string& cl
       return HttpResponse::Error(403, "wrong admin token");
     }
   }
+  return found;
+}
+
+HttpResponse HttpServer::Core::Invoke(const Route& route, const HttpRequest& request) {
   // Handlers report expected failures as responses; an exception here is a bug, answered with
   // 500 rather than allowed to take down the handler thread.
   HttpResponse response;
   try {
-    response = found->handler(request);
+    response = route.handler(request);
   } catch (const std::exception& e) {
     Log().error("{} {}: unexpected exception in a handler: {}", request.method, request.path,
                 e.what());
@@ -662,7 +806,6 @@ HttpResponse HttpServer::Core::Handle(HttpRequest request, const std::string& cl
     Log().error("{} {}: unexpected exception in a handler", request.method, request.path);
     response = HttpResponse::Error(500, "internal error: unknown exception");
   }
-  Log().debug("{} {} {} -> {}", client, request.method, request.path, response.status);
   return response;
 }
 
@@ -907,6 +1050,10 @@ void HttpServer::Post(const std::string& pattern, Access access, Handler handler
 
 void HttpServer::Put(const std::string& pattern, Access access, Handler handler) {
   core_->routes.push_back({"PUT", std::regex(pattern), access, std::move(handler)});
+}
+
+void HttpServer::PostAsync(const std::string& pattern, Access access, AsyncHandler handler) {
+  core_->routes.push_back({"POST", std::regex(pattern), access, nullptr, std::move(handler)});
 }
 
 Result<ListenAddress> HttpServer::Start(const ListenAddress& address) {

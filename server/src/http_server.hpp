@@ -1,7 +1,8 @@
 // The HTTP front: an event-driven HTTP/1.1 server on Boost.Beast/Asio with the server's limits
 // (connections, header and body bytes, JSON depth, timeouts), JSON errors for every failure,
 // bearer-token checks for admin routes, and graceful stop. Handlers see plain request/response
-// values and never touch Beast; they run on a pool of their own, never on the I/O threads.
+// values and never touch Beast. A synchronous handler runs on a pool of its own, never on the I/O
+// threads; an asynchronous one (inference) is called on the I/O thread only to hand its work on.
 #pragma once
 
 #include <atomic>
@@ -29,6 +30,8 @@ struct HttpRequest {
   std::vector<std::string> params;  // the route pattern's capture groups, in order
   std::string body;                 // read in full, at most HttpLimits::max_body_bytes
   std::function<std::string(std::string_view name)> header;  // "" when absent
+  // request_timeout_ms from the request's first byte: work still queued then is not started.
+  std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
 };
 
 struct HttpResponse {
@@ -56,7 +59,7 @@ Result<nlohmann::json> ParseJsonBody(std::string_view body, int max_depth);
 
 struct HttpLimits {
   int io_threads = 2;  // threads running the event loop (accept, read, write; never handlers)
-  int threads = 32;    // handler threads: requests being handled at once
+  int threads = 32;    // threads of the synchronous handlers: such requests handled at once
   std::size_t max_body_bytes = 16u << 20;
   std::size_t max_header_bytes = 16u << 10;
   int max_json_depth = 32;
@@ -80,6 +83,13 @@ class HttpServer {
   // Admin routes require `Authorization: Bearer <token>` when a token is set.
   enum class Access { kPublic, kAdmin };
   using Handler = std::function<HttpResponse(const HttpRequest&)>;
+  // Takes the response once, from any thread. A responder dropped unanswered closes the
+  // connection without a response: answer every request.
+  using Responder = std::function<void(HttpResponse)>;
+  // Called on an I/O thread, so it must not block: it hands the work on (inference goes to the
+  // runtime's scheduler) and answers through the responder from wherever the work ends. Saves
+  // the two thread hand-offs of the pool, the larger part of a small request's cost.
+  using AsyncHandler = std::function<void(HttpRequest, Responder)>;
 
   HttpServer(HttpLimits limits, std::string admin_token, ServerMetrics& metrics);
   ~HttpServer();  // Stop()
@@ -90,6 +100,7 @@ class HttpServer {
   void Get(const std::string& pattern, Handler handler);
   void Post(const std::string& pattern, Access access, Handler handler);
   void Put(const std::string& pattern, Access access, Handler handler);
+  void PostAsync(const std::string& pattern, Access access, AsyncHandler handler);
 
   // Binds and listens (port 0 picks a free one), then serves on the I/O threads. Returns the
   // address actually bound. kUnavailable when the address cannot be bound.

@@ -11,26 +11,15 @@ namespace {
 
 constexpr char kModelPath[] = R"(/v2/models/([^/]+)(?:/versions/([^/]+))?)";
 
-HttpResponse Infer(const ServeContext& context, const HttpRequest& request) {
-  auto outcome = RunInference(
-      context, request.params[0], request.params[1],
-      [&](const Network& network) -> Result<InferenceRequest> {
-        // Streamed from the body's text: no JSON document of the request is ever built.
-        auto body = SplitInferenceBody(request.body, request.header(kInferenceHeaderContentLength));
-        if (!body.ok())
-          return body.error();
-        return ParseInferenceRequest(*body, network,
-                                     ParseLimits{.max_json_depth = context.max_json_depth});
-      });
+HttpResponse InferenceResponse(Result<InferenceOutcome> outcome) {
   if (!outcome.ok()) {
     HttpResponse response = HttpResponse::FromStatus(outcome.error());
     if (outcome.error().code() == StatusCode::kResourceExhausted)
       response.headers.emplace_back("Retry-After", "1");
     return response;
   }
-  // The inputs' memory back before the response is rendered: a large request's tensors and
-  // its response are never resident together.
-  outcome->request.inputs.clear();
+  // The inputs' memory is back before the response is rendered (the runtime releases them after
+  // the run): a large request's tensors and its response are never resident together.
   auto rendered = RenderInferenceResponseWithBinary(
       outcome->model.model->name, outcome->model.version->version(), outcome->request,
       outcome->model.version->network(), outcome->outputs);
@@ -45,6 +34,26 @@ HttpResponse Infer(const ServeContext& context, const HttpRequest& request) {
                                   std::to_string(rendered.json_length));
   }
   return response;
+}
+
+// Queued on the runtime's scheduler from the I/O thread: the parse, the run and the rendering
+// happen on a TBB worker, which hands the response back.
+void Infer(const ServeContext& context, HttpRequest request, HttpServer::Responder respond) {
+  auto shared = std::make_shared<const HttpRequest>(std::move(request));
+  const int max_json_depth = context.max_json_depth;
+  StartInference(
+      context, shared->params[0], shared->params[1],
+      [shared, max_json_depth](const Network& network) -> Result<InferenceRequest> {
+        // Streamed from the body's text: no JSON document of the request is ever built.
+        auto body = SplitInferenceBody(shared->body, shared->header(kInferenceHeaderContentLength));
+        if (!body.ok())
+          return body.error();
+        return ParseInferenceRequest(*body, network, ParseLimits{.max_json_depth = max_json_depth});
+      },
+      shared->deadline,
+      [respond = std::move(respond)](Result<InferenceOutcome> outcome) {
+        respond(InferenceResponse(std::move(outcome)));
+      });
 }
 
 HttpResponse ModelMetadata(const ServeContext& context, const HttpRequest& request) {
@@ -130,8 +139,10 @@ void AddKServeRoutes(HttpServer& http, const ServeContext& context) {
            [context](const HttpRequest& request) { return ModelMetadata(context, request); });
   http.Get(std::string(kModelPath) + "/ready",
            [context](const HttpRequest& request) { return ModelReady(context, request); });
-  http.Post(std::string(kModelPath) + "/infer", HttpServer::Access::kPublic,
-            [context](const HttpRequest& request) { return Infer(context, request); });
+  http.PostAsync(std::string(kModelPath) + "/infer", HttpServer::Access::kPublic,
+                 [context](HttpRequest request, HttpServer::Responder respond) {
+                   Infer(context, std::move(request), std::move(respond));
+                 });
 
   http.Post(
       "/v2/repository/index", HttpServer::Access::kPublic, [context](const HttpRequest& request) {

@@ -1,11 +1,14 @@
 // One inference on a served model, whatever the transport: resolve the model and version, count
-// the request, parse its inputs against the network, admit it under the model's max_in_flight,
-// execute, observe the latency. The REST handler (kserve_api.cpp) and the gRPC service both call
-// RunInference and only translate bodies and errors. Thread-safe.
+// the request, admit it under the model's max_in_flight, parse its inputs against the network,
+// execute, observe the latency. The REST handler (kserve_api.cpp) queues it on the runtime's
+// scheduler with StartInference; the gRPC service runs it on its own callback thread with
+// RunInference; both only translate bodies and errors. Thread-safe.
 #pragma once
 
+#include <chrono>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string_view>
 #include <vector>
 
@@ -40,5 +43,16 @@ using InferenceRequestParser = std::function<Result<InferenceRequest>(const Netw
 Result<InferenceOutcome> RunInference(const ServeContext& context, std::string_view model,
                                       std::string_view version_text,
                                       const InferenceRequestParser& parse);
+
+// The same as a request of the runtime's scheduler: the parse, the execution and `done` run on a
+// TBB worker, within the scheduler's limit of requests in flight (beyond it kResourceExhausted),
+// and kDeadlineExceeded when `deadline` passes before it starts. A request refused before it is
+// queued (unknown model, max_in_flight) calls `done` at once on the caller's thread. `parse` and
+// what it refers to must live until it has run.
+using InferenceDone = std::function<void(Result<InferenceOutcome>)>;
+void StartInference(const ServeContext& context, std::string_view model,
+                    std::string_view version_text, InferenceRequestParser parse,
+                    std::optional<std::chrono::steady_clock::time_point> deadline,
+                    InferenceDone done);
 
 }  // namespace backplane::server

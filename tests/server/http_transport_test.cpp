@@ -14,12 +14,15 @@
 #include <atomic>
 #include <chrono>
 #include <memory>
+#include <mutex>
 #include <regex>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "http_server.hpp"
+#include "metrics.hpp"
 #include "serve_test_util.hpp"
 
 namespace backplane::testing {
@@ -477,6 +480,141 @@ TEST_F(HttpTransportTest, AWrongAdminTokenIsLoggedOncePerAddress) {
        at = log.find("wrong admin token", at + 1))
     ++warnings;
   EXPECT_EQ(warnings, 1u) << log;
+}
+
+// The front end's asynchronous routes (inference's path) on an HttpServer of its own, with
+// handlers that hold, drop or throw their responders as the test says.
+class HttpAsyncRouteTest : public ::testing::Test {
+ protected:
+  // `threads` 1: one asynchronous request handled at a time, the rest wait.
+  void Start(server::HttpServer::AsyncHandler handler,
+             std::chrono::milliseconds request_timeout = 60s) {
+    server::HttpLimits limits;
+    limits.threads = 1;
+    limits.request_timeout = request_timeout;
+    http_ = std::make_unique<server::HttpServer>(limits, "", metrics_);
+    http_->PostAsync("/work", server::HttpServer::Access::kPublic, std::move(handler));
+    auto bound = http_->Start({.host = "127.0.0.1", .port = 0});
+    ASSERT_TRUE(bound.ok()) << bound.error().ToString();
+    port_ = bound->port;
+  }
+  static std::string PostWork(const std::string& body) {
+    return "POST /work HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: " +
+           std::to_string(body.size()) + "\r\n\r\n" + body;
+  }
+  // Responders the handler kept, answered by the test.
+  struct Held {
+    std::mutex mutex;
+    std::vector<std::pair<std::string, server::HttpServer::Responder>> responders;  // guarded
+    std::size_t size() {
+      std::lock_guard lock(mutex);
+      return responders.size();
+    }
+    void Answer(std::size_t index) {
+      std::pair<std::string, server::HttpServer::Responder> held;
+      {
+        std::lock_guard lock(mutex);
+        held = responders.at(index);
+      }
+      held.second(server::HttpResponse::Json({{"echo", held.first}}));
+    }
+  };
+  server::HttpServer::AsyncHandler Holding(Held& held) {
+    return [&held](server::HttpRequest request, server::HttpServer::Responder respond) {
+      std::lock_guard lock(held.mutex);
+      held.responders.emplace_back(request.body, std::move(respond));
+    };
+  }
+
+  server::ServerMetrics metrics_;
+  std::unique_ptr<server::HttpServer> http_;
+  int port_ = 0;
+};
+
+TEST_F(HttpAsyncRouteTest, AnswersFromAnotherThreadAfterTheHandlerReturned) {
+  Start([](server::HttpRequest request, server::HttpServer::Responder respond) {
+    std::thread([body = request.body, respond = std::move(respond)] {
+      std::this_thread::sleep_for(20ms);
+      respond(server::HttpResponse::Json({{"echo", body}}));
+    }).detach();
+  });
+  RawConnection connection(port_);
+  ASSERT_TRUE(connection.Send(PostWork("one") + PostWork("two")));  // pipelined
+  const Response first = connection.Read();
+  const Response second = connection.Read();
+  EXPECT_EQ(first.status, 200);
+  EXPECT_EQ(first.body, R"({"echo":"one"})");
+  EXPECT_EQ(second.status, 200);
+  EXPECT_EQ(second.body, R"({"echo":"two"})");
+}
+
+TEST_F(HttpAsyncRouteTest, RequestsBeyondTheLimitWaitTheirTurnInsteadOfBeingRefused) {
+  Held held;
+  Start(Holding(held));
+  RawConnection first(port_);
+  RawConnection second(port_);
+  ASSERT_TRUE(first.Send(PostWork("first")));
+  ASSERT_TRUE(Eventually([&] { return held.size() == 1; }, 10s));
+  ASSERT_TRUE(second.Send(PostWork("second")));
+  // The second waits for the only slot: its handler is not called while the first holds it.
+  EXPECT_FALSE(Eventually([&] { return held.size() == 2; }, 300ms));
+  held.Answer(0);
+  EXPECT_EQ(first.Read().body, R"({"echo":"first"})");
+  ASSERT_TRUE(Eventually([&] { return held.size() == 2; }, 10s));
+  held.Answer(1);
+  const Response answer = second.Read();
+  EXPECT_EQ(answer.status, 200);
+  EXPECT_EQ(answer.body, R"({"echo":"second"})");
+}
+
+TEST_F(HttpAsyncRouteTest, ARequestThatWaitedPastItsDeadlineIs503) {
+  Held held;
+  Start(Holding(held), /*request_timeout=*/200ms);
+  RawConnection first(port_);
+  RawConnection second(port_);
+  ASSERT_TRUE(first.Send(PostWork("first")));
+  ASSERT_TRUE(Eventually([&] { return held.size() == 1; }, 10s));
+  ASSERT_TRUE(second.Send(PostWork("second")));
+  std::this_thread::sleep_for(400ms);  // past the second's deadline, by design of the test
+  held.Answer(0);
+  EXPECT_EQ(first.Read().status, 200);
+  const Response late = second.Read();
+  EXPECT_EQ(late.status, 503);
+  EXPECT_THAT(late.body, HasSubstr("within the request deadline of 200 ms (request_timeout_ms)"));
+  EXPECT_THAT(late.head, HasSubstr("Retry-After: 1"));
+  EXPECT_EQ(held.size(), 1u);  // never handed to the handler
+}
+
+TEST_F(HttpAsyncRouteTest, AResponderDroppedUnansweredIs500AndFreesItsSlot) {
+  std::atomic<int> calls{0};
+  Start([&](server::HttpRequest, server::HttpServer::Responder respond) {
+    if (calls.fetch_add(1) == 0)
+      return;  // a handler bug: the responder is dropped
+    respond(server::HttpResponse::Json({{"ok", true}}));
+  });
+  RawConnection connection(port_);
+  ASSERT_TRUE(connection.Send(PostWork("lost")));
+  const Response lost = connection.Read();
+  EXPECT_EQ(lost.status, 500);
+  EXPECT_THAT(lost.body, HasSubstr("the request was dropped unanswered"));
+  ASSERT_TRUE(connection.Send(PostWork("next")));  // the only slot is free again
+  EXPECT_EQ(connection.Read().status, 200);
+}
+
+TEST_F(HttpAsyncRouteTest, AHandlerThatThrowsIs500AndTheConnectionCarriesOn) {
+  std::atomic<int> calls{0};
+  Start([&](server::HttpRequest, server::HttpServer::Responder respond) {
+    if (calls.fetch_add(1) == 0)
+      throw std::runtime_error("a bug in the handler");
+    respond(server::HttpResponse::Json({{"ok", true}}));
+  });
+  RawConnection connection(port_);
+  ASSERT_TRUE(connection.Send(PostWork("a")));
+  const Response failed = connection.Read();
+  EXPECT_EQ(failed.status, 500);
+  EXPECT_THAT(failed.body, HasSubstr("internal error: a bug in the handler"));
+  ASSERT_TRUE(connection.Send(PostWork("b")));
+  EXPECT_EQ(connection.Read().status, 200);
 }
 
 TEST(HttpJsonTest, NumberOutOfRangeIsInvalidArgumentNamingWhere) {
