@@ -5,7 +5,9 @@
 #    CpuAcc when the build has it, else CpuRef) at 1, 16, 64, 256 and 1024 connections. With
 #    OLD_BACKPLANE=/path/to/backplane the same runs go to that binary too (same arguments, same
 #    models and backends), side by side in one table.
-# 2. With SWAP=1, also the hot-swap runs: MNIST while a loop publishes a new copy of the CpuRef
+# 2. With SLOWLORIS=N (default 300; 0 skips it), the latency of `mlp` calls while N slow clients
+#    trickle their headers (bench/slowloris_bench.py), for each front end.
+# 3. With SWAP=1, also the hot-swap runs: MNIST while a loop publishes a new copy of the CpuRef
 #    backend into the server's backend directory every SWAP_INTERVAL seconds.
 #
 #   bench/http_bench.sh
@@ -30,6 +32,7 @@ ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 DURATION=${DURATION:-5}
 CONNECTIONS=${CONNECTIONS:-"1 16 64 256 1024"}
 MODELS=${MODELS:-"mlp mnist"}
+SLOWLORIS=${SLOWLORIS:-300}
 SWAP=${SWAP:-0}
 SWAP_CONNECTIONS=${SWAP_CONNECTIONS:-"1 4 16 64"}
 SWAP_INTERVAL=${SWAP_INTERVAL:-0.5}
@@ -133,15 +136,26 @@ transport_table() {  # transport_table FRONT BINARY
   for model in $MODELS; do
     for connections in $CONNECTIONS; do row "$1" "$model" "$connections"; done
   done
+  if ((SLOWLORIS > 0)); then
+    slowloris_runs+=$'\n'"$1:"$'\n'"$("$python" bench/slowloris_bench.py "${url#http://}" \
+      --slow "$SLOWLORIS")"
+  fi
   stop_server
 }
+python=$(command -pv python3)  # Debian's own: bench/slowloris_bench.py needs nothing more
+slowloris_runs=""
 
 echo "POST /v2/models/MODEL/infer, ${DURATION}s per run, wrk -t${WRK_THREADS} --latency;" \
-  "CPU: $(nproc) cores; MNIST on ${cpu_acc:+CpuAcc}${cpu_acc:-CpuRef}; ulimit -n $(ulimit -n)"
+  "CPU: $(nproc) cores; MNIST on $([[ -n $cpu_acc ]] && echo CpuAcc || echo CpuRef); ulimit -n $(ulimit -n)"
 printf "%-9s %-6s %11s %12s %10s %10s %8s %9s %13s\n" front model connections requests/s p50 p99 \
   non-2xx timeouts "socket errors"
 transport_table beast build/release/bin/backplane
 if [[ -n "$OLD_BACKPLANE" ]]; then transport_table httplib "$OLD_BACKPLANE"; fi
+if [[ -n "$slowloris_runs" ]]; then
+  echo
+  echo "POST /v2/models/mlp/infer one at a time over one connection, alone and with $SLOWLORIS" \
+    "slowloris connections (one header byte a second):$slowloris_runs"
+fi
 if [[ "$SWAP" != 1 ]]; then exit 0; fi
 
 echo
