@@ -8,13 +8,6 @@
 namespace backplane::server {
 namespace {
 
-// Products of dimensions saturate here; more elements than this cannot be in a message.
-constexpr int64_t kMaxElements = int64_t{1} << 40;
-
-std::string Quote(std::string_view name) {
-  return "'" + std::string(name) + "'";
-}
-
 std::string Names(const std::vector<ValueInfo>& values) {
   std::string names;
   for (const auto& value : values)
@@ -113,23 +106,22 @@ Status CopyContents(const inference::InferTensorContents& contents, Tensor& tens
 
 Result<Tensor> ParseInput(const inference::ModelInferRequest::InferInputTensor& input,
                           const ValueInfo& expected, const std::string* raw) {
-  const std::string where = "input " + Quote(input.name());
+  const std::string where = "input " + Quoted(input.name());
   auto checked = CheckDataTypeMatches(where, input.datatype(), expected);
   if (!checked.ok())
     return checked.error();
   const DataType type = checked.value();
   Shape shape;
-  int64_t count = 1;
   for (const int64_t dim : input.shape()) {
-    if (dim < 0 || dim > kMaxElements) {
+    if (dim < 0 || dim > kMaxRequestElements) {
       return InvalidArgument(where + ": 'shape' holds " + std::to_string(dim) +
                              ", which is not a dimension (a non-negative integer)");
     }
     shape.push_back(dim);
-    count = (dim != 0 && count > kMaxElements / dim) ? kMaxElements + 1 : count * dim;
   }
   BACKPLANE_RETURN_IF_ERROR(CheckShapeMatches(where, shape, expected));
-  if (count > kMaxElements)
+  const int64_t count = SaturatedElementCount(shape);
+  if (count > kMaxRequestElements)
     return InvalidArgument(where + ": shape " + ToString(shape) + " has too many elements");
   if (raw != nullptr) {
     if (input.has_contents() && input.contents().ByteSizeLong() != 0) {
@@ -201,11 +193,11 @@ Result<InferenceRequest> ParseGrpcInferRequest(const inference::ModelInferReques
     const auto expected = std::find_if(network.inputs.begin(), network.inputs.end(),
                                        [&](const ValueInfo& v) { return v.name == input.name(); });
     if (expected == network.inputs.end()) {
-      return InvalidArgument("unknown input " + Quote(input.name()) +
+      return InvalidArgument("unknown input " + Quoted(input.name()) +
                              " (the model takes: " + expected_names + ")");
     }
     if (by_name.contains(input.name()))
-      return InvalidArgument("input " + Quote(input.name()) + " is given twice");
+      return InvalidArgument("input " + Quoted(input.name()) + " is given twice");
     auto tensor = ParseInput(input, *expected, raw ? &message.raw_input_contents(i) : nullptr);
     if (!tensor.ok())
       return tensor.error();
@@ -222,7 +214,7 @@ Result<InferenceRequest> ParseGrpcInferRequest(const inference::ModelInferReques
     const auto found = std::find_if(network.outputs.begin(), network.outputs.end(),
                                     [&](const ValueInfo& v) { return v.name == output.name(); });
     if (found == network.outputs.end()) {
-      return InvalidArgument("unknown requested output " + Quote(output.name()) +
+      return InvalidArgument("unknown requested output " + Quoted(output.name()) +
                              " (the model's outputs: " + Names(network.outputs) + ")");
     }
     const auto index = static_cast<std::size_t>(found - network.outputs.begin());

@@ -17,9 +17,6 @@ using nlohmann::json;
 
 namespace {
 
-// Products of dimensions are checked against this before any allocation: more elements than
-// this cannot have come in a request body anyway.
-constexpr int64_t kMaxElements = int64_t{1} << 40;
 constexpr std::size_t kMaxRank = 32;
 
 constexpr DataType kDataTypes[] = {DataType::kFloat32, DataType::kFloat64, DataType::kInt64,
@@ -31,10 +28,6 @@ std::string SupportedDataTypes() {
   for (DataType type : kDataTypes)
     names += (names.empty() ? "" : ", ") + std::string(ToString(type));
   return names;
-}
-
-std::string Quote(std::string_view name) {
-  return "'" + std::string(name) + "'";
 }
 
 // ---- Scalars ------------------------------------------------------------------------------
@@ -188,7 +181,7 @@ class DataSink {
         shape_(shape),
         type_(type),
         input_(std::move(quoted_input)),
-        count_(CountOf(shape)),
+        count_(SaturatedElementCount(shape)),
         write_(WriterFor(type)) {}
 
   void BeginArray() {
@@ -252,7 +245,7 @@ class DataSink {
     if (!Element(/*is_array=*/false, /*is_object=*/false))
       return;
     const std::size_t index = nested_ ? elements_++ : top_count_ - 1;
-    if (index >= static_cast<std::size_t>(std::min<int64_t>(count_, kMaxElements)))
+    if (index >= static_cast<std::size_t>(std::min<int64_t>(count_, kMaxRequestElements)))
       return;  // too many: the count or structure check reports it
     Status written = write_(value, type_, input_, index, data_);
     if (!written.ok() && value_error_.ok())
@@ -269,9 +262,10 @@ class DataSink {
       return InvalidArgument("input " + input_ + ": 'data' (an array) is required");
     if (!nested_) {
       if (static_cast<int64_t>(top_count_) != count_) {
-        return InvalidArgument("input " + input_ + ": 'data' has " + std::to_string(top_count_) +
-                               " element(s), shape " + ToString(shape_) + " needs " +
-                               (count_ > kMaxElements ? "too many" : std::to_string(count_)));
+        return InvalidArgument(
+            "input " + input_ + ": 'data' has " + std::to_string(top_count_) +
+            " element(s), shape " + ToString(shape_) + " needs " +
+            (count_ > kMaxRequestElements ? "too many" : std::to_string(count_)));
       }
       if (mixes_)
         return InvalidArgument("input " + input_ +
@@ -284,14 +278,6 @@ class DataSink {
   }
 
  private:
-  static int64_t CountOf(const Shape& shape) {
-    int64_t count = 1;
-    for (int64_t dim : shape) {
-      count = (dim != 0 && count > kMaxElements / dim) ? kMaxElements + 1 : count * dim;
-    }
-    return count;
-  }
-
   // An element of the array at depth_. Returns true when the caller goes on with it (a scalar
   // to write, or an array to descend into).
   bool Element(bool is_array, bool is_object = false) {
@@ -638,7 +624,7 @@ Result<TensorInfo> CheckTensorInfo(const std::optional<json>& datatype,
   Shape shape;
   for (const auto& dim : *shape_value) {
     if (!dim.is_number_integer() || dim.get<int64_t>() < 0 ||
-        (dim.is_number_unsigned() && dim.get<uint64_t>() > uint64_t(kMaxElements))) {
+        (dim.is_number_unsigned() && dim.get<uint64_t>() > uint64_t(kMaxRequestElements))) {
       return InvalidArgument(where + ": 'shape' holds " + dim.dump() +
                              ", which is not a dimension (a non-negative integer)");
     }
@@ -646,14 +632,6 @@ Result<TensorInfo> CheckTensorInfo(const std::optional<json>& datatype,
   }
   BACKPLANE_RETURN_IF_ERROR(CheckShapeMatches(where, shape, expected));
   return TensorInfo{type, shape};
-}
-
-// Elements in `shape`, saturated past kMaxElements.
-int64_t ElementCountOf(const Shape& shape) {
-  int64_t count = 1;
-  for (int64_t dim : shape)
-    count = (dim != 0 && count > kMaxElements / dim) ? kMaxElements + 1 : count * dim;
-  return count;
 }
 
 // ---- The request, as the streaming pass leaves it ---------------------------------------------
@@ -673,7 +651,7 @@ struct InputDraft {
 
   std::string Where(std::size_t position) const {
     if (name && name->is_string())
-      return "input " + Quote(name->get<std::string>());
+      return "input " + Quoted(name->get<std::string>());
     return "inputs[" + std::to_string(position) + "]";
   }
 };
@@ -994,11 +972,11 @@ class RequestReader {
     void* buffer = nullptr;
     // Each element takes at least one byte of JSON: a shape needing more cannot be what the
     // data hold, so nothing that large is allocated on a body's word.
-    if (ElementCountOf(info->shape) <= static_cast<int64_t>(json_bytes_)) {
+    if (SaturatedElementCount(info->shape) <= static_cast<int64_t>(json_bytes_)) {
       input.tensor = Tensor(*info);
       buffer = input.tensor.data();
     }
-    input.sink.emplace(buffer, info->shape, info->type, Quote(input.name->get<std::string>()));
+    input.sink.emplace(buffer, info->shape, info->type, Quoted(input.name->get<std::string>()));
   }
 
   template <typename Action>
@@ -1180,7 +1158,7 @@ class BinaryCursor {
 // parameters, datatype, shape, then its data (JSON or binary).
 Result<Tensor> FinishInput(InputDraft& input, const ValueInfo& expected, const std::string& name,
                            std::size_t json_bytes, BinaryCursor& binary) {
-  const std::string where = "input " + Quote(name);
+  const std::string where = "input " + Quoted(name);
   BACKPLANE_RETURN_IF_ERROR(
       CheckKeys(input.unknown_keys, {"name", "shape", "datatype", "data", "parameters"}, where));
   if (!input.repeated_keys.empty())
@@ -1198,15 +1176,15 @@ Result<Tensor> FinishInput(InputDraft& input, const ValueInfo& expected, const s
                              ": has both 'data' and parameter 'binary_data_size'; send one of "
                              "them");
     }
-    const int64_t count = ElementCountOf(info->shape);
-    const uint64_t needed = count > kMaxElements
+    const int64_t count = SaturatedElementCount(info->shape);
+    const uint64_t needed = count > kMaxRequestElements
                                 ? std::numeric_limits<uint64_t>::max()
                                 : static_cast<uint64_t>(count) * ElementSize(info->type);
     if (**binary_size != needed) {
       return InvalidArgument(where + ": binary_data_size is " + std::to_string(**binary_size) +
                              " byte(s), shape " + ToString(info->shape) + " of " +
                              std::string(ToString(info->type)) + " needs " +
-                             (count > kMaxElements ? "too many" : std::to_string(needed)));
+                             (count > kMaxRequestElements ? "too many" : std::to_string(needed)));
     }
     auto bytes = binary.Take(**binary_size, where);
     if (!bytes.ok())
@@ -1236,11 +1214,11 @@ Result<Tensor> FinishInput(InputDraft& input, const ValueInfo& expected, const s
     case InputDraft::DataMode::kLogged: {
       void* buffer = nullptr;
       Tensor tensor;
-      if (ElementCountOf(info->shape) <= static_cast<int64_t>(json_bytes)) {
+      if (SaturatedElementCount(info->shape) <= static_cast<int64_t>(json_bytes)) {
         tensor = Tensor(*info);
         buffer = tensor.data();
       }
-      DataSink sink(buffer, info->shape, info->type, Quote(name));
+      DataSink sink(buffer, info->shape, info->type, Quoted(name));
       input.log->ReplayInto(sink);
       input.log.reset();  // its memory back before the next input's
       BACKPLANE_RETURN_IF_ERROR(sink.Finish());
@@ -1259,6 +1237,18 @@ Result<Tensor> FinishInput(InputDraft& input, const ValueInfo& expected, const s
 }
 
 }  // namespace
+
+int64_t SaturatedElementCount(const Shape& shape) {
+  int64_t count = 1;
+  for (int64_t dim : shape) {
+    count = (dim != 0 && count > kMaxRequestElements / dim) ? kMaxRequestElements + 1 : count * dim;
+  }
+  return count;
+}
+
+std::string Quoted(std::string_view name) {
+  return "'" + std::string(name) + "'";
+}
 
 Result<DataType> CheckDataTypeMatches(const std::string& where, std::string_view name,
                                       const ValueInfo& expected) {
@@ -1297,7 +1287,7 @@ Result<std::vector<Tensor>> InputsInNetworkOrder(std::map<std::string, Tensor, s
     auto it = by_name.find(input.name);
     if (it == by_name.end()) {
       return InvalidArgument(
-          "missing input " + Quote(input.name) + " (" + std::string(ToString(input.info.type)) +
+          "missing input " + Quoted(input.name) + " (" + std::string(ToString(input.info.type)) +
           " " + ToString(input.info.shape) + "; the model takes: " + expected_names + ")");
     }
     inputs.push_back(std::move(it->second));
@@ -1379,11 +1369,11 @@ Result<InferenceRequest> ParseInferenceRequest(const InferenceBody& body, const 
     const std::string input_name = input.name->get<std::string>();
     const ValueInfo* expected = FindInput(network, input_name);
     if (expected == nullptr) {
-      return InvalidArgument("unknown input " + Quote(input_name) +
+      return InvalidArgument("unknown input " + Quoted(input_name) +
                              " (the model takes: " + expected_names + ")");
     }
     if (by_name.contains(input_name))
-      return InvalidArgument("input " + Quote(input_name) + " is given twice");
+      return InvalidArgument("input " + Quoted(input_name) + " is given twice");
     auto tensor = FinishInput(input, *expected, input_name, body.json.size(), binary);
     if (!tensor.ok())
       return tensor.error();
@@ -1407,7 +1397,7 @@ Result<InferenceRequest> ParseInferenceRequest(const InferenceBody& body, const 
       if (!output.is_object() || name == output.end() || !name->is_string()) {
         return InvalidArgument("'outputs' must hold {\"name\": ...} objects, got " + output.dump());
       }
-      const std::string where = "requested output " + Quote(name->get<std::string>());
+      const std::string where = "requested output " + Quoted(name->get<std::string>());
       std::vector<std::string> unknown;
       for (const auto& [key, value] : output.items()) {
         if (!IsKnown(key, {"name", "parameters"}))

@@ -23,6 +23,13 @@ DataType ParseDataType(std::string_view name);
 
 // The rules every transport's parser shares, with the messages REST and gRPC both give.
 // `where` names the input ("input 'x'").
+// Products of dimensions are checked against this before any allocation: more elements than
+// this cannot have come in a request anyway.
+inline constexpr int64_t kMaxRequestElements = int64_t{1} << 40;
+// Elements in `shape`, saturated at kMaxRequestElements + 1: hostile dimensions never overflow.
+int64_t SaturatedElementCount(const Shape& shape);
+// A name as messages quote it: 'x'.
+std::string Quoted(std::string_view name);
 // A datatype name against the model's: kInvalidArgument for a name Backplane does not have
 // (listing those it has) or a type other than the model's.
 Result<DataType> CheckDataTypeMatches(const std::string& where, std::string_view name,
