@@ -12,26 +12,7 @@ using nlohmann::json;
 using ::testing::HasSubstr;
 
 // One server for the read-only tests of this file.
-class ServeApiTest : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    home_ = new ServeHome();
-    server_ = ServeProcess::Start(
-                  {"--models", home_->models().string(), "--backends", home_->backends().string()})
-                  .release();
-  }
-  static void TearDownTestSuite() {
-    delete server_;
-    delete home_;
-  }
-  void SetUp() override { client_ = server_->Client(); }
-
-  static ServeHome* home_;
-  static ServeProcess* server_;
-  std::unique_ptr<httplib::Client> client_;
-};
-ServeHome* ServeApiTest::home_ = nullptr;
-ServeProcess* ServeApiTest::server_ = nullptr;
+class ServeApiTest : public SharedServerTest<ServeApiTest> {};
 
 TEST_F(ServeApiTest, HealthLiveAndReady) {
   EXPECT_EQ(Get(*client_, "/v2/health/live").status, 200);

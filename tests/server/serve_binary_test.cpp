@@ -75,32 +75,18 @@ int64_t ProcStatusBytes(pid_t pid, const std::string& field) {
   return -1;
 }
 
-class ServeBinaryTest : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    home_ = new ServeHome();
-    // "large": Relu over kLargeElements values, for the memory test.
+class ServeBinaryTest : public SharedServerTest<ServeBinaryTest> {
+ public:
+  // "large": Relu over kLargeElements values, for the memory test.
+  static std::vector<std::string> PrepareHome(const ServeHome& home) {
     ModelBuilder model;
     model.Input("x", {1, kLargeElements}).Output("y", {1, kLargeElements});
     model.Node("Relu", {"x"}, {"y"});
-    home_->Write("models/large/1/model.onnx", model.Serialize());
-    home_->Write("models/large/config.json", R"({"backends": ["CpuRef"]})");
-    server_ = ServeProcess::Start(
-                  {"--models", home_->models().string(), "--backends", home_->backends().string()})
-                  .release();
+    home.Write("models/large/1/model.onnx", model.Serialize());
+    home.Write("models/large/config.json", R"({"backends": ["CpuRef"]})");
+    return {};
   }
-  static void TearDownTestSuite() {
-    delete server_;
-    delete home_;
-  }
-  void SetUp() override { client_ = server_->Client(); }
-
-  static ServeHome* home_;
-  static ServeProcess* server_;
-  std::unique_ptr<httplib::Client> client_;
 };
-ServeHome* ServeBinaryTest::home_ = nullptr;
-ServeProcess* ServeBinaryTest::server_ = nullptr;
 
 TEST_F(ServeBinaryTest, MlpBinaryInputAndOutputMatchTheJsonPath) {
   const std::vector<float> features = {0.5f, -1.25f, 3, 0.1f, 7, 8, -9, 10};

@@ -23,38 +23,24 @@ std::string MlpBody(const std::string& input) {
   return R"({"inputs": [)" + input + "]}";
 }
 
-class ServeErrorsTest : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    home_ = new ServeHome();
-    // Small limits so that the tests can reach them; mnist allows one request at a time.
-    home_->Write("config.json", R"({"max_body_bytes": 65536, "max_json_depth": 8,
-                                    "max_header_bytes": 4096})");
-    home_->Write("models/mnist/config.json", R"({"max_in_flight": 1})");
-    server_ =
-        ServeProcess::Start({"--config", (home_->path() / "config.json").string(), "--models",
-                             home_->models().string(), "--backends", home_->backends().string()})
-            .release();
+class ServeErrorsTest : public SharedServerTest<ServeErrorsTest> {
+ public:
+  // Small limits so that the tests can reach them; mnist allows one request at a time.
+  static std::vector<std::string> PrepareHome(const ServeHome& home) {
+    home.Write("config.json", R"({"max_body_bytes": 65536, "max_json_depth": 8,
+                                  "max_header_bytes": 4096})");
+    home.Write("models/mnist/config.json", R"({"max_in_flight": 1})");
+    return {"--config", (home.path() / "config.json").string()};
   }
-  static void TearDownTestSuite() {
-    delete server_;
-    delete home_;
-  }
-  void SetUp() override { client_ = server_->Client(); }
 
+ protected:
   // Asserts the status and that the JSON error contains `message`.
   void ExpectError(const JsonReply& reply, int status, const std::string& message) {
     EXPECT_EQ(reply.status, status) << reply.text;
     ASSERT_TRUE(reply.body.is_object() && reply.body.contains("error")) << reply.text;
     EXPECT_THAT(reply.body["error"].get<std::string>(), HasSubstr(message));
   }
-
-  static ServeHome* home_;
-  static ServeProcess* server_;
-  std::unique_ptr<httplib::Client> client_;
 };
-ServeHome* ServeErrorsTest::home_ = nullptr;
-ServeProcess* ServeErrorsTest::server_ = nullptr;
 
 TEST_F(ServeErrorsTest, MalformedJsonIs400) {
   ExpectError(Post(*client_, kMlpInfer, "{\"inputs\": ["), 400, "malformed JSON");

@@ -15,18 +15,8 @@ namespace {
 using nlohmann::json;
 using ::testing::HasSubstr;
 
-class ServeGrpcTest : public ::testing::Test {
+class ServeGrpcTest : public SharedServerTest<ServeGrpcTest> {
  protected:
-  static void SetUpTestSuite() {
-    home_ = new ServeHome();
-    server_ = ServeProcess::Start(
-                  {"--models", home_->models().string(), "--backends", home_->backends().string()})
-                  .release();
-  }
-  static void TearDownTestSuite() {
-    delete server_;
-    delete home_;
-  }
   void SetUp() override {
     ASSERT_NE(server_->grpc_port(), 0) << server_->Log();
     channel_ = grpc::CreateChannel(server_->grpc_target(), grpc::InsecureChannelCredentials());
@@ -55,13 +45,9 @@ class ServeGrpcTest : public ::testing::Test {
     return request;
   }
 
-  static ServeHome* home_;
-  static ServeProcess* server_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<inference::GRPCInferenceService::Stub> stub_;
 };
-ServeHome* ServeGrpcTest::home_ = nullptr;
-ServeProcess* ServeGrpcTest::server_ = nullptr;
 
 using Service = inference::GRPCInferenceService::Stub;
 

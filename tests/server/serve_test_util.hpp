@@ -17,6 +17,8 @@
 #include <thread>
 #include <vector>
 
+#include <gtest/gtest.h>
+
 #include "test_util.hpp"
 
 namespace backplane::testing {
@@ -124,6 +126,32 @@ struct JoinAll {
         thread.join();
     }
   }
+};
+
+// One server shared by every test of a suite: starting one per test would cost a second each.
+// `Suite::PrepareHome(home)` (optional) writes what the suite needs before the start (a config,
+// models) and returns arguments to add. Each suite (CRTP) has a server of its own.
+template <typename Suite>
+class SharedServerTest : public ::testing::Test {
+ protected:
+  static std::vector<std::string> PrepareHome(const ServeHome&) { return {}; }
+
+  static void SetUpTestSuite() {
+    home_ = std::make_unique<ServeHome>();
+    std::vector<std::string> args = Suite::PrepareHome(*home_);
+    args.insert(args.end(),
+                {"--models", home_->models().string(), "--backends", home_->backends().string()});
+    server_ = ServeProcess::Start(args);
+  }
+  static void TearDownTestSuite() {
+    server_.reset();
+    home_.reset();
+  }
+  void SetUp() override { client_ = server_->Client(); }
+
+  static inline std::unique_ptr<ServeHome> home_;
+  static inline std::unique_ptr<ServeProcess> server_;
+  std::unique_ptr<httplib::Client> client_;
 };
 
 }  // namespace backplane::testing
