@@ -114,11 +114,12 @@ class InferenceService final : public inference::GRPCInferenceService::CallbackS
   grpc::ServerUnaryReactor* ModelInfer(grpc::CallbackServerContext* call,
                                        const inference::ModelInferRequest* request,
                                        inference::ModelInferResponse* response) override {
-    // Runs here, on gRPC's callback thread, not handed to a pool of ours: in gRPC 1.51 a
-    // Finish from a foreign thread waits for the completion queue's poller, about 1 ms a call
-    // (measured on MNIST: p50 2.08 ms through a pool, 1.12 ms here, bench/grpc_bench.sh).
-    // Concurrency stays bounded by the runtime's admission (max_in_flight), which refuses
-    // rather than queues.
+    // Runs here, on gRPC's callback thread (Execute joins the scheduler's arena on it), not
+    // queued on the scheduler as REST's inference is: in gRPC 1.51 a Finish from a foreign
+    // thread waits for a poller. Through a pool of ours that cost ~1 ms a call; through
+    // StartInference and a TBB worker, p50 0.145 against 0.105 ms here and 0.79x the
+    // throughput at 4 clients (MNIST, bench/grpc_bench.sh). Concurrency stays bounded by the
+    // runtime's admission (max_in_flight), which refuses rather than queues.
     auto outcome = RunInference(
         context_, request->model_name(), request->model_version(),
         [request](const Network& network) { return ParseGrpcInferRequest(*request, network); });
