@@ -75,9 +75,10 @@ struct HttpLimits {
 HttpLimits HttpLimitsFrom(const ServeConfig& config);
 
 // Routes are registered before Start and never after. Start, Stop and the destructor are called
-// from one thread; handlers run concurrently on the handler threads and must be thread-safe.
-// Each connection answers its requests in order, one at a time (pipelined requests wait in the
-// connection's read buffer).
+// from one thread; handlers run concurrently (on the handler threads, or the I/O threads for
+// asynchronous ones) and must be thread-safe. At most HttpLimits::threads requests are handled
+// at once; the rest wait in arrival order. Each connection answers its requests in order, one at
+// a time (pipelined requests wait in the connection's read buffer).
 class HttpServer {
  public:
   // Admin routes require `Authorization: Bearer <token>` when a token is set.
