@@ -87,8 +87,9 @@ class HttpServer {
   // Takes the response once, from any thread. A responder dropped unanswered closes the
   // connection without a response: answer every request.
   using Responder = std::function<void(HttpResponse)>;
-  // Called on an I/O thread, so it must not block: it hands the work on (inference goes to the
-  // runtime's scheduler) and answers through the responder from wherever the work ends. Saves
+  // Called on an I/O thread (or, for a request that waited, the thread that freed its slot), so
+  // it must not block: it hands the work on (inference goes to the runtime's scheduler) and
+  // answers through the responder from wherever the work ends. Saves
   // the two thread hand-offs of the pool, the larger part of a small request's cost.
   using AsyncHandler = std::function<void(HttpRequest, Responder)>;
 
