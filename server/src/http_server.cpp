@@ -89,6 +89,7 @@ std::string Milliseconds(std::chrono::milliseconds duration) {
 
 struct Route {
   std::string method;
+  std::string path;  // the pattern as registered, for messages
   std::regex pattern;
   HttpServer::Access access;
   HttpServer::Handler handler;             // on a handler thread, or
@@ -360,21 +361,22 @@ class OnceAnswer {
 void HttpServer::Core::InvokeAsync(const Route& route, HttpRequest request,
                                    HttpServer::Responder respond, std::shared_ptr<AsyncSlot> slot) {
   auto once = std::make_shared<OnceAnswer>(std::move(respond), std::move(slot));
-  const std::string path = request.path;
+  // The request is the handler's now: messages name the route, not the path.
   try {
     route.async_handler(std::move(request),
                         [once](HttpResponse response) { once->Answer(std::move(response)); });
   } catch (const std::exception& e) {
-    Log().error("{} {}: unexpected exception in a handler: {}", route.method, path, e.what());
+    Log().error("{} {}: unexpected exception in a handler: {}", route.method, route.path, e.what());
     once->Answer(HttpResponse::Error(500, std::string("internal error: ") + e.what()));
   } catch (...) {
-    Log().error("{} {}: unexpected exception in a handler", route.method, path);
+    Log().error("{} {}: unexpected exception in a handler", route.method, route.path);
     once->Answer(HttpResponse::Error(500, "internal error: unknown exception"));
   }
 }
 
 // One accepted connection. Strand-only: every member is touched on the connection's strand,
-// except the pool job, which only reads the request it was given and posts the response back.
+// except the handler jobs (pooled or asynchronous), which read only the request they were given
+// and post the response back.
 // Keeps itself alive through the shared_ptrs its pending operations hold.
 class Connection : public std::enable_shared_from_this<Connection> {
  public:
@@ -1050,19 +1052,21 @@ HttpServer::~HttpServer() {
 }
 
 void HttpServer::Get(const std::string& pattern, Handler handler) {
-  core_->routes.push_back({"GET", std::regex(pattern), Access::kPublic, std::move(handler)});
+  core_->routes.push_back(
+      {"GET", pattern, std::regex(pattern), Access::kPublic, std::move(handler)});
 }
 
 void HttpServer::Post(const std::string& pattern, Access access, Handler handler) {
-  core_->routes.push_back({"POST", std::regex(pattern), access, std::move(handler)});
+  core_->routes.push_back({"POST", pattern, std::regex(pattern), access, std::move(handler)});
 }
 
 void HttpServer::Put(const std::string& pattern, Access access, Handler handler) {
-  core_->routes.push_back({"PUT", std::regex(pattern), access, std::move(handler)});
+  core_->routes.push_back({"PUT", pattern, std::regex(pattern), access, std::move(handler)});
 }
 
 void HttpServer::PostAsync(const std::string& pattern, Access access, AsyncHandler handler) {
-  core_->routes.push_back({"POST", std::regex(pattern), access, nullptr, std::move(handler)});
+  core_->routes.push_back(
+      {"POST", pattern, std::regex(pattern), access, nullptr, std::move(handler)});
 }
 
 Result<ListenAddress> HttpServer::Start(const ListenAddress& address) {

@@ -59,7 +59,7 @@ Result<nlohmann::json> ParseJsonBody(std::string_view body, int max_depth);
 
 struct HttpLimits {
   int io_threads = 2;  // threads running the event loop (accept, read, write; never handlers)
-  int threads = 32;    // threads of the synchronous handlers: such requests handled at once
+  int threads = 32;    // requests handled at once, of each kind; the synchronous pool's threads
   std::size_t max_body_bytes = 16u << 20;
   std::size_t max_header_bytes = 16u << 10;
   int max_json_depth = 32;
@@ -76,9 +76,9 @@ HttpLimits HttpLimitsFrom(const ServeConfig& config);
 
 // Routes are registered before Start and never after. Start, Stop and the destructor are called
 // from one thread; handlers run concurrently (on the handler threads, or the I/O threads for
-// asynchronous ones) and must be thread-safe. At most HttpLimits::threads requests are handled
-// at once; the rest wait in arrival order. Each connection answers its requests in order, one at
-// a time (pipelined requests wait in the connection's read buffer).
+// asynchronous ones) and must be thread-safe. At most HttpLimits::threads requests of each kind
+// are handled at once; the rest wait in arrival order. Each connection answers its requests in
+// order, one at a time (pipelined requests wait in the connection's read buffer).
 class HttpServer {
  public:
   // Admin routes require `Authorization: Bearer <token>` when a token is set.
