@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <map>
 #include <optional>
 #include <set>
 
@@ -83,7 +84,9 @@ std::vector<uint64_t> BackendFileVersion(std::string_view name) {
     suffix.remove_prefix(1);
     uint64_t number = 0;
     while (!suffix.empty() && suffix.front() >= '0' && suffix.front() <= '9') {
-      number = number * 10 + static_cast<uint64_t>(suffix.front() - '0');
+      // Saturates: a crafted name with 30 digits must not wrap below a real version.
+      const auto digit = static_cast<uint64_t>(suffix.front() - '0');
+      number = number > (UINT64_MAX - digit) / 10 ? UINT64_MAX : number * 10 + digit;
       suffix.remove_prefix(1);
     }
     version.push_back(number);
@@ -172,50 +175,32 @@ Result<BackendFile> ResolveBackendFile(const fs::path& path, const FilePolicy& p
 
 namespace {
 
-// The unversioned name wins; among versioned names, the highest version.
-bool Outranks(const fs::path& a, const fs::path& b) {
-  const fs::path family = BackendFamily(a);
-  if (a == family || b == family)
-    return a == family;
-  return BackendFileVersion(a.filename().string()) > BackendFileVersion(b.filename().string());
-}
-
-// Keeps one name per family of one directory's entries; the others become `superseded`.
-void ChooseOnePerFamily(Discovery& found, Discovery& discovery) {
-  struct Name {
-    fs::path path;
-    std::optional<BackendFile> file;
-    std::optional<RejectedFile> rejected;
-  };
-  std::vector<Name> chosen;
-  auto consider = [&](Name name) {
-    auto same = std::find_if(chosen.begin(), chosen.end(), [&](const Name& other) {
-      return BackendFamily(other.path) == BackendFamily(name.path);
-    });
-    if (same == chosen.end()) {
-      chosen.push_back(std::move(name));
-      return;
-    }
-    if (Outranks(name.path, same->path))
-      std::swap(*same, name);
-    Log().debug("ignoring {}: {} speaks for that backend", name.path.string(), same->path.string());
-    discovery.superseded.push_back({name.path, same->path});
-  };
-  for (auto& file : found.files)
-    consider({file.path, std::move(file), std::nullopt});
-  for (auto& rejected : found.rejected)
-    consider({rejected.file, std::nullopt, std::move(rejected)});
-  std::sort(chosen.begin(), chosen.end(),
-            [](const Name& a, const Name& b) { return a.path < b.path; });
-  for (auto& name : chosen) {
-    if (name.file)
-      discovery.files.push_back(std::move(*name.file));
-    else
-      discovery.rejected.push_back(std::move(*name.rejected));
-  }
+// The resolution rule (docs/hot-reload.md): the least specific name speaks for its family — the
+// unversioned name, else the name with the fewest version components (the SONAME-style link
+// ldconfig maintains), ties to the highest version. Trap: comparing versions alone makes a
+// leftover `.so.1.0.0` outrank the `.so.1` link that operators re-point, so the file they just
+// pointed away from would serve.
+bool Speaks(const fs::path& a, const fs::path& b) {
+  const auto version_a = BackendFileVersion(a.filename().string());
+  const auto version_b = BackendFileVersion(b.filename().string());
+  if (version_a.size() != version_b.size())
+    return version_a.size() < version_b.size();
+  return version_a > version_b;
 }
 
 }  // namespace
+
+std::optional<std::filesystem::path> SpeakingName(std::span<const fs::path> family_names) {
+  if (family_names.empty())
+    return std::nullopt;
+  // Names arrive sorted, so an exact tie (".so.1" and ".so.01") goes to the first in name order.
+  fs::path speaking = family_names.front();
+  for (const auto& name : family_names.subspan(1)) {
+    if (Speaks(name, speaking))
+      speaking = name;
+  }
+  return speaking;
+}
 
 std::string MisnamedReason() {
   return "not named <vendor>_<name>_backend.so[.N...] (vendor and name letters and digits only, "
@@ -237,29 +222,41 @@ Discovery DiscoverBackendFiles(std::span<const fs::path> directories, const File
       continue;
     }
     std::sort(names.begin(), names.end());
-    Discovery found;
+    // Every name of the scheme, by family (a map: families in name order).
+    std::map<fs::path, std::vector<fs::path>> families;
     for (const auto& path : names) {
       const std::string name = path.filename().string();
-      if (!IsBackendFileName(name)) {
-        Log().debug("ignoring {}: {}", path.string(), MisnamedReason());
-        std::error_code ignored;
-        if (!name.starts_with('.') && !fs::is_directory(path, ignored))
-          discovery.misnamed.push_back(path);
+      if (IsBackendFileName(name)) {
+        families[BackendFamily(path)].push_back(path);
         continue;
       }
-      auto file = ResolveBackendFile(path, policy);
+      Log().debug("ignoring {}: {}", path.string(), MisnamedReason());
+      std::error_code ignored;
+      if (!name.starts_with('.') && !fs::is_directory(path, ignored))
+        discovery.misnamed.push_back(path);
+    }
+    for (const auto& [family, family_names] : families) {
+      // The speaking name is chosen before anything is resolved: a leftover that happens to be
+      // the link's target, or a usable leftover beside a broken speaking name, never serves.
+      const fs::path speaking = *SpeakingName(family_names);
+      for (const auto& name : family_names) {
+        if (name != speaking) {
+          Log().debug("ignoring {}: {} speaks for that backend", name.string(), speaking.string());
+          discovery.superseded.push_back({name, speaking});
+        }
+      }
+      auto file = ResolveBackendFile(speaking, policy);
       if (!file.ok()) {
-        found.rejected.push_back({path, std::move(file).error()});
+        discovery.rejected.push_back({speaking, std::move(file).error()});
         continue;
       }
       if (!seen_real_paths.insert(file->real_path).second) {
-        Log().debug("ignoring {}: same file as an earlier name ({})", path.string(),
+        Log().debug("ignoring {}: same file as an earlier backend name ({})", speaking.string(),
                     file->real_path.string());
         continue;
       }
-      found.files.push_back(*std::move(file));
+      discovery.files.push_back(*std::move(file));
     }
-    ChooseOnePerFamily(found, discovery);
   }
   return discovery;
 }

@@ -91,12 +91,19 @@ struct Discovery {
 // <vendor>_<name>_backend.so[.N...] (vendor and name letters and digits only)".
 std::string MisnamedReason();
 
+// The name that speaks for one family, given all of its names present in one directory (sorted):
+// the least specific name — the unversioned name, else the name with the fewest version
+// components (the SONAME-style link), ties to the highest version. Every other name is a
+// leftover that never serves on its own. nullopt for no names.
+std::optional<std::filesystem::path> SpeakingName(
+    std::span<const std::filesystem::path> family_names);
+
 // Lists the backend files of `directories`, in order. Files not named like a backend are ignored
-// (said at debug level); symlinks are followed, and dangling ones are rejected (NOT_FOUND) like
-// any other unusable name. A file reached by several names appears once, under the first name in
-// sort order. Every versioned name of a backend in one directory (X_backend.so, .so.2, .so.2.0.1)
-// is one backend, its family, and one name speaks for it: the unversioned name when there is one
-// (where `ln -sfn` points), else the highest version.
+// (said at debug level). Every versioned name of a backend in one directory (X_backend.so, .so.2,
+// .so.2.0.1) is one backend, its family, and SpeakingName() chooses the name that speaks for it
+// before anything is resolved; that name is then followed through its symlinks, and a dangling
+// or unusable one is rejected (the family's leftovers are not tried instead). A real file reached
+// by the speaking names of several families appears once, under the first.
 Discovery DiscoverBackendFiles(std::span<const std::filesystem::path> directories,
                                const FilePolicy& policy);
 
