@@ -11,28 +11,13 @@
 #include <set>
 
 #include "backplane/core/thread_annotations.hpp"
+#include "file_descriptor.hpp"
 #include "loader_log.hpp"
 
 namespace backplane::loader {
 namespace fs = std::filesystem;
 
 namespace {
-
-// Closes a file descriptor on scope exit.
-class FileDescriptor {
- public:
-  explicit FileDescriptor(int fd) : fd_(fd) {}
-  ~FileDescriptor() {
-    if (fd_ >= 0)
-      close(fd_);
-  }
-  FileDescriptor(const FileDescriptor&) = delete;
-  FileDescriptor& operator=(const FileDescriptor&) = delete;
-  int get() const { return fd_; }
-
- private:
-  int fd_;
-};
 
 fs::path DefaultRoot() {
   for (const char* variable : {"BACKPLANE_SHADOW_DIR", "TMPDIR"}) {

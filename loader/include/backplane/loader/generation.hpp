@@ -47,9 +47,10 @@ struct GenerationInfo {
   BackendApiVersion api_version;
   std::string release;                // the backend's own version, "" when it does not say
   std::filesystem::path file;         // as found (maybe a symlink)
-  std::filesystem::path real_path;    // the file that was copied
+  std::filesystem::path real_path;    // the file that was copied: what `file` resolved to
   std::filesystem::path shadow_path;  // the private copy that is mapped
   FileIdentity identity;              // of real_path when copied
+  std::string sha256;                 // of the shadow copy's content, i.e. of the code mapped
   std::string build_id;
   std::chrono::system_clock::time_point loaded_at;
 };
