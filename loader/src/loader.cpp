@@ -13,6 +13,7 @@
 #include <tbb/task_arena.h>
 
 #include "backplane/loader/dependencies.hpp"
+#include "backplane/loader/digest.hpp"
 #include "backplane/loader/elf_inspector.hpp"
 #include "loader_log.hpp"
 
@@ -170,7 +171,7 @@ Result<std::shared_ptr<Loader>> Loader::Shared() {
 Loader::Loader(LoaderOptions options, std::shared_ptr<ShadowDirectory> shadows)
     : options_(std::move(options)), shadows_(std::move(shadows)) {}
 
-Result<GenerationLease> Loader::Load(const fs::path& file, LoadTrace* trace) {
+Result<GenerationLease> Loader::Load(const fs::path& file, LoadTrace* trace, Reuse reuse) {
   Tracer tracer(trace);
   auto resolved = ResolveBackendFile(file, options_.file_policy);
   if (!resolved.ok()) {
@@ -185,7 +186,7 @@ Result<GenerationLease> Loader::Load(const fs::path& file, LoadTrace* trace) {
                                   : resolved->path.string());
   tracer.Pass("permissions", "owner and mode safe");
 
-  {
+  if (reuse == Reuse::kLiveUnchanged) {
     // An unchanged file that is already mapped is not mapped again.
     MutexLock lock(mutex_);
     auto it = live_.find(resolved->real_path);
@@ -216,6 +217,11 @@ Result<GenerationLease> Loader::LoadNew(const BackendFile& file, LoadTrace* trac
     return tracer.Fail("copy", std::move(shadow).error());
   ShadowFileGuard shadow_guard(shadow->path);
   tracer.Pass("copy", shadow->path.string());
+  // The digest of the copy, not of the path: what is named is exactly what runs.
+  auto sha256 = Sha256OfFile(shadow->path);
+  if (!sha256.ok())
+    return tracer.Fail("digest", std::move(sha256).error());
+  tracer.Pass("digest", "sha256 " + sha256.value());
 
   // What is inspected is exactly what is dlopened: the shadow copy.
   auto facts = ReadElfFile(shadow->path, file.path.string());
@@ -331,6 +337,7 @@ Result<GenerationLease> Loader::LoadNew(const BackendFile& file, LoadTrace* trac
                       .real_path = file.real_path,
                       .shadow_path = shadow->path,
                       .identity = shadow->source_identity,
+                      .sha256 = std::move(sha256).value(),
                       .build_id = facts->build_id,
                       .loaded_at = std::chrono::system_clock::now()};
   shadow_guard.Release();  // the generation deletes its shadow after unloading

@@ -317,6 +317,11 @@ DeployOutcome BackendRegistry::Deploy(const Candidate& candidate, bool registeri
   const fs::path& file = candidate.path;
   const auto by_file = lineages_->ByFile(candidate.family);
   auto loaded = loader_->Load(file, trace);
+  // Re-activation is one state machine: a file designated again while a generation of ours from
+  // it still drains (a link re-pointed back) is loaded as a new generation with a new number,
+  // never that generation's record brought back to life.
+  if (loaded.ok() && lineages_->Recorded(loaded.value()->info()))
+    loaded = loader_->Load(file, trace, loader::Loader::Reuse::kNever);
   if (!loaded.ok()) {
     Status error = std::move(loaded).error();
     if (!registering && StillBeingWritten(error, file, settle_time)) {
@@ -357,10 +362,6 @@ DeployOutcome BackendRegistry::Deploy(const Candidate& candidate, bool registeri
       trace->Add({"register", false, refused.message()});
     return RejectDeploy(candidate, std::move(refused), info.backend_id, 0, events);
   }
-  if (by_id && by_id->active == next) {
-    return {DeployOutcome::Action::kUnchanged, info.backend_id, file, info.number,
-            "generation " + std::to_string(info.number) + " is this file already"};
-  }
   if (trace != nullptr)
     trace->Add({"register", true, "backend id " + info.backend_id});
   const std::string id = info.backend_id;
@@ -395,12 +396,13 @@ DeployOutcome BackendRegistry::Activate(const std::string& id, loader::Generatio
                             : "replaces generation " + std::to_string(previous->info().number);
   if (!identity)
     message = "rollback; " + message;
-  events.Add(
-      spdlog::level::info,
-      fmt::format("backend {} generation {} active ({}) from {}{}", id, info.number, message,
-                  info.file.string(), info.release.empty() ? "" : ", release " + info.release),
-      GenerationEvent{GenerationEvent::Kind::kActivated, id, info.number, info.file, Status::Ok(),
-                      message});
+  events.Add(spdlog::level::info,
+             fmt::format("backend {} generation {} active ({}) from {}{}, sha256 {}{}", id,
+                         info.number, message, info.file.string(),
+                         info.real_path == info.file ? "" : " -> " + info.real_path.string(),
+                         info.sha256, info.release.empty() ? "" : ", release " + info.release),
+             GenerationEvent{GenerationEvent::Kind::kActivated, id, info.number, info.file,
+                             Status::Ok(), message});
   if (previous != nullptr) {
     const auto& old = previous->info();
     events.Add(spdlog::level::debug,
@@ -494,16 +496,22 @@ Result<uint64_t> BackendRegistry::Rollback(std::string_view id) {
       return FailedPrecondition("backend " + std::string(id) +
                                 " has no previous generation to roll back to");
     }
-    auto loaded = loader_->Load(*retained);
+    auto loaded = loader_->Load(retained->copy);
     if (!loaded.ok()) {
       return loaded.error().WithContext("backend " + lineage->id +
                                         ": the previous version does not load again: ");
     }
+    if (loaded.value()->info().sha256 != retained->sha256) {
+      return Internal("backend " + lineage->id + ": the copy kept for rollback (" +
+                      retained->copy.string() + ") no longer has the content of " +
+                      retained->resolved_file.string() + " (sha256 " + retained->sha256 +
+                      "); nothing was changed");
+    }
     // The lineage keeps following its file: the version on disk is still the one it rolled
     // back from, and is not loaded again until it changes.
     DeployOutcome outcome =
-        Activate(lineage->id, std::move(loaded).value(), {lineage->file, *retained, Status::Ok()},
-                 std::nullopt, events);
+        Activate(lineage->id, std::move(loaded).value(),
+                 {lineage->file, retained->copy, Status::Ok()}, std::nullopt, events);
     if (outcome.action != DeployOutcome::Action::kActivated)
       return outcome.error.WithContext("backend " + lineage->id + ": rollback refused: ");
     return outcome.generation;

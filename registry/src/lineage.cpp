@@ -1,6 +1,8 @@
 #include "lineage.hpp"
 
 #include <algorithm>
+#include <cassert>
+#include <utility>
 
 namespace backplane::registry_detail {
 namespace fs = std::filesystem;
@@ -36,15 +38,19 @@ class LineageTable::Lineage {
 
   LineageView View() const { return {id, is_static(), active, file, identity, pinned}; }
 
-  Record* Find(uint64_t number) {
-    for (auto& record : history) {
+  const Record* Find(uint64_t number) const {
+    for (const auto& record : history) {
       if (record.status.generation == number)
         return &record;
     }
     return nullptr;
   }
+  Record* Find(uint64_t number) { return const_cast<Record*>(std::as_const(*this).Find(number)); }
 
   void Add(Record record) {
+    // One record per generation: a file designated again is a new generation with a new number
+    // (the loader maps every load anew), never an old record brought back to life.
+    assert(Find(record.status.generation) == nullptr);
     history.push_front(std::move(record));
     Prune();
   }
@@ -139,6 +145,12 @@ std::optional<LineageView> LineageTable::ByFile(const fs::path& family) const {
   return std::nullopt;
 }
 
+bool LineageTable::Recorded(const loader::GenerationInfo& generation) const {
+  MutexLock lock(mutex_);
+  const Lineage* lineage = Find(generation.backend_id);
+  return lineage != nullptr && lineage->Find(generation.number) != nullptr;
+}
+
 std::vector<std::string> LineageTable::ActiveIdsMissingFrom(
     const std::vector<fs::path>& present) const {
   MutexLock lock(mutex_);
@@ -165,6 +177,8 @@ loader::GenerationLease LineageTable::BeginLoading(const std::string& id, const 
   lineage->Add({.status = {.generation = info.number,
                            .state = GenerationState::kLoading,
                            .file = info.file,
+                           .resolved_file = info.real_path,
+                           .sha256 = info.sha256,
                            .release = info.release,
                            .api_version = info.api_version,
                            .build_id = info.build_id,

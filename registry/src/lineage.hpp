@@ -52,6 +52,8 @@ class LineageTable {
   std::optional<Offer> FindOffer(std::string_view id) const EXCLUDES(mutex_);
   std::optional<LineageView> ById(std::string_view id) const EXCLUDES(mutex_);
   std::optional<LineageView> ByFile(const std::filesystem::path& family) const EXCLUDES(mutex_);
+  // Whether `generation` has a record in its id's lineage (whatever its state).
+  bool Recorded(const loader::GenerationInfo& generation) const EXCLUDES(mutex_);
   // Ids offered from a backend file whose family is not in `present`: they were deleted.
   std::vector<std::string> ActiveIdsMissingFrom(
       const std::vector<std::filesystem::path>& present) const EXCLUDES(mutex_);

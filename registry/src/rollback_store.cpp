@@ -26,17 +26,19 @@ bool RollbackStore::Retain(const std::string& id, const loader::GenerationInfo& 
                copy.string(), error.message());
     return false;
   }
-  auto [it, inserted] = copies_.try_emplace(id, copy);
-  if (!inserted && it->second != copy) {
-    unlink(it->second.c_str());
-    it->second = copy;
+  Retained retained{copy, generation.real_path, generation.sha256};
+  auto [it, inserted] = kept_.try_emplace(id, retained);
+  if (!inserted) {
+    if (it->second.copy != copy)
+      unlink(it->second.copy.c_str());
+    it->second = std::move(retained);
   }
   return true;
 }
 
-std::optional<fs::path> RollbackStore::Find(const std::string& id) const {
-  auto it = copies_.find(id);
-  if (it == copies_.end())
+std::optional<RollbackStore::Retained> RollbackStore::Find(const std::string& id) const {
+  auto it = kept_.find(id);
+  if (it == kept_.end())
     return std::nullopt;
   return it->second;
 }

@@ -26,12 +26,19 @@ class RollbackStore {
   // before. A copy, not a hard link: unlinking the shadow later would change a shared inode's
   // ctime, which the loader takes for a writer at work. False (and logged) when it fails.
   bool Retain(const std::string& id, const loader::GenerationInfo& generation);
-  // The copy to roll `id` back to, if one is kept.
-  std::optional<std::filesystem::path> Find(const std::string& id) const;
+  // A version kept for rollback: the copy, where its code came from, and its digest (checked
+  // against the generation loaded from the copy, so a rollback runs exactly what ran before).
+  struct Retained {
+    std::filesystem::path copy;
+    std::filesystem::path resolved_file;
+    std::string sha256;
+  };
+  // The version to roll `id` back to, if one is kept.
+  std::optional<Retained> Find(const std::string& id) const;
 
  private:
   const std::filesystem::path directory_;
-  std::map<std::string, std::filesystem::path> copies_;  // by backend id
+  std::map<std::string, Retained> kept_;  // by backend id
 };
 
 }  // namespace backplane::registry_detail

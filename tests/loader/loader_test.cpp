@@ -44,13 +44,18 @@ TEST(LoaderTest, LoadsValidBackend) {
   EXPECT_EQ(info.release, "1.2.3");  // from backplane_add_backend(... VERSION 1.2.3)
   EXPECT_EQ(info.real_path.filename(), "Test_Valid_backend.so.1.2.3");
   EXPECT_EQ(info.build_id.size(), 40u);  // GNU ld's SHA-1 build id, hex
+  // The digest on record is the content's, as coreutils computes it.
+  const auto sha256sum = testing::RunCommand("sha256sum " + Fixture("Valid").string());
+  ASSERT_EQ(sha256sum.exit_code, 0);
+  EXPECT_EQ(info.sha256, sha256sum.output.substr(0, 64));
   std::vector<std::string> stages;
   for (const auto& stage : trace.stages) {
     EXPECT_TRUE(stage.ok) << stage.name << ": " << stage.detail;
     stages.push_back(stage.name);
   }
-  EXPECT_THAT(stages, ::testing::ElementsAre("file", "permissions", "copy", "elf", "dependencies",
-                                             "dlopen", "entry points", "id", "version", "factory"));
+  EXPECT_THAT(stages,
+              ::testing::ElementsAre("file", "permissions", "copy", "digest", "elf", "dependencies",
+                                     "dlopen", "entry points", "id", "version", "factory"));
 }
 
 TEST(LoaderTest, MapsTheShadowCopyNeverTheWatchedPath) {
@@ -91,6 +96,19 @@ TEST(LoaderTest, SameUnchangedFileIsCodeMappedOnce) {
   ASSERT_TRUE(first.ok() && second.ok());
   EXPECT_EQ(first.value(), second.value());
   EXPECT_EQ(loader->stats().loaded.load(), 1u);
+}
+
+// A file designated again while its generation still drains (a rollback by re-pointing a link)
+// must become a new generation, never the draining one brought back.
+TEST(LoaderTest, ReuseNeverMapsTheSameFileAsANewGeneration) {
+  auto loader = MakeLoader();
+  auto first = loader->Load(Fixture("Valid"));
+  auto second = loader->Load(Fixture("Valid"), nullptr, Loader::Reuse::kNever);
+  ASSERT_TRUE(first.ok() && second.ok());
+  EXPECT_NE(first.value()->info().number, second.value()->info().number);
+  EXPECT_NE(first.value()->info().shadow_path, second.value()->info().shadow_path);
+  EXPECT_EQ(first.value()->info().sha256, second.value()->info().sha256);
+  EXPECT_EQ(loader->stats().loaded.load(), 2u);
 }
 
 TEST(LoaderTest, GenerationNumbersAreNeverReused) {

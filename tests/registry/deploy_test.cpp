@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <functional>
+#include <set>
 #include <thread>
 
 #include "backplane/registry/backend_registry.hpp"
@@ -99,6 +100,54 @@ TEST_F(DeployTest, VersionedSymlinkDeployIsOneBackendNeverADuplicate) {
   EXPECT_EQ(ActiveRelease(), "1.2.3");
   EXPECT_TRUE(registry_->Rejected().empty()) << registry_->Rejected().at(0).error.ToString();
   EXPECT_EQ(registry_->BackendIds(), std::vector<std::string>{"TestValid"});
+}
+
+// Issue 18: in the ldconfig layout (no unversioned name) re-pointing `.so.1` activated the file it
+// was pointed away from, and a file designated again brought an old generation back to life under
+// its old number, whose record then never reached `unloaded`.
+TEST_F(DeployTest, RepointingTheSonameLinkServesItsTargetAsANewGenerationEachTime) {
+  Publish("Valid", "Test_Valid_backend.so.1.0.0");
+  Retarget("Test_Valid_backend.so.1", "Test_Valid_backend.so.1.0.0");
+  CreateRegistry();
+  ASSERT_EQ(ActiveRelease(), "1.2.3");
+  Publish("ValidNext", "Test_Valid_backend.so.1.0.1");
+  EXPECT_TRUE(registry_->Rescan().outcomes.empty()) << "a new version file alone changes nothing";
+
+  std::vector<uint64_t> numbers{Describe().active_generation};
+  // Held like a network or a request in flight holds it: every replaced generation drains while
+  // the link is re-pointed back at its file.
+  std::vector<loader::GenerationLease> draining{registry_->Find("TestValid")->generation};
+  for (const auto& [target, release] : {std::pair{"Test_Valid_backend.so.1.0.1", "1.2.4"},
+                                        {"Test_Valid_backend.so.1.0.0", "1.2.3"},
+                                        {"Test_Valid_backend.so.1.0.1", "1.2.4"},
+                                        {"Test_Valid_backend.so.1.0.0", "1.2.3"}}) {
+    Retarget("Test_Valid_backend.so.1", target);
+    const RescanResult result = registry_->Rescan();
+    ASSERT_EQ(result.outcomes.size(), 1u) << "re-pointed at " << target;
+    EXPECT_EQ(result.outcomes[0].action, Action::kActivated) << result.outcomes[0].message;
+    EXPECT_EQ(ActiveRelease(), release) << "re-pointed at " << target;
+    const GenerationStatus active = Describe().generations.front();
+    EXPECT_EQ(active.resolved_file, fs::canonical(dir_ / target));
+    EXPECT_EQ(active.sha256.size(), 64u);
+    EXPECT_GT(active.generation, numbers.back()) << "a new generation, never an old one revived";
+    numbers.push_back(active.generation);
+    draining.push_back(registry_->Find("TestValid")->generation);
+  }
+  // Every replaced generation leaves the process once let go of, each recorded once.
+  draining.clear();
+  loader_->WaitForUnloads();
+  const BackendStatus status = Describe();
+  std::set<uint64_t> recorded;
+  for (const auto& generation : status.generations) {
+    EXPECT_TRUE(recorded.insert(generation.generation).second) << generation.generation;
+    if (generation.generation != status.active_generation) {
+      EXPECT_EQ(generation.state, GenerationState::kUnloaded) << generation.generation;
+    }
+  }
+  EXPECT_EQ(recorded.size(), numbers.size());
+  // The two builds are told apart by their digests, and equal builds share one.
+  EXPECT_EQ(status.generations[0].sha256, status.generations[2].sha256);
+  EXPECT_NE(status.generations[0].sha256, status.generations[1].sha256);
 }
 
 TEST_F(DeployTest, HighestVersionSpeaksWhenThereIsNoUnversionedName) {

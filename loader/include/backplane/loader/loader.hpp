@@ -70,11 +70,21 @@ class Loader : public std::enable_shared_from_this<Loader> {
   // last user releases it.
   static Result<std::shared_ptr<Loader>> Shared();
 
-  // Loads `file` as a new generation, or returns the live generation of the same file (same
-  // real path and identity). With `trace`, appends one LoadStage per stage run. The factory is
+  // Whether Load may hand out a live generation of the same unchanged file (same real path and
+  // identity) instead of mapping it again.
+  enum class Reuse {
+    kLiveUnchanged,  // share: runtimes of separate registries map one copy
+    // Always a new generation. A registry designating again a file that one of its own draining
+    // generations came from asks for this: re-activation is a new generation, never an old
+    // record brought back to life.
+    kNever,
+  };
+
+  // Loads `file` as a new generation, or (kLiveUnchanged) returns the live generation of the same
+  // unchanged file. With `trace`, appends one LoadStage per stage run. The factory is
   // probed once (an instance created and destroyed) so that a broken factory fails here.
-  Result<GenerationLease> Load(const std::filesystem::path& file, LoadTrace* trace = nullptr)
-      EXCLUDES(mutex_);
+  Result<GenerationLease> Load(const std::filesystem::path& file, LoadTrace* trace = nullptr,
+                               Reuse reuse = Reuse::kLiveUnchanged) EXCLUDES(mutex_);
 
   // A new instance from `generation`'s factory; kFactoryFailed when it throws or returns null,
   // kInvalidId when the instance reports another id than GetBackendId.

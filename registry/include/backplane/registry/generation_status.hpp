@@ -30,7 +30,9 @@ std::string_view ToString(GenerationState state);  // "loading", "active", ...
 struct GenerationStatus {
   uint64_t generation = 0;
   GenerationState state = GenerationState::kLoading;
-  std::filesystem::path file;
+  std::filesystem::path file;           // the name that spoke (maybe a symlink)
+  std::filesystem::path resolved_file;  // the real file it resolved to and was copied from
+  std::string sha256;                   // of the content loaded (the shadow copy): what runs
   std::string release;
   BackendApiVersion api_version;
   std::string build_id;
