@@ -172,6 +172,8 @@ json BackendStatusJson(const BackendStatus& status) {
         {{"generation", generation.generation},
          {"state", ToString(generation.state)},
          {"file", generation.file.string()},
+         {"resolved_file", generation.resolved_file.string()},
+         {"sha256", generation.sha256},
          {"release", generation.release},
          {"api_version", std::to_string(generation.api_version.major) + "." +
                              std::to_string(generation.api_version.minor)},
@@ -179,8 +181,8 @@ json BackendStatusJson(const BackendStatus& status) {
          {"refcount", generation.refcount},
          {"loaded_at", Rfc3339(generation.loaded_at)},
          {"drain_ms", generation.drain_ms ? json(*generation.drain_ms) : json(nullptr)},
-         {"reason", generation.rejection.ok() ? json(nullptr)
-                                              : json(generation.rejection.ToString())}});
+         {"reason",
+          generation.rejection.ok() ? json(nullptr) : json(generation.rejection.ToString())}});
   }
   json rejected = json::array();
   for (const auto& file : status.rejected)
@@ -261,7 +263,7 @@ void AddAdminRoutes(HttpServer& http, const ServeContext& context) {
               if (!outcome.ok())
                 return HttpResponse::FromStatus(outcome.error());
               Log().info("reload of backend {} asked through the admin API: {} {}",
-                          request.params[0], ToString(outcome->action), outcome->message);
+                         request.params[0], ToString(outcome->action), outcome->message);
               return DeployOutcomeResponse(context.registry, outcome.value());
             });
   http.Post(std::string(kBackendPath) + "/rollback", Access::kAdmin,
@@ -270,7 +272,7 @@ void AddAdminRoutes(HttpServer& http, const ServeContext& context) {
               if (!generation.ok())
                 return HttpResponse::FromStatus(generation.error());
               Log().info("backend {} rolled back to generation {} through the admin API",
-                          request.params[0], generation.value());
+                         request.params[0], generation.value());
               json body = {{"id", request.params[0]}, {"active_generation", generation.value()}};
               if (auto status = context.registry.Describe(request.params[0]))
                 body["backend"] = BackendStatusJson(*status);
@@ -292,7 +294,7 @@ void AddAdminRoutes(HttpServer& http, const ServeContext& context) {
               if (!outcome.ok())
                 return HttpResponse::FromStatus(outcome.error());
               Log().info("backend {} unpinned through the admin API: {}", request.params[0],
-                          ToString(outcome->action));
+                         ToString(outcome->action));
               return DeployOutcomeResponse(context.registry, outcome.value());
             });
 

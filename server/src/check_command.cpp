@@ -31,6 +31,8 @@ struct FileReport {
   std::string id;
   std::string api_version;
   std::string release;
+  std::string resolved_file;  // the real file the name resolved to
+  std::string sha256;         // of the content loaded
 };
 
 // The stage that runs after `stage`, and the reason a crash in it is reported with.
@@ -39,7 +41,8 @@ std::pair<std::string, LoadReason> CrashedStageAfter(const std::string& stage) {
       {"", {"file", LoadReason::kIoError}},
       {"file", {"permissions", LoadReason::kIoError}},
       {"permissions", {"copy", LoadReason::kIoError}},
-      {"copy", {"elf", LoadReason::kNotElf}},
+      {"copy", {"digest", LoadReason::kIoError}},
+      {"digest", {"elf", LoadReason::kNotElf}},
       {"elf", {"dependencies", LoadReason::kDlopenFailed}},
       {"build", {"dependencies", LoadReason::kDlopenFailed}},
       {"dependencies", {"dlopen", LoadReason::kDlopenFailed}},
@@ -123,7 +126,9 @@ void CheckStages(const std::string& file, bool allow_unsafe,
         {"id", info.backend_id},
         {"api_version",
          std::to_string(info.api_version.major) + "." + std::to_string(info.api_version.minor)},
-        {"release", info.release}});
+        {"release", info.release},
+        {"resolved_file", info.real_path.string()},
+        {"sha256", info.sha256}});
 }
 
 // Child side of CheckFile: runs CheckStages, writing to `fd`, and exits without returning (no
@@ -186,6 +191,8 @@ FileReport CheckFile(const std::string& file, bool allow_unsafe) {
         report.id = line["id"];
         report.api_version = line["api_version"];
         report.release = line["release"];
+        report.resolved_file = line.value("resolved_file", "");
+        report.sha256 = line.value("sha256", "");
       } else {
         report.reason = ParseLoadReason(line["reason"].get<std::string>());
         report.message = line["message"];
@@ -258,8 +265,9 @@ CheckList ExpandArguments(const std::vector<std::string>& arguments) {
   // Every versioned name of a backend is one backend.
   for (const auto& superseded : discovery.superseded) {
     skipped.push_back({superseded.file.string(), "SUPERSEDED",
-                       superseded.speaking.filename().string() +
-                           " speaks for that backend (check it by name to check this version)"});
+                       "a leftover: " + superseded.speaking.filename().string() +
+                           " speaks for that backend (the least specific name), so this one "
+                           "never serves; check it by name to check this version"});
   }
   return {std::move(files), std::move(skipped)};
 }
@@ -281,7 +289,8 @@ void PrintText(const FileReport& report) {
                                 : " with " + std::to_string(warnings) + " warning" +
                                       (warnings == 1 ? "" : "s"))
               << ", backend " << report.id << " (API " << report.api_version
-              << (report.release.empty() ? "" : ", release " + report.release) << ")\n";
+              << (report.release.empty() ? "" : ", release " + report.release) << ")\n"
+              << "  serves:  " << report.resolved_file << " sha256 " << report.sha256 << "\n";
   } else {
     std::cout << "  verdict: REJECTED " << ToString(*report.reason) << ": " << report.message
               << "\n";
@@ -297,16 +306,19 @@ json ToJson(const FileReport& report) {
                       {"detail", stage.detail}});
   }
   const bool ok = !report.reason;
-  return {{"file", report.file},
-          {"ok", ok},
-          {"id", report.id.empty() ? json(nullptr) : json(report.id)},
-          {"api_version", report.api_version.empty() ? json(nullptr) : json(report.api_version)},
-          {"release", report.release.empty() ? json(nullptr) : json(report.release)},
-          {"stage", report.stages.empty() ? json(nullptr) : json(report.stages.back().name)},
-          {"reason", ok ? json(nullptr) : json(ToString(*report.reason))},
-          {"message", ok ? json("would load") : json(report.message)},
-          {"stages", stages},
-          {"skipped", false}};
+  return {
+      {"file", report.file},
+      {"ok", ok},
+      {"id", report.id.empty() ? json(nullptr) : json(report.id)},
+      {"api_version", report.api_version.empty() ? json(nullptr) : json(report.api_version)},
+      {"release", report.release.empty() ? json(nullptr) : json(report.release)},
+      {"resolved_file", report.resolved_file.empty() ? json(nullptr) : json(report.resolved_file)},
+      {"sha256", report.sha256.empty() ? json(nullptr) : json(report.sha256)},
+      {"stage", report.stages.empty() ? json(nullptr) : json(report.stages.back().name)},
+      {"reason", ok ? json(nullptr) : json(ToString(*report.reason))},
+      {"message", ok ? json("would load") : json(report.message)},
+      {"stages", stages},
+      {"skipped", false}};
 }
 
 json ToJson(const SkippedFile& skipped) {

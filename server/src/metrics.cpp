@@ -317,6 +317,24 @@ std::string ServerMetrics::Render(const BackendRegistry* registry,
       out.Sample("backplane_backend_active_generation", {{"backend", backend.id}},
                  backend.active_generation);
     }
+    // An info metric, as exporters publish build info: the labels say which code serves, the
+    // value is always 1. A swap changes the labels, so dashboards see the series change.
+    out.Family("backplane_backend_active_generation_info", "gauge",
+               "The file and content each backend's active generation was loaded from (value 1).");
+    for (const auto& backend : described) {
+      for (const auto& generation : backend.generations) {
+        if (generation.generation != backend.active_generation ||
+            generation.state != GenerationState::kActive)
+          continue;
+        out.Sample("backplane_backend_active_generation_info",
+                   {{"backend", backend.id},
+                    {"generation", std::to_string(generation.generation)},
+                    {"resolved_file", generation.resolved_file.string()},
+                    {"sha256", generation.sha256},
+                    {"release", generation.release}},
+                   int64_t{1});
+      }
+    }
   }
   {
     MutexLock lock(backend_mutex_);

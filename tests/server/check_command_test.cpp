@@ -100,8 +100,13 @@ TEST(CheckCommandTest, ADirectoryIsCheckedOncePerFile) {
   fs::create_symlink(real.filename(), dir / "Test_Valid_backend.so");
   fs::create_symlink(real.filename(), dir / "Test_Valid_backend.so.1");
   json report = CheckJson(dir.path().string(), 0);
-  ASSERT_EQ(report.size(), 1u);
+  ASSERT_EQ(report.size(), 3u) << report.dump(2);
+  EXPECT_EQ(report[0]["file"], (dir / "Test_Valid_backend.so").string());  // the speaking name
   EXPECT_EQ(report[0]["id"], "TestValid");
+  // The other names are leftovers, said so rather than checked again.
+  EXPECT_EQ(report[1]["skipped"], true);
+  EXPECT_EQ(report[1]["reason"], "SUPERSEDED");
+  EXPECT_EQ(report[2]["reason"], "SUPERSEDED");
 }
 
 TEST(CheckCommandTest, TextOutputHasAStageLineAndAVerdictPerFile) {
@@ -147,6 +152,35 @@ TEST(CheckCommandTest, NamesEveryFileItSkippedAndWhy) {
   EXPECT_EQ(skipped,
             (std::map<std::string, std::string>{{"acme-leaky.so", "NAME_SCHEME"},
                                                 {"Acme_Leaky_backend.so.0.9", "SUPERSEDED"}}));
+}
+
+// `check DIR` reads a directory as the server does (docs/hot-reload.md, "Which file serves"): it
+// says which name speaks, the real file it resolves to and the digest of what would run, and
+// names every leftover.
+TEST(CheckCommandTest, SaysWhichNameSpeaksWhatItResolvesToAndItsDigest) {
+  TempDir dir;
+  testing::CopyFile(Fixture("Valid"), dir / "Test_Valid_backend.so.1.0.0");
+  testing::CopyFile(Fixture("ValidNext"), dir / "Test_Valid_backend.so.1.0.1");
+  fs::create_symlink("Test_Valid_backend.so.1.0.1", dir / "Test_Valid_backend.so.1");
+  const fs::path served = fs::canonical(dir / "Test_Valid_backend.so.1.0.1");
+  const auto sha256sum = testing::RunCommand("sha256sum " + served.string());
+  ASSERT_EQ(sha256sum.exit_code, 0);
+  const std::string digest = sha256sum.output.substr(0, 64);
+
+  testing::CommandResult text = RunBackplane("check " + dir.path().string());
+  EXPECT_EQ(text.exit_code, 0) << text.output;
+  EXPECT_THAT(text.output,
+              HasSubstr((dir / "Test_Valid_backend.so.1").string() + " -> " + served.string()));
+  EXPECT_THAT(text.output, HasSubstr("serves:  " + served.string() + " sha256 " + digest));
+  EXPECT_THAT(text.output, HasSubstr("skipped " + (dir / "Test_Valid_backend.so.1.0.0").string() +
+                                     ": a leftover: Test_Valid_backend.so.1 speaks"));
+
+  json report = CheckJson(dir.path().string(), 0);
+  ASSERT_EQ(report.size(), 3u) << report.dump(2);
+  EXPECT_EQ(report[0]["file"], (dir / "Test_Valid_backend.so.1").string());
+  EXPECT_EQ(report[0]["release"], "1.2.4");
+  EXPECT_EQ(report[0]["resolved_file"], served.string());
+  EXPECT_EQ(report[0]["sha256"], digest);
 }
 
 // Loadable, but not built with backplane_add_backend(): passes, with a warning and the fix.

@@ -142,6 +142,86 @@ TEST(ServeLifecycleTest, EveryReplacedGenerationLeavesTheProcess) {
       << ::testing::PrintToString(MappedCpuRefCopies(server->pid()));
 }
 
+// Issue 18, as an operator does it: the ldconfig layout (no unversioned name), a new version
+// written beside the served one, the SONAME link re-pointed forward and back, with a client
+// inferring all along. The admin API's sha256 must be the content the link points at after every
+// step (the two builds differ by a trailer after the ELF, so only the digest tells them apart),
+// and each re-point a new generation.
+TEST(ServeLifecycleTest, ServesExactlyTheFileTheSonameLinkPointsAt) {
+  BACKPLANE_REQUIRE_PATH(MnistDataDir());
+  ServeHome home;
+  fs::remove(home.backend_file());
+  const std::string name = home.backend_file().filename().string();
+  const std::string code = ReadFile(CpuRefBackend());
+  auto write_version = [&](const std::string& version, const std::string& trailer) {
+    const fs::path temporary = home.backends() / ".incoming";
+    WriteFile(temporary, code + trailer);
+    fs::permissions(temporary, fs::perms(0755));
+    fs::rename(temporary, home.backends() / (name + "." + version));
+    const auto sum = RunCommand("sha256sum " + (home.backends() / (name + "." + version)).string());
+    return sum.output.substr(0, 64);
+  };
+  auto point_link_at = [&](const std::string& version) {
+    const fs::path temporary = home.backends() / ".incoming-link";
+    fs::create_symlink(name + "." + version, temporary);
+    fs::rename(temporary, home.backends() / (name + ".0"));
+  };
+  const std::string old_digest = write_version("0.1.0", "build A");
+  point_link_at("0.1.0");
+  home.Write("config.json", R"({"watch_debounce_ms": 50})");
+  auto server =
+      ServeProcess::Start({"--config", (home.path() / "config.json").string(), "--models",
+                           home.models().string(), "--backends", home.backends().string()});
+  auto client = server->Client();
+  auto active = [&] {
+    const auto reply = Get(*client, "/v2/backends/CpuRef");
+    for (const auto& generation : reply.body["generations"]) {
+      if (generation["state"] == "active")
+        return generation;
+    }
+    return json();
+  };
+  ASSERT_EQ(active()["sha256"], old_digest) << server->Log();
+
+  std::atomic<bool> stop{false};
+  std::atomic<int> ok{0}, failed{0};
+  std::vector<std::thread> clients;
+  JoinAll join_all{stop, clients};
+  clients.emplace_back([&] {
+    auto own = server->Client();
+    while (!stop.load()) {
+      const auto reply = Post(*own, "/v2/models/mnist/infer", MnistRequestBody(0));
+      ++(reply.status == 200 && ArgMax(reply.body) == MnistLabel(0) ? ok : failed);
+    }
+  });
+
+  // Written beside the served version: nothing changes until the link points at it.
+  const std::string new_digest = write_version("0.1.1", "build B");
+  Post(*client, "/v2/backends/CpuRef/reload", "");
+  EXPECT_EQ(active()["sha256"], old_digest);
+  uint64_t generation = active()["generation"];
+  for (const auto& [version, digest] : {std::pair{"0.1.1", new_digest},
+                                        {"0.1.0", old_digest},
+                                        {"0.1.1", new_digest},
+                                        {"0.1.0", old_digest}}) {
+    point_link_at(version);
+    ASSERT_TRUE(Eventually([&] { return active()["sha256"] == digest; }, 20s))
+        << "after pointing the link at " << version << ": " << active().dump() << "\n"
+        << server->Log();
+    EXPECT_GT(active()["generation"].get<uint64_t>(), generation);
+    EXPECT_EQ(active()["resolved_file"],
+              fs::canonical(home.backends() / (name + "." + version)).string());
+    generation = active()["generation"];
+  }
+  stop.store(true);
+  for (auto& thread : clients)
+    thread.join();
+  EXPECT_EQ(failed.load(), 0);
+  EXPECT_GT(ok.load(), 0);
+  EXPECT_TRUE(Eventually([&] { return CpuRefGenerationsNotUnloaded(*client).empty(); }, 10s))
+      << ::testing::PrintToString(CpuRefGenerationsNotUnloaded(*client));
+}
+
 // Issue 13: a server that exits cleanly after deploys and a rollback leaves nothing in its shadow
 // directory: not the copies, not the rollback copies, not their empty directories.
 TEST(ServeLifecycleTest, ACleanExitLeavesNothingInTheShadowDirectory) {
