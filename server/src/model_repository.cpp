@@ -196,6 +196,22 @@ bool IsValidModelName(std::string_view name) {
 
 // ---- ModelVersion ---------------------------------------------------------------------------
 
+namespace {
+
+// The runtime's backend ids and the backend id of each layer of network `id`: what a placement
+// depends on and what it chose. Generations are left out: a swap moves networks by itself.
+std::pair<std::vector<std::string>, std::vector<std::string>> PlacementOf(const Runtime& runtime,
+                                                                          NetworkId id) {
+  std::vector<std::string> layers;
+  if (auto placement = runtime.GetPlacement(id); placement.ok()) {
+    for (const auto& layer : placement.value())
+      layers.push_back(layer.backend_id);
+  }
+  return {runtime.BackendIds(), std::move(layers)};
+}
+
+}  // namespace
+
 ModelVersion::ModelVersion(Runtime& runtime, NetworkId id, std::string model, int64_t version,
                            std::shared_ptr<const Network> network, fs::file_time_type mtime,
                            uintmax_t size)
@@ -205,7 +221,12 @@ ModelVersion::ModelVersion(Runtime& runtime, NetworkId id, std::string model, in
       version_(version),
       network_(std::move(network)),
       mtime_(mtime),
-      size_(size) {}
+      size_(size),
+      placement_at_load_(PlacementOf(runtime, id)) {}
+
+bool ModelVersion::PlacedAsLoaded() const {
+  return PlacementOf(runtime_, id_) == placement_at_load_;
+}
 
 ModelVersion::~ModelVersion() {
   // Runs on the reaper thread (see Prepare), whichever thread dropped the last reference.
@@ -332,9 +353,12 @@ Result<std::shared_ptr<const ServingModel>> ModelRepository::Prepare(const std::
     const fs::path file = model_dir / std::to_string(version) / kModelFile;
     const auto mtime = fs::last_write_time(file, error);
     const auto size = fs::file_size(file, error);
-    // Unchanged file and preferences: keep the loaded network (requests see no change at all).
+    // Unchanged file, preferences and placement: keep the loaded network (requests see no change
+    // at all). Otherwise the new network is loaded beside the serving one and replaces it in one
+    // publish, so the model is never out of service.
     if (current != nullptr && current->config.backends == model->config.backends) {
-      if (auto loaded = current->Version(version); loaded && loaded->SameFile(mtime, size)) {
+      if (auto loaded = current->Version(version);
+          loaded && loaded->SameFile(mtime, size) && loaded->PlacedAsLoaded()) {
         model->versions.emplace(version, loaded);
         continue;
       }

@@ -68,6 +68,10 @@ class ModelVersion {
   bool SameFile(std::filesystem::file_time_type mtime, uintmax_t size) const {
     return mtime == mtime_ && size == size_;
   }
+  // Whether the network sits where it was placed at load and the runtime offers the backends it
+  // offered then. A withdrawn backend moves networks to their next preference; when it comes
+  // back, a `load` call re-places the model rather than keeping it on the fallback.
+  bool PlacedAsLoaded() const;
 
  private:
   Runtime& runtime_;
@@ -77,6 +81,8 @@ class ModelVersion {
   const std::shared_ptr<const Network> network_;
   const std::filesystem::file_time_type mtime_;
   const uintmax_t size_;
+  // What PlacedAsLoaded compares: the runtime's backends and each layer's, at load.
+  const std::pair<std::vector<std::string>, std::vector<std::string>> placement_at_load_;
 };
 
 // A model as requests see it: immutable once published.

@@ -2,11 +2,15 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <thread>
+
 #include "serve_test_util.hpp"
 
 namespace backplane::testing {
 namespace {
 
+namespace fs = std::filesystem;
 using nlohmann::json;
 using ::testing::HasSubstr;
 
@@ -57,6 +61,20 @@ TEST(ServeAdminTest, DescribesBackendsTheirGenerationsAndRejectedFiles) {
   EXPECT_THAT(active["loaded_at"].get<std::string>(),
               ::testing::MatchesRegex("[0-9]{4}-[0-9]{2}-[0-9]{2}T.*Z"));
   EXPECT_TRUE(active.contains("drain_ms"));
+  // Which file serves, and exactly what it contains: the real file and the digest of the copy
+  // mapped, as sha256sum computes it; /metrics carries the same as an info metric.
+  EXPECT_EQ(active["resolved_file"], fs::canonical(home.backend_file()).string());
+  const auto sha256sum = RunCommand("sha256sum " + home.backend_file().string());
+  ASSERT_EQ(sha256sum.exit_code, 0);
+  EXPECT_EQ(active["sha256"], sha256sum.output.substr(0, 64));
+  const auto metrics = client->Get("/metrics");
+  ASSERT_TRUE(metrics);
+  EXPECT_THAT(
+      metrics->body,
+      HasSubstr("backplane_backend_active_generation_info{backend=\"CpuRef\",generation=\"" +
+                std::to_string(active["generation"].get<uint64_t>()) + "\",resolved_file=\"" +
+                active["resolved_file"].get<std::string>() + "\",sha256=\"" +
+                sha256sum.output.substr(0, 64) + "\",release=\"0.1.0\"} 1\n"));
 
   ASSERT_EQ(all.body["rejected"].size(), 1u) << all.text;
   EXPECT_THAT(all.body["rejected"][0]["file"].get<std::string>(),
@@ -106,6 +124,63 @@ TEST(ServeAdminTest, OptionsAreTypedAndUpdatedAllOrNothing) {
   EXPECT_EQ(Put(*client, "/v2/backends/CpuRef/options", "[]").status, 400);
   EXPECT_EQ(Put(*client, "/v2/backends/GpuAcc/options", "{}").status, 404);
   EXPECT_EQ(Get(*client, "/v2/backends/GpuAcc/options").status, 404);
+}
+
+// Issue 18: a model that fell back to CpuRef when CpuAcc's file was removed went back to CpuAcc
+// on `load` only after an unload, out of service in between. Now `load` re-places it, with the
+// new network loaded beside the serving one, while a client keeps inferring.
+TEST(ServeAdminTest, LoadMovesAModelBackOntoItsRestoredBackend) {
+  BACKPLANE_REQUIRE_PATH(fs::path(BACKPLANE_CPU_ACC));
+  ServeHome home;
+  const fs::path cpu_acc = home.backends() / "Backplane_CpuAcc_backend.so";
+  CopyFile(BACKPLANE_CPU_ACC, cpu_acc);
+  auto server = StartUnwatched(home);
+  auto client = server->Client();
+  auto first_layer_backend = [&] {
+    return Get(*client, "/v2/models/mlp/placement").body["versions"][0]["layers"][0]["backend"];
+  };
+  ASSERT_EQ(first_layer_backend(), "CpuAcc") << server->Log();
+
+  std::atomic<bool> stop{false};
+  std::atomic<int> ok{0}, failed{0};
+  std::vector<std::thread> clients;
+  JoinAll join_all{stop, clients};
+  clients.emplace_back([&] {
+    auto own = server->Client();
+    while (!stop.load()) {
+      const auto reply = Post(*own, "/v2/models/mlp/infer", kMlpRequest);
+      ++(reply.status == 200 ? ok : failed);
+    }
+  });
+
+  // Withdrawn: the model moves to its next preference.
+  fs::remove(cpu_acc);
+  auto withdrawn = Post(*client, "/v2/backends/CpuAcc/reload", "");
+  ASSERT_EQ(withdrawn.status, 200) << withdrawn.text;
+  EXPECT_EQ(withdrawn.body["action"], "withdrawn");
+  EXPECT_TRUE(Eventually([&] { return first_layer_backend() == "CpuRef"; }, 10s));
+
+  // Restored: a new generation of CpuAcc; `load` puts the model back on it.
+  CopyFile(BACKPLANE_CPU_ACC, cpu_acc);
+  auto restored = Post(*client, "/v2/backends/CpuAcc/reload", "");
+  ASSERT_EQ(restored.status, 200) << restored.text;
+  EXPECT_EQ(restored.body["action"], "activated");
+  const int ok_before_load = ok.load();
+  auto loaded = Post(*client, "/v2/repository/models/mlp/load", "");
+  ASSERT_EQ(loaded.status, 200) << loaded.text;
+  EXPECT_EQ(first_layer_backend(), "CpuAcc");
+  EXPECT_TRUE(Eventually([&] { return ok.load() > ok_before_load + 3; }, 10s));
+
+  // A second `load` with nothing changed keeps the network as it is.
+  const auto placement = Get(*client, "/v2/models/mlp/placement").body;
+  ASSERT_EQ(Post(*client, "/v2/repository/models/mlp/load", "").status, 200);
+  EXPECT_EQ(Get(*client, "/v2/models/mlp/placement").body, placement);
+
+  stop.store(true);
+  for (auto& thread : clients)
+    thread.join();
+  EXPECT_EQ(failed.load(), 0) << "the model was out of service at some point";
+  EXPECT_GT(ok.load(), 0);
 }
 
 TEST(ServeAdminTest, ReloadRollbackPinUnpin) {
