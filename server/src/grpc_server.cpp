@@ -172,6 +172,11 @@ Result<std::unique_ptr<GrpcServer>> GrpcServer::Start(const ListenAddress& addre
   // gRPC sets SO_REUSEPORT by default: a second server on the same port would start and share
   // the traffic silently instead of failing like HTTP's bind.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  // Trap: gRPC inflates a compressed message before it checks the size limit, so a 1 MB gzip
+  // message can cost 1 GiB (measured). The server cannot bound what a message inflates to, so it
+  // accepts none: a compressed call is UNIMPLEMENTED, naming the algorithm.
+  builder.SetCompressionAlgorithmSupportStatus(GRPC_COMPRESS_DEFLATE, false);
+  builder.SetCompressionAlgorithmSupportStatus(GRPC_COMPRESS_GZIP, false);
   builder.SetMaxReceiveMessageSize(static_cast<int>(
       std::min<std::size_t>(limits.max_message_bytes, std::numeric_limits<int>::max())));
   builder.RegisterService(impl->service.get());
