@@ -311,17 +311,24 @@ DeployOutcome BackendRegistry::DeployIfChanged(const Candidate& candidate,
   return Deploy(candidate, /*registering=*/false, settle_time, nullptr, events);
 }
 
+Result<loader::GenerationLease> BackendRegistry::LoadGeneration(const fs::path& file,
+                                                                loader::LoadTrace* trace) {
+  // Another registry's live generation of the same unchanged file is shared. One of ours is not:
+  // re-activation is one state machine, and a file designated again while a generation of ours
+  // from it still drains (a link re-pointed back, a second rollback) becomes a new generation
+  // with a new number, never that generation's record brought back to life.
+  auto loaded = loader_->Load(file, trace);
+  if (loaded.ok() && lineages_->Recorded(loaded.value()->info()))
+    return loader_->Load(file, trace, loader::Loader::Reuse::kNever);
+  return loaded;
+}
+
 DeployOutcome BackendRegistry::Deploy(const Candidate& candidate, bool registering,
                                       std::chrono::milliseconds settle_time,
                                       loader::LoadTrace* trace, Events& events) {
   const fs::path& file = candidate.path;
   const auto by_file = lineages_->ByFile(candidate.family);
-  auto loaded = loader_->Load(file, trace);
-  // Re-activation is one state machine: a file designated again while a generation of ours from
-  // it still drains (a link re-pointed back) is loaded as a new generation with a new number,
-  // never that generation's record brought back to life.
-  if (loaded.ok() && lineages_->Recorded(loaded.value()->info()))
-    loaded = loader_->Load(file, trace, loader::Loader::Reuse::kNever);
+  auto loaded = LoadGeneration(file, trace);
   if (!loaded.ok()) {
     Status error = std::move(loaded).error();
     if (!registering && StillBeingWritten(error, file, settle_time)) {
@@ -496,7 +503,7 @@ Result<uint64_t> BackendRegistry::Rollback(std::string_view id) {
       return FailedPrecondition("backend " + std::string(id) +
                                 " has no previous generation to roll back to");
     }
-    auto loaded = loader_->Load(retained->copy);
+    auto loaded = LoadGeneration(retained->copy, nullptr);
     if (!loaded.ok()) {
       return loaded.error().WithContext("backend " + lineage->id +
                                         ": the previous version does not load again: ");

@@ -141,6 +141,9 @@ class BackendRegistry : public std::enable_shared_from_this<BackendRegistry> {
   RescanResult RescanSettling(std::chrono::milliseconds settle_time) EXCLUDES(change_mutex_);
   DeployOutcome DeployIfChanged(const Candidate& candidate, std::chrono::milliseconds settle_time,
                                 registry_detail::Events& events) REQUIRES(change_mutex_);
+  // The loader's generation of `file`, but never one this registry has a record of.
+  Result<loader::GenerationLease> LoadGeneration(const std::filesystem::path& file,
+                                                 loader::LoadTrace* trace);
   DeployOutcome Deploy(const Candidate& candidate, bool registering,
                        std::chrono::milliseconds settle_time, loader::LoadTrace* trace,
                        registry_detail::Events& events) REQUIRES(change_mutex_);
