@@ -1,6 +1,7 @@
 #include "backplane/loader/dependencies.hpp"
 
 #include <dlfcn.h>
+#include <link.h>
 #include <sys/stat.h>
 
 #include <cstdint>
@@ -152,10 +153,30 @@ std::optional<fs::path> FindLibrary(const std::string& name, const ElfFacts& fac
   return std::nullopt;
 }
 
+// Whether a loaded object is the file at `path`, compared by device and inode. RTLD_NOLOAD
+// misses the dynamic linker itself: mapped as /lib64/ld-linux-x86-64.so.2, needed as
+// /lib/x86_64-linux-gnu/ld-linux-x86-64.so.2 by every library that uses thread_local (for
+// __tls_get_addr), and glibc records no file identity for it to compare.
+bool IsMappedFile(const fs::path& path) {
+  struct stat wanted {};
+  if (stat(path.c_str(), &wanted) != 0)
+    return false;
+  auto same_file = [](dl_phdr_info* info, std::size_t, void* data) -> int {
+    const auto* wanted = static_cast<const struct stat*>(data);
+    struct stat st {};
+    return info->dlpi_name != nullptr && info->dlpi_name[0] != '\0' &&
+                   stat(info->dlpi_name, &st) == 0 && st.st_dev == wanted->st_dev &&
+                   st.st_ino == wanted->st_ino
+               ? 1
+               : 0;
+  };
+  return dl_iterate_phdr(same_file, &wanted) != 0;
+}
+
 bool IsLoaded(const fs::path& path) {
   void* handle = dlopen(path.c_str(), RTLD_LAZY | RTLD_NOLOAD);
   if (handle == nullptr)
-    return false;
+    return IsMappedFile(path);
   dlclose(handle);  // NOLOAD still counts a reference
   return true;
 }

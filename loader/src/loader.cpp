@@ -66,7 +66,8 @@ class ShadowFileGuard {
 // the file was built some other way, without the flags that keep versions apart. Empty when none.
 std::string BuildAdvice(const ElfFacts& facts) {
   static constexpr std::string_view kEntryPoints[] = {"GetBackendId", "GetVersion",
-                                                      "BackendFactory", "GetBackendRelease"};
+                                                      "BackendFactory", "GetBackendRelease",
+                                                      "GetBackendFactoryError"};
   std::vector<std::string> extra;
   for (const std::string& symbol : facts.exported_symbols) {
     if (std::find(std::begin(kEntryPoints), std::end(kEntryPoints), symbol) ==
@@ -135,6 +136,23 @@ bool IsValidBackendId(std::string_view id) {
       return false;
   }
   return true;
+}
+
+// Why BackendFactory returned null. BACKPLANE_DEFINE_BACKEND's factory catches what the
+// backend's constructor throws and keeps its message for GetBackendFactoryError(), on the
+// calling thread; a backend without that entry point (built before it existed) cannot say.
+std::string NullFactoryReason(const EntryPoints& entry_points) {
+  constexpr std::size_t kMaxMessage = 1024;  // the backend's buffer is smaller; never trust it
+  if (entry_points.get_backend_factory_error != nullptr) {
+    try {
+      const char* message = entry_points.get_backend_factory_error();
+      if (message != nullptr && *message != '\0')
+        return "BackendFactory failed: " + std::string(message, strnlen(message, kMaxMessage));
+    } catch (...) {
+      // as if it could not say
+    }
+  }
+  return "BackendFactory returned null";
 }
 
 std::string VersionString(BackendApiVersion version) {
@@ -271,6 +289,7 @@ Result<GenerationLease> Loader::LoadNew(const BackendFile& file, LoadTrace* trac
   std::string optional_missing;
   std::swap(missing, optional_missing);
   resolve("GetBackendRelease", entry_points.get_backend_release);
+  resolve("GetBackendFactoryError", entry_points.get_backend_factory_error);
   tracer.Pass("entry points", "GetBackendId, GetVersion, BackendFactory");
 
   const char* raw_id = nullptr;
@@ -354,7 +373,7 @@ Result<std::shared_ptr<BackendInstance>> Loader::CreateInstance(const Generation
   try {
     raw = generation->entry_points().backend_factory();
     if (raw == nullptr)
-      failure = "BackendFactory returned null";
+      failure = NullFactoryReason(generation->entry_points());
   } catch (const std::exception& e) {
     failure = std::string("BackendFactory threw: ") + e.what();
   } catch (...) {
