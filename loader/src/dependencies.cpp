@@ -18,6 +18,7 @@
 #include "backplane/core/thread_annotations.hpp"
 #include "backplane/loader/backend_file.hpp"
 #include "loader_log.hpp"
+#include "runtime_evidence.hpp"
 
 namespace backplane::loader {
 namespace fs = std::filesystem;
@@ -196,20 +197,47 @@ std::string WhatPins(const ElfFacts& facts) {
   return why;
 }
 
+// A mangled function name without its parameters, for messages.
+std::string FunctionName(std::string_view symbol) {
+  std::string name = Demangle(symbol);
+  return name.substr(0, name.find('('));
+}
+
+// Rule 5: why `soname`, with `facts`, starts worker threads that outlive a call; empty when
+// nothing says so. Its name alone is enough for the runtimes listed; otherwise it takes both a
+// fork entry point defined and a thread start imported (a stub library has only the first).
+std::string WhatThreadsOutlive(const std::string& soname, const ElfFacts& facts) {
+  std::string evidence;
+  if (auto runtime = ThreadPoolRuntimeByName(soname))
+    evidence = *runtime;
+  if (!facts.thread_pool_entry_point.empty() && !facts.thread_start_import.empty()) {
+    evidence += (evidence.empty() ? "" : ": ") + std::string("defines ") +
+                FunctionName(facts.thread_pool_entry_point) + ", imports " +
+                FunctionName(facts.thread_start_import);
+  }
+  if (evidence.empty())
+    return {};
+  return "starts worker threads that outlive a call (" + evidence + ")";
+}
+
 bool SameDirectory(const fs::path& a, const fs::path& b) {
   std::error_code error;
   return fs::equivalent(a, b, error);
 }
 
-// The libraries this process made resident, with what pins each; never closed (RTLD_NODELETE
-// would keep them anyway).
+// The libraries this process made resident, with why; never closed (RTLD_NODELETE would keep
+// them anyway).
+struct Residency {
+  std::string why;
+  bool starts_worker_threads = false;
+};
 Mutex resident_mutex;
-std::map<fs::path, std::string>& ResidentLibraries() REQUIRES(resident_mutex) {
-  static auto* libraries = new std::map<fs::path, std::string>();  // immortal: used during exit
+std::map<fs::path, Residency>& ResidentLibraries() REQUIRES(resident_mutex) {
+  static auto* libraries = new std::map<fs::path, Residency>();  // immortal: used during exit
   return *libraries;
 }
 
-std::optional<std::string> WhyResident(const fs::path& path) {
+std::optional<Residency> WhyResident(const fs::path& path) {
   MutexLock lock(resident_mutex);
   auto it = ResidentLibraries().find(path);
   if (it == ResidentLibraries().end())
@@ -225,15 +253,19 @@ Status MakeResident(const Dependency& library, const std::string& backend) {
     const char* error = dlerror();
     return {LoadReason::kDlopenFailed,
             backend + " needs " + library.name + " (" + library.path.string() +
-                "), which glibc could never unload (it " + library.why_resident +
+                "), which must stay in the process (it " + library.why_resident +
                 ") and which could not be loaded ahead of the backend: " +
                 (error != nullptr ? error : "unknown dynamic linker error")};
   }
-  ResidentLibraries().emplace(library.path, library.why_resident);
+  ResidentLibraries().emplace(library.path,
+                              Residency{library.why_resident, library.starts_worker_threads});
   Log().info(
-      "made {} resident for the rest of the process, before {} loads: it {}, so the backend "
-      "copy that brought it in could never be unloaded (loading rule 8)",
-      library.path.string(), backend, library.why_resident);
+      "made {} resident for the rest of the process, before {} loads: it {}, so {} "
+      "(loading rules 5 and 8)",
+      library.path.string(), backend, library.why_resident,
+      library.starts_worker_threads
+          ? "unloading it with the backend would leave its threads parked in unmapped code"
+          : "the backend copy that brought it in could never be unloaded");
   return Status::Ok();
 }
 
@@ -244,7 +276,7 @@ std::string_view ToString(Dependency::State state) {
     case Dependency::State::kAlreadyLoaded:
       return "already loaded";
     case Dependency::State::kResident:
-      return "resident";
+      return "made resident";
     case Dependency::State::kLoadsWithBackend:
       return "loads with the backend";
     case Dependency::State::kNotFound:
@@ -292,9 +324,10 @@ Result<std::vector<Dependency>> PrepareDependencies(const ElfFacts& backend,
                         "version's copy; link it statically into the backend, or install it as a "
                         "system library"};
     }
-    if (auto why = WhyResident(*found)) {
+    if (auto residency = WhyResident(*found)) {
       library.state = Dependency::State::kResident;
-      library.why_resident = *std::move(why);
+      library.why_resident = std::move(residency->why);
+      library.starts_worker_threads = residency->starts_worker_threads;
       libraries.push_back(std::move(library));
       continue;
     }
@@ -311,6 +344,12 @@ Result<std::vector<Dependency>> PrepareDependencies(const ElfFacts& backend,
       continue;
     }
     library.why_resident = WhatPins(facts.value());
+    if (std::string threads =
+            WhatThreadsOutlive(fs::path(next.name).filename().string(), facts.value());
+        !threads.empty()) {
+      library.starts_worker_threads = true;
+      library.why_resident += (library.why_resident.empty() ? "" : ", ") + threads;
+    }
     library.state = library.why_resident.empty() ? Dependency::State::kLoadsWithBackend
                                                  : Dependency::State::kResident;
     read.push_back(std::move(facts).value());
@@ -336,7 +375,7 @@ std::string DescribeDependencies(const std::vector<Dependency>& dependencies) {
       text += " -> " + library.path.string();
     text += " (" + std::string(ToString(library.state));
     if (library.state == Dependency::State::kResident)
-      text += ": it " + library.why_resident;
+      text += ": " + library.why_resident;
     text += ")";
   }
   return text;

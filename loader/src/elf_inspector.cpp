@@ -20,6 +20,8 @@
 #include <type_traits>
 #include <vector>
 
+#include "runtime_evidence.hpp"
+
 namespace backplane::loader {
 namespace {
 
@@ -559,6 +561,8 @@ Result<ElfFacts> ReadElf(std::span<const std::byte> image, std::string_view file
             (name == "__cxa_thread_atexit" || name == "__cxa_thread_atexit_impl")) {
           facts.thread_atexit_import = name;
         }
+        if (facts.thread_start_import.empty() && IsThreadStart(name))
+          facts.thread_start_import = name;
         continue;
       }
       if (bind == STB_GNU_UNIQUE && facts.unique_symbols.size() < kMaxListedSymbols)
@@ -571,6 +575,8 @@ Result<ElfFacts> ReadElf(std::span<const std::byte> image, std::string_view file
                             (visibility == STV_DEFAULT || visibility == STV_PROTECTED) &&
                             sym.st_shndx != SHN_ABS && type != STT_SECTION && type != STT_FILE &&
                             !name.empty();
+      if (exported && facts.thread_pool_entry_point.empty() && IsThreadPoolEntryPoint(name))
+        facts.thread_pool_entry_point = name;
       if (exported && facts.exported_symbols.size() < kMaxListedSymbols)
         facts.exported_symbols.emplace_back(name);
       if (exported)

@@ -35,6 +35,13 @@ struct ElfFacts {
   std::size_t exported_symbol_count = 0;
   bool binds_now = false;  // DT_BIND_NOW / DF_BIND_NOW / DF_1_NOW (-z now)
 
+  // What rules 5 and 8 judge about threads (the lists are in loader/src/runtime_evidence.cpp):
+  // the first defined fork entry point of a thread-pool runtime ("GOMP_parallel",
+  // "__kmpc_fork_call"...), and the first imported function that starts a thread
+  // ("pthread_create"...).
+  std::string thread_pool_entry_point;
+  std::string thread_start_import;
+
   // Dependencies (rule 8): DT_NEEDED in order, and DT_RUNPATH or else DT_RPATH as written
   // (colon-separated, $ORIGIN unexpanded).
   std::vector<std::string> needed;
