@@ -381,4 +381,30 @@ std::string DescribeDependencies(const std::vector<Dependency>& dependencies) {
   return text;
 }
 
+std::string DescribeSharedRegistries(const ElfFacts& backend,
+                                     const std::vector<Dependency>& dependencies) {
+  std::string text;
+  for (const Dependency& library : dependencies) {
+    // A copy that comes and goes with the backend's generations is not shared with the host.
+    if (library.state != Dependency::State::kAlreadyLoaded &&
+        library.state != Dependency::State::kResident)
+      continue;
+    const HostRegistry* registry = RegistryKeptBy(fs::path(library.name).filename().string());
+    if (registry == nullptr)
+      continue;
+    std::string writes;
+    for (const std::string& symbol : backend.registry_writes) {
+      if (RegistryWrittenBy(symbol) == registry)
+        writes += (writes.empty() ? "" : ", ") + FunctionName(symbol);
+    }
+    if (writes.empty())
+      continue;  // linked, e.g. to log through the host's loggers, but never written
+    text += (text.empty() ? "" : "; ") + std::string("writes into ") +
+            std::string(registry->registry) + " (imports " + writes + ") of " + library.name +
+            ", the copy the whole process shares (" + library.path.string() +
+            "): " + std::string(registry->consequence);
+  }
+  return text;
+}
+
 }  // namespace backplane::loader

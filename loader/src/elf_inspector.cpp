@@ -50,6 +50,7 @@ constexpr std::optional<std::uint16_t> kHostMachine = std::nullopt;
 constexpr std::uint64_t kMaxU64 = ~std::uint64_t{0};
 // Symbol lists in ElfFacts keep at most this many names (the counts are exact).
 constexpr std::size_t kMaxListedSymbols = 64;
+constexpr std::size_t kMaxRegistryWrites = 16;
 
 std::string_view MachineName(std::uint16_t machine) {
   switch (machine) {
@@ -563,6 +564,8 @@ Result<ElfFacts> ReadElf(std::span<const std::byte> image, std::string_view file
         }
         if (facts.thread_start_import.empty() && IsThreadStart(name))
           facts.thread_start_import = name;
+        if (facts.registry_writes.size() < kMaxRegistryWrites && RegistryWrittenBy(name) != nullptr)
+          facts.registry_writes.emplace_back(name);
         continue;
       }
       if (bind == STB_GNU_UNIQUE && facts.unique_symbols.size() < kMaxListedSymbols)

@@ -254,6 +254,12 @@ Result<GenerationLease> Loader::LoadNew(const BackendFile& file, LoadTrace* trac
   if (!dependencies.ok())
     return tracer.Fail("dependencies", std::move(dependencies).error());
   tracer.Pass("dependencies", DescribeDependencies(dependencies.value()));
+  // Rule 5: a warning, not a refusal (DescribeSharedRegistries says why).
+  if (std::string shared = DescribeSharedRegistries(facts.value(), dependencies.value());
+      !shared.empty()) {
+    Log().warn("{} {} (loading rule 5)", file.path.string(), shared);
+    tracer.Warn("registries", std::move(shared));
+  }
 
   // Rule 2: RTLD_NOW turns a missing symbol into a load error instead of a later process kill;
   // RTLD_LOCAL keeps two versions of one backend from binding to each other's symbols.

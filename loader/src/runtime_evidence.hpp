@@ -1,6 +1,7 @@
-// What marks a library as a threading runtime whose workers outlive a call (docs/loading-rules.md
-// rules 5 and 8). One home for these lists: the ELF reader matches symbols against them while it
-// scans, the dependency walk matches sonames and words the reasons.
+// What marks a library as a threading runtime whose workers outlive a call, and an import as a
+// write into a process-wide registry the host shares (docs/loading-rules.md rules 5 and 8). One
+// home for these lists: the ELF reader matches symbols against them while it scans, the
+// dependency walk matches sonames and words the reasons.
 //
 // Trap: these are evidence, not proof. The soname list names the runtimes as distributions ship
 // them; the symbol rule (a fork entry point defined AND a thread start imported) also catches a
@@ -23,5 +24,18 @@ bool IsThreadPoolEntryPoint(std::string_view symbol);
 
 // An imported symbol that starts a thread (pthread_create, thrd_create, std::thread's start).
 bool IsThreadStart(std::string_view symbol);
+
+// A process-wide registry kept by a library the host also uses, which a backend writes into.
+struct HostRegistry {
+  std::string_view library;      // soname prefix: "libspdlog.so"
+  std::string_view registry;     // "spdlog's logger registry"
+  std::string_view consequence;  // what goes wrong in a hot-swapped backend, and the fix
+};
+
+// The registry that an imported symbol writes into; nullptr when it writes none of them.
+const HostRegistry* RegistryWrittenBy(std::string_view imported_symbol);
+
+// The registry a library keeps, by its soname; nullptr when it keeps none of those listed.
+const HostRegistry* RegistryKeptBy(std::string_view soname);
 
 }  // namespace backplane::loader

@@ -178,5 +178,38 @@ TEST(DependencyTest, ReadsTheEvidenceOfEachThreadingRuntime) {
   EXPECT_EQ(facts->thread_pool_entry_point, "");
 }
 
+TEST(DependencyTest, DescribesWritesIntoRegistriesTheHostShares) {
+  ElfFacts backend;
+  backend.registry_writes = {
+      "_ZN3tbb6detail2r16createERNS0_2d114global_controlE",
+      "_ZN6google8protobuf8internal14AddDescriptorsEPKNS1_15DescriptorTableE"};
+  std::vector<Dependency> dependencies = {
+      {.name = "libtbb.so.12",
+       .path = "/usr/lib/libtbb.so.12",
+       .state = Dependency::State::kAlreadyLoaded},
+      // Its own copy, loaded and unloaded with each generation: not shared.
+      {.name = "libprotobuf.so.32",
+       .path = "/usr/lib/libprotobuf.so.32",
+       .state = Dependency::State::kLoadsWithBackend},
+      // Linked, but never written into.
+      {.name = "libspdlog.so.1.10",
+       .path = "/usr/lib/libspdlog.so.1.10",
+       .state = Dependency::State::kAlreadyLoaded},
+  };
+  const std::string text = DescribeSharedRegistries(backend, dependencies);
+  EXPECT_THAT(text, ::testing::StartsWith(
+                        "writes into TBB's global_control limits and task_scheduler_observer list "
+                        "(imports tbb::detail::r1::create) of libtbb.so.12, the copy the whole "
+                        "process shares (/usr/lib/libtbb.so.12): a global_control caps"));
+  EXPECT_THAT(text, ::testing::Not(HasSubstr("protobuf")));
+  EXPECT_THAT(text, ::testing::Not(HasSubstr("spdlog")));
+
+  dependencies[1].state = Dependency::State::kAlreadyLoaded;
+  EXPECT_THAT(DescribeSharedRegistries(backend, dependencies),
+              HasSubstr("; writes into protobuf's generated descriptor pool (imports "
+                        "google::protobuf::internal::AddDescriptors) of libprotobuf.so.32"));
+  EXPECT_EQ(DescribeSharedRegistries({}, dependencies), "");
+}
+
 }  // namespace
 }  // namespace backplane::loader

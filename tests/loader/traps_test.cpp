@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <spdlog/spdlog.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -213,6 +214,38 @@ TEST(LoaderTrapTest, OpenMpRuntimeStaysResidentAfterItsBackendLeaves) {
   }
   EXPECT_EQ(loader->stats().leaked.load(), 0u);
   EXPECT_EQ(loader->stats().unloaded.load(), 2u);
+}
+
+// Rule 5: spdlog's logger registry is one per process, shared with the host. A backend that
+// registers a named logger is warned about at load; its probe instance registers the name, and
+// the next instance fails with spdlog's own message (the factory no longer swallows it).
+TEST(LoaderTrapTest, BackendRegisteringAHostLoggerIsWarnedAboutAndItsFailureNamed) {
+  auto loader = Loader::Create().value();
+  LoadTrace trace;
+  auto loaded = loader->Load(Fixture("SharedLogger"), &trace);
+  ASSERT_TRUE(loaded.ok()) << loaded.error().ToString();
+  GenerationLease generation = std::move(loaded).value();
+  const LoadStage* stage = FindStage(trace, "registries");
+  ASSERT_NE(stage, nullptr) << "no warning about spdlog's registry";
+  EXPECT_TRUE(stage->ok);
+  EXPECT_TRUE(stage->warning);
+  EXPECT_THAT(stage->detail,
+              HasSubstr("writes into spdlog's logger registry and global settings (imports "
+                        "spdlog::details::registry::initialize_logger) of libspdlog.so"));
+  EXPECT_THAT(stage->detail, HasSubstr("already exists"));
+  EXPECT_THAT(stage->detail, HasSubstr("std::make_shared<spdlog::logger>"));
+
+  auto second = loader->CreateInstance(generation);
+  ASSERT_FALSE(second.ok());
+  EXPECT_EQ(second.error().reason(), LoadReason::kFactoryFailed);
+  EXPECT_THAT(second.error().message(),
+              HasSubstr("BackendFactory failed: logger with name 'TestSharedLogger' already "
+                        "exists"));
+  // The registered logger's sink is backend code: out of the registry before the code leaves.
+  spdlog::drop("TestSharedLogger");
+  generation.reset();
+  loader->WaitForUnloads();
+  EXPECT_EQ(loader->stats().leaked.load(), 0u);
 }
 
 // Records where and in which order its teardown runs.

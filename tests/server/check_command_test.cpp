@@ -196,6 +196,21 @@ TEST(CheckCommandTest, SaysThatAThreadingRuntimeIsMadeResidentAndWhy) {
   EXPECT_THAT(result.output, HasSubstr("  unload        ok"));
 }
 
+// Rule 5: a warning with its reason, then the failure it predicts, with spdlog's own message.
+TEST(CheckCommandTest, WarnsAboutWritesIntoTheHostsLoggerRegistry) {
+  testing::CommandResult result = RunBackplane("check " + Fixture("SharedLogger").string());
+  EXPECT_EQ(result.exit_code, 1) << result.output;
+  EXPECT_THAT(result.output,
+              HasSubstr("  registries    WARN  writes into spdlog's logger registry and global "
+                        "settings (imports spdlog::details::registry::initialize_logger) of "
+                        "libspdlog.so.1.10, the copy the whole process shares"));
+  EXPECT_THAT(result.output, HasSubstr("  factory       ok"));
+  EXPECT_THAT(result.output,
+              HasSubstr("  instance      FAIL  " + Fixture("SharedLogger").string() +
+                        " (backend TestSharedLogger): BackendFactory failed: logger with name "
+                        "'TestSharedLogger' already exists"));
+}
+
 TEST(CheckCommandTest, UsageErrorsExitWithTwo) {
   EXPECT_EQ(RunBackplane("check --no-such-flag x").exit_code, 2);
   EXPECT_EQ(RunBackplane("no-such-command").exit_code, 2);

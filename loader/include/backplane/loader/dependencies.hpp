@@ -62,4 +62,12 @@ Result<std::vector<Dependency>> PrepareDependencies(const ElfFacts& backend,
 // (made resident: defines 12 STB_GNU_UNIQUE symbols)".
 std::string DescribeDependencies(const std::vector<Dependency>& dependencies);
 
+// Rule 5: the process-wide registries of libraries the host also uses (spdlog's logger
+// registry, TBB's global_control, protobuf's descriptor pool) that a backend with `backend`'s
+// facts writes into, with the evidence, what goes wrong and the fix; empty when none. A warning,
+// not a refusal: the imports show that the backend writes there, not that what it writes
+// collides (a logger registered under a unique name and dropped in Shutdown() works).
+std::string DescribeSharedRegistries(const ElfFacts& backend,
+                                     const std::vector<Dependency>& dependencies);
+
 }  // namespace backplane::loader
