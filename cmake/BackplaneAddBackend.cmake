@@ -49,7 +49,8 @@ function(backplane_add_backend target)
     target_compile_definitions(${target} PRIVATE BACKPLANE_BACKEND_RELEASE="${arg_VERSION}")
   endif()
 
-  set(exports GetBackendId GetVersion BackendFactory GetBackendRelease ${arg_EXPORTS})
+  set(exports GetBackendId GetVersion BackendFactory GetBackendRelease GetBackendFactoryError
+              ${arg_EXPORTS})
   list(JOIN exports "; " export_list)
   set(version_script "${CMAKE_CURRENT_BINARY_DIR}/${target}.version-script")
   file(CONFIGURE OUTPUT "${version_script}" CONTENT "{\n  global: ${export_list};\n  local: *;\n};\n")

@@ -1,6 +1,7 @@
 #include "backplane/loader/dependencies.hpp"
 
 #include <dlfcn.h>
+#include <link.h>
 #include <sys/stat.h>
 
 #include <cstdint>
@@ -17,6 +18,7 @@
 #include "backplane/core/thread_annotations.hpp"
 #include "backplane/loader/backend_file.hpp"
 #include "loader_log.hpp"
+#include "runtime_evidence.hpp"
 
 namespace backplane::loader {
 namespace fs = std::filesystem;
@@ -152,10 +154,30 @@ std::optional<fs::path> FindLibrary(const std::string& name, const ElfFacts& fac
   return std::nullopt;
 }
 
+// Whether a loaded object is the file at `path`, compared by device and inode. RTLD_NOLOAD
+// misses the dynamic linker itself: mapped as /lib64/ld-linux-x86-64.so.2, needed as
+// /lib/x86_64-linux-gnu/ld-linux-x86-64.so.2 by every library that uses thread_local (for
+// __tls_get_addr), and glibc records no file identity for it to compare.
+bool IsMappedFile(const fs::path& path) {
+  struct stat wanted {};
+  if (stat(path.c_str(), &wanted) != 0)
+    return false;
+  auto same_file = [](dl_phdr_info* info, std::size_t, void* data) -> int {
+    const auto* wanted = static_cast<const struct stat*>(data);
+    struct stat st {};
+    return info->dlpi_name != nullptr && info->dlpi_name[0] != '\0' &&
+                   stat(info->dlpi_name, &st) == 0 && st.st_dev == wanted->st_dev &&
+                   st.st_ino == wanted->st_ino
+               ? 1
+               : 0;
+  };
+  return dl_iterate_phdr(same_file, &wanted) != 0;
+}
+
 bool IsLoaded(const fs::path& path) {
   void* handle = dlopen(path.c_str(), RTLD_LAZY | RTLD_NOLOAD);
   if (handle == nullptr)
-    return false;
+    return IsMappedFile(path);
   dlclose(handle);  // NOLOAD still counts a reference
   return true;
 }
@@ -175,20 +197,47 @@ std::string WhatPins(const ElfFacts& facts) {
   return why;
 }
 
+// A mangled function name without its parameters, for messages.
+std::string FunctionName(std::string_view symbol) {
+  std::string name = Demangle(symbol);
+  return name.substr(0, name.find('('));
+}
+
+// Rule 5: why `soname`, with `facts`, starts worker threads that outlive a call; empty when
+// nothing says so. Its name alone is enough for the runtimes listed; otherwise it takes both a
+// fork entry point defined and a thread start imported (a stub library has only the first).
+std::string WhatThreadsOutlive(const std::string& soname, const ElfFacts& facts) {
+  std::string evidence;
+  if (auto runtime = ThreadPoolRuntimeByName(soname))
+    evidence = *runtime;
+  if (!facts.thread_pool_entry_point.empty() && !facts.thread_start_import.empty()) {
+    evidence += (evidence.empty() ? "" : ": ") + std::string("defines ") +
+                FunctionName(facts.thread_pool_entry_point) + ", imports " +
+                FunctionName(facts.thread_start_import);
+  }
+  if (evidence.empty())
+    return {};
+  return "starts worker threads that outlive a call (" + evidence + ")";
+}
+
 bool SameDirectory(const fs::path& a, const fs::path& b) {
   std::error_code error;
   return fs::equivalent(a, b, error);
 }
 
-// The libraries this process made resident, with what pins each; never closed (RTLD_NODELETE
-// would keep them anyway).
+// The libraries this process made resident, with why; never closed (RTLD_NODELETE would keep
+// them anyway).
+struct Residency {
+  std::string why;
+  bool starts_worker_threads = false;
+};
 Mutex resident_mutex;
-std::map<fs::path, std::string>& ResidentLibraries() REQUIRES(resident_mutex) {
-  static auto* libraries = new std::map<fs::path, std::string>();  // immortal: used during exit
+std::map<fs::path, Residency>& ResidentLibraries() REQUIRES(resident_mutex) {
+  static auto* libraries = new std::map<fs::path, Residency>();  // immortal: used during exit
   return *libraries;
 }
 
-std::optional<std::string> WhyResident(const fs::path& path) {
+std::optional<Residency> WhyResident(const fs::path& path) {
   MutexLock lock(resident_mutex);
   auto it = ResidentLibraries().find(path);
   if (it == ResidentLibraries().end())
@@ -204,15 +253,19 @@ Status MakeResident(const Dependency& library, const std::string& backend) {
     const char* error = dlerror();
     return {LoadReason::kDlopenFailed,
             backend + " needs " + library.name + " (" + library.path.string() +
-                "), which glibc could never unload (it " + library.why_resident +
+                "), which must stay in the process (it " + library.why_resident +
                 ") and which could not be loaded ahead of the backend: " +
                 (error != nullptr ? error : "unknown dynamic linker error")};
   }
-  ResidentLibraries().emplace(library.path, library.why_resident);
+  ResidentLibraries().emplace(library.path,
+                              Residency{library.why_resident, library.starts_worker_threads});
   Log().info(
-      "made {} resident for the rest of the process, before {} loads: it {}, so the backend "
-      "copy that brought it in could never be unloaded (loading rule 8)",
-      library.path.string(), backend, library.why_resident);
+      "made {} resident for the rest of the process, before {} loads: it {}, so {} "
+      "(loading rules 5 and 8)",
+      library.path.string(), backend, library.why_resident,
+      library.starts_worker_threads
+          ? "unloading it with the backend would leave its threads parked in unmapped code"
+          : "the backend copy that brought it in could never be unloaded");
   return Status::Ok();
 }
 
@@ -223,7 +276,7 @@ std::string_view ToString(Dependency::State state) {
     case Dependency::State::kAlreadyLoaded:
       return "already loaded";
     case Dependency::State::kResident:
-      return "resident";
+      return "made resident";
     case Dependency::State::kLoadsWithBackend:
       return "loads with the backend";
     case Dependency::State::kNotFound:
@@ -271,9 +324,10 @@ Result<std::vector<Dependency>> PrepareDependencies(const ElfFacts& backend,
                         "version's copy; link it statically into the backend, or install it as a "
                         "system library"};
     }
-    if (auto why = WhyResident(*found)) {
+    if (auto residency = WhyResident(*found)) {
       library.state = Dependency::State::kResident;
-      library.why_resident = *std::move(why);
+      library.why_resident = std::move(residency->why);
+      library.starts_worker_threads = residency->starts_worker_threads;
       libraries.push_back(std::move(library));
       continue;
     }
@@ -290,6 +344,12 @@ Result<std::vector<Dependency>> PrepareDependencies(const ElfFacts& backend,
       continue;
     }
     library.why_resident = WhatPins(facts.value());
+    if (std::string threads =
+            WhatThreadsOutlive(fs::path(next.name).filename().string(), facts.value());
+        !threads.empty()) {
+      library.starts_worker_threads = true;
+      library.why_resident += (library.why_resident.empty() ? "" : ", ") + threads;
+    }
     library.state = library.why_resident.empty() ? Dependency::State::kLoadsWithBackend
                                                  : Dependency::State::kResident;
     read.push_back(std::move(facts).value());
@@ -315,8 +375,34 @@ std::string DescribeDependencies(const std::vector<Dependency>& dependencies) {
       text += " -> " + library.path.string();
     text += " (" + std::string(ToString(library.state));
     if (library.state == Dependency::State::kResident)
-      text += ": it " + library.why_resident;
+      text += ": " + library.why_resident;
     text += ")";
+  }
+  return text;
+}
+
+std::string DescribeSharedRegistries(const ElfFacts& backend,
+                                     const std::vector<Dependency>& dependencies) {
+  std::string text;
+  for (const Dependency& library : dependencies) {
+    // A copy that comes and goes with the backend's generations is not shared with the host.
+    if (library.state != Dependency::State::kAlreadyLoaded &&
+        library.state != Dependency::State::kResident)
+      continue;
+    const HostRegistry* registry = RegistryKeptBy(fs::path(library.name).filename().string());
+    if (registry == nullptr)
+      continue;
+    std::string writes;
+    for (const std::string& symbol : backend.registry_writes) {
+      if (RegistryWrittenBy(symbol) == registry)
+        writes += (writes.empty() ? "" : ", ") + FunctionName(symbol);
+    }
+    if (writes.empty())
+      continue;  // linked, e.g. to log through the host's loggers, but never written
+    text += (text.empty() ? "" : "; ") + std::string("writes into ") +
+            std::string(registry->registry) + " (imports " + writes + ") of " + library.name +
+            ", the copy the whole process shares (" + library.path.string() +
+            "): " + std::string(registry->consequence);
   }
   return text;
 }

@@ -20,6 +20,8 @@
 #include <type_traits>
 #include <vector>
 
+#include "runtime_evidence.hpp"
+
 namespace backplane::loader {
 namespace {
 
@@ -48,6 +50,7 @@ constexpr std::optional<std::uint16_t> kHostMachine = std::nullopt;
 constexpr std::uint64_t kMaxU64 = ~std::uint64_t{0};
 // Symbol lists in ElfFacts keep at most this many names (the counts are exact).
 constexpr std::size_t kMaxListedSymbols = 64;
+constexpr std::size_t kMaxRegistryWrites = 16;
 
 std::string_view MachineName(std::uint16_t machine) {
   switch (machine) {
@@ -559,6 +562,10 @@ Result<ElfFacts> ReadElf(std::span<const std::byte> image, std::string_view file
             (name == "__cxa_thread_atexit" || name == "__cxa_thread_atexit_impl")) {
           facts.thread_atexit_import = name;
         }
+        if (facts.thread_start_import.empty() && IsThreadStart(name))
+          facts.thread_start_import = name;
+        if (facts.registry_writes.size() < kMaxRegistryWrites && RegistryWrittenBy(name) != nullptr)
+          facts.registry_writes.emplace_back(name);
         continue;
       }
       if (bind == STB_GNU_UNIQUE && facts.unique_symbols.size() < kMaxListedSymbols)
@@ -571,6 +578,8 @@ Result<ElfFacts> ReadElf(std::span<const std::byte> image, std::string_view file
                             (visibility == STV_DEFAULT || visibility == STV_PROTECTED) &&
                             sym.st_shndx != SHN_ABS && type != STT_SECTION && type != STT_FILE &&
                             !name.empty();
+      if (exported && facts.thread_pool_entry_point.empty() && IsThreadPoolEntryPoint(name))
+        facts.thread_pool_entry_point = name;
       if (exported && facts.exported_symbols.size() < kMaxListedSymbols)
         facts.exported_symbols.emplace_back(name);
       if (exported)

@@ -67,7 +67,8 @@ class ShadowFileGuard {
 // the file was built some other way, without the flags that keep versions apart. Empty when none.
 std::string BuildAdvice(const ElfFacts& facts) {
   static constexpr std::string_view kEntryPoints[] = {"GetBackendId", "GetVersion",
-                                                      "BackendFactory", "GetBackendRelease"};
+                                                      "BackendFactory", "GetBackendRelease",
+                                                      "GetBackendFactoryError"};
   std::vector<std::string> extra;
   for (const std::string& symbol : facts.exported_symbols) {
     if (std::find(std::begin(kEntryPoints), std::end(kEntryPoints), symbol) ==
@@ -136,6 +137,23 @@ bool IsValidBackendId(std::string_view id) {
       return false;
   }
   return true;
+}
+
+// Why BackendFactory returned null. BACKPLANE_DEFINE_BACKEND's factory catches what the
+// backend's constructor throws and keeps its message for GetBackendFactoryError(), on the
+// calling thread; a backend without that entry point (built before it existed) cannot say.
+std::string NullFactoryReason(const EntryPoints& entry_points) {
+  constexpr std::size_t kMaxMessage = 1024;  // the backend's buffer is smaller; never trust it
+  if (entry_points.get_backend_factory_error != nullptr) {
+    try {
+      const char* message = entry_points.get_backend_factory_error();
+      if (message != nullptr && *message != '\0')
+        return "BackendFactory failed: " + std::string(message, strnlen(message, kMaxMessage));
+    } catch (...) {
+      // as if it could not say
+    }
+  }
+  return "BackendFactory returned null";
 }
 
 std::string VersionString(BackendApiVersion version) {
@@ -242,6 +260,12 @@ Result<GenerationLease> Loader::LoadNew(const BackendFile& file, LoadTrace* trac
   if (!dependencies.ok())
     return tracer.Fail("dependencies", std::move(dependencies).error());
   tracer.Pass("dependencies", DescribeDependencies(dependencies.value()));
+  // Rule 5: a warning, not a refusal (DescribeSharedRegistries says why).
+  if (std::string shared = DescribeSharedRegistries(facts.value(), dependencies.value());
+      !shared.empty()) {
+    Log().warn("{} {} (loading rule 5)", file.path.string(), shared);
+    tracer.Warn("registries", std::move(shared));
+  }
 
   // Rule 2: RTLD_NOW turns a missing symbol into a load error instead of a later process kill;
   // RTLD_LOCAL keeps two versions of one backend from binding to each other's symbols.
@@ -277,6 +301,7 @@ Result<GenerationLease> Loader::LoadNew(const BackendFile& file, LoadTrace* trac
   std::string optional_missing;
   std::swap(missing, optional_missing);
   resolve("GetBackendRelease", entry_points.get_backend_release);
+  resolve("GetBackendFactoryError", entry_points.get_backend_factory_error);
   tracer.Pass("entry points", "GetBackendId, GetVersion, BackendFactory");
 
   const char* raw_id = nullptr;
@@ -361,7 +386,7 @@ Result<std::shared_ptr<BackendInstance>> Loader::CreateInstance(const Generation
   try {
     raw = generation->entry_points().backend_factory();
     if (raw == nullptr)
-      failure = "BackendFactory returned null";
+      failure = NullFactoryReason(generation->entry_points());
   } catch (const std::exception& e) {
     failure = std::string("BackendFactory threw: ") + e.what();
   } catch (...) {

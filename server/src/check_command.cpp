@@ -46,6 +46,7 @@ std::pair<std::string, LoadReason> CrashedStageAfter(const std::string& stage) {
       {"elf", {"dependencies", LoadReason::kDlopenFailed}},
       {"build", {"dependencies", LoadReason::kDlopenFailed}},
       {"dependencies", {"dlopen", LoadReason::kDlopenFailed}},
+      {"registries", {"dlopen", LoadReason::kDlopenFailed}},
       {"dlopen", {"entry points", LoadReason::kMissingEntryPoint}},
       {"entry points", {"id", LoadReason::kInvalidId}},
       {"id", {"version", LoadReason::kApiIncompatible}},

@@ -79,7 +79,7 @@ TEST(DependencyTest, ALibraryGlibcCannotUnloadIsMadeResidentSoEveryCopyUnloads) 
     EXPECT_TRUE(stage->ok);
     EXPECT_THAT(stage->detail,
                 HasSubstr(kVendorLibrary.filename().string() + " -> " + kVendorLibrary.string() +
-                          " (resident: it defines 1 STB_GNU_UNIQUE symbol)"));
+                          " (made resident: defines 1 STB_GNU_UNIQUE symbol)"));
     EXPECT_THAT(stage->detail, HasSubstr("libstdc++.so.6 -> "));
     {
       auto instance = loader->CreateInstance(generation);  // runs the library's code
@@ -125,9 +125,90 @@ TEST(DependencyTest, DescribesEveryLibraryWithItsState) {
       {.name = "libmissing.so.1", .needed_by = "X_Y_backend.so"},
   };
   EXPECT_EQ(DescribeDependencies(dependencies),
-            "libdnnl.so.2 -> /usr/lib/libdnnl.so.2 (resident: it defines 3 STB_GNU_UNIQUE "
+            "libdnnl.so.2 -> /usr/lib/libdnnl.so.2 (made resident: defines 3 STB_GNU_UNIQUE "
             "symbols); libmissing.so.1 (not found)");
   EXPECT_EQ(DescribeDependencies({}), "none");
+}
+
+// Rule 5: a threading runtime is known by its name, or by its symbols when renamed (auditwheel
+// ships libgomp as libgomp-<hash>.so.1): a fork entry point defined and a thread start imported.
+// LLVM's libomp stands in (its soname is not libgomp's, which the OpenMP trap test looks for).
+TEST(DependencyTest, ARenamedThreadingRuntimeIsKnownByItsSymbols) {
+  const fs::path libomp = "/usr/lib/x86_64-linux-gnu/libomp.so.5";
+  if (!fs::exists(libomp))
+    GTEST_SKIP() << "no " << libomp;
+  TempDir vendor, deploy;
+  CopyFile(libomp, vendor / "libomp-5f3c1a2b.so.5");
+  ElfFacts backend;
+  backend.needed = {"libomp-5f3c1a2b.so.5"};
+  backend.search_path = vendor.path().string();
+  backend.search_path_is_runpath = true;
+  auto dependencies = PrepareDependencies(backend, deploy / "Test_Renamed_backend.so");
+  ASSERT_TRUE(dependencies.ok()) << dependencies.error().ToString();
+  ASSERT_FALSE(dependencies->empty());
+  const Dependency& runtime = dependencies->front();
+  EXPECT_EQ(runtime.name, "libomp-5f3c1a2b.so.5");
+  EXPECT_EQ(runtime.state, Dependency::State::kResident);
+  EXPECT_TRUE(runtime.starts_worker_threads);
+  // Known by its symbols alone (libomp also defines GOMP_parallel, for code GCC compiled).
+  EXPECT_THAT(runtime.why_resident,
+              ::testing::ContainsRegex("starts worker threads that outlive a call \\(defines "
+                                       "(__kmpc_fork_call|GOMP_parallel), imports "
+                                       "pthread_create\\)"));
+}
+
+TEST(DependencyTest, ReadsTheEvidenceOfEachThreadingRuntime) {
+  const std::vector<std::pair<fs::path, std::string>> runtimes = {
+      {"/usr/lib/x86_64-linux-gnu/libgomp.so.1", "GOMP_parallel"},
+      {"/usr/lib/x86_64-linux-gnu/libtbb.so.12", "_ZN3tbb6detail2r15spawnE"},
+      {"/usr/lib/x86_64-linux-gnu/libomp.so.5", ""},  // __kmpc_fork_call or GOMP_parallel
+  };
+  for (const auto& [path, entry_point] : runtimes) {
+    if (!fs::exists(path))
+      continue;
+    auto facts = ReadElfFile(path, path.string());
+    ASSERT_TRUE(facts.ok()) << facts.error().ToString();
+    EXPECT_NE(facts->thread_pool_entry_point, "") << path;
+    EXPECT_THAT(facts->thread_pool_entry_point, ::testing::StartsWith(entry_point)) << path;
+    EXPECT_EQ(facts->thread_start_import, "pthread_create") << path;
+  }
+  // The host's own libraries start no thread pool.
+  auto facts = ReadElfFile(CpuRefBackend(), "CpuRef");
+  ASSERT_TRUE(facts.ok());
+  EXPECT_EQ(facts->thread_pool_entry_point, "");
+}
+
+TEST(DependencyTest, DescribesWritesIntoRegistriesTheHostShares) {
+  ElfFacts backend;
+  backend.registry_writes = {
+      "_ZN3tbb6detail2r16createERNS0_2d114global_controlE",
+      "_ZN6google8protobuf8internal14AddDescriptorsEPKNS1_15DescriptorTableE"};
+  std::vector<Dependency> dependencies = {
+      {.name = "libtbb.so.12",
+       .path = "/usr/lib/libtbb.so.12",
+       .state = Dependency::State::kAlreadyLoaded},
+      // Its own copy, loaded and unloaded with each generation: not shared.
+      {.name = "libprotobuf.so.32",
+       .path = "/usr/lib/libprotobuf.so.32",
+       .state = Dependency::State::kLoadsWithBackend},
+      // Linked, but never written into.
+      {.name = "libspdlog.so.1.10",
+       .path = "/usr/lib/libspdlog.so.1.10",
+       .state = Dependency::State::kAlreadyLoaded},
+  };
+  const std::string text = DescribeSharedRegistries(backend, dependencies);
+  EXPECT_THAT(text, ::testing::StartsWith(
+                        "writes into TBB's global_control limits and task_scheduler_observer list "
+                        "(imports tbb::detail::r1::create) of libtbb.so.12, the copy the whole "
+                        "process shares (/usr/lib/libtbb.so.12): a global_control caps"));
+  EXPECT_THAT(text, ::testing::Not(HasSubstr("protobuf")));
+  EXPECT_THAT(text, ::testing::Not(HasSubstr("spdlog")));
+
+  dependencies[1].state = Dependency::State::kAlreadyLoaded;
+  EXPECT_THAT(DescribeSharedRegistries(backend, dependencies),
+              HasSubstr("; writes into protobuf's generated descriptor pool (imports "
+                        "google::protobuf::internal::AddDescriptors) of libprotobuf.so.32"));
+  EXPECT_EQ(DescribeSharedRegistries({}, dependencies), "");
 }
 
 }  // namespace

@@ -225,9 +225,16 @@ TEST(LoaderTest, RefusesBrokenFactories) {
   EXPECT_EQ(throwing.reason(), LoadReason::kFactoryFailed);
   EXPECT_THAT(throwing.message(),
               HasSubstr("BackendFactory threw: fixture factory refuses to build"));
+  // Through BACKPLANE_DEFINE_BACKEND: the macro's factory catches, GetBackendFactoryError tells.
+  Status constructor = LoadFailure(*loader, Fixture("ThrowingConstructor"));
+  EXPECT_EQ(constructor.reason(), LoadReason::kFactoryFailed);
+  EXPECT_THAT(constructor.message(),
+              HasSubstr("(backend TestThrowingConstructor): BackendFactory failed: cannot open "
+                        "/dev/acme0: no such device"));
   loader->WaitForUnloads();
   EXPECT_FALSE(IsCodeMapped("-Test_NullFactory_backend.so"));
   EXPECT_FALSE(IsCodeMapped("-Test_ThrowingFactory_backend.so"));
+  EXPECT_FALSE(IsCodeMapped("-Test_ThrowingConstructor_backend.so"));
 }
 
 TEST(LoaderTest, RefusesFilesThatAreNotSharedObjects) {

@@ -1,9 +1,12 @@
 // The measured traps of the loading rules (docs/loading-rules.md): each would crash or leak if the loader fell in.
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <filesystem>
 #include <mutex>
 #include <thread>
 
@@ -138,6 +141,110 @@ TEST(LoaderTrapTest, BackendUsingTbbUnloadsCleanly) {
   loader->WaitForUnloads();
   EXPECT_FALSE(IsCodeMapped(shadow.string()));
   EXPECT_TRUE(IsCodeMapped("libtbb"));
+  EXPECT_EQ(loader->stats().leaked.load(), 0u);
+}
+
+// Threads of this process, from /proc/self/task.
+std::size_t ThreadCount() {
+  std::size_t count = 0;
+  for ([[maybe_unused]] const auto& task : std::filesystem::directory_iterator("/proc/self/task"))
+    ++count;
+  return count;
+}
+
+bool InProcess(const char* soname) {
+  void* handle = dlopen(soname, RTLD_LAZY | RTLD_NOLOAD);
+  if (handle != nullptr)
+    dlclose(handle);  // NOLOAD still counts a reference
+  return handle != nullptr;
+}
+
+const LoadStage* FindStage(const LoadTrace& trace, std::string_view name) {
+  for (const auto& stage : trace.stages) {
+    if (stage.name == name)
+      return &stage;
+  }
+  return nullptr;
+}
+
+// Rule 5: libgomp comes in with a backend built with -fopenmp, and its worker threads stay
+// parked in libgomp after every parallel region. Unloaded with the backend, libgomp would be
+// unmapped under them; made resident first, it stays, every copy of the backend still unloads,
+// and the next copy's parallel regions run on the same workers.
+TEST(LoaderTrapTest, OpenMpRuntimeStaysResidentAfterItsBackendLeaves) {
+  ASSERT_FALSE(InProcess("libgomp.so.1")) << "another test loaded libgomp";
+  auto loader = Loader::Create().value();
+  TempDir deploys;
+  for (int copy = 0; copy < 2; ++copy) {
+    SCOPED_TRACE("copy " + std::to_string(copy));
+    // A new file each time (its own real path), so each is a new generation.
+    const std::filesystem::path file = deploys / std::to_string(copy) / "Test_OpenMp_backend.so";
+    std::filesystem::create_directories(file.parent_path());
+    CopyFile(Fixture("OpenMp"), file);
+    std::filesystem::path shadow;
+    const std::size_t threads_before = ThreadCount();
+    {
+      LoadTrace trace;
+      auto loaded = loader->Load(file, &trace);
+      ASSERT_TRUE(loaded.ok()) << loaded.error().ToString();
+      GenerationLease generation = std::move(loaded).value();
+      shadow = generation->info().shadow_path;
+      const LoadStage* stage = FindStage(trace, "dependencies");
+      ASSERT_NE(stage, nullptr);
+      EXPECT_THAT(stage->detail,
+                  ::testing::ContainsRegex(
+                      "libgomp\\.so\\.1 -> [^;]*/libgomp\\.so\\.1 \\(made resident: starts worker "
+                      "threads that outlive a call \\(GNU libgomp, the OpenMP runtime: defines "
+                      "GOMP_parallel, imports pthread_create\\)\\)"));
+      EXPECT_TRUE(InProcess("libgomp.so.1")) << "resident before the backend is dlopened";
+      auto instance = loader->CreateInstance(generation).value();
+      auto workload = instance->CreateWorkload(IdentityOp(100000)).value();
+      const auto out = RunIdentity(*workload, 100000);  // a parallel for on 4 threads
+      EXPECT_EQ(out[99999], 99999.0f);
+    }
+    loader->WaitForUnloads();
+    EXPECT_FALSE(IsCodeMapped(shadow.string())) << "the backend itself must still unload";
+    EXPECT_TRUE(InProcess("libgomp.so.1")) << "libgomp unmapped under its worker threads";
+    EXPECT_TRUE(IsCodeMapped("libgomp"));
+    if (copy == 0) {
+      EXPECT_GT(ThreadCount(), threads_before) << "libgomp's workers outlive the request";
+    } else {
+      EXPECT_EQ(ThreadCount(), threads_before) << "the second copy reuses the parked workers";
+    }
+  }
+  EXPECT_EQ(loader->stats().leaked.load(), 0u);
+  EXPECT_EQ(loader->stats().unloaded.load(), 2u);
+}
+
+// Rule 5: spdlog's logger registry is one per process, shared with the host. A backend that
+// registers a named logger is warned about at load; its probe instance registers the name, and
+// the next instance fails with spdlog's own message (the factory no longer swallows it).
+TEST(LoaderTrapTest, BackendRegisteringAHostLoggerIsWarnedAboutAndItsFailureNamed) {
+  auto loader = Loader::Create().value();
+  LoadTrace trace;
+  auto loaded = loader->Load(Fixture("SharedLogger"), &trace);
+  ASSERT_TRUE(loaded.ok()) << loaded.error().ToString();
+  GenerationLease generation = std::move(loaded).value();
+  const LoadStage* stage = FindStage(trace, "registries");
+  ASSERT_NE(stage, nullptr) << "no warning about spdlog's registry";
+  EXPECT_TRUE(stage->ok);
+  EXPECT_TRUE(stage->warning);
+  EXPECT_THAT(stage->detail,
+              HasSubstr("writes into spdlog's logger registry and global settings (imports "
+                        "spdlog::details::registry::initialize_logger) of libspdlog.so"));
+  EXPECT_THAT(stage->detail, HasSubstr("already exists"));
+  EXPECT_THAT(stage->detail, HasSubstr("std::make_shared<spdlog::logger>"));
+
+  auto second = loader->CreateInstance(generation);
+  ASSERT_FALSE(second.ok());
+  EXPECT_EQ(second.error().reason(), LoadReason::kFactoryFailed);
+  EXPECT_THAT(second.error().message(),
+              HasSubstr("BackendFactory failed: logger with name 'TestSharedLogger' already "
+                        "exists"));
+  // The registered logger's sink is backend code: out of the registry before the code leaves.
+  spdlog::drop("TestSharedLogger");
+  generation.reset();
+  loader->WaitForUnloads();
   EXPECT_EQ(loader->stats().leaked.load(), 0u);
 }
 

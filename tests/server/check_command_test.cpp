@@ -214,9 +214,35 @@ TEST(CheckCommandTest, ListsEveryDependencyAndWhetherItStaysResident) {
   EXPECT_THAT(
       result.output,
       ContainsRegex("libbackplane_test_pinning\\.so -> [^;]*/libbackplane_test_pinning\\.so "
-                    "\\(resident: it defines 1 STB_GNU_UNIQUE symbol\\)"));
+                    "\\(made resident: defines 1 STB_GNU_UNIQUE symbol\\)"));
   EXPECT_THAT(result.output, HasSubstr("libc.so.6 -> "));
   EXPECT_THAT(result.output, HasSubstr("  unload        ok"));
+}
+
+// Rule 5: OpenMP's workers outlive every call, so libgomp stays; the backend still unloads.
+TEST(CheckCommandTest, SaysThatAThreadingRuntimeIsMadeResidentAndWhy) {
+  testing::CommandResult result = RunBackplane("check " + Fixture("OpenMp").string());
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_THAT(result.output,
+              ContainsRegex("libgomp\\.so\\.1 -> [^;]*/libgomp\\.so\\.1 \\(made resident: "
+                            "starts worker threads that outlive a call \\(GNU libgomp, the OpenMP "
+                            "runtime: defines GOMP_parallel, imports pthread_create\\)\\)"));
+  EXPECT_THAT(result.output, HasSubstr("  unload        ok"));
+}
+
+// Rule 5: a warning with its reason, then the failure it predicts, with spdlog's own message.
+TEST(CheckCommandTest, WarnsAboutWritesIntoTheHostsLoggerRegistry) {
+  testing::CommandResult result = RunBackplane("check " + Fixture("SharedLogger").string());
+  EXPECT_EQ(result.exit_code, 1) << result.output;
+  EXPECT_THAT(result.output,
+              HasSubstr("  registries    WARN  writes into spdlog's logger registry and global "
+                        "settings (imports spdlog::details::registry::initialize_logger) of "
+                        "libspdlog.so.1.10, the copy the whole process shares"));
+  EXPECT_THAT(result.output, HasSubstr("  factory       ok"));
+  EXPECT_THAT(result.output,
+              HasSubstr("  instance      FAIL  " + Fixture("SharedLogger").string() +
+                        " (backend TestSharedLogger): BackendFactory failed: logger with name "
+                        "'TestSharedLogger' already exists"));
 }
 
 TEST(CheckCommandTest, UsageErrorsExitWithTwo) {

@@ -23,7 +23,9 @@
 //       backend, so that it can fuse them and keep its own tensor layout between them.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <memory>
 #include <span>
 #include <string>
@@ -177,6 +179,10 @@ void GetVersion(uint32_t* major, uint32_t* minor) noexcept;
 backplane::IBackend* BackendFactory() noexcept;
 // Optional: the backend's own release version ("1.2.3"), for logs and the admin API.
 const char* GetBackendRelease() noexcept;
+// Optional (any API version; old hosts never ask): why the last BackendFactory() call on the
+// calling thread returned null, e.g. the what() of the exception the constructor threw; "" when
+// it did not fail. The host asks right after a null, on the same thread.
+const char* GetBackendFactoryError() noexcept;
 }
 #endif
 
@@ -187,9 +193,22 @@ using GetBackendIdFn = const char* (*)();
 using GetVersionFn = void (*)(uint32_t*, uint32_t*);
 using BackendFactoryFn = IBackend* (*)();
 using GetBackendReleaseFn = const char* (*)();
+using GetBackendFactoryErrorFn = const char* (*)();
 }  // namespace backplane
 
 #define BACKPLANE_EXPORT __attribute__((visibility("default")))
+
+namespace backplane::detail {
+// BACKPLANE_DEFINE_BACKEND's buffer for a factory's error message, and the copy into it: no
+// allocation, since the exception may be std::bad_alloc.
+inline constexpr std::size_t kFactoryErrorSize = 512;
+inline void CopyFactoryError(char* buffer, const char* message) noexcept {
+  std::size_t i = 0;
+  for (; message != nullptr && message[i] != '\0' && i + 1 < kFactoryErrorSize; ++i)
+    buffer[i] = message[i];
+  buffer[i] = '\0';
+}
+}  // namespace backplane::detail
 
 #ifndef BACKPLANE_BACKEND_RELEASE
 #define BACKPLANE_BACKEND_RELEASE ""
@@ -200,8 +219,16 @@ using GetBackendReleaseFn = const char* (*)();
 //
 //   BACKPLANE_DEFINE_BACKEND(acme::FastBackend, "AcmeFast")
 //
-// The release version comes from backplane_add_backend(... VERSION x.y.z).
+// The release version comes from backplane_add_backend(... VERSION x.y.z). BackendFactory catches
+// what the constructor throws (no exception may cross a C entry point) and keeps its what() for
+// GetBackendFactoryError(), so that the host's log and the rejection say why ("BackendFactory
+// failed: <message>"). The message lives in a thread_local char array: trivially destructible,
+// so it pins nothing (docs/loading-rules.md rule 3), and concurrent factories never mix messages.
 #define BACKPLANE_DEFINE_BACKEND(BackendClass, backend_id)                                 \
+  static char* BackplaneFactoryErrorBuffer() noexcept {                                    \
+    static thread_local char message[::backplane::detail::kFactoryErrorSize];              \
+    return message;                                                                        \
+  }                                                                                        \
   extern "C" BACKPLANE_EXPORT const char* GetBackendId() noexcept {                        \
     return backend_id;                                                                     \
   }                                                                                        \
@@ -210,11 +237,20 @@ using GetBackendReleaseFn = const char* (*)();
     *minor = ::backplane::kBackendApiMinor;                                                \
   }                                                                                        \
   extern "C" BACKPLANE_EXPORT ::backplane::IBackend* BackendFactory() noexcept {           \
+    char* const error = BackplaneFactoryErrorBuffer();                                     \
+    error[0] = '\0';                                                                       \
     try {                                                                                  \
       return new BackendClass();                                                           \
+    } catch (const std::exception& e) {                                                    \
+      ::backplane::detail::CopyFactoryError(error, e.what());                              \
     } catch (...) {                                                                        \
-      return nullptr;                                                                      \
+      ::backplane::detail::CopyFactoryError(                                               \
+          error, "the constructor threw an exception that is not a std::exception");       \
     }                                                                                      \
+    return nullptr;                                                                        \
+  }                                                                                        \
+  extern "C" BACKPLANE_EXPORT const char* GetBackendFactoryError() noexcept {              \
+    return BackplaneFactoryErrorBuffer();                                                  \
   }                                                                                        \
   extern "C" BACKPLANE_EXPORT const char* GetBackendRelease() noexcept {                   \
     return BACKPLANE_BACKEND_RELEASE;                                                      \

@@ -35,6 +35,15 @@ struct ElfFacts {
   std::size_t exported_symbol_count = 0;
   bool binds_now = false;  // DT_BIND_NOW / DF_BIND_NOW / DF_1_NOW (-z now)
 
+  // What rules 5 and 8 judge about threads and shared registries (the lists are in
+  // loader/src/runtime_evidence.cpp): the first defined fork entry point of a thread-pool runtime
+  // ("GOMP_parallel", "__kmpc_fork_call"...), the first imported function that starts a thread
+  // ("pthread_create"...), and imports that write into a process-wide registry of a library the
+  // host also uses (first 16, mangled).
+  std::string thread_pool_entry_point;
+  std::string thread_start_import;
+  std::vector<std::string> registry_writes;
+
   // Dependencies (rule 8): DT_NEEDED in order, and DT_RUNPATH or else DT_RPATH as written
   // (colon-separated, $ORIGIN unexpanded).
   std::vector<std::string> needed;

@@ -37,7 +37,8 @@ struct EntryPoints {
   GetBackendIdFn get_backend_id = nullptr;
   GetVersionFn get_version = nullptr;
   BackendFactoryFn backend_factory = nullptr;
-  GetBackendReleaseFn get_backend_release = nullptr;  // optional
+  GetBackendReleaseFn get_backend_release = nullptr;             // optional
+  GetBackendFactoryErrorFn get_backend_factory_error = nullptr;  // optional
 };
 
 // Everything known about a generation; immutable after loading.

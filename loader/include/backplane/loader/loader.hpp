@@ -86,8 +86,9 @@ class Loader : public std::enable_shared_from_this<Loader> {
   Result<GenerationLease> Load(const std::filesystem::path& file, LoadTrace* trace = nullptr,
                                Reuse reuse = Reuse::kLiveUnchanged) EXCLUDES(mutex_);
 
-  // A new instance from `generation`'s factory; kFactoryFailed when it throws or returns null,
-  // kInvalidId when the instance reports another id than GetBackendId.
+  // A new instance from `generation`'s factory; kFactoryFailed when it throws or returns null
+  // (with the backend's own message when it has GetBackendFactoryError), kInvalidId when the
+  // instance reports another id than GetBackendId.
   Result<std::shared_ptr<BackendInstance>> CreateInstance(const GenerationLease& generation);
 
   const LoaderOptions& options() const { return options_; }
