@@ -1,5 +1,6 @@
 #include "backplane/loader/backend_instance.hpp"
 
+#include "backplane/loader/host_services.hpp"
 #include "loader_log.hpp"
 
 namespace backplane::loader {
@@ -17,7 +18,17 @@ Status Workload::Execute(std::span<const ConstTensorView> inputs,
 
 BackendInstance::BackendInstance(std::string id, std::unique_ptr<IBackend> backend,
                                  GenerationLease lease)
-    : id_(std::move(id)), lease_(std::move(lease)), backend_(std::move(backend)) {}
+    : id_(std::move(id)), lease_(std::move(lease)), backend_(std::move(backend)) {
+  // API 1.2, gated like every method added after 1.0 (a 1.1 backend's vtable has no slot for it):
+  // the host's services for parallel work, before any other call but GetId.
+  if (Implements({1, 2})) {
+    try {
+      backend_->SetHost(&HostServices());
+    } catch (...) {
+      Log().error("backend {} generation {} threw from SetHost", id_, generation_number());
+    }
+  }
+}
 
 BackendInstance::~BackendInstance() {
   // Rule 5: the backend finishes all of its own work before its code can be unmapped.

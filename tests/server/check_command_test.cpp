@@ -35,7 +35,7 @@ TEST(CheckCommandTest, FirstPartyBackendWouldLoad) {
   ASSERT_EQ(report.size(), 1u);
   EXPECT_EQ(report[0]["ok"], true);
   EXPECT_EQ(report[0]["id"], "CpuRef");
-  EXPECT_EQ(report[0]["api_version"], "1.1");  // rebuilt with the 1.1 SDK header
+  EXPECT_EQ(report[0]["api_version"], "1.2");  // rebuilt with the 1.2 SDK header
   EXPECT_EQ(report[0]["reason"], nullptr);
   for (const char* key : {"file", "ok", "id", "api_version", "stage", "reason", "message"}) {
     EXPECT_TRUE(report[0].contains(key)) << key;
@@ -113,7 +113,7 @@ TEST(CheckCommandTest, TextOutputHasAStageLineAndAVerdictPerFile) {
                                        "verbose (bool), limit (int64), scale (double), label "
                                        "(string)"));
   EXPECT_THAT(result.output, HasSubstr("  unload        ok    unmapped after dlclose"));
-  EXPECT_THAT(result.output, HasSubstr("verdict: OK, backend TestValid (API 1.1, release 1.2.3)"));
+  EXPECT_THAT(result.output, HasSubstr("verdict: OK, backend TestValid (API 1.2, release 1.2.3)"));
   EXPECT_THAT(result.output, HasSubstr("verdict: REJECTED API_INCOMPATIBLE"));
 }
 
