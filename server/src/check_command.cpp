@@ -42,6 +42,7 @@ std::pair<std::string, LoadReason> CrashedStageAfter(const std::string& stage) {
       {"copy", {"elf", LoadReason::kNotElf}},
       {"elf", {"dependencies", LoadReason::kDlopenFailed}},
       {"build", {"dependencies", LoadReason::kDlopenFailed}},
+      {"threads", {"dependencies", LoadReason::kDlopenFailed}},
       {"dependencies", {"dlopen", LoadReason::kDlopenFailed}},
       {"dlopen", {"entry points", LoadReason::kMissingEntryPoint}},
       {"entry points", {"id", LoadReason::kInvalidId}},

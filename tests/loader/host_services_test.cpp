@@ -106,6 +106,7 @@ TEST(HostServicesTest, OnlyBackendsOnApi12OrLaterAreGivenTheHost) {
   for (const auto& [name, expect_host] :
        {std::pair{"HostParallel", true}, std::pair{"HostParallelApi11", false}}) {
     auto generation = loader->Load(Fixture(name)).value();
+    EXPECT_FALSE(generation->info().submits_tbb_tasks) << name;
     auto instance = loader->CreateInstance(generation).value();
     EXPECT_EQ(std::get<bool>(instance->GetOption("has_host").value()), expect_host) << name;
     auto workload = instance->CreateWorkload(IdentityOp(50000)).value();
@@ -115,7 +116,7 @@ TEST(HostServicesTest, OnlyBackendsOnApi12OrLaterAreGivenTheHost) {
 
 // The point of IHost: a backend whose parallel work (kernels, and background work started at
 // creation and finished in Shutdown) goes through the host unloads right after its waits return,
-// with nothing to wait for once they return. 1000 load/run/unload cycles; run under the tsan preset
+// with no grace period and no confinement. 1000 load/run/unload cycles; run under the tsan preset
 // too, where a worker still in unmapped code is a crash.
 TEST(HostServicesTest, BackendUsingTheHostLoadsRunsAndUnloads1000Times) {
   auto loader = Loader::Create().value();
@@ -126,6 +127,7 @@ TEST(HostServicesTest, BackendUsingTheHostLoadsRunsAndUnloads1000Times) {
     std::filesystem::path shadow;
     {
       auto generation = loader->Load(Fixture("HostParallel")).value();
+      ASSERT_FALSE(generation->info().submits_tbb_tasks);
       shadow = generation->info().shadow_path;
       auto instance = loader->CreateInstance(generation).value();
       auto workload = instance->CreateWorkload(IdentityOp(kElements)).value();

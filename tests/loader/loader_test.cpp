@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <fstream>
 
 #include "test_util.hpp"
@@ -150,6 +151,29 @@ TEST(LoaderTest, ApiVersionMatrixAgainstHost12AndHost10) {
         << refused;
     EXPECT_THAT(error.message(), HasSubstr("this host implements 1.0")) << refused;
   }
+}
+
+// Rule 5: a backend with TBB's task templates compiled in loads (it is confined, see the trap
+// tests), with a warning at stage "threads" that names the evidence and the fix; one whose
+// parallel work goes through the host's IHost gets none.
+TEST(LoaderTest, WarnsAboutABackendThatSubmitsTbbTasksItself) {
+  auto loader = MakeLoader();
+  LoadTrace tbb;
+  ASSERT_TRUE(loader->Load(Fixture("Tbb"), &tbb).ok());
+  const auto threads = std::find_if(tbb.stages.begin(), tbb.stages.end(),
+                                    [](const LoadStage& stage) { return stage.name == "threads"; });
+  ASSERT_NE(threads, tbb.stages.end());
+  EXPECT_TRUE(threads->ok);
+  EXPECT_TRUE(threads->warning);
+  EXPECT_THAT(threads->detail,
+              HasSubstr("instantiates TBB's task templates itself (imports "
+                        "tbb::detail::r1::spawn, tbb::detail::r1::execute_and_wait): "));
+  EXPECT_THAT(threads->detail, HasSubstr("IHost"));
+
+  LoadTrace host;
+  ASSERT_TRUE(loader->Load(Fixture("HostParallel"), &host).ok());
+  for (const LoadStage& stage : host.stages)
+    EXPECT_FALSE(stage.warning) << stage.name << ": " << stage.detail;
 }
 
 // An instance says which API its code was built against, so that calls to methods added by a

@@ -171,6 +171,25 @@ TEST(CheckCommandTest, WarnsAboutExtraExportsAndLazyBinding) {
   EXPECT_THAT(clean.output, ::testing::Not(HasSubstr("WARN")));
 }
 
+// Rule 5: a backend with TBB's task templates compiled in (the ELF imports libtbb's task
+// submission) loads and unloads, with a warning that names the evidence and the fix (IHost); the
+// same work through IHost gets none.
+TEST(CheckCommandTest, WarnsAboutABackendThatSubmitsTbbTasksItself) {
+  testing::CommandResult result = RunBackplane("check " + Fixture("Tbb").string());
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_THAT(result.output,
+              HasSubstr("  threads       WARN  instantiates TBB's task templates itself (imports "
+                        "tbb::detail::r1::spawn, tbb::detail::r1::execute_and_wait): "));
+  EXPECT_THAT(result.output, HasSubstr("run parallel work through the host's IHost instead"));
+  EXPECT_THAT(result.output, HasSubstr("  unload        ok"));
+  EXPECT_THAT(result.output, HasSubstr("verdict: OK with 1 warning, backend TestTbb"));
+
+  testing::CommandResult host = RunBackplane("check " + Fixture("HostParallel").string());
+  EXPECT_EQ(host.exit_code, 0) << host.output;
+  EXPECT_THAT(host.output, ::testing::Not(HasSubstr("WARN")));
+  EXPECT_THAT(host.output, HasSubstr("version       ok    backend API 1.2 on host 1.2"));
+}
+
 TEST(CheckCommandTest, ListsEveryDependencyAndWhetherItStaysResident) {
   testing::CommandResult result = RunBackplane("check " + Fixture("VendorLibrary").string());
   EXPECT_EQ(result.exit_code, 0) << result.output;
