@@ -21,6 +21,10 @@ namespace backplane::loader {
 // and every worker that runs one, is inside it too. TBB tells an observer of the arena each time
 // a thread enters or leaves it; a worker leaves only from TBB's dispatch loop, after its task's
 // code has returned. So once no thread is inside (WaitUntilEmpty), none is in the backend's code.
+// Why not wait for "every TBB worker of the process idle" instead: oneTBB has no process-wide
+// view. An observer watches one arena, every external thread that runs TBB work has an implicit
+// arena of its own, and a busy server's arenas are never all empty. This arena is the
+// generation's alone and empties as soon as its tasks are done.
 //
 // Traps kept in mind here:
 //  - The observer must see every entry: it is attached right after the arena is created, before
