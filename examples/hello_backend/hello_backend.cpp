@@ -14,6 +14,7 @@ namespace {
 
 using backplane::ConstTensorView;
 using backplane::DataType;
+using backplane::IHost;
 using backplane::IWorkload;
 using backplane::OperatorDesc;
 using backplane::OptionSet;
@@ -23,6 +24,23 @@ using backplane::TensorView;
 
 constexpr std::string_view kId = "ExampleHello";  // must equal the id given to the macro below
 constexpr std::string_view kCheckFinite = "check_finite";
+// Elements per chunk of parallel work: large enough that a chunk outweighs handing it to another
+// thread (about a microsecond); a tensor this small or smaller runs on the calling thread.
+constexpr std::size_t kGrain = 16384;
+
+// One chunk of y = max(x, 0). A plain function and a context pointer, not a lambda handed to a
+// thread pool: the host's ParallelFor calls it, and no thread-pool template is compiled into this
+// library (docs/backend-authors.md, Parallel work).
+struct ReluJob {
+  std::span<const float> in;
+  std::span<float> out;
+};
+void ReluChunk(void* context, std::size_t begin, std::size_t end) {
+  const auto& job = *static_cast<const ReluJob*>(context);
+  // Written so that NaN stays NaN, as in ONNX's reference and in CpuRef.
+  for (std::size_t i = begin; i < end; ++i)
+    job.out[i] = job.in[i] < 0.0f ? 0.0f : job.in[i];
+}
 
 // y = max(x, 0), element by element.
 //
@@ -31,9 +49,10 @@ constexpr std::string_view kCheckFinite = "check_finite";
 class ReluWorkload final : public IWorkload {
  public:
   // `options` belongs to the backend instance. The host destroys every workload before the
-  // instance that created it, so the reference stays valid for this workload's whole life.
-  ReluWorkload(std::string node, const OptionSet& options)
-      : node_(std::move(node)), options_(options) {}
+  // instance that created it, so the reference stays valid for this workload's whole life; so
+  // does `host` (null on a host older than SDK 1.2, which never calls SetHost).
+  ReluWorkload(std::string node, const OptionSet& options, IHost* host)
+      : node_(std::move(node)), options_(options), host_(host) {}
 
   Status Execute(std::span<const ConstTensorView> inputs,
                  std::span<const TensorView> outputs) override {
@@ -48,15 +67,20 @@ class ReluWorkload final : public IWorkload {
         }
       }
     }
-    // Written so that NaN stays NaN, as in ONNX's reference and in CpuRef.
-    for (std::size_t i = 0; i < in.size(); ++i)
-      out[i] = in[i] < 0.0f ? 0.0f : in[i];
-    return Status::Ok();
+    ReluJob job{in, out};
+    if (host_ == nullptr) {
+      ReluChunk(&job, 0, in.size());
+      return Status::Ok();
+    }
+    // Returns when every chunk has returned; chunks run on the host's TBB workers, within the
+    // concurrency the host gives this request.
+    return host_->ParallelFor(in.size(), kGrain, &ReluChunk, &job);
   }
 
  private:
   const std::string node_;
   const OptionSet& options_;
+  IHost* const host_;
 };
 
 // Thread-safe, as IBackend requires: the only mutable state is the OptionSet, which locks.
@@ -82,8 +106,11 @@ class HelloBackend final : public backplane::IBackend {
 
   backplane::Result<std::unique_ptr<IWorkload>> CreateWorkload(const OperatorDesc& op) override {
     BACKPLANE_RETURN_IF_ERROR(IsSupported(op));
-    return std::unique_ptr<IWorkload>(new ReluWorkload(op.name, options_));
+    return std::unique_ptr<IWorkload>(new ReluWorkload(op.name, options_, host_));
   }
+
+  // SDK 1.2: the host's services for parallel work, given once right after creation.
+  void SetHost(IHost* host) override { host_ = host; }
 
   // OptionSet validates (unknown key, wrong type: nothing applied) and is thread-safe.
   std::vector<backplane::OptionDescriptor> DescribeOptions() const override {
@@ -96,11 +123,13 @@ class HelloBackend final : public backplane::IBackend {
     return options_.Get(key);
   }
 
-  // This backend starts no threads, tasks or callbacks, so there is nothing to wait for. A backend
-  // that does must stop and join them here: the library is unmapped right after destruction.
+  // This backend starts no threads, tasks or callbacks of its own (ParallelFor has returned
+  // before Execute does), so there is nothing to wait for. A backend that does must stop and join
+  // them here: the library is unmapped right after destruction.
   void Shutdown() override {}
 
  private:
+  IHost* host_ = nullptr;  // set once by SetHost, before any workload is created
   OptionSet options_{std::string(kId),
                      {{std::string(kCheckFinite), OptionType::kBool, false,
                        "fail a request whose input holds NaN or infinity, naming the node"}}};

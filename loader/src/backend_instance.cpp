@@ -1,5 +1,6 @@
 #include "backplane/loader/backend_instance.hpp"
 
+#include "backplane/loader/host_services.hpp"
 #include "loader_log.hpp"
 
 namespace backplane::loader {
@@ -7,39 +8,59 @@ namespace backplane::loader {
 Workload::Workload(std::shared_ptr<BackendInstance> instance, std::unique_ptr<IWorkload> workload)
     : instance_(std::move(instance)), workload_(std::move(workload)) {}
 
-Workload::~Workload() = default;
+Workload::~Workload() {
+  try {
+    instance_->Confined([&] { workload_.reset(); });
+  } catch (...) {
+    Log().error("backend {} generation {} threw from a workload's destructor", instance_->id(),
+                instance_->generation_number());
+  }
+}
 
 Status Workload::Execute(std::span<const ConstTensorView> inputs,
                          std::span<const TensorView> outputs) {
-  return GuardBackendCall(instance_->id(), "IWorkload::Execute",
-                          [&] { return workload_->Execute(inputs, outputs); });
+  return GuardBackendCall(instance_->id(), "IWorkload::Execute", [&] {
+    return instance_->Confined([&] { return workload_->Execute(inputs, outputs); });
+  });
 }
 
 BackendInstance::BackendInstance(std::string id, std::unique_ptr<IBackend> backend,
                                  GenerationLease lease)
-    : id_(std::move(id)), lease_(std::move(lease)), backend_(std::move(backend)) {}
+    : id_(std::move(id)), lease_(std::move(lease)), backend_(std::move(backend)) {
+  // API 1.2, gated like every method added after 1.0 (a 1.1 backend's vtable has no slot for it):
+  // the host's services for parallel work, before any other call but GetId.
+  if (Implements({1, 2})) {
+    try {
+      Confined([&] { backend_->SetHost(&HostServices()); });
+    } catch (...) {
+      Log().error("backend {} generation {} threw from SetHost", id_, generation_number());
+    }
+  }
+}
 
 BackendInstance::~BackendInstance() {
   // Rule 5: the backend finishes all of its own work before its code can be unmapped.
   try {
-    backend_->Shutdown();
+    Confined([&] { backend_->Shutdown(); });
   } catch (...) {
     Log().error("backend {} generation {} threw from Shutdown", id_, generation_number());
   }
   try {
-    backend_.reset();
+    Confined([&] { backend_.reset(); });
   } catch (...) {
     Log().error("backend {} generation {} threw from its destructor", id_, generation_number());
   }
 }
 
 Status BackendInstance::IsSupported(const OperatorDesc& op) const {
-  return GuardBackendCall(id_, "IsSupported", [&] { return backend_->IsSupported(op); });
+  return GuardBackendCall(id_, "IsSupported",
+                          [&] { return Confined([&] { return backend_->IsSupported(op); }); });
 }
 
 Result<std::unique_ptr<Workload>> BackendInstance::CreateWorkload(const OperatorDesc& op) {
-  auto created =
-      GuardBackendCall(id_, "CreateWorkload", [&] { return backend_->CreateWorkload(op); });
+  auto created = GuardBackendCall(id_, "CreateWorkload", [&] {
+    return Confined([&] { return backend_->CreateWorkload(op); });
+  });
   if (!created.ok())
     return std::move(created).error();
   if (created.value() == nullptr) {
@@ -56,7 +77,7 @@ Result<CompiledWorkload> BackendInstance::CompileSubgraph(const SubgraphDesc& su
                          std::to_string(api_version().minor) + ", which has no CompileSubgraph");
   }
   auto compiled = GuardBackendCall(id_, "CompileSubgraph", [&]() -> Result<CompiledSubgraph> {
-    return backend_->CompileSubgraph(subgraph);
+    return Confined([&] { return backend_->CompileSubgraph(subgraph); });
   });
   if (!compiled.ok())
     return std::move(compiled).error();
@@ -74,14 +95,15 @@ Result<CompiledWorkload> BackendInstance::CompileSubgraph(const SubgraphDesc& su
 Result<std::unique_ptr<IBackendContext>> BackendInstance::CreateBackendContext() {
   return GuardBackendCall(id_, "CreateBackendContext",
                           [&]() -> Result<std::unique_ptr<IBackendContext>> {
-                            return backend_->CreateBackendContext();
+                            return Confined([&] { return backend_->CreateBackendContext(); });
                           });
 }
 
 std::vector<OptionDescriptor> BackendInstance::DescribeOptions() const {
-  auto described = GuardBackendCall(
-      id_, "DescribeOptions",
-      [&]() -> Result<std::vector<OptionDescriptor>> { return backend_->DescribeOptions(); });
+  auto described =
+      GuardBackendCall(id_, "DescribeOptions", [&]() -> Result<std::vector<OptionDescriptor>> {
+        return Confined([&] { return backend_->DescribeOptions(); });
+      });
   if (!described.ok()) {
     Log().error("{}", described.error().message());
     return {};
@@ -90,11 +112,14 @@ std::vector<OptionDescriptor> BackendInstance::DescribeOptions() const {
 }
 
 Status BackendInstance::UpdateOptions(const BackendOptions& changes) {
-  return GuardBackendCall(id_, "UpdateOptions", [&] { return backend_->UpdateOptions(changes); });
+  return GuardBackendCall(id_, "UpdateOptions", [&] {
+    return Confined([&] { return backend_->UpdateOptions(changes); });
+  });
 }
 
 Result<OptionValue> BackendInstance::GetOption(std::string_view key) const {
-  return GuardBackendCall(id_, "GetOption", [&] { return backend_->GetOption(key); });
+  return GuardBackendCall(id_, "GetOption",
+                          [&] { return Confined([&] { return backend_->GetOption(key); }); });
 }
 
 std::shared_ptr<BackendInstance> MakeBackendInstance(std::string id,

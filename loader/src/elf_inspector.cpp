@@ -52,6 +52,21 @@ constexpr std::uint64_t kMaxU64 = ~std::uint64_t{0};
 constexpr std::size_t kMaxListedSymbols = 64;
 constexpr std::size_t kMaxRegistryWrites = 16;
 
+// libtbb's entry points (oneTBB 2021, ABI namespace r1) that only code with TBB's task templates
+// compiled in calls: spawning a task (tbb::task_group::run, parallel algorithms), running one
+// and waiting (parallel_for and friends, task_group::run_and_wait), or enqueueing one into an
+// arena (task_arena::enqueue). Matched by mangled prefix, whatever the overload.
+bool IsTbbTaskSubmission(std::string_view name) {
+  static constexpr std::string_view kPrefixes[] = {
+      "_ZN3tbb6detail2r15spawnE",              // tbb::detail::r1::spawn(...)
+      "_ZN3tbb6detail2r116execute_and_waitE",  // tbb::detail::r1::execute_and_wait(...)
+      "_ZN3tbb6detail2r16submitE",             // tbb::detail::r1::submit(...)
+      "_ZN3tbb6detail2r17enqueueE",            // tbb::detail::r1::enqueue(...)
+  };
+  return std::any_of(std::begin(kPrefixes), std::end(kPrefixes),
+                     [&](std::string_view prefix) { return name.starts_with(prefix); });
+}
+
 std::string_view MachineName(std::uint16_t machine) {
   switch (machine) {
     case EM_386:
@@ -566,6 +581,8 @@ Result<ElfFacts> ReadElf(std::span<const std::byte> image, std::string_view file
           facts.thread_start_import = name;
         if (facts.registry_writes.size() < kMaxRegistryWrites && RegistryWrittenBy(name) != nullptr)
           facts.registry_writes.emplace_back(name);
+        if (IsTbbTaskSubmission(name) && facts.tbb_task_imports.size() < kMaxListedSymbols)
+          facts.tbb_task_imports.emplace_back(name);
         continue;
       }
       if (bind == STB_GNU_UNIQUE && facts.unique_symbols.size() < kMaxListedSymbols)
@@ -724,6 +741,23 @@ std::string Demangle(std::string_view symbol) {
   if (status != 0 || demangled == nullptr)
     return mangled;
   return demangled.get();
+}
+
+std::string TbbTaskAdvice(const ElfFacts& facts) {
+  if (facts.tbb_task_imports.empty())
+    return "";
+  std::string names;
+  for (const std::string& symbol : facts.tbb_task_imports) {
+    std::string name = Demangle(symbol);
+    name = name.substr(0, name.find('('));  // the overload does not matter here
+    if (names.find(name) == std::string::npos)
+      names += (names.empty() ? "" : ", ") + name;
+  }
+  return "instantiates TBB's task templates itself (imports " + names +
+         "): a worker can still be in this library's code after its waits return, so the host "
+         "runs its calls in an arena of its own and unloads it only once no thread is inside; "
+         "run parallel work through the host's IHost instead (SDK 1.2, IBackend::SetHost; "
+         "docs/backend-authors.md, Parallel work)";
 }
 
 }  // namespace backplane::loader

@@ -6,17 +6,11 @@
 #endif
 #include <unistd.h>
 
-#include <chrono>
-#include <thread>
-
 #include "backplane/loader/loader.hpp"
 #include "loader_log.hpp"
+#include "tbb_confinement.hpp"
 
 namespace backplane::loader {
-
-namespace {
-constexpr std::chrono::milliseconds kReturnGrace{5};
-}  // namespace
 
 LibraryHandle& LibraryHandle::operator=(LibraryHandle&& other) noexcept {
   if (this != &other) {
@@ -37,17 +31,29 @@ Generation::Generation(GenerationInfo info, LibraryHandle library, EntryPoints e
       library_(std::move(library)),
       entry_points_(entry_points),
       stats_(std::move(stats)) {
+  if (info_.submits_tbb_tasks) {
+    confinement_ = std::make_unique<TbbConfinement>();
+    Log().info(
+        "backend {} generation {} submits TBB tasks itself ({}): its calls run in an arena of "
+        "its own, and it is unloaded once no thread is inside; the fix is SDK 1.2's IHost",
+        info_.backend_id, info_.number, info_.file.string());
+  }
   stats_->loaded.fetch_add(1, std::memory_order_relaxed);
   stats_->live.fetch_add(1, std::memory_order_relaxed);
 }
 
 Generation::~Generation() {
-  // Trap: a thread-pool worker that ran the backend's last task (TBB's templates are compiled
-  // into the backend) is released by the task's own code and may still be returning through a
-  // few instructions of it after every wait in Shutdown() has returned; unmapping then crashes
-  // it (seen under ThreadSanitizer). This is the reaper thread, off every request path: give
-  // such returns a moment before the code goes.
-  std::this_thread::sleep_for(kReturnGrace);
+  // Trap (rule 5): a TBB worker that ran a task of the backend's own (TBB's templates compiled
+  // into it) is released by the task's code and may still be returning through a few
+  // instructions of it after every wait in Shutdown() has returned; unmapping then crashes it
+  // (seen under ThreadSanitizer). No sleep can know how long that takes. A backend that uses the
+  // host's IHost (SDK 1.2) has no such code: its functions return into the host's templates
+  // before any wait is released. One that submits TBB tasks itself ran confined to an arena of
+  // its own: wait until TBB reports that no thread is inside it any more.
+  if (confinement_ != nullptr) {
+    confinement_->WaitUntilEmpty();
+    confinement_.reset();
+  }
   library_.Close();
   // dlclose does not say whether the library left the process. Asking for the shadow path with
   // RTLD_NOLOAD does: glibc only answers with a handle while the library is still mapped.
@@ -78,6 +84,14 @@ Generation::~Generation() {
 #endif
   stats_->live.fetch_sub(1, std::memory_order_relaxed);
   stats_->unload_listeners.Notify(info_, leaked);
+}
+
+uint64_t Generation::confined_entries() const {
+  return confinement_ != nullptr ? confinement_->entries() : 0;
+}
+
+void Generation::RunInArena(const std::function<void()>& call) const {
+  confinement_->Execute(call);
 }
 
 }  // namespace backplane::loader

@@ -253,6 +253,9 @@ Result<GenerationLease> Loader::LoadNew(const BackendFile& file, LoadTrace* trac
 
   if (std::string advice = BuildAdvice(facts.value()); !advice.empty())
     tracer.Warn("build", std::move(advice));
+  // Rule 5: a backend with TBB's task templates compiled in is confined (Generation).
+  if (std::string advice = TbbTaskAdvice(facts.value()); !advice.empty())
+    tracer.Warn("threads", std::move(advice));
 
   // Rule 8: what the backend needs and glibc could never unload is made resident first, or the
   // first generation to bring it in would stay mapped forever.
@@ -364,7 +367,8 @@ Result<GenerationLease> Loader::LoadNew(const BackendFile& file, LoadTrace* trac
                       .identity = shadow->source_identity,
                       .sha256 = std::move(sha256).value(),
                       .build_id = facts->build_id,
-                      .loaded_at = std::chrono::system_clock::now()};
+                      .loaded_at = std::chrono::system_clock::now(),
+                      .submits_tbb_tasks = !facts->tbb_task_imports.empty()};
   shadow_guard.Release();  // the generation deletes its shadow after unloading
   GenerationLease generation = MakeReaped(
       std::make_unique<const Generation>(std::move(info), std::move(library), entry_points, stats_),
@@ -384,7 +388,7 @@ Result<std::shared_ptr<BackendInstance>> Loader::CreateInstance(const Generation
   IBackend* raw = nullptr;
   std::string failure;
   try {
-    raw = generation->entry_points().backend_factory();
+    raw = generation->RunConfined(generation->entry_points().backend_factory);
     if (raw == nullptr)
       failure = NullFactoryReason(generation->entry_points());
   } catch (const std::exception& e) {

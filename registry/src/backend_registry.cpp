@@ -278,6 +278,11 @@ DeployOutcome BackendRegistry::DeployIfChanged(const Candidate& candidate,
   const auto lineage = lineages_->ByFile(candidate.family);
   const std::string known_id = lineage ? lineage->id : "";
   if (!candidate.unusable.ok()) {
+    // Gone since the listing (its directory being removed): a deletion, which the next scan sees,
+    // not a broken deploy.
+    std::error_code error;
+    if (!fs::exists(fs::symlink_status(candidate.path, error)))
+      return {DeployOutcome::Action::kUnchanged, known_id, candidate.path};
     // A name that fails before opening (unsafe permissions, a FIFO, a dangling symlink...) is
     // a rejected deploy: whatever the id offers now keeps serving.
     if (scanner_->RejectedAndUnchanged(candidate.path))

@@ -45,6 +45,7 @@ std::pair<std::string, LoadReason> CrashedStageAfter(const std::string& stage) {
       {"digest", {"elf", LoadReason::kNotElf}},
       {"elf", {"dependencies", LoadReason::kDlopenFailed}},
       {"build", {"dependencies", LoadReason::kDlopenFailed}},
+      {"threads", {"dependencies", LoadReason::kDlopenFailed}},
       {"dependencies", {"dlopen", LoadReason::kDlopenFailed}},
       {"registries", {"dlopen", LoadReason::kDlopenFailed}},
       {"dlopen", {"entry points", LoadReason::kMissingEntryPoint}},

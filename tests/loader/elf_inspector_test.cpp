@@ -556,6 +556,39 @@ TEST(ElfInspectorTest, AcceptsDefinedCxaThreadAtexitAndSimilarImports) {
   EXPECT_TRUE(result.ok()) << result.error().ToString();
 }
 
+// Rule 5: importing the libtbb entry points through which TBB's task templates submit tasks is
+// the evidence that a library has those templates compiled in. Loadable, but reported, and what
+// only asks TBB a question (max_concurrency) or defines such a name does not count.
+TEST(ElfInspectorTest, ReportsImportsThatSubmitTbbTasks) {
+  ElfSpec spec;
+  spec.symbols.push_back(
+      {"_ZN3tbb6detail2r15spawnERNS0_2d14taskERNS2_18task_group_contextE", STB_GLOBAL, false});
+  spec.symbols.push_back(
+      {"_ZN3tbb6detail2r116execute_and_waitERNS0_2d14taskERNS2_18task_group_"
+       "contextERNS2_12wait_contextES6_",
+       STB_GLOBAL, false});
+  spec.symbols.push_back(
+      {"_ZN3tbb6detail2r115max_concurrencyEPKNS0_2d115task_arena_baseE", STB_GLOBAL, false});
+  spec.symbols.push_back({"_ZN3tbb6detail2r17enqueueERNS0_2d14taskEPNS2_15task_arena_baseE",
+                          STB_GLOBAL, true});  // defined here: not an import
+  const auto result = InspectElf(BuildElf(spec).span(), "acme_npu_backend.so");
+  ASSERT_TRUE(result.ok()) << result.error().ToString();
+  EXPECT_EQ(result->tbb_task_imports.size(), 2u);
+  const std::string advice = TbbTaskAdvice(result.value());
+  EXPECT_TRUE(Contains(advice,
+                       "instantiates TBB's task templates itself (imports "
+                       "tbb::detail::r1::spawn, tbb::detail::r1::execute_and_wait): "));
+  EXPECT_TRUE(Contains(advice, "run parallel work through the host's IHost instead"));
+
+  ElfSpec question;
+  question.symbols.push_back(
+      {"_ZN3tbb6detail2r115max_concurrencyEPKNS0_2d115task_arena_baseE", STB_GLOBAL, false});
+  const auto asks = InspectElf(BuildElf(question).span(), "acme_npu_backend.so");
+  ASSERT_TRUE(asks.ok());
+  EXPECT_TRUE(asks->tbb_task_imports.empty());
+  EXPECT_EQ(TbbTaskAdvice(asks.value()), "");
+}
+
 TEST(ElfInspectorTest, RejectsExecutableStack) {
   ElfSpec spec;
   spec.stack_flags = PF_R | PF_W | PF_X;

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <fstream>
 
 #include "test_util.hpp"
@@ -138,29 +139,59 @@ TEST(LoaderTest, ApiVersionMatrixAgainstHost24) {
               HasSubstr("built against backend API 2.5"));
 }
 
-// SDK 1.1 made the minor rule real: the 1.1 host loads 1.0 and 1.1 backends and refuses 1.2; a
-// host still at 1.0 refuses a backend built against 1.1, whose code may rely on being offered
-// subgraphs.
-TEST(LoaderTest, ApiVersionMatrixAgainstHost11AndHost10) {
-  ASSERT_EQ(kBackendApiVersion, (BackendApiVersion{1, 1})) << "update this test with the SDK";
-  auto host11 = MakeLoader();
-  for (const char* ok : {"Api10", "Api11"}) {
-    auto loaded = host11->Load(Fixture(ok));
+// SDK 1.1 made the minor rule real: the host loads every minor up to its own and refuses a newer
+// one; a host still at 1.0 refuses a backend built against 1.1, whose code may rely on being
+// offered subgraphs. SDK 1.2 (IHost) follows the same rule.
+TEST(LoaderTest, ApiVersionMatrixAgainstHost12AndHost10) {
+  ASSERT_EQ(kBackendApiVersion, (BackendApiVersion{1, 2})) << "update this test with the SDK";
+  auto host12 = MakeLoader();
+  for (const char* ok : {"Api10", "Api11", "Api12"}) {
+    auto loaded = host12->Load(Fixture(ok));
     EXPECT_TRUE(loaded.ok()) << ok << ": " << loaded.error().ToString();
   }
-  Status newer = LoadFailure(*host11, Fixture("Api12"));
+  Status newer = LoadFailure(*host12, Fixture("Api14"));
   EXPECT_EQ(newer.reason(), LoadReason::kApiIncompatible);
-  EXPECT_THAT(newer.message(), HasSubstr("built against backend API 1.2"));
-  EXPECT_THAT(newer.message(), HasSubstr("this host implements 1.1"));
+  EXPECT_THAT(newer.message(), HasSubstr("built against backend API 1.4"));
+  EXPECT_THAT(newer.message(), HasSubstr("this host implements 1.2"));
+
+  auto host11 = MakeLoader({.host_api = {1, 1}});
+  EXPECT_TRUE(host11->Load(Fixture("Api11")).ok());
+  Status too_new = LoadFailure(*host11, Fixture("HostParallel"));
+  EXPECT_EQ(too_new.reason(), LoadReason::kApiIncompatible);
+  EXPECT_THAT(too_new.message(), HasSubstr("built against backend API 1.2"));
 
   auto host10 = MakeLoader({.host_api = {1, 0}});
   EXPECT_TRUE(host10->Load(Fixture("Api10")).ok());
-  for (const char* refused : {"Api11", "Subgraph"}) {
+  for (const auto& [refused, built] : {std::pair{"Api11", "1.1"}, std::pair{"Subgraph", "1.2"}}) {
     Status error = LoadFailure(*host10, Fixture(refused));
     EXPECT_EQ(error.reason(), LoadReason::kApiIncompatible) << refused;
-    EXPECT_THAT(error.message(), HasSubstr("built against backend API 1.1")) << refused;
+    EXPECT_THAT(error.message(), HasSubstr(std::string("built against backend API ") + built))
+        << refused;
     EXPECT_THAT(error.message(), HasSubstr("this host implements 1.0")) << refused;
   }
+}
+
+// Rule 5: a backend with TBB's task templates compiled in loads (it is confined, see the trap
+// tests), with a warning at stage "threads" that names the evidence and the fix; one whose
+// parallel work goes through the host's IHost gets none.
+TEST(LoaderTest, WarnsAboutABackendThatSubmitsTbbTasksItself) {
+  auto loader = MakeLoader();
+  LoadTrace tbb;
+  ASSERT_TRUE(loader->Load(Fixture("Tbb"), &tbb).ok());
+  const auto threads = std::find_if(tbb.stages.begin(), tbb.stages.end(),
+                                    [](const LoadStage& stage) { return stage.name == "threads"; });
+  ASSERT_NE(threads, tbb.stages.end());
+  EXPECT_TRUE(threads->ok);
+  EXPECT_TRUE(threads->warning);
+  EXPECT_THAT(threads->detail,
+              HasSubstr("instantiates TBB's task templates itself (imports "
+                        "tbb::detail::r1::spawn, tbb::detail::r1::execute_and_wait): "));
+  EXPECT_THAT(threads->detail, HasSubstr("IHost"));
+
+  LoadTrace host;
+  ASSERT_TRUE(loader->Load(Fixture("HostParallel"), &host).ok());
+  for (const LoadStage& stage : host.stages)
+    EXPECT_FALSE(stage.warning) << stage.name << ": " << stage.detail;
 }
 
 // An instance says which API its code was built against, so that calls to methods added by a

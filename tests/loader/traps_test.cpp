@@ -1,4 +1,5 @@
-// The measured traps of the loading rules (docs/loading-rules.md): each would crash or leak if the loader fell in.
+// The measured traps of the loading rules (docs/loading-rules.md): each would crash or leak if the
+// loader fell in.
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <gmock/gmock.h>
@@ -118,7 +119,8 @@ TEST(LoaderTrapTest, MissingSymbolFailsAtLoadNotAtFirstCall) {
   auto loaded = loader->Load(Fixture("MissingSymbol"));
   ASSERT_FALSE(loaded.ok());
   EXPECT_EQ(loaded.error().reason(), LoadReason::kDlopenFailed);
-  EXPECT_THAT(loaded.error().message(), HasSubstr("backplane_fixture_function_that_does_not_exist"));
+  EXPECT_THAT(loaded.error().message(),
+              HasSubstr("backplane_fixture_function_that_does_not_exist"));
   // The message names the deployed file, not the private shadow copy the operator never sees.
   EXPECT_THAT(loaded.error().message(),
               HasSubstr(std::filesystem::canonical(Fixture("MissingSymbol")).string() + ":"));
@@ -245,6 +247,30 @@ TEST(LoaderTrapTest, BackendRegisteringAHostLoggerIsWarnedAboutAndItsFailureName
   spdlog::drop("TestSharedLogger");
   generation.reset();
   loader->WaitForUnloads();
+  EXPECT_EQ(loader->stats().leaked.load(), 0u);
+}
+
+// Rule 5's fallback for a backend that submits TBB tasks itself (the Tbb fixture's parallel_for
+// and background task_group): the ELF says so, every call into it runs in an arena of its own,
+// and the reaper closes it once TBB reports that no thread is inside that arena, not after a
+// sleep. Repeated, because the trap is a worker still returning through the backend's copy of
+// TBB's templates, a race that one cycle rarely loses.
+TEST(LoaderTrapTest, BackendSubmittingTbbTasksIsConfinedAndUnloadsOnceItsArenaIsEmpty) {
+  auto loader = Loader::Create().value();
+  for (int cycle = 0; cycle < 100; ++cycle) {
+    std::filesystem::path shadow;
+    {
+      auto generation = loader->Load(Fixture("Tbb")).value();
+      ASSERT_TRUE(generation->info().submits_tbb_tasks);
+      shadow = generation->info().shadow_path;
+      auto instance = loader->CreateInstance(generation).value();
+      auto workload = instance->CreateWorkload(IdentityOp(10000)).value();
+      ASSERT_EQ(RunIdentity(*workload, 10000)[9999], 9999.0f);
+      EXPECT_GT(generation->confined_entries(), 0u);  // its calls ran inside its arena
+    }
+    loader->WaitForUnloads();
+    ASSERT_FALSE(IsCodeMapped(shadow.string())) << cycle;
+  }
   EXPECT_EQ(loader->stats().leaked.load(), 0u);
 }
 

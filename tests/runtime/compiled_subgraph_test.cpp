@@ -185,7 +185,7 @@ TEST_F(CompiledSubgraphTest, OneZeroBackendIsNeverOfferedASubgraph) {
   EXPECT_EQ(IntOption(*runtime_, "TestSubgraphApi10", "compile_calls"), 0);
 }
 
-// CpuRef is built against 1.1 and keeps IBackend's default CompileSubgraph: it declines.
+// CpuRef is built against 1.2 and keeps IBackend's default CompileSubgraph: it declines.
 TEST_F(CompiledSubgraphTest, DecliningBackendGetsOneWorkloadPerLayer) {
   auto id = Load(ChainNetwork(), {"CpuRef"});
   ASSERT_TRUE(id.ok()) << id.error().ToString();

@@ -35,7 +35,7 @@ TEST(CheckCommandTest, FirstPartyBackendWouldLoad) {
   ASSERT_EQ(report.size(), 1u);
   EXPECT_EQ(report[0]["ok"], true);
   EXPECT_EQ(report[0]["id"], "CpuRef");
-  EXPECT_EQ(report[0]["api_version"], "1.1");  // rebuilt with the 1.1 SDK header
+  EXPECT_EQ(report[0]["api_version"], "1.2");  // rebuilt with the 1.2 SDK header
   EXPECT_EQ(report[0]["reason"], nullptr);
   for (const char* key : {"file", "ok", "id", "api_version", "stage", "reason", "message"}) {
     EXPECT_TRUE(report[0].contains(key)) << key;
@@ -118,7 +118,7 @@ TEST(CheckCommandTest, TextOutputHasAStageLineAndAVerdictPerFile) {
                                        "verbose (bool), limit (int64), scale (double), label "
                                        "(string)"));
   EXPECT_THAT(result.output, HasSubstr("  unload        ok    unmapped after dlclose"));
-  EXPECT_THAT(result.output, HasSubstr("verdict: OK, backend TestValid (API 1.1, release 1.2.3)"));
+  EXPECT_THAT(result.output, HasSubstr("verdict: OK, backend TestValid (API 1.2, release 1.2.3)"));
   EXPECT_THAT(result.output, HasSubstr("verdict: REJECTED API_INCOMPATIBLE"));
 }
 
@@ -203,6 +203,25 @@ TEST(CheckCommandTest, WarnsAboutExtraExportsAndLazyBinding) {
   // What backplane_add_backend() builds gets no such stage.
   testing::CommandResult clean = RunBackplane("check " + Fixture("Valid").string());
   EXPECT_THAT(clean.output, ::testing::Not(HasSubstr("WARN")));
+}
+
+// Rule 5: a backend with TBB's task templates compiled in (the ELF imports libtbb's task
+// submission) loads and unloads, with a warning that names the evidence and the fix (IHost); the
+// same work through IHost gets none.
+TEST(CheckCommandTest, WarnsAboutABackendThatSubmitsTbbTasksItself) {
+  testing::CommandResult result = RunBackplane("check " + Fixture("Tbb").string());
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_THAT(result.output,
+              HasSubstr("  threads       WARN  instantiates TBB's task templates itself (imports "
+                        "tbb::detail::r1::spawn, tbb::detail::r1::execute_and_wait): "));
+  EXPECT_THAT(result.output, HasSubstr("run parallel work through the host's IHost instead"));
+  EXPECT_THAT(result.output, HasSubstr("  unload        ok"));
+  EXPECT_THAT(result.output, HasSubstr("verdict: OK with 1 warning, backend TestTbb"));
+
+  testing::CommandResult host = RunBackplane("check " + Fixture("HostParallel").string());
+  EXPECT_EQ(host.exit_code, 0) << host.output;
+  EXPECT_THAT(host.output, ::testing::Not(HasSubstr("WARN")));
+  EXPECT_THAT(host.output, HasSubstr("version       ok    backend API 1.2 on host 1.2"));
 }
 
 TEST(CheckCommandTest, ListsEveryDependencyAndWhetherItStaysResident) {

@@ -21,6 +21,9 @@
 //  1.0  IBackend: IsSupported, CreateWorkload (one workload per layer), contexts, options.
 //  1.1  IBackend::CompileSubgraph: one workload for a run of consecutive layers placed on the
 //       backend, so that it can fuse them and keep its own tensor layout between them.
+//  1.2  IHost and IBackend::SetHost: parallel work run by the host (ParallelFor, task groups),
+//       so that no thread-pool code is compiled into the backend and its library can be unmapped
+//       as soon as the waits return (docs/loading-rules.md rule 5).
 #pragma once
 
 #include <cstddef>
@@ -41,7 +44,7 @@ namespace backplane {
 
 // The backend API this header describes.
 inline constexpr uint32_t kBackendApiMajor = 1;
-inline constexpr uint32_t kBackendApiMinor = 1;
+inline constexpr uint32_t kBackendApiMinor = 2;
 
 struct BackendApiVersion {
   uint32_t major = 0;
@@ -102,6 +105,62 @@ struct CompiledSubgraph {
   std::vector<std::string> layer_notes;
 };
 
+// SDK 1.2: parallel work that the host runs for the backend, on the host's TBB workers.
+//
+// Why: TBB's task templates (tbb::parallel_for, tbb::task_group, ...) compiled into a backend put
+// the backend's own code around every task: after a task's body ends, the worker goes on through
+// a few instructions of the backend's copy of the template (releasing the waiter, destroying the
+// task) after the wait in the backend has already returned. Unmapping the library then crashes
+// that worker. Through IHost every template is instantiated in the host: the backend's function
+// returns into host code before the host releases any wait, so once ParallelFor or Wait returns,
+// no thread is in the backend's code on the backend's behalf.
+//
+// The functions are plain function pointers with a context pointer, so nothing is instantiated in
+// the backend. They must not throw (like a C callback): the host catches what they throw, and
+// reports it as a failed call, but every other chunk still runs.
+using HostRangeFn = void (*)(void* context, std::size_t begin, std::size_t end);
+using HostTaskFn = void (*)(void* context);
+
+// Tasks started with Run and waited for with Wait, run by the host. Obtained from
+// IHost::CreateTaskGroup; the backend owns it and destroys it (host code) when done.
+//
+// Thread-safe: Run may be called from any thread, also from a running task.
+class IHostTaskGroup {
+ public:
+  // Destroying a group waits for its tasks first, like Wait.
+  virtual ~IHostTaskGroup() = default;
+  // Starts task(context) on a host worker and returns at once.
+  virtual void Run(HostTaskFn task, void* context) = 0;
+  // Returns when every task run so far has returned (the calling thread may run some of them).
+  // kInternal when one of them threw since the last Wait, naming what it threw.
+  virtual Status Wait() = 0;
+};
+
+// The host services a backend receives through IBackend::SetHost (SDK 1.2).
+//
+// ABI: like IBackend, IHost and IHostTaskGroup only grow at the end, with a minor bump. A backend
+// calls a method added after 1.2 only when ApiVersion() says the host has it.
+//
+// Thread-safe. Lives longer than every backend instance it is given to.
+class IHost {
+ public:
+  // The backend API the host implements (>= 1.2).
+  virtual BackendApiVersion ApiVersion() const = 0;
+  // Calls body(context, begin, end) over disjoint subranges that cover [0, n), each about `grain`
+  // long or longer (0 is taken as 1), in parallel on the calling thread's TBB arena (a request's
+  // arena when called from IWorkload::Execute, so the host's concurrency limit holds), and returns
+  // when every call has returned. kInternal when a call threw.
+  virtual Status ParallelFor(std::size_t n, std::size_t grain, HostRangeFn body, void* context) = 0;
+  // A new task group for work that outlives one call (background work). Wait for it (or destroy
+  // it) in Shutdown at the latest.
+  virtual std::unique_ptr<IHostTaskGroup> CreateTaskGroup() = 0;
+  // How many threads ParallelFor may use from the calling thread (for choosing a grain).
+  virtual int MaxConcurrency() const = 0;
+
+ protected:
+  ~IHost() = default;  // the host owns it; a backend never deletes it
+};
+
 // Per-runtime hooks around network loading (ArmNN's IBackendContext). A failing
 // BeforeUnloadNetwork keeps the network loaded; the message says why.
 //
@@ -151,8 +210,9 @@ class IBackend {
                     "'");
   }
 
-  // Returns only when all of this instance's own work (threads, tasks, callbacks) is finished.
-  // The host calls it on its reaper thread before destroying the instance and closing the library.
+  // Returns only when all of this instance's own work (threads, tasks, callbacks, task groups of
+  // the host's IHost) is finished. The host calls it on its reaper thread before destroying the
+  // instance and closing the library.
   virtual void Shutdown() {}
 
   // ---- Added in API 1.1 (append only below this line) ----
@@ -165,6 +225,15 @@ class IBackend {
     (void)subgraph;
     return Unimplemented("backend " + std::string(GetId()) + " compiles no subgraphs");
   }
+
+  // ---- Added in API 1.2 (append only below this line) ----
+
+  // The host's services for parallel work. Called once, right after the factory created the
+  // instance and before any other call but GetId; `host` outlives the instance. Called only on
+  // backends that report API >= 1.2 (a 1.0 or 1.1 backend has no slot for it). A backend that
+  // runs work in parallel should do it through `host`, never with TBB's templates of its own
+  // (`backplane check` warns about those; docs/backend-authors.md, Parallel work).
+  virtual void SetHost(IHost* host) { (void)host; }
 };
 
 }  // namespace backplane

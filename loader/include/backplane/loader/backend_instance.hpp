@@ -78,6 +78,16 @@ class BackendInstance : public std::enable_shared_from_this<BackendInstance> {
   // Direct access for the host's guarded wrappers (e.g. contexts). Never store it.
   IBackend& backend() { return *backend_; }
 
+  // Runs `call` (code of this instance's backend) where its generation's calls run: inside the
+  // generation's own TBB arena when it submits TBB tasks itself (Generation::RunConfined), else
+  // directly. Every call into the backend's code goes through this.
+  template <typename Call>
+  auto Confined(Call&& call) const -> decltype(call()) {
+    if (lease_ == nullptr)
+      return call();
+    return lease_->RunConfined(std::forward<Call>(call));
+  }
+
  private:
   const std::string id_;
   // Declaration order is destruction order reversed: lease_ must outlive backend_.

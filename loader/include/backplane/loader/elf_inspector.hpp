@@ -43,6 +43,12 @@ struct ElfFacts {
   std::string thread_pool_entry_point;
   std::string thread_start_import;
   std::vector<std::string> registry_writes;
+  // Rule 5: the entry points of libtbb through which TBB's task templates submit tasks
+  // (tbb::detail::r1::spawn, execute_and_wait, submit, enqueue), when imported (mangled). Only a
+  // library with TBB's task templates compiled into it calls them, and that library's code runs
+  // on a worker after the task released its waiter. Calls that run no task of the library's
+  // (max_concurrency, task_arena::execute of a function on the calling thread) do not count.
+  std::vector<std::string> tbb_task_imports;
 
   // Dependencies (rule 8): DT_NEEDED in order, and DT_RUNPATH or else DT_RPATH as written
   // (colon-separated, $ORIGIN unexpanded).
@@ -64,6 +70,10 @@ std::vector<std::string> UnloadabilityCauses(const ElfFacts& facts);
 
 // kNotUnloadable, with every cause and its fix in the message, unless `facts` can be unloaded.
 Result<ElfFacts> CheckUnloadable(ElfFacts facts, std::string_view file);
+
+// What `backplane check` says about a library that submits TBB tasks itself (tbb_task_imports):
+// why, what the host does about it, and the fix (SDK 1.2's IHost). Empty when it does not.
+std::string TbbTaskAdvice(const ElfFacts& facts);
 
 // ReadElf for a backend file, which must also be unloadable.
 Result<ElfFacts> InspectElf(std::span<const std::byte> image, std::string_view file);

@@ -4,8 +4,11 @@
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
+#include <type_traits>
 
 #include "backplane/loader/backend_file.hpp"
 #include "backplane/sdk/backend.hpp"
@@ -13,6 +16,7 @@
 namespace backplane::loader {
 
 class LoaderStats;
+class TbbConfinement;
 
 // Owns a dlopen handle; dlcloses it on destruction. Move-only.
 class LibraryHandle {
@@ -54,11 +58,20 @@ struct GenerationInfo {
   std::string sha256;                 // of the shadow copy's content, i.e. of the code mapped
   std::string build_id;
   std::chrono::system_clock::time_point loaded_at;
+  // The library submits TBB tasks itself (its ELF imports tbb::detail::r1::spawn and the like):
+  // TBB's task templates are compiled into it, so a worker can still be in its code after every
+  // wait returned. Such a generation's calls run confined to an arena of its own (RunConfined).
+  bool submits_tbb_tasks = false;
 };
 
 // One loaded library version. Destroyed only on the reaper thread (through GenerationLease):
 // the destructor dlcloses, verifies with RTLD_NOLOAD that the library really left the process,
 // records it as unloaded or leaked, and deletes the shadow file.
+//
+// A generation that submits TBB tasks itself (GenerationInfo::submits_tbb_tasks) has a TBB arena
+// of its own, and every call into its code goes through RunConfined, so that every task it
+// spawns runs in that arena; the destructor dlcloses only once no thread is inside the arena
+// (observed, not timed: docs/loading-rules.md rule 5).
 //
 // Thread-safe (immutable); calls into the backend go through BackendInstance.
 class Generation {
@@ -72,8 +85,33 @@ class Generation {
   const GenerationInfo& info() const { return info_; }
   const EntryPoints& entry_points() const { return entry_points_; }
 
+  // Runs `call` (backend code) inside this generation's own TBB arena when it submits TBB tasks
+  // itself, else directly; returns what `call` returns and lets its exceptions through. Every
+  // call into the generation's code goes through this (BackendInstance, the factory).
+  template <typename Call>
+  auto RunConfined(Call&& call) const -> decltype(call()) {
+    using R = decltype(call());
+    if (confinement_ == nullptr)
+      return call();
+    if constexpr (std::is_void_v<R>) {
+      RunInArena(call);
+    } else {
+      std::optional<R> result;
+      RunInArena([&] { result.emplace(call()); });
+      return std::move(*result);
+    }
+  }
+
+  // Threads that entered the generation's own arena so far (0 without one), for tests.
+  uint64_t confined_entries() const;
+
  private:
+  void RunInArena(const std::function<void()>& call) const;
+
   const GenerationInfo info_;
+  // Null unless info_.submits_tbb_tasks; emptied and released by the destructor before the
+  // library is closed.
+  std::unique_ptr<TbbConfinement> confinement_;
   LibraryHandle library_;
   const EntryPoints entry_points_;
   const std::shared_ptr<LoaderStats> stats_;

@@ -1,0 +1,120 @@
+#include "backplane/loader/host_services.hpp"
+
+#include <tbb/blocked_range.h>
+#include <tbb/parallel_for.h>
+#include <tbb/task_arena.h>
+#include <tbb/task_group.h>
+
+#include <algorithm>
+#include <exception>
+#include <string>
+
+#include "backplane/core/thread_annotations.hpp"
+
+namespace backplane::loader {
+namespace {
+
+// What a backend's function threw, kept until the call that waits for it reports it. The first
+// one wins; the others are counted only. Thread-safe.
+class FailureRecord {
+ public:
+  // Calls fn and records what it throws; never throws.
+  template <typename Fn>
+  void Guard(Fn&& fn) noexcept {
+    try {
+      fn();
+    } catch (const std::exception& e) {
+      Record(e.what());
+    } catch (...) {
+      Record("an exception that is not a std::exception");
+    }
+  }
+
+  // OK, or kInternal naming the first failure since the last Take; clears the record.
+  Status Take(std::string_view what) EXCLUDES(mutex_) {
+    MutexLock lock(mutex_);
+    if (count_ == 0)
+      return Status::Ok();
+    Status failure = Internal(std::string(what) + " threw: " + first_ +
+                              (count_ > 1 ? " (and " + std::to_string(count_ - 1) + " more)" : "") +
+                              " (functions given to the host must not throw)");
+    first_.clear();
+    count_ = 0;
+    return failure;
+  }
+
+ private:
+  void Record(const char* what) EXCLUDES(mutex_) {
+    MutexLock lock(mutex_);
+    if (count_++ == 0)
+      first_ = what;
+  }
+
+  Mutex mutex_;
+  std::string first_ GUARDED_BY(mutex_);
+  std::size_t count_ GUARDED_BY(mutex_) = 0;
+};
+
+// Thread-safe as IHostTaskGroup.
+class TbbTaskGroup final : public IHostTaskGroup {
+ public:
+  ~TbbTaskGroup() override {
+    // The backend's tasks must be finished before the backend can go on (and before the group's
+    // memory goes); a failure nobody waited for is dropped with the group.
+    (void)Wait();
+  }
+
+  void Run(HostTaskFn task, void* context) override {
+    // The lambda is host code: the backend's task returns into it, and only then does TBB's
+    // (host-instantiated) task code release the group's wait.
+    group_->run([this, task, context] { failures_.Guard([&] { task(context); }); });
+  }
+
+  Status Wait() override {
+    group_->wait();  // never throws: every task catches its own exceptions
+    return failures_.Take("a task run through IHostTaskGroup");
+  }
+
+ private:
+  FailureRecord failures_;
+  // After failures_: destroyed first. Behind a pointer because ~task_group may throw (a missed
+  // wait), which an IHostTaskGroup's destructor must not; it never does here, after Wait.
+  std::unique_ptr<tbb::task_group> group_ = std::make_unique<tbb::task_group>();
+};
+
+// Thread-safe.
+class TbbHost final : public IHost {
+ public:
+  BackendApiVersion ApiVersion() const override { return kBackendApiVersion; }
+
+  Status ParallelFor(std::size_t n, std::size_t grain, HostRangeFn body, void* context) override {
+    grain = std::max<std::size_t>(grain, 1);
+    FailureRecord failures;
+    if (n <= grain) {
+      // One chunk: no task, no hand-off to another thread.
+      failures.Guard([&] { body(context, 0, n); });
+    } else {
+      tbb::parallel_for(tbb::blocked_range<std::size_t>(0, n, grain),
+                        [&](const tbb::blocked_range<std::size_t>& range) {
+                          failures.Guard([&] { body(context, range.begin(), range.end()); });
+                        });
+    }
+    return failures.Take("a ParallelFor body");
+  }
+
+  std::unique_ptr<IHostTaskGroup> CreateTaskGroup() override {
+    return std::make_unique<TbbTaskGroup>();
+  }
+
+  int MaxConcurrency() const override { return tbb::this_task_arena::max_concurrency(); }
+};
+
+}  // namespace
+
+IHost& HostServices() {
+  // Never destroyed: a backend instance released during static destruction may still use it.
+  static TbbHost* const host = new TbbHost();
+  return *host;
+}
+
+}  // namespace backplane::loader
