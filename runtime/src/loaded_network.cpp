@@ -20,8 +20,18 @@ bool IsDynamic(const TensorInfo& info) {
 // size their loops by it, so a shape whose count wraps ([2^62+1, 4] is 4 elements in int64) or a
 // constant whose data is shorter than its shape must not get that far.
 Status CheckShapes(const Network& network) {
-  for (const auto& [name, info] : network.values)
-    BACKPLANE_RETURN_IF_ERROR(CheckKnownElementCount(info.shape, "value '" + name + "'"));
+  // Without a dynamic input, Execute allocates every value by its load-time shape: each must be
+  // concrete (a negative dimension would size a Tensor as a huge size_t).
+  const bool dynamic = std::any_of(network.inputs.begin(), network.inputs.end(),
+                                   [](const ValueInfo& input) { return IsDynamic(input.info); });
+  for (const auto& [name, info] : network.values) {
+    const std::string what = "value '" + name + "'";
+    if (dynamic) {
+      BACKPLANE_RETURN_IF_ERROR(CheckKnownElementCount(info.shape, what));
+    } else if (auto count = CheckedElementCount(info.shape, what); !count.ok()) {
+      return count.error();
+    }
+  }
   for (const auto& input : network.inputs)
     BACKPLANE_RETURN_IF_ERROR(
         CheckKnownElementCount(input.info.shape, "input '" + input.name + "'"));
