@@ -687,7 +687,9 @@ class Compiler {
       a_strides = RowMajorStrides(a_dims);
       b_strides = RowMajorStrides(b_dims);
     }
-    if (ElementCount(y) != ElementCount(Shape(y_dims.begin(), y_dims.end())))
+    // The broadcast batch can multiply past the bound that every described shape keeps.
+    const Shape y_full(y_dims.begin(), y_dims.end());
+    if (!BoundedDimProduct(y_full) || ElementCount(y) != ElementCount(y_full))
       throw CompileError{NodeInvalid(op, "output " + ToString(y) + " does not match the operands")};
     const std::size_t rank = y_dims.size();
     const int64_t n = y_dims[rank - 1];

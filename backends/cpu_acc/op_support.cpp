@@ -65,14 +65,6 @@ std::optional<Shape> Broadcast(const Shape& a, const Shape& b) {
   return out;
 }
 
-namespace {
-
-int64_t CeilDiv(int64_t a, int64_t b) {
-  return a >= 0 ? (a + b - 1) / b : -((-a) / b);
-}
-
-}  // namespace
-
 std::optional<std::string> ResolveWindow(const OperatorDesc& op, std::span<const int64_t> in,
                                          std::span<const int64_t> kernel, bool ceil_mode,
                                          Window* w) {
@@ -86,7 +78,16 @@ std::optional<std::string> ResolveWindow(const OperatorDesc& op, std::span<const
     const int64_t k = kernel[d];
     const int64_t stride = strides.empty() ? 1 : strides[d];
     const int64_t dilation = dilations.empty() ? 1 : dilations[d];
-    const int64_t extent = (k - 1) * dilation + 1;
+    // Attributes may hold anything up to INT64_MAX: sums and products of them are bounded (core's
+    // rule on dimension arithmetic), and ceiling divisions avoid a + stride - 1.
+    auto where = [d] { return " in spatial dim " + std::to_string(d); };
+    if (k < 1)
+      return "the kernel size " + std::to_string(k) + " is not positive" + where();
+    const auto stretched = BoundedMul(k - 1, dilation);
+    const auto bounded_extent = stretched ? BoundedAdd(*stretched, 1) : std::nullopt;
+    if (!bounded_extent)
+      return "the window extent (kernel - 1) x dilation + 1 overflows the limit of 2^40" + where();
+    const int64_t extent = *bounded_extent;
     int64_t begin = 0, end = 0;
     if (auto_pad == "NOTSET") {
       if (!pads.empty()) {
@@ -94,18 +95,23 @@ std::optional<std::string> ResolveWindow(const OperatorDesc& op, std::span<const
         end = pads[d + rank];
       }
     } else if (auto_pad == "SAME_UPPER" || auto_pad == "SAME_LOWER") {
-      const int64_t total =
-          std::max<int64_t>(0, (CeilDiv(in[d], stride) - 1) * stride + extent - in[d]);
+      const int64_t windows = in[d] == 0 ? 0 : (in[d] - 1) / stride + 1;
+      const int64_t total = std::max<int64_t>(0, (windows - 1) * stride + extent - in[d]);
       begin = auto_pad == "SAME_UPPER" ? total / 2 : total - total / 2;
       end = total - begin;
     }
-    const int64_t span = in[d] + begin + end - extent;
+    const auto padded_begin = BoundedAdd(in[d], begin);
+    const auto padded = padded_begin ? BoundedAdd(*padded_begin, end) : std::nullopt;
+    if (!padded)
+      return "the padded input (input + pads) overflows the limit of 2^40" + where();
+    const int64_t span = *padded - extent;
     if (span < 0) {
       return "the window (extent " + std::to_string(extent) +
-             ") is larger than the padded input (" + std::to_string(in[d] + begin + end) +
-             ") in spatial dim " + std::to_string(d);
+             ") is larger than the padded input (" + std::to_string(*padded) + ")" + where();
     }
-    int64_t out = (ceil_mode ? CeilDiv(span, stride) : span / stride) + 1;
+    // `needed` below cannot overflow even for a stride near INT64_MAX: (out - 1) * stride is at
+    // most span, or with ceil_mode below in + begin after the step that drops the last window.
+    int64_t out = (ceil_mode ? (span == 0 ? 0 : (span - 1) / stride + 1) : span / stride) + 1;
     if (ceil_mode && (out - 1) * stride >= in[d] + begin)
       --out;  // the last window would start in the end padding
     // oneDNN wants out == (in + begin + end' - extent) / stride + 1 (floor): a ceil_mode window
@@ -141,6 +147,17 @@ Status CheckSignature(const OperatorDesc& op, const Signature& signature) {
   }
   if (op.outputs.size() != signature.outputs)
     return NodeInvalid(op, "has " + std::to_string(op.outputs.size()) + " output(s)");
+  // Invalid, not merely unsupported: a shape whose element count overflows is no tensor at all,
+  // and the next backend must not be offered it either. oneDNN's dims and the compiler's own
+  // products (flops, per-map counts) rely on the bound.
+  auto bounded = [&](const Shape& shape, const std::string& what) {
+    Status status = CheckKnownElementCount(shape, what);
+    return status.ok() ? status : NodeInvalid(op, status.message());
+  };
+  for (std::size_t i = 0; i < op.inputs.size(); ++i)
+    BACKPLANE_RETURN_IF_ERROR(bounded(op.inputs[i].shape, "input " + std::to_string(i)));
+  for (std::size_t i = 0; i < op.outputs.size(); ++i)
+    BACKPLANE_RETURN_IF_ERROR(bounded(op.outputs[i].shape, "output " + std::to_string(i)));
   for (std::size_t i = 0; i < op.inputs.size() && i < signature.float_inputs; ++i) {
     const DataType type = op.inputs[i].type;
     if (type != DataType::kFloat32 && type != DataType::kUndefined) {
@@ -209,6 +226,11 @@ Status CheckWindowAttributes(const OperatorDesc& op, std::size_t spatial_rank, b
   }
   if (is_pool && IntsAttr(op, "kernel_shape").empty())
     return NodeInvalid(op, "attribute 'kernel_shape' is required");
+  // A window's taps are a product of dimensions like a tensor's elements, and bounded the same.
+  if (!BoundedDimProduct(IntsAttr(op, "kernel_shape"))) {
+    return NodeInvalid(op, "the kernel window " + ToString(IntsAttr(op, "kernel_shape")) +
+                               " (the product of kernel_shape) overflows the limit of 2^40");
+  }
   return Status::Ok();
 }
 
@@ -376,21 +398,36 @@ Status CheckMatMul(const OperatorDesc& op) {
   return Status::Ok();
 }
 
+// Identity, Flatten and Reshape compile to a view of the input's bytes under the output's dims:
+// an output with more elements than the input would read past it. Shape inference guarantees
+// equal counts; a description from elsewhere is checked (counts are bounded by CheckSignature).
+Status CheckSameCount(const OperatorDesc& op) {
+  const Shape& in = op.inputs[0].shape;
+  const Shape& out = op.outputs[0].shape;
+  if (IsStatic(in) && IsStatic(out) && ElementCount(in) != ElementCount(out)) {
+    return NodeInvalid(op, "output " + ToString(out) +
+                               " does not have the element count of input " + ToString(in));
+  }
+  return Status::Ok();
+}
+
 Status CheckLayout(const OperatorDesc& op) {
-  if (op.op_type == "Identity")
-    return CheckSignature(op, {});
+  if (op.op_type == "Identity") {
+    BACKPLANE_RETURN_IF_ERROR(CheckSignature(op, {}));
+    return CheckSameCount(op);
+  }
   if (op.op_type == "Flatten") {
     BACKPLANE_RETURN_IF_ERROR(CheckSignature(op, {.attributes = {"axis"}}));
     if (!NormalizedAxis(IntAttr(op, "axis", 1), static_cast<int64_t>(op.inputs[0].shape.size()), 1))
       return NodeInvalid(op, "axis out of range");
-    return Status::Ok();
+    return CheckSameCount(op);
   }
   if (op.op_type == "Reshape") {
     BACKPLANE_RETURN_IF_ERROR(CheckSignature(
         op, {.min_inputs = 2, .max_inputs = 2, .attributes = {"allowzero"}, .float_inputs = 1}));
     if (op.inputs[1].type != DataType::kInt64 || !IsConstant(op, 1))
       return NodeUnimplemented(op, "the shape input must be a constant INT64 tensor");
-    return Status::Ok();
+    return CheckSameCount(op);
   }
   if (op.op_type == "Transpose") {
     BACKPLANE_RETURN_IF_ERROR(CheckSignature(op, {.attributes = {"perm"}}));

@@ -16,6 +16,18 @@ Status NodeInvalid(const OperatorDesc& op, const std::string& reason) {
   return InvalidArgument("CpuRef: " + NodeLabel(op) + ": " + reason);
 }
 
+Status CheckShapeBounds(const OperatorDesc& op) {
+  auto check = [&](const Shape& shape, const std::string& what) {
+    Status status = CheckKnownElementCount(shape, what);
+    return status.ok() ? status : NodeInvalid(op, status.message());
+  };
+  for (std::size_t i = 0; i < op.inputs.size(); ++i)
+    BACKPLANE_RETURN_IF_ERROR(check(op.inputs[i].shape, "input " + std::to_string(i)));
+  for (std::size_t i = 0; i < op.outputs.size(); ++i)
+    BACKPLANE_RETURN_IF_ERROR(check(op.outputs[i].shape, "output " + std::to_string(i)));
+  return Status::Ok();
+}
+
 Status CheckSignature(const OperatorDesc& op, const Signature& signature) {
   if (op.inputs.size() < signature.min_inputs || op.inputs.size() > signature.max_inputs) {
     const std::string expected =
@@ -31,6 +43,7 @@ Status CheckSignature(const OperatorDesc& op, const Signature& signature) {
     return NodeInvalid(op, "needs " + std::to_string(signature.outputs) + " output(s), has " +
                                std::to_string(op.outputs.size()));
   }
+  BACKPLANE_RETURN_IF_ERROR(CheckShapeBounds(op));
   for (std::size_t i = 0; i < op.inputs.size() && i < signature.float_inputs; ++i) {
     const DataType type = op.inputs[i].type;
     // kUndefined marks an omitted optional input; whether it may be omitted is the kernel's call.
@@ -170,17 +183,24 @@ Status WorkloadBase::Execute(std::span<const ConstTensorView> inputs,
     return Invalid("got " + std::to_string(inputs.size()) + " input(s) and " +
                    std::to_string(outputs.size()) + " output(s)");
   }
+  // A request fixes dynamic dimensions: its shapes get the same bound as a description's.
   for (const auto& input : inputs) {
     for (int64_t dim : input.info.shape) {
       if (dim < 0)
         return Invalid("input shape " + ToString(input.info.shape) + " is not resolved");
     }
+    Status bounded = CheckKnownElementCount(input.info.shape, "input");
+    if (!bounded.ok())
+      return Invalid(bounded.message());
   }
   for (const auto& output : outputs) {
     for (int64_t dim : output.info.shape) {
       if (dim < 0)
         return Invalid("output shape " + ToString(output.info.shape) + " is not resolved");
     }
+    Status bounded = CheckKnownElementCount(output.info.shape, "output");
+    if (!bounded.ok())
+      return Invalid(bounded.message());
   }
   try {
     return Run(inputs, outputs);

@@ -78,9 +78,15 @@ struct Signature {
   std::size_t float_inputs = SIZE_MAX;
 };
 
-// Input/output counts (kInvalidArgument), FP32 data (kUnimplemented), known attribute names
-// (kUnimplemented: an attribute is never silently ignored).
+// Input/output counts (kInvalidArgument), shapes within core's bound on element counts
+// (kInvalidArgument), FP32 data (kUnimplemented), known attribute names (kUnimplemented: an
+// attribute is never silently ignored).
 Status CheckSignature(const OperatorDesc& op, const Signature& signature);
+
+// kInvalidArgument naming the node and the input or output when the known dimensions of one
+// multiply past kMaxElementCount: every kernel's shape arithmetic (rows x columns, strides,
+// outer x inner) relies on that bound, so a description that breaks it is never parsed further.
+Status CheckShapeBounds(const OperatorDesc& op);
 
 // True when optional input `index` is given: present and not DataType::kUndefined.
 bool HasInput(const OperatorDesc& op, std::size_t index);

@@ -115,12 +115,20 @@ std::optional<std::string> ResolveReshape(const Shape& in, const std::vector<int
   if (auto error = ReshapeTargetError(target, allowzero, in.size()))
     return error;
   *out = target;
+  for (std::size_t i = 0; i < out->size(); ++i) {
+    if ((*out)[i] == 0 && !allowzero)
+      (*out)[i] = in[i];  // 0 copies the input's dim
+  }
+  // The target is the model's constant: its dims may multiply past int64 ([2^62+1, 4] wraps to
+  // 4, the input's count), so they are bounded before `known` multiplies them.
+  if (!BoundedDimProduct(*out)) {
+    return "shape " + ToString(target) + " resolves to " + ToString(*out) +
+           ", whose element count overflows the limit of 2^40";
+  }
   int64_t known = 1;
   std::optional<std::size_t> inferred;
   for (std::size_t i = 0; i < out->size(); ++i) {
-    int64_t& dim = (*out)[i];
-    if (dim == 0 && !allowzero)
-      dim = in[i];  // 0 copies the input's dim
+    const int64_t dim = (*out)[i];
     if (dim == -1) {
       inferred = i;
       continue;

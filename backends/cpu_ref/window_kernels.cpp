@@ -133,10 +133,6 @@ struct WindowGeometry {
   }
 };
 
-int64_t CeilDiv(int64_t a, int64_t b) {
-  return a >= 0 ? (a + b - 1) / b : -((-a) / b);
-}
-
 // `spatial_in` and `kernel` are the resolved spatial dims of the input and of the kernel.
 std::optional<std::string> ComputeGeometry(const WindowAttributes& attributes,
                                            std::span<const int64_t> spatial_in,
@@ -148,7 +144,16 @@ std::optional<std::string> ComputeGeometry(const WindowAttributes& attributes,
     const int64_t k = kernel[d];
     const int64_t stride = attributes.strides.empty() ? 1 : attributes.strides[d];
     const int64_t dilation = attributes.dilations.empty() ? 1 : attributes.dilations[d];
-    const int64_t extent = (k - 1) * dilation + 1;
+    // Attributes may hold anything up to INT64_MAX: sums and products of them are bounded (core's
+    // rule on dimension arithmetic), and ceiling divisions avoid a + stride - 1.
+    auto where = [d] { return " in spatial dim " + std::to_string(d); };
+    if (k < 1)
+      return "the kernel size " + std::to_string(k) + " is not positive" + where();
+    const auto stretched = BoundedMul(k - 1, dilation);
+    const auto bounded_extent = stretched ? BoundedAdd(*stretched, 1) : std::nullopt;
+    if (!bounded_extent)
+      return "the window extent (kernel - 1) x dilation + 1 overflows the limit of 2^40" + where();
+    const int64_t extent = *bounded_extent;
     int64_t begin = 0, end = 0;
     switch (attributes.auto_pad) {
       case AutoPad::kNotSet:
@@ -161,20 +166,24 @@ std::optional<std::string> ComputeGeometry(const WindowAttributes& attributes,
         break;
       case AutoPad::kSameUpper:
       case AutoPad::kSameLower: {
-        const int64_t total =
-            std::max<int64_t>(0, (CeilDiv(in, stride) - 1) * stride + extent - in);
+        const int64_t windows = in == 0 ? 0 : (in - 1) / stride + 1;
+        const int64_t total = std::max<int64_t>(0, (windows - 1) * stride + extent - in);
         begin = attributes.auto_pad == AutoPad::kSameUpper ? total / 2 : total - total / 2;
         end = total - begin;
         break;
       }
     }
-    const int64_t span = in + begin + end - extent;
+    const auto padded_begin = BoundedAdd(in, begin);
+    const auto padded = padded_begin ? BoundedAdd(*padded_begin, end) : std::nullopt;
+    if (!padded)
+      return "the padded input (input + pads) overflows the limit of 2^40" + where();
+    const int64_t span = *padded - extent;
     if (span < 0) {
       return "the window (extent " + std::to_string(extent) +
-             ") is larger than the padded input (" + std::to_string(in + begin + end) +
-             ") in spatial dim " + std::to_string(d);
+             ") is larger than the padded input (" + std::to_string(*padded) + ")" + where();
     }
-    int64_t out = (attributes.ceil_mode ? CeilDiv(span, stride) : span / stride) + 1;
+    int64_t out =
+        (attributes.ceil_mode ? (span == 0 ? 0 : (span - 1) / stride + 1) : span / stride) + 1;
     if (attributes.ceil_mode && (out - 1) * stride >= in + begin)
       --out;  // the last window would start in the end padding
     g->in[d] = in;
@@ -184,9 +193,14 @@ std::optional<std::string> ComputeGeometry(const WindowAttributes& attributes,
     g->dilation[d] = dilation;
     g->pad_begin[d] = begin;
     g->pad_end[d] = end;
-    g->in_count *= in;
-    g->out_count *= out;
-    g->kernel_count *= k;
+    const auto in_count = BoundedMul(g->in_count, in);
+    const auto out_count = BoundedMul(g->out_count, out);
+    const auto kernel_count = BoundedMul(g->kernel_count, k);
+    if (!in_count || !out_count || !kernel_count)
+      return "the window's input, output or kernel positions overflow the limit of 2^40" + where();
+    g->in_count = *in_count;
+    g->out_count = *out_count;
+    g->kernel_count = *kernel_count;
   }
   return std::nullopt;
 }

@@ -92,6 +92,11 @@ Result<TensorInfo> DeclaredInfo(const onnx::ValueInfoProto& value, bool for_inpu
       info.shape.push_back(-1);  // dim_param or nothing: fixed per request
     }
   }
+  // The known dimensions alone may already overflow: refused here, naming the value, before
+  // shape inference or any request multiplies them.
+  Status bounded = CheckKnownElementCount(info.shape, what);
+  if (!bounded.ok())
+    return errors.Wrap(bounded);
   return info;
 }
 

@@ -45,7 +45,9 @@ std::string ShapeText(const Shape& shape) {
   return text + "]";
 }
 
-// Element count, or kDynamic when a dimension is unknown (and none is zero).
+// Element count, or kDynamic when a dimension is unknown (and none is zero). Only for dims whose
+// known product passed BoundedDimProduct (the node's checked inputs and outputs, or a subset of
+// them): it cannot overflow then.
 int64_t Product(std::span<const int64_t> dims) {
   int64_t product = 1;
   bool unknown = false;
@@ -68,11 +70,19 @@ class NodeInference {
                 const std::map<std::string, Tensor, std::less<>>& constants)
       : node_(node), opset_(opset), inputs_(inputs), constants_(constants) {}
 
+  // Every shape in and out is held to core's bound on element counts, so that no operator's
+  // arithmetic below, nor a backend's, nor the runtime's allocation, ever multiplies past int64.
   Result<std::vector<TensorInfo>> Run() {
+    for (std::size_t i = 0; i < inputs_.size(); ++i) {
+      if (inputs_[i] != nullptr)
+        BACKPLANE_RETURN_IF_ERROR(CheckBound(In(i), "input '" + node_.inputs[i] + "'"));
+    }
     outputs_.assign(node_.outputs.size(), TensorInfo{});
     Status status = Dispatch();
     if (!status.ok())
       return status;
+    for (std::size_t i = 0; i < outputs_.size(); ++i)
+      BACKPLANE_RETURN_IF_ERROR(CheckBound(outputs_[i].shape, "output '" + node_.outputs[i] + "'"));
     return std::move(outputs_);
   }
 
@@ -113,6 +123,15 @@ class NodeInference {
   }
   Status Mismatch(const std::string& reason) const {
     return Error(StatusCode::kInvalidArgument, "shape mismatch: " + reason);
+  }
+  // core's rule on the known dimensions of `shape`, which `what` names after the node.
+  Status CheckBound(const Shape& shape, const std::string& what) const {
+    Status status = CheckKnownElementCount(shape, what);
+    return status.ok() ? status : Error(status.code(), status.message());
+  }
+  Status Overflow(const std::string& what) const {
+    return Error(StatusCode::kInvalidArgument,
+                 what + " overflows the limit of 2^40 (" + std::to_string(kMaxElementCount) + ")");
   }
 
   // Input and output counts; trailing omitted outputs do not count.
@@ -387,6 +406,16 @@ class NodeInference {
       return Error(StatusCode::kInvalidArgument, "pads has " + std::to_string(window->pads.size()) +
                                                      " values, expected " +
                                                      std::to_string(2 * spatial));
+    // Only a Conv kernel taken from a weight of unknown shape may be unknown; a negative value
+    // in the attribute would otherwise pass as "unknown" and leave the output unresolved for
+    // every request.
+    std::vector<int64_t> declared_kernel;
+    BACKPLANE_RETURN_IF_ERROR(Ints("kernel_shape", {}, &declared_kernel));
+    for (int64_t k : declared_kernel) {
+      if (k < 1)
+        return Error(StatusCode::kInvalidArgument,
+                     "kernel_shape values must be positive, got " + std::to_string(k));
+    }
     for (std::size_t i = 0; i < spatial; ++i) {
       if (Known(window->kernel[i]) && window->kernel[i] < 1)
         return Error(StatusCode::kInvalidArgument, "kernel dimensions must be positive");
@@ -415,22 +444,30 @@ class NodeInference {
       *out = kDynamic;
       return Status::Ok();
     }
+    // Attributes may hold anything up to INT64_MAX: every sum and product of them is bounded.
+    // Ceiling divisions are written as (a - 1) / b + 1, which a huge stride cannot overflow.
     const int64_t stride = window.strides[i];
-    const int64_t extent = (kernel - 1) * window.dilations[i] + 1;
+    const std::string where = "spatial dimension " + std::to_string(i) + ": ";
+    const auto stretched = BoundedMul(kernel - 1, window.dilations[i]);
+    const auto extent = stretched ? BoundedAdd(*stretched, 1) : std::nullopt;
+    if (!extent)
+      return Overflow(where + "the kernel extent (kernel_shape - 1) x dilations + 1");
     if (window.auto_pad == "SAME_UPPER" || window.auto_pad == "SAME_LOWER") {
-      *out = (in + stride - 1) / stride;  // padding makes every stride position a window
+      *out = in == 0 ? 0 : (in - 1) / stride + 1;  // padding makes every stride position a window
       return Status::Ok();
     }
     const bool valid = window.auto_pad == "VALID";
     const int64_t pad_begin = valid ? 0 : window.pads[i];
     const int64_t pad_end = valid ? 0 : window.pads[i + window.kernel.size()];
-    const int64_t padded = in + pad_begin + pad_end;
-    if (padded < extent)
-      return Mismatch("spatial dimension " + std::to_string(i) + ": kernel extent " +
-                      std::to_string(extent) + " exceeds the padded input " +
-                      std::to_string(padded));
-    const int64_t span = padded - extent;
-    *out = (window.ceil_mode ? (span + stride - 1) / stride : span / stride) + 1;
+    const auto padded_begin = BoundedAdd(in, pad_begin);
+    const auto padded = padded_begin ? BoundedAdd(*padded_begin, pad_end) : std::nullopt;
+    if (!padded)
+      return Overflow(where + "the padded input (input + pads)");
+    if (*padded < *extent)
+      return Mismatch(where + "kernel extent " + std::to_string(*extent) +
+                      " exceeds the padded input " + std::to_string(*padded));
+    const int64_t span = *padded - *extent;
+    *out = (window.ceil_mode ? (span == 0 ? 0 : (span - 1) / stride + 1) : span / stride) + 1;
     // With ceil_mode, a last window that would start in the end padding is dropped.
     if (window.ceil_mode && (*out - 1) * stride >= in + pad_begin)
       --*out;
@@ -439,6 +476,10 @@ class NodeInference {
 
   // Conv and the pools: N x `channels` x one WindowOutput per spatial dimension of `x`.
   Status SetWindowedOutput(const Window& window, const Shape& x, int64_t channels) {
+    // Kernels loop over the window's taps: their count is a product of dimensions like any other.
+    if (!BoundedDimProduct(window.kernel))
+      return Overflow("the kernel window " + ShapeText(window.kernel) +
+                      " (the product of kernel_shape)");
     Shape out = {x[0], channels};
     for (std::size_t i = 0; i + 2 < x.size(); ++i) {
       int64_t dim = 0;
@@ -463,11 +504,14 @@ class NodeInference {
       return Error(StatusCode::kInvalidArgument, "group must be positive");
     const int64_t channels = x[1];
     const int64_t filters = w[0];
-    if (Known(channels) && Known(w[1]) && channels != w[1] * group)
+    // group comes from the model: w[1] x group is bounded, else it could wrap to x's channels.
+    const auto expected_channels = BoundedMul(w[1], group);
+    if (Known(channels) && Known(w[1]) && expected_channels != channels)
       return Mismatch("input '" + node_.inputs[0] + "' " + ShapeText(x) + " has " +
                       std::to_string(channels) + " channels, weight '" + node_.inputs[1] + "' " +
                       ShapeText(w) + " expects " + std::to_string(w[1]) + " x group " +
-                      std::to_string(group) + " = " + std::to_string(w[1] * group));
+                      std::to_string(group) + " = " +
+                      (expected_channels ? std::to_string(*expected_channels) : "too many"));
     if (Known(filters) && filters % group != 0)
       return Mismatch("weight count " + std::to_string(filters) + " is not divisible by group " +
                       std::to_string(group));
@@ -599,6 +643,10 @@ class NodeInference {
     }
     if (inferred && has_zero)
       return Error(StatusCode::kInvalidArgument, "allowzero=1 forbids a 0 beside a -1 in shape");
+    // The requested dimensions come from the model and may multiply past int64 ([2^62+1, 4]
+    // wraps to 4 and would pass as a reshape of 4 elements): bounded before any count is taken.
+    BACKPLANE_RETURN_IF_ERROR(
+        CheckBound(out, "the requested shape (input '" + node_.inputs[1] + "')"));
     const int64_t input_count = Product(x);
     if (inferred) {
       // Dimensions copied with 0 appear on both sides and cancel, so that [0,-1] resolves the
@@ -676,7 +724,16 @@ class NodeInference {
                         " has another rank than input 0 " + ShapeText(first));
       for (std::size_t d = 0; d < shape.size(); ++d) {
         if (d == axis) {
-          out[d] = Known(out[d]) && Known(shape[d]) ? out[d] + shape[d] : kDynamic;
+          if (Known(out[d]) && Known(shape[d])) {
+            // Each input is within the bound, but enough of them can add up past int64.
+            const auto sum = BoundedAdd(out[d], shape[d]);
+            if (!sum)
+              return Overflow("the concatenated axis " + std::to_string(axis) +
+                              " (the sum of the inputs' dimensions)");
+            out[d] = *sum;
+          } else {
+            out[d] = kDynamic;
+          }
         } else if (Known(out[d]) && Known(shape[d]) && out[d] != shape[d]) {
           return Mismatch("input " + std::to_string(i) + " " + ShapeText(shape) +
                           " differs from input 0 " + ShapeText(first) + " outside axis " +
@@ -715,10 +772,19 @@ Result<std::vector<TensorInfo>> InferNodeOutputs(
 
 Result<ValueInfoMap> InferAllValues(const Network& network, std::span<const TensorInfo> inputs) {
   ValueInfoMap values;
-  for (const auto& [name, tensor] : network.constants)
+  // Constants and inputs may come from a caller rather than from import (bound inputs, a request,
+  // a hand-built Network): each node also checks its inputs, but here they are named as what
+  // they are.
+  for (const auto& [name, tensor] : network.constants) {
+    BACKPLANE_RETURN_IF_ERROR(
+        CheckKnownElementCount(tensor.info().shape, "constant '" + name + "'"));
     values[name] = tensor.info();
-  for (std::size_t i = 0; i < network.inputs.size() && i < inputs.size(); ++i)
+  }
+  for (std::size_t i = 0; i < network.inputs.size() && i < inputs.size(); ++i) {
+    BACKPLANE_RETURN_IF_ERROR(
+        CheckKnownElementCount(inputs[i].shape, "input '" + network.inputs[i].name + "'"));
     values[network.inputs[i].name] = inputs[i];
+  }
   std::vector<const TensorInfo*> node_inputs;
   for (const Node& node : network.nodes) {
     node_inputs.clear();

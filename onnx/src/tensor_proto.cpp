@@ -16,9 +16,6 @@ namespace {
 // raw_data is little-endian by the ONNX spec; copying it as-is is only right on such a host.
 static_assert(std::endian::native == std::endian::little, "TensorProto raw_data is little-endian");
 
-// Far above any real model, far below overflow of count * element size.
-constexpr int64_t kMaxElements = int64_t{1} << 40;
-
 bool ToDataType(int32_t onnx_type, DataType* type) {
   switch (onnx_type) {
     case onnx::TensorProto::FLOAT:
@@ -68,16 +65,13 @@ Result<Tensor> TensorFromProto(const onnx::TensorProto& proto, std::string_view 
   TensorInfo info;
   if (!ToDataType(proto.data_type(), &info.type))
     return Unimplemented(name + " has unsupported data type " + OnnxTypeName(proto.data_type()));
-  int64_t count = 1;
-  for (int64_t dim : proto.dims()) {
-    if (dim < 0)
-      return InvalidArgument(name + " has a negative dimension " + std::to_string(dim));
-    if (dim > 0 && count > kMaxElements / dim)
-      return InvalidArgument(name + " is too large");
-    count *= dim;
-    info.shape.push_back(dim);
-  }
-  const std::size_t byte_size = static_cast<std::size_t>(count) * ElementSize(info.type);
+  info.shape.assign(proto.dims().begin(), proto.dims().end());
+  // Before anything is sized by it: the declared dims against the data below, and the byte size,
+  // are only meaningful for a count that did not wrap.
+  auto count = CheckedElementCount(info.shape, name);
+  if (!count.ok())
+    return count.error();
+  const std::size_t byte_size = static_cast<std::size_t>(*count) * ElementSize(info.type);
 
   std::vector<std::byte> data;
   if (proto.has_raw_data()) {
@@ -94,23 +88,23 @@ Result<Tensor> TensorFromProto(const onnx::TensorProto& proto, std::string_view 
   Status status;
   switch (info.type) {
     case DataType::kFloat32:
-      status = CopyTyped<float>(proto.float_data(), count, what, "float_data", &data);
+      status = CopyTyped<float>(proto.float_data(), *count, what, "float_data", &data);
       break;
     case DataType::kInt64:
-      status = CopyTyped<int64_t>(proto.int64_data(), count, what, "int64_data", &data);
+      status = CopyTyped<int64_t>(proto.int64_data(), *count, what, "int64_data", &data);
       break;
     case DataType::kFloat64:
-      status = CopyTyped<double>(proto.double_data(), count, what, "double_data", &data);
+      status = CopyTyped<double>(proto.double_data(), *count, what, "double_data", &data);
       break;
     case DataType::kInt32:
-      status = CopyTyped<int32_t>(proto.int32_data(), count, what, "int32_data", &data);
+      status = CopyTyped<int32_t>(proto.int32_data(), *count, what, "int32_data", &data);
       break;
     case DataType::kInt8:
-      status = CopyTyped<int8_t>(proto.int32_data(), count, what, "int32_data", &data);
+      status = CopyTyped<int8_t>(proto.int32_data(), *count, what, "int32_data", &data);
       break;
     case DataType::kUint8:
     case DataType::kBool:
-      status = CopyTyped<uint8_t>(proto.int32_data(), count, what, "int32_data", &data);
+      status = CopyTyped<uint8_t>(proto.int32_data(), *count, what, "int32_data", &data);
       break;
     case DataType::kUndefined:
       return Internal(name + ": undefined data type after conversion");
@@ -129,10 +123,13 @@ Result<onnx::TensorProto> TensorToProto(const Tensor& tensor, std::string_view n
       return InvalidArgument("tensor '" + std::string(name) + "' has a dynamic shape " +
                              ToString(info.shape));
   }
-  if (tensor.bytes().size() != info.ByteSize())
+  auto byte_size = CheckedByteSize(info, "tensor '" + std::string(name) + "'");
+  if (!byte_size.ok())
+    return byte_size.error();
+  if (tensor.bytes().size() != *byte_size)
     return InvalidArgument("tensor '" + std::string(name) + "' holds " +
                            std::to_string(tensor.bytes().size()) + " bytes, its shape " +
-                           ToString(info.shape) + " needs " + std::to_string(info.ByteSize()));
+                           ToString(info.shape) + " needs " + std::to_string(*byte_size));
   onnx::TensorProto proto;
   proto.set_name(std::string(name));
   proto.set_data_type(static_cast<int32_t>(info.type));

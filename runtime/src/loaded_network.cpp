@@ -15,6 +15,45 @@ bool IsDynamic(const TensorInfo& info) {
   return false;
 }
 
+// Import holds every shape to core's bound on element counts, but an embedder may hand
+// LoadNetwork a Network it built itself. Execute allocates each value by its shape and backends
+// size their loops by it, so a shape whose count wraps ([2^62+1, 4] is 4 elements in int64) or a
+// constant whose data is shorter than its shape must not get that far.
+Status CheckShapes(const Network& network) {
+  // Without a dynamic input, Execute allocates every value by its load-time shape: each must be
+  // concrete (a negative dimension would size a Tensor as a huge size_t).
+  const bool dynamic = std::any_of(network.inputs.begin(), network.inputs.end(),
+                                   [](const ValueInfo& input) { return IsDynamic(input.info); });
+  for (const auto& [name, info] : network.values) {
+    const std::string what = "value '" + name + "'";
+    if (dynamic) {
+      BACKPLANE_RETURN_IF_ERROR(CheckKnownElementCount(info.shape, what));
+    } else if (auto count = CheckedElementCount(info.shape, what); !count.ok()) {
+      return count.error();
+    }
+  }
+  for (const auto& input : network.inputs)
+    BACKPLANE_RETURN_IF_ERROR(
+        CheckKnownElementCount(input.info.shape, "input '" + input.name + "'"));
+  for (const auto& output : network.outputs) {
+    BACKPLANE_RETURN_IF_ERROR(
+        CheckKnownElementCount(output.info.shape, "output '" + output.name + "'"));
+  }
+  for (const auto& [name, tensor] : network.constants) {
+    const std::string what = "constant '" + name + "'";
+    auto bytes = CheckedByteSize(tensor.info(), what);
+    if (!bytes.ok())
+      return bytes.error();
+    if (tensor.bytes().size() != *bytes) {
+      return InvalidArgument(what + " holds " + std::to_string(tensor.bytes().size()) +
+                             " bytes, its shape " + ToString(tensor.info().shape) + " of " +
+                             std::string(ToString(tensor.info().type)) + " needs " +
+                             std::to_string(*bytes));
+    }
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 bool LoadedNetwork::Uses(std::string_view id) const {
@@ -28,6 +67,7 @@ bool LoadedNetwork::Uses(std::string_view id) const {
 Result<std::unique_ptr<LoadedNetwork>> LoadedNetwork::Create(
     std::shared_ptr<const Network> network,
     const std::vector<std::shared_ptr<loader::BackendInstance>>& backends) {
+  BACKPLANE_RETURN_IF_ERROR(CheckShapes(*network));
   std::unique_ptr<LoadedNetwork> loaded(new LoadedNetwork(std::move(network)));
   const Network& net = *loaded->network_;
 
@@ -276,7 +316,12 @@ Status LoadedNetwork::ValidateInputs(std::span<const ConstTensorView> inputs) co
                              ToString(want.shape) + " (negative: any size), got " +
                              ToString(got.shape));
     }
-    if (inputs[i].data == nullptr && got.ElementCount() > 0) {
+    // Dynamic dimensions let a request's shape multiply past int64; bounded before anything
+    // (shape inference, the allocation of the values that follow) counts its elements.
+    auto count = CheckedElementCount(got.shape, "input '" + expected[i].name + "'");
+    if (!count.ok())
+      return count.error();
+    if (inputs[i].data == nullptr && *count > 0) {
       return InvalidArgument("input '" + expected[i].name + "' has no data");
     }
   }

@@ -1239,11 +1239,7 @@ Result<Tensor> FinishInput(InputDraft& input, const ValueInfo& expected, const s
 }  // namespace
 
 int64_t SaturatedElementCount(const Shape& shape) {
-  int64_t count = 1;
-  for (int64_t dim : shape) {
-    count = (dim != 0 && count > kMaxRequestElements / dim) ? kMaxRequestElements + 1 : count * dim;
-  }
-  return count;
+  return BoundedDimProduct(shape) ? ElementCount(shape) : kMaxRequestElements + 1;
 }
 
 std::string Quoted(std::string_view name) {

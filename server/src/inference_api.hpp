@@ -24,9 +24,12 @@ DataType ParseDataType(std::string_view name);
 // The rules every transport's parser shares, with the messages REST and gRPC both give.
 // `where` names the input ("input 'x'").
 // Products of dimensions are checked against this before any allocation: more elements than
-// this cannot have come in a request anyway.
-inline constexpr int64_t kMaxRequestElements = int64_t{1} << 40;
-// Elements in `shape`, saturated at kMaxRequestElements + 1: hostile dimensions never overflow.
+// this cannot have come in a request anyway. Core's one bound on element counts, which the
+// runtime and the backends hold every shape to as well.
+inline constexpr int64_t kMaxRequestElements = kMaxElementCount;
+// Elements in `shape` (non-negative dims), saturated at kMaxRequestElements + 1 when they exceed
+// core's bound (BoundedDimProduct, which also counts the non-zero dims of an empty shape):
+// hostile dimensions never overflow.
 int64_t SaturatedElementCount(const Shape& shape);
 // A name as messages quote it: 'x'.
 std::string Quoted(std::string_view name);

@@ -129,6 +129,26 @@ TEST(InferenceParserTest, NumbersNoDoubleHoldsNameTheirPlace) {
       HasSubstr("input 'x' element 2 is 1e+300, out of range for FP32"));
 }
 
+TEST(InferenceParserTest, RefusesEmptyShapeWhoseOtherDimsOverflow) {
+  // No elements, but kernels multiply the other dims (2^80 here) as rows and columns: the bound
+  // is on the non-zero dims (core's kMaxElementCount), in JSON, binary and gRPC requests alike.
+  Network network;
+  network.name = "dynamic";
+  network.inputs.push_back({"x", {DataType::kFloat32, {-1, -1, -1}}});
+  network.outputs.push_back({"y", {DataType::kFloat32, {-1, -1, -1}}});
+  const std::string x =
+      R"({"inputs":[{"name":"x","shape":[0,1099511627776,1099511627776],"datatype":"FP32",)";
+  for (const std::string& data :
+       {std::string(R"("data":[]}]})"), std::string(R"("parameters":{"binary_data_size":0}}]})")}) {
+    auto parsed = ParseInferenceRequest(
+        InferenceBody{.json = x + data, .binary = {}, .has_binary_header = false}, network,
+        ParseLimits{});
+    ASSERT_FALSE(parsed.ok()) << data;
+    EXPECT_EQ(parsed.error().code(), StatusCode::kInvalidArgument);
+    EXPECT_THAT(parsed.error().message(), HasSubstr("needs too many")) << data;
+  }
+}
+
 TEST(InferenceParserTest, DepthIsLimitedBeforeParsing) {
   const std::string deep =
       WithX(R"({"name":"x","shape":[1,3],"datatype":"FP32","data":[[[[[[1]]]]]]})");

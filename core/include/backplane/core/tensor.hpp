@@ -3,10 +3,13 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "backplane/core/status.hpp"
 
 namespace backplane {
 
@@ -69,6 +72,9 @@ constexpr std::string_view ToString(DataType type) {
 // Dimensions, outermost first. A negative dimension is unknown until a request fixes it.
 using Shape = std::vector<int64_t>;
 
+// Unchecked: only for shapes that passed CheckedElementCount (every Network value, every tensor
+// the runtime hands a backend). On a shape from a model or a request it can wrap around (to 4
+// for [4611686018427387905,4]) and size a buffer far smaller than the shape says.
 inline int64_t ElementCount(const Shape& shape) {
   int64_t count = 1;
   for (int64_t dim : shape)
@@ -86,6 +92,77 @@ inline std::string ToString(const Shape& shape) {
   return text + "]";
 }
 
+// The one rule for products of dimensions (model import, shape inference, the runtime's
+// allocation, the backends, the server's requests): a shape may have at most kMaxElementCount
+// elements. Far above any real tensor (4 TiB of FP32), and low enough that a byte size (x 8) or
+// the sum of a few such products never overflows int64.
+//
+// Trap: a shape with a zero dimension holds nothing, yet kernels multiply subsets of its other
+// dimensions (rows x columns, outer x inner); [0, 2^62, 2^62] would overflow those. So the bound
+// is on the product of the non-zero dimensions, and then every partial product fits as well.
+inline constexpr int64_t kMaxElementCount = int64_t{1} << 40;
+
+// The product of the positive dimensions in `dims` (zeros and unknown, negative, dimensions are
+// skipped), or nullopt when it exceeds kMaxElementCount. Each step is checked before it
+// multiplies, so hostile dimensions never overflow.
+constexpr std::optional<int64_t> BoundedDimProduct(std::span<const int64_t> dims) {
+  int64_t product = 1;
+  for (int64_t dim : dims) {
+    if (dim <= 0)
+      continue;
+    if (dim > kMaxElementCount / product)
+      return std::nullopt;
+    product *= dim;
+  }
+  return product;
+}
+
+// a + b and a * b for dimension arithmetic on values a model may set to anything (pads,
+// dilations, group, kernel sizes): nullopt when the result overflows or leaves
+// [0, kMaxElementCount], so that whatever it feeds stays within the same bound.
+constexpr std::optional<int64_t> BoundedAdd(int64_t a, int64_t b) {
+  int64_t sum = 0;
+  if (__builtin_add_overflow(a, b, &sum) || sum < 0 || sum > kMaxElementCount)
+    return std::nullopt;
+  return sum;
+}
+constexpr std::optional<int64_t> BoundedMul(int64_t a, int64_t b) {
+  int64_t product = 0;
+  if (__builtin_mul_overflow(a, b, &product) || product < 0 || product > kMaxElementCount)
+    return std::nullopt;
+  return product;
+}
+
+// "<what>: shape [..] has too many elements: the product of its dimensions overflows the limit
+// of 2^40 (1099511627776)", the message every refusal of an oversized shape gives.
+inline Status ElementCountOverflow(std::string_view what, const Shape& shape) {
+  return InvalidArgument(std::string(what) + ": shape " + ToString(shape) +
+                         " has too many elements: the product of its dimensions overflows the "
+                         "limit of 2^40 (" +
+                         std::to_string(kMaxElementCount) + ")");
+}
+
+// For shapes that may still have unknown (negative) dimensions, such as a model's declared
+// inputs: refuses, naming `what`, when the known dimensions alone already exceed the bound.
+inline Status CheckKnownElementCount(const Shape& shape, std::string_view what) {
+  if (!BoundedDimProduct(shape))
+    return ElementCountOverflow(what, shape);
+  return Status::Ok();
+}
+
+// The element count of a concrete shape: kInvalidArgument naming `what` for a negative
+// (unresolved) dimension or for a product over the bound.
+inline Result<int64_t> CheckedElementCount(const Shape& shape, std::string_view what) {
+  for (int64_t dim : shape) {
+    if (dim < 0)
+      return InvalidArgument(std::string(what) + ": shape " + ToString(shape) +
+                             " has a negative dimension " + std::to_string(dim));
+  }
+  if (!BoundedDimProduct(shape))
+    return ElementCountOverflow(what, shape);
+  return ElementCount(shape);  // cannot overflow now
+}
+
 struct TensorInfo {
   DataType type = DataType::kUndefined;
   Shape shape;
@@ -96,6 +173,15 @@ struct TensorInfo {
   }
   friend bool operator==(const TensorInfo&, const TensorInfo&) = default;
 };
+
+// The bytes a concrete tensor takes: CheckedElementCount's refusals, else the count times the
+// element size (which the bound keeps far from overflow).
+inline Result<std::size_t> CheckedByteSize(const TensorInfo& info, std::string_view what) {
+  auto count = CheckedElementCount(info.shape, what);
+  if (!count.ok())
+    return count.error();
+  return static_cast<std::size_t>(*count) * ElementSize(info.type);
+}
 
 // A read-only view of tensor data owned by someone else; valid for the duration of a call.
 struct ConstTensorView {
