@@ -1242,16 +1242,12 @@ int64_t SaturatedElementCount(const Shape& shape) {
   return BoundedDimProduct(shape) ? ElementCount(shape) : kMaxRequestElements + 1;
 }
 
-std::string Quoted(std::string_view name) {
-  return "'" + std::string(name) + "'";
-}
-
 Result<DataType> CheckDataTypeMatches(const std::string& where, std::string_view name,
                                       const ValueInfo& expected) {
   const DataType type = ParseDataType(name);
   if (type == DataType::kUndefined) {
-    return InvalidArgument(where + ": datatype '" + std::string(name) +
-                           "' is not supported (supported: " + SupportedDataTypes() + ")");
+    return InvalidArgument(where + ": datatype " + Quoted(name) +
+                           " is not supported (supported: " + SupportedDataTypes() + ")");
   }
   if (type != expected.info.type) {
     return InvalidArgument(where + ": datatype " + std::string(ToString(type)) +

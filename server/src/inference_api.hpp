@@ -12,6 +12,7 @@
 #include <string_view>
 #include <vector>
 
+#include "backplane/core/quoted.hpp"
 #include "backplane/core/tensor.hpp"
 #include "backplane/onnx/network.hpp"
 
@@ -31,8 +32,7 @@ inline constexpr int64_t kMaxRequestElements = kMaxElementCount;
 // core's bound (BoundedDimProduct, which also counts the non-zero dims of an empty shape):
 // hostile dimensions never overflow.
 int64_t SaturatedElementCount(const Shape& shape);
-// A name as messages quote it: 'x'.
-std::string Quoted(std::string_view name);
+
 // A datatype name against the model's: kInvalidArgument for a name Backplane does not have
 // (listing those it has) or a type other than the model's.
 Result<DataType> CheckDataTypeMatches(const std::string& where, std::string_view name,

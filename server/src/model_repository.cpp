@@ -5,6 +5,7 @@
 #include <set>
 #include <sstream>
 
+#include "backplane/core/quoted.hpp"
 #include "backplane/loader/reaper.hpp"
 #include "metrics.hpp"
 #include "server_log.hpp"
@@ -406,8 +407,8 @@ Result<std::shared_ptr<const ServingModel>> ModelRepository::Prepare(const std::
 Status ModelRepository::Load(std::string_view name_view) {
   const std::string name(name_view);
   if (!IsValidModelName(name)) {
-    return InvalidArgument("'" + name +
-                           "' is not a valid model name (1-128 characters of A-Z a-z 0-9 _ . -, "
+    return InvalidArgument(Quoted(name) +
+                           " is not a valid model name (1-128 characters of A-Z a-z 0-9 _ . -, "
                            "not starting with '.')");
   }
   MutexLock lock(load_mutex_);
@@ -435,7 +436,7 @@ Status ModelRepository::Load(std::string_view name_view) {
 Status ModelRepository::Unload(std::string_view name) {
   MutexLock lock(load_mutex_);
   if (Find(name) == nullptr)
-    return NotFound("model '" + std::string(name) + "' is not loaded");
+    return NotFound("model " + Quoted(name) + " is not loaded");
   Publish([&](Snapshot& snapshot) {
     snapshot.serving.erase(snapshot.serving.find(name));
     snapshot.unavailable[std::string(name)] = "unloaded";
@@ -470,9 +471,9 @@ Result<ResolvedModel> ResolveModel(const ModelRepository& repository, std::strin
   if (model == nullptr) {
     if (auto reason = repository.Unavailable(name)) {
       return Status(StatusCode::kUnavailable,
-                    "model '" + std::string(name) + "' is not ready: " + *reason);
+                    "model " + Quoted(name) + " is not ready: " + *reason);
     }
-    return NotFound("unknown model '" + std::string(name) + "'");
+    return NotFound("unknown model " + Quoted(name));
   }
   if (version_text.empty())
     return ResolvedModel{model, model->versions.rbegin()->second};
@@ -482,8 +483,8 @@ Result<ResolvedModel> ResolveModel(const ModelRepository& repository, std::strin
   const auto number = ParseVersion(version_text);
   auto version = number ? model->Version(*number) : nullptr;
   if (version == nullptr) {
-    return NotFound("model '" + std::string(name) + "' has no version '" +
-                    std::string(version_text) + "' serving (serving: " + loaded + ")");
+    return NotFound("model " + Quoted(name) + " has no version " + Quoted(version_text) +
+                    " serving (serving: " + loaded + ")");
   }
   return ResolvedModel{model, std::move(version)};
 }

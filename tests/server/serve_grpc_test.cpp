@@ -257,6 +257,34 @@ TEST_F(ServeGrpcTest, ACompressedMessageIsRefusedBeforeItIsInflated) {
   EXPECT_TRUE(Call(&Service::ModelInfer, MlpRequest(), &response).ok());
 }
 
+// Issue 23: a 50,000-dimension shape got a 100 KB status message (the Node client then hung until
+// its deadline) and a 4 MiB model name came back as a 4 MiB trailer. What a message quotes from
+// the request is bounded.
+TEST_F(ServeGrpcTest, ErrorsQuoteABoundedPartOfTheRequest) {
+  inference::ModelInferResponse response;
+  auto long_name = MlpRequest();
+  long_name.set_model_name(std::string(std::size_t{4} << 20, 'm'));
+  grpc::Status status = Call(&Service::ModelInfer, long_name, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_LT(status.error_message().size(), 512u);
+  EXPECT_THAT(status.error_message(), HasSubstr("mmm...' (4194304 bytes)"));
+
+  auto many_dims = MlpRequest();
+  many_dims.mutable_inputs(0)->clear_shape();
+  for (int i = 0; i < 50000; ++i)
+    many_dims.mutable_inputs(0)->add_shape(1);
+  status = Call(&Service::ModelInfer, many_dims, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_LT(status.error_message().size(), 512u) << status.error_message().substr(0, 512);
+  EXPECT_THAT(status.error_message(), HasSubstr("(50000 dims)"));
+
+  auto long_input_name = MlpRequest();
+  long_input_name.mutable_inputs(0)->set_name(std::string(100000, 'x'));
+  status = Call(&Service::ModelInfer, long_input_name, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_LT(status.error_message().size(), 512u);
+}
+
 // Not ready (an unloaded model) → UNAVAILABLE, as REST's 503.
 TEST(ServeGrpcLifecycleTest, AnUnloadedModelIsUnavailableAndNotReady) {
   ServeHome home;

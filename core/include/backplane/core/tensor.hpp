@@ -82,14 +82,25 @@ inline int64_t ElementCount(const Shape& shape) {
   return count;
 }
 
+// "[2,3]". A shape of more than 16 dimensions (only a hostile request has one) is shortened to its
+// first 8 and last 2: "[1,2,3,4,5,6,7,8,...,9,10] (50000 dims)", so that messages stay bounded.
 inline std::string ToString(const Shape& shape) {
+  constexpr std::size_t kHead = 8, kTail = 2, kMaxWritten = 16;
+  const bool shortened = shape.size() > kMaxWritten;
   std::string text = "[";
   for (std::size_t i = 0; i < shape.size(); ++i) {
+    if (shortened && i == kHead) {
+      text += ",...";
+      i = shape.size() - kTail;
+    }
     if (i > 0)
       text += ",";
     text += std::to_string(shape[i]);
   }
-  return text + "]";
+  text += "]";
+  if (shortened)
+    text += " (" + std::to_string(shape.size()) + " dims)";
+  return text;
 }
 
 // The one rule for products of dimensions (model import, shape inference, the runtime's
