@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "backplane/loader/loader.hpp"
+#include "loader/identity_workload.hpp"
 #include "test_util.hpp"
 
 namespace backplane::loader {
@@ -23,24 +24,8 @@ using ::testing::HasSubstr;
 using testing::IsCodeMapped;
 using testing::TempDir;
 
-OperatorDesc IdentityOp(int64_t elements) {
-  return {.op_type = "Identity",
-          .name = "identity",
-          .inputs = {{DataType::kFloat32, {elements}}},
-          .outputs = {{DataType::kFloat32, {elements}}}};
-}
-
-// Runs `workload` on 0, 1, 2... and returns the outputs.
-std::vector<float> RunIdentity(Workload& workload, int64_t elements) {
-  std::vector<float> in(elements), out(elements, -1.0f);
-  for (int64_t i = 0; i < elements; ++i)
-    in[i] = static_cast<float>(i);
-  const ConstTensorView input{{DataType::kFloat32, {elements}}, in.data()};
-  const TensorView output{{DataType::kFloat32, {elements}}, out.data()};
-  Status status = workload.Execute({&input, 1}, {&output, 1});
-  EXPECT_TRUE(status.ok()) << status.ToString();
-  return out;
-}
+using testing::IdentityOp;
+using testing::RunIdentity;
 
 int64_t FactoryCalls(const BackendInstance& instance) {
   return std::get<int64_t>(instance.GetOption("factory_calls").value());
