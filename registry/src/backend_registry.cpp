@@ -232,8 +232,9 @@ Result<RegisteredBackend> BackendRegistry::LoadFile(const fs::path& file,
   Events events;
   DeployOutcome outcome = [&] {
     MutexLock change(change_mutex_);
-    return Deploy({loader::BackendFamily(file), file, Status::Ok()}, /*registering=*/true,
-                  std::chrono::milliseconds::zero(), trace, events);
+    return Deploy(
+        {loader::BackendFamily(file), file, Status::Ok(), registry_detail::FileFingerprint(file)},
+        /*registering=*/true, std::chrono::milliseconds::zero(), trace, events);
   }();
   Deliver(events);
   if (outcome.action != DeployOutcome::Action::kActivated)
@@ -285,7 +286,7 @@ DeployOutcome BackendRegistry::DeployIfChanged(const Candidate& candidate,
       return {DeployOutcome::Action::kUnchanged, known_id, candidate.path};
     // A name that fails before opening (unsafe permissions, a FIFO, a dangling symlink...) is
     // a rejected deploy: whatever the id offers now keeps serving.
-    if (scanner_->RejectedAndUnchanged(candidate.path))
+    if (scanner_->RejectedAndUnchanged(candidate))
       return {DeployOutcome::Action::kUnchanged, known_id, candidate.path};
     return RejectDeploy(candidate, candidate.unusable, known_id, 0, events);
   }
@@ -311,7 +312,7 @@ DeployOutcome BackendRegistry::DeployIfChanged(const Candidate& candidate,
               "backend " + known_id + " is pinned; the new file is ignored"};
     }
   }
-  if (scanner_->RejectedAndUnchanged(candidate.path))
+  if (scanner_->RejectedAndUnchanged(candidate))
     return {DeployOutcome::Action::kUnchanged, known_id, candidate.path};
   return Deploy(candidate, /*registering=*/false, settle_time, nullptr, events);
 }
@@ -427,7 +428,7 @@ DeployOutcome BackendRegistry::Activate(const std::string& id, loader::Generatio
 DeployOutcome BackendRegistry::RejectDeploy(const Candidate& candidate, Status error,
                                             std::string backend_id, uint64_t generation,
                                             Events& events) {
-  scanner_->RememberRejected(candidate.path);
+  scanner_->RememberRejected(candidate);
   if (generation != 0)
     lineages_->Reject(backend_id, generation, error);
   lineages_->AddRejected({candidate.path, error, backend_id});
@@ -521,9 +522,10 @@ Result<uint64_t> BackendRegistry::Rollback(std::string_view id) {
     }
     // The lineage keeps following its file: the version on disk is still the one it rolled
     // back from, and is not loaded again until it changes.
-    DeployOutcome outcome =
-        Activate(lineage->id, std::move(loaded).value(),
-                 {lineage->file, retained->copy, Status::Ok()}, std::nullopt, events);
+    DeployOutcome outcome = Activate(lineage->id, std::move(loaded).value(),
+                                     {lineage->file, retained->copy, Status::Ok(),
+                                      registry_detail::FileFingerprint(retained->copy)},
+                                     std::nullopt, events);
     if (outcome.action != DeployOutcome::Action::kActivated)
       return outcome.error.WithContext("backend " + lineage->id + ": rollback refused: ");
     return outcome.generation;

@@ -8,19 +8,16 @@
 namespace backplane::registry_detail {
 namespace fs = std::filesystem;
 
-namespace {
-
-// What makes a rejected file worth looking at again: any change of what the path resolves to.
-std::string Fingerprint(const fs::path& file) {
-  std::error_code ignored;
-  const fs::path real_path = fs::canonical(file, ignored);
-  const auto identity = loader::ReadFileIdentity(file).value_or(loader::FileIdentity{});
-  return real_path.string() + "|" + std::to_string(identity.device) + ":" +
-         std::to_string(identity.inode) + ":" + std::to_string(identity.size) + ":" +
-         std::to_string(identity.mtime_ns) + ":" + std::to_string(identity.ctime_ns);
+std::string FileFingerprint(const fs::path& path) {
+  std::error_code error;
+  const fs::path real_path = fs::canonical(path, error);
+  const auto identity = loader::ReadFileIdentity(path);
+  if (error || !identity)
+    return "";
+  return real_path.string() + "|" + std::to_string(identity->device) + ":" +
+         std::to_string(identity->inode) + ":" + std::to_string(identity->size) + ":" +
+         std::to_string(identity->mtime_ns) + ":" + std::to_string(identity->ctime_ns);
 }
-
-}  // namespace
 
 BackendScanner::BackendScanner(std::vector<fs::path> directories, loader::FilePolicy policy)
     : directories_(std::move(directories)), policy_(policy) {}
@@ -30,9 +27,11 @@ std::vector<Candidate> BackendScanner::Candidates(const loader::Discovery& disco
   // an unsafe copy renamed over it) is a rejected deploy, not a deleted backend.
   std::vector<Candidate> candidates;
   for (const auto& file : discovery.files)
-    candidates.push_back({loader::BackendFamily(file.path), file.path, Status::Ok()});
+    candidates.push_back(
+        {loader::BackendFamily(file.path), file.path, Status::Ok(), FileFingerprint(file.path)});
   for (const auto& rejected : discovery.rejected)
-    candidates.push_back({loader::BackendFamily(rejected.file), rejected.file, rejected.error});
+    candidates.push_back({loader::BackendFamily(rejected.file), rejected.file, rejected.error,
+                          FileFingerprint(rejected.file)});
   return candidates;
 }
 
@@ -53,13 +52,16 @@ std::optional<Candidate> BackendScanner::ScanFamily(const fs::path& family) cons
   return std::nullopt;
 }
 
-bool BackendScanner::RejectedAndUnchanged(const fs::path& file) const {
-  auto it = rejected_fingerprints_.find(file);
-  return it != rejected_fingerprints_.end() && it->second == Fingerprint(file);
+bool BackendScanner::RejectedAndUnchanged(const Candidate& candidate) const {
+  auto it = rejected_fingerprints_.find(candidate.path);
+  return it != rejected_fingerprints_.end() && it->second == candidate.fingerprint;
 }
 
-void BackendScanner::RememberRejected(const fs::path& file) {
-  rejected_fingerprints_[file] = Fingerprint(file);
+void BackendScanner::RememberRejected(const Candidate& candidate) {
+  // Trap: the fingerprint of the listing, not one read now. A link re-pointed from a dangling
+  // target to a good file while the rejection was being decided would otherwise be remembered as
+  // rejected and never loaded (found by DeployModelTest).
+  rejected_fingerprints_[candidate.path] = candidate.fingerprint;
   std::erase_if(rejected_fingerprints_, [](const auto& entry) {
     std::error_code ignored;
     return !fs::exists(fs::symlink_status(entry.first, ignored));

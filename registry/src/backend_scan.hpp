@@ -20,7 +20,14 @@ struct Candidate {
   std::filesystem::path family;  // <dir>/<vendor>_<name>_backend.so: what a lineage follows
   std::filesystem::path path;    // the chosen name (maybe a versioned name, maybe a symlink)
   Status unusable;  // why the chosen name fails the checks that need no opening; ok when it passes
+  // What `path` resolved to when it was listed (FileFingerprint), so that a rejection is
+  // remembered for the state that was tried: re-read later, it could already describe the fix.
+  std::string fingerprint;
 };
+
+// The real file a path resolves to and that file's identity: any change of it (a link
+// re-pointed, a file renamed over or rewritten) changes the fingerprint. Empty for nothing.
+std::string FileFingerprint(const std::filesystem::path& path);
 
 struct Scan {
   std::vector<Candidate> candidates;  // one per family, in directory order, then name order
@@ -40,10 +47,10 @@ class BackendScanner {
   // when no name of it is left.
   std::optional<Candidate> ScanFamily(const std::filesystem::path& family) const;
 
-  // A rejection is reported once per version of a file, not at every scan: whether `file` was
-  // rejected and is unchanged since (same real file, size and times).
-  bool RejectedAndUnchanged(const std::filesystem::path& file) const;
-  void RememberRejected(const std::filesystem::path& file);
+  // A rejection is reported once per version of a file, not at every scan: whether the
+  // candidate's name was rejected when it resolved as it does in this listing.
+  bool RejectedAndUnchanged(const Candidate& candidate) const;
+  void RememberRejected(const Candidate& candidate);
   void ForgetRejected(const std::filesystem::path& file);
 
   // A misnamed file is said once (at info), not at every scan: those of `misnamed` not said
