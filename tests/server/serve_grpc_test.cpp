@@ -239,6 +239,11 @@ int64_t PeakResidentKiB(pid_t pid) {
 // checked (1.1 GB of resident memory per message, not given back). The server accepts no
 // compressed message: it cannot bound what one inflates to before inflating it.
 TEST_F(ServeGrpcTest, ACompressedMessageIsRefusedBeforeItIsInflated) {
+#if defined(__SANITIZE_THREAD__)
+  // Tens of MiB through gRPC's uninstrumented zlib and protobuf take minutes under TSan; this is
+  // a test of memory and messages, not of threads (release and ASan run it).
+  GTEST_SKIP() << "too slow under ThreadSanitizer";
+#endif
   auto bomb = MlpRequest();
   bomb.mutable_inputs(0)->clear_contents();
   bomb.add_raw_input_contents(std::string(std::size_t{96} << 20, '\0'));  // gzips to ~100 KB
@@ -261,6 +266,11 @@ TEST_F(ServeGrpcTest, ACompressedMessageIsRefusedBeforeItIsInflated) {
 // its deadline) and a 4 MiB model name came back as a 4 MiB trailer. What a message quotes from
 // the request is bounded.
 TEST_F(ServeGrpcTest, ErrorsQuoteABoundedPartOfTheRequest) {
+#if defined(__SANITIZE_THREAD__)
+  // Tens of MiB through gRPC's uninstrumented zlib and protobuf take minutes under TSan; this is
+  // a test of memory and messages, not of threads (release and ASan run it).
+  GTEST_SKIP() << "too slow under ThreadSanitizer";
+#endif
   inference::ModelInferResponse response;
   auto long_name = MlpRequest();
   long_name.set_model_name(std::string(std::size_t{4} << 20, 'm'));
