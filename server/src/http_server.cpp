@@ -784,7 +784,11 @@ std::variant<const Route*, HttpResponse> HttpServer::Core::Find(HttpRequest& req
   if (found->access == Access::kAdmin && !admin_token.empty()) {
     const std::string authorization = request.header("Authorization");
     constexpr std::string_view kBearer = "Bearer ";
-    if (!authorization.starts_with(kBearer)) {
+    // The auth-scheme is case-insensitive (RFC 9110 §11.1): "bearer" and "BEARER" are Bearer.
+    const std::string_view scheme = std::string_view(authorization).substr(0, kBearer.size());
+    const bool bearer =
+        boost::beast::iequals({scheme.data(), scheme.size()}, {kBearer.data(), kBearer.size()});
+    if (!bearer) {
       HttpResponse response =
           HttpResponse::Error(401, request.method + " " + request.path +
                                        " needs the admin token: send 'Authorization: Bearer "

@@ -292,6 +292,19 @@ TEST(ServeAdminTest, MutatingCallsNeedTheTokenWhenOneIsSet) {
   EXPECT_EQ(Post(*client, "/v2/backends/CpuRef/reload", "", token).status, 200);
   EXPECT_EQ(Post(*client, "/v2/repository/models/mlp/unload", "", token).status, 200);
   EXPECT_EQ(Post(*client, "/v2/repository/models/mlp/load", "", token).status, 200);
+  // The scheme is case-insensitive (RFC 9110 §11.1); the token is not.
+  EXPECT_EQ(
+      Post(*client, "/v2/backends/CpuRef/reload", "", {{"Authorization", "bearer s3cret-token"}})
+          .status,
+      200);
+  EXPECT_EQ(
+      Post(*client, "/v2/backends/CpuRef/reload", "", {{"Authorization", "BEARER s3cret-token"}})
+          .status,
+      200);
+  EXPECT_EQ(
+      Post(*client, "/v2/backends/CpuRef/reload", "", {{"Authorization", "bearer S3CRET-TOKEN"}})
+          .status,
+      403);
   // Reading and inferring need no token.
   EXPECT_EQ(Get(*client, "/v2/backends").status, 200);
   EXPECT_EQ(Post(*client, "/v2/repository/index", "").status, 200);
