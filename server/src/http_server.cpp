@@ -529,6 +529,13 @@ class Connection : public std::enable_shared_from_this<Connection> {
       if (header.count(http::field::transfer_encoding) > 1)
         return Fail(400, "Transfer-Encoding repeated");
     }
+    // RFC 9112 3.2: an HTTP/1.1 request carries exactly one Host header, and a server answers 400
+    // to one that does not.
+    if (header.version() >= 11 && header.count(http::field::host) != 1) {
+      return Fail(400, header.count(http::field::host) == 0
+                           ? "an HTTP/1.1 request needs a Host header (RFC 9112 3.2)"
+                           : "Host header repeated (RFC 9112 3.2)");
+    }
     if (const auto length = parser_->content_length();
         length && *length > limits().max_body_bytes) {
       return Fail(413, "request body of " + std::to_string(*length) +

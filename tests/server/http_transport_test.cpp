@@ -274,6 +274,25 @@ TEST_F(HttpTransportTest, ContentLengthWithTransferEncodingIs400AndCloses) {
   }
 }
 
+// RFC 9112 3.2: an HTTP/1.1 request without Host, or with two, is answered 400 (it was 200).
+// HTTP/1.0 requests need none.
+TEST_F(HttpTransportTest, AnHttp11RequestNeedsExactlyOneHost) {
+  StartServer();
+  for (const std::string& head :
+       {std::string("GET /v2/health/live HTTP/1.1\r\n\r\n"),
+        std::string("GET /v2/health/live HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n")}) {
+    RawConnection connection(port());
+    ASSERT_TRUE(connection.Send(head));
+    const Response response = connection.Read();
+    EXPECT_EQ(response.status, 400) << head;
+    EXPECT_THAT(response.body, HasSubstr("Host")) << head;
+    EXPECT_TRUE(connection.WaitForClose(5s)) << head;
+  }
+  RawConnection http10(port());
+  ASSERT_TRUE(http10.Send("GET /v2/health/live HTTP/1.0\r\n\r\n"));
+  EXPECT_EQ(http10.Read().status, 200);
+}
+
 TEST_F(HttpTransportTest, UnknownTransferCodingIs501AndCloses) {
   StartServer();
   RawConnection connection(port());
