@@ -9,10 +9,14 @@
 
 #include "backplane/loader/elf_inspector.hpp"
 #include "backplane/loader/loader.hpp"
+#include "loader/loader_test_util.hpp"
 #include "test_util.hpp"
 
 namespace backplane::loader {
 namespace {
+
+using testing::FindStage;
+using testing::InProcess;
 
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
@@ -24,21 +28,6 @@ std::shared_ptr<Loader> MakeLoader() {
   auto loader = Loader::Create();
   EXPECT_TRUE(loader.ok()) << loader.error().ToString();
   return std::move(loader).value();
-}
-
-bool InProcess(const fs::path& library) {
-  void* handle = dlopen(library.c_str(), RTLD_LAZY | RTLD_NOLOAD);
-  if (handle != nullptr)
-    dlclose(handle);
-  return handle != nullptr;
-}
-
-const LoadStage* FindStage(const LoadTrace& trace, std::string_view name) {
-  for (const auto& stage : trace.stages) {
-    if (stage.name == name)
-      return &stage;
-  }
-  return nullptr;
 }
 
 TEST(DependencyTest, TheHostsOwnLibrariesAreAlreadyLoaded) {

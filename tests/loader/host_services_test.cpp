@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "backplane/loader/loader.hpp"
-#include "loader/identity_workload.hpp"
+#include "loader/loader_test_util.hpp"
 #include "test_util.hpp"
 
 namespace backplane::loader {

@@ -12,11 +12,14 @@
 #include <thread>
 
 #include "backplane/loader/loader.hpp"
-#include "loader/identity_workload.hpp"
+#include "loader/loader_test_util.hpp"
 #include "test_util.hpp"
 
 namespace backplane::loader {
 namespace {
+
+using testing::FindStage;
+using testing::InProcess;
 
 using testing::CopyFile;
 using testing::Fixture;
@@ -137,21 +140,6 @@ std::size_t ThreadCount() {
   for ([[maybe_unused]] const auto& task : std::filesystem::directory_iterator("/proc/self/task"))
     ++count;
   return count;
-}
-
-bool InProcess(const char* soname) {
-  void* handle = dlopen(soname, RTLD_LAZY | RTLD_NOLOAD);
-  if (handle != nullptr)
-    dlclose(handle);  // NOLOAD still counts a reference
-  return handle != nullptr;
-}
-
-const LoadStage* FindStage(const LoadTrace& trace, std::string_view name) {
-  for (const auto& stage : trace.stages) {
-    if (stage.name == name)
-      return &stage;
-  }
-  return nullptr;
 }
 
 // Rule 5: libgomp comes in with a backend built with -fopenmp, and its worker threads stay

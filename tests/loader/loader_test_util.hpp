@@ -1,12 +1,17 @@
-// An Identity layer for loader tests that run a fixture backend's workload directly.
+// Helpers the loader tests share: an Identity layer run on a fixture backend's workload, a
+// stage of a load trace, and whether a library is mapped in this process.
 #pragma once
 
+#include <dlfcn.h>
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <filesystem>
+#include <string_view>
 #include <vector>
 
 #include "backplane/loader/backend_instance.hpp"
+#include "backplane/loader/loader.hpp"
 
 namespace backplane::testing {
 
@@ -27,6 +32,23 @@ inline std::vector<float> RunIdentity(loader::Workload& workload, int64_t elemen
   Status status = workload.Execute({&input, 1}, {&output, 1});
   EXPECT_TRUE(status.ok()) << status.ToString();
   return out;
+}
+
+// The stage of `trace` named `name`; null when the load did not get there.
+inline const loader::LoadStage* FindStage(const loader::LoadTrace& trace, std::string_view name) {
+  for (const auto& stage : trace.stages) {
+    if (stage.name == name)
+      return &stage;
+  }
+  return nullptr;
+}
+
+// Whether `library` (a path or a soname) is mapped in this process.
+inline bool InProcess(const std::filesystem::path& library) {
+  void* handle = dlopen(library.c_str(), RTLD_LAZY | RTLD_NOLOAD);
+  if (handle != nullptr)
+    dlclose(handle);  // NOLOAD still counts a reference
+  return handle != nullptr;
 }
 
 }  // namespace backplane::testing
