@@ -26,18 +26,7 @@ using backplane::testing::kNextOffset;
 using backplane::testing::TempDir;
 using ::testing::HasSubstr;
 
-constexpr auto kDeadline = 20s;
-
-template <typename Predicate>
-bool WaitFor(Predicate done, std::chrono::steady_clock::duration deadline = kDeadline) {
-  const auto until = std::chrono::steady_clock::now() + deadline;
-  while (!done()) {
-    if (std::chrono::steady_clock::now() > until)
-      return false;
-    std::this_thread::sleep_for(5ms);
-  }
-  return true;
-}
+using backplane::testing::WaitFor;  // 20 s deadlines
 
 // A backend directory holding TestValid, a runtime serving a network on it, a watcher applying
 // what lands in the directory, and a client executing all along.

@@ -280,14 +280,8 @@ class DeployModelTest : public ::testing::Test {
   }
 
   template <typename Predicate>
-  static bool WaitFor(Predicate done, std::chrono::steady_clock::duration deadline = 20s) {
-    const auto until = std::chrono::steady_clock::now() + deadline;
-    while (!done()) {
-      if (std::chrono::steady_clock::now() > until)
-        return false;
-      std::this_thread::sleep_for(2ms);
-    }
-    return true;
+  static bool WaitFor(Predicate done) {
+    return testing::WaitFor(done, 20s, 2ms);
   }
 
   // Nothing between loading and the end of its life but the active generation.
