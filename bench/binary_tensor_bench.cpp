@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "inference_api.hpp"
+#include "kserve_rest/kserve_json.hpp"
 #include "model_builder.hpp"
 
 namespace {

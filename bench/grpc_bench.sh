@@ -41,5 +41,5 @@ build/release/bin/backplane_bench_transport --http "${http_url#http://}" --grpc 
   --clients "${CLIENTS:-1 4}"
 echo
 echo "The same from Node (grpc-js and http, independent clients; grpc-js costs ~0.6 ms a call itself):"
-node "$prefix/grpc_bench.mjs" "$root/server/proto/grpc_service.proto" "$grpc_target" "$http_url" \
+node "$prefix/grpc_bench.mjs" "$root/server/kserve_grpc/proto/grpc_service.proto" "$grpc_target" "$http_url" \
   "$root/models/mnist/example_request.json"

@@ -30,7 +30,7 @@ $BACKPLANE_ADMIN_TOKEN or --token-file.
   --soak SECONDS          canary soak before comparing (default 60)
   --step-soak SECONDS     soak for each next replica (default 10)
   --wait SECONDS          how long a replica may take to pick the file up (default 30)
-  --max-failures N        5xx inference failures allowed per replica during its soak (default 0)
+  --max-failures N        server-side inference failures (REST 5xx) allowed per replica during its soak (default 0)
   --max-latency-ratio R   stop when the canary's mean latency exceeds R times the others' (0: off,
                           the default)
 
@@ -136,8 +136,8 @@ describe() {
 }
 
 # counters SERVER: "rejected failures requests duration_sum duration_count" from /metrics.
-# failures: inference failures with a 5xx code (a backend fault, an overload or a model not
-# serving; 4xx are the clients' own errors).
+# failures: inference failures with a server-side code, REST's 5xx (a backend fault, an overload
+# or a model not serving; INVALID_ARGUMENT, NOT_FOUND… are the clients' own errors).
 counters() {
   local status
   status="$(curl -sS --connect-timeout 3 --max-time 30 -o "$work/metrics" -w '%{http_code}' \
@@ -149,7 +149,7 @@ counters() {
   awk '
     /^#/ { next }
     $1 ~ /^backplane_backend_rejected_loads_total([{]|$)/ { rejected += $2 }
-    $1 ~ /^backplane_inference_failures_total[{]/ && $1 ~ /code="5[0-9][0-9]"/ { failures += $2 }
+    $1 ~ /^backplane_inference_failures_total[{]/ && $1 ~ /code="(INTERNAL|UNAVAILABLE|DEADLINE_EXCEEDED|RESOURCE_EXHAUSTED)"/ { failures += $2 }
     $1 ~ /^backplane_inference_requests_total([{]|$)/ { requests += $2 }
     $1 ~ /^backplane_inference_request_duration_seconds_sum([{]|$)/ { duration_sum += $2 }
     $1 ~ /^backplane_inference_request_duration_seconds_count([{]|$)/ { duration_count += $2 }
@@ -338,13 +338,13 @@ check() {
   now="$(counters "$server")" || stop_rollout "$server: /metrics did not answer"
   read -r rejected1 failures1 _ _ _ <<<"$now"
   log "$server: rejected deploys +$((rejected1 - rejected0))," \
-    "5xx inference failures +$((failures1 - failures0))"
+    "server-side inference failures +$((failures1 - failures0))"
   if ((rejected1 > rejected0)); then
     stop_rollout "$server: backplane_backend_rejected_loads_total moved" \
       "(+$((rejected1 - rejected0)))"
   fi
   if ((failures1 - failures0 > max_failures)); then
-    stop_rollout "$server: 5xx inference failures moved" \
+    stop_rollout "$server: server-side inference failures moved" \
       "(+$((failures1 - failures0)), allowed $max_failures)"
   fi
 }

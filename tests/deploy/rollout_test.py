@@ -182,7 +182,7 @@ with tempfile.TemporaryDirectory() as work:
         breaker.join()
         check(outcome.get("unload") == 200, f"the canary's model was unloaded ({outcome})")
         check(result.returncode == 1 and
-              "5xx inference failures moved (+3, allowed 0)" in result.stdout,
+              "server-side inference failures moved (+3, allowed 0)" in result.stdout,
               "failures on the canary stop the rollout: exit 1")
         check(f"{canary.url}: rolled back to the previous version" in result.stdout,
               "the canary is rolled back")

@@ -1,14 +1,14 @@
-// libFuzzer target for the streaming infer parser (server/src/inference_api.cpp): any body,
-// JSON or JSON plus binary data, must give a request or an error, never a crash, a read outside
-// the body, a write outside a tensor or a hang. The first byte picks where the body splits into
-// JSON and binary (as Inference-Header-Content-Length would). Seed it with infer bodies, e.g.
+// libFuzzer target for the streaming infer parser (server/kserve_rest/json_request_reader.cpp): any
+// body, JSON or JSON plus binary data, must give a request or an error, never a crash, a read
+// outside the body, a write outside a tensor or a hang. The first byte picks where the body splits
+// into JSON and binary (as Inference-Header-Content-Length would). Seed it with infer bodies, e.g.
 // models/mnist/example_request.json.
 #include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
 
-#include "inference_api.hpp"
+#include "kserve_rest/kserve_json.hpp"
 
 namespace {
 

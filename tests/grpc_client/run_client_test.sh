@@ -27,4 +27,4 @@ for _ in $(seq 300); do
 done
 target=$(sed -n 's|.*listening on grpc://\([^ ]*\).*|\1|p' "$log" | head -1)
 [[ -n $target ]] || { cat "$log"; echo "FAIL: no gRPC address in the log"; exit 1; }
-node "$work/kserve_client.mjs" "$target" "$source_dir/server/proto/grpc_service.proto"
+node "$work/kserve_client.mjs" "$target" "$source_dir/server/kserve_grpc/proto/grpc_service.proto"

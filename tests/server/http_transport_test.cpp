@@ -21,8 +21,8 @@
 #include <thread>
 #include <vector>
 
-#include "http_server.hpp"
-#include "metrics.hpp"
+#include "http/http_server.hpp"
+#include "metrics/metrics.hpp"
 #include "serve_test_util.hpp"
 
 namespace backplane::testing {

@@ -9,7 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "inference_api.hpp"
+#include "kserve_rest/kserve_json.hpp"
 
 namespace backplane::server {
 namespace {

@@ -346,8 +346,9 @@ TEST_F(ServeMetricsTest, CountRequestsFailuresLatencyAndSwaps) {
   const std::string& text = reply->body;
   EXPECT_THAT(text, HasSubstr("# TYPE backplane_inference_requests_total counter\n"));
   EXPECT_THAT(text, HasSubstr("backplane_inference_requests_total{model=\"mlp\"} 3\n"));
-  EXPECT_THAT(text,
-              HasSubstr("backplane_inference_failures_total{model=\"mlp\",code=\"400\"} 1\n"));
+  EXPECT_THAT(
+      text,
+      HasSubstr("backplane_inference_failures_total{model=\"mlp\",code=\"INVALID_ARGUMENT\"} 1\n"));
   // A name that is not a model of the repository never becomes a label.
   EXPECT_THAT(text, ::testing::Not(HasSubstr("model=\"unknown\"")));
   EXPECT_THAT(text, HasSubstr("# TYPE backplane_inference_request_duration_seconds histogram\n"));

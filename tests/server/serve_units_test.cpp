@@ -9,12 +9,12 @@
 #include <limits>
 
 #include "backplane/loader/loader.hpp"
-#include "http_server.hpp"
-#include "inference_api.hpp"
-#include "metrics.hpp"
-#include "model_repository.hpp"
+#include "config/server_config.hpp"
+#include "http/http_server.hpp"
+#include "kserve_rest/kserve_json.hpp"
+#include "metrics/metrics.hpp"
 #include "serve_test_util.hpp"
-#include "server_config.hpp"
+#include "serving/model_repository.hpp"
 #include "test_util.hpp"
 
 namespace backplane::server {

@@ -1,0 +1,309 @@
+#include "admin/admin_api.hpp"
+
+#include <ctime>
+
+#include "metrics/metrics.hpp"
+#include "serving/model_repository.hpp"
+#include "serving/serving_log.hpp"
+
+namespace backplane::server {
+using nlohmann::json;
+
+namespace {
+
+constexpr char kBackendPath[] = "/v2/backends/([^/]+)";
+
+// RFC 3339, UTC, milliseconds: "2026-11-29T23:55:01.123Z".
+std::string Rfc3339(std::chrono::system_clock::time_point time) {
+  if (time == std::chrono::system_clock::time_point{})
+    return "";
+  const auto since_epoch = time.time_since_epoch();
+  const std::time_t seconds = std::chrono::duration_cast<std::chrono::seconds>(since_epoch).count();
+  const auto millis =
+      std::chrono::duration_cast<std::chrono::milliseconds>(since_epoch).count() % 1000;
+  std::tm utc{};
+  gmtime_r(&seconds, &utc);
+  char buffer[40];
+  const std::size_t length = std::strftime(buffer, sizeof buffer, "%Y-%m-%dT%H:%M:%S", &utc);
+  char fraction[8];
+  std::snprintf(fraction, sizeof fraction, ".%03dZ", static_cast<int>(millis));
+  return std::string(buffer, length) + fraction;
+}
+
+json OptionValueJson(const OptionValue& value) {
+  return std::visit([](const auto& v) { return json(v); }, value);
+}
+
+std::string KnownBackends(const BackendRegistry& registry) {
+  std::string known;
+  for (const auto& id : registry.BackendIds())
+    known += (known.empty() ? "" : ", ") + id;
+  return known.empty() ? "none" : known;
+}
+
+HttpResponse UnknownBackend(const BackendRegistry& registry, std::string_view id) {
+  return HttpResponse::Error(
+      404, "unknown backend '" + std::string(id) + "' (known: " + KnownBackends(registry) + ")");
+}
+
+// The options of this server's instance of `id`: current value, type, default and help.
+HttpResponse DescribeBackendOptions(const Runtime& runtime, std::string_view id) {
+  const auto instance = runtime.Backend(id);  // dropped before returning: it pins the code
+  if (instance == nullptr)
+    return HttpResponse::Error(404, "this server has no backend '" + std::string(id) + "'");
+  json options = json::object();
+  for (const auto& descriptor : instance->DescribeOptions()) {
+    auto current = instance->GetOption(descriptor.name);
+    options[descriptor.name] = {
+        {"type", ToString(descriptor.type)},
+        {"value", current.ok() ? OptionValueJson(current.value()) : json(nullptr)},
+        {"default", OptionValueJson(descriptor.default_value)},
+        {"help", descriptor.help}};
+  }
+  return HttpResponse::Json({{"id", instance->id()},
+                             {"generation", instance->generation_number()},
+                             {"options", options}});
+}
+
+HttpResponse UpdateBackendOptions(const ServeContext& context, const HttpRequest& request) {
+  const std::string& id = request.params[0];
+  auto body = ParseJsonBody(request.body, context.max_json_depth);
+  if (!body.ok())
+    return HttpResponse::FromStatus(body.error());
+  if (!body->is_object()) {
+    return HttpResponse::Error(
+        400, "the body must be a JSON object of option values, e.g. {\"deterministic\": true}");
+  }
+  std::vector<OptionDescriptor> descriptors;
+  {
+    const auto instance = context.runtime.Backend(id);
+    if (instance == nullptr)
+      return HttpResponse::Error(404, "this server has no backend '" + id + "'");
+    descriptors = instance->DescribeOptions();
+  }
+  // Convert every value before applying any: one bad key applies nothing.
+  BackendOptions changes;
+  for (const auto& [key, value] : body->items()) {
+    const OptionDescriptor* descriptor = nullptr;
+    for (const auto& candidate : descriptors) {
+      if (candidate.name == key)
+        descriptor = &candidate;
+    }
+    if (descriptor == nullptr) {
+      std::string known;
+      for (const auto& candidate : descriptors)
+        known += (known.empty() ? "" : ", ") + candidate.name;
+      return HttpResponse::Error(400, "backend " + id + " has no option '" + key + "' (known: " +
+                                          (known.empty() ? "none" : known) + "); nothing applied");
+    }
+    auto converted = OptionFromJson(value, *descriptor, id);
+    if (!converted.ok())
+      return HttpResponse::Error(400, converted.error().message() + "; nothing applied");
+    changes.emplace(key, std::move(converted).value());
+  }
+  Status updated = context.runtime.UpdateBackendOptions(id, changes);
+  if (!updated.ok())
+    return HttpResponse::FromStatus(updated);
+  Log().info("backend {} options updated: {}", id, body->dump());
+  return DescribeBackendOptions(context.runtime, id);
+}
+
+json DeployOutcomeJson(const DeployOutcome& outcome) {
+  return {{"action", ToString(outcome.action)},
+          {"id", outcome.backend_id},
+          {"file", outcome.file.string()},
+          {"generation", outcome.generation},
+          {"message", outcome.message}};
+}
+
+// A deploy outcome as a response: a rejected file is 422 (the request was fine, the file is
+// not) so that a deploy script fails; anything else is 200.
+HttpResponse DeployOutcomeResponse(const BackendRegistry& registry, const DeployOutcome& outcome) {
+  json body = DeployOutcomeJson(outcome);
+  if (auto status = registry.Describe(outcome.backend_id))
+    body["backend"] = BackendStatusJson(*status);
+  if (outcome.action == DeployOutcome::Action::kRejected) {
+    body["error"] = "backend file " + outcome.file.string() + " rejected: " + outcome.message;
+    return HttpResponse::Json(body, 422);
+  }
+  return HttpResponse::Json(body);
+}
+
+HttpResponse Placement(const ServeContext& context, const HttpRequest& request) {
+  auto resolved = ResolveModel(context.repository, request.params[0], request.params[1]);
+  if (!resolved.ok())
+    return HttpResponse::FromStatus(resolved.error());
+  json versions = json::array();
+  for (const auto& [number, version] : resolved->model->versions) {
+    if (!request.params[1].empty() && version != resolved->version)
+      continue;
+    auto placement = context.runtime.GetPlacement(version->network_id());
+    if (!placement.ok())
+      return HttpResponse::FromStatus(placement.error());
+    json layers = json::array();
+    for (const auto& layer : placement.value()) {
+      layers.push_back({{"node", layer.node},
+                        {"op_type", layer.op_type},
+                        {"backend", layer.backend_id},
+                        {"generation", layer.generation},
+                        // SDK 1.1: compiled into one workload with the run starting at
+                        // `subgraph`; `note` is what the backend said about the layer.
+                        {"compiled", layer.compiled},
+                        {"subgraph", layer.subgraph},
+                        {"note", layer.note}});
+    }
+    versions.push_back({{"version", std::to_string(number)}, {"layers", layers}});
+  }
+  return HttpResponse::Json({{"name", resolved->model->name}, {"versions", versions}});
+}
+
+}  // namespace
+
+json RejectedFileJson(const loader::RejectedFile& rejected) {
+  return {{"file", rejected.file.string()},
+          {"reason", rejected.error.name()},
+          {"message", rejected.error.message()}};
+}
+
+json BackendStatusJson(const BackendStatus& status) {
+  json generations = json::array();
+  for (const auto& generation : status.generations) {
+    generations.push_back(
+        {{"generation", generation.generation},
+         {"state", ToString(generation.state)},
+         {"file", generation.file.string()},
+         {"resolved_file", generation.resolved_file.string()},
+         {"sha256", generation.sha256},
+         {"release", generation.release},
+         {"api_version", std::to_string(generation.api_version.major) + "." +
+                             std::to_string(generation.api_version.minor)},
+         {"build_id", generation.build_id},
+         {"refcount", generation.refcount},
+         {"loaded_at", Rfc3339(generation.loaded_at)},
+         {"drain_ms", generation.drain_ms ? json(*generation.drain_ms) : json(nullptr)},
+         {"reason",
+          generation.rejection.ok() ? json(nullptr) : json(generation.rejection.ToString())}});
+  }
+  json rejected = json::array();
+  for (const auto& file : status.rejected)
+    rejected.push_back(RejectedFileJson(file));
+  return {{"id", status.id},
+          {"static", status.is_static},
+          {"active_generation", status.active_generation},
+          {"pinned", status.pinned},
+          {"withdrawn", status.withdrawn},
+          {"file", status.file.string()},
+          {"generations", generations},
+          {"rejected", rejected}};
+}
+
+Result<OptionValue> OptionFromJson(const json& value, const OptionDescriptor& option,
+                                   std::string_view backend_id) {
+  const auto wrong = [&] {
+    return InvalidArgument("backend " + std::string(backend_id) + " option '" + option.name +
+                           "' is " + std::string(ToString(option.type)) + ", got " + value.dump());
+  };
+  switch (option.type) {
+    case OptionType::kBool:
+      if (!value.is_boolean())
+        return wrong();
+      return OptionValue(value.get<bool>());
+    case OptionType::kInt64:
+      // An unsigned value above int64's range would wrap: refuse it.
+      if (!value.is_number_integer() ||
+          (value.is_number_unsigned() &&
+           value.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))) {
+        return wrong();
+      }
+      return OptionValue(value.get<int64_t>());
+    case OptionType::kDouble:
+      if (!value.is_number())
+        return wrong();
+      return OptionValue(value.get<double>());
+    case OptionType::kString:
+      if (!value.is_string())
+        return wrong();
+      return OptionValue(value.get<std::string>());
+  }
+  return wrong();
+}
+
+void AddAdminRoutes(HttpServer& http, const ServeContext& context) {
+  using Access = HttpServer::Access;
+
+  http.Get("/metrics", [context](const HttpRequest&) {
+    HttpResponse response;
+    response.content_type = "text/plain; version=0.0.4; charset=utf-8";
+    response.body = context.metrics.Render(&context.registry, context.loader_stats);
+    return response;
+  });
+
+  http.Get("/v2/models/([^/]+)(?:/versions/([^/]+))?/placement",
+           [context](const HttpRequest& request) { return Placement(context, request); });
+
+  http.Get("/v2/backends", [context](const HttpRequest&) {
+    json backends = json::array();
+    for (const auto& status : context.registry.Describe())
+      backends.push_back(BackendStatusJson(status));
+    json rejected = json::array();
+    for (const auto& file : context.registry.Rejected())
+      rejected.push_back(RejectedFileJson(file));
+    return HttpResponse::Json({{"backends", backends}, {"rejected", rejected}});
+  });
+  http.Get(kBackendPath, [context](const HttpRequest& request) {
+    auto status = context.registry.Describe(request.params[0]);
+    if (!status)
+      return UnknownBackend(context.registry, request.params[0]);
+    return HttpResponse::Json(BackendStatusJson(*status));
+  });
+
+  http.Post(std::string(kBackendPath) + "/reload", Access::kAdmin,
+            [context](const HttpRequest& request) {
+              auto outcome = context.registry.Reload(request.params[0]);
+              if (!outcome.ok())
+                return HttpResponse::FromStatus(outcome.error());
+              Log().info("reload of backend {} asked through the admin API: {} {}",
+                         request.params[0], ToString(outcome->action), outcome->message);
+              return DeployOutcomeResponse(context.registry, outcome.value());
+            });
+  http.Post(std::string(kBackendPath) + "/rollback", Access::kAdmin,
+            [context](const HttpRequest& request) {
+              auto generation = context.registry.Rollback(request.params[0]);
+              if (!generation.ok())
+                return HttpResponse::FromStatus(generation.error());
+              Log().info("backend {} rolled back to generation {} through the admin API",
+                         request.params[0], generation.value());
+              json body = {{"id", request.params[0]}, {"active_generation", generation.value()}};
+              if (auto status = context.registry.Describe(request.params[0]))
+                body["backend"] = BackendStatusJson(*status);
+              return HttpResponse::Json(body);
+            });
+  http.Post(std::string(kBackendPath) + "/pin", Access::kAdmin,
+            [context](const HttpRequest& request) {
+              Status pinned = context.registry.Pin(request.params[0]);
+              if (!pinned.ok())
+                return HttpResponse::FromStatus(pinned);
+              Log().info("backend {} pinned through the admin API", request.params[0]);
+              auto status = context.registry.Describe(request.params[0]);
+              return status ? HttpResponse::Json(BackendStatusJson(*status))
+                            : UnknownBackend(context.registry, request.params[0]);
+            });
+  http.Post(std::string(kBackendPath) + "/unpin", Access::kAdmin,
+            [context](const HttpRequest& request) {
+              auto outcome = context.registry.Unpin(request.params[0]);
+              if (!outcome.ok())
+                return HttpResponse::FromStatus(outcome.error());
+              Log().info("backend {} unpinned through the admin API: {}", request.params[0],
+                         ToString(outcome->action));
+              return DeployOutcomeResponse(context.registry, outcome.value());
+            });
+
+  http.Get(std::string(kBackendPath) + "/options", [context](const HttpRequest& request) {
+    return DescribeBackendOptions(context.runtime, request.params[0]);
+  });
+  http.Put(
+      std::string(kBackendPath) + "/options", Access::kAdmin,
+      [context](const HttpRequest& request) { return UpdateBackendOptions(context, request); });
+}
+
+}  // namespace backplane::server

@@ -1,0 +1,28 @@
+// Backplane's own operational endpoints: the backend admin API under /v2/backends (generations,
+// rejected files, reload, rollback, pin, unpin, options), model placement, and /metrics.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include "backplane/core/options.hpp"
+#include "backplane/registry/backend_registry.hpp"
+#include "http/http_server.hpp"
+#include "serving/serving_context.hpp"
+
+namespace backplane::server {
+
+// Registers the routes on `http`; `context` must outlive it. Mutating calls are admin routes
+// (bearer token when one is set).
+void AddAdminRoutes(HttpServer& http, const ServeContext& context);
+
+// {"id", "static", "active_generation", "pinned", "withdrawn", "file", "generations": [...],
+// "rejected": [...]}; times as RFC 3339 UTC strings.
+nlohmann::json BackendStatusJson(const BackendStatus& status);
+nlohmann::json RejectedFileJson(const loader::RejectedFile& rejected);
+
+// A JSON value as an option of `type`: bool ← true/false, int64 ← an integer, double ← any
+// number, string ← a string. kInvalidArgument naming the option, the type and the value.
+Result<OptionValue> OptionFromJson(const nlohmann::json& value, const OptionDescriptor& option,
+                                   std::string_view backend_id);
+
+}  // namespace backplane::server

@@ -1,0 +1,200 @@
+#include "cli/serve_command.hpp"
+
+#include <pthread.h>
+#include <signal.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <iostream>
+
+#include "admin/admin_api.hpp"
+#include "http/http_server.hpp"
+#include "kserve_grpc/grpc_server.hpp"
+#include "kserve_rest/rest_routes.hpp"
+#include "serving/serving_log.hpp"
+
+namespace backplane::server {
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr char kAdminTokenVariable[] = "BACKPLANE_ADMIN_TOKEN";
+
+int StartupFailure(const std::string& message) {
+  Log().error("backplane serve: {}", message);
+  std::cerr << "backplane serve: " << message << "\n";
+  return 1;
+}
+
+// Defaults, then the config file, then the environment, then the flags.
+Result<ServeConfig> ResolveConfig(const ServeOptions& options) {
+  ServeConfig config = DefaultServeConfig();
+  if (options.inherited_log_level)
+    config.log_level = *options.inherited_log_level;
+  if (!options.config_file.empty())
+    BACKPLANE_RETURN_IF_ERROR(ApplyConfigFile(options.config_file, config));
+  if (const char* token = std::getenv(kAdminTokenVariable); token != nullptr && *token != '\0')
+    config.admin_token = token;
+  if (options.models)
+    config.models = *options.models;
+  if (!options.backends.empty())
+    config.backends = std::vector<fs::path>(options.backends.begin(), options.backends.end());
+  if (options.listen)
+    config.listen = *options.listen;
+  if (options.grpc_listen)
+    config.grpc_listen = *options.grpc_listen;
+  if (options.log_level)
+    config.log_level = *options.log_level;
+  if (options.admin_token)
+    config.admin_token = *options.admin_token;
+  auto listen = ParseListenAddress(config.listen);
+  if (!listen.ok())
+    return listen.error();
+  if (config.grpc_listen != kGrpcOff) {
+    auto grpc_listen = ParseListenAddress(config.grpc_listen);
+    if (!grpc_listen.ok())
+      return InvalidArgument("gRPC " + grpc_listen.error().message());
+  }
+  return config;
+}
+
+// SIGINT and SIGTERM are taken by sigwait on the main thread: blocked here, before any thread
+// exists, so that every thread inherits the mask and none is interrupted by them.
+sigset_t BlockShutdownSignals() {
+  // A shell without job control starts background commands (`backplane serve &` in a script)
+  // with SIGINT ignored, and an ignored signal is discarded, never seen by sigwait: restore the
+  // default action first.
+  signal(SIGINT, SIG_DFL);
+  signal(SIGTERM, SIG_DFL);
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  // Asio sends with MSG_NOSIGNAL, but a backend or library writing to a socket or pipe a peer
+  // closed would raise SIGPIPE and kill the process. Ignored, the write fails with EPIPE.
+  signal(SIGPIPE, SIG_IGN);
+  return signals;
+}
+
+// Lets a second Ctrl-C end the process at once: the first one started a graceful shutdown.
+void UnblockShutdownSignals(const sigset_t& signals) {
+  pthread_sigmask(SIG_UNBLOCK, &signals, nullptr);
+}
+
+int CheckConfig(const ServeOptions& options) {
+  auto resolved = ResolveConfig(options);
+  if (!resolved.ok()) {
+    std::cerr << "backplane serve: " << resolved.error().message() << "\n";
+    return 1;
+  }
+  const ServeConfig& config = resolved.value();
+  std::cout << ConfigToJson(config) << std::endl;
+  std::error_code error;
+  if (!fs::is_directory(config.models, error))
+    std::cerr << "note: the model repository " << config.models << " is not a directory here\n";
+  for (const auto& directory : config.backends.value_or(std::vector<fs::path>{})) {
+    if (!fs::is_directory(directory, error))
+      std::cerr << "note: the backend directory " << directory << " is not a directory here\n";
+  }
+  if (!IsLoopbackHost(ParseListenAddress(config.listen).value().host) &&
+      config.admin_token.empty()) {
+    std::cerr << "note: listening on " << config.listen
+              << " without an admin token: set BACKPLANE_ADMIN_TOKEN where it runs\n";
+  }
+  return 0;
+}
+
+// Addresses other machines can reach: said once at start, with the admin token's absence.
+void WarnAboutReachableAddresses(const ServeConfig& config) {
+  if (config.grpc_listen != kGrpcOff &&
+      !IsLoopbackHost(ParseListenAddress(config.grpc_listen).value().host)) {
+    Log().warn("gRPC listening on {}, reachable from other machines", config.grpc_listen);
+  }
+  const ListenAddress listen = ParseListenAddress(config.listen).value();
+  if (!IsLoopbackHost(listen.host)) {
+    Log().warn("listening on {}, reachable from other machines{}", listen.ToString(),
+               config.admin_token.empty()
+                   ? ": the admin API is open to them (set --admin-token or " +
+                         std::string(kAdminTokenVariable) + ")"
+                   : "");
+  }
+}
+
+void AnnounceListening(std::string_view scheme, const ListenAddress& address) {
+  Log().info("listening on {}://{}", scheme, address.ToString());
+  if (!Log().should_log(spdlog::level::info))
+    std::cerr << "backplane serve: listening on " << scheme << "://" << address.ToString()
+              << std::endl;
+}
+
+}  // namespace
+
+Result<RunningServer> StartServer(const ServeConfig& config) {
+  auto listen = ParseListenAddress(config.listen);
+  if (!listen.ok())
+    return listen.error();
+  auto started = ServingCore::Start(config);
+  if (!started.ok())
+    return started.error();
+  RunningServer server{.core = std::move(started).value()};
+  ServingCore& core = *server.core;
+
+  auto http =
+      std::make_unique<HttpServer>(HttpLimitsFrom(config), config.admin_token, core.metrics());
+  AddKServeRoutes(*http, core.context());
+  AddAdminRoutes(*http, core.context());
+  auto bound = http->Start(*listen);
+  if (!bound.ok())
+    return bound.error();
+  server.http = *bound;
+  core.AddTransport(std::move(http));
+
+  if (config.grpc_listen != kGrpcOff) {
+    auto grpc_listen = ParseListenAddress(config.grpc_listen);
+    if (!grpc_listen.ok())
+      return InvalidArgument("gRPC " + grpc_listen.error().message());
+    auto grpc = GrpcServer::Start(*grpc_listen, core.context(),
+                                  {.max_message_bytes = config.max_body_bytes});
+    if (!grpc.ok())
+      return grpc.error();
+    server.grpc = core.AddTransport(std::move(grpc).value()).address();
+  }
+  core.SetReady();
+  return server;
+}
+
+int RunServe(const ServeOptions& options) {
+  if (options.check_config)
+    return CheckConfig(options);
+  const sigset_t shutdown_signals = BlockShutdownSignals();
+
+  auto resolved = ResolveConfig(options);
+  if (!resolved.ok())
+    return StartupFailure(resolved.error().message());
+  const ServeConfig config = std::move(resolved).value();
+  spdlog::set_level(spdlog::level::from_str(config.log_level));
+  WarnAboutReachableAddresses(config);
+
+  auto started = StartServer(config);
+  if (!started.ok())
+    return StartupFailure(started.error().message());
+  RunningServer server = std::move(started).value();
+  // Tests and scripts wait for these exact lines: keep their wording, and print them even when
+  // the log level hides info.
+  AnnounceListening("http", server.http);
+  if (server.grpc)
+    AnnounceListening("grpc", *server.grpc);
+
+  int signal_number = 0;
+  sigwait(&shutdown_signals, &signal_number);
+  UnblockShutdownSignals(shutdown_signals);
+  Log().info(
+      "{} received: shutting down (no new connections; finishing the {} request(s) in "
+      "flight; a second signal ends the process at once)",
+      signal_number == SIGINT ? "SIGINT" : "SIGTERM", server.core->metrics().http_in_flight.load());
+  server.core->Stop();
+  return 0;
+}
+
+}  // namespace backplane::server

@@ -1,0 +1,343 @@
+#include "config/server_config.hpp"
+
+#include <charconv>
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+namespace backplane::server {
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+// One config key: how to read it from JSON into a ServeConfig, and its default for the docs.
+struct ConfigKey {
+  std::string_view name;
+  std::function<Status(const json& value, const fs::path& base, ServeConfig& config)> apply;
+  std::function<json(const ServeConfig& defaults)> show;
+};
+
+// Typed readers. `key` names the key in every message.
+Result<std::string> ReadString(const json& value, std::string_view key) {
+  if (!value.is_string())
+    return InvalidArgument("'" + std::string(key) + "' must be a string, got " + value.dump());
+  return value.get<std::string>();
+}
+
+Result<int64_t> ReadInteger(const json& value, std::string_view key, int64_t min, int64_t max) {
+  if (!value.is_number_integer()) {
+    return InvalidArgument("'" + std::string(key) + "' must be an integer, got " + value.dump());
+  }
+  // number_unsigned above int64's range reads back as a negative int64: compare unsigned first.
+  if (value.is_number_unsigned() &&
+      value.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+    return InvalidArgument("'" + std::string(key) + "' must be at most " + std::to_string(max));
+  }
+  const int64_t number = value.get<int64_t>();
+  if (number < min || number > max) {
+    return InvalidArgument("'" + std::string(key) + "' must be between " + std::to_string(min) +
+                           " and " + std::to_string(max) + ", got " + std::to_string(number));
+  }
+  return number;
+}
+
+Result<bool> ReadBool(const json& value, std::string_view key) {
+  if (!value.is_boolean())
+    return InvalidArgument("'" + std::string(key) + "' must be true or false, got " + value.dump());
+  return value.get<bool>();
+}
+
+Result<std::vector<std::string>> ReadStrings(const json& value, std::string_view key) {
+  if (!value.is_array()) {
+    return InvalidArgument("'" + std::string(key) + "' must be an array of strings, got " +
+                           value.dump());
+  }
+  std::vector<std::string> strings;
+  for (const auto& element : value) {
+    if (!element.is_string()) {
+      return InvalidArgument("'" + std::string(key) + "' must be an array of strings, got " +
+                             element.dump() + " in it");
+    }
+    strings.push_back(element.get<std::string>());
+  }
+  return strings;
+}
+
+fs::path Resolve(const fs::path& base, const std::string& path) {
+  const fs::path given(path);
+  return given.is_absolute() ? given : base / given;
+}
+
+template <typename Field>
+ConfigKey IntegerKey(std::string_view name, Field ServeConfig::*field, int64_t min, int64_t max) {
+  return {name,
+          [=](const json& value, const fs::path&, ServeConfig& config) -> Status {
+            auto number = ReadInteger(value, name, min, max);
+            if (!number.ok())
+              return number.error();
+            config.*field = static_cast<Field>(number.value());
+            return Status::Ok();
+          },
+          [=](const ServeConfig& defaults) { return json(defaults.*field); }};
+}
+
+template <typename Duration>
+ConfigKey DurationKey(std::string_view name, Duration ServeConfig::*field, int64_t min,
+                      int64_t max) {
+  return {name,
+          [=](const json& value, const fs::path&, ServeConfig& config) -> Status {
+            auto number = ReadInteger(value, name, min, max);
+            if (!number.ok())
+              return number.error();
+            config.*field = Duration(number.value());
+            return Status::Ok();
+          },
+          [=](const ServeConfig& defaults) { return json((defaults.*field).count()); }};
+}
+
+ConfigKey StringKey(std::string_view name, std::string ServeConfig::*field,
+                    std::function<Status(const std::string&)> check = {}) {
+  return {name,
+          [=](const json& value, const fs::path&, ServeConfig& config) -> Status {
+            auto text = ReadString(value, name);
+            if (!text.ok())
+              return text.error();
+            if (check) {
+              BACKPLANE_RETURN_IF_ERROR(check(text.value()));
+            }
+            config.*field = text.value();
+            return Status::Ok();
+          },
+          [=](const ServeConfig& defaults) { return json(defaults.*field); }};
+}
+
+Status CheckLogLevel(const std::string& level) {
+  for (const char* known : {"trace", "debug", "info", "warn", "error", "critical", "off"}) {
+    if (level == known)
+      return Status::Ok();
+  }
+  return InvalidArgument(
+      "'log_level' must be one of trace, debug, info, warn, error, critical, "
+      "off; got '" +
+      level + "'");
+}
+
+// The table of every key, in the order docs/operators.md lists them.
+const std::vector<ConfigKey>& ConfigKeys() {
+  static const std::vector<ConfigKey> keys = {
+      {"models",
+       [](const json& value, const fs::path& base, ServeConfig& config) -> Status {
+         auto text = ReadString(value, "models");
+         if (!text.ok())
+           return text.error();
+         config.models = Resolve(base, text.value());
+         return Status::Ok();
+       },
+       [](const ServeConfig& defaults) { return json(defaults.models.string()); }},
+      {"backends",
+       [](const json& value, const fs::path& base, ServeConfig& config) -> Status {
+         auto paths = ReadStrings(value, "backends");
+         if (!paths.ok())
+           return paths.error();
+         std::vector<fs::path> resolved;
+         for (const auto& path : paths.value())
+           resolved.push_back(Resolve(base, path));
+         config.backends = std::move(resolved);
+         return Status::Ok();
+       },
+       [](const ServeConfig&) { return json("the default backend paths"); }},
+      {"backend_preferences",
+       [](const json& value, const fs::path&, ServeConfig& config) -> Status {
+         auto ids = ReadStrings(value, "backend_preferences");
+         if (!ids.ok())
+           return ids.error();
+         config.backend_preferences = std::move(ids).value();
+         return Status::Ok();
+       },
+       [](const ServeConfig& defaults) { return json(defaults.backend_preferences); }},
+      StringKey("listen", &ServeConfig::listen,
+                [](const std::string& text) -> Status {
+                  auto parsed = ParseListenAddress(text);
+                  return parsed.ok() ? Status::Ok() : parsed.error();
+                }),
+      StringKey("grpc_listen", &ServeConfig::grpc_listen,
+                [](const std::string& text) -> Status {
+                  if (text == kGrpcOff)
+                    return Status::Ok();
+                  auto parsed = ParseListenAddress(text);
+                  if (parsed.ok())
+                    return Status::Ok();
+                  return InvalidArgument("'grpc_listen': " + parsed.error().message() +
+                                         " (or \"off\")");
+                }),
+      StringKey("log_level", &ServeConfig::log_level, CheckLogLevel),
+      {"admin_token",
+       [](const json& value, const fs::path&, ServeConfig& config) -> Status {
+         auto text = ReadString(value, "admin_token");
+         if (!text.ok())
+           return text.error();
+         config.admin_token = text.value();
+         return Status::Ok();
+       },
+       [](const ServeConfig&) { return json("none"); }},
+      IntegerKey("io_threads", &ServeConfig::io_threads, 1, 64),
+      IntegerKey("http_threads", &ServeConfig::http_threads, 1, 4096),
+      IntegerKey("max_connections", &ServeConfig::max_connections, 1, 1000000),
+      IntegerKey("listen_backlog", &ServeConfig::listen_backlog, 1, 65535),
+      IntegerKey("max_body_bytes", &ServeConfig::max_body_bytes, 1024, int64_t{1} << 32),
+      IntegerKey("max_json_depth", &ServeConfig::max_json_depth, 2, 1000),
+      IntegerKey("max_header_bytes", &ServeConfig::max_header_bytes, 1024, 1 << 20),
+      DurationKey("header_timeout_ms", &ServeConfig::header_timeout, 1, 3600000),
+      DurationKey("read_timeout_ms", &ServeConfig::read_timeout, 1, 3600000),
+      DurationKey("write_timeout_ms", &ServeConfig::write_timeout, 1, 3600000),
+      DurationKey("request_timeout_ms", &ServeConfig::request_timeout, 1, 3600000),
+      DurationKey("keep_alive_timeout_s", &ServeConfig::keep_alive_timeout, 1, 3600),
+      IntegerKey("keep_alive_max_requests", &ServeConfig::keep_alive_max_requests, 1, 1000000),
+      IntegerKey("inference_threads", &ServeConfig::inference_threads, 0, 1024),
+      IntegerKey("max_in_flight", &ServeConfig::max_in_flight, 1, 1000000),
+      StringKey("swap_policy", &ServeConfig::swap_policy,
+                [](const std::string& policy) -> Status {
+                  if (policy == "migrate" || policy == "pin")
+                    return Status::Ok();
+                  return InvalidArgument("'swap_policy' must be \"migrate\" or \"pin\", got '" +
+                                         policy + "'");
+                }),
+      {"watch_backends",
+       [](const json& value, const fs::path&, ServeConfig& config) -> Status {
+         auto flag = ReadBool(value, "watch_backends");
+         if (!flag.ok())
+           return flag.error();
+         config.watch_backends = flag.value();
+         return Status::Ok();
+       },
+       [](const ServeConfig& defaults) { return json(defaults.watch_backends); }},
+      DurationKey("watch_debounce_ms", &ServeConfig::watch_debounce, 0, 60000),
+      DurationKey("rescan_interval_ms", &ServeConfig::rescan_interval, 0, 86400000),
+  };
+  return keys;
+}
+
+std::string KnownKeys() {
+  std::string known;
+  for (const auto& key : ConfigKeys())
+    known += (known.empty() ? "" : ", ") + std::string(key.name);
+  return known;
+}
+
+}  // namespace
+
+ServeConfig DefaultServeConfig() {
+  ServeConfig config;
+  config.models = BACKPLANE_DEFAULT_MODEL_REPOSITORY;
+  return config;
+}
+
+Status ApplyConfigFile(const fs::path& file, ServeConfig& config) {
+  std::ifstream in(file, std::ios::binary);
+  if (!in) {
+    std::error_code error;
+    if (!fs::exists(file, error))
+      return NotFound("config file " + file.string() + " does not exist");
+    return InvalidArgument("config file " + file.string() + " cannot be read");
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  const json document = json::parse(text.str(), nullptr, /*allow_exceptions=*/false,
+                                    /*ignore_comments=*/true);
+  if (document.is_discarded()) {
+    return InvalidArgument("config file " + file.string() + " is not valid JSON");
+  }
+  if (!document.is_object()) {
+    return InvalidArgument("config file " + file.string() + " must hold a JSON object, got " +
+                           std::string(document.type_name()));
+  }
+  // All-or-nothing: a bad key leaves `config` untouched.
+  ServeConfig updated = config;
+  const fs::path base = file.has_parent_path() ? file.parent_path() : fs::path(".");
+  for (const auto& [name, value] : document.items()) {
+    const ConfigKey* key = nullptr;
+    for (const auto& candidate : ConfigKeys()) {
+      if (candidate.name == name)
+        key = &candidate;
+    }
+    if (key == nullptr) {
+      return InvalidArgument("config file " + file.string() + ": unknown key '" + name +
+                             "' (known: " + KnownKeys() + ")");
+    }
+    Status applied = key->apply(value, base, updated);
+    if (!applied.ok())
+      return InvalidArgument("config file " + file.string() + ": " + applied.message());
+  }
+  config = std::move(updated);
+  return Status::Ok();
+}
+
+std::vector<std::string> DescribeConfigKeys() {
+  const ServeConfig defaults = DefaultServeConfig();
+  std::vector<std::string> lines;
+  for (const auto& key : ConfigKeys())
+    lines.push_back(std::string(key.name) + ": " + key.show(defaults).dump());
+  return lines;
+}
+
+std::string ConfigToJson(const ServeConfig& config) {
+  json object = json::object();
+  for (const auto& key : ConfigKeys())
+    object[std::string(key.name)] = key.show(config);
+  if (config.backends) {
+    object["backends"] = json::array();
+    for (const auto& path : *config.backends)
+      object["backends"].push_back(path.string());
+  } else {
+    object["backends"] = nullptr;
+  }
+  object["admin_token"] = config.admin_token.empty() ? json(nullptr) : json("(set)");
+  return object.dump(2);
+}
+
+std::string ListenAddress::ToString() const {
+  const bool ipv6 = host.find(':') != std::string::npos;
+  return (ipv6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
+}
+
+Result<ListenAddress> ParseListenAddress(std::string_view text) {
+  const auto invalid = [&](const std::string& why) {
+    return InvalidArgument("listen address '" + std::string(text) + "' " + why +
+                           " (expected HOST:PORT, e.g. 127.0.0.1:8000 or [::1]:0)");
+  };
+  ListenAddress address;
+  std::string_view port_text;
+  if (text.starts_with("[")) {
+    const auto close = text.find("]:");
+    if (close == std::string_view::npos)
+      return invalid("has no closing ']:' after the IPv6 host");
+    address.host = std::string(text.substr(1, close - 1));
+    port_text = text.substr(close + 2);
+  } else {
+    const auto colon = text.rfind(':');
+    if (colon == std::string_view::npos)
+      return invalid("has no port");
+    address.host = std::string(text.substr(0, colon));
+    port_text = text.substr(colon + 1);
+    if (address.host.find(':') != std::string::npos)
+      return invalid("has an IPv6 host without brackets");
+  }
+  if (address.host.empty())
+    return invalid("has no host");
+  const auto [end, error] =
+      std::from_chars(port_text.data(), port_text.data() + port_text.size(), address.port);
+  if (port_text.empty() || error != std::errc() || end != port_text.data() + port_text.size() ||
+      address.port < 0 || address.port > 65535) {
+    return invalid("has no valid port (0-65535)");
+  }
+  return address;
+}
+
+bool IsLoopbackHost(std::string_view host) {
+  return host == "localhost" || host == "::1" || host.starts_with("127.");
+}
+
+}  // namespace backplane::server

@@ -1,0 +1,96 @@
+// The configuration of `backplane serve`: every setting with its default, read from a JSON config
+// file and overridden by command-line flags. docs/operators.md documents each key.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "backplane/core/status.hpp"
+
+namespace backplane::server {
+
+// A value type (thread-compatible). Field names are the config file's keys.
+struct ServeConfig {
+  // ---- What to serve
+  // The model repository (Triton layout). Default: the example repository of the source tree.
+  std::filesystem::path models;
+  // Backend directories; nullopt: DefaultBackendPaths() ($BACKPLANE_BACKEND_PATHS, else the
+  // build's backends/ and the installed ones). An empty list disables dynamic backends.
+  std::optional<std::vector<std::filesystem::path>> backends;
+  // Backend preference list for models whose config.json names none; empty: every backend by id.
+  std::vector<std::string> backend_preferences;
+
+  // ---- Where and how to listen
+  std::string listen = "127.0.0.1:8000";  // HOST:PORT; port 0 picks a free one
+  // KServe v2 gRPC, HOST:PORT like `listen`, or "off"; 8001 like Triton and KServe runtimes.
+  std::string grpc_listen = "127.0.0.1:8001";
+  std::string log_level = "info";
+  // Bearer token that mutating admin and repository calls must present; empty: not required.
+  std::string admin_token;
+  int io_threads = 2;  // event-loop threads: accept, read, write (never a handler)
+  // Handler threads: synchronous requests (metadata, admin, repository) handled at once, and the
+  // bound on inference requests handed on at once; an inference runs on the runtime's scheduler,
+  // not on these. Connections do not hold one; an idle keep-alive connection costs a descriptor
+  // and a buffer.
+  int http_threads = 32;
+  int max_connections = 10000;  // beyond it a new connection gets 503 and is closed
+  int listen_backlog = 1024;    // the kernel caps it at net.core.somaxconn
+  std::size_t max_body_bytes = 16u << 20;
+  int max_json_depth = 32;
+  std::size_t max_header_bytes = 16u << 10;        // request line and headers together
+  std::chrono::milliseconds header_timeout{5000};  // the whole header, from its first byte
+  std::chrono::milliseconds read_timeout{5000};    // the whole body, after the header
+  std::chrono::milliseconds write_timeout{5000};   // the whole response
+  // From a request's first byte until a handler takes it (header, body, wait for a handler).
+  std::chrono::milliseconds request_timeout{60000};
+  std::chrono::seconds keep_alive_timeout{5};  // idle between two requests
+  int keep_alive_max_requests = 1000;
+
+  // ---- Execution
+  int inference_threads = 0;  // the runtime's TBB arena; 0: one per core
+  int max_in_flight = 256;    // requests admitted by the runtime at once, all models together
+  std::string swap_policy = "migrate";  // "migrate" or "pin"
+
+  // ---- Hot reload
+  bool watch_backends = true;  // apply backend files dropped into the backend directories
+  std::chrono::milliseconds watch_debounce{200};
+  std::chrono::milliseconds rescan_interval{30000};
+};
+
+// The grpc_listen value that turns gRPC off.
+inline constexpr char kGrpcOff[] = "off";
+
+// The built-in defaults, with `models` set to the compile-time example repository.
+ServeConfig DefaultServeConfig();
+
+// Applies the keys of JSON config file `file` over `config`. An unknown key, a wrong type or an
+// out-of-range value is kInvalidArgument naming the file and the key; a missing or unreadable
+// file is kNotFound / kInvalidArgument. Relative paths in the file are relative to its folder.
+Status ApplyConfigFile(const std::filesystem::path& file, ServeConfig& config);
+
+// Every config key with its default, as "key: default" lines (for --help and tests).
+std::vector<std::string> DescribeConfigKeys();
+
+// `config` as a JSON object of the config file's keys (what `serve --check-config` prints).
+// `backends` is null for the default backend paths; a set admin token is shown as "(set)", never
+// in clear.
+std::string ConfigToJson(const ServeConfig& config);
+
+struct ListenAddress {
+  std::string host;  // without IPv6 brackets
+  int port = 0;
+  std::string ToString() const;  // "HOST:PORT", brackets around IPv6 hosts
+};
+// "127.0.0.1:8000", "localhost:0", "[::1]:8000". kInvalidArgument naming the problem.
+Result<ListenAddress> ParseListenAddress(std::string_view text);
+
+// True for 127.0.0.0/8, ::1 and "localhost": the addresses only this machine can reach.
+bool IsLoopbackHost(std::string_view host);
+
+}  // namespace backplane::server

@@ -1,0 +1,108 @@
+// Prometheus metrics of `backplane serve`, rendered in the text exposition format (version
+// 0.0.4) that `promtool check metrics` accepts: HELP and TYPE lines, counters ending in _total,
+// histograms as _bucket{le}/_sum/_count, seconds as the unit, escaped label values.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <set>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "backplane/core/status.hpp"
+#include "backplane/core/thread_annotations.hpp"
+#include "backplane/registry/backend_registry.hpp"
+
+namespace backplane::server {
+
+// A cumulative histogram with fixed upper bounds. Thread-safe and lock-free: Observe is a few
+// relaxed atomic adds, so a scrape may see a sum and counts from slightly different moments
+// (Prometheus tolerates that; it never sees a bucket count decrease).
+class Histogram {
+ public:
+  explicit Histogram(std::span<const double> upper_bounds);
+  void Observe(double value);
+
+  struct Snapshot {
+    std::vector<double> upper_bounds;
+    std::vector<uint64_t> cumulative_counts;  // one per bound, then +Inf
+    double sum = 0;
+    uint64_t count = 0;
+  };
+  Snapshot Read() const;
+
+ private:
+  const std::vector<double> upper_bounds_;
+  std::unique_ptr<std::atomic<uint64_t>[]> counts_;  // per bucket (not cumulative), then +Inf
+  std::atomic<double> sum_{0};
+};
+
+// The request metrics of one model, across its versions and reloads. Thread-safe.
+struct ModelMetrics {
+  ModelMetrics();
+  std::atomic<uint64_t> requests{0};
+  std::atomic<int64_t> in_flight{0};
+  // Failed requests by the runtime's status code, whatever the transport: a REST 503 and a gRPC
+  // UNAVAILABLE are one failure kind. The enum keeps the label set bounded whatever clients send.
+  void CountFailure(StatusCode code) EXCLUDES(mutex_);
+  std::map<StatusCode, uint64_t> Failures() const EXCLUDES(mutex_);
+  Histogram latency_seconds;
+
+ private:
+  mutable Mutex mutex_;
+  std::map<StatusCode, uint64_t> failures_ GUARDED_BY(mutex_);
+};
+
+// Every metric of the server. Thread-safe.
+class ServerMetrics {
+ public:
+  ServerMetrics();
+
+  // The metrics of model `name`, created on first use and never removed (Prometheus counters
+  // must not vanish while the process lives). Only names of models found in the repository may
+  // reach this: a label per name a client typed would let clients grow memory without bound.
+  ModelMetrics& ForModel(std::string_view name) EXCLUDES(models_mutex_);
+
+  // Every HTTP response, by status code (from the access log hook).
+  void CountHttpResponse(int status);
+  std::atomic<int64_t> http_in_flight{0};
+
+  // Hot-reload events, fed by a registry observer. Attach seeds the ids known at start (so that
+  // their next activation counts as a swap) and the files rejected before the observer existed.
+  void AttachRegistry(const BackendRegistry& registry) EXCLUDES(backend_mutex_);
+  void OnGenerationEvent(const GenerationEvent& event) EXCLUDES(backend_mutex_);
+
+  // The whole exposition. `registry` (optional) adds the generations per backend and state; the
+  // loader counters come from `loader_stats` when given.
+  std::string Render(const BackendRegistry* registry, const loader::LoaderStats* loader_stats) const
+      EXCLUDES(models_mutex_, backend_mutex_);
+
+ private:
+  struct BackendEvents {
+    uint64_t swaps = 0;
+    uint64_t leaked = 0;
+    std::unique_ptr<Histogram> drain_seconds;
+  };
+  BackendEvents& BackendLocked(const std::string& id) REQUIRES(backend_mutex_);
+
+  mutable Mutex models_mutex_;
+  std::map<std::string, std::unique_ptr<ModelMetrics>, std::less<>> models_
+      GUARDED_BY(models_mutex_);
+
+  std::array<std::atomic<uint64_t>, 600> http_responses_{};  // by status code; 0 unused
+
+  mutable Mutex backend_mutex_;
+  std::set<std::string> known_backends_ GUARDED_BY(backend_mutex_);
+  std::map<std::string, BackendEvents> backends_ GUARDED_BY(backend_mutex_);
+  std::map<std::string, uint64_t> rejected_by_reason_ GUARDED_BY(backend_mutex_);
+};
+
+// Prometheus label value escaping: backslash, double quote and newline.
+std::string EscapeLabelValue(std::string_view value);
+
+}  // namespace backplane::server

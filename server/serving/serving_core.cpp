@@ -1,0 +1,127 @@
+#include "serving/serving_core.hpp"
+
+#include <string>
+#include <utility>
+
+#include "serving/serving_log.hpp"
+
+namespace backplane::server {
+
+namespace {
+
+// "CpuRef (generation 1), Hello (static)": what serves, in the start-up log.
+std::string DescribeBackends(const Runtime& runtime) {
+  std::string backends;
+  for (const auto& id : runtime.BackendIds()) {
+    const auto instance = runtime.Backend(id);
+    backends += (backends.empty() ? "" : ", ") + id +
+                (instance && instance->generation_number() != 0
+                     ? " (generation " + std::to_string(instance->generation_number()) + ")"
+                     : std::string(" (static)"));
+  }
+  return backends;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<ServingCore>> ServingCore::Start(const ServeConfig& config) {
+  auto core = std::unique_ptr<ServingCore>(new ServingCore());
+
+  auto shared_loader = loader::Loader::Shared();
+  if (!shared_loader.ok())
+    return Status(shared_loader.error().code(),
+                  "backend loader: " + shared_loader.error().message());
+  core->loader_ = std::move(shared_loader).value();
+
+  auto registry =
+      BackendRegistry::Create({.backend_paths = config.backends, .loader = core->loader_});
+  if (!registry.ok())
+    return Status(registry.error().code(), "backend registry: " + registry.error().message());
+  // Moved out: a copy left in the Result would keep the registry (and its leases) alive past
+  // Stop.
+  core->registry_ = std::move(registry).value();
+  // Before the reloader starts, so that no event falls between the two.
+  core->metrics_.AttachRegistry(*core->registry_);
+  core->metrics_observer_ =
+      core->registry_->AddObserver([metrics = &core->metrics_](const GenerationEvent& event) {
+        metrics->OnGenerationEvent(event);
+      });
+
+  auto runtime = Runtime::Create(
+      {.registry = core->registry_,
+       .default_preferences = config.backend_preferences,
+       .scheduler = {.max_threads = config.inference_threads,
+                     .max_in_flight = static_cast<std::size_t>(config.max_in_flight)},
+       .swap_policy = config.swap_policy == "pin" ? SwapPolicy::kPin : SwapPolicy::kMigrate});
+  if (!runtime.ok())
+    return runtime.error();
+  core->runtime_ = std::move(runtime).value();
+  Log().info("backends: {}", DescribeBackends(*core->runtime_));
+
+  // Hot reload: files published into the backend directories become new generations.
+  if (config.watch_backends) {
+    auto started = BackendReloader::Start(
+        core->registry_,
+        {.debounce = config.watch_debounce, .rescan_interval = config.rescan_interval});
+    if (started.ok()) {
+      core->reloader_ = std::move(started).value();
+      std::string watched;
+      for (const auto& directory : core->registry_->directories())
+        watched += (watched.empty() ? "" : ", ") + directory.string();
+      Log().info("watching backend directories for new versions: {}", watched);
+    } else {
+      Log().warn("hot reload of backend files is off: {}", started.error().message());
+    }
+  }
+
+  core->repository_ =
+      std::make_unique<ModelRepository>(config.models, *core->runtime_, core->metrics_);
+  core->repository_->LoadAll();
+
+  core->context_.emplace(ServeContext{.runtime = *core->runtime_,
+                                      .registry = *core->registry_,
+                                      .repository = *core->repository_,
+                                      .metrics = core->metrics_,
+                                      .loader_stats = &core->loader_->stats(),
+                                      .ready = core->ready_,
+                                      .max_json_depth = config.max_json_depth});
+  return core;
+}
+
+ServingCore::~ServingCore() {
+  Stop();
+}
+
+void ServingCore::Stop() {
+  if (stopped_)
+    return;
+  stopped_ = true;
+  // 1. Stop taking requests; every request a transport took is answered first.
+  ready_.store(false);
+  while (!transports_.empty())
+    transports_.pop_back();
+  context_.reset();
+  // 2. No more backend files applied while tearing down.
+  reloader_.reset();
+  // 3. Every model's networks, then every backend instance, then the registry's leases.
+  repository_.reset();
+  runtime_.reset();
+  if (registry_ && metrics_observer_)
+    registry_->RemoveObserver(*metrics_observer_);
+  registry_.reset();
+  if (!loader_)
+    return;  // Start failed before anything was loaded
+  // 4. The reaper unloads the last generations; wait until they really left the process.
+  loader_->WaitForUnloads();
+  const auto& stats = loader_->stats();
+  if (stats.leaked.load() != 0 || stats.live.load() != 0) {
+    Log().warn(
+        "stopped; {} backend generation(s) unloaded, {} leaked (still mapped after "
+        "dlclose), {} still held",
+        stats.unloaded.load(), stats.leaked.load(), stats.live.load());
+  } else {
+    Log().info("stopped; every backend generation unloaded ({} in all)", stats.unloaded.load());
+  }
+}
+
+}  // namespace backplane::server
