@@ -380,8 +380,9 @@ double TimeCompiled(loader::BackendInstance& backend, const SubgraphDesc& subgra
 }
 
 // Single-thread medians of whole compiled runs (what the host gets once it calls
-// CompileSubgraph), printed for the record: the ORT numbers of DESIGN.md are MLP b1 39 us, b64
-// 790 us, LeNet b1 25 us, b64 596 us, MNIST 26 us.
+// CompileSubgraph), printed for the record. ONNX Runtime's figures for the same models are in
+// docs/performance.md ("CpuAcc against ONNX Runtime"); compare with bench/ort_compare.sh, which
+// times both sides in one run on the same machine, not with this test's numbers.
 TEST_F(CpuAccBackendTest, DISABLED_PrintsCompiledRunTimings) {
   for (int64_t batch : {1, 64}) {
     for (bool lenet : {false, true}) {

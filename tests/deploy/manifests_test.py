@@ -229,7 +229,7 @@ check(runtime["apiVersion"] == "serving.kserve.io/v1alpha1", "ServingRuntime is 
 formats = runtime["spec"]["supportedModelFormats"]
 check([f["name"] for f in formats] == ["onnx"], "the runtime supports the onnx format")
 check(runtime["spec"]["protocolVersions"] == ["v2"],
-      "protocolVersions is v2 only (grpc-v2 once gRPC exists)")
+      "protocolVersions is v2 only (the container routes the REST port)")
 runtime_container = runtime["spec"]["containers"][0]
 check(runtime_container["name"] == "kserve-container",
       "the container is named kserve-container, as KServe requires")

@@ -238,7 +238,10 @@ class IBackend {
 
 }  // namespace backplane
 
-// The entry points, declared here so that a definition with another signature does not compile.
+// The entry points, declared here so that a definition with another return type or without
+// noexcept does not compile, and so that one at global scope has C linkage without writing
+// extern "C". Other parameter types still compile, as a C++ overload that the version script
+// hides (MISSING_ENTRY_POINT), and so does a definition inside a namespace without extern "C".
 // (Only tests that build deliberately broken backends define
 // BACKPLANE_NO_ENTRY_POINT_DECLARATIONS.)
 #ifndef BACKPLANE_NO_ENTRY_POINT_DECLARATIONS

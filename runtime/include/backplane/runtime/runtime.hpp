@@ -23,7 +23,7 @@
 namespace backplane {
 
 // What a runtime does with its loaded networks when a new generation of a backend they use
-// becomes active (DESIGN "Hot swap semantics").
+// becomes active (docs/hot-reload.md, "What happens during a swap" and "Policies").
 enum class SwapPolicy {
   // Re-prepare each affected network on the new generation, then switch it atomically; requests
   // already running finish on the old one. A network that fails to prepare rejects the new
