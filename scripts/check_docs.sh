@@ -10,9 +10,9 @@
 # Not wired into the tests yet.
 set -euo pipefail
 
-# The sources, one variable each: server/src/ is being split into rooms, so these will move.
-CONFIG_SOURCE=server/src/server_config.cpp  # the config parser's key table
-CLI_SOURCE=server/src/main.cpp              # the CLI11 subcommands and their flags
+# The sources the docs are checked against, one variable each.
+CONFIG_SOURCE=server/config/server_config.cpp  # the config parser's key table
+CLI_SOURCE=server/cli/main.cpp              # the CLI11 subcommands and their flags
 OPERATORS_DOC=docs/operators.md
 README=README.md
 
