@@ -1269,11 +1269,4 @@ Result<InferenceRequest> ParseInferenceRequest(const InferenceBody& body, const 
   return request;
 }
 
-Result<InferenceRequest> ParseInferenceRequest(const json& body, const Network& network) {
-  // The document's own nesting is what it is; only the streaming parser's check needs a limit.
-  const std::string text = body.dump(-1, ' ', false, json::error_handler_t::replace);
-  return ParseInferenceRequest(InferenceBody{.json = text}, network,
-                               ParseLimits{.max_json_depth = std::numeric_limits<int>::max()});
-}
-
 }  // namespace backplane::server

@@ -55,10 +55,6 @@ struct ParseLimits {
 Result<InferenceRequest> ParseInferenceRequest(const InferenceBody& body, const Network& network,
                                                const ParseLimits& limits);
 
-// The same for a request already held as a JSON document (tests, tools): it is rendered to text
-// and parsed as above, with no depth limit beyond the document's own.
-Result<InferenceRequest> ParseInferenceRequest(const nlohmann::json& body, const Network& network);
-
 // A rendered response: `body` is the JSON text, followed (when some output is binary) by the
 // binary outputs' bytes in response order; `json_length` is the length of the JSON part, sent
 // as Inference-Header-Content-Length when `has_binary`.

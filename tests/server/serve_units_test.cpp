@@ -139,9 +139,15 @@ json Request(const std::string& name, const std::string& datatype, const json& d
   return {{"inputs", inputs}};
 }
 
+// A request held as a JSON document, rendered to text and parsed as the server parses a body.
+Result<InferenceRequest> ParseDocument(const json& body, const Network& network) {
+  const std::string text = body.dump(-1, ' ', false, json::error_handler_t::replace);
+  return ParseInferenceRequest(InferenceBody{.json = text}, network, ParseLimits{});
+}
+
 TEST(InferenceApiTest, ConvertsEveryDatatype) {
   const Network network = EveryDatatype();
-  auto parsed = ParseInferenceRequest(
+  auto parsed = ParseDocument(
       Request("i64", "INT64", {int64_t{-9007199254740993}, uint64_t{9223372036854775807u}}),
       network);
   ASSERT_TRUE(parsed.ok()) << parsed.error().ToString();
@@ -159,7 +165,7 @@ TEST(InferenceApiTest, ConvertsEveryDatatype) {
 TEST(InferenceApiTest, RefusesValuesOutsideTheDatatype) {
   const Network network = EveryDatatype();
   const auto error = [&](const std::string& name, const std::string& type, const json& data) {
-    auto parsed = ParseInferenceRequest(Request(name, type, data), network);
+    auto parsed = ParseDocument(Request(name, type, data), network);
     return parsed.ok() ? std::string("ok") : parsed.error().message();
   };
   EXPECT_THAT(error("u8", "UINT8", {1, 256}), HasSubstr("input 'u8' element 1 is 256, out of range "
