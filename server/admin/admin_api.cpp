@@ -11,7 +11,7 @@ using nlohmann::json;
 
 namespace {
 
-constexpr char kBackendPath[] = "/v2/backends/([^/]+)";
+constexpr char kBackendPath[] = "/v2/backends/{}";
 
 // RFC 3339, UTC, milliseconds: "2026-11-29T23:55:01.123Z".
 std::string Rfc3339(std::chrono::system_clock::time_point time) {
@@ -238,7 +238,7 @@ void AddAdminRoutes(HttpServer& http, const ServeContext& context) {
     return response;
   });
 
-  http.Get("/v2/models/([^/]+)(?:/versions/([^/]+))?/placement",
+  http.Get("/v2/models/{}[/versions/{}]/placement",
            [context](const HttpRequest& request) { return Placement(context, request); });
 
   http.Get("/v2/backends", [context](const HttpRequest&) {

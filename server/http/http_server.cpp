@@ -20,13 +20,13 @@
 #include <boost/beast/http/read.hpp>
 #include <boost/beast/http/status.hpp>
 #include <boost/beast/http/string_body.hpp>
+#include <cassert>
 #include <condition_variable>
 #include <deque>
 #include <future>
 #include <limits>
 #include <mutex>
 #include <optional>
-#include <regex>
 #include <tuple>
 #include <unordered_map>
 #include <variant>
@@ -97,10 +97,83 @@ std::string Milliseconds(std::chrono::milliseconds duration) {
   return std::to_string(duration.count()) + " ms";
 }
 
+// A route's path pattern (HttpServer::Get): "/v2/models/{}[/versions/{}]/infer". Matched segment
+// by segment, with no backtracking: a request's cost is the number of its segments.
+class PathPattern {
+ public:
+  explicit PathPattern(std::string_view pattern) {
+    // The optional part becomes a second segment list; both count all of the pattern's
+    // captures, so that a capture left out is "" in HttpRequest::params.
+    const auto open = pattern.find('[');
+    if (open == std::string_view::npos) {
+      variants_.push_back(Split(pattern));
+    } else {
+      const auto close = pattern.find(']', open);
+      assert(close != std::string_view::npos && "unclosed [ in a route pattern");
+      const std::string without =
+          std::string(pattern.substr(0, open)) + std::string(pattern.substr(close + 1));
+      const std::string with = std::string(pattern.substr(0, open)) +
+                               std::string(pattern.substr(open + 1, close - open - 1)) +
+                               std::string(pattern.substr(close + 1));
+      variants_.push_back(Split(with));
+      variants_.push_back(Split(without));
+    }
+    for (const auto& segment : variants_.front())
+      captures_ += segment == "{}" ? 1 : 0;
+  }
+
+  // The captured segments (one per "{}" of the whole pattern), or nullopt when `path` is not one
+  // of the pattern's. A capture matches one non-empty segment.
+  std::optional<std::vector<std::string>> Match(std::string_view path) const {
+    const std::vector<std::string_view> segments = SplitView(path);
+    for (const auto& variant : variants_) {
+      if (variant.size() != segments.size())
+        continue;
+      std::vector<std::string> captured;
+      bool matches = true;
+      for (std::size_t i = 0; matches && i < variant.size(); ++i) {
+        if (variant[i] == "{}")
+          matches = !segments[i].empty() && (captured.emplace_back(segments[i]), true);
+        else
+          matches = variant[i] == segments[i];
+      }
+      if (matches) {
+        captured.resize(captures_);
+        return captured;
+      }
+    }
+    return std::nullopt;
+  }
+
+ private:
+  static std::vector<std::string> Split(std::string_view pattern) {
+    std::vector<std::string> segments;
+    for (std::string_view segment : SplitView(pattern))
+      segments.emplace_back(segment);
+    return segments;
+  }
+  // "/a/b" → {"a", "b"}; "/" → {""}.
+  static std::vector<std::string_view> SplitView(std::string_view path) {
+    std::vector<std::string_view> segments;
+    if (path.starts_with('/'))
+      path.remove_prefix(1);
+    for (std::size_t start = 0;;) {
+      const auto slash = path.find('/', start);
+      segments.push_back(path.substr(start, slash - start));
+      if (slash == std::string_view::npos)
+        return segments;
+      start = slash + 1;
+    }
+  }
+
+  std::vector<std::vector<std::string>> variants_;
+  std::size_t captures_ = 0;
+};
+
 struct Route {
   std::string method;
   std::string path;  // the pattern as registered, for messages
-  std::regex pattern;
+  PathPattern pattern;
   HttpServer::Access access;
   HttpServer::Handler handler;             // on a handler thread, or
   HttpServer::AsyncHandler async_handler;  // on the I/O thread, answering later
@@ -789,10 +862,12 @@ class Connection : public std::enable_shared_from_this<Connection> {
 std::variant<const Route*, HttpResponse> HttpServer::Core::Find(HttpRequest& request,
                                                                 const std::string& client) {
   const Route* found = nullptr;
-  std::smatch match;
   for (const Route& route : routes) {
-    if (route.method == request.method && std::regex_match(request.path, match, route.pattern)) {
+    if (route.method != request.method)
+      continue;
+    if (auto captured = route.pattern.Match(request.path)) {
       found = &route;
+      request.params = std::move(*captured);
       break;
     }
   }
@@ -800,8 +875,6 @@ std::variant<const Route*, HttpResponse> HttpServer::Core::Find(HttpRequest& req
     Log().debug("{} {} {} -> 404", client, request.method, request.path);
     return HttpResponse::Error(404, "no route for " + request.method + " " + request.path);
   }
-  for (std::size_t i = 1; i < match.size(); ++i)
-    request.params.push_back(match[i].str());
   if (found->access == Access::kAdmin && !admin_token.empty()) {
     const std::string authorization = request.header("Authorization");
     constexpr std::string_view kBearer = "Bearer ";
@@ -1078,20 +1151,20 @@ HttpServer::~HttpServer() {
 
 void HttpServer::Get(const std::string& pattern, Handler handler) {
   core_->routes.push_back(
-      {"GET", pattern, std::regex(pattern), Access::kPublic, std::move(handler)});
+      {"GET", pattern, PathPattern(pattern), Access::kPublic, std::move(handler)});
 }
 
 void HttpServer::Post(const std::string& pattern, Access access, Handler handler) {
-  core_->routes.push_back({"POST", pattern, std::regex(pattern), access, std::move(handler)});
+  core_->routes.push_back({"POST", pattern, PathPattern(pattern), access, std::move(handler)});
 }
 
 void HttpServer::Put(const std::string& pattern, Access access, Handler handler) {
-  core_->routes.push_back({"PUT", pattern, std::regex(pattern), access, std::move(handler)});
+  core_->routes.push_back({"PUT", pattern, PathPattern(pattern), access, std::move(handler)});
 }
 
 void HttpServer::PostAsync(const std::string& pattern, Access access, AsyncHandler handler) {
   core_->routes.push_back(
-      {"POST", pattern, std::regex(pattern), access, nullptr, std::move(handler)});
+      {"POST", pattern, PathPattern(pattern), access, nullptr, std::move(handler)});
 }
 
 Result<ListenAddress> HttpServer::Start(const ListenAddress& address) {

@@ -27,7 +27,7 @@ class ServerMetrics;
 struct HttpRequest {
   std::string method;
   std::string path;
-  std::vector<std::string> params;  // the route pattern's capture groups, in order
+  std::vector<std::string> params;  // the route pattern's captures ("{}"), in order
   std::string body;                 // read in full, at most HttpLimits::max_body_bytes
   std::function<std::string(std::string_view name)> header;  // "" when absent
   // request_timeout_ms from the request's first byte: work still queued then is not started.
@@ -98,7 +98,9 @@ class HttpServer {
   HttpServer(const HttpServer&) = delete;
   HttpServer& operator=(const HttpServer&) = delete;
 
-  // `pattern` is a std::regex over the decoded path; its groups become HttpRequest::params.
+  // `pattern` is a path over the decoded path's segments: "{}" captures one non-empty segment,
+  // one "[...]" part may be absent ("/v2/models/{}[/versions/{}]/infer"); the captures become
+  // HttpRequest::params, "" for those of an absent part. The first route that matches answers.
   void Get(const std::string& pattern, Handler handler);
   void Post(const std::string& pattern, Access access, Handler handler);
   void Put(const std::string& pattern, Access access, Handler handler);

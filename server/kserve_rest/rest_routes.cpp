@@ -9,7 +9,7 @@ using nlohmann::json;
 
 namespace {
 
-constexpr char kModelPath[] = R"(/v2/models/([^/]+)(?:/versions/([^/]+))?)";
+constexpr char kModelPath[] = "/v2/models/{}[/versions/{}]";
 
 HttpResponse InferenceResponse(Result<InferenceOutcome> outcome) {
   if (!outcome.ok())
@@ -171,7 +171,7 @@ void AddKServeRoutes(HttpServer& http, const ServeContext& context) {
         }
         return HttpResponse::Json(index);
       });
-  http.Post("/v2/repository/models/([^/]+)/load", HttpServer::Access::kAdmin,
+  http.Post("/v2/repository/models/{}/load", HttpServer::Access::kAdmin,
             [context](const HttpRequest& request) {
               Status body = CheckRepositoryBody(request, context.max_json_depth, {});
               if (!body.ok())
@@ -181,7 +181,7 @@ void AddKServeRoutes(HttpServer& http, const ServeContext& context) {
                 return HttpResponse::FromStatus(loaded);
               return HttpResponse::Json(ModelState(context.repository, request.params[0]));
             });
-  http.Post("/v2/repository/models/([^/]+)/unload", HttpServer::Access::kAdmin,
+  http.Post("/v2/repository/models/{}/unload", HttpServer::Access::kAdmin,
             [context](const HttpRequest& request) {
               Status body =
                   CheckRepositoryBody(request, context.max_json_depth, {"unload_dependents"});

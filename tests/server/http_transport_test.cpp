@@ -655,6 +655,37 @@ TEST_F(HttpAsyncRouteTest, AHandlerThatThrowsIs500AndTheConnectionCarriesOn) {
   EXPECT_EQ(connection.Read().status, 200);
 }
 
+// Routes are segment patterns: "{}" captures one non-empty segment, "[...]" may be absent (its
+// captures then ""), anything else is 404 naming the method and path.
+TEST(HttpRoutingTest, SegmentPatternsCaptureAndAnOptionalPartMayBeAbsent) {
+  server::ServerMetrics metrics;
+  server::HttpServer http(server::HttpLimits{}, "", metrics);
+  http.Get("/m/{}[/v/{}]/x", [](const server::HttpRequest& request) {
+    return server::HttpResponse::Json(request.params);
+  });
+  http.Get("/m/{}/other", [](const server::HttpRequest& request) {
+    return server::HttpResponse::Json({{"other", request.params}});
+  });
+  auto bound = http.Start({.host = "127.0.0.1", .port = 0});
+  ASSERT_TRUE(bound.ok()) << bound.error().ToString();
+  httplib::Client client("127.0.0.1", bound->port);
+  const auto get = [&](const std::string& path) -> std::pair<int, std::string> {
+    auto reply = client.Get(path);
+    return reply ? std::pair{reply->status, reply->body} : std::pair{0, std::string()};
+  };
+  EXPECT_EQ(get("/m/a/x"), std::pair(200, std::string(R"(["a",""])")));
+  EXPECT_EQ(get("/m/a/v/2/x"), std::pair(200, std::string(R"(["a","2"])")));
+  EXPECT_EQ(get("/m/a/other"), std::pair(200, std::string(R"({"other":["a"]})")));
+  for (const std::string path : {"/m//x", "/m/a/v/x", "/m/a/x/", "/m/a/v//x", "/m/a", "/x"}) {
+    const auto [status, body] = get(path);
+    EXPECT_EQ(status, 404) << path;
+    EXPECT_THAT(body, HasSubstr("no route for GET " + path)) << path;
+  }
+  auto post = client.Post("/m/a/x", "", "application/json");
+  ASSERT_TRUE(post);
+  EXPECT_EQ(post->status, 404) << "a GET route answered a POST";
+}
+
 TEST(HttpJsonTest, NumberOutOfRangeIsInvalidArgumentNamingWhere) {
   const auto parsed = server::ParseJsonBody(R"({"data": [1, 1e400]})", 8);
   ASSERT_FALSE(parsed.ok());
