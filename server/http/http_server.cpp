@@ -1,3 +1,9 @@
+// The HTTP/1.1 server: HttpServer::Core (loop, acceptor, admission, routing, stop) and the
+// Connection it runs on each socket's strand. Over 600 lines on purpose: the two are one state
+// machine (a connection's every step goes through the core's admission and registry, and Stop
+// waits on the connections), and splitting them would publish the core's internals in a header
+// for no second user. Routing (path_pattern.cpp) and the plain values (http_values.cpp) live
+// apart.
 #include "http/http_server.hpp"
 
 #include <sys/resource.h>
@@ -33,7 +39,7 @@
 
 #include "backplane/core/logging.hpp"
 #include "backplane/core/thread_annotations.hpp"
-#include "http/json_depth.hpp"
+#include "http/path_pattern.hpp"
 #include "metrics/metrics.hpp"
 
 namespace backplane::server {
@@ -65,110 +71,9 @@ bool TokensEqual(std::string_view given, std::string_view expected) {
   return difference == 0;
 }
 
-int HexValue(char c) {
-  if (c >= '0' && c <= '9')
-    return c - '0';
-  if (c >= 'a' && c <= 'f')
-    return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F')
-    return c - 'A' + 10;
-  return -1;
-}
-
-// The path of a request target: the query cut off, %XX decoded (routes match decoded paths, as
-// with cpp-httplib before). A malformed escape is kept as it is.
-std::string DecodedPath(std::string_view target) {
-  target = target.substr(0, target.find('?'));
-  std::string path;
-  path.reserve(target.size());
-  for (std::size_t i = 0; i < target.size(); ++i) {
-    if (target[i] == '%' && i + 2 < target.size() && HexValue(target[i + 1]) >= 0 &&
-        HexValue(target[i + 2]) >= 0) {
-      path.push_back(static_cast<char>(HexValue(target[i + 1]) * 16 + HexValue(target[i + 2])));
-      i += 2;
-    } else {
-      path.push_back(target[i]);
-    }
-  }
-  return path;
-}
-
 std::string Milliseconds(std::chrono::milliseconds duration) {
   return std::to_string(duration.count()) + " ms";
 }
-
-// A route's path pattern (HttpServer::Get): "/v2/models/{}[/versions/{}]/infer". Matched segment
-// by segment, with no backtracking: a request's cost is the number of its segments.
-class PathPattern {
- public:
-  explicit PathPattern(std::string_view pattern) {
-    // The optional part becomes a second segment list; both count all of the pattern's
-    // captures, so that a capture left out is "" in HttpRequest::params.
-    const auto open = pattern.find('[');
-    if (open == std::string_view::npos) {
-      variants_.push_back(Split(pattern));
-    } else {
-      const auto close = pattern.find(']', open);
-      assert(close != std::string_view::npos && "unclosed [ in a route pattern");
-      const std::string without =
-          std::string(pattern.substr(0, open)) + std::string(pattern.substr(close + 1));
-      const std::string with = std::string(pattern.substr(0, open)) +
-                               std::string(pattern.substr(open + 1, close - open - 1)) +
-                               std::string(pattern.substr(close + 1));
-      variants_.push_back(Split(with));
-      variants_.push_back(Split(without));
-    }
-    for (const auto& segment : variants_.front())
-      captures_ += segment == "{}" ? 1 : 0;
-  }
-
-  // The captured segments (one per "{}" of the whole pattern), or nullopt when `path` is not one
-  // of the pattern's. A capture matches one non-empty segment.
-  std::optional<std::vector<std::string>> Match(std::string_view path) const {
-    const std::vector<std::string_view> segments = SplitView(path);
-    for (const auto& variant : variants_) {
-      if (variant.size() != segments.size())
-        continue;
-      std::vector<std::string> captured;
-      bool matches = true;
-      for (std::size_t i = 0; matches && i < variant.size(); ++i) {
-        if (variant[i] == "{}")
-          matches = !segments[i].empty() && (captured.emplace_back(segments[i]), true);
-        else
-          matches = variant[i] == segments[i];
-      }
-      if (matches) {
-        captured.resize(captures_);
-        return captured;
-      }
-    }
-    return std::nullopt;
-  }
-
- private:
-  static std::vector<std::string> Split(std::string_view pattern) {
-    std::vector<std::string> segments;
-    for (std::string_view segment : SplitView(pattern))
-      segments.emplace_back(segment);
-    return segments;
-  }
-  // "/a/b" → {"a", "b"}; "/" → {""}.
-  static std::vector<std::string_view> SplitView(std::string_view path) {
-    std::vector<std::string_view> segments;
-    if (path.starts_with('/'))
-      path.remove_prefix(1);
-    for (std::size_t start = 0;;) {
-      const auto slash = path.find('/', start);
-      segments.push_back(path.substr(start, slash - start));
-      if (slash == std::string_view::npos)
-        return segments;
-      start = slash + 1;
-    }
-  }
-
-  std::vector<std::vector<std::string>> variants_;
-  std::size_t captures_ = 0;
-};
 
 struct Route {
   std::string method;
@@ -188,97 +93,6 @@ struct Answer {
 };
 
 }  // namespace
-
-// ---- HttpResponse -------------------------------------------------------------------------
-
-HttpResponse HttpResponse::Json(const json& body, int status) {
-  HttpResponse response;
-  response.status = status;
-  // Replace invalid UTF-8 (e.g. from a file name) instead of throwing.
-  response.body = body.dump(-1, ' ', false, json::error_handler_t::replace);
-  return response;
-}
-
-HttpResponse HttpResponse::Error(int status, std::string_view message) {
-  return Json({{"error", message}}, status);
-}
-
-HttpResponse HttpResponse::FromStatus(const Status& status) {
-  HttpResponse response = Error(HttpStatusFor(status.code()), status.message());
-  if (response.status == 503)
-    response.headers.emplace_back("Retry-After", "1");
-  return response;
-}
-
-int HttpStatusFor(StatusCode code) {
-  switch (code) {
-    case StatusCode::kOk:
-      return 200;
-    case StatusCode::kInvalidArgument:
-    case StatusCode::kUnimplemented:
-      return 400;
-    case StatusCode::kNotFound:
-      return 404;
-    case StatusCode::kAlreadyExists:
-    case StatusCode::kFailedPrecondition:
-      return 409;
-    case StatusCode::kResourceExhausted:
-    case StatusCode::kUnavailable:
-      return 503;
-    case StatusCode::kDeadlineExceeded:
-      return 504;
-    case StatusCode::kInternal:
-      return 500;
-  }
-  return 500;
-}
-
-Result<json> ParseJsonBody(std::string_view body, int max_depth) {
-  BACKPLANE_RETURN_IF_ERROR(CheckJsonDepth(body, max_depth));
-  if (body.empty())
-    return InvalidArgument("malformed JSON: the request body is empty");
-  try {
-    return json::parse(body);
-  } catch (const json::out_of_range& e) {
-    // A number beyond double's range ("1e400"): nlohmann throws out_of_range 406, "number
-    // overflow parsing '1e400'". A bad request, not a server error; name the token and where.
-    std::string what = e.what();
-    const auto start = what.find("] ");
-    std::string message = start == std::string::npos ? what : what.substr(start + 2);
-    const auto quote = message.find('\'');
-    if (quote != std::string::npos) {
-      const auto token = message.substr(quote + 1, message.rfind('\'') - quote - 1);
-      const auto at = body.find(token);
-      if (!token.empty() && at != std::string_view::npos)
-        message += " at byte " + std::to_string(at);
-    }
-    return InvalidArgument("malformed JSON: " + message);
-  } catch (const json::parse_error& e) {
-    // "[json.exception.parse_error.101] parse error at line 1, column 2: ..." → from "parse".
-    std::string what = e.what();
-    const auto start = what.find("] ");
-    return InvalidArgument("malformed JSON: " +
-                           (start == std::string::npos ? what : what.substr(start + 2)));
-  } catch (const json::exception& e) {
-    return InvalidArgument(std::string("malformed JSON: ") + e.what());
-  }
-}
-
-HttpLimits HttpLimitsFrom(const ServeConfig& config) {
-  return {.io_threads = config.io_threads,
-          .threads = config.http_threads,
-          .max_body_bytes = config.max_body_bytes,
-          .max_header_bytes = config.max_header_bytes,
-          .max_json_depth = config.max_json_depth,
-          .header_timeout = config.header_timeout,
-          .read_timeout = config.read_timeout,
-          .write_timeout = config.write_timeout,
-          .request_timeout = config.request_timeout,
-          .keep_alive_timeout = config.keep_alive_timeout,
-          .keep_alive_max_requests = config.keep_alive_max_requests,
-          .max_connections = config.max_connections,
-          .listen_backlog = config.listen_backlog};
-}
 
 class Connection;
 

@@ -1,3 +1,8 @@
+// The streaming reader of a KServe v2 REST infer body: SAX events straight into the inputs'
+// tensors. Over 600 lines on purpose: it is one parser whose parts (the scalar conversions, the
+// per-input data sink, the small-value documents, the event router, the per-input checks) only
+// make sense together, and each is a class of its own below. The response writer is
+// json_response_writer.cpp; the rules gRPC shares are serving/inference_request.cpp.
 #include "kserve_rest/kserve_json.hpp"
 
 #include "http/json_depth.hpp"
