@@ -3,8 +3,8 @@
 # The layers and what each may include are those of docs/architecture.md; keep the two in step.
 
 # The backend SDK: header-only, what a backend compiles against. It includes only itself.
-set(sdk_headers backplane/sdk/backend.hpp backplane/core/status.hpp backplane/core/tensor.hpp
-                backplane/core/operator.hpp backplane/core/options.hpp)
+set(sdk_headers backplane/sdk/backend.hpp backplane/sdk/op_rules.hpp backplane/core/status.hpp
+                backplane/core/tensor.hpp backplane/core/operator.hpp backplane/core/options.hpp)
 
 # <module>: the modules whose public headers (backplane/<module>/...) it may include.
 set(allowed_core core sdk)

@@ -82,24 +82,11 @@ struct Bias {
   // this + scale * (data of `add_shape`), broadcast to a common shape.
   void Add(const float* data, const Shape& add_shape, float scale) {
     const Shape current = present ? shape : Shape{};
-    const Shape target = *Broadcast(current, add_shape);
+    // The fusion only folds constants whose shapes broadcast (checked with the layer).
+    const Shape target = op_rules::Broadcast(current, add_shape).value();
     std::vector<float> result(static_cast<std::size_t>(ElementCount(target)), 0.0f);
     auto offset = [&](std::size_t flat, const Shape& of) {
-      // element of `of` (right-aligned to target, dims of 1 repeat) feeding target element `flat`
-      int64_t index = 0, stride = 1;
-      auto rest = static_cast<int64_t>(flat);
-      for (std::size_t i = 0; i < target.size(); ++i) {
-        const std::size_t axis = target.size() - 1 - i;
-        const int64_t coordinate = rest % target[axis];
-        rest /= target[axis];
-        if (i < of.size()) {
-          const int64_t dim = of[of.size() - 1 - i];
-          if (dim != 1)
-            index += coordinate * stride;
-          stride *= dim;
-        }
-      }
-      return index;
+      return op_rules::BroadcastOffset(static_cast<int64_t>(flat), target, of);
     };
     for (std::size_t i = 0; i < result.size(); ++i) {
       float value = present ? values[offset(i, current)] : 0.0f;
@@ -110,6 +97,20 @@ struct Bias {
     present = true;
   }
 };
+
+class Compiler;
+
+// One row per op CpuAcc runs: its support check (op_support.cpp) and its lowering onto oneDNN (a
+// Compiler member that returns the next layer). IsSupported (CheckOp) and the lowering both look
+// the op up here, so they cannot disagree on what CpuAcc runs: adding an op is adding its row.
+struct OpRow {
+  std::string_view op_type;
+  Status (*check)(const OperatorDesc& op);
+  std::size_t (Compiler::*lower)(std::size_t layer);
+};
+
+// The row of `op_type`, or null.
+const OpRow* FindOpRow(std::string_view op_type);
 
 class Compiler {
  public:
@@ -339,38 +340,21 @@ class Compiler {
 
   // ---- lowering -----------------------------------------------------------------------------
 
-  // Lowers layer i (and the layers fused into it); returns the index of the next layer.
+  // Lowers layer i (and the layers fused into it) by its op's row; returns the next layer.
   std::size_t Lower(std::size_t i) {
     const OperatorDesc& op = g_.layers[i];
-    const std::string& type = op.op_type;
-    if (type == "Conv")
-      return LowerConv(i);
-    if (type == "Gemm" || type == "MatMul")
-      return LowerMatMul(i);
-    if (type == "MaxPool" || type == "AveragePool")
-      return LowerPool(i, false);
-    if (type == "GlobalAveragePool" || type == "GlobalMaxPool")
-      return LowerPool(i, true);
-    if (auto activation = Activation(type))
-      return LowerEltwise(i, *activation);
-    if (type == "Add" || type == "Mul")
-      return LowerBinary(i);
-    if (type == "Softmax")
-      return LowerSoftmax(i);
-    if (type == "BatchNormalization")
-      return LowerBatchNorm(i);
-    if (type == "Concat")
-      return LowerConcat(i);
-    if (type == "Transpose")
-      return LowerTranspose(i);
-    if (type == "Identity" || type == "Flatten" || type == "Reshape") {
-      // The same bytes under the output's dims: a view, no work.
-      const int input = InputPlain(i, 0);
-      reps_[OutputName(i)].push_back(View(input, PlainMd(ShapeOf(OutputName(i)))));
-      notes_[i] = "a view of its input inside the compiled run (no copy)";
-      return i + 1;
-    }
-    throw CompileError{Unimplemented("CpuAcc does not implement op " + type)};
+    const OpRow* row = FindOpRow(op.op_type);
+    if (row == nullptr)
+      throw CompileError{Unimplemented("CpuAcc does not implement op " + op.op_type)};
+    return (this->*row->lower)(i);
+  }
+
+  // Identity, Flatten, Reshape: the same bytes under the output's dims, a view, no work.
+  std::size_t LowerView(std::size_t i) {
+    const int input = InputPlain(i, 0);
+    reps_[OutputName(i)].push_back(View(input, PlainMd(ShapeOf(OutputName(i)))));
+    notes_[i] = "a view of its input inside the compiled run (no copy)";
+    return i + 1;
   }
 
   // Activations (and, with `bias`, constant Adds shaped like the bias) after layer `i`:
@@ -509,11 +493,11 @@ class Compiler {
     const Shape& w = op.inputs[1].shape;
     const int64_t group = IntAttr(op, "group", 1);
     const int64_t maps = w[0];
-    Window window;
-    if (auto error =
-            ResolveWindow(op, std::span(x).subspan(2), std::span(w).subspan(2), false, &window)) {
-      throw CompileError{NodeInvalid(op, *error)};
-    }
+    auto resolved = ResolveWindow(op, std::span(x).subspan(2), std::span(w).subspan(2),
+                                  op_rules::WindowOp::kConv);
+    if (!resolved.ok())
+      throw CompileError{resolved.error()};
+    const Window& window = resolved.value();
     Shape expected{x[0], maps};
     expected.insert(expected.end(), window.out.begin(), window.out.end());
     if (expected != op.outputs[0].shape) {
@@ -795,36 +779,44 @@ class Compiler {
     return i + 1;
   }
 
-  std::size_t LowerPool(std::size_t i, bool global) {
+  std::size_t LowerPool(std::size_t i) {
+    const OperatorDesc& op = g_.layers[i];
+    const Shape& x = op.inputs[0].shape;
+    auto window = ResolveWindow(op, std::span(x).subspan(2), IntsAttr(op, "kernel_shape"),
+                                op_rules::WindowOp::kPool);
+    if (!window.ok())
+      throw CompileError{window.error()};
+    algorithm kind = algorithm::pooling_avg_exclude_padding;
+    if (op.op_type == "MaxPool") {
+      kind = algorithm::pooling_max;
+    } else if (IntAttr(op, "count_include_pad", 0) != 0) {
+      if (window.value().ceil_extended)
+        throw CompileError{NodeUnimplemented(op, "ceil_mode with count_include_pad past the pads")};
+      kind = algorithm::pooling_avg_include_padding;
+    }
+    return LowerPooling(i, window.value(), kind);
+  }
+
+  // GlobalAveragePool, GlobalMaxPool: one window over all spatial dims.
+  std::size_t LowerGlobalPool(std::size_t i) {
     const OperatorDesc& op = g_.layers[i];
     const Shape& x = op.inputs[0].shape;
     const std::span<const int64_t> spatial(x.begin() + 2, x.end());
     Window window;
-    algorithm kind;
-    if (global) {
-      window.kernel.assign(spatial.begin(), spatial.end());
-      window.strides.assign(spatial.size(), 1);
-      window.dilations.assign(spatial.size(), 1);
-      window.pad_begin.assign(spatial.size(), 0);
-      window.pad_end.assign(spatial.size(), 0);
-      window.out.assign(spatial.size(), 1);
-      kind = op.op_type == "GlobalMaxPool" ? algorithm::pooling_max
-                                           : algorithm::pooling_avg_exclude_padding;
-    } else {
-      const bool ceil_mode = IntAttr(op, "ceil_mode", 0) != 0;
-      if (auto error = ResolveWindow(op, spatial, IntsAttr(op, "kernel_shape"), ceil_mode, &window))
-        throw CompileError{NodeInvalid(op, *error)};
-      if (op.op_type == "MaxPool") {
-        kind = algorithm::pooling_max;
-      } else if (IntAttr(op, "count_include_pad", 0) != 0) {
-        if (window.ceil_extended)
-          throw CompileError{
-              NodeUnimplemented(op, "ceil_mode with count_include_pad past the pads")};
-        kind = algorithm::pooling_avg_include_padding;
-      } else {
-        kind = algorithm::pooling_avg_exclude_padding;
-      }
-    }
+    window.kernel.assign(spatial.begin(), spatial.end());
+    window.strides.assign(spatial.size(), 1);
+    window.dilations.assign(spatial.size(), 1);
+    window.pad_begin.assign(spatial.size(), 0);
+    window.pad_end.assign(spatial.size(), 0);
+    window.out.assign(spatial.size(), 1);
+    return LowerPooling(i, window,
+                        op.op_type == "GlobalMaxPool" ? algorithm::pooling_max
+                                                      : algorithm::pooling_avg_exclude_padding);
+  }
+
+  std::size_t LowerPooling(std::size_t i, const Window& window, algorithm kind) {
+    const OperatorDesc& op = g_.layers[i];
+    const Shape& x = op.inputs[0].shape;
     Shape expected{x[0], x[1]};
     expected.insert(expected.end(), window.out.begin(), window.out.end());
     if (expected != op.outputs[0].shape) {
@@ -855,7 +847,9 @@ class Compiler {
     return last + 1;
   }
 
-  std::size_t LowerEltwise(std::size_t i, algorithm kind) {
+  // Relu, Sigmoid, Tanh.
+  std::size_t LowerActivation(std::size_t i) {
+    const algorithm kind = *Activation(g_.layers[i].op_type);
     const int src = Current(i, 0);
     const Md md = program_->value(src).md;
     dnnl::eltwise_forward::desc desc(dnnl::prop_kind::forward_inference, kind, md, 0.0f, 0.0f);
@@ -873,8 +867,8 @@ class Compiler {
   std::size_t LowerBinary(std::size_t i) {
     const OperatorDesc& op = g_.layers[i];
     const Shape& y = op.outputs[0].shape;
-    auto out = Broadcast(op.inputs[0].shape, op.inputs[1].shape);
-    if (!out || *out != y)
+    auto out = op_rules::Broadcast(op.inputs[0].shape, op.inputs[1].shape);
+    if (!out.ok() || out.value() != y)
       throw CompileError{NodeInvalid(op, "output " + ToString(y) + " does not match the inputs")};
     // oneDNN broadcasts src1 only: the full-size operand goes first (Add and Mul commute).
     std::size_t first = 0, second = 1;
@@ -992,9 +986,48 @@ class Compiler {
   std::map<std::string, int, std::less<>> uses_;  // consumers inside the run
   std::map<std::string, std::size_t, std::less<>> output_index_;
   std::vector<std::string> notes_;
+
+  friend const OpRow* FindOpRow(std::string_view op_type);
 };
 
+const OpRow* FindOpRow(std::string_view op_type) {
+  static constexpr OpRow kOps[] = {
+      {"Conv", CheckConv, &Compiler::LowerConv},
+      {"MaxPool", CheckMaxPool, &Compiler::LowerPool},
+      {"AveragePool", CheckAveragePool, &Compiler::LowerPool},
+      {"GlobalAveragePool", CheckGlobalPool, &Compiler::LowerGlobalPool},
+      {"GlobalMaxPool", CheckGlobalPool, &Compiler::LowerGlobalPool},
+      {"Gemm", CheckGemm, &Compiler::LowerMatMul},
+      {"MatMul", CheckMatMul, &Compiler::LowerMatMul},
+      {"Add", CheckBinary, &Compiler::LowerBinary},
+      {"Mul", CheckBinary, &Compiler::LowerBinary},
+      {"Relu", CheckUnary, &Compiler::LowerActivation},
+      {"Sigmoid", CheckUnary, &Compiler::LowerActivation},
+      {"Tanh", CheckUnary, &Compiler::LowerActivation},
+      {"Softmax", CheckSoftmax, &Compiler::LowerSoftmax},
+      {"BatchNormalization", CheckBatchNorm, &Compiler::LowerBatchNorm},
+      {"Identity", CheckIdentity, &Compiler::LowerView},
+      {"Flatten", CheckFlatten, &Compiler::LowerView},
+      {"Reshape", CheckReshape, &Compiler::LowerView},
+      {"Transpose", CheckTranspose, &Compiler::LowerTranspose},
+      {"Concat", CheckConcat, &Compiler::LowerConcat},
+  };
+  for (const OpRow& row : kOps) {
+    if (row.op_type == op_type)
+      return &row;
+  }
+  return nullptr;
+}
+
 }  // namespace
+
+Status CheckOp(const OperatorDesc& op) {
+  if (const OpRow* row = FindOpRow(op.op_type))
+    return row->check(op);
+  if (op.op_type == "Constant")
+    return NodeUnimplemented(op, "Constant is not a backend op: the host folds it");
+  return Unimplemented("CpuAcc does not implement op " + op.op_type + " (node '" + op.name + "')");
+}
 
 Result<CompileResult> Compile(const SubgraphDesc& subgraph, const dnnl::engine& engine, int threads,
                               bool fuse) {

@@ -18,6 +18,10 @@
 
 namespace backplane::cpu_acc {
 
+// IsSupported: the `check` of the op's row in the op table (compiler.cpp), which the lowering
+// uses too; kUnimplemented naming the op when CpuAcc has no row for it.
+Status CheckOp(const OperatorDesc& op);
+
 struct CompileResult {
   std::shared_ptr<const Program> program;
   std::vector<std::string> layer_notes;  // per layer

@@ -52,83 +52,42 @@ std::optional<int64_t> NormalizedAxis(int64_t axis, int64_t rank, int64_t extra)
   return axis < 0 ? axis + limit : axis;
 }
 
-std::optional<Shape> Broadcast(const Shape& a, const Shape& b) {
-  const std::size_t rank = std::max(a.size(), b.size());
-  Shape out(rank);
-  for (std::size_t i = 0; i < rank; ++i) {
-    const int64_t da = i < rank - a.size() ? 1 : a[i - (rank - a.size())];
-    const int64_t db = i < rank - b.size() ? 1 : b[i - (rank - b.size())];
-    if (da != db && da != 1 && db != 1)
-      return std::nullopt;
-    out[i] = da == 1 ? db : da;
-  }
-  return out;
+Status NodeError(const OperatorDesc& op, const Status& status) {
+  return {status.code(), "CpuAcc: " + NodeLabel(op) + ": " + std::string(status.message())};
 }
 
-std::optional<std::string> ResolveWindow(const OperatorDesc& op, std::span<const int64_t> in,
-                                         std::span<const int64_t> kernel, bool ceil_mode,
-                                         Window* w) {
-  const std::size_t rank = in.size();
-  const std::string auto_pad = StringAttr(op, "auto_pad", "NOTSET");
-  const auto strides = IntsAttr(op, "strides");
-  const auto dilations = IntsAttr(op, "dilations");
-  const auto pads = IntsAttr(op, "pads");
-  *w = Window{};
-  for (std::size_t d = 0; d < rank; ++d) {
-    const int64_t k = kernel[d];
-    const int64_t stride = strides.empty() ? 1 : strides[d];
-    const int64_t dilation = dilations.empty() ? 1 : dilations[d];
-    // Attributes may hold anything up to INT64_MAX: sums and products of them are bounded (core's
-    // rule on dimension arithmetic), and ceiling divisions avoid a + stride - 1.
-    auto where = [d] { return " in spatial dim " + std::to_string(d); };
-    if (k < 1)
-      return "the kernel size " + std::to_string(k) + " is not positive" + where();
-    const auto stretched = BoundedMul(k - 1, dilation);
-    const auto bounded_extent = stretched ? BoundedAdd(*stretched, 1) : std::nullopt;
-    if (!bounded_extent)
-      return "the window extent (kernel - 1) x dilation + 1 overflows the limit of 2^40" + where();
-    const int64_t extent = *bounded_extent;
-    int64_t begin = 0, end = 0;
-    if (auto_pad == "NOTSET") {
-      if (!pads.empty()) {
-        begin = pads[d];
-        end = pads[d + rank];
-      }
-    } else if (auto_pad == "SAME_UPPER" || auto_pad == "SAME_LOWER") {
-      const int64_t windows = in[d] == 0 ? 0 : (in[d] - 1) / stride + 1;
-      const int64_t total = std::max<int64_t>(0, (windows - 1) * stride + extent - in[d]);
-      begin = auto_pad == "SAME_UPPER" ? total / 2 : total - total / 2;
-      end = total - begin;
-    }
-    const auto padded_begin = BoundedAdd(in[d], begin);
-    const auto padded = padded_begin ? BoundedAdd(*padded_begin, end) : std::nullopt;
-    if (!padded)
-      return "the padded input (input + pads) overflows the limit of 2^40" + where();
-    const int64_t span = *padded - extent;
-    if (span < 0) {
-      return "the window (extent " + std::to_string(extent) +
-             ") is larger than the padded input (" + std::to_string(*padded) + ")" + where();
-    }
-    // `needed` below cannot overflow even for a stride near INT64_MAX: (out - 1) * stride is at
-    // most span, or with ceil_mode below in + begin after the step that drops the last window.
-    int64_t out = (ceil_mode ? (span == 0 ? 0 : (span - 1) / stride + 1) : span / stride) + 1;
-    if (ceil_mode && (out - 1) * stride >= in[d] + begin)
-      --out;  // the last window would start in the end padding
+Result<Window> ResolveWindow(const OperatorDesc& op, std::span<const int64_t> in,
+                             std::span<const int64_t> kernel, op_rules::WindowOp kind) {
+  auto attributes = op_rules::ReadWindowAttributes(op.attributes, in.size(), kind);
+  if (!attributes.ok())
+    return NodeError(op, attributes.error());
+  auto dims = op_rules::ResolveWindow(attributes.value(), in, kernel);
+  if (!dims.ok())
+    return NodeError(op, dims.error());
+  Window w;
+  for (std::size_t d = 0; d < in.size(); ++d) {
+    const op_rules::WindowDim& dim = dims.value()[d];
+    if (in[d] < 0 || dim.out < 0)
+      return NodeInvalid(op, "the window needs static spatial dims, X has " +
+                                 ToString(Shape(in.begin(), in.end())));
     // oneDNN wants out == (in + begin + end' - extent) / stride + 1 (floor): a ceil_mode window
-    // that reaches past the ONNX padding needs a larger end'.
-    const int64_t needed = (out - 1) * stride + extent - in[d] - begin;
+    // that reaches past the ONNX padding needs a larger end'. No overflow: (out - 1) * stride is
+    // at most the padded input's span, or with ceil_mode below in + begin (op_rules drops a last
+    // window that would start beyond).
+    int64_t end = dim.pad_end;
+    const int64_t needed = (dim.out - 1) * dim.stride + dim.extent - in[d] - dim.pad_begin;
     if (needed > end) {
-      w->ceil_extended = true;
+      w.ceil_extended = true;
       end = needed;
     }
-    w->kernel.push_back(k);
-    w->strides.push_back(stride);
-    w->dilations.push_back(dilation);
-    w->pad_begin.push_back(begin);
-    w->pad_end.push_back(end);
-    w->out.push_back(out);
+    w.kernel.push_back(dim.kernel);
+    w.strides.push_back(dim.stride);
+    w.dilations.push_back(dim.dilation);
+    w.pad_begin.push_back(dim.pad_begin);
+    w.pad_end.push_back(end);
+    w.out.push_back(dim.out);
   }
-  return std::nullopt;
+  return w;
 }
 
 namespace {
@@ -194,44 +153,23 @@ Status CheckSignature(const OperatorDesc& op, const Signature& signature) {
   return Status::Ok();
 }
 
-Status CheckWindowAttributes(const OperatorDesc& op, std::size_t spatial_rank, bool is_pool) {
-  const std::string auto_pad = StringAttr(op, "auto_pad", "NOTSET");
-  if (auto_pad != "NOTSET" && auto_pad != "SAME_UPPER" && auto_pad != "SAME_LOWER" &&
-      auto_pad != "VALID") {
-    return NodeUnimplemented(op, "unsupported auto_pad value '" + auto_pad + "'");
+// The window attributes of `op`, checked (op_rules.hpp), and the window checked against X's
+// spatial dims and the kernel's as far as they are known (a dynamic dim is checked per request).
+Result<op_rules::WindowAttributes> CheckWindow(const OperatorDesc& op, const Shape& x,
+                                               op_rules::WindowOp kind,
+                                               std::span<const int64_t> kernel = {}) {
+  const std::span<const int64_t> spatial = std::span(x).subspan(2);
+  auto attributes = op_rules::ReadWindowAttributes(op.attributes, spatial.size(), kind);
+  if (!attributes.ok())
+    return NodeError(op, attributes.error());
+  if (kind == op_rules::WindowOp::kPool)
+    kernel = attributes.value().kernel_shape;
+  if (kernel.size() == spatial.size()) {
+    auto dims = op_rules::ResolveWindow(attributes.value(), spatial, kernel);
+    if (!dims.ok())
+      return NodeError(op, dims.error());
   }
-  const std::pair<const char*, std::size_t> lists[] = {{"kernel_shape", spatial_rank},
-                                                       {"strides", spatial_rank},
-                                                       {"dilations", spatial_rank},
-                                                       {"pads", 2 * spatial_rank}};
-  for (const auto& [name, length] : lists) {
-    auto it = op.attributes.find(std::string_view(name));
-    if (it == op.attributes.end())
-      continue;
-    const auto* values = std::get_if<std::vector<int64_t>>(&it->second);
-    if (values == nullptr || values->size() != length)
-      return NodeInvalid(
-          op, "attribute '" + std::string(name) + "' needs " + std::to_string(length) + " ints");
-    const int64_t minimum = std::string_view(name) == "pads" ? 0 : 1;
-    for (int64_t v : *values) {
-      if (v < minimum)
-        return NodeInvalid(op,
-                           "attribute '" + std::string(name) + "' has value " + std::to_string(v));
-    }
-  }
-  if (auto_pad != "NOTSET") {
-    const auto pads = IntsAttr(op, "pads");
-    if (std::any_of(pads.begin(), pads.end(), [](int64_t p) { return p != 0; }))
-      return NodeInvalid(op, "attribute 'pads' cannot be used with auto_pad=" + auto_pad);
-  }
-  if (is_pool && IntsAttr(op, "kernel_shape").empty())
-    return NodeInvalid(op, "attribute 'kernel_shape' is required");
-  // A window's taps are a product of dimensions like a tensor's elements, and bounded the same.
-  if (!BoundedDimProduct(IntsAttr(op, "kernel_shape"))) {
-    return NodeInvalid(op, "the kernel window " + ToString(IntsAttr(op, "kernel_shape")) +
-                               " (the product of kernel_shape) overflows the limit of 2^40");
-  }
-  return Status::Ok();
+  return attributes;
 }
 
 Status CheckSpatial(const OperatorDesc& op, const Shape& x) {
@@ -240,35 +178,6 @@ Status CheckSpatial(const OperatorDesc& op, const Shape& x) {
   if (x.size() - 2 > kMaxSpatialRank) {
     return NodeUnimplemented(op, "oneDNN windows take 1 to 3 spatial dims, X is " + ToString(x));
   }
-  return Status::Ok();
-}
-
-Status CheckConv(const OperatorDesc& op) {
-  BACKPLANE_RETURN_IF_ERROR(CheckSignature(
-      op, {.min_inputs = 2,
-           .max_inputs = 3,
-           .attributes = {"auto_pad", "dilations", "group", "kernel_shape", "pads", "strides"}}));
-  const Shape& x = op.inputs[0].shape;
-  const Shape& w = op.inputs[1].shape;
-  BACKPLANE_RETURN_IF_ERROR(CheckSpatial(op, x));
-  BACKPLANE_RETURN_IF_ERROR(CheckWindowAttributes(op, x.size() - 2, false));
-  const int64_t group = IntAttr(op, "group", 1);
-  if (group < 1)
-    return NodeInvalid(op, "attribute 'group' must be >= 1");
-  if (w.size() != x.size())
-    return NodeInvalid(op, "W " + ToString(w) + " must have the rank of X " + ToString(x));
-  if (!IsStatic(w))
-    return NodeUnimplemented(op, "W must have a static shape, is " + ToString(w));
-  if (w[0] % group != 0 || (x[1] >= 0 && (x[1] % group != 0 || x[1] / group != w[1])))
-    return NodeInvalid(op, "X " + ToString(x) + " and W " + ToString(w) +
-                               " do not match group=" + std::to_string(group));
-  const auto kernel_shape = IntsAttr(op, "kernel_shape");
-  for (std::size_t d = 0; d < kernel_shape.size(); ++d) {
-    if (kernel_shape[d] != w[d + 2])
-      return NodeInvalid(op, "kernel_shape does not match W " + ToString(w));
-  }
-  if (HasInput(op, 2) && (op.inputs[2].shape != Shape{w[0]}))
-    return NodeInvalid(op, "B must have shape [M], is " + ToString(op.inputs[2].shape));
   return Status::Ok();
 }
 
@@ -287,24 +196,72 @@ Status CheckPool(const OperatorDesc& op) {
   }
   const Shape& x = op.inputs[0].shape;
   BACKPLANE_RETURN_IF_ERROR(CheckSpatial(op, x));
-  BACKPLANE_RETURN_IF_ERROR(CheckWindowAttributes(op, x.size() - 2, true));
-  const bool ceil_mode = IntAttr(op, "ceil_mode", 0) != 0;
-  if (!kMax && ceil_mode && IntAttr(op, "count_include_pad", 0) != 0) {
+  auto attributes = CheckWindow(op, x, op_rules::WindowOp::kPool);
+  if (!attributes.ok())
+    return attributes.error();
+  if (!kMax && attributes.value().ceil_mode && IntAttr(op, "count_include_pad", 0) != 0) {
     // ONNX counts the explicit padding only; oneDNN would also count the positions a ceil_mode
     // window reaches beyond it. Fine when ceil_mode adds none.
     if (!IsStatic(x))
       return NodeUnimplemented(op, "ceil_mode=1 with count_include_pad=1 needs static shapes");
-    Window window;
-    const auto kernel = IntsAttr(op, "kernel_shape");
-    if (auto error = ResolveWindow(op, std::span(x).subspan(2), kernel, true, &window))
-      return NodeInvalid(op, *error);
-    if (window.ceil_extended) {
+    auto window = ResolveWindow(op, std::span(x).subspan(2), attributes.value().kernel_shape,
+                                op_rules::WindowOp::kPool);
+    if (!window.ok())
+      return window.error();
+    if (window.value().ceil_extended) {
       return NodeUnimplemented(op,
                                "ceil_mode=1 with count_include_pad=1 where the last window "
                                "passes the padding: oneDNN would count the extra positions");
     }
   }
   return Status::Ok();
+}
+
+// Identity, Flatten and Reshape compile to a view of the input's bytes under the output's dims:
+// an output with more elements than the input would read past it. Shape inference guarantees
+// equal counts; a description from elsewhere is checked (counts are bounded by CheckSignature).
+Status CheckSameCount(const OperatorDesc& op) {
+  const Shape& in = op.inputs[0].shape;
+  const Shape& out = op.outputs[0].shape;
+  if (IsStatic(in) && IsStatic(out) && ElementCount(in) != ElementCount(out)) {
+    return NodeInvalid(op, "output " + ToString(out) +
+                               " does not have the element count of input " + ToString(in));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status CheckConv(const OperatorDesc& op) {
+  BACKPLANE_RETURN_IF_ERROR(CheckSignature(
+      op, {.min_inputs = 2,
+           .max_inputs = 3,
+           .attributes = {"auto_pad", "dilations", "group", "kernel_shape", "pads", "strides"}}));
+  const Shape& x = op.inputs[0].shape;
+  const Shape& w = op.inputs[1].shape;
+  BACKPLANE_RETURN_IF_ERROR(CheckSpatial(op, x));
+  auto window = CheckWindow(op, x, op_rules::WindowOp::kConv);
+  if (!window.ok())
+    return window.error();
+  const int64_t group = IntAttr(op, "group", 1);
+  if (group < 1)
+    return NodeInvalid(op, "attribute 'group' must be >= 1");
+  if (w.size() != x.size())
+    return NodeInvalid(op, "W " + ToString(w) + " must have the rank of X " + ToString(x));
+  if (!IsStatic(w))
+    return NodeUnimplemented(op, "W must have a static shape, is " + ToString(w));
+  if (w[0] % group != 0 || (x[1] >= 0 && (x[1] % group != 0 || x[1] / group != w[1])))
+    return NodeInvalid(op, "X " + ToString(x) + " and W " + ToString(w) +
+                               " do not match group=" + std::to_string(group));
+  const auto& kernel_shape = window.value().kernel_shape;
+  for (std::size_t d = 0; d < kernel_shape.size(); ++d) {
+    if (kernel_shape[d] != w[d + 2])
+      return NodeInvalid(op, "kernel_shape does not match W " + ToString(w));
+  }
+  if (HasInput(op, 2) && (op.inputs[2].shape != Shape{w[0]}))
+    return NodeInvalid(op, "B must have shape [M], is " + ToString(op.inputs[2].shape));
+  auto resolved = CheckWindow(op, x, op_rules::WindowOp::kConv, std::span(w).subspan(2));
+  return resolved.ok() ? Status::Ok() : resolved.error();
 }
 
 Status CheckGlobalPool(const OperatorDesc& op) {
@@ -316,12 +273,13 @@ Status CheckBinary(const OperatorDesc& op) {
   BACKPLANE_RETURN_IF_ERROR(CheckSignature(op, {.min_inputs = 2, .max_inputs = 2}));
   const Shape& a = op.inputs[0].shape;
   const Shape& b = op.inputs[1].shape;
+  auto out = op_rules::Broadcast(a, b);
+  if (!out.ok())
+    return NodeError(op, out.error());
   if (!IsStatic(a) || !IsStatic(b))
-    return Status::Ok();  // checked per shape when a request fixes them
-  auto out = Broadcast(a, b);
-  if (!out)
-    return NodeInvalid(op, "shapes " + ToString(a) + " and " + ToString(b) + " do not broadcast");
-  if (ElementCount(a) != ElementCount(*out) && ElementCount(b) != ElementCount(*out)) {
+    return Status::Ok();  // which operand broadcasts is checked when a request fixes the shapes
+  if (ElementCount(a) != ElementCount(out.value()) &&
+      ElementCount(b) != ElementCount(out.value())) {
     return NodeUnimplemented(op, "both operands " + ToString(a) + " and " + ToString(b) +
                                      " broadcast (oneDNN broadcasts the second only)");
   }
@@ -393,55 +351,53 @@ Status CheckMatMul(const OperatorDesc& op) {
     return NodeInvalid(op, "inner dimensions differ: " + ToString(a) + " and " + ToString(b));
   const Shape a_batch(a.begin(), a.end() - std::min<std::size_t>(a.size(), 2));
   const Shape b_batch(b.begin(), b.end() - std::min<std::size_t>(b.size(), 2));
-  if (!Broadcast(a_batch, b_batch))
+  if (!op_rules::Broadcast(a_batch, b_batch).ok())
     return NodeInvalid(op, "batch dimensions do not broadcast");
   return Status::Ok();
 }
 
-// Identity, Flatten and Reshape compile to a view of the input's bytes under the output's dims:
-// an output with more elements than the input would read past it. Shape inference guarantees
-// equal counts; a description from elsewhere is checked (counts are bounded by CheckSignature).
-Status CheckSameCount(const OperatorDesc& op) {
-  const Shape& in = op.inputs[0].shape;
-  const Shape& out = op.outputs[0].shape;
-  if (IsStatic(in) && IsStatic(out) && ElementCount(in) != ElementCount(out)) {
-    return NodeInvalid(op, "output " + ToString(out) +
-                               " does not have the element count of input " + ToString(in));
+Status CheckMaxPool(const OperatorDesc& op) {
+  return CheckPool<true>(op);
+}
+
+Status CheckAveragePool(const OperatorDesc& op) {
+  return CheckPool<false>(op);
+}
+
+Status CheckIdentity(const OperatorDesc& op) {
+  BACKPLANE_RETURN_IF_ERROR(CheckSignature(op, {}));
+  return CheckSameCount(op);
+}
+
+Status CheckFlatten(const OperatorDesc& op) {
+  BACKPLANE_RETURN_IF_ERROR(CheckSignature(op, {.attributes = {"axis"}}));
+  if (!NormalizedAxis(IntAttr(op, "axis", 1), static_cast<int64_t>(op.inputs[0].shape.size()), 1))
+    return NodeInvalid(op, "axis out of range");
+  return CheckSameCount(op);
+}
+
+Status CheckReshape(const OperatorDesc& op) {
+  BACKPLANE_RETURN_IF_ERROR(CheckSignature(
+      op, {.min_inputs = 2, .max_inputs = 2, .attributes = {"allowzero"}, .float_inputs = 1}));
+  if (op.inputs[1].type != DataType::kInt64 || !IsConstant(op, 1))
+    return NodeUnimplemented(op, "the shape input must be a constant INT64 tensor");
+  return CheckSameCount(op);
+}
+
+Status CheckTranspose(const OperatorDesc& op) {
+  BACKPLANE_RETURN_IF_ERROR(CheckSignature(op, {.attributes = {"perm"}}));
+  auto perm = IntsAttr(op, "perm");
+  if (op.attributes.contains("perm")) {
+    std::sort(perm.begin(), perm.end());
+    for (std::size_t i = 0; i < perm.size(); ++i) {
+      if (perm[i] != static_cast<int64_t>(i) || perm.size() != op.inputs[0].shape.size())
+        return NodeInvalid(op, "perm is not a permutation of the input dims");
+    }
   }
   return Status::Ok();
 }
 
-Status CheckLayout(const OperatorDesc& op) {
-  if (op.op_type == "Identity") {
-    BACKPLANE_RETURN_IF_ERROR(CheckSignature(op, {}));
-    return CheckSameCount(op);
-  }
-  if (op.op_type == "Flatten") {
-    BACKPLANE_RETURN_IF_ERROR(CheckSignature(op, {.attributes = {"axis"}}));
-    if (!NormalizedAxis(IntAttr(op, "axis", 1), static_cast<int64_t>(op.inputs[0].shape.size()), 1))
-      return NodeInvalid(op, "axis out of range");
-    return CheckSameCount(op);
-  }
-  if (op.op_type == "Reshape") {
-    BACKPLANE_RETURN_IF_ERROR(CheckSignature(
-        op, {.min_inputs = 2, .max_inputs = 2, .attributes = {"allowzero"}, .float_inputs = 1}));
-    if (op.inputs[1].type != DataType::kInt64 || !IsConstant(op, 1))
-      return NodeUnimplemented(op, "the shape input must be a constant INT64 tensor");
-    return CheckSameCount(op);
-  }
-  if (op.op_type == "Transpose") {
-    BACKPLANE_RETURN_IF_ERROR(CheckSignature(op, {.attributes = {"perm"}}));
-    auto perm = IntsAttr(op, "perm");
-    if (op.attributes.contains("perm")) {
-      std::sort(perm.begin(), perm.end());
-      for (std::size_t i = 0; i < perm.size(); ++i) {
-        if (perm[i] != static_cast<int64_t>(i) || perm.size() != op.inputs[0].shape.size())
-          return NodeInvalid(op, "perm is not a permutation of the input dims");
-      }
-    }
-    return Status::Ok();
-  }
-  // Concat
+Status CheckConcat(const OperatorDesc& op) {
   BACKPLANE_RETURN_IF_ERROR(
       CheckSignature(op, {.min_inputs = 1, .max_inputs = SIZE_MAX, .attributes = {"axis"}}));
   if (!op.attributes.contains("axis"))
@@ -454,38 +410,6 @@ Status CheckLayout(const OperatorDesc& op) {
       return NodeInvalid(op, "inputs have different ranks");
   }
   return Status::Ok();
-}
-
-}  // namespace
-
-Status CheckOp(const OperatorDesc& op) {
-  const std::string& type = op.op_type;
-  if (type == "Conv")
-    return CheckConv(op);
-  if (type == "MaxPool")
-    return CheckPool<true>(op);
-  if (type == "AveragePool")
-    return CheckPool<false>(op);
-  if (type == "GlobalAveragePool" || type == "GlobalMaxPool")
-    return CheckGlobalPool(op);
-  if (type == "Add" || type == "Mul")
-    return CheckBinary(op);
-  if (type == "Relu" || type == "Sigmoid" || type == "Tanh")
-    return CheckUnary(op);
-  if (type == "Softmax")
-    return CheckSoftmax(op);
-  if (type == "BatchNormalization")
-    return CheckBatchNorm(op);
-  if (type == "Gemm")
-    return CheckGemm(op);
-  if (type == "MatMul")
-    return CheckMatMul(op);
-  if (type == "Identity" || type == "Flatten" || type == "Reshape" || type == "Transpose" ||
-      type == "Concat")
-    return CheckLayout(op);
-  if (type == "Constant")
-    return NodeUnimplemented(op, "Constant is not a backend op: the host folds it");
-  return Unimplemented("CpuAcc does not implement op " + type + " (node '" + op.name + "')");
 }
 
 }  // namespace backplane::cpu_acc

@@ -1,8 +1,4 @@
-// What CpuAcc runs, and the ONNX attribute arithmetic its compiler shares with IsSupported.
-//
-// CheckOp answers IsSupported: kUnimplemented (the layer goes to the next backend) for what
-// oneDNN cannot do, or cannot do with CpuRef's results (named in the message), kInvalidArgument
-// for descriptions ONNX forbids. It reads the description only.
+// What CpuAcc runs: the support check of each op, and the helpers its compiler shares with them.
 #pragma once
 
 #include <array>
@@ -14,6 +10,7 @@
 #include <vector>
 
 #include "backplane/sdk/backend.hpp"
+#include "backplane/sdk/op_rules.hpp"
 
 namespace backplane::cpu_acc {
 
@@ -36,7 +33,9 @@ float FloatAttr(const OperatorDesc& op, std::string_view key, float fallback);
 std::string StringAttr(const OperatorDesc& op, std::string_view key, std::string fallback);
 std::vector<int64_t> IntsAttr(const OperatorDesc& op, std::string_view key);
 
-// A sliding window resolved for static spatial dims, in oneDNN's terms.
+// A sliding window in oneDNN's terms: ONNX's (op_rules.hpp) for static spatial dims, with
+// pad_end grown where a ceil_mode window reaches past the ONNX padding (oneDNN computes its output
+// size with floor).
 struct Window {
   std::vector<int64_t> kernel, strides, dilations;  // ONNX dilations (1: dense)
   std::vector<int64_t> pad_begin, pad_end;          // pad_end as oneDNN needs it for `out`
@@ -44,19 +43,35 @@ struct Window {
   bool ceil_extended = false;  // ceil_mode added positions beyond the ONNX padding
 };
 
-// ONNX's convPoolShapeInference (see backends/cpu_ref/window_kernels.cpp); `kernel` is the
-// spatial kernel (Conv: W's dims). An error string when the window does not fit.
-std::optional<std::string> ResolveWindow(const OperatorDesc& op, std::span<const int64_t> in,
-                                         std::span<const int64_t> kernel, bool ceil_mode,
-                                         Window* window);
+// `op`'s window over the spatial dims `in` with the spatial `kernel` (Conv: W's dims), refused in
+// the node's name (kInvalidArgument) when the attributes or the geometry are wrong.
+Result<Window> ResolveWindow(const OperatorDesc& op, std::span<const int64_t> in,
+                             std::span<const int64_t> kernel, op_rules::WindowOp kind);
+
+// `status` (its code kept) with the node named in front of its message.
+Status NodeError(const OperatorDesc& op, const Status& status);
 
 // Axis normalised into [0, rank + extra).
 std::optional<int64_t> NormalizedAxis(int64_t axis, int64_t rank, int64_t extra = 0);
 
-// Numpy broadcasting of static shapes.
-std::optional<Shape> Broadcast(const Shape& a, const Shape& b);
-
-// IsSupported.
-Status CheckOp(const OperatorDesc& op);
+// The support checks, one per op: each is the `check` of the op's row in the op table
+// (compiler.cpp), which CheckOp (IsSupported) and the lowering share. kUnimplemented (the layer
+// goes to the next backend) for what oneDNN cannot do, or cannot do with CpuRef's results (named
+// in the message), kInvalidArgument for descriptions ONNX forbids. They read the description only.
+Status CheckConv(const OperatorDesc& op);
+Status CheckMaxPool(const OperatorDesc& op);
+Status CheckAveragePool(const OperatorDesc& op);
+Status CheckGlobalPool(const OperatorDesc& op);
+Status CheckBinary(const OperatorDesc& op);
+Status CheckUnary(const OperatorDesc& op);
+Status CheckSoftmax(const OperatorDesc& op);
+Status CheckBatchNorm(const OperatorDesc& op);
+Status CheckGemm(const OperatorDesc& op);
+Status CheckMatMul(const OperatorDesc& op);
+Status CheckIdentity(const OperatorDesc& op);
+Status CheckFlatten(const OperatorDesc& op);
+Status CheckReshape(const OperatorDesc& op);
+Status CheckTranspose(const OperatorDesc& op);
+Status CheckConcat(const OperatorDesc& op);
 
 }  // namespace backplane::cpu_acc

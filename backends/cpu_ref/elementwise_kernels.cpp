@@ -27,8 +27,8 @@ class BinaryWorkload final : public WorkloadBase {
     BACKPLANE_RETURN_IF_ERROR(CheckSignature(op, {.min_inputs = 2, .max_inputs = 2}));
     const Shape& a = op.inputs[0].shape;
     const Shape& b = op.inputs[1].shape;
-    if (!BroadcastShapes(a, b))
-      return NodeInvalid(op, "shapes " + ToString(a) + " and " + ToString(b) + " do not broadcast");
+    if (auto out = op_rules::Broadcast(a, b); !out.ok())
+      return NodeError(op, out.error());
     return Params{NodeLabel(op)};
   }
 
@@ -39,19 +39,17 @@ class BinaryWorkload final : public WorkloadBase {
              std::span<const TensorView> outputs) const override {
     const Shape& a_shape = inputs[0].info.shape;
     const Shape& b_shape = inputs[1].info.shape;
-    const auto out_shape = BroadcastShapes(a_shape, b_shape);
-    if (!out_shape) {
-      return Invalid("shapes " + ToString(a_shape) + " and " + ToString(b_shape) +
-                     " do not broadcast");
-    }
-    BACKPLANE_RETURN_IF_ERROR(CheckOutputShape(outputs[0], *out_shape));
+    const auto out_shape = op_rules::Broadcast(a_shape, b_shape);
+    if (!out_shape.ok())
+      return Invalid(out_shape.error().message());
+    BACKPLANE_RETURN_IF_ERROR(CheckOutputShape(outputs[0], out_shape.value()));
     const auto a = inputs[0].Elements<float>();
     const auto b = inputs[1].Elements<float>();
     const auto out = outputs[0].Elements<float>();
     for (std::size_t i = 0; i < out.size(); ++i) {
       const auto flat = static_cast<int64_t>(i);
-      out[i] = Operation::Apply(a[BroadcastOffset(flat, *out_shape, a_shape)],
-                                b[BroadcastOffset(flat, *out_shape, b_shape)]);
+      out[i] = Operation::Apply(a[op_rules::BroadcastOffset(flat, out_shape.value(), a_shape)],
+                                b[op_rules::BroadcastOffset(flat, out_shape.value(), b_shape)]);
     }
     return Status::Ok();
   }

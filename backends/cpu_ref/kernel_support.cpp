@@ -16,6 +16,10 @@ Status NodeInvalid(const OperatorDesc& op, const std::string& reason) {
   return InvalidArgument("CpuRef: " + NodeLabel(op) + ": " + reason);
 }
 
+Status NodeError(const OperatorDesc& op, const Status& status) {
+  return {status.code(), "CpuRef: " + NodeLabel(op) + ": " + std::string(status.message())};
+}
+
 Status CheckShapeBounds(const OperatorDesc& op) {
   auto check = [&](const Shape& shape, const std::string& what) {
     Status status = CheckKnownElementCount(shape, what);
@@ -139,42 +143,6 @@ std::vector<int64_t> Strides(const Shape& shape) {
   for (std::size_t i = shape.size(); i-- > 1;)
     strides[i - 1] = strides[i] * shape[i];
   return strides;
-}
-
-std::optional<Shape> BroadcastShapes(const Shape& a, const Shape& b) {
-  const std::size_t rank = std::max(a.size(), b.size());
-  Shape out(rank);
-  for (std::size_t i = 0; i < rank; ++i) {
-    const int64_t da = i < rank - a.size() ? 1 : a[i - (rank - a.size())];
-    const int64_t db = i < rank - b.size() ? 1 : b[i - (rank - b.size())];
-    if (da == 1) {
-      out[i] = db;
-    } else if (db == 1) {
-      out[i] = da;
-    } else if (da < 0) {
-      out[i] = db;  // dynamic vs n: must be n (or 1) at run time
-    } else if (db < 0 || da == db) {
-      out[i] = da;
-    } else {
-      return std::nullopt;
-    }
-  }
-  return out;
-}
-
-int64_t BroadcastOffset(int64_t flat, const Shape& out, const Shape& in) {
-  int64_t offset = 0;
-  int64_t stride = 1;
-  for (std::size_t i = 0; i < in.size(); ++i) {
-    const std::size_t axis_in = in.size() - 1 - i;
-    const std::size_t axis_out = out.size() - 1 - i;
-    const int64_t coordinate = flat % out[axis_out];
-    flat /= out[axis_out];
-    if (in[axis_in] != 1)
-      offset += coordinate * stride;
-    stride *= in[axis_in];
-  }
-  return offset;
 }
 
 Status WorkloadBase::Execute(std::span<const ConstTensorView> inputs,

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "backplane/sdk/backend.hpp"
+#include "backplane/sdk/op_rules.hpp"  // window geometry and broadcasting, as ONNX defines them
 
 namespace backplane::cpu_ref {
 
@@ -66,6 +67,8 @@ Status StatusOf(const Result<T>& result) {
 std::string NodeLabel(const OperatorDesc& op);
 Status NodeUnimplemented(const OperatorDesc& op, const std::string& reason);
 Status NodeInvalid(const OperatorDesc& op, const std::string& reason);
+// `status` (its code kept) with the node named in front of its message.
+Status NodeError(const OperatorDesc& op, const Status& status);
 
 // ---- validation of a description ------------------------------------------------------------
 
@@ -111,14 +114,6 @@ Result<int64_t> NormalizeAxis(const OperatorDesc& op, int64_t axis, int64_t rank
 
 // Row-major strides, in elements.
 std::vector<int64_t> Strides(const Shape& shape);
-
-// Numpy (multidirectional) broadcasting. A negative (dynamic) dimension is compatible with
-// anything; the result then stays dynamic unless the other side fixes it.
-std::optional<Shape> BroadcastShapes(const Shape& a, const Shape& b);
-
-// The element of input `in`, broadcast to `out` (numpy rules, all dims known), that feeds
-// output element `flat`.
-int64_t BroadcastOffset(int64_t flat, const Shape& out, const Shape& in);
 
 // Both dims known and different.
 inline bool DimsConflict(int64_t a, int64_t b) {

@@ -143,10 +143,10 @@ std::optional<std::string> MatMulShapeError(const Shape& a, const Shape& b, MatM
   if (DimsConflict(g->k, b2[b2.size() - 2])) {
     return "inner dimensions differ: " + ToString(a) + " and " + ToString(b);
   }
-  auto batch = BroadcastShapes(g->a_batch, g->b_batch);
-  if (!batch)
+  auto batch = op_rules::Broadcast(g->a_batch, g->b_batch);
+  if (!batch.ok())
     return "batch dimensions of " + ToString(a) + " and " + ToString(b) + " do not broadcast";
-  g->batch = *batch;
+  g->batch = std::move(batch).value();
   g->output = g->batch;
   if (a.size() > 1)
     g->output.push_back(g->m);
@@ -184,8 +184,8 @@ class MatMulWorkload final : public WorkloadBase {
     const int64_t batches = ElementCount(g.batch);
     for (int64_t batch = 0; batch < batches; ++batch) {
       // Dropping a 1-D operand's dim does not move any element: y is [batch, M, N] row-major.
-      const int64_t a_base = BroadcastOffset(batch, g.batch, g.a_batch) * g.m * g.k;
-      const int64_t b_base = BroadcastOffset(batch, g.batch, g.b_batch) * g.k * g.n;
+      const int64_t a_base = op_rules::BroadcastOffset(batch, g.batch, g.a_batch) * g.m * g.k;
+      const int64_t b_base = op_rules::BroadcastOffset(batch, g.batch, g.b_batch) * g.k * g.n;
       const int64_t y_base = batch * g.m * g.n;
       for (int64_t m = 0; m < g.m; ++m) {
         for (int64_t n = 0; n < g.n; ++n) {

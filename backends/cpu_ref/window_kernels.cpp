@@ -1,14 +1,9 @@
 // Conv, MaxPool, AveragePool (N-D sliding windows) and GlobalAveragePool, GlobalMaxPool.
 //
 // One geometry serves all of them: per spatial dim, the output size and the padding at each end
-// follow ONNX's shape inference (convPoolShapeInference) and its reference implementation:
-//   dk  = (kernel - 1) * dilation + 1                      (the dilated kernel's extent)
-//   NOTSET: pads as given;  VALID: no padding
-//   SAME_*: total = max(0, (ceil(in / stride) - 1) * stride + dk - in), split in half with the
-//           odd element at the end (SAME_UPPER) or at the beginning (SAME_LOWER)
-//   out = floor_or_ceil((in + pad_begin + pad_end - dk) / stride) + 1, and with ceil_mode a last
-//         window that would start in the end padding is dropped (PyTorch's rule, ONNX >= 1.16).
-// Everything is computed per request from the input views: dynamic spatial dims are fine.
+// are the SDK's window rule (backplane/sdk/op_rules.hpp, which shape inference and CpuAcc use
+// too); this file walks the windows it gives. Everything is computed per request from the input
+// views: dynamic spatial dims are fine.
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -21,81 +16,15 @@ namespace {
 // Scratch arrays live on the stack (Execute is concurrent), so the spatial rank has a cap.
 constexpr std::size_t kMaxSpatialRank = 8;
 
-enum class AutoPad { kNotSet, kSameUpper, kSameLower, kValid };
-
-struct WindowAttributes {
-  AutoPad auto_pad = AutoPad::kNotSet;
-  std::vector<int64_t> kernel_shape;  // empty: Conv takes it from W
-  std::vector<int64_t> strides;       // empty: all 1
-  std::vector<int64_t> dilations;     // empty: all 1
-  std::vector<int64_t> pads;          // empty: all 0; else begins then ends
-  bool ceil_mode = false;
-};
-
-// Reads and checks the window attributes for `spatial_rank` spatial dims.
-Result<WindowAttributes> ParseWindowAttributes(const OperatorDesc& op, std::size_t spatial_rank,
-                                               bool kernel_required, bool has_ceil_mode) {
-  WindowAttributes attributes;
-  auto auto_pad = StringAttribute(op, "auto_pad", "NOTSET");
-  if (!auto_pad.ok())
-    return auto_pad.error();
-  if (auto_pad.value() == "NOTSET") {
-    attributes.auto_pad = AutoPad::kNotSet;
-  } else if (auto_pad.value() == "SAME_UPPER") {
-    attributes.auto_pad = AutoPad::kSameUpper;
-  } else if (auto_pad.value() == "SAME_LOWER") {
-    attributes.auto_pad = AutoPad::kSameLower;
-  } else if (auto_pad.value() == "VALID") {
-    attributes.auto_pad = AutoPad::kValid;
-  } else {
-    return NodeUnimplemented(op, "unsupported auto_pad value '" + auto_pad.value() +
-                                     "' (NOTSET, SAME_UPPER, SAME_LOWER or VALID)");
-  }
-  struct ListSpec {
-    const char* name;
-    std::vector<int64_t>* target;
-    std::size_t length;
-    int64_t minimum;
-  };
-  const ListSpec lists[] = {{"kernel_shape", &attributes.kernel_shape, spatial_rank, 1},
-                            {"strides", &attributes.strides, spatial_rank, 1},
-                            {"dilations", &attributes.dilations, spatial_rank, 1},
-                            {"pads", &attributes.pads, 2 * spatial_rank, 0}};
-  for (const ListSpec& list : lists) {
-    auto value = IntsAttribute(op, list.name);
-    if (!value.ok())
-      return value.error();
-    if (!value.value())
-      continue;
-    const std::vector<int64_t>& values = *value.value();
-    if (values.size() != list.length) {
-      return NodeInvalid(op, "attribute '" + std::string(list.name) + "' needs " +
-                                 std::to_string(list.length) + " values for " +
-                                 std::to_string(spatial_rank) + " spatial dims, has " +
-                                 std::to_string(values.size()));
-    }
-    for (int64_t v : values) {
-      if (v < list.minimum) {
-        return NodeInvalid(op, "attribute '" + std::string(list.name) + "' has value " +
-                                   std::to_string(v) + " (minimum " + std::to_string(list.minimum) +
-                                   ")");
-      }
-    }
-    *list.target = values;
-  }
-  if (kernel_required && attributes.kernel_shape.empty())
-    return NodeInvalid(op, "attribute 'kernel_shape' is required");
-  if (attributes.auto_pad != AutoPad::kNotSet &&
-      std::any_of(attributes.pads.begin(), attributes.pads.end(), [](int64_t p) { return p; })) {
-    return NodeInvalid(op, "attribute 'pads' cannot be used with auto_pad=" + auto_pad.value());
-  }
-  if (has_ceil_mode) {
-    auto ceil_mode = FlagAttribute(op, "ceil_mode", false);
-    if (!ceil_mode.ok())
-      return ceil_mode.error();
-    attributes.ceil_mode = ceil_mode.value();
-  }
-  return attributes;
+// The window attributes (op_rules.hpp) for `spatial_rank` spatial dims, refused in the node's
+// name.
+Result<op_rules::WindowAttributes> ParseWindowAttributes(const OperatorDesc& op,
+                                                         std::size_t spatial_rank,
+                                                         op_rules::WindowOp kind) {
+  auto window = op_rules::ReadWindowAttributes(op.attributes, spatial_rank, kind);
+  if (!window.ok())
+    return NodeError(op, window.error());
+  return window;
 }
 
 // The resolved sliding window of one request.
@@ -134,75 +63,38 @@ struct WindowGeometry {
 };
 
 // `spatial_in` and `kernel` are the resolved spatial dims of the input and of the kernel.
-std::optional<std::string> ComputeGeometry(const WindowAttributes& attributes,
-                                           std::span<const int64_t> spatial_in,
-                                           std::span<const int64_t> kernel, WindowGeometry* g) {
+Status ComputeGeometry(const op_rules::WindowAttributes& attributes,
+                       std::span<const int64_t> spatial_in, std::span<const int64_t> kernel,
+                       WindowGeometry* g) {
+  auto window = op_rules::ResolveWindow(attributes, spatial_in, kernel);
+  if (!window.ok())
+    return window.error();
   g->rank = spatial_in.size();
   g->in_count = g->out_count = g->kernel_count = 1;
   for (std::size_t d = 0; d < g->rank; ++d) {
-    const int64_t in = spatial_in[d];
-    const int64_t k = kernel[d];
-    const int64_t stride = attributes.strides.empty() ? 1 : attributes.strides[d];
-    const int64_t dilation = attributes.dilations.empty() ? 1 : attributes.dilations[d];
-    // Attributes may hold anything up to INT64_MAX: sums and products of them are bounded (core's
-    // rule on dimension arithmetic), and ceiling divisions avoid a + stride - 1.
-    auto where = [d] { return " in spatial dim " + std::to_string(d); };
-    if (k < 1)
-      return "the kernel size " + std::to_string(k) + " is not positive" + where();
-    const auto stretched = BoundedMul(k - 1, dilation);
-    const auto bounded_extent = stretched ? BoundedAdd(*stretched, 1) : std::nullopt;
-    if (!bounded_extent)
-      return "the window extent (kernel - 1) x dilation + 1 overflows the limit of 2^40" + where();
-    const int64_t extent = *bounded_extent;
-    int64_t begin = 0, end = 0;
-    switch (attributes.auto_pad) {
-      case AutoPad::kNotSet:
-        if (!attributes.pads.empty()) {
-          begin = attributes.pads[d];
-          end = attributes.pads[d + g->rank];
-        }
-        break;
-      case AutoPad::kValid:
-        break;
-      case AutoPad::kSameUpper:
-      case AutoPad::kSameLower: {
-        const int64_t windows = in == 0 ? 0 : (in - 1) / stride + 1;
-        const int64_t total = std::max<int64_t>(0, (windows - 1) * stride + extent - in);
-        begin = attributes.auto_pad == AutoPad::kSameUpper ? total / 2 : total - total / 2;
-        end = total - begin;
-        break;
-      }
+    const op_rules::WindowDim& dim = window.value()[d];
+    g->in[d] = spatial_in[d];
+    g->out[d] = dim.out;
+    g->kernel[d] = dim.kernel;
+    g->stride[d] = dim.stride;
+    g->dilation[d] = dim.dilation;
+    g->pad_begin[d] = dim.pad_begin;
+    g->pad_end[d] = dim.pad_end;
+    // The loops below index by these products: each bounded before it is taken.
+    const auto in_count = BoundedMul(g->in_count, spatial_in[d]);
+    const auto out_count = BoundedMul(g->out_count, dim.out);
+    const auto kernel_count = BoundedMul(g->kernel_count, dim.kernel);
+    if (!in_count || !out_count || !kernel_count) {
+      return InvalidArgument(
+          "the window's input, output or kernel positions overflow the limit of 2^40 in spatial "
+          "dim " +
+          std::to_string(d));
     }
-    const auto padded_begin = BoundedAdd(in, begin);
-    const auto padded = padded_begin ? BoundedAdd(*padded_begin, end) : std::nullopt;
-    if (!padded)
-      return "the padded input (input + pads) overflows the limit of 2^40" + where();
-    const int64_t span = *padded - extent;
-    if (span < 0) {
-      return "the window (extent " + std::to_string(extent) +
-             ") is larger than the padded input (" + std::to_string(*padded) + ")" + where();
-    }
-    int64_t out =
-        (attributes.ceil_mode ? (span == 0 ? 0 : (span - 1) / stride + 1) : span / stride) + 1;
-    if (attributes.ceil_mode && (out - 1) * stride >= in + begin)
-      --out;  // the last window would start in the end padding
-    g->in[d] = in;
-    g->out[d] = out;
-    g->kernel[d] = k;
-    g->stride[d] = stride;
-    g->dilation[d] = dilation;
-    g->pad_begin[d] = begin;
-    g->pad_end[d] = end;
-    const auto in_count = BoundedMul(g->in_count, in);
-    const auto out_count = BoundedMul(g->out_count, out);
-    const auto kernel_count = BoundedMul(g->kernel_count, k);
-    if (!in_count || !out_count || !kernel_count)
-      return "the window's input, output or kernel positions overflow the limit of 2^40" + where();
     g->in_count = *in_count;
     g->out_count = *out_count;
     g->kernel_count = *kernel_count;
   }
-  return std::nullopt;
+  return Status::Ok();
 }
 
 Status CheckSpatialRank(const OperatorDesc& op, const Shape& x) {
@@ -247,7 +139,7 @@ class ConvWorkload final : public WorkloadBase {
  public:
   struct Params {
     std::string label;
-    WindowAttributes window;
+    op_rules::WindowAttributes window;
     int64_t group;
     bool has_bias;
   };
@@ -259,7 +151,7 @@ class ConvWorkload final : public WorkloadBase {
              .attributes = {"auto_pad", "dilations", "group", "kernel_shape", "pads", "strides"}}));
     const Shape& x = op.inputs[0].shape;
     BACKPLANE_RETURN_IF_ERROR(CheckSpatialRank(op, x));
-    auto window = ParseWindowAttributes(op, x.size() - 2, false, false);
+    auto window = ParseWindowAttributes(op, x.size() - 2, op_rules::WindowOp::kConv);
     if (!window.ok())
       return window.error();
     auto group = IntAttribute(op, "group", 1);
@@ -295,8 +187,8 @@ class ConvWorkload final : public WorkloadBase {
     WindowGeometry g;
     const std::span<const int64_t> spatial(x_shape.begin() + 2, x_shape.end());
     const std::span<const int64_t> kernel(w_shape.begin() + 2, w_shape.end());
-    if (auto error = ComputeGeometry(params_.window, spatial, kernel, &g))
-      return Invalid(*error);
+    if (Status status = ComputeGeometry(params_.window, spatial, kernel, &g); !status.ok())
+      return Invalid(status.message());
     const int64_t batch = x_shape[0], channels = x_shape[1], maps = w_shape[0];
     Shape y_shape{batch, maps};
     y_shape.insert(y_shape.end(), g.out.begin(), g.out.begin() + g.rank);
@@ -340,7 +232,7 @@ class PoolWorkload final : public WorkloadBase {
  public:
   struct Params {
     std::string label;
-    WindowAttributes window;
+    op_rules::WindowAttributes window;
     bool count_include_pad;
   };
 
@@ -362,7 +254,7 @@ class PoolWorkload final : public WorkloadBase {
     }
     const Shape& x = op.inputs[0].shape;
     BACKPLANE_RETURN_IF_ERROR(CheckSpatialRank(op, x));
-    auto window = ParseWindowAttributes(op, x.size() - 2, true, true);
+    auto window = ParseWindowAttributes(op, x.size() - 2, op_rules::WindowOp::kPool);
     if (!window.ok())
       return window.error();
     bool count_include_pad = false;
@@ -389,8 +281,10 @@ class PoolWorkload final : public WorkloadBase {
       return Invalid("X " + ToString(x_shape) + " does not match kernel_shape");
     WindowGeometry g;
     const std::span<const int64_t> spatial(x_shape.begin() + 2, x_shape.end());
-    if (auto error = ComputeGeometry(params_.window, spatial, params_.window.kernel_shape, &g))
-      return Invalid(*error);
+    if (Status status = ComputeGeometry(params_.window, spatial, params_.window.kernel_shape, &g);
+        !status.ok()) {
+      return Invalid(status.message());
+    }
     Shape y_shape{x_shape[0], x_shape[1]};
     y_shape.insert(y_shape.end(), g.out.begin(), g.out.begin() + g.rank);
     BACKPLANE_RETURN_IF_ERROR(CheckOutputShape(outputs[0], y_shape));

@@ -9,6 +9,7 @@
 #include <string_view>
 #include <vector>
 
+#include "backplane/sdk/op_rules.hpp"
 #include "shape_inference.hpp"
 
 namespace backplane {
@@ -223,32 +224,12 @@ class NodeInference {
 
   // --- dimension algebra ------------------------------------------------------------------------
 
-  // Multidirectional (numpy) broadcast of two dimensions.
-  Status BroadcastDim(int64_t a, int64_t b, int64_t* out) const {
-    if (a == 1)
-      *out = b;
-    else if (b == 1)
-      *out = a;
-    else if (!Known(a))
-      *out = b;  // a is 1 or b at run time; either way the result is b
-    else if (!Known(b) || a == b)
-      *out = a;
-    else
-      return Mismatch("dimensions " + std::to_string(a) + " and " + std::to_string(b) +
-                      " cannot be broadcast");
-    return Status::Ok();
-  }
-
+  // Multidirectional (numpy) broadcasting: the SDK's rule (op_rules.hpp).
   Status Broadcast(const Shape& a, const Shape& b, Shape* out) const {
-    const std::size_t rank = std::max(a.size(), b.size());
-    out->assign(rank, 1);
-    for (std::size_t i = 0; i < rank; ++i) {
-      const int64_t da = i < rank - a.size() ? 1 : a[i - (rank - a.size())];
-      const int64_t db = i < rank - b.size() ? 1 : b[i - (rank - b.size())];
-      Status status = BroadcastDim(da, db, &(*out)[i]);
-      if (!status.ok())
-        return Mismatch(ShapeText(a) + " and " + ShapeText(b) + " cannot be broadcast");
-    }
+    auto shape = op_rules::Broadcast(a, b);
+    if (!shape.ok())
+      return Mismatch(shape.error().message());
+    *out = std::move(shape).value();
     return Status::Ok();
   }
 
@@ -369,123 +350,26 @@ class NodeInference {
     return Status::Ok();
   }
 
-  // Kernel window geometry shared by Conv and the pools.
-  struct Window {
-    std::vector<int64_t> kernel;
-    std::vector<int64_t> strides;
-    std::vector<int64_t> dilations;
-    std::vector<int64_t> pads;  // begins then ends
-    std::string auto_pad;
-    bool ceil_mode = false;
-  };
-
-  Status ReadWindow(std::size_t spatial, bool allow_ceil, Window* window) {
-    const std::vector<int64_t> ones(spatial, 1);
-    BACKPLANE_RETURN_IF_ERROR(Ints("strides", ones, &window->strides));
-    BACKPLANE_RETURN_IF_ERROR(Ints("dilations", ones, &window->dilations));
-    BACKPLANE_RETURN_IF_ERROR(Ints("pads", std::vector<int64_t>(2 * spatial, 0), &window->pads));
-    BACKPLANE_RETURN_IF_ERROR(String("auto_pad", "NOTSET", &window->auto_pad));
-    int64_t ceil_mode = 0;
-    if (allow_ceil)
-      BACKPLANE_RETURN_IF_ERROR(Int("ceil_mode", 0, &ceil_mode));
-    window->ceil_mode = ceil_mode != 0;
-    const std::string n = std::to_string(spatial);
-    if (window->kernel.size() != spatial)
-      return Error(
-          StatusCode::kInvalidArgument,
-          "kernel_shape has " + std::to_string(window->kernel.size()) + " values, expected " + n);
-    if (window->strides.size() != spatial)
-      return Error(
-          StatusCode::kInvalidArgument,
-          "strides has " + std::to_string(window->strides.size()) + " values, expected " + n);
-    if (window->dilations.size() != spatial)
-      return Error(
-          StatusCode::kInvalidArgument,
-          "dilations has " + std::to_string(window->dilations.size()) + " values, expected " + n);
-    if (window->pads.size() != 2 * spatial)
-      return Error(StatusCode::kInvalidArgument, "pads has " + std::to_string(window->pads.size()) +
-                                                     " values, expected " +
-                                                     std::to_string(2 * spatial));
-    // Only a Conv kernel taken from a weight of unknown shape may be unknown; a negative value
-    // in the attribute would otherwise pass as "unknown" and leave the output unresolved for
-    // every request.
-    std::vector<int64_t> declared_kernel;
-    BACKPLANE_RETURN_IF_ERROR(Ints("kernel_shape", {}, &declared_kernel));
-    for (int64_t k : declared_kernel) {
-      if (k < 1)
-        return Error(StatusCode::kInvalidArgument,
-                     "kernel_shape values must be positive, got " + std::to_string(k));
-    }
-    for (std::size_t i = 0; i < spatial; ++i) {
-      if (Known(window->kernel[i]) && window->kernel[i] < 1)
-        return Error(StatusCode::kInvalidArgument, "kernel dimensions must be positive");
-      if (window->strides[i] < 1)
-        return Error(StatusCode::kInvalidArgument, "strides must be positive");
-      if (window->dilations[i] < 1)
-        return Error(StatusCode::kInvalidArgument, "dilations must be positive");
-    }
-    for (int64_t pad : window->pads) {
-      if (pad < 0)
-        return Error(StatusCode::kInvalidArgument, "pads must not be negative");
-    }
-    const std::string& mode = window->auto_pad;
-    if (mode != "NOTSET" && mode != "SAME_UPPER" && mode != "SAME_LOWER" && mode != "VALID")
-      return Error(StatusCode::kInvalidArgument, "unknown auto_pad '" + mode + "'");
-    if (mode != "NOTSET" && HasAttr("pads"))
-      return Error(StatusCode::kInvalidArgument,
-                   "pads and auto_pad " + mode + " cannot be used together");
+  // The window attributes of Conv and the pools, checked by the SDK's rule (op_rules.hpp).
+  Status ReadWindow(std::size_t spatial, op_rules::WindowOp op,
+                    op_rules::WindowAttributes* window) const {
+    auto read = op_rules::ReadWindowAttributes(node_.attributes, spatial, op);
+    if (!read.ok())
+      return Error(read.error().code(), read.error().message());
+    *window = std::move(read).value();
     return Status::Ok();
   }
 
-  // One output spatial dimension (ONNX's formulas for explicit pads, SAME_* and VALID).
-  Status WindowOutput(const Window& window, std::size_t i, int64_t in, int64_t* out) const {
-    const int64_t kernel = window.kernel[i];
-    if (!Known(in) || !Known(kernel)) {
-      *out = kDynamic;
-      return Status::Ok();
-    }
-    // Attributes may hold anything up to INT64_MAX: every sum and product of them is bounded.
-    // Ceiling divisions are written as (a - 1) / b + 1, which a huge stride cannot overflow.
-    const int64_t stride = window.strides[i];
-    const std::string where = "spatial dimension " + std::to_string(i) + ": ";
-    const auto stretched = BoundedMul(kernel - 1, window.dilations[i]);
-    const auto extent = stretched ? BoundedAdd(*stretched, 1) : std::nullopt;
-    if (!extent)
-      return Overflow(where + "the kernel extent (kernel_shape - 1) x dilations + 1");
-    if (window.auto_pad == "SAME_UPPER" || window.auto_pad == "SAME_LOWER") {
-      *out = in == 0 ? 0 : (in - 1) / stride + 1;  // padding makes every stride position a window
-      return Status::Ok();
-    }
-    const bool valid = window.auto_pad == "VALID";
-    const int64_t pad_begin = valid ? 0 : window.pads[i];
-    const int64_t pad_end = valid ? 0 : window.pads[i + window.kernel.size()];
-    const auto padded_begin = BoundedAdd(in, pad_begin);
-    const auto padded = padded_begin ? BoundedAdd(*padded_begin, pad_end) : std::nullopt;
-    if (!padded)
-      return Overflow(where + "the padded input (input + pads)");
-    if (*padded < *extent)
-      return Mismatch(where + "kernel extent " + std::to_string(*extent) +
-                      " exceeds the padded input " + std::to_string(*padded));
-    const int64_t span = *padded - *extent;
-    *out = (window.ceil_mode ? (span == 0 ? 0 : (span - 1) / stride + 1) : span / stride) + 1;
-    // With ceil_mode, a last window that would start in the end padding is dropped.
-    if (window.ceil_mode && (*out - 1) * stride >= in + pad_begin)
-      --*out;
-    return Status::Ok();
-  }
-
-  // Conv and the pools: N x `channels` x one WindowOutput per spatial dimension of `x`.
-  Status SetWindowedOutput(const Window& window, const Shape& x, int64_t channels) {
-    // Kernels loop over the window's taps: their count is a product of dimensions like any other.
-    if (!BoundedDimProduct(window.kernel))
-      return Overflow("the kernel window " + ShapeText(window.kernel) +
-                      " (the product of kernel_shape)");
+  // Conv and the pools: N x `channels` x the window's positions along each spatial dimension of
+  // `x`; unknown where the input's or the kernel's dimension is.
+  Status SetWindowedOutput(const op_rules::WindowAttributes& window,
+                           std::span<const int64_t> kernel, const Shape& x, int64_t channels) {
+    auto dims = op_rules::ResolveWindow(window, std::span(x).subspan(2), kernel);
+    if (!dims.ok())
+      return Error(dims.error().code(), dims.error().message());
     Shape out = {x[0], channels};
-    for (std::size_t i = 0; i + 2 < x.size(); ++i) {
-      int64_t dim = 0;
-      BACKPLANE_RETURN_IF_ERROR(WindowOutput(window, i, x[i + 2], &dim));
-      out.push_back(dim);
-    }
+    const Shape spatial = op_rules::WindowOutputDims(dims.value());
+    out.insert(out.end(), spatial.begin(), spatial.end());
     SetOutput(std::move(out));
     return Status::Ok();
   }
@@ -521,19 +405,15 @@ class NodeInference {
       BACKPLANE_RETURN_IF_ERROR(
           MergeDim(In(2)[0], filters, "bias length vs number of filters", &merged));
     }
-    Window window;
-    const Shape weight_kernel(w.begin() + 2, w.end());
-    BACKPLANE_RETURN_IF_ERROR(Ints("kernel_shape", weight_kernel, &window.kernel));
-    if (window.kernel.size() == spatial) {
-      for (std::size_t i = 0; i < spatial; ++i) {
-        int64_t merged = 0;
-        BACKPLANE_RETURN_IF_ERROR(MergeDim(window.kernel[i], weight_kernel[i],
-                                           "kernel_shape vs weight " + ShapeText(w), &merged));
-        window.kernel[i] = merged;
-      }
+    op_rules::WindowAttributes window;
+    BACKPLANE_RETURN_IF_ERROR(ReadWindow(spatial, op_rules::WindowOp::kConv, &window));
+    // W's spatial dims are the kernel; a kernel_shape must agree with the known ones.
+    Shape kernel(w.begin() + 2, w.end());
+    for (std::size_t i = 0; i < window.kernel_shape.size(); ++i) {
+      BACKPLANE_RETURN_IF_ERROR(MergeDim(window.kernel_shape[i], kernel[i],
+                                         "kernel_shape vs weight " + ShapeText(w), &kernel[i]));
     }
-    BACKPLANE_RETURN_IF_ERROR(ReadWindow(spatial, /*allow_ceil=*/false, &window));
-    return SetWindowedOutput(window, x, filters);
+    return SetWindowedOutput(window, kernel, x, filters);
   }
 
   Status InferPool() {
@@ -542,15 +422,11 @@ class NodeInference {
     BACKPLANE_RETURN_IF_ERROR(CheckTypes());
     BACKPLANE_RETURN_IF_ERROR(RequireRank(0, 3, SIZE_MAX));
     const Shape& x = In(0);
-    const std::size_t spatial = x.size() - 2;
-    if (!HasAttr("kernel_shape"))
-      return Error(StatusCode::kInvalidArgument, "attribute 'kernel_shape' is required");
-    Window window;
-    BACKPLANE_RETURN_IF_ERROR(Ints("kernel_shape", {}, &window.kernel));
-    BACKPLANE_RETURN_IF_ERROR(ReadWindow(spatial, /*allow_ceil=*/true, &window));
+    op_rules::WindowAttributes window;
+    BACKPLANE_RETURN_IF_ERROR(ReadWindow(x.size() - 2, op_rules::WindowOp::kPool, &window));
     int64_t storage_order = 0;
     BACKPLANE_RETURN_IF_ERROR(Int("storage_order", 0, &storage_order));
-    return SetWindowedOutput(window, x, x[1]);
+    return SetWindowedOutput(window, window.kernel_shape, x, x[1]);
   }
 
   Status InferGlobalPool() {
