@@ -9,12 +9,11 @@ Workload::Workload(std::shared_ptr<BackendInstance> instance, std::unique_ptr<IW
     : instance_(std::move(instance)), workload_(std::move(workload)) {}
 
 Workload::~Workload() {
-  try {
-    instance_->Confined([&] { workload_.reset(); });
-  } catch (...) {
-    Log().error("backend {} generation {} threw from a workload's destructor", instance_->id(),
-                instance_->generation_number());
-  }
+  GuardBackendCall([&] { instance_->Confined([&] { workload_.reset(); }); },
+                   [&](std::string_view what) {
+                     Log().error("backend {} generation {} threw from a workload's destructor: {}",
+                                 instance_->id(), instance_->generation_number(), what);
+                   });
 }
 
 Status Workload::Execute(std::span<const ConstTensorView> inputs,
@@ -30,26 +29,26 @@ BackendInstance::BackendInstance(std::string id, std::unique_ptr<IBackend> backe
   // API 1.2, gated like every method added after 1.0 (a 1.1 backend's vtable has no slot for it):
   // the host's services for parallel work, before any other call but GetId.
   if (Implements({1, 2})) {
-    try {
-      Confined([&] { backend_->SetHost(&HostServices()); });
-    } catch (...) {
-      Log().error("backend {} generation {} threw from SetHost", id_, generation_number());
-    }
+    GuardBackendCall([&] { Confined([&] { backend_->SetHost(&HostServices()); }); },
+                     [&](std::string_view what) {
+                       Log().error("backend {} generation {} threw from SetHost: {}", id_,
+                                   generation_number(), what);
+                     });
   }
 }
 
 BackendInstance::~BackendInstance() {
   // Rule 5: the backend finishes all of its own work before its code can be unmapped.
-  try {
-    Confined([&] { backend_->Shutdown(); });
-  } catch (...) {
-    Log().error("backend {} generation {} threw from Shutdown", id_, generation_number());
-  }
-  try {
-    Confined([&] { backend_.reset(); });
-  } catch (...) {
-    Log().error("backend {} generation {} threw from its destructor", id_, generation_number());
-  }
+  GuardBackendCall([&] { Confined([&] { backend_->Shutdown(); }); },
+                   [&](std::string_view what) {
+                     Log().error("backend {} generation {} threw from Shutdown: {}", id_,
+                                 generation_number(), what);
+                   });
+  GuardBackendCall([&] { Confined([&] { backend_.reset(); }); },
+                   [&](std::string_view what) {
+                     Log().error("backend {} generation {} threw from its destructor: {}", id_,
+                                 generation_number(), what);
+                   });
 }
 
 Status BackendInstance::IsSupported(const OperatorDesc& op) const {

@@ -9,6 +9,7 @@
 #include <exception>
 #include <string>
 
+#include "backplane/core/backend_call.hpp"
 #include "backplane/core/thread_annotations.hpp"
 
 namespace backplane::loader {
@@ -18,16 +19,10 @@ namespace {
 // one wins; the others are counted only. Thread-safe.
 class FailureRecord {
  public:
-  // Calls fn and records what it throws; never throws.
+  // Calls fn (backend code) and records what it throws; never throws.
   template <typename Fn>
   void Guard(Fn&& fn) noexcept {
-    try {
-      fn();
-    } catch (const std::exception& e) {
-      Record(e.what());
-    } catch (...) {
-      Record("an exception that is not a std::exception");
-    }
+    GuardBackendCall(std::forward<Fn>(fn), [&](std::string_view what) { Record(what); });
   }
 
   // OK, or kInternal naming the first failure since the last Take; clears the record.
@@ -44,7 +39,7 @@ class FailureRecord {
   }
 
  private:
-  void Record(const char* what) EXCLUDES(mutex_) {
+  void Record(std::string_view what) EXCLUDES(mutex_) {
     MutexLock lock(mutex_);
     if (count_++ == 0)
       first_ = what;

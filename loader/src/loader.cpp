@@ -12,6 +12,7 @@
 
 #include <tbb/task_arena.h>
 
+#include "backplane/core/backend_call.hpp"
 #include "backplane/loader/dependencies.hpp"
 #include "backplane/loader/digest.hpp"
 #include "backplane/loader/elf_inspector.hpp"
@@ -145,15 +146,28 @@ bool IsValidBackendId(std::string_view id) {
 std::string NullFactoryReason(const EntryPoints& entry_points) {
   constexpr std::size_t kMaxMessage = 1024;  // the backend's buffer is smaller; never trust it
   if (entry_points.get_backend_factory_error != nullptr) {
-    try {
-      const char* message = entry_points.get_backend_factory_error();
-      if (message != nullptr && *message != '\0')
-        return "BackendFactory failed: " + std::string(message, strnlen(message, kMaxMessage));
-    } catch (...) {
-      // as if it could not say
-    }
+    const char* message = GuardBackendCall(
+        [&] { return entry_points.get_backend_factory_error(); },
+        [](std::string_view) -> const char* { return nullptr; });  // as if it could not say
+    if (message != nullptr && *message != '\0')
+      return "BackendFactory failed: " + std::string(message, strnlen(message, kMaxMessage));
   }
   return "BackendFactory returned null";
+}
+
+// An entry point of the library being loaded, called through the one guard: what escapes it fails
+// the load with `reason`, naming the file and the entry point.
+template <typename Call>
+Status CallEntryPoint(const fs::path& file, std::string_view name, LoadReason reason, Call&& call) {
+  return GuardBackendCall(
+      [&] {
+        call();
+        return Status::Ok();
+      },
+      [&](std::string_view detail) {
+        return Status{reason,
+                      file.string() + ": " + std::string(name) + " threw: " + std::string(detail)};
+      });
 }
 
 std::string VersionString(BackendApiVersion version) {
@@ -308,11 +322,10 @@ Result<GenerationLease> Loader::LoadNew(const BackendFile& file, LoadTrace* trac
   tracer.Pass("entry points", "GetBackendId, GetVersion, BackendFactory");
 
   const char* raw_id = nullptr;
-  try {
-    raw_id = entry_points.get_backend_id();
-  } catch (...) {
-    return tracer.Fail(
-        "id", {LoadReason::kInvalidId, file.path.string() + ": GetBackendId threw an exception"});
+  if (Status called = CallEntryPoint(file.path, "GetBackendId", LoadReason::kInvalidId,
+                                     [&] { raw_id = entry_points.get_backend_id(); });
+      !called.ok()) {
+    return tracer.Fail("id", std::move(called));
   }
   if (raw_id == nullptr) {
     return tracer.Fail(
@@ -329,11 +342,10 @@ Result<GenerationLease> Loader::LoadNew(const BackendFile& file, LoadTrace* trac
   tracer.Pass("id", id);
 
   BackendApiVersion api{};
-  try {
-    entry_points.get_version(&api.major, &api.minor);
-  } catch (...) {
-    return tracer.Fail("version", {LoadReason::kApiIncompatible,
-                                   file.path.string() + ": GetVersion threw an exception"});
+  if (Status called = CallEntryPoint(file.path, "GetVersion", LoadReason::kApiIncompatible,
+                                     [&] { entry_points.get_version(&api.major, &api.minor); });
+      !called.ok()) {
+    return tracer.Fail("version", std::move(called));
   }
   if (!IsApiCompatible(api, options_.host_api)) {
     return tracer.Fail(
@@ -349,12 +361,12 @@ Result<GenerationLease> Loader::LoadNew(const BackendFile& file, LoadTrace* trac
 
   std::string release;
   if (entry_points.get_backend_release != nullptr) {
-    try {
-      if (const char* text = entry_points.get_backend_release())
-        release = text;
-    } catch (...) {
-      release.clear();
-    }
+    GuardBackendCall(
+        [&] {
+          if (const char* text = entry_points.get_backend_release())
+            release = text;
+        },
+        [&](std::string_view) { release.clear(); });  // optional: no release said
   }
 
   GenerationInfo info{.number = number,
@@ -387,27 +399,21 @@ Result<std::shared_ptr<BackendInstance>> Loader::CreateInstance(const Generation
   const GenerationInfo& info = generation->info();
   IBackend* raw = nullptr;
   std::string failure;
-  try {
-    raw = generation->RunConfined(generation->entry_points().backend_factory);
-    if (raw == nullptr)
-      failure = NullFactoryReason(generation->entry_points());
-  } catch (const std::exception& e) {
-    failure = std::string("BackendFactory threw: ") + e.what();
-  } catch (...) {
-    failure = "BackendFactory threw an exception that is not a std::exception";
-  }
+  GuardBackendCall(
+      [&] {
+        raw = generation->RunConfined(generation->entry_points().backend_factory);
+        if (raw == nullptr)
+          failure = NullFactoryReason(generation->entry_points());
+      },
+      [&](std::string_view detail) { failure = "BackendFactory threw: " + std::string(detail); });
   if (!failure.empty()) {
     return Status{LoadReason::kFactoryFailed,
                   info.file.string() + " (backend " + info.backend_id + "): " + failure};
   }
   auto instance =
       MakeBackendInstance(info.backend_id, std::unique_ptr<IBackend>(raw), generation, reaper_);
-  std::string instance_id;
-  try {
-    instance_id = std::string(raw->GetId());
-  } catch (...) {
-    instance_id = "<GetId threw>";
-  }
+  const std::string instance_id = GuardBackendCall(
+      [&] { return std::string(raw->GetId()); }, [](std::string_view) { return "<GetId threw>"; });
   if (instance_id != info.backend_id) {
     return Status{LoadReason::kInvalidId, info.file.string() + ": the instance says its id is '" +
                                               instance_id + "' but GetBackendId says '" +

@@ -5,6 +5,7 @@
 #include <condition_variable>
 #include <deque>
 
+#include "backplane/core/backend_call.hpp"
 #include "backplane/core/thread_annotations.hpp"
 
 namespace backplane::loader {
@@ -75,14 +76,10 @@ void Reaper::Run(const std::shared_ptr<State>& state) {
     state->running_disposal = true;
     {
       MutexUnlock unlocked(state->mutex);
-      try {
-        disposal();
-      } catch (const std::exception& e) {
-        // Destructors do not throw in this code base; a backend destructor that does is reported.
-        spdlog::error("reaper: a disposal threw: {}", e.what());
-      } catch (...) {
-        spdlog::error("reaper: a disposal threw a non-standard exception");
-      }
+      // Destructors do not throw in this code base; a backend destructor that does is reported.
+      GuardBackendCall(disposal, [](std::string_view what) {
+        spdlog::error("reaper: a disposal threw: {}", what);
+      });
       disposal = nullptr;  // its captures may own more work; release them before going idle
     }
     state->running_disposal = false;

@@ -38,6 +38,8 @@ std::optional<Status> ChangeCoordinator::TryApply(const BackendChange& change, b
       return std::move(result).error();  // `prepared` is dropped: every change aborts
     }
   }
+  for (auto& change : prepared)
+    change->BeginCommit();
   {
     // Locked in subscription order, which every change follows (one at a time): no deadlock.
     std::vector<std::unique_lock<Mutex>> locks;

@@ -64,37 +64,71 @@ bool LoadedNetwork::Uses(std::string_view id) const {
   return false;
 }
 
-Result<std::unique_ptr<LoadedNetwork>> LoadedNetwork::Create(
-    std::shared_ptr<const Network> network,
-    const std::vector<std::shared_ptr<loader::BackendInstance>>& backends) {
+// A node placed on a backend, its workload not yet created: a run of layers may be compiled.
+struct LoadedNetwork::PlannedLayer {
+  OperatorDesc desc;
+  std::vector<int> inputs;   // value slots; -1 for an omitted optional input
+  std::vector<int> outputs;  // value slots
+  std::size_t backend = 0;   // index into the preference-ordered backends
+  std::string refusals;      // why each backend tried so far did not take it
+};
+
+// Who reads each value last, and which values leave the network.
+struct LoadedNetwork::Liveness {
+  static constexpr std::size_t kNoReader = 0;  // reader indices are node index + 1
+  std::vector<std::size_t> last_reader;        // slot -> last reading node + 1, or kNoReader
+  std::vector<bool> network_output;            // slot -> whether the caller reads it
+};
+
+// What a backend is offered for a run: the run's layers and their boundary values.
+struct LoadedNetwork::Boundary {
+  SubgraphDesc subgraph;
+  std::vector<int> input_slots;
+  std::vector<int> output_slots;
+};
+
+Result<std::unique_ptr<LoadedNetwork>> LoadedNetwork::Create(std::shared_ptr<const Network> network,
+                                                             const Backends& backends) {
   BACKPLANE_RETURN_IF_ERROR(CheckShapes(*network));
   std::unique_ptr<LoadedNetwork> loaded(new LoadedNetwork(std::move(network)));
-  const Network& net = *loaded->network_;
-
-  auto slot_of = [&](const std::string& name) {
-    auto [it, inserted] =
-        loaded->slots_.emplace(name, static_cast<int>(loaded->slot_names_.size()));
-    if (inserted) {
-      loaded->slot_names_.push_back(name);
-      auto constant = net.constants.find(name);
-      loaded->constants_.push_back(constant == net.constants.end() ? nullptr : &constant->second);
-    }
-    return it->second;
-  };
-  for (const auto& input : net.inputs) {
-    loaded->input_slots_.push_back(slot_of(input.name));
-    loaded->has_dynamic_shapes_ = loaded->has_dynamic_shapes_ || IsDynamic(input.info);
+  loaded->NumberInputs();
+  auto planned = loaded->Place(backends);
+  if (!planned.ok())
+    return std::move(planned).error();
+  loaded->NumberOutputs();
+  const Liveness liveness = loaded->FindLiveness(planned.value());
+  for (const Run& run : PartitionRuns(planned.value())) {
+    BACKPLANE_RETURN_IF_ERROR(run.end - run.begin < 2
+                                  ? loaded->CreateLayerStep(run.begin, planned.value(), backends)
+                                  : loaded->CompileRun(run, planned.value(), liveness, backends));
   }
+  return loaded;
+}
 
-  // 1. Placement (ArmNN's Optimize): each node on the first backend in preference order whose
-  //    support query accepts it. No workload is created yet: a run of layers may be compiled.
-  struct PlannedLayer {
-    OperatorDesc desc;
-    std::vector<int> inputs;   // value slots; -1 for an omitted optional input
-    std::vector<int> outputs;  // value slots
-    std::size_t backend = 0;   // index into `backends`
-    std::string refusals;      // why each backend tried so far did not take it
-  };
+int LoadedNetwork::SlotOf(const std::string& name) {
+  auto [it, inserted] = slots_.emplace(name, static_cast<int>(slot_names_.size()));
+  if (inserted) {
+    slot_names_.push_back(name);
+    auto constant = network_->constants.find(name);
+    constants_.push_back(constant == network_->constants.end() ? nullptr : &constant->second);
+  }
+  return it->second;
+}
+
+void LoadedNetwork::NumberInputs() {
+  for (const auto& input : network_->inputs) {
+    input_slots_.push_back(SlotOf(input.name));
+    has_dynamic_shapes_ = has_dynamic_shapes_ || IsDynamic(input.info);
+  }
+}
+
+void LoadedNetwork::NumberOutputs() {
+  for (const auto& output : network_->outputs)
+    output_slots_.push_back(SlotOf(output.name));
+}
+
+Result<std::vector<LoadedNetwork::PlannedLayer>> LoadedNetwork::Place(const Backends& backends) {
+  const Network& net = *network_;
   std::vector<PlannedLayer> planned(net.nodes.size());
   for (std::size_t i = 0; i < net.nodes.size(); ++i) {
     const Node& node = net.nodes[i];
@@ -107,7 +141,7 @@ Result<std::unique_ptr<LoadedNetwork>> LoadedNetwork::Create(
         layer.desc.constant_inputs.push_back(nullptr);
         continue;
       }
-      layer.inputs.push_back(slot_of(input));
+      layer.inputs.push_back(SlotOf(input));
       auto info = net.values.find(input);
       layer.desc.inputs.push_back(info == net.values.end() ? TensorInfo{} : info->second);
       auto constant = net.constants.find(input);
@@ -115,7 +149,7 @@ Result<std::unique_ptr<LoadedNetwork>> LoadedNetwork::Create(
           constant == net.constants.end() ? nullptr : constant->second.data());
     }
     for (const auto& output : node.outputs) {
-      layer.outputs.push_back(slot_of(output));
+      layer.outputs.push_back(SlotOf(output));
       auto info = net.values.find(output);
       layer.desc.outputs.push_back(info == net.values.end() ? TensorInfo{} : info->second);
     }
@@ -135,149 +169,155 @@ Result<std::unique_ptr<LoadedNetwork>> LoadedNetwork::Create(
                            layer.refusals);
     }
   }
-  for (const auto& output : net.outputs)
-    loaded->output_slots_.push_back(slot_of(output.name));
+  return planned;
+}
 
-  // Who reads each value last, and which values leave the network: a run must write a value it
-  // produces exactly when a later layer or the caller reads it.
-  constexpr std::size_t kNoReader = 0;  // reader indices below are node index + 1
-  std::vector<std::size_t> last_reader(loaded->slot_names_.size(), kNoReader);
-  std::vector<bool> network_output(loaded->slot_names_.size(), false);
+LoadedNetwork::Liveness LoadedNetwork::FindLiveness(
+    const std::vector<PlannedLayer>& planned) const {
+  Liveness liveness{
+      .last_reader = std::vector<std::size_t>(slot_names_.size(), Liveness::kNoReader),
+      .network_output = std::vector<bool>(slot_names_.size(), false)};
   for (std::size_t i = 0; i < planned.size(); ++i) {
     for (int slot : planned[i].inputs) {
       if (slot >= 0)
-        last_reader[slot] = i + 1;
+        liveness.last_reader[slot] = i + 1;
     }
   }
-  for (int slot : loaded->output_slots_)
-    network_output[slot] = true;
+  for (int slot : output_slots_)
+    liveness.network_output[slot] = true;
+  return liveness;
+}
 
-  // 2. Workloads. One layer: its own workload, and when its backend cannot create it after all,
-  //    the next backend in preference order that supports it (as before SDK 1.1).
-  auto create_layer = [&](std::size_t i) -> Status {
-    const Node& node = net.nodes[i];
-    PlannedLayer& layer = planned[i];
-    for (std::size_t b = layer.backend; b < backends.size(); ++b) {
-      const auto& backend = backends[b];
-      Status supported = b == layer.backend ? Status::Ok() : backend->IsSupported(layer.desc);
-      if (supported.ok()) {
-        auto workload = backend->CreateWorkload(layer.desc);
-        if (workload.ok()) {
-          loaded->steps_.push_back({.node = &node,
-                                    .inputs = std::move(layer.inputs),
-                                    .outputs = std::move(layer.outputs),
-                                    .workload = std::move(workload).value()});
-          loaded->placement_.push_back(
-              {node.name, node.op_type, backend->id(), backend->generation_number()});
-          return Status::Ok();
-        }
-        supported = workload.error();
-      }
-      layer.refusals += "\n  " + backend->id() + ": " + supported.message();
-    }
-    return Unimplemented("node '" + node.name + "' (" + node.op_type +
-                         ") is supported by no backend in the preference list:" + layer.refusals);
-  };
-
-  // A run is a maximal sequence of two or more nodes that are consecutive in the network's node
-  // order (a topological order) and placed on the same backend instance. Consecutive, not
-  // connected: two independent branches that the order interleaves on one backend are one run,
-  // since the boundary below describes any such set exactly and a backend that wants chains only
-  // can decline; a chain that the order interrupts with another backend's layer is two runs.
-  // Because the run is consecutive, its one workload can run where its first layer would have:
-  // everything it reads is ready, and nothing before its last layer's successor reads what it
-  // writes.
+// A run is a maximal sequence of nodes that are consecutive in the network's node order (a
+// topological order) and placed on the same backend instance; one of two or more layers is
+// offered for compiling. Consecutive, not connected: two independent branches that the order
+// interleaves on one backend are one run, since the boundary describes any such set exactly and a
+// backend that wants chains only can decline; a chain that the order interrupts with another
+// backend's layer is two runs. Because the run is consecutive, its one workload can run where its
+// first layer would have: everything it reads is ready, and nothing before its last layer's
+// successor reads what it writes.
+std::vector<LoadedNetwork::Run> LoadedNetwork::PartitionRuns(
+    const std::vector<PlannedLayer>& planned) {
+  std::vector<Run> runs;
   for (std::size_t begin = 0; begin < planned.size();) {
     std::size_t end = begin + 1;
     while (end < planned.size() && planned[end].backend == planned[begin].backend)
       ++end;
-    if (end - begin < 2) {
-      BACKPLANE_RETURN_IF_ERROR(create_layer(begin));
-      begin = end;
-      continue;
-    }
-    loader::BackendInstance& backend = *backends[planned[begin].backend];
-
-    // The boundary. Inputs: the non-constant values the run reads and does not produce, in the
-    // order it first reads them (topological order: nothing in the run reads a value a later
-    // layer of the run produces). Outputs: the values it produces that a layer after the run or
-    // the caller reads, in the order it produces them. The shapes are the load-time ones
-    // (negative: dynamic); Execute passes each request's own, as for any workload.
-    SubgraphDesc subgraph;
-    std::vector<int> input_slots;
-    std::vector<int> output_slots;
-    std::vector<bool> produced(loaded->slot_names_.size(), false);
-    for (std::size_t i = begin; i < end; ++i) {
-      PlannedLayer& layer = planned[i];
-      const Node& node = net.nodes[i];
-      for (int slot : layer.inputs) {
-        if (slot < 0 || produced[slot] || loaded->constants_[slot] != nullptr ||
-            std::find(input_slots.begin(), input_slots.end(), slot) != input_slots.end()) {
-          continue;
-        }
-        input_slots.push_back(slot);
-      }
-      for (int slot : layer.outputs) {
-        produced[slot] = true;
-        if (last_reader[slot] > end || network_output[slot])
-          output_slots.push_back(slot);
-      }
-      subgraph.layer_inputs.push_back(node.inputs);
-      subgraph.layer_outputs.push_back(node.outputs);
-      subgraph.layers.push_back(std::move(layer.desc));  // moved back below if declined
-    }
-    auto info_of = [&](int slot) {
-      auto info = net.values.find(loaded->slot_names_[slot]);
-      return info == net.values.end() ? TensorInfo{} : info->second;
-    };
-    for (int slot : input_slots) {
-      subgraph.inputs.push_back(loaded->slot_names_[slot]);
-      subgraph.input_infos.push_back(info_of(slot));
-    }
-    for (int slot : output_slots) {
-      subgraph.outputs.push_back(loaded->slot_names_[slot]);
-      subgraph.output_infos.push_back(info_of(slot));
-    }
-
-    // The backend's answer. BackendInstance never calls a backend built against API 1.0: it
-    // declines for it, and the run gets per-layer workloads as it always did.
-    auto compiled = backend.CompileSubgraph(subgraph);
-    if (!compiled.ok()) {
-      if (compiled.error().code() != StatusCode::kUnimplemented) {
-        std::string layers;
-        for (std::size_t i = begin; i < end; ++i) {
-          layers += (layers.empty() ? "'" : ", '") + net.nodes[i].name + "' (" +
-                    net.nodes[i].op_type + ")";
-        }
-        return compiled.error().WithContext(
-            "backend " + backend.id() + " failed to compile the run of layers " + layers + ": ");
-      }
-      for (std::size_t i = begin; i < end; ++i) {
-        planned[i].desc = std::move(subgraph.layers[i - begin]);
-        BACKPLANE_RETURN_IF_ERROR(create_layer(i));
-      }
-      begin = end;
-      continue;
-    }
-    loader::CompiledWorkload workload = std::move(compiled).value();
-    for (std::size_t i = begin; i < end; ++i) {
-      const Node& node = net.nodes[i];
-      loaded->placement_.push_back({.node = node.name,
-                                    .op_type = node.op_type,
-                                    .backend_id = backend.id(),
-                                    .generation = backend.generation_number(),
-                                    .compiled = true,
-                                    .subgraph = net.nodes[begin].name,
-                                    .note = std::move(workload.layer_notes[i - begin])});
-    }
-    loaded->steps_.push_back({.node = &net.nodes[begin],
-                              .layers = end - begin,
-                              .inputs = std::move(input_slots),
-                              .outputs = std::move(output_slots),
-                              .workload = std::move(workload.workload)});
+    runs.push_back({begin, end});
     begin = end;
   }
-  return loaded;
+  return runs;
+}
+
+Status LoadedNetwork::CreateLayerStep(std::size_t i, std::vector<PlannedLayer>& planned,
+                                      const Backends& backends) {
+  const Node& node = network_->nodes[i];
+  PlannedLayer& layer = planned[i];
+  for (std::size_t b = layer.backend; b < backends.size(); ++b) {
+    const auto& backend = backends[b];
+    Status supported = b == layer.backend ? Status::Ok() : backend->IsSupported(layer.desc);
+    if (supported.ok()) {
+      auto workload = backend->CreateWorkload(layer.desc);
+      if (workload.ok()) {
+        steps_.push_back({.node = &node,
+                          .inputs = std::move(layer.inputs),
+                          .outputs = std::move(layer.outputs),
+                          .workload = std::move(workload).value()});
+        placement_.push_back(
+            {node.name, node.op_type, backend->id(), backend->generation_number()});
+        return Status::Ok();
+      }
+      supported = workload.error();
+    }
+    layer.refusals += "\n  " + backend->id() + ": " + supported.message();
+  }
+  return Unimplemented("node '" + node.name + "' (" + node.op_type +
+                       ") is supported by no backend in the preference list:" + layer.refusals);
+}
+
+LoadedNetwork::Boundary LoadedNetwork::BoundaryOf(const Run& run,
+                                                  std::vector<PlannedLayer>& planned,
+                                                  const Liveness& liveness) const {
+  const Network& net = *network_;
+  Boundary boundary;
+  std::vector<bool> produced(slot_names_.size(), false);
+  for (std::size_t i = run.begin; i < run.end; ++i) {
+    PlannedLayer& layer = planned[i];
+    const Node& node = net.nodes[i];
+    for (int slot : layer.inputs) {
+      if (slot < 0 || produced[slot] || constants_[slot] != nullptr ||
+          std::find(boundary.input_slots.begin(), boundary.input_slots.end(), slot) !=
+              boundary.input_slots.end()) {
+        continue;
+      }
+      boundary.input_slots.push_back(slot);
+    }
+    for (int slot : layer.outputs) {
+      produced[slot] = true;
+      if (liveness.last_reader[slot] > run.end || liveness.network_output[slot])
+        boundary.output_slots.push_back(slot);
+    }
+    boundary.subgraph.layer_inputs.push_back(node.inputs);
+    boundary.subgraph.layer_outputs.push_back(node.outputs);
+    boundary.subgraph.layers.push_back(std::move(layer.desc));  // moved back if declined
+  }
+  auto info_of = [&](int slot) {
+    auto info = net.values.find(slot_names_[slot]);
+    return info == net.values.end() ? TensorInfo{} : info->second;
+  };
+  for (int slot : boundary.input_slots) {
+    boundary.subgraph.inputs.push_back(slot_names_[slot]);
+    boundary.subgraph.input_infos.push_back(info_of(slot));
+  }
+  for (int slot : boundary.output_slots) {
+    boundary.subgraph.outputs.push_back(slot_names_[slot]);
+    boundary.subgraph.output_infos.push_back(info_of(slot));
+  }
+  return boundary;
+}
+
+Status LoadedNetwork::CompileRun(const Run& run, std::vector<PlannedLayer>& planned,
+                                 const Liveness& liveness, const Backends& backends) {
+  const Network& net = *network_;
+  loader::BackendInstance& backend = *backends[planned[run.begin].backend];
+  Boundary boundary = BoundaryOf(run, planned, liveness);
+
+  // BackendInstance never calls a backend built against API 1.0: it declines for it, and the run
+  // gets per-layer workloads as it always did.
+  auto compiled = backend.CompileSubgraph(boundary.subgraph);
+  if (!compiled.ok()) {
+    if (compiled.error().code() != StatusCode::kUnimplemented) {
+      std::string layers;
+      for (std::size_t i = run.begin; i < run.end; ++i) {
+        layers +=
+            (layers.empty() ? "'" : ", '") + net.nodes[i].name + "' (" + net.nodes[i].op_type + ")";
+      }
+      return compiled.error().WithContext("backend " + backend.id() +
+                                          " failed to compile the run of layers " + layers + ": ");
+    }
+    for (std::size_t i = run.begin; i < run.end; ++i) {
+      planned[i].desc = std::move(boundary.subgraph.layers[i - run.begin]);
+      BACKPLANE_RETURN_IF_ERROR(CreateLayerStep(i, planned, backends));
+    }
+    return Status::Ok();
+  }
+  loader::CompiledWorkload workload = std::move(compiled).value();
+  for (std::size_t i = run.begin; i < run.end; ++i) {
+    const Node& node = net.nodes[i];
+    placement_.push_back({.node = node.name,
+                          .op_type = node.op_type,
+                          .backend_id = backend.id(),
+                          .generation = backend.generation_number(),
+                          .compiled = true,
+                          .subgraph = net.nodes[run.begin].name,
+                          .note = std::move(workload.layer_notes[i - run.begin])});
+  }
+  steps_.push_back({.node = &net.nodes[run.begin],
+                    .layers = run.end - run.begin,
+                    .inputs = std::move(boundary.input_slots),
+                    .outputs = std::move(boundary.output_slots),
+                    .workload = std::move(workload.workload)});
+  return Status::Ok();
 }
 
 std::string LoadedNetwork::Describe(const Step& step) const {

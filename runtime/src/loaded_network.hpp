@@ -24,9 +24,9 @@ class LoadedNetwork {
   // backend supports a node, and naming the backend and the layers when a backend fails to
   // compile a run of layers (anything but declining with kUnimplemented).
   // `network` is shared with the networks that replace this one on a new generation.
-  static Result<std::unique_ptr<LoadedNetwork>> Create(
-      std::shared_ptr<const Network> network,
-      const std::vector<std::shared_ptr<loader::BackendInstance>>& backends);
+  using Backends = std::vector<std::shared_ptr<loader::BackendInstance>>;
+  static Result<std::unique_ptr<LoadedNetwork>> Create(std::shared_ptr<const Network> network,
+                                                       const Backends& backends);
 
   const Network& network() const { return *network_; }
   const std::shared_ptr<const Network>& shared_network() const { return network_; }
@@ -49,7 +49,45 @@ class LoadedNetwork {
     std::vector<int> outputs;  // value slots
     std::unique_ptr<loader::Workload> workload;
   };
+  struct PlannedLayer;
+  struct Liveness;
+  struct Boundary;
+  struct Run {  // planned layers [begin, end), consecutive and on one backend instance
+    std::size_t begin;
+    std::size_t end;
+  };
   explicit LoadedNetwork(std::shared_ptr<const Network> network) : network_(std::move(network)) {}
+
+  // Create's steps, in the order it takes them.
+  // Every value name gets one slot, in the order first seen, so that Execute indexes, not looks up.
+  int SlotOf(const std::string& name);
+  // The inputs are numbered first: Execute puts the caller's views into their slots.
+  void NumberInputs();
+  // Placement (ArmNN's Optimize): each node on the first backend whose support query accepts it,
+  // with no workload yet, so that a run of layers may still be compiled whole.
+  Result<std::vector<PlannedLayer>> Place(const Backends& backends);
+  // The outputs are numbered after placement, so that slots keep the order they always had.
+  void NumberOutputs();
+  // Who reads each value last and what the caller reads: a compiled run must write a value it
+  // produces exactly when a later layer or the caller reads it.
+  Liveness FindLiveness(const std::vector<PlannedLayer>& planned) const;
+  // The maximal runs of consecutive layers on one backend instance; what may be compiled as one.
+  static std::vector<Run> PartitionRuns(const std::vector<PlannedLayer>& planned);
+  // One layer's own workload, falling back to the next backend in preference order that supports
+  // it when its backend cannot create it after all (as before SDK 1.1).
+  Status CreateLayerStep(std::size_t i, std::vector<PlannedLayer>& planned,
+                         const Backends& backends);
+  // The run's layers and boundary, as the backend sees them. Inputs: the non-constant values the
+  // run reads and does not produce, in the order it first reads them. Outputs: the values it
+  // produces that a later layer or the caller reads, in the order it produces them. Shapes are
+  // the load-time ones (negative: dynamic). Moves the layers' descriptions out of `planned`.
+  Boundary BoundaryOf(const Run& run, std::vector<PlannedLayer>& planned,
+                      const Liveness& liveness) const;
+  // Offers a run of two or more layers to its backend (SDK 1.1): compiled, it is one step; declined
+  // (kUnimplemented), each layer gets its own; any other failure fails the load, naming the run.
+  Status CompileRun(const Run& run, std::vector<PlannedLayer>& planned, const Liveness& liveness,
+                    const Backends& backends);
+
   Status ValidateInputs(std::span<const ConstTensorView> inputs) const;
   std::string Describe(const Step& step) const;
 

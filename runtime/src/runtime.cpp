@@ -246,11 +246,17 @@ std::shared_ptr<loader::BackendInstance> Runtime::Backend(std::string_view id) c
 }
 
 Status Runtime::UpdateBackendOptions(std::string_view id, const BackendOptions& changes) {
+  MutexLock turn(backend_mutex_);  // the instance stays this runtime's until the options are noted
+  std::shared_ptr<loader::BackendInstance> instance;
+  {
+    MutexLock lock(mutex_);
+    auto it = backends_.find(id);
+    if (it == backends_.end())
+      return NotFound("this runtime has no backend " + std::string(id));
+    instance = it->second.instance;
+  }
+  BACKPLANE_RETURN_IF_ERROR(instance->UpdateOptions(changes));
   MutexLock lock(mutex_);
-  auto it = backends_.find(id);
-  if (it == backends_.end())
-    return NotFound("this runtime has no backend " + std::string(id));
-  BACKPLANE_RETURN_IF_ERROR(it->second.instance->UpdateOptions(changes));
   auto& applied = applied_options_[std::string(id)];
   for (const auto& [key, value] : changes)
     applied.insert_or_assign(key, value);
@@ -283,6 +289,15 @@ Runtime::InstanceMap Runtime::CurrentInstances() const {
   return instances;
 }
 
+Runtime::ContextList Runtime::CurrentContexts() const {
+  ContextList contexts;
+  for (const auto& [id, slot] : backends_) {
+    if (slot.context != nullptr)  // a backend without a context
+      contexts.emplace_back(id, slot.context.get());
+  }
+  return contexts;
+}
+
 std::shared_ptr<const LoadedNetwork> Runtime::Reaped(std::unique_ptr<LoadedNetwork> network) const {
   // Its workloads are backend code: the last request to let go of a replaced network must not
   // run their destructors on a request thread (docs/loading-rules.md rule 6).
@@ -290,35 +305,43 @@ std::shared_ptr<const LoadedNetwork> Runtime::Reaped(std::unique_ptr<LoadedNetwo
 }
 
 Result<NetworkId> Runtime::LoadNetwork(Network network, NetworkOptions options) {
-  MutexLock lock(mutex_);
-  const NetworkId id = next_network_id_;
-  preferences_[id] = std::move(options.backend_preferences);
-  const std::vector<std::string> preferences = PreferencesOf(id);
-  std::string missing;
-  const Instances backends = InstancesFor(preferences, CurrentInstances(), &missing);
-  if (backends.empty()) {
-    preferences_.erase(id);
-    std::vector<std::string> have;
-    for (const auto& [known, slot] : backends_)
-      have.push_back(known);
-    return NotFound("network " + network.name + ": backend preference " + missing +
-                    " names no backend of this runtime (have: " + Join(have) + ")");
-  }
-  if (!missing.empty()) {
-    Log().warn("network {}: skipping preferred backend(s) this runtime does not have: {}",
-               network.name, missing);
+  // Backend code below runs with the turn and without mutex_; nothing that the turn keeps out
+  // (another load, an unload, a generation change's commit) changes what was read here.
+  MutexLock turn(backend_mutex_);
+  NetworkId id = 0;
+  Instances backends;
+  ContextList contexts;
+  {
+    MutexLock lock(mutex_);
+    id = next_network_id_;
+    preferences_[id] = std::move(options.backend_preferences);
+    const std::vector<std::string> preferences = PreferencesOf(id);
+    std::string missing;
+    backends = InstancesFor(preferences, CurrentInstances(), &missing);
+    if (backends.empty()) {
+      preferences_.erase(id);
+      std::vector<std::string> have;
+      for (const auto& [known, slot] : backends_)
+        have.push_back(known);
+      return NotFound("network " + network.name + ": backend preference " + missing +
+                      " names no backend of this runtime (have: " + Join(have) + ")");
+    }
+    if (!missing.empty()) {
+      Log().warn("network {}: skipping preferred backend(s) this runtime does not have: {}",
+                 network.name, missing);
+    }
+    contexts = CurrentContexts();
   }
 
-  auto fail = [&](Status status) REQUIRES(mutex_) {
+  auto fail = [&](Status status) EXCLUDES(mutex_) {
+    MutexLock lock(mutex_);
     preferences_.erase(id);
     return status;
   };
-  for (auto& [backend_id, slot] : backends_) {
-    if (slot.context == nullptr)  // a backend without a context
-      continue;
-    Status before = GuardBackendCall(
-        backend_id, "BeforeLoadNetwork",
-        [&, context = slot.context.get()] { return context->BeforeLoadNetwork(id); });
+  for (const auto& [backend_id, context] : contexts) {
+    Status before = GuardBackendCall(backend_id, "BeforeLoadNetwork", [&, context = context] {
+      return context->BeforeLoadNetwork(id);
+    });
     if (!before.ok()) {
       return fail(before.WithContext("backend " + backend_id + " refused to load network " +
                                      network.name + ": "));
@@ -329,56 +352,60 @@ Result<NetworkId> Runtime::LoadNetwork(Network network, NetworkOptions options) 
       LoadedNetwork::Create(std::make_shared<const Network>(std::move(network)), backends);
   if (!loaded.ok())
     return fail(loaded.error().WithContext("network " + name + ": "));
-  for (auto& [backend_id, slot] : backends_) {
-    if (slot.context == nullptr)
-      continue;
-    Status after = GuardBackendCall(
-        backend_id, "AfterLoadNetwork",
-        [&, context = slot.context.get()] { return context->AfterLoadNetwork(id); });
+  for (const auto& [backend_id, context] : contexts) {
+    Status after = GuardBackendCall(backend_id, "AfterLoadNetwork", [&, context = context] {
+      return context->AfterLoadNetwork(id);
+    });
     if (!after.ok())
       Log().warn("backend {}: AfterLoadNetwork({}) failed: {}", backend_id, id, after.message());
   }
-  ++next_network_id_;
-  ++state_version_;  // a generation change being prepared must move this network too
   const std::size_t layers = loaded.value()->placement().size();
   const auto compiled =
       std::count_if(loaded.value()->placement().begin(), loaded.value()->placement().end(),
                     [](const LayerPlacement& layer) { return layer.compiled; });
-  auto updated = std::make_shared<NetworkMap>(*networks_.Load());
-  updated->emplace(id, Reaped(std::move(loaded).value()));
-  networks_.Publish(std::move(updated));
+  {
+    MutexLock lock(mutex_);
+    ++next_network_id_;
+    ++state_version_;  // a generation change being prepared must move this network too
+    auto updated = std::make_shared<NetworkMap>(*networks_.Load());
+    updated->emplace(id, Reaped(std::move(loaded).value()));
+    networks_.Publish(std::move(updated));
+  }
   Log().info("loaded network {} ({}) with {} layer(s), {} of them in compiled subgraphs", id, name,
              layers, compiled);
   return id;
 }
 
 Status Runtime::UnloadNetwork(NetworkId id) {
-  MutexLock lock(mutex_);
-  auto current = networks_.Load();
-  if (!current->contains(id))
-    return NotFound("no network " + std::to_string(id) + " is loaded");
-  for (auto& [backend_id, slot] : backends_) {
-    if (slot.context == nullptr)  // a backend without a context
-      continue;
-    Status before = GuardBackendCall(
-        backend_id, "BeforeUnloadNetwork",
-        [&, context = slot.context.get()] { return context->BeforeUnloadNetwork(id); });
+  MutexLock turn(backend_mutex_);  // as in LoadNetwork: hooks run without mutex_
+  ContextList contexts;
+  {
+    MutexLock lock(mutex_);
+    if (!networks_.Load()->contains(id))
+      return NotFound("no network " + std::to_string(id) + " is loaded");
+    contexts = CurrentContexts();
+  }
+  for (const auto& [backend_id, context] : contexts) {
+    Status before = GuardBackendCall(backend_id, "BeforeUnloadNetwork", [&, context = context] {
+      return context->BeforeUnloadNetwork(id);
+    });
     if (!before.ok()) {
       return FailedPrecondition("network " + std::to_string(id) + " stays loaded: backend " +
                                 backend_id + " refused to unload it: " + before.message());
     }
   }
-  auto updated = std::make_shared<NetworkMap>(*current);
-  updated->erase(id);
-  networks_.Publish(std::move(updated));
-  preferences_.erase(id);
-  ++state_version_;  // a generation change being prepared must not bring it back
-  for (auto& [backend_id, slot] : backends_) {
-    if (slot.context == nullptr)
-      continue;
-    Status after = GuardBackendCall(
-        backend_id, "AfterUnloadNetwork",
-        [&, context = slot.context.get()] { return context->AfterUnloadNetwork(id); });
+  {
+    MutexLock lock(mutex_);
+    auto updated = std::make_shared<NetworkMap>(*networks_.Load());
+    updated->erase(id);
+    networks_.Publish(std::move(updated));
+    preferences_.erase(id);
+    ++state_version_;  // a generation change being prepared must not bring it back
+  }
+  for (const auto& [backend_id, context] : contexts) {
+    Status after = GuardBackendCall(backend_id, "AfterUnloadNetwork", [&, context = context] {
+      return context->AfterUnloadNetwork(id);
+    });
     if (!after.ok())
       Log().warn("backend {}: AfterUnloadNetwork({}) failed: {}", backend_id, id, after.message());
   }
@@ -437,6 +464,10 @@ class Runtime::SwapChange final : public PreparedChange {
         generation_(change.next ? change.next->info().number : 0),
         previous_generation_(change.previous ? change.previous->info().number : 0) {}
 
+  // The runtime's turn to call its backends, kept until AfterCommit has called the new context's
+  // AfterLoadNetwork hooks: no load or unload runs in between, and no hook runs under mutex_.
+  void BeginCommit() override { turn_ = std::unique_lock<Mutex>(runtime_.backend_mutex_); }
+
   std::unique_lock<Mutex> LockState() override { return std::unique_lock<Mutex>(runtime_.mutex_); }
 
   bool IsCurrent() const override {
@@ -461,22 +492,28 @@ class Runtime::SwapChange final : public PreparedChange {
     if (slot_) {
       auto& placed = runtime_.backends_.emplace(id_, *std::move(slot_)).first->second;
       slot_.reset();
-      for (const auto& [network_id, network] : *runtime_.networks_.Load()) {
-        if (placed.context == nullptr)
-          break;
-        Status after = GuardBackendCall(id_, "AfterLoadNetwork", [&, network_id = network_id] {
-          return placed.context->AfterLoadNetwork(network_id);
-        });
+      // Told in AfterCommit, which still holds the turn: the context and the networks stay.
+      placed_context_ = placed.context.get();
+      for (const auto& [network_id, network] : *runtime_.networks_.Load())
+        loaded_.push_back(network_id);
+    }
+    ++runtime_.state_version_;
+  }
+
+  void AfterCommit() override {
+    // The new context heard BeforeLoadNetwork of every network while this change was prepared;
+    // now that they are committed it hears AfterLoadNetwork, outside every state lock.
+    if (placed_context_ != nullptr) {
+      for (NetworkId network_id : loaded_) {
+        Status after = GuardBackendCall(
+            id_, "AfterLoadNetwork", [&] { return placed_context_->AfterLoadNetwork(network_id); });
         if (!after.ok()) {
           Log().warn("backend {}: AfterLoadNetwork({}) failed: {}", id_, network_id,
                      after.message());
         }
       }
     }
-    ++runtime_.state_version_;
-  }
-
-  void AfterCommit() override {
+    turn_ = {};
     if (generation_ == 0) {
       for (const auto& [network_id, network] : moved_)
         Log().info("network {} moved off withdrawn backend {}", network->network().name, id_);
@@ -498,6 +535,10 @@ class Runtime::SwapChange final : public PreparedChange {
   const uint64_t generation_;
   const uint64_t previous_generation_;
   std::optional<BackendSlot> replaced_;
+  IBackendContext* placed_context_ = nullptr;  // the new slot's, once committed
+  std::vector<NetworkId> loaded_;              // what it hears AfterLoadNetwork of
+  // Declared last, released first: what the change replaced is unreachable by then.
+  std::unique_lock<Mutex> turn_;
 };
 
 Result<std::unique_ptr<PreparedChange>> Runtime::PrepareChange(const BackendChange& change) {

@@ -58,6 +58,7 @@ class FakeSubscriber final : public BackendSubscriber {
    public:
     explicit Change(FakeSubscriber& owner) : owner_(owner) {}
     ~Change() override { owner_.journal_.Add(owner_.name_ + (committed_ ? " release" : " abort")); }
+    void BeginCommit() override { owner_.journal_.Add(owner_.name_ + " begin"); }
     std::unique_lock<Mutex> LockState() override {
       owner_.journal_.Add(owner_.name_ + " lock");
       return std::unique_lock<Mutex>(owner_.mutex_);
@@ -113,6 +114,9 @@ class ChangeCoordinatorTest : public ::testing::Test {
   Journal journal_;
 };
 
+// Every subscriber begins its commit (a runtime takes its turn to call backends) before any state
+// lock is taken, so that backend code running under one subscriber's turn may still take another's
+// state lock.
 TEST_F(ChangeCoordinatorTest, EveryoneLocksAndRechecksBeforeAnyoneCommits) {
   FakeSubscriber a("a", journal_), b("b", journal_);
   Subscription sa = registry_->Subscribe(a, [] {});
@@ -123,9 +127,9 @@ TEST_F(ChangeCoordinatorTest, EveryoneLocksAndRechecksBeforeAnyoneCommits) {
   ASSERT_EQ(rescan.outcomes[0].action, Action::kActivated) << rescan.outcomes[0].message;
   const std::string next = std::to_string(rescan.outcomes[0].generation);
   EXPECT_THAT(journal_.Take(),
-              ElementsAre("a prepare " + next, "b prepare " + next, "a lock", "b lock", "a current",
-                          "b current", "a commit", "b commit", "a after commit", "b after commit",
-                          "a release", "b release"));
+              ElementsAre("a prepare " + next, "b prepare " + next, "a begin", "b begin", "a lock",
+                          "b lock", "a current", "b current", "a commit", "b commit",
+                          "a after commit", "b after commit", "a release", "b release"));
   EXPECT_EQ(ActiveGeneration(), rescan.outcomes[0].generation);
 }
 

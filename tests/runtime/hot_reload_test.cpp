@@ -7,7 +7,9 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <fstream>
+#include <future>
 #include <thread>
 
 #include "backplane/runtime/runtime.hpp"
@@ -19,8 +21,10 @@ namespace {
 
 namespace fs = std::filesystem;
 using Action = DeployOutcome::Action;
+using ::testing::ElementsAre;
 using testing::Fixture;
 using ::testing::HasSubstr;
+using ::testing::IsEmpty;
 using testing::kNextOffset;
 using testing::TempDir;
 
@@ -445,6 +449,71 @@ TEST_F(HotReloadTest, SwapsUnderLoadNeverFailOrMixGenerations) {
   EXPECT_EQ(loader_->stats().leaked.load(), 0u);
   auto status = registry_->Describe("TestValid").value();
   EXPECT_LE(status.generations.size(), 20u) << "history stays bounded";
+}
+
+// What the HookCallback fixture's hooks found when they asked the runtime calling them for its
+// backend ids: a hook called under the runtime's lock (or under the coordinator's locks during a
+// swap) waits for a lock its own caller holds.
+struct HookProbes {
+  Runtime* runtime = nullptr;
+  std::mutex mutex;
+  std::vector<std::string> calls;    // "AfterLoadNetwork 1", in order
+  std::vector<std::string> blocked;  // the calls whose question got no answer in time
+  std::atomic<int> pending{0};       // questions still waiting for their answer
+};
+HookProbes* hook_probes = nullptr;
+
+// Asks on another thread and waits at most 2 s, so that a hook called under the lock fails the
+// test instead of deadlocking it; the question is answered once the hook returns.
+void ProbeRuntimeFromHook(const char* hook, NetworkId network) {
+  HookProbes& probes = *hook_probes;
+  auto answered = std::make_shared<std::promise<void>>();
+  std::future<void> answer = answered->get_future();
+  probes.pending.fetch_add(1);
+  std::thread([&probes, answered] {
+    (void)probes.runtime->BackendIds();
+    answered->set_value();
+    probes.pending.fetch_sub(1);
+  }).detach();
+  const bool in_time = answer.wait_for(std::chrono::seconds(2)) == std::future_status::ready;
+  const std::string call = std::string(hook) + " " + std::to_string(network);
+  std::lock_guard lock(probes.mutex);
+  probes.calls.push_back(call);
+  if (!in_time)
+    probes.blocked.push_back(call);
+}
+
+// Backend code runs under no runtime lock: a hook may call the runtime's readers, whether the
+// runtime calls it while loading or unloading a network or while a new generation takes over.
+TEST_F(HotReloadTest, BackendHooksRunOutsideTheRuntimeLock) {
+  Publish("HookCallback", "Test_HookCallback_backend.so");
+  ASSERT_EQ(registry_->Rescan().outcomes.at(0).action, Action::kActivated);
+  auto runtime = MakeRuntime();
+  HookProbes probes;
+  probes.runtime = runtime.get();
+  hook_probes = &probes;
+  const auto callback = reinterpret_cast<std::uintptr_t>(&ProbeRuntimeFromHook);
+  ASSERT_EQ(setenv("FIXTURE_HOOK_CALLBACK", std::to_string(callback).c_str(), 1), 0);
+
+  auto network = runtime->LoadNetwork(testing::TwoLayerIdentityNetwork(),
+                                      {.backend_preferences = {"TestHookCallback"}});
+  EXPECT_TRUE(network.ok()) << network.error().ToString();
+  Publish("HookCallback", "Test_HookCallback_backend.so");  // a new generation takes over
+  auto rescan = registry_->Rescan();
+  EXPECT_EQ(rescan.outcomes.at(0).action, Action::kActivated);
+  if (network.ok()) {
+    EXPECT_TRUE(runtime->UnloadNetwork(network.value()).ok());
+  }
+
+  unsetenv("FIXTURE_HOOK_CALLBACK");
+  EXPECT_TRUE(testing::WaitFor([&] { return probes.pending.load() == 0; }));
+  hook_probes = nullptr;
+  std::lock_guard lock(probes.mutex);
+  EXPECT_THAT(probes.calls,
+              ElementsAre("BeforeLoadNetwork 1", "AfterLoadNetwork 1",  // LoadNetwork
+                          "BeforeLoadNetwork 1", "AfterLoadNetwork 1",  // the new generation
+                          "BeforeUnloadNetwork 1", "AfterUnloadNetwork 1"));
+  EXPECT_THAT(probes.blocked, IsEmpty()) << "hooks called under a lock the runtime needs";
 }
 
 }  // namespace

@@ -28,19 +28,28 @@ struct BackendChange {
 // commit it holds what the change replaced, released when it is dropped, outside every lock.
 //
 // The coordinator commits like this, for every prepared change of one BackendChange at once:
+//   every BeginCommit(), in subscription order;
 //   locks = each change's LockState(), in subscription order;
 //   if every IsCurrent(): every Commit();  (else: drop all, prepare again)
 //   unlock all; every AfterCommit().
+// Backend code (a runtime's AfterLoadNetwork hooks) runs in AfterCommit, never under a state lock.
 class PreparedChange {
  public:
   virtual ~PreparedChange() = default;
+  // Before any state lock is taken: what the subscriber keeps from here to the end of its
+  // AfterCommit (or until the change is dropped), so that nothing it serialises with it runs in
+  // between, e.g. a runtime's turn to call its backend contexts. Taken for every subscriber
+  // before any state lock, so that code running under one (a backend hook) may still take
+  // another subscriber's state lock.
+  virtual void BeginCommit() {}
   // The subscriber's state lock, held by the caller only around IsCurrent and Commit.
   virtual std::unique_lock<Mutex> LockState() = 0;
   // Under that lock: whether the subscriber's state is still what this was prepared against.
   virtual bool IsCurrent() const = 0;
   // Under that lock: makes the change visible (pointer stores and map updates). Cannot fail.
   virtual void Commit() = 0;
-  // After every lock is released: logs, and anything else that may take time.
+  // After every state lock is released: backend hooks, logs, and anything else that may take
+  // time.
   virtual void AfterCommit() {}
 };
 

@@ -106,10 +106,11 @@ class Runtime : private BackendSubscriber {
   const BackendRegistry& registry() const { return *registry_; }
 
   // Binds every layer of `network` to a backend (ArmNN's Optimize + LoadNetwork), calling each
-  // backend context's BeforeLoadNetwork / AfterLoadNetwork. Fails naming the layer no backend
-  // supports, with every backend's reason. Each run of two or more consecutive layers placed on
-  // one backend is offered to it whole (SDK 1.1 CompileSubgraph): a backend that compiles it
-  // runs it as one workload; one that declines (or is built against 1.0) gets one workload per
+  // backend context's BeforeLoadNetwork / AfterLoadNetwork (without the runtime's state lock, so
+  // that a hook may call this runtime's readers; see backend_mutex_). Fails naming the layer no
+  // backend supports, with every backend's reason. Each run of two or more consecutive layers
+  // placed on one backend is offered to it whole (SDK 1.1 CompileSubgraph): a backend that compiles
+  // it runs it as one workload; one that declines (or is built against 1.0) gets one workload per
   // layer. A backend that fails to compile a run fails the load, naming it and the layers.
   Result<NetworkId> LoadNetwork(Network network, NetworkOptions options = {});
   // Calls BeforeUnloadNetwork on every context first; when one refuses, the network stays loaded
@@ -154,6 +155,8 @@ class Runtime : private BackendSubscriber {
   using NetworkMap = std::map<NetworkId, std::shared_ptr<const LoadedNetwork>>;
   using Instances = std::vector<std::shared_ptr<loader::BackendInstance>>;
   using InstanceMap = std::map<std::string, std::shared_ptr<loader::BackendInstance>, std::less<>>;
+  // Backend ids and their contexts, for calling hooks with backend_mutex_ held but not mutex_.
+  using ContextList = std::vector<std::pair<std::string, IBackendContext*>>;
   class SwapChange;
 
   Runtime(std::shared_ptr<BackendRegistry> registry, RuntimeOptions& options);
@@ -169,6 +172,8 @@ class Runtime : private BackendSubscriber {
   std::vector<std::string> PreferencesOf(NetworkId id, std::string_view arriving = {}) const
       REQUIRES(mutex_);
   InstanceMap CurrentInstances() const REQUIRES(mutex_);
+  // Valid while backend_mutex_ is held: no slot is replaced without it.
+  ContextList CurrentContexts() const REQUIRES(mutex_);
   std::shared_ptr<const LoadedNetwork> Reaped(std::unique_ptr<LoadedNetwork> network) const;
   // Runs the swap-validation probe through both networks as requests of this runtime (admitted
   // like any other, in its arena); kValidationFailed naming the first output that differs.
@@ -182,8 +187,16 @@ class Runtime : private BackendSubscriber {
   const SwapPolicy swap_policy_;
   const std::map<std::string, SwapValidation, std::less<>> swap_validation_;
 
-  // Load, unload, option updates and the commit of a generation change serialise on this
-  // (backend contexts are thread-compatible); requests read the network map without it.
+  // Backend code of this runtime's slots takes turns on this: backend contexts are
+  // thread-compatible. Held by LoadNetwork, UnloadNetwork and UpdateBackendOptions throughout,
+  // and by a generation change from before its commit to the end of its AfterLoadNetwork hooks,
+  // so no slot is replaced under a call. Taken before mutex_, which is never held while backend
+  // code runs once the runtime is shared: a hook may call BackendIds, Backend, GetPlacement or
+  // Execute, but must not load or unload networks (it would wait for its own turn).
+  Mutex backend_mutex_;
+  // The state below: taken briefly, to read it or to publish a change; a generation change's
+  // commit holds it, with every other subscriber's, only for pointer stores. Requests read the
+  // network map without it.
   mutable Mutex mutex_;
   BackendMap backends_ GUARDED_BY(mutex_);
   std::map<std::string, BackendOptions, std::less<>> applied_options_ GUARDED_BY(mutex_);
