@@ -128,7 +128,14 @@ TEST(RequestSchedulerTest, DestructorWaitsForRequestsInFlight) {
 // decrement and makes the few-instruction window likely enough for ThreadSanitizer to report it
 // ("unlock of an unlocked mutex ... already destroyed"). ASan cannot: libc's mutex is not checked.
 TEST(RequestSchedulerTest, DestroyedRightAfterAsynchronousResults) {
+  // The use-after-free this guards against (commit 1f9d7bf) was found by ThreadSanitizer alone,
+  // in 10,000 rounds: release and ASan builds passed with the bug, the freed mutex not reused in
+  // time. Elsewhere a tenth of the rounds checks the results, not the race (24 s in release).
+#if defined(__SANITIZE_THREAD__)
   constexpr int kRounds = 10'000;
+#else
+  constexpr int kRounds = 1'000;
+#endif
   constexpr int kRequestsPerRound = 3;
   const auto deadline = Clock::now() + std::chrono::seconds(120);
   for (int round = 0; round < kRounds; ++round) {
