@@ -222,8 +222,9 @@ constexpr auto kBurstDebounce = milliseconds(400);
 // A leading scan within this of the event that opened the window cannot be the debounce timer,
 // which fires a whole debounce period after the window's last event.
 constexpr auto kLeadingBound = kBurstDebounce * 3 / 8;
-// A run counts when the watcher never went this long without an event (measured from before
-// the write to when the test saw the watcher count its event: an upper bound of the real gap).
+// A run counts when the watcher never went this long without an event (measured from before one
+// write to when the test saw the watcher count the next one's event: an upper bound of the real
+// gap), nor the writer this long between its last write and the close.
 constexpr auto kKeptPace = kBurstDebounce * 3 / 4;
 constexpr int kBurstChunks = 60;
 constexpr int kBurstAttempts = 5;
