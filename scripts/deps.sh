@@ -11,7 +11,11 @@ BACKPLANE_PACKAGES=(
   libcpp-httplib-dev  # the tests' and benchmarks' HTTP client
   libdnnl-dev  # oneDNN 2.6 (OpenMP build): the CpuAcc backend
   libgtest-dev libgmock-dev libbenchmark-dev
-  prometheus  # promtool: the tests check /metrics with it
+  # promtool: the tests check /metrics and deploy/prometheus/alerts.yaml with it (and fail under
+  # CI=true without it). Debian 12 has it only in the whole server: 19 MB to download, 3 MB of
+  # web assets beside it; --no-install-recommends below leaves out node-exporter.
+  prometheus
+  libomp5-14  # LLVM's OpenMP runtime: the loader's test of a renamed threading runtime
   clang-14    # the clang preset (thread-safety analysis) and the fuzz preset
   python3-yaml jq  # tests/deploy read the manifests; scripts/rollout.sh reads the admin API
   libgrpc++-dev protobuf-compiler-grpc  # KServe v2 over gRPC

@@ -11,6 +11,16 @@ backplane_install_deps
 presets=("$@")
 if ((${#presets[@]} == 0)); then presets=(release asan tsan clang); fi
 
+# The tests of build directory $1 that took longest in its last ctest run, and the sum of all:
+# where a preset's test time goes.
+print_slowest_tests() {
+  [[ -f $1/Testing/Temporary/LastTest.log ]] || return 0
+  awk '/^[0-9]+\/[0-9]+ Test: / { name = $3 }
+       /^Test time =/ { printf "%8.1f s  %s\n", $4, name; total += $4 }
+       END { printf "%8.1f s  (all tests, one after another)\n", total }' \
+    "$1/Testing/Temporary/LastTest.log" | sort -rn | awk 'NR <= 11'  # reads all: no SIGPIPE under pipefail
+}
+
 jobs=$(nproc)
 for preset in "${presets[@]}"; do
   echo "=== ${preset}: build"
@@ -22,6 +32,7 @@ for preset in "${presets[@]}"; do
   echo "=== ${preset}: test"
   start=$SECONDS
   ctest --preset "$preset" -j "$jobs"
-  echo "=== ${preset}: tested in $((SECONDS - start)) s"
+  echo "=== ${preset}: tested in $((SECONDS - start)) s; the slowest tests:"
+  print_slowest_tests "build/${preset}"
 done
 echo "=== all presets passed in ${SECONDS} s"

@@ -91,6 +91,10 @@ bool IsCodeMapped(std::string_view needle) {
   return !MappedCode(needle).empty();
 }
 
+bool HasCommand(const std::string& command) {
+  return RunCommand("command -v '" + command + "' >/dev/null 2>&1").exit_code == 0;
+}
+
 bool RunningInCi() {
   const char* ci = std::getenv("CI");
   return ci != nullptr && std::string_view(ci) == "true";

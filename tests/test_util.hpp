@@ -62,4 +62,17 @@ bool IsCodeMapped(std::string_view needle);  // !MappedCode(needle).empty()
   } while (false)
 bool RunningInCi();
 
+// The same for a program on PATH that a test drives (`package`: the Debian package that has it,
+// installed by scripts/deps.sh, which the README's commands and CI run).
+#define BACKPLANE_REQUIRE_COMMAND(command, package)                                               \
+  do {                                                                                            \
+    if (!::backplane::testing::HasCommand(command)) {                                             \
+      if (::backplane::testing::RunningInCi())                                                    \
+        FAIL() << (command) << " is not installed (Debian package " << (package)                  \
+               << ", installed by scripts/deps.sh; CI=true: tests never skip for missing tools)"; \
+      GTEST_SKIP() << (command) << " is not installed (Debian package " << (package) << ")";      \
+    }                                                                                             \
+  } while (false)
+bool HasCommand(const std::string& command);  // `command -v <command>` succeeds
+
 }  // namespace backplane::testing

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# ctest: an independent gRPC client (Node's @grpc/grpc-js, installed from npm into the build tree
-# on first use) against `backplane serve` on its embedded default (example models, the build's
+# ctest: an independent gRPC client (Node's @grpc/grpc-js, installed from npm into WORK_DIR on
+# first use) against `backplane serve` on its embedded default (example models, the build's
 # backends), both ports free ones. Usage: run_client_test.sh BACKPLANE SOURCE_DIR WORK_DIR
 set -euo pipefail
 backplane=$1 source_dir=$2 work=$3
@@ -8,9 +8,14 @@ client_dir=$source_dir/tests/grpc_client
 
 # No silent skip: without node or npm this test fails (the README's command installs them).
 command -v node >/dev/null || { echo "FAIL: node is not installed (apt-get install nodejs npm)"; exit 1; }
-if [[ ! -f $work/node_modules/@grpc/grpc-js/package.json ]]; then
+# $work may be shared by build trees (the presets share one): one run at a time, so that no
+# install or copy changes what another run is using.
+mkdir -p "$work"
+exec 9>"$work/.lock"
+flock 9
+if [[ ! -f $work/node_modules/@grpc/grpc-js/package.json ]] ||
+   ! cmp -s "$client_dir/package-lock.json" "$work/package-lock.json"; then
   command -v npm >/dev/null || { echo "FAIL: npm is not installed (apt-get install npm)"; exit 1; }
-  mkdir -p "$work"
   cp "$client_dir/package.json" "$client_dir/package-lock.json" "$work/"
   (cd "$work" && npm ci --no-audit --no-fund --ignore-scripts --silent)
 fi

@@ -368,8 +368,7 @@ TEST_F(ServeMetricsTest, CountRequestsFailuresLatencyAndSwaps) {
 }
 
 TEST_F(ServeMetricsTest, PassPromtoolCheckMetrics) {
-  if (RunCommand("command -v promtool >/dev/null 2>&1").exit_code != 0)
-    GTEST_SKIP() << "promtool is not installed (Debian package prometheus)";
+  BACKPLANE_REQUIRE_COMMAND("promtool", "prometheus");
   const auto checked =
       RunCommand("curl -sf " + server_->url() + "/metrics | promtool check metrics 2>&1");
   EXPECT_EQ(checked.exit_code, 0) << checked.output;

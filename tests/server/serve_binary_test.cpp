@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include "../onnx/model_builder.hpp"
@@ -62,17 +63,6 @@ BinaryReply PostBinary(httplib::Client& client, const std::string& path, const j
   result.header = json::parse(reply->body.substr(0, json_length), nullptr, false);
   result.binary = reply->body.substr(json_length);
   return result;
-}
-
-// The process's resident set (VmRSS) or its peak (VmHWM), in bytes.
-int64_t ProcStatusBytes(pid_t pid, const std::string& field) {
-  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
-  std::string line;
-  while (std::getline(status, line)) {
-    if (line.starts_with(field + ":"))
-      return std::stoll(line.substr(field.size() + 1)) * 1024;
-  }
-  return -1;
 }
 
 class ServeBinaryTest : public SharedServerTest<ServeBinaryTest> {
@@ -232,23 +222,42 @@ TEST_F(ServeBinaryTest, NestingBeyondMaxJsonDepthIs400) {
               HasSubstr("nested deeper than 32 levels at byte"));
 }
 
-// The growth of the server's peak resident set while it answers `body` on `path`.
-int64_t PeakGrowth(const ServeProcess& server, httplib::Client& client, const std::string& path,
-                   const std::string& body, std::string* response) {
-  // Reset the peak to the current resident set (proc(5): clear_refs "5").
+// The growth of the server's peak resident set while it answers `body` on `path`; nullopt (and a
+// test failure) when it cannot be measured.
+std::optional<int64_t> PeakGrowth(const ServeProcess& server, httplib::Client& client,
+                                  const std::string& path, const std::string& body,
+                                  std::string* response) {
+  const std::string proc = "/proc/" + std::to_string(server.pid());
+  // Reset the peak to the current resident set (proc(5): clear_refs "5"). Unchecked, a failed
+  // reset leaves the start-up peak in VmHWM, and every request under it "grows" by nothing.
   {
-    std::ofstream clear("/proc/" + std::to_string(server.pid()) + "/clear_refs");
-    clear << "5";
+    std::ofstream clear(proc + "/clear_refs");
+    clear << "5" << std::flush;
+    if (!clear) {
+      ADD_FAILURE() << "cannot reset the peak resident set: writing 5 to " << proc
+                    << "/clear_refs failed";
+      return std::nullopt;
+    }
   }
-  const int64_t before =
-      std::max(ProcStatusBytes(server.pid(), "VmRSS"), ProcStatusBytes(server.pid(), "VmHWM"));
+  const std::optional<int64_t> resident = ProcStatusBytes(server.pid(), "VmRSS");
+  const std::optional<int64_t> peak_before = ProcStatusBytes(server.pid(), "VmHWM");
+  if (!resident || !peak_before) {
+    ADD_FAILURE() << "no VmRSS or VmHWM in " << proc << "/status";
+    return std::nullopt;
+  }
+  const int64_t before = std::max(*resident, *peak_before);
   auto reply = client.Post(path, body, "application/json");
   if (!reply || reply->status != 200) {
     ADD_FAILURE() << (reply ? reply->body.substr(0, 500) : std::string("no response"));
-    return -1;
+    return std::nullopt;
   }
   *response = std::move(reply->body);
-  return ProcStatusBytes(server.pid(), "VmHWM") - before;
+  const std::optional<int64_t> peak = ProcStatusBytes(server.pid(), "VmHWM");
+  if (!peak) {
+    ADD_FAILURE() << "no VmHWM in " << proc << "/status after the request";
+    return std::nullopt;
+  }
+  return *peak - before;
 }
 
 // One large valid JSON request: the server's peak resident memory grows by at most 3x the body
@@ -294,16 +303,24 @@ TEST_F(ServeBinaryTest, LargeJsonRequestPeakMemoryIsProportionalToTheBody) {
         200);
     return PeakGrowth(*server, *client, "/v2/models/large/infer", body, response);
   };
+  // The input tensor alone is resident while the request runs: a smaller growth measured
+  // nothing (a peak that was not reset, a status file read wrong).
+  const int64_t tensor_bytes = kLargeElements * static_cast<int64_t>(sizeof(float));
   std::string response;
-  const int64_t binary_growth = measure(binary_out, &response);
+  const std::optional<int64_t> measured_binary = measure(binary_out, &response);
+  ASSERT_TRUE(measured_binary) << "the peak memory of the binary-output request was not measured";
+  const int64_t binary_growth = *measured_binary;
   std::printf(
       "large JSON request, binary output: body %.1f MB, server peak RSS growth %.1f MB "
       "(%.2fx the body)\n",
       binary_out.size() / 1e6, binary_growth / 1e6,
       static_cast<double>(binary_growth) / binary_out.size());
   EXPECT_LE(binary_growth, 3 * static_cast<int64_t>(binary_out.size()));
+  EXPECT_GE(binary_growth, tensor_bytes) << "less than the input tensor: nothing was measured";
 
-  const int64_t json_growth = measure(json_out, &response);
+  const std::optional<int64_t> measured_json = measure(json_out, &response);
+  ASSERT_TRUE(measured_json) << "the peak memory of the JSON-output request was not measured";
+  const int64_t json_growth = *measured_json;
   std::printf(
       "large JSON request, JSON output: body %.1f MB, server peak RSS growth %.1f MB "
       "(%.2fx the body)\n",
@@ -312,6 +329,7 @@ TEST_F(ServeBinaryTest, LargeJsonRequestPeakMemoryIsProportionalToTheBody) {
   // the inputs once run, so the output tensor (0.4x here) and the rendered response peak
   // together: 2.6x measured, 3.4x while the body lived until the response was written.
   EXPECT_LE(json_growth, 3 * static_cast<int64_t>(json_out.size()));
+  EXPECT_GE(json_growth, tensor_bytes) << "less than the input tensor: nothing was measured";
   const json parsed = json::parse(response);
   const auto& values = parsed["outputs"][0]["data"];
   ASSERT_EQ(values.size(), static_cast<std::size_t>(kLargeElements));

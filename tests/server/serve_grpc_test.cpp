@@ -225,16 +225,6 @@ TEST_F(ServeGrpcTest, ErrorsMapToGrpcCodesWithRestsMessages) {
   EXPECT_TRUE(status.ok()) << status.error_message();
 }
 
-// The server's resident high-water mark, in KiB (VmHWM of /proc/<pid>/status).
-int64_t PeakResidentKiB(pid_t pid) {
-  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
-  for (std::string line; std::getline(status, line);) {
-    if (line.starts_with("VmHWM:"))
-      return std::stoll(line.substr(6));
-  }
-  return -1;
-}
-
 // Issue 23: a 1 MB gzip-compressed ModelInfer was inflated to 1 GiB before the 16 MiB limit was
 // checked (1.1 GB of resident memory per message, not given back). The server accepts no
 // compressed message: it cannot bound what one inflates to before inflating it.
@@ -247,7 +237,8 @@ TEST_F(ServeGrpcTest, ACompressedMessageIsRefusedBeforeItIsInflated) {
   auto bomb = MlpRequest();
   bomb.mutable_inputs(0)->clear_contents();
   bomb.add_raw_input_contents(std::string(std::size_t{96} << 20, '\0'));  // gzips to ~100 KB
-  const int64_t peak_before = PeakResidentKiB(server_->pid());
+  const std::optional<int64_t> peak_before = ProcStatusBytes(server_->pid(), "VmHWM");
+  ASSERT_TRUE(peak_before) << "no VmHWM in the server's /proc status";
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
   context.set_compression_algorithm(GRPC_COMPRESS_GZIP);
@@ -255,8 +246,9 @@ TEST_F(ServeGrpcTest, ACompressedMessageIsRefusedBeforeItIsInflated) {
   const grpc::Status status = stub_->ModelInfer(&context, bomb, &response);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::UNIMPLEMENTED) << status.error_message();
   EXPECT_THAT(status.error_message(), HasSubstr("gzip"));
-  EXPECT_LT(PeakResidentKiB(server_->pid()) - peak_before, 32 * 1024)
-      << "the server inflated the message";
+  const std::optional<int64_t> peak_after = ProcStatusBytes(server_->pid(), "VmHWM");
+  ASSERT_TRUE(peak_after) << "no VmHWM in the server's /proc status";
+  EXPECT_LT(*peak_after - *peak_before, int64_t{32} << 20) << "the server inflated the message";
 
   // Uncompressed calls are served as before.
   EXPECT_TRUE(Call(&Service::ModelInfer, MlpRequest(), &response).ok());

@@ -380,8 +380,7 @@ TEST(ServeLifecycleTest, AnAddressInUseFailsTheStart) {
 }
 
 TEST(ServeLifecycleTest, CurlClassifiesTheExampleDigit) {
-  if (RunCommand("command -v curl >/dev/null 2>&1").exit_code != 0)
-    GTEST_SKIP() << "curl is not installed";
+  BACKPLANE_REQUIRE_COMMAND("curl", "curl");
   ServeHome home;
   auto server = ServeProcess::Start(
       {"--models", home.models().string(), "--backends", home.backends().string()});
