@@ -53,23 +53,30 @@ std::optional<Candidate> BackendScanner::ScanFamily(const fs::path& family) cons
 }
 
 bool BackendScanner::RejectedAndUnchanged(const Candidate& candidate) const {
-  auto it = rejected_fingerprints_.find(candidate.path);
-  return it != rejected_fingerprints_.end() && it->second == candidate.fingerprint;
+  auto it = rejected_.find(candidate.path);
+  return it != rejected_.end() && it->second.fingerprint == candidate.fingerprint &&
+         it->second.before_opening == !candidate.unusable.ok();
 }
 
 void BackendScanner::RememberRejected(const Candidate& candidate) {
   // Trap: the fingerprint of the listing, not one read now. A link re-pointed from a dangling
   // target to a good file while the rejection was being decided would otherwise be remembered as
-  // rejected and never loaded (found by DeployModelTest).
-  rejected_fingerprints_[candidate.path] = candidate.fingerprint;
-  std::erase_if(rejected_fingerprints_, [](const auto& entry) {
+  // rejected and never loaded (found by DeployModelTest). And when the name resolves differently
+  // now than in the listing, the rejection may be about a state that is gone: nothing is
+  // remembered, and the scan that the change brings decides again.
+  std::erase_if(rejected_, [](const auto& entry) {
     std::error_code ignored;
     return !fs::exists(fs::symlink_status(entry.first, ignored));
   });
+  if (FileFingerprint(candidate.path) != candidate.fingerprint) {
+    rejected_.erase(candidate.path);
+    return;
+  }
+  rejected_[candidate.path] = {candidate.fingerprint, !candidate.unusable.ok()};
 }
 
 void BackendScanner::ForgetRejected(const fs::path& file) {
-  rejected_fingerprints_.erase(file);
+  rejected_.erase(file);
 }
 
 std::vector<fs::path> BackendScanner::NotYetSaid(const std::vector<fs::path>& misnamed) {

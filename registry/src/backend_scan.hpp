@@ -48,8 +48,11 @@ class BackendScanner {
   std::optional<Candidate> ScanFamily(const std::filesystem::path& family) const;
 
   // A rejection is reported once per version of a file, not at every scan: whether the
-  // candidate's name was rejected when it resolved as it does in this listing.
+  // candidate's name was rejected when it resolved as it does in this listing, and for the same
+  // kind of reason (failing before it is opened, or failing to load).
   bool RejectedAndUnchanged(const Candidate& candidate) const;
+  // Remembers `candidate` as rejected, unless its name no longer resolves as the listing said
+  // (then the change that moved it brings another scan, which decides again).
   void RememberRejected(const Candidate& candidate);
   void ForgetRejected(const std::filesystem::path& file);
 
@@ -62,7 +65,19 @@ class BackendScanner {
 
   const std::vector<std::filesystem::path> directories_;
   const loader::FilePolicy policy_;
-  std::map<std::filesystem::path, std::string> rejected_fingerprints_;
+  // What a rejection was remembered for: the fingerprint, and whether the name failed before it
+  // was opened. Trap: the verdict (in loader::DiscoverBackendFiles) and the fingerprint (read
+  // after it) are two reads of the directory; a link re-pointed from a loop to a good file
+  // between them pairs "unusable" with the good file's fingerprint. Remembered without its kind,
+  // that silenced the good file for good: the next scan found it usable, "rejected and
+  // unchanged", and never loaded it (DeployModelTest, seed 3814792992 on a loaded machine). A
+  // name rejected before opening can only silence a name that still fails before opening, which
+  // is a rejection either way.
+  struct Rejection {
+    std::string fingerprint;
+    bool before_opening = false;
+  };
+  std::map<std::filesystem::path, Rejection> rejected_;
   std::set<std::filesystem::path> said_misnamed_;
 };
 

@@ -345,6 +345,10 @@ TEST_F(DeployModelTest, TheActiveContentIsAlwaysWhatTheRuleDesignates) {
                                    active->generation, active->file.string(),
                                    active->resolved_file.string(), active->sha256)
                      : "; no active generation";
+      // A deploy silenced by a stale rejection shows up here (the newest first).
+      if (const auto status = registry_->Describe("TestValid"); status && !status->rejected.empty())
+        text += fmt::format("; last rejection {}: {}", status->rejected.front().file.string(),
+                            status->rejected.front().error.ToString());
       text += "; expected sha256 " + designated.value_or("(none)") + "\nsteps so far:";
       for (const auto& done : history)
         text += "\n  " + done;
