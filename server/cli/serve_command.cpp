@@ -3,9 +3,9 @@
 #include <pthread.h>
 #include <signal.h>
 
-#include <atomic>
 #include <cstdlib>
 #include <iostream>
+#include <optional>
 
 #include "admin/admin_api.hpp"
 #include "http/http_server.hpp"
@@ -19,6 +19,26 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr char kAdminTokenVariable[] = "BACKPLANE_ADMIN_TOKEN";
+
+// The addresses `config` listens on: REST's, and gRPC's unless "off". kInvalidArgument naming
+// the bad one.
+struct ListenAddresses {
+  ListenAddress http;
+  std::optional<ListenAddress> grpc;
+};
+Result<ListenAddresses> ParseListenAddresses(const ServeConfig& config) {
+  auto http = ParseListenAddress(config.listen);
+  if (!http.ok())
+    return http.error();
+  ListenAddresses addresses{.http = *http};
+  if (config.grpc_listen != kGrpcOff) {
+    auto grpc = ParseListenAddress(config.grpc_listen);
+    if (!grpc.ok())
+      return InvalidArgument("gRPC " + grpc.error().message());
+    addresses.grpc = *grpc;
+  }
+  return addresses;
+}
 
 int StartupFailure(const std::string& message) {
   Log().error("backplane serve: {}", message);
@@ -47,14 +67,8 @@ Result<ServeConfig> ResolveConfig(const ServeOptions& options) {
     config.log_level = *options.log_level;
   if (options.admin_token)
     config.admin_token = *options.admin_token;
-  auto listen = ParseListenAddress(config.listen);
-  if (!listen.ok())
-    return listen.error();
-  if (config.grpc_listen != kGrpcOff) {
-    auto grpc_listen = ParseListenAddress(config.grpc_listen);
-    if (!grpc_listen.ok())
-      return InvalidArgument("gRPC " + grpc_listen.error().message());
-  }
+  if (auto addresses = ParseListenAddresses(config); !addresses.ok())
+    return addresses.error();
   return config;
 }
 
@@ -131,9 +145,10 @@ void AnnounceListening(std::string_view scheme, const ListenAddress& address) {
 }  // namespace
 
 Result<RunningServer> StartServer(const ServeConfig& config) {
-  auto listen = ParseListenAddress(config.listen);
-  if (!listen.ok())
-    return listen.error();
+  // Before anything is loaded: a bad address must not cost a start and a stop.
+  auto addresses = ParseListenAddresses(config);
+  if (!addresses.ok())
+    return addresses.error();
   auto started = ServingCore::Start(config);
   if (!started.ok())
     return started.error();
@@ -144,17 +159,14 @@ Result<RunningServer> StartServer(const ServeConfig& config) {
       std::make_unique<HttpServer>(HttpLimitsFrom(config), config.admin_token, core.metrics());
   AddKServeRoutes(*http, core.context());
   AddAdminRoutes(*http, core.context());
-  auto bound = http->Start(*listen);
+  auto bound = http->Start(addresses->http);
   if (!bound.ok())
     return bound.error();
   server.http = *bound;
   core.AddTransport(std::move(http));
 
-  if (config.grpc_listen != kGrpcOff) {
-    auto grpc_listen = ParseListenAddress(config.grpc_listen);
-    if (!grpc_listen.ok())
-      return InvalidArgument("gRPC " + grpc_listen.error().message());
-    auto grpc = GrpcServer::Start(*grpc_listen, core.context(),
+  if (addresses->grpc) {
+    auto grpc = GrpcServer::Start(*addresses->grpc, core.context(),
                                   {.max_message_bytes = config.max_body_bytes});
     if (!grpc.ok())
       return grpc.error();
