@@ -37,8 +37,7 @@ struct Scalar {
   std::string_view text;
 };
 
-// The value as the old whole-document parser printed it (nlohmann's dump), so that messages do
-// not change: 1e+300, "two", null.
+// The value as JSON prints it (nlohmann's dump), for messages: 1e+300, "two", null.
 std::string Dump(const Scalar& value) {
   switch (value.kind) {
     case ScalarKind::kInt64:
@@ -162,10 +161,9 @@ ElementWriter WriterFor(DataType type) {
 // checking the nesting against the shape on the way. Flat data is a list of scalars; nested
 // data (its first element an array) must follow the shape exactly.
 //
-// Trap: errors are kept, not returned at once, and the one Finish reports is the one the old
-// whole-document check found first: for nested data the first in pre-order (an array's length
-// is checked before its elements), structure before element values; for flat data the count,
-// then arrays among the scalars, then the first bad value. The tests assert those messages.
+// The error Finish reports is the first thing wrong in document order (a level's element count
+// is checked at its closing bracket, flat data's count at the end); every event after it is
+// ignored, so a bad request costs no more conversion work.
 class DataSink {
  public:
   // `data` is the tensor's buffer, or null when there is none (its shape needs more elements
@@ -179,15 +177,12 @@ class DataSink {
         write_(WriterFor(type)) {}
 
   void BeginArray() {
-    if (skip_ > 0) {
-      ++skip_;
+    if (!error_.ok())
       return;
-    }
     if (depth_ == 0) {
       started_ = true;
       depth_ = 1;
       counts_.push_back(0);
-      level_seq_.push_back(seq_++);
       return;
     }
     if (!Element(/*is_array=*/true))
@@ -195,30 +190,24 @@ class DataSink {
     // A nested level the shape allows.
     ++depth_;
     counts_.push_back(0);
-    level_seq_.push_back(seq_ - 1);
   }
 
   void EndArray() {
-    if (skip_ > 0) {
-      --skip_;
+    if (!error_.ok())
       return;
-    }
     const std::size_t dim = depth_ - 1;
     if (nested_ && counts_[dim] != shape_[dim]) {
-      Structure(
-          level_seq_[dim],
-          InvalidArgument("input " + input_ + ": nested data has " + std::to_string(counts_[dim]) +
-                          " element(s) at depth " + std::to_string(dim) + ", shape " +
-                          ToString(shape_) + " needs " + std::to_string(shape_[dim])));
+      return Fail("nested data has " + std::to_string(counts_[dim]) + " element(s) at depth " +
+                  std::to_string(dim) + ", shape " + ToString(shape_) + " needs " +
+                  std::to_string(shape_[dim]));
     }
     counts_.pop_back();
-    level_seq_.pop_back();
     --depth_;
   }
 
   // A whole object (its contents are not handed over).
   void Object() {
-    if (skip_ > 0)
+    if (!error_.ok())
       return;
     if (depth_ == 0) {
       started_ = true;
@@ -229,7 +218,7 @@ class DataSink {
   }
 
   void Value(const Scalar& value) {
-    if (skip_ > 0)
+    if (!error_.ok())
       return;
     if (depth_ == 0) {
       started_ = true;
@@ -240,35 +229,25 @@ class DataSink {
       return;
     const std::size_t index = nested_ ? elements_++ : top_count_ - 1;
     if (index >= static_cast<std::size_t>(std::min<int64_t>(count_, kMaxRequestElements)))
-      return;  // too many: the count or structure check reports it
-    Status written = write_(value, type_, input_, index, data_);
-    if (!written.ok() && value_error_.ok())
-      value_error_ = std::move(written);
+      return;  // too many: the count check reports it
+    error_ = write_(value, type_, input_, index, data_);
   }
 
   // The index the next element would get: for naming a number the parser could not hold.
   std::size_t next_index() const { return nested_ ? elements_ : top_count_; }
 
-  // What was wrong, by the priority above; "'data' (an array) is required" when the value was
-  // not an array.
+  // What was wrong; "'data' (an array) is required" when the value was not an array.
   Status Finish() const {
     if (!started_ || not_array_)
       return InvalidArgument("input " + input_ + ": 'data' (an array) is required");
-    if (!nested_) {
-      if (static_cast<int64_t>(top_count_) != count_) {
-        return InvalidArgument(
-            "input " + input_ + ": 'data' has " + std::to_string(top_count_) +
-            " element(s), shape " + ToString(shape_) + " needs " +
-            (count_ > kMaxRequestElements ? "too many" : std::to_string(count_)));
-      }
-      if (mixes_)
-        return InvalidArgument("input " + input_ +
-                               ": 'data' mixes arrays and scalars at the top level");
-      return value_error_;
+    if (!error_.ok())
+      return error_;
+    if (!nested_ && static_cast<int64_t>(top_count_) != count_) {
+      return InvalidArgument("input " + input_ + ": 'data' has " + std::to_string(top_count_) +
+                             " element(s), shape " + ToString(shape_) + " needs " +
+                             (count_ > kMaxRequestElements ? "too many" : std::to_string(count_)));
     }
-    if (!structure_error_.ok())
-      return structure_error_;
-    return value_error_;
+    return Status::Ok();
   }
 
  private:
@@ -282,42 +261,27 @@ class DataSink {
     if (!nested_) {
       ++top_count_;
       if (is_array || is_object) {
-        mixes_ = true;
-        if (is_array)
-          skip_ = 1;
+        Fail("'data' mixes arrays and scalars at the top level");
         return false;
       }
       return true;
     }
     const std::size_t dim = depth_ - 1;
     ++counts_[dim];
-    const uint64_t seq = seq_++;
     const bool last = dim + 1 >= shape_.size();
-    if (last) {
-      if (is_array || is_object) {
-        Structure(seq, InvalidArgument("input " + input_ + ": nested data is deeper than shape " +
-                                       ToString(shape_)));
-        if (is_array)
-          skip_ = 1;
-        return false;
-      }
-      return true;
+    if (last && (is_array || is_object)) {
+      Fail("nested data is deeper than shape " + ToString(shape_));
+      return false;
     }
-    if (!is_array) {
-      Structure(seq, InvalidArgument("input " + input_ + ": nested data is shallower than shape " +
-                                     ToString(shape_) + " (a scalar at depth " +
-                                     std::to_string(dim) + ")"));
+    if (!last && !is_array) {
+      Fail("nested data is shallower than shape " + ToString(shape_) + " (a scalar at depth " +
+           std::to_string(dim) + ")");
       return false;
     }
     return true;
   }
 
-  void Structure(uint64_t seq, Status error) {
-    if (structure_error_.ok() || seq < structure_seq_) {
-      structure_seq_ = seq;
-      structure_error_ = std::move(error);
-    }
-  }
+  void Fail(const std::string& what) { error_ = InvalidArgument("input " + input_ + ": " + what); }
 
   void* data_;
   Shape shape_;
@@ -326,17 +290,12 @@ class DataSink {
   int64_t count_;
   ElementWriter write_;
 
-  bool started_ = false, not_array_ = false, decided_ = false, nested_ = false, mixes_ = false;
+  bool started_ = false, not_array_ = false, decided_ = false, nested_ = false;
   std::size_t depth_ = 0;        // arrays open, the data array included
-  int skip_ = 0;                 // arrays open inside an element that is being skipped
   std::size_t top_count_ = 0;    // flat: elements of the data array
   std::size_t elements_ = 0;     // nested: scalars at the last level
   std::vector<int64_t> counts_;  // nested: elements so far at each open level
-  std::vector<uint64_t> level_seq_;
-  uint64_t seq_ = 0;  // pre-order number of the next node
-  uint64_t structure_seq_ = 0;
-  Status structure_error_ = Status::Ok();
-  Status value_error_ = Status::Ok();
+  Status error_ = Status::Ok();  // the first thing wrong
 };
 
 // The events of a "data" that arrived before its input's name, datatype or shape, kept compact
@@ -481,8 +440,7 @@ Status CheckKeys(std::vector<std::string> unknown, std::initializer_list<std::st
                  const std::string& where) {
   if (unknown.empty())
     return Status::Ok();
-  // The old parser walked a std::map: the first unknown key in sorted order is the one named.
-  const std::string& first = *std::min_element(unknown.begin(), unknown.end());
+  const std::string& first = unknown.front();  // in document order
   std::string list;
   for (auto name : known)
     list += (list.empty() ? "" : ", ") + std::string(name);
@@ -500,12 +458,7 @@ bool IsSet(const json& parameters, const char* key) {
 }
 
 Status CheckClassification(const json& parameters, const std::string& where) {
-  if (parameters.contains("classification")) {
-    return InvalidArgument(where +
-                           ": parameter 'classification' (Triton's classification extension) is "
-                           "not supported");
-  }
-  return Status::Ok();
+  return CheckNoClassification(where, parameters.contains("classification"));
 }
 
 Result<const json*> ParametersObject(const std::optional<json>& parameters,
@@ -1062,8 +1015,8 @@ class BinaryCursor {
   std::size_t used_ = 0;
 };
 
-// The checks of one input in the order the old whole-document parser made them: keys,
-// parameters, datatype, shape, then its data (JSON or binary).
+// The checks of one input, in one order whatever the order of its keys: keys, parameters,
+// datatype, shape, then its data (JSON or binary).
 Result<Tensor> FinishInput(InputDraft& input, const ValueInfo& expected, const std::string& name,
                            std::size_t json_bytes, BinaryCursor& binary) {
   const std::string where = "input " + Quoted(name);

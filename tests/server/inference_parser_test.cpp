@@ -1,6 +1,6 @@
-// The streaming parser of infer bodies (inference_api.hpp): key order, the messages of the
-// whole-document checks it replaced, numbers JSON cannot hold, the depth limit, and the binary
-// tensor data extension.
+// The streaming parser of infer bodies (kserve_rest/kserve_json.hpp): key order, errors in
+// document order, numbers JSON cannot hold, the depth limit, and the binary tensor data
+// extension.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -84,28 +84,49 @@ TEST(InferenceParserTest, KeyOrderDoesNotChangeTheMessage) {
 }
 
 TEST(InferenceParserTest, NestedDataErrorsComeInDocumentOrder) {
-  // The outer array's length is checked before any of its elements.
+  // The first thing wrong in the text is the one named; a level's length is checked at its
+  // closing bracket.
   EXPECT_THAT(Error(Parse(WithX(
                   R"({"name":"x","shape":[2,3],"datatype":"FP32","data":[[1,2],[1,2,3],[1]]})"))),
-              HasSubstr("nested data has 3 element(s) at depth 0, shape [2,3] needs 2"));
+              HasSubstr("nested data has 2 element(s) at depth 1, shape [2,3] needs 3"));
+  EXPECT_THAT(
+      Error(Parse(WithX(
+          R"({"name":"x","shape":[2,3],"datatype":"FP32","data":[[1,2,3],[4,5,6],[7,8,9]]})"))),
+      HasSubstr("nested data has 3 element(s) at depth 0, shape [2,3] needs 2"));
   EXPECT_THAT(Error(Parse(WithX(
                   R"({"name":"x","shape":[2,3],"datatype":"FP32","data":[[1,2,3],[1,[2],3]]})"))),
               HasSubstr("input 'x': nested data is deeper than shape [2,3]"));
   EXPECT_THAT(
       Error(Parse(WithX(R"({"name":"x","shape":[2,3],"datatype":"FP32","data":[[1,2,3],4]})"))),
       HasSubstr("nested data is shallower than shape [2,3] (a scalar at depth 0)"));
-  // Structure before values: the bad value comes first in the text, the bad length wins.
   EXPECT_THAT(Error(Parse(WithX(
                   R"({"name":"x","shape":[2,3],"datatype":"FP32","data":[[1,"a",3],[1,2]]})"))),
-              HasSubstr("nested data has 2 element(s) at depth 1"));
+              HasSubstr("input 'x' element 1 is \"a\", expected a number for FP32"));
+  EXPECT_THAT(
+      Error(Parse(WithX(R"({"name":"x","shape":[2,3],"datatype":"FP32","data":[[1,2,3],[1,2]]})"))),
+      HasSubstr("nested data has 2 element(s) at depth 1, shape [2,3] needs 3"));
   EXPECT_THAT(
       Error(Parse(WithX(R"({"name":"x","shape":[1,3],"datatype":"FP32","data":[1,[2],3,4]})"))),
+      HasSubstr("'data' mixes arrays and scalars at the top level"));
+  EXPECT_THAT(
+      Error(Parse(WithX(R"({"name":"x","shape":[1,3],"datatype":"FP32","data":[1,"b",3,4]})"))),
+      HasSubstr("input 'x' element 1 is \"b\""));
+  EXPECT_THAT(
+      Error(Parse(WithX(R"({"name":"x","shape":[1,3],"datatype":"FP32","data":[1,2,3,4]})"))),
       HasSubstr("'data' has 4 element(s), shape [1,3] needs 3"));
   EXPECT_THAT(
       Error(Parse(WithX(R"({"name":"x","shape":[1,3],"datatype":"FP32","data":[1,{"a":[1]},3]})"))),
       HasSubstr("'data' mixes arrays and scalars at the top level"));
   EXPECT_THAT(Error(Parse(WithX(R"({"name":"x","shape":[1,3],"datatype":"FP32","data":{"a":1}})"))),
               HasSubstr("input 'x': 'data' (an array) is required"));
+}
+
+TEST(InferenceParserTest, UnknownKeysAreNamedInDocumentOrder) {
+  EXPECT_THAT(Error(Parse(R"({"zeta":1,"alpha":2,"inputs":[]})")),
+              HasSubstr("inference request: unknown key 'zeta'"));
+  EXPECT_THAT(Error(Parse(WithX(
+                  R"({"name":"x","zz":1,"aa":2,"shape":[1,3],"datatype":"FP32","data":[1,2,3]})"))),
+              HasSubstr("input 'x': unknown key 'zz'"));
 }
 
 TEST(InferenceParserTest, NumbersNoDoubleHoldsNameTheirPlace) {
