@@ -257,22 +257,34 @@ class OnceAnswer {
   std::atomic<bool> answered_{false};
 };
 
+// Runs a handler. Handlers report expected failures as responses; an exception is a bug, answered
+// with 500 rather than allowed to take down the thread it ran on. Returns that 500, or nothing
+// when the handler returned. Messages name the route, not the path the client sent.
+template <typename Call>
+std::optional<HttpResponse> RunHandler(const Route& route, Call&& call) {
+  try {
+    call();
+    return std::nullopt;
+  } catch (const std::exception& e) {
+    Log().error("{} {}: unexpected exception in a handler: {}", route.method, route.path, e.what());
+    return HttpResponse::Error(500, std::string("internal error: ") + e.what());
+  } catch (...) {
+    Log().error("{} {}: unexpected exception in a handler", route.method, route.path);
+    return HttpResponse::Error(500, "internal error: unknown exception");
+  }
+}
+
 }  // namespace
 
 void HttpServer::Core::InvokeAsync(const Route& route, HttpRequest request,
                                    HttpServer::Responder respond, std::shared_ptr<AsyncSlot> slot) {
   auto once = std::make_shared<OnceAnswer>(std::move(respond), std::move(slot));
-  // The request is the handler's now: messages name the route, not the path.
-  try {
+  auto failure = RunHandler(route, [&] {
     route.async_handler(std::move(request),
                         [once](HttpResponse response) { once->Answer(std::move(response)); });
-  } catch (const std::exception& e) {
-    Log().error("{} {}: unexpected exception in a handler: {}", route.method, route.path, e.what());
-    once->Answer(HttpResponse::Error(500, std::string("internal error: ") + e.what()));
-  } catch (...) {
-    Log().error("{} {}: unexpected exception in a handler", route.method, route.path);
-    once->Answer(HttpResponse::Error(500, "internal error: unknown exception"));
-  }
+  });
+  if (failure)
+    once->Answer(std::move(*failure));
 }
 
 // One accepted connection. Strand-only: every member is touched on the connection's strand,
@@ -499,9 +511,18 @@ class Connection : public std::enable_shared_from_this<Connection> {
     const auto target = message->target();
     request.path = DecodedPath(std::string_view(target.data(), target.size()));
     request.body = std::move(message->body());
+    // A field sent on several lines reads as one value, the lines joined by ", " (RFC 9110
+    // 5.3): a handler then sees "12, 13" for a repeated single-valued field and refuses it,
+    // where taking the first line would let the two ends of a proxy disagree on the value.
     request.header = [message](std::string_view name) {
-      const auto field = message->find(beast::string_view(name.data(), name.size()));
-      return field == message->end() ? std::string() : std::string(field->value());
+      std::string joined;
+      const auto [first, last] = message->equal_range(beast::string_view(name.data(), name.size()));
+      for (auto field = first; field != last; ++field) {
+        if (field != first)
+          joined += ", ";
+        joined.append(field->value().data(), field->value().size());
+      }
+      return joined;
     };
     request.deadline = deadline_;
 
@@ -716,20 +737,9 @@ std::variant<const Route*, HttpResponse> HttpServer::Core::Find(HttpRequest& req
 }
 
 HttpResponse HttpServer::Core::Invoke(const Route& route, const HttpRequest& request) {
-  // Handlers report expected failures as responses; an exception here is a bug, answered with
-  // 500 rather than allowed to take down the handler thread.
   HttpResponse response;
-  try {
-    response = route.handler(request);
-  } catch (const std::exception& e) {
-    Log().error("{} {}: unexpected exception in a handler: {}", request.method, request.path,
-                e.what());
-    response = HttpResponse::Error(500, std::string("internal error: ") + e.what());
-  } catch (...) {
-    Log().error("{} {}: unexpected exception in a handler", request.method, request.path);
-    response = HttpResponse::Error(500, "internal error: unknown exception");
-  }
-  return response;
+  auto failure = RunHandler(route, [&] { response = route.handler(request); });
+  return failure ? std::move(*failure) : std::move(response);
 }
 
 bool HttpServer::Core::ShouldLogRefusal(const std::string& client) {

@@ -29,7 +29,8 @@ struct HttpRequest {
   std::string path;
   std::vector<std::string> params;  // the route pattern's captures ("{}"), in order
   std::string body;                 // read in full, at most HttpLimits::max_body_bytes
-  std::function<std::string(std::string_view name)> header;  // "" when absent
+  // "" when absent; a field sent on several lines, its values joined by ", " (RFC 9110 5.3).
+  std::function<std::string(std::string_view name)> header;
   // request_timeout_ms from the request's first byte: work still queued then is not started.
   std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
 };
@@ -47,7 +48,7 @@ struct HttpResponse {
   static HttpResponse FromStatus(const Status& status);
 };
 
-// kInvalidArgument and kUnimplemented → 400, kNotFound → 404, kAlreadyExists and
+// kInvalidArgument → 400, kUnimplemented → 501, kNotFound → 404, kAlreadyExists and
 // kFailedPrecondition → 409, kResourceExhausted and kUnavailable → 503, kDeadlineExceeded → 504,
 // anything else → 500.
 int HttpStatusFor(StatusCode code);

@@ -170,6 +170,16 @@ TEST_F(ServeBinaryTest, BadBinaryRequestsAre400NamingWhat) {
   expect(post(text + std::string(8, '\0'), std::to_string(text.size())),
          "input 'features': binary_data_size 16 runs past the binary data (8 byte(s)");
   expect(post(text, ""), "no Inference-Header-Content-Length header");
+  {
+    // Sent twice: the two values are read together and refused, never one of them chosen.
+    httplib::Headers twice{{kHeaderLength, std::to_string(text.size())},
+                           {kHeaderLength, std::to_string(text.size() + 1)}};
+    auto reply = client_->Post(kMlpInfer, twice, text + sixteen, "application/octet-stream");
+    ASSERT_TRUE(reply);
+    expect({reply->status, reply->body},
+           "Inference-Header-Content-Length '" + std::to_string(text.size()) + ", " +
+               std::to_string(text.size() + 1) + "' is not a byte count");
+  }
 
   auto wrong_size = header;
   wrong_size["inputs"][0]["parameters"]["binary_data_size"] = 12;
