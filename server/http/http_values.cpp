@@ -30,8 +30,9 @@ int HttpStatusFor(StatusCode code) {
     case StatusCode::kOk:
       return 200;
     case StatusCode::kInvalidArgument:
-    case StatusCode::kUnimplemented:
       return 400;
+    case StatusCode::kUnimplemented:
+      return 501;  // as gRPC's UNIMPLEMENTED maps to HTTP: the two transports answer alike
     case StatusCode::kNotFound:
       return 404;
     case StatusCode::kAlreadyExists:

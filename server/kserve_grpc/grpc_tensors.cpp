@@ -186,12 +186,16 @@ Result<InferenceRequest> ParseGrpcInferRequest(const inference::ModelInferReques
                            std::to_string(message.inputs_size()) +
                            " input(s): send one per input, in order");
   }
+  BACKPLANE_RETURN_IF_ERROR(
+      CheckNoClassification("inference request", message.parameters().contains("classification")));
   const std::string expected_names = Names(network.inputs);
   std::map<std::string, Tensor, std::less<>> by_name;
   for (int i = 0; i < message.inputs_size(); ++i) {
     const auto& input = message.inputs(i);
     if (input.name().empty())
       return InvalidArgument("an input has no name (the model takes: " + expected_names + ")");
+    BACKPLANE_RETURN_IF_ERROR(CheckNoClassification("input " + Quoted(input.name()),
+                                                    input.parameters().contains("classification")));
     const auto expected = std::find_if(network.inputs.begin(), network.inputs.end(),
                                        [&](const ValueInfo& v) { return v.name == input.name(); });
     if (expected == network.inputs.end()) {
@@ -219,6 +223,9 @@ Result<InferenceRequest> ParseGrpcInferRequest(const inference::ModelInferReques
       return InvalidArgument("unknown requested output " + Quoted(output.name()) +
                              " (the model's outputs: " + Names(network.outputs) + ")");
     }
+    BACKPLANE_RETURN_IF_ERROR(
+        CheckNoClassification("requested output " + Quoted(output.name()),
+                              output.parameters().contains("classification")));
     const auto index = static_cast<std::size_t>(found - network.outputs.begin());
     if (std::find(request.outputs.begin(), request.outputs.end(), index) == request.outputs.end())
       request.outputs.push_back(index);

@@ -48,6 +48,14 @@ Status CheckShapeMatches(const std::string& where, const Shape& shape, const Val
   return Status::Ok();
 }
 
+Status CheckNoClassification(const std::string& where, bool has_classification) {
+  if (!has_classification)
+    return Status::Ok();
+  return InvalidArgument(where +
+                         ": parameter 'classification' (Triton's classification extension) is "
+                         "not supported");
+}
+
 Result<std::vector<Tensor>> InputsInNetworkOrder(std::map<std::string, Tensor, std::less<>> by_name,
                                                  const Network& network) {
   std::string expected_names;

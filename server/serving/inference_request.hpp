@@ -39,6 +39,10 @@ Result<DataType> CheckDataTypeMatches(const std::string& where, std::string_view
                                       const ValueInfo& expected);
 // A shape against the model's (-1: any size).
 Status CheckShapeMatches(const std::string& where, const Shape& shape, const ValueInfo& expected);
+// A `parameters` map holding "classification" (Triton's classification extension, which returns
+// class labels instead of values): kInvalidArgument, since Backplane returns the values only and
+// a client asking for labels must not read values as labels. Checked by REST and gRPC alike.
+Status CheckNoClassification(const std::string& where, bool has_classification);
 // The tensors given by input name, in the order of the network's inputs; the first one missing
 // is kInvalidArgument naming it, its datatype and shape, and every input the model takes.
 Result<std::vector<Tensor>> InputsInNetworkOrder(std::map<std::string, Tensor, std::less<>> by_name,

@@ -370,8 +370,14 @@ Result<std::shared_ptr<const ServingModel>> ModelRepository::Prepare(const std::
       return Status(network.error().code(), what + ": " + network.error().message());
     auto id = runtime_.LoadNetwork(std::move(network).value(),
                                    {.backend_preferences = model->config.backends});
-    if (!id.ok())
-      return Status(id.error().code(), what + ": " + id.error().message());
+    if (!id.ok()) {
+      // The runtime's kNotFound is about backends (none the config prefers is registered), not
+      // about the model: a client must not read "no such model" (404) for one that exists.
+      const StatusCode code = id.error().code() == StatusCode::kNotFound
+                                  ? StatusCode::kFailedPrecondition
+                                  : id.error().code();
+      return Status(code, what + ": " + id.error().message());
+    }
     auto loaded_network = runtime_.GetNetwork(id.value());
     if (!loaded_network.ok()) {
       (void)runtime_.UnloadNetwork(id.value());

@@ -220,6 +220,10 @@ TEST(ServeNotReadyTest, ModelNotLoadedIs503) {
   EXPECT_THAT(reply.body["error"].get<std::string>(),
               HasSubstr("model 'mlp' is not ready: model 'mlp' version 1"));
   EXPECT_THAT(reply.body["error"].get<std::string>(), HasSubstr("NoSuchBackend"));
+  // Loading it again is refused for its backends, not as an unknown model (404).
+  const auto load = Post(*client, "/v2/repository/models/mlp/load", "");
+  EXPECT_EQ(load.status, 409) << load.text;
+  EXPECT_THAT(load.text, HasSubstr("NoSuchBackend names no backend of this runtime"));
   EXPECT_EQ(Get(*client, "/v2/models/mnist/ready").status, 200);
 }
 

@@ -225,6 +225,66 @@ TEST_F(ServeGrpcTest, ErrorsMapToGrpcCodesWithRestsMessages) {
   EXPECT_TRUE(status.ok()) << status.error_message();
 }
 
+// Issue 23: requests REST and gRPC answered differently (gRPC returned plain values for Triton's
+// classification parameter, and an empty batch was 400 on REST but UNIMPLEMENTED on gRPC). Each
+// now gets the same message on both, with codes that map to each other.
+TEST_F(ServeGrpcTest, RestAndGrpcRefuseTheSameRequestsAlike) {
+  auto client = server_->Client();
+  struct Case {
+    std::string what;
+    inference::ModelInferRequest grpc;
+    std::string rest;
+    grpc::StatusCode grpc_code;
+    int http_status;
+    std::string message;
+  };
+  std::vector<Case> cases;
+
+  auto classification = MlpRequest();
+  (*classification.add_outputs()->mutable_parameters())["classification"].set_int64_param(2);
+  classification.mutable_outputs(0)->set_name("probabilities");
+  cases.push_back(
+      {"classification", classification,
+       R"({"inputs":[{"name":"features","shape":[2,4],"datatype":"FP32","data":[1,2,3,4,-1,0.5,0,2]}],)"
+       R"("outputs":[{"name":"probabilities","parameters":{"classification":2}}]})",
+       grpc::StatusCode::INVALID_ARGUMENT, 400,
+       "requested output 'probabilities': parameter 'classification' (Triton's classification "
+       "extension) is "
+       "not supported"});
+
+  for (const Case& c : cases) {
+    inference::ModelInferResponse response;
+    const grpc::Status status = Call(&Service::ModelInfer, c.grpc, &response);
+    const JsonReply reply = Post(*client, "/v2/models/mlp/infer", c.rest);
+    EXPECT_EQ(status.error_code(), c.grpc_code) << c.what << ": " << status.error_message();
+    EXPECT_EQ(reply.status, c.http_status) << c.what << ": " << reply.text;
+    EXPECT_THAT(status.error_message(), HasSubstr(c.message)) << c.what;
+    ASSERT_TRUE(reply.body.contains("error")) << c.what << ": " << reply.text;
+    EXPECT_EQ(reply.body["error"].get<std::string>(), status.error_message()) << c.what;
+  }
+
+  // An empty batch runs where its backend can (CpuRef: an empty answer) and is refused where it
+  // cannot (CpuAcc: UNIMPLEMENTED, REST 501): either way both transports agree.
+  auto empty = MlpRequest();
+  empty.mutable_inputs(0)->set_shape(0, 0);
+  empty.mutable_inputs(0)->clear_contents();
+  inference::ModelInferResponse response;
+  const grpc::Status status = Call(&Service::ModelInfer, empty, &response);
+  const JsonReply reply =
+      Post(*client, "/v2/models/mlp/infer",
+           R"({"inputs":[{"name":"features","shape":[0,4],"datatype":"FP32","data":[]}]})");
+  if (status.ok()) {
+    ASSERT_EQ(reply.status, 200) << reply.text;
+    ASSERT_EQ(response.outputs_size(), 1);
+    EXPECT_EQ(response.outputs(0).shape(0), 0);
+    EXPECT_EQ(reply.body["outputs"][0]["shape"][0], 0) << reply.text;
+  } else {
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::UNIMPLEMENTED) << status.error_message();
+    EXPECT_EQ(reply.status, 501) << reply.text;
+    EXPECT_EQ(reply.body.value("error", ""), status.error_message());
+  }
+}
+
 // Issue 23: a 1 MB gzip-compressed ModelInfer was inflated to 1 GiB before the 16 MiB limit was
 // checked (1.1 GB of resident memory per message, not given back). The server accepts no
 // compressed message: it cannot bound what one inflates to before inflating it.

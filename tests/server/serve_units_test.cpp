@@ -23,6 +23,19 @@ namespace {
 using nlohmann::json;
 using ::testing::HasSubstr;
 
+// REST's statuses for the runtime's codes, as gRPC's codes map to HTTP: the two transports give
+// one failure the same meaning (an empty batch CpuAcc cannot run was 400 on REST and
+// UNIMPLEMENTED on gRPC).
+TEST(HttpStatusTest, CodesMapAsTheirGrpcCounterparts) {
+  EXPECT_EQ(HttpStatusFor(StatusCode::kInvalidArgument), 400);
+  EXPECT_EQ(HttpStatusFor(StatusCode::kUnimplemented), 501);
+  EXPECT_EQ(HttpStatusFor(StatusCode::kNotFound), 404);
+  EXPECT_EQ(HttpStatusFor(StatusCode::kUnavailable), 503);
+  EXPECT_EQ(HttpStatusFor(StatusCode::kResourceExhausted), 503);
+  EXPECT_EQ(HttpStatusFor(StatusCode::kDeadlineExceeded), 504);
+  EXPECT_EQ(HttpStatusFor(StatusCode::kInternal), 500);
+}
+
 TEST(ServeConfigTest, AnUnknownKeyIsNamedWithTheKnownOnes) {
   testing::TempDir dir;
   testing::WriteFile(dir / "serve.json", R"({"listen": "127.0.0.1:9000", "max_inflight": 3})");
