@@ -245,7 +245,11 @@ Status ApplyConfigFile(const fs::path& file, ServeConfig& config) {
   }
   std::stringstream text;
   text << in.rdbuf();
-  const json document = json::parse(text.str(), nullptr, /*allow_exceptions=*/false,
+  return ApplyConfigText(text.str(), file, config);
+}
+
+Status ApplyConfigText(std::string_view text, const fs::path& file, ServeConfig& config) {
+  const json document = json::parse(text, nullptr, /*allow_exceptions=*/false,
                                     /*ignore_comments=*/true);
   if (document.is_discarded()) {
     return InvalidArgument("config file " + file.string() + " is not valid JSON");

@@ -136,11 +136,7 @@ Result<ModelConfig> ReadModelConfig(const fs::path& model_dir, std::string_view 
   if (!in) {
     return InvalidArgument("model '" + std::string(name) + "': cannot read " + file.string());
   }
-  const json document = json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
-  if (document.is_discarded())
-    return InvalidArgument("model '" + std::string(name) + "': " + file.string() +
-                           " is not valid JSON");
-  return ParseModelConfig(document, file.string());
+  return ParseModelConfigText(text.str(), file.string());
 }
 
 }  // namespace
@@ -184,6 +180,13 @@ Result<ModelConfig> ParseModelConfig(const json& document, std::string_view wher
     }
   }
   return config;
+}
+
+Result<ModelConfig> ParseModelConfigText(std::string_view text, std::string_view where) {
+  const json document = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (document.is_discarded())
+    return InvalidArgument(std::string(where) + " is not valid JSON");
+  return ParseModelConfig(document, where);
 }
 
 bool IsValidModelName(std::string_view name) {
