@@ -7,6 +7,7 @@
 
 #include "backplane/core/quoted.hpp"
 #include "backplane/loader/reaper.hpp"
+#include "config/config_json.hpp"
 #include "metrics/metrics.hpp"
 #include "serving/serving_log.hpp"
 
@@ -183,10 +184,10 @@ Result<ModelConfig> ParseModelConfig(const json& document, std::string_view wher
 }
 
 Result<ModelConfig> ParseModelConfigText(std::string_view text, std::string_view where) {
-  const json document = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (document.is_discarded())
-    return InvalidArgument(std::string(where) + " is not valid JSON");
-  return ParseModelConfig(document, where);
+  auto document = ParseConfigJson(text, where, /*comments=*/false);
+  if (!document.ok())
+    return document.error();
+  return ParseModelConfig(document.value(), where);
 }
 
 bool IsValidModelName(std::string_view name) {
