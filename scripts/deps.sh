@@ -16,7 +16,8 @@ BACKPLANE_PACKAGES=(
   # web assets beside it; --no-install-recommends below leaves out node-exporter.
   prometheus
   libomp5-14  # LLVM's OpenMP runtime: the loader's test of a renamed threading runtime
-  clang-14    # the clang preset (thread-safety analysis) and the fuzz preset
+  clang-14    # the clang preset (thread-safety analysis, the libFuzzer targets)
+  libclang-rt-14-dev  # clang's sanitizer and libFuzzer runtimes (only recommended by clang-14)
   python3-yaml jq  # tests/deploy read the manifests; scripts/rollout.sh reads the admin API
   libgrpc++-dev protobuf-compiler-grpc  # KServe v2 over gRPC
 )

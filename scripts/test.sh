@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds and runs every test: the release build, then the same tests under AddressSanitizer +
-# UndefinedBehaviorSanitizer and under ThreadSanitizer, then the clang build whose check is the
-# thread-safety analysis (-Werror=thread-safety; libraries and server, no tests to run).
+# UndefinedBehaviorSanitizer and under ThreadSanitizer, then the clang build: the thread-safety
+# analysis (-Werror=thread-safety; libraries and server) and the libFuzzer targets under
+# ASan+UBSan, each then run for a fixed time on its seed corpus (scripts/fuzz.sh, docs/fuzzing.md).
 # `scripts/test.sh release` runs one preset.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,7 +29,15 @@ for preset in "${presets[@]}"; do
   cmake --preset "$preset" >/dev/null
   cmake --build --preset "$preset" -j "$jobs"
   echo "=== ${preset}: built in $((SECONDS - start)) s"
-  if [[ "$preset" == clang ]]; then continue; fi  # the build is the check
+  if [[ "$preset" == clang ]]; then
+    # No ctest: the build is the thread-safety check; then every fuzz target for 15 s, two at a
+    # time on 2 cores (a crash, leak, timeout or out-of-memory fails the stage).
+    echo "=== clang: fuzz"
+    start=$SECONDS
+    scripts/fuzz.sh build/clang 15
+    echo "=== clang: fuzzed in $((SECONDS - start)) s"
+    continue
+  fi
   echo "=== ${preset}: test"
   start=$SECONDS
   ctest --preset "$preset" -j "$jobs"

@@ -1,5 +1,7 @@
 #include "config/server_config.hpp"
 
+#include "config/config_json.hpp"
+
 #include <charconv>
 #include <fstream>
 #include <functional>
@@ -245,11 +247,14 @@ Status ApplyConfigFile(const fs::path& file, ServeConfig& config) {
   }
   std::stringstream text;
   text << in.rdbuf();
-  const json document = json::parse(text.str(), nullptr, /*allow_exceptions=*/false,
-                                    /*ignore_comments=*/true);
-  if (document.is_discarded()) {
-    return InvalidArgument("config file " + file.string() + " is not valid JSON");
-  }
+  return ApplyConfigText(text.str(), file, config);
+}
+
+Status ApplyConfigText(std::string_view text, const fs::path& file, ServeConfig& config) {
+  auto parsed = ParseConfigJson(text, "config file " + file.string(), /*comments=*/true);
+  if (!parsed.ok())
+    return parsed.error();
+  const json& document = parsed.value();
   if (!document.is_object()) {
     return InvalidArgument("config file " + file.string() + " must hold a JSON object, got " +
                            std::string(document.type_name()));

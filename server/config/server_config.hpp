@@ -73,6 +73,10 @@ ServeConfig DefaultServeConfig();
 // out-of-range value is kInvalidArgument naming the file and the key; a missing or unreadable
 // file is kNotFound / kInvalidArgument. Relative paths in the file are relative to its folder.
 Status ApplyConfigFile(const std::filesystem::path& file, ServeConfig& config);
+// The same for the file's text, already read: `file` names it in messages and is the base of its
+// relative paths. The seam tests/fuzz/server_config_fuzz.cpp drives without a file.
+Status ApplyConfigText(std::string_view text, const std::filesystem::path& file,
+                       ServeConfig& config);
 
 // Every config key with its default, as "key: default" lines (for --help and tests).
 std::vector<std::string> DescribeConfigKeys();

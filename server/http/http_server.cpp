@@ -40,6 +40,7 @@
 #include "backplane/core/logging.hpp"
 #include "backplane/core/thread_annotations.hpp"
 #include "http/path_pattern.hpp"
+#include "http/request_framing.hpp"
 #include "metrics/metrics.hpp"
 
 namespace backplane::server {
@@ -391,12 +392,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     request_started_ = Clock::now();
     deadline_ = request_started_ + limits().request_timeout;
     parser_.emplace();
-    parser_->header_limit(
-        static_cast<std::uint32_t>(std::min<std::size_t>(limits().max_header_bytes, UINT32_MAX)));
-    // The body's limit is checked once the header is known (for a 413 that names the length).
-    // Not boost::none: Beast 1.74 compares the length with the optional, and none is less
-    // than every length.
-    parser_->body_limit(std::numeric_limits<std::uint64_t>::max());
+    PrepareForHeader(*parser_, limits());
     ArmTimer(std::min(request_started_ + limits().header_timeout, deadline_));
     http::async_read_header(socket_, buffer_, *parser_,
                             [self = shared_from_this()](beast::error_code error, std::size_t) {
@@ -409,52 +405,15 @@ class Connection : public std::enable_shared_from_this<Connection> {
       return Fail(408, "request header not received within " +
                            Milliseconds(limits().header_timeout) + " (header_timeout_ms)");
     }
-    if (error == http::error::header_limit) {
-      return Fail(431, "request headers exceed the limit of " +
-                           std::to_string(limits().max_header_bytes) + " bytes (max_header_bytes)");
-    }
-    if (error == http::error::bad_content_length) {
-      return Fail(400,
-                  "malformed or conflicting Content-Length (or Content-Length with "
-                  "Transfer-Encoding)");
-    }
-    if (error == http::error::bad_transfer_encoding) {
-      return Fail(400, "Transfer-Encoding repeated or sent with Content-Length");
-    }
     if (error == http::error::end_of_stream || error == http::error::partial_message ||
         (error &&
          error.category() != http::make_error_code(http::error::header_limit).category())) {
       return Close();  // the client left or the socket failed: nobody to answer
     }
-    if (error)
-      return Fail(400, "malformed request: " + error.message());
-
+    if (auto refusal = CheckRequestHeader(error, *parser_, limits()))
+      return Fail(refusal->status, refusal->message);
     phase_ = Phase::kInRequest;
     const auto& header = parser_->get();
-    // RFC 9112 6.1: a request whose transfer coding the server does not understand cannot be
-    // framed: refuse it rather than read its body as the next request.
-    const auto coding = header.find(http::field::transfer_encoding);
-    if (coding != header.end()) {
-      if (!beast::iequals(coding->value(), "chunked")) {
-        return Fail(501, "transfer coding '" + std::string(coding->value()) +
-                             "' is not supported (only chunked)");
-      }
-      if (header.count(http::field::transfer_encoding) > 1)
-        return Fail(400, "Transfer-Encoding repeated");
-    }
-    // RFC 9112 3.2: an HTTP/1.1 request carries exactly one Host header, and a server answers 400
-    // to one that does not.
-    if (header.version() >= 11 && header.count(http::field::host) != 1) {
-      return Fail(400, header.count(http::field::host) == 0
-                           ? "an HTTP/1.1 request needs a Host header (RFC 9112 3.2)"
-                           : "Host header repeated (RFC 9112 3.2)");
-    }
-    if (const auto length = parser_->content_length();
-        length && *length > limits().max_body_bytes) {
-      return Fail(413, "request body of " + std::to_string(*length) +
-                           " bytes exceeds the limit of " +
-                           std::to_string(limits().max_body_bytes) + " bytes (max_body_bytes)");
-    }
     core_.metrics.http_in_flight.fetch_add(1);
     in_flight_ = true;
     if (parser_->is_done())
@@ -466,7 +425,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
       beast::error_code ignored;
       asio::write(socket_, asio::buffer(kContinue.data(), kContinue.size()), ignored);
     }
-    parser_->body_limit(limits().max_body_bytes);
+    PrepareForBody(*parser_, limits());
     ArmTimer(std::min(Clock::now() + limits().read_timeout, deadline_));
     http::async_read(socket_, buffer_, *parser_,
                      [self = shared_from_this()](beast::error_code error, std::size_t) {
@@ -480,16 +439,12 @@ class Connection : public std::enable_shared_from_this<Connection> {
                            Milliseconds(std::min(limits().read_timeout, limits().request_timeout)) +
                            " (read_timeout_ms, request_timeout_ms)");
     }
-    if (error == http::error::body_limit) {
-      return Fail(413, "request body exceeds the limit of " +
-                           std::to_string(limits().max_body_bytes) + " bytes (max_body_bytes)");
-    }
     if (error == http::error::end_of_stream || error == http::error::partial_message ||
         (error && error.category() != http::make_error_code(http::error::body_limit).category())) {
       return Close();
     }
-    if (error)
-      return Fail(400, "malformed request body: " + error.message());
+    if (auto refusal = CheckRequestBody(error, limits()))
+      return Fail(refusal->status, refusal->message);
     Dispatch();
   }
 

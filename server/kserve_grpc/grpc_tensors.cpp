@@ -55,11 +55,13 @@ Status CopyElements(const Repeated& values, std::span<T> out, const std::string&
   return Status::Ok();
 }
 
-// The typed contents of `input` into `tensor`, whose type and element count are set.
-Status CopyContents(const inference::InferTensorContents& contents, Tensor& tensor,
-                    const std::string& where) {
-  const DataType type = tensor.info().type;
-  const int64_t count = tensor.info().ElementCount();
+// Whether `contents` holds exactly `info`'s elements in the field of its datatype, and nothing in
+// any other. Checked before the tensor is allocated: the shape alone, a few bytes of the message,
+// may ask for terabytes.
+Status CheckContents(const inference::InferTensorContents& contents, const TensorInfo& info,
+                     const std::string& where) {
+  const DataType type = info.type;
+  const int64_t count = info.ElementCount();
   // Exactly one field may hold data, the datatype's own.
   const std::pair<std::string_view, int> fields[] = {
       {"bool_contents", contents.bool_contents_size()},
@@ -82,9 +84,17 @@ Status CopyContents(const inference::InferTensorContents& contents, Tensor& tens
     given += field == expected ? size : 0;
   if (given != count) {
     return InvalidArgument(where + ": " + std::string(expected) + " has " + std::to_string(given) +
-                           " element(s), shape " + ToString(tensor.info().shape) + " needs " +
+                           " element(s), shape " + ToString(info.shape) + " needs " +
                            std::to_string(count));
   }
+  return Status::Ok();
+}
+
+// The typed contents of `input` into `tensor`, whose type and element count CheckContents has
+// checked them against.
+Status CopyContents(const inference::InferTensorContents& contents, Tensor& tensor,
+                    const std::string& where) {
+  const DataType type = tensor.info().type;
   switch (type) {
     case DataType::kFloat32:
       return CopyElements(contents.fp32_contents(), tensor.Elements<float>(), where);
@@ -141,6 +151,7 @@ Result<Tensor> ParseInput(const inference::ModelInferRequest::InferInputTensor& 
       std::memcpy(bytes.data(), raw->data(), needed);
     return Tensor(TensorInfo{type, shape}, std::move(bytes));
   }
+  BACKPLANE_RETURN_IF_ERROR(CheckContents(input.contents(), TensorInfo{type, shape}, where));
   Tensor tensor(TensorInfo{type, shape});
   BACKPLANE_RETURN_IF_ERROR(CopyContents(input.contents(), tensor, where));
   return tensor;

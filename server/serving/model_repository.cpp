@@ -7,6 +7,7 @@
 
 #include "backplane/core/quoted.hpp"
 #include "backplane/loader/reaper.hpp"
+#include "config/config_json.hpp"
 #include "metrics/metrics.hpp"
 #include "serving/serving_log.hpp"
 
@@ -136,11 +137,7 @@ Result<ModelConfig> ReadModelConfig(const fs::path& model_dir, std::string_view 
   if (!in) {
     return InvalidArgument("model '" + std::string(name) + "': cannot read " + file.string());
   }
-  const json document = json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
-  if (document.is_discarded())
-    return InvalidArgument("model '" + std::string(name) + "': " + file.string() +
-                           " is not valid JSON");
-  return ParseModelConfig(document, file.string());
+  return ParseModelConfigText(text.str(), file.string());
 }
 
 }  // namespace
@@ -184,6 +181,13 @@ Result<ModelConfig> ParseModelConfig(const json& document, std::string_view wher
     }
   }
   return config;
+}
+
+Result<ModelConfig> ParseModelConfigText(std::string_view text, std::string_view where) {
+  auto document = ParseConfigJson(text, where, /*comments=*/false);
+  if (!document.ok())
+    return document.error();
+  return ParseModelConfig(document.value(), where);
 }
 
 bool IsValidModelName(std::string_view name) {

@@ -43,6 +43,8 @@ struct ModelConfig {
 // {"latest": N} | {"all": true} | {"specific": [1, 3]}}`. Unknown keys and wrong types are
 // kInvalidArgument naming the key and `where`.
 Result<ModelConfig> ParseModelConfig(const nlohmann::json& document, std::string_view where);
+// The same from the file's text: kInvalidArgument "<where> is not valid JSON" when it is not.
+Result<ModelConfig> ParseModelConfigText(std::string_view text, std::string_view where);
 
 // Model and version names as they may appear in a URL and on disk: 1-128 characters of
 // [A-Za-z0-9_.-], not starting with '.' (no "..", no hidden directories).

@@ -10,7 +10,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const auto image = std::as_bytes(std::span(data, size));
   const auto result = backplane::loader::InspectElf(image, "fuzz_input_backend.so");
   // Touch the outcome so that sanitizers see every byte of the strings built.
-  volatile std::size_t sink = result.ok() ? result->build_id.size() : result.error().message().size();
+  volatile std::size_t sink =
+      result.ok() ? result->build_id.size() : result.error().message().size();
   (void)sink;
   return 0;
 }

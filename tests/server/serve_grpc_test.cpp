@@ -285,6 +285,23 @@ TEST_F(ServeGrpcTest, RestAndGrpcRefuseTheSameRequestsAlike) {
   }
 }
 
+// Issue 23 (fuzzing: found checking resource limits, shown by tests/fuzz/grpc_request_fuzz and
+// its input corpus/grpc_request/regression_huge_shape_few_contents.bin): the typed contents were
+// counted only after the tensor their shape declares was allocated, so a 35-byte message made the
+// server allocate and zero 12 GB; here 2 TiB (2^39 elements, 8 values), which the allocator
+// refuses.
+TEST_F(ServeGrpcTest, TypedContentsAreCountedBeforeTheTensorIsAllocated) {
+  inference::ModelInferResponse response;
+  auto huge = MlpRequest();
+  huge.mutable_inputs(0)->set_shape(0, int64_t{1} << 37);
+  const grpc::Status status = Call(&Service::ModelInfer, huge, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(),
+              HasSubstr("input 'features': fp32_contents has 8 element(s), shape "
+                        "[137438953472,4] needs 549755813888"));
+  EXPECT_TRUE(Call(&Service::ModelInfer, MlpRequest(), &response).ok());
+}
+
 // Issue 23: a 1 MB gzip-compressed ModelInfer was inflated to 1 GiB before the 16 MiB limit was
 // checked (1.1 GB of resident memory per message, not given back). The server accepts no
 // compressed message: it cannot bound what one inflates to before inflating it.

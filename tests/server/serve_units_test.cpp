@@ -68,6 +68,44 @@ TEST(ServeConfigTest, ValuesAreTypedAndRangeChecked) {
   EXPECT_THAT(apply("{"), HasSubstr("is not valid JSON"));
 }
 
+// Found by tests/fuzz/model_config_fuzz: a file of deeply nested arrays parsed (nlohmann's parser
+// keeps its stack on the heap), then the error message's dump() of the value recursed once per
+// level and overflowed the stack. Both config parsers now refuse the nesting before any value is
+// kept.
+std::string DeeplyNested(std::string_view key, int depth) {
+  return "{\"" + std::string(key) + "\": " + std::string(depth, '[') + std::string(depth, ']') +
+         "}";
+}
+
+TEST(ServeConfigTest, RefusesNestingDeeperThanAConfigFileNeeds) {
+  ServeConfig config = DefaultServeConfig();
+  const Status status =
+      ApplyConfigText(DeeplyNested("backends", 1'000'000), "/etc/serve.json", config);
+  EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(status.message(),
+            "config file /etc/serve.json nests JSON deeper than 16 levels (a config file needs 3 "
+            "at most)");
+  EXPECT_FALSE(config.backends.has_value());  // untouched
+  // A comment's brackets are no nesting.
+  EXPECT_TRUE(
+      ApplyConfigText("// [[[[[[[[[[[[[[[[[[[[\n{\"backends\": [\"b\"]}", "/s.json", config).ok());
+}
+
+TEST(ModelRepositoryTest, RefusesAConfigJsonNestedDeeperThanAConfigNeeds) {
+  for (const char* key : {"backends", "version_policy", "max_in_flight"}) {
+    auto config = ParseModelConfigText(DeeplyNested(key, 1'000'000), "repo/m/config.json");
+    ASSERT_FALSE(config.ok()) << key;
+    EXPECT_EQ(config.error().code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(config.error().message(),
+              "repo/m/config.json nests JSON deeper than 16 levels (a config file needs 3 at "
+              "most)");
+  }
+  // What a config needs still parses.
+  auto config = ParseModelConfigText(R"({"version_policy": {"specific": [2, 1]}})", "c.json");
+  ASSERT_TRUE(config.ok()) << config.error().message();
+  EXPECT_EQ(config->version_policy.versions, (std::vector<int64_t>{1, 2}));
+}
+
 TEST(ServeConfigTest, RelativePathsAreRelativeToTheFileAndEveryKeyApplies) {
   testing::TempDir dir;
   testing::WriteFile(dir / "serve.json", R"({
