@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "backplane/core/quoted.hpp"
 #include "file_descriptor.hpp"
 #include "loader_log.hpp"
 
@@ -21,18 +22,6 @@ constexpr std::size_t kMaxListBytes = 16u << 20;
 
 bool IsHexDigit(char c) {
   return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
-}
-
-// `text` in quotes, cut when long. Built by appending: GCC 12 warns (-Wrestrict, a false
-// positive) about "'" + std::string here.
-std::string Quoted(std::string_view text) {
-  constexpr std::size_t kShown = 80;
-  std::string quoted = "'";
-  quoted.append(text.substr(0, kShown));
-  if (text.size() > kShown)
-    quoted += "...";
-  quoted += "'";
-  return quoted;
 }
 
 struct ReadList {
@@ -56,6 +45,17 @@ Result<ReadList> ReadListFile(const fs::path& file) {
     return io_error("stat");
   if (!S_ISREG(st.st_mode)) {
     return InvalidArgument("trusted backend list " + file.string() + " is not a regular file");
+  }
+  // Whoever can write the list can trust their own build: the list is held to the rule backend
+  // files are (owner root or this user, not writable by group or others), and so is its folder.
+  const FilePolicy strict;
+  if (auto unsafe = CheckOwnership(file, st.st_uid, st.st_mode, strict))
+    return InvalidArgument("trusted backend list: " + unsafe->message());
+  struct ::stat folder {};
+  const fs::path directory = fs::absolute(file).parent_path();
+  if (stat(directory.c_str(), &folder) == 0) {
+    if (auto unsafe = CheckOwnership(directory, folder.st_uid, folder.st_mode, strict))
+      return InvalidArgument("trusted backend list " + file.string() + ": " + unsafe->message());
   }
   if (static_cast<std::size_t>(st.st_size) > kMaxListBytes) {
     return InvalidArgument("trusted backend list " + file.string() + " is larger than " +

@@ -257,6 +257,13 @@ TEST(TrustTest, ListFileMustBeReadableAtStart) {
   EXPECT_THAT(missing.error().message(),
               HasSubstr("cannot open trusted backend list " + (dir / "absent").string() +
                         ": No such file or directory"));
+  // Writable by others: whoever can write it could trust their own build.
+  WriteFile(dir / "open", kDigestA + "  x\n");
+  fs::permissions(dir / "open", fs::perms(0666));
+  auto open = DigestAllowlist::FromFile(dir / "open");
+  ASSERT_FALSE(open.ok());
+  EXPECT_THAT(open.error().message(), HasSubstr("trusted backend list: " + (dir / "open").string() +
+                                                " is writable by others (mode "));
   WriteFile(dir / "bad", "zz  x\n");
   auto bad = DigestAllowlist::FromFile(dir / "bad");
   ASSERT_FALSE(bad.ok());

@@ -73,7 +73,8 @@ class DigestAllowlist final : public TrustPolicy {
   static Result<std::shared_ptr<DigestAllowlist>> FromDigests(
       const std::vector<std::string>& digests);
   // Reads `file` now: a missing, unreadable or malformed file is an error here (a start with a
-  // broken allowlist fails), unlike later, when it fails closed.
+  // broken allowlist fails), unlike later, when it fails closed. So is a list that others could
+  // rewrite: held to the rule of backend files (CheckOwnership), itself and its folder.
   static Result<std::shared_ptr<DigestAllowlist>> FromFile(std::filesystem::path file);
 
   Status Check(const TrustSubject& subject) const override EXCLUDES(mutex_);
