@@ -216,6 +216,36 @@ const std::vector<ConfigKey>& ConfigKeys() {
        [](const ServeConfig& defaults) { return json(defaults.watch_backends); }},
       DurationKey("watch_debounce_ms", &ServeConfig::watch_debounce, 0, 60000),
       DurationKey("rescan_interval_ms", &ServeConfig::rescan_interval, 0, 86400000),
+      {"trusted_backends",
+       [](const json& value, const fs::path&, ServeConfig& config) -> Status {
+         auto digests = ReadStrings(value, "trusted_backends");
+         if (!digests.ok())
+           return digests.error();
+         // Checked here, so that a typo stops the start naming the entry; kept lowercase, the
+         // form the loader's digests and the admin API's sha256 take.
+         for (std::size_t i = 0; i < digests->size(); ++i) {
+           auto digest = loader::ParseSha256((*digests)[i]);
+           if (!digest.ok()) {
+             return InvalidArgument("'trusted_backends' entry " + std::to_string(i) + ": " +
+                                    digest.error().message());
+           }
+           (*digests)[i] = std::move(digest).value();
+         }
+         config.trusted_backends = std::move(digests).value();
+         return Status::Ok();
+       },
+       [](const ServeConfig&) { return json("none (any backend content loads)"); }},
+      {"trusted_backends_file",
+       [](const json& value, const fs::path& base, ServeConfig& config) -> Status {
+         auto text = ReadString(value, "trusted_backends_file");
+         if (!text.ok())
+           return text.error();
+         if (text->empty())
+           return InvalidArgument("'trusted_backends_file' must name a file, got \"\"");
+         config.trusted_backends_file = Resolve(base, text.value());
+         return Status::Ok();
+       },
+       [](const ServeConfig&) { return json("none"); }},
   };
   return keys;
 }
@@ -271,6 +301,13 @@ Status ApplyConfigFile(const fs::path& file, ServeConfig& config) {
     if (!applied.ok())
       return InvalidArgument("config file " + file.string() + ": " + applied.message());
   }
+  // Two sources of trust would leave one of them silently ignored (or merged, which nobody can
+  // tell from either alone).
+  if (updated.trusted_backends && !updated.trusted_backends_file.empty()) {
+    return InvalidArgument("config file " + file.string() +
+                           ": 'trusted_backends' and 'trusted_backends_file' are both set; "
+                           "set one (the file, to change the list without a restart)");
+  }
   config = std::move(updated);
   return Status::Ok();
 }
@@ -295,7 +332,28 @@ std::string ConfigToJson(const ServeConfig& config) {
     object["backends"] = nullptr;
   }
   object["admin_token"] = config.admin_token.empty() ? json(nullptr) : json("(set)");
+  object["trusted_backends"] =
+      config.trusted_backends ? json(*config.trusted_backends) : json(nullptr);
+  object["trusted_backends_file"] = config.trusted_backends_file.empty()
+                                        ? json(nullptr)
+                                        : json(config.trusted_backends_file.string());
   return object.dump(2);
+}
+
+Result<std::shared_ptr<const loader::TrustPolicy>> MakeTrustPolicy(const ServeConfig& config) {
+  if (config.trusted_backends) {
+    auto list = loader::DigestAllowlist::FromDigests(*config.trusted_backends);
+    if (!list.ok())
+      return InvalidArgument("'trusted_backends' " + list.error().message());
+    return std::shared_ptr<const loader::TrustPolicy>(std::move(list).value());
+  }
+  if (!config.trusted_backends_file.empty()) {
+    auto list = loader::DigestAllowlist::FromFile(config.trusted_backends_file);
+    if (!list.ok())
+      return InvalidArgument("'trusted_backends_file': " + list.error().message());
+    return std::shared_ptr<const loader::TrustPolicy>(std::move(list).value());
+  }
+  return std::shared_ptr<const loader::TrustPolicy>();
 }
 
 std::string ListenAddress::ToString() const {

@@ -6,12 +6,14 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "backplane/core/status.hpp"
+#include "backplane/loader/trust.hpp"
 
 namespace backplane::server {
 
@@ -61,6 +63,13 @@ struct ServeConfig {
   bool watch_backends = true;  // apply backend files dropped into the backend directories
   std::chrono::milliseconds watch_debounce{200};
   std::chrono::milliseconds rescan_interval{30000};
+
+  // ---- Trust (docs/operators.md, "Securing the backend directory")
+  // SHA-256 digests (lowercase hex) of the only backend content that may load; nullopt: any.
+  // An empty list trusts nothing. At most one of this and trusted_backends_file is set.
+  std::optional<std::vector<std::string>> trusted_backends;
+  // A file of such digests in sha256sum's format, re-read when it changes; empty: none.
+  std::filesystem::path trusted_backends_file;
 };
 
 // The grpc_listen value that turns gRPC off.
@@ -73,6 +82,11 @@ ServeConfig DefaultServeConfig();
 // out-of-range value is kInvalidArgument naming the file and the key; a missing or unreadable
 // file is kNotFound / kInvalidArgument. Relative paths in the file are relative to its folder.
 Status ApplyConfigFile(const std::filesystem::path& file, ServeConfig& config);
+
+// The trust policy `config` asks for: null when neither trusted_backends nor
+// trusted_backends_file is set, else the allowlist (its file read now). kInvalidArgument naming
+// the key and the entry or line when it cannot be built.
+Result<std::shared_ptr<const loader::TrustPolicy>> MakeTrustPolicy(const ServeConfig& config);
 
 // Every config key with its default, as "key: default" lines (for --help and tests).
 std::vector<std::string> DescribeConfigKeys();
