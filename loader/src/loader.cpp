@@ -171,11 +171,11 @@ Status CallEntryPoint(const fs::path& file, std::string_view name, LoadReason re
 }
 
 // The trust stage: nothing to say without a policy (every content loads, as before trust existed).
-Status CheckTrust(const TrustPolicy* trust, const fs::path& file, const fs::path& content,
+Status CheckTrust(const TrustPolicy* trust, const BackendFile& file, const fs::path& content,
                   const std::string& sha256, Tracer& tracer) {
   if (trust == nullptr)
     return Status::Ok();
-  Status verdict = trust->Check({file, content, sha256});
+  Status verdict = trust->Check({file.path, content, sha256, file.real_path});
   if (!verdict.ok())
     return tracer.Fail("trust", std::move(verdict));
   tracer.Pass("trust", "sha256 on " + trust->Describe());
@@ -244,7 +244,7 @@ Result<GenerationLease> Loader::Load(const fs::path& file, LoadTrace* trace, Reu
       // Mapped for a caller whose policy may differ from this one's: ask this one too (about
       // the content mapped, the shadow copy, which has not changed since it was digested).
       const GenerationInfo& info = existing->info();
-      if (Status trusted = CheckTrust(trust, resolved->path, info.shadow_path, info.sha256, tracer);
+      if (Status trusted = CheckTrust(trust, *resolved, info.shadow_path, info.sha256, tracer);
           !trusted.ok()) {
         return trusted;
       }
@@ -279,7 +279,7 @@ Result<GenerationLease> Loader::LoadNew(const BackendFile& file, LoadTrace* trac
   // Before anything reads the copy as ELF or maps it: no byte of untrusted content is
   // interpreted, and no code of it runs, not even its static constructors. The digest is the
   // copy's, so a file swapped after it was copied cannot pass on the old content's digest.
-  BACKPLANE_RETURN_IF_ERROR(CheckTrust(trust, file.path, shadow->path, sha256.value(), tracer));
+  BACKPLANE_RETURN_IF_ERROR(CheckTrust(trust, file, shadow->path, sha256.value(), tracer));
 
   // What is inspected is exactly what is dlopened: the shadow copy.
   auto facts = ReadElfFile(shadow->path, file.path.string());

@@ -1,11 +1,14 @@
 #include "backplane/loader/trust.hpp"
 
 #include <fcntl.h>
+#include <openssl/evp.h>
+#include <openssl/pem.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
+#include <optional>
 
 #include "backplane/core/quoted.hpp"
 #include "file_descriptor.hpp"
@@ -225,6 +228,166 @@ bool DigestAllowlist::Contains(std::string_view sha256) const {
   MutexLock lock(mutex_);
   RefreshLocked();
   return digests_.count(digest.value()) != 0;
+}
+
+}  // namespace backplane::loader
+
+// ---- Signatures ---------------------------------------------------------------------------------
+
+namespace backplane::loader {
+
+namespace {
+
+constexpr std::size_t kEd25519SignatureBytes = 64;
+// Ed25519 signs the message itself, so the content is read whole; no backend is this large.
+constexpr std::size_t kMaxSignedBytes = std::size_t{1} << 30;
+
+using PublicKey = std::unique_ptr<EVP_PKEY, void (*)(EVP_PKEY*)>;
+
+// Reads at most `limit` bytes of `file`; nullopt with errno set when it cannot be opened or read.
+std::optional<std::string> ReadAtMost(const fs::path& file, std::size_t limit) {
+  const FileDescriptor fd(open(file.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY));
+  if (fd.get() < 0)
+    return std::nullopt;
+  std::string bytes;
+  char buffer[1 << 16];
+  while (bytes.size() <= limit) {
+    const ssize_t n = read(fd.get(), buffer, sizeof buffer);
+    if (n == 0)
+      break;
+    if (n < 0) {
+      if (errno == EINTR)
+        continue;
+      return std::nullopt;
+    }
+    bytes.append(buffer, static_cast<std::size_t>(n));
+  }
+  return bytes;
+}
+
+bool Verifies(EVP_PKEY* key, const std::string& signature, const std::string& message) {
+  const std::unique_ptr<EVP_MD_CTX, void (*)(EVP_MD_CTX*)> context(EVP_MD_CTX_new(),
+                                                                   EVP_MD_CTX_free);
+  if (context == nullptr ||
+      EVP_DigestVerifyInit(context.get(), nullptr, nullptr, nullptr, key) != 1) {
+    return false;
+  }
+  return EVP_DigestVerify(context.get(), reinterpret_cast<const unsigned char*>(signature.data()),
+                          signature.size(), reinterpret_cast<const unsigned char*>(message.data()),
+                          message.size()) == 1;
+}
+
+}  // namespace
+
+struct SignaturePolicy::Key {
+  fs::path file;
+  PublicKey key;
+};
+
+Result<std::shared_ptr<SignaturePolicy>> SignaturePolicy::FromKeyFiles(
+    const std::vector<fs::path>& key_files) {
+  std::vector<Key> keys;
+  for (const fs::path& file : key_files) {
+    const auto pem = ReadAtMost(file, 1 << 16);
+    if (!pem) {
+      return InvalidArgument("cannot read signing key " + file.string() + ": " +
+                             std::strerror(errno));
+    }
+    const std::unique_ptr<BIO, int (*)(BIO*)> bio(
+        BIO_new_mem_buf(pem->data(), static_cast<int>(pem->size())), BIO_free);
+    PublicKey key(bio ? PEM_read_bio_PUBKEY(bio.get(), nullptr, nullptr, nullptr) : nullptr,
+                  EVP_PKEY_free);
+    if (key == nullptr) {
+      return InvalidArgument("signing key " + file.string() +
+                             " is not a PEM public key ('-----BEGIN PUBLIC KEY-----'; make one "
+                             "with: openssl pkey -in private.pem -pubout)");
+    }
+    if (EVP_PKEY_id(key.get()) != EVP_PKEY_ED25519) {
+      return InvalidArgument("signing key " + file.string() +
+                             " is not an Ed25519 key (make one with: openssl genpkey -algorithm "
+                             "ed25519)");
+    }
+    keys.push_back({file, std::move(key)});
+  }
+  if (keys.empty())
+    return InvalidArgument("no signing key given: nothing could ever be trusted");
+  return std::shared_ptr<SignaturePolicy>(new SignaturePolicy(std::move(keys)));
+}
+
+SignaturePolicy::SignaturePolicy(std::vector<Key> keys) : keys_(std::move(keys)) {}
+SignaturePolicy::~SignaturePolicy() = default;
+
+Status SignaturePolicy::Check(const TrustSubject& subject) const {
+  {
+    MutexLock lock(mutex_);
+    if (verified_.count(subject.sha256) != 0)
+      return Status::Ok();
+  }
+  const fs::path signed_file = subject.real_path.empty() ? subject.file : subject.real_path;
+  const fs::path signature_file = signed_file.string() + ".sig";
+  const std::string what = subject.file.string() + ": its content (sha256 " + subject.sha256 + ") ";
+  const auto signature = ReadAtMost(signature_file, kEd25519SignatureBytes);
+  if (!signature) {
+    return {LoadReason::kUntrusted,
+            what + "has no signature: " + signature_file.string() + " cannot be read (" +
+                std::strerror(errno) +
+                "); publish the signature before the library (openssl pkeyutl -sign -rawin "
+                "-inkey KEY -in FILE -out FILE.sig)"};
+  }
+  if (signature->size() != kEd25519SignatureBytes) {
+    return {LoadReason::kUntrusted, what + "has no valid signature: " + signature_file.string() +
+                                        " is not an Ed25519 signature (64 bytes)"};
+  }
+  // The bytes that would be mapped, never the published file, which may have changed since.
+  const auto content = ReadAtMost(subject.content, kMaxSignedBytes);
+  if (!content || content->size() > kMaxSignedBytes) {
+    return {LoadReason::kUntrusted, what + "cannot be read to check its signature"};
+  }
+  for (const Key& key : keys_) {
+    if (Verifies(key.key.get(), *signature, *content)) {
+      MutexLock lock(mutex_);
+      verified_.insert(subject.sha256);
+      return Status::Ok();
+    }
+  }
+  return {LoadReason::kUntrusted, what + "has a signature, " + signature_file.string() +
+                                      ", that no trusted signing key verifies (" + Describe() +
+                                      "): signed by another key, for other content, or damaged"};
+}
+
+std::string SignaturePolicy::Describe() const {
+  std::string files;
+  for (const Key& key : keys_)
+    files += (files.empty() ? "" : ", ") + key.file.string();
+  return std::to_string(keys_.size()) + " signing key(s): " + files;
+}
+
+AnyOfTrust::AnyOfTrust(std::vector<std::shared_ptr<const TrustPolicy>> policies)
+    : policies_(std::move(policies)) {}
+
+Status AnyOfTrust::Check(const TrustSubject& subject) const {
+  std::string why;
+  for (const auto& policy : policies_) {
+    Status verdict = policy->Check(subject);
+    if (verdict.ok())
+      return verdict;
+    why += (why.empty() ? "" : "; nor: ") + verdict.message();
+  }
+  return {LoadReason::kUntrusted, why};
+}
+
+uint64_t AnyOfTrust::Revision() const {
+  uint64_t revision = 0;
+  for (const auto& policy : policies_)
+    revision += policy->Revision();  // each only grows
+  return revision;
+}
+
+std::string AnyOfTrust::Describe() const {
+  std::string described;
+  for (const auto& policy : policies_)
+    described += (described.empty() ? "" : " or ") + policy->Describe();
+  return described;
 }
 
 }  // namespace backplane::loader

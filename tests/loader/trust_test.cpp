@@ -4,6 +4,8 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <openssl/evp.h>
+#include <openssl/pem.h>
 #include <stdlib.h>
 
 #include <functional>
@@ -268,6 +270,163 @@ TEST(TrustTest, ListFileMustBeReadableAtStart) {
   auto bad = DigestAllowlist::FromFile(dir / "bad");
   ASSERT_FALSE(bad.ok());
   EXPECT_THAT(bad.error().message(), HasSubstr((dir / "bad").string() + " line 1: 'zz'"));
+}
+
+// ---- Signatures ---------------------------------------------------------------------------------
+
+// An Ed25519 key pair made for the test: the public half in a PEM file, signing in memory.
+class SigningKey {
+ public:
+  SigningKey(const fs::path& public_pem)
+      : key_(EVP_PKEY_Q_keygen(nullptr, nullptr, "ED25519"), EVP_PKEY_free) {
+    EXPECT_NE(key_, nullptr);
+    FILE* out = fopen(public_pem.c_str(), "w");
+    EXPECT_NE(out, nullptr);
+    EXPECT_EQ(PEM_write_PUBKEY(out, key_.get()), 1);
+    fclose(out);
+  }
+  // Writes `file`'s signature to `signature_file`, as `openssl pkeyutl -sign -rawin` would.
+  void Sign(const fs::path& file, const fs::path& signature_file) const {
+    const std::string message = testing::ReadFile(file);
+    std::unique_ptr<EVP_MD_CTX, void (*)(EVP_MD_CTX*)> context(EVP_MD_CTX_new(), EVP_MD_CTX_free);
+    ASSERT_EQ(EVP_DigestSignInit(context.get(), nullptr, nullptr, nullptr, key_.get()), 1);
+    unsigned char signature[64];
+    std::size_t length = sizeof signature;
+    ASSERT_EQ(
+        EVP_DigestSign(context.get(), signature, &length,
+                       reinterpret_cast<const unsigned char*>(message.data()), message.size()),
+        1);
+    WriteFile(signature_file, std::string_view(reinterpret_cast<const char*>(signature), length));
+  }
+
+ private:
+  std::unique_ptr<EVP_PKEY, void (*)(EVP_PKEY*)> key_;
+};
+
+class SignatureTest : public ::testing::Test {
+ protected:
+  std::shared_ptr<SignaturePolicy> Keys(const std::vector<fs::path>& files) {
+    auto policy = SignaturePolicy::FromKeyFiles(files);
+    EXPECT_TRUE(policy.ok()) << policy.error().ToString();
+    return policy.ok() ? std::move(policy).value() : nullptr;
+  }
+  // Deploys `fixture` as dir/Test_Valid_backend.so and loads it under `policy` in a new loader
+  // (so that no verified digest is remembered from another test step).
+  Result<GenerationLease> Deploy(std::string_view fixture, const TrustPolicy& policy) {
+    CopyFile(Fixture(fixture), File());
+    return MakeLoader()->Load(File(), nullptr, Loader::Reuse::kNever, &policy);
+  }
+  fs::path File() const { return dir_ / "Test_Valid_backend.so"; }
+  fs::path Signature() const { return dir_ / "Test_Valid_backend.so.sig"; }
+
+  TempDir dir_;
+  TempDir keys_dir_;
+  const fs::path ci_pem_ = keys_dir_ / "ci.pub";
+  const fs::path next_pem_ = keys_dir_ / "ci-2027.pub";
+  SigningKey ci_{ci_pem_};
+  SigningKey next_{next_pem_};
+};
+
+TEST_F(SignatureTest, AGoodSignatureLoads) {
+  ci_.Sign(Fixture("Valid"), Signature());
+  auto loaded = Deploy("Valid", *Keys({ci_pem_}));
+  ASSERT_TRUE(loaded.ok()) << loaded.error().ToString();
+  EXPECT_EQ(loaded.value()->info().release, "1.2.3");
+}
+
+TEST_F(SignatureTest, AMissingSignatureIsUntrusted) {
+  auto refused = Deploy("Valid", *Keys({ci_pem_}));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.error().reason(), LoadReason::kUntrusted);
+  EXPECT_EQ(refused.error().message(),
+            File().string() + ": its content (sha256 " + DigestOf(Fixture("Valid")) +
+                ") has no signature: " + Signature().string() +
+                " cannot be read (No such file or directory); publish the signature before the "
+                "library (openssl pkeyutl -sign -rawin -inkey KEY -in FILE -out FILE.sig)");
+}
+
+TEST_F(SignatureTest, ABadSignatureIsUntrusted) {
+  ci_.Sign(Fixture("Valid"), Signature());
+  std::string damaged = testing::ReadFile(Signature());
+  damaged[10] = static_cast<char>(damaged[10] ^ 0x01);
+  WriteFile(Signature(), damaged);
+  auto refused = Deploy("Valid", *Keys({ci_pem_}));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.error().reason(), LoadReason::kUntrusted);
+  EXPECT_THAT(
+      refused.error().message(),
+      HasSubstr("has a signature, " + Signature().string() +
+                ", that no trusted signing key verifies (1 signing key(s): " + ci_pem_.string() +
+                "): signed by another key, for other content, or "
+                "damaged"));
+
+  WriteFile(Signature(), "short");
+  refused = Deploy("Valid", *Keys({ci_pem_}));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(refused.error().message(),
+              HasSubstr(Signature().string() + " is not an Ed25519 signature (64 bytes)"));
+}
+
+// The signature of one build does not vouch for another: it is checked over the bytes loaded.
+TEST_F(SignatureTest, TheSignatureOfAnotherFileIsUntrusted) {
+  ci_.Sign(Fixture("Valid"), Signature());
+  auto refused = Deploy("ValidNext", *Keys({ci_pem_}));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.error().reason(), LoadReason::kUntrusted);
+  EXPECT_THAT(refused.error().message(), HasSubstr("sha256 " + DigestOf(Fixture("ValidNext"))));
+  EXPECT_THAT(refused.error().message(), HasSubstr("that no trusted signing key verifies"));
+}
+
+TEST_F(SignatureTest, KeyRotationOldAndNewThenNewOnly) {
+  const auto both = Keys({ci_pem_, next_pem_});
+  ci_.Sign(Fixture("Valid"), Signature());
+  EXPECT_TRUE(Deploy("Valid", *both).ok()) << "signed by the old key, both configured";
+  next_.Sign(Fixture("Valid"), Signature());
+  EXPECT_TRUE(Deploy("Valid", *both).ok()) << "signed by the new key, both configured";
+
+  // The old key removed (a restart: keys are read once, with nothing verified yet).
+  EXPECT_TRUE(Deploy("Valid", *Keys({next_pem_})).ok());
+  ci_.Sign(Fixture("Valid"), Signature());
+  auto retired = Deploy("Valid", *Keys({next_pem_}));
+  ASSERT_FALSE(retired.ok()) << "signed by the retired key";
+  EXPECT_EQ(retired.error().reason(), LoadReason::kUntrusted);
+  EXPECT_THAT(retired.error().message(), HasSubstr("(1 signing key(s): " + next_pem_.string()));
+}
+
+// A rollback loads a private copy with no signature beside it: content verified once stays
+// trusted for the policy's life.
+TEST_F(SignatureTest, ContentVerifiedOnceStaysTrusted) {
+  const auto policy = Keys({ci_pem_});
+  ci_.Sign(Fixture("Valid"), Signature());
+  ASSERT_TRUE(Deploy("Valid", *policy).ok());
+  fs::remove(Signature());
+  EXPECT_TRUE(Deploy("Valid", *policy).ok());
+  EXPECT_FALSE(Deploy("ValidNext", *policy).ok());
+}
+
+TEST_F(SignatureTest, EitherTheListOrASignature) {
+  const AnyOfTrust either({Allow({DigestOf(Fixture("ValidNext"))}), Keys({ci_pem_})});
+  EXPECT_TRUE(Deploy("ValidNext", either).ok()) << "on the list, unsigned";
+  ci_.Sign(Fixture("Valid"), Signature());
+  EXPECT_TRUE(Deploy("Valid", either).ok()) << "signed, not on the list";
+  fs::remove(Signature());
+  auto refused = Deploy("Offset", either);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.error().reason(), LoadReason::kUntrusted);
+  EXPECT_THAT(refused.error().message(), HasSubstr("is not on the trusted backend list"));
+  EXPECT_THAT(refused.error().message(), HasSubstr("; nor: "));
+  EXPECT_THAT(refused.error().message(), HasSubstr("has no signature"));
+}
+
+TEST_F(SignatureTest, KeysMustBeEd25519PublicKeys) {
+  WriteFile(keys_dir_ / "junk.pub", "not a key");
+  auto junk = SignaturePolicy::FromKeyFiles({keys_dir_ / "junk.pub"});
+  ASSERT_FALSE(junk.ok());
+  EXPECT_THAT(junk.error().message(), HasSubstr("signing key " + (keys_dir_ / "junk.pub").string() +
+                                                " is not a PEM public key"));
+  auto missing = SignaturePolicy::FromKeyFiles({keys_dir_ / "absent.pub"});
+  ASSERT_FALSE(missing.ok());
+  EXPECT_THAT(missing.error().message(), HasSubstr("cannot read signing key"));
 }
 
 }  // namespace

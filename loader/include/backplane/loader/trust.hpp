@@ -28,6 +28,9 @@ struct TrustSubject {
   std::filesystem::path file;     // as deployed or given: what messages name
   std::filesystem::path content;  // the shadow copy: exactly the bytes that would be mapped
   std::string sha256;             // of `content`, 64 lowercase hex digits
+  // The real file the content was copied from (symlinks followed): where a detached signature
+  // sits. Empty when unknown (then `file`).
+  std::filesystem::path real_path;
 };
 
 // Thread-safe: one policy serves every load of a registry, and registries load concurrently.
@@ -98,6 +101,46 @@ class DigestAllowlist final : public TrustPolicy {
   mutable std::optional<FileIdentity> identity_ GUARDED_BY(mutex_);
   mutable Status broken_ GUARDED_BY(mutex_);  // why the file trusts nothing now; ok when usable
   mutable uint64_t revision_ GUARDED_BY(mutex_) = 1;
+};
+
+// Trusts content with a detached Ed25519 signature beside the file it was copied from
+// (`<real file>.sig`, the 64 raw signature bytes, as `openssl pkeyutl -sign -rawin` writes them)
+// that verifies, over the content's bytes (the shadow copy, read whole: Ed25519 signs a message,
+// not a digest), with one of the public keys given (PEM). Thread-safe.
+//
+// A digest whose signature verified once stays trusted for the life of the policy, so the
+// private copy a rollback loads (which has no signature beside it) passes as the signed content
+// it is. The keys are read once: rotating them is a restart.
+class SignaturePolicy final : public TrustPolicy {
+ public:
+  // kInvalidArgument naming the file when one cannot be read or is no Ed25519 public key.
+  static Result<std::shared_ptr<SignaturePolicy>> FromKeyFiles(
+      const std::vector<std::filesystem::path>& key_files);
+  ~SignaturePolicy() override;
+
+  Status Check(const TrustSubject& subject) const override EXCLUDES(mutex_);
+  uint64_t Revision() const override { return 1; }  // keys never change
+  std::string Describe() const override;
+
+ private:
+  struct Key;
+  explicit SignaturePolicy(std::vector<Key> keys);
+
+  std::vector<Key> keys_;
+  mutable Mutex mutex_;
+  mutable std::set<std::string> verified_ GUARDED_BY(mutex_);  // digests signed by a key
+};
+
+// Trusts what any of its policies trusts (a digest on the list, or a valid signature).
+class AnyOfTrust final : public TrustPolicy {
+ public:
+  explicit AnyOfTrust(std::vector<std::shared_ptr<const TrustPolicy>> policies);
+  Status Check(const TrustSubject& subject) const override;
+  uint64_t Revision() const override;
+  std::string Describe() const override;
+
+ private:
+  const std::vector<std::shared_ptr<const TrustPolicy>> policies_;
 };
 
 }  // namespace backplane::loader
