@@ -288,6 +288,12 @@ Result<std::shared_ptr<SignaturePolicy>> SignaturePolicy::FromKeyFiles(
     const std::vector<fs::path>& key_files) {
   std::vector<Key> keys;
   for (const fs::path& file : key_files) {
+    // Whoever can replace a key can sign their own build: held to the backend files' rule.
+    struct ::stat st {};
+    if (stat(file.c_str(), &st) == 0) {
+      if (auto unsafe = CheckOwnership(file, st.st_uid, st.st_mode, FilePolicy{}))
+        return InvalidArgument("signing key: " + unsafe->message());
+    }
     const auto pem = ReadAtMost(file, 1 << 16);
     if (!pem) {
       return InvalidArgument("cannot read signing key " + file.string() + ": " +

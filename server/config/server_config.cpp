@@ -246,6 +246,23 @@ const std::vector<ConfigKey>& ConfigKeys() {
          return Status::Ok();
        },
        [](const ServeConfig&) { return json("none"); }},
+      {"trusted_signing_keys",
+       [](const json& value, const fs::path& base, ServeConfig& config) -> Status {
+         auto paths = ReadStrings(value, "trusted_signing_keys");
+         if (!paths.ok())
+           return paths.error();
+         if (paths->empty()) {
+           return InvalidArgument(
+               "'trusted_signing_keys' is empty: name at least one public key file, or leave "
+               "the key out");
+         }
+         std::vector<fs::path> resolved;
+         for (const auto& path : paths.value())
+           resolved.push_back(Resolve(base, path));
+         config.trusted_signing_keys = std::move(resolved);
+         return Status::Ok();
+       },
+       [](const ServeConfig&) { return json("none (signatures are not looked at)"); }},
   };
   return keys;
 }
@@ -334,6 +351,13 @@ std::string ConfigToJson(const ServeConfig& config) {
   object["admin_token"] = config.admin_token.empty() ? json(nullptr) : json("(set)");
   object["trusted_backends"] =
       config.trusted_backends ? json(*config.trusted_backends) : json(nullptr);
+  if (config.trusted_signing_keys) {
+    object["trusted_signing_keys"] = json::array();
+    for (const auto& path : *config.trusted_signing_keys)
+      object["trusted_signing_keys"].push_back(path.string());
+  } else {
+    object["trusted_signing_keys"] = nullptr;
+  }
   object["trusted_backends_file"] = config.trusted_backends_file.empty()
                                         ? json(nullptr)
                                         : json(config.trusted_backends_file.string());
@@ -341,19 +365,32 @@ std::string ConfigToJson(const ServeConfig& config) {
 }
 
 Result<std::shared_ptr<const loader::TrustPolicy>> MakeTrustPolicy(const ServeConfig& config) {
+  std::vector<std::shared_ptr<const loader::TrustPolicy>> policies;
   if (config.trusted_backends) {
     auto list = loader::DigestAllowlist::FromDigests(*config.trusted_backends);
     if (!list.ok())
       return InvalidArgument("'trusted_backends' " + list.error().message());
-    return std::shared_ptr<const loader::TrustPolicy>(std::move(list).value());
+    policies.push_back(std::move(list).value());
   }
   if (!config.trusted_backends_file.empty()) {
     auto list = loader::DigestAllowlist::FromFile(config.trusted_backends_file);
     if (!list.ok())
       return InvalidArgument("'trusted_backends_file': " + list.error().message());
-    return std::shared_ptr<const loader::TrustPolicy>(std::move(list).value());
+    policies.push_back(std::move(list).value());
   }
-  return std::shared_ptr<const loader::TrustPolicy>();
+  if (config.trusted_signing_keys) {
+    auto keys = loader::SignaturePolicy::FromKeyFiles(*config.trusted_signing_keys);
+    if (!keys.ok())
+      return InvalidArgument("'trusted_signing_keys': " + keys.error().message());
+    policies.push_back(std::move(keys).value());
+  }
+  if (policies.empty())
+    return std::shared_ptr<const loader::TrustPolicy>();
+  if (policies.size() == 1)
+    return std::move(policies.front());
+  // A digest on the list or a valid signature: the list for builds no key signed (a hotfix).
+  return std::shared_ptr<const loader::TrustPolicy>(
+      std::make_shared<loader::AnyOfTrust>(std::move(policies)));
 }
 
 std::string ListenAddress::ToString() const {

@@ -70,6 +70,9 @@ struct ServeConfig {
   std::optional<std::vector<std::string>> trusted_backends;
   // A file of such digests in sha256sum's format, re-read when it changes; empty: none.
   std::filesystem::path trusted_backends_file;
+  // Ed25519 public keys (PEM files): content with a valid detached signature (<file>.sig) by one
+  // of them is trusted too. nullopt: signatures are not looked at.
+  std::optional<std::vector<std::filesystem::path>> trusted_signing_keys;
 };
 
 // The grpc_listen value that turns gRPC off.
@@ -83,9 +86,10 @@ ServeConfig DefaultServeConfig();
 // file is kNotFound / kInvalidArgument. Relative paths in the file are relative to its folder.
 Status ApplyConfigFile(const std::filesystem::path& file, ServeConfig& config);
 
-// The trust policy `config` asks for: null when neither trusted_backends nor
-// trusted_backends_file is set, else the allowlist (its file read now). kInvalidArgument naming
-// the key and the entry or line when it cannot be built.
+// The trust policy `config` asks for: null when none of trusted_backends, trusted_backends_file
+// and trusted_signing_keys is set; else the allowlist (its file read now), the signing keys
+// (read now), or content trusted by either. kInvalidArgument naming the key and the entry, line
+// or key file when it cannot be built.
 Result<std::shared_ptr<const loader::TrustPolicy>> MakeTrustPolicy(const ServeConfig& config);
 
 // Every config key with its default, as "key: default" lines (for --help and tests).

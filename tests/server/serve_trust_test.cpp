@@ -133,6 +133,55 @@ TEST(ServeTrustTest, UntrustedDeployIsRefusedOnceAndTheListFileLetsItIn) {
   EXPECT_EQ(UntrustedCount(*client), 1);
 }
 
+// Signed builds, with the openssl command line as an operator uses it (docs/operators.md).
+TEST(ServeTrustTest, SignedBuildsLoadAndOthersAreRefused) {
+  if (!HasCommand("openssl"))
+    GTEST_SKIP() << "no openssl command";
+  ServeHome home;
+  const fs::path keys = home.path() / "keys";
+  fs::create_directory(keys);
+  const std::string key = (keys / "ci.pem").string();
+  ASSERT_EQ(RunCommand("openssl genpkey -algorithm ed25519 -out " + key).exit_code, 0);
+  ASSERT_EQ(RunCommand("openssl pkey -in " + key + " -pubout -out " + (keys / "ci.pub").string())
+                .exit_code,
+            0);
+  const auto sign = [&] {
+    const std::string file = home.backend_file().string();
+    return RunCommand("openssl pkeyutl -sign -rawin -inkey " + key + " -in " + file + " -out " +
+                      file + ".sig")
+        .exit_code;
+  };
+  ASSERT_EQ(sign(), 0);
+  home.Write("config.json",
+             R"({"trusted_signing_keys": ["keys/ci.pub"], "watch_backends": false})");
+  auto server =
+      ServeProcess::Start({"--config", (home.path() / "config.json").string(), "--models",
+                           home.models().string(), "--backends", home.backends().string()});
+  auto client = server->Client();
+  const uint64_t serving = ActiveGeneration(*client);
+  ASSERT_NE(serving, 0u) << server->Log();
+
+  // A new build beside the old build's signature: refused, the old one serves on.
+  PublishUntrustedBuild(home);
+  auto refused = Post(*client, "/v2/backends/CpuRef/reload", "");
+  EXPECT_EQ(refused.status, 422) << refused.text;
+  EXPECT_THAT(refused.body["error"].get<std::string>(),
+              HasSubstr("UNTRUSTED: " + home.backend_file().string()));
+  EXPECT_THAT(refused.body["error"].get<std::string>(),
+              HasSubstr("that no trusted signing key verifies (1 signing key(s): " +
+                        (keys / "ci.pub").string() + ")"));
+  EXPECT_EQ(ActiveGeneration(*client), serving);
+  EXPECT_EQ(Post(*client, "/v2/models/mlp/infer", kMlpRequest).status, 200);
+  EXPECT_EQ(UntrustedCount(*client), 1);
+
+  // Signed: the next reload takes it.
+  ASSERT_EQ(sign(), 0);
+  auto signed_reload = Post(*client, "/v2/backends/CpuRef/reload", "");
+  EXPECT_EQ(signed_reload.status, 200) << signed_reload.text;
+  EXPECT_EQ(signed_reload.body["action"], "activated");
+  EXPECT_GT(ActiveGeneration(*client), serving);
+}
+
 TEST(ServeTrustTest, BadTrustSettingsStopTheStartNamingTheKey) {
   ServeHome home;
   const std::vector<std::string> args = {"--config",   (home.path() / "config.json").string(),

@@ -80,7 +80,7 @@ TEST(ServeConfigTest, RelativePathsAreRelativeToTheFileAndEveryKeyApplies) {
   EXPECT_EQ(config.rescan_interval, std::chrono::milliseconds(0));
   EXPECT_EQ(config.grpc_listen, "off");
   // Every key of the table is documented with its default.
-  EXPECT_EQ(DescribeConfigKeys().size(), 28u);  // 20 + the transport's five + grpc_listen + trust
+  EXPECT_EQ(DescribeConfigKeys().size(), 29u);  // 20 + the transport's five + grpc_listen + trust
 }
 
 TEST(ServeConfigTest, TrustedBackendsAreDigestsFromOneSource) {
@@ -140,6 +140,34 @@ TEST(ServeConfigTest, TrustedBackendsAreDigestsFromOneSource) {
   auto good = MakeTrustPolicy(from_file);
   ASSERT_TRUE(good.ok()) << good.error().ToString();
   EXPECT_EQ(good.value()->Describe(), "1 digest(s) from " + (dir / "trusted.sha256").string());
+  // Signing keys: PEM files relative to the config file, read when the policy is made; with a
+  // list, content either trusts loads.
+  ServeConfig signed_config = DefaultServeConfig();
+  EXPECT_THAT(apply(R"({"trusted_signing_keys": []})", signed_config).message(),
+              HasSubstr("'trusted_signing_keys' is empty"));
+  ASSERT_TRUE(apply(R"({"trusted_signing_keys": ["keys/ci.pub"], "trusted_backends_file": )"
+                    R"("trusted.sha256"})",
+                    signed_config)
+                  .ok());
+  ASSERT_TRUE(signed_config.trusted_signing_keys.has_value());
+  EXPECT_EQ(*signed_config.trusted_signing_keys,
+            std::vector<std::filesystem::path>{dir.path() / "keys/ci.pub"});
+  auto no_key = MakeTrustPolicy(signed_config);
+  ASSERT_FALSE(no_key.ok());
+  EXPECT_THAT(no_key.error().message(),
+              HasSubstr("'trusted_signing_keys': cannot read signing key " +
+                        (dir / "keys/ci.pub").string()));
+  std::filesystem::create_directory(dir / "keys");
+  testing::WriteFile(dir / "keys/ci.pub",
+                     "-----BEGIN PUBLIC KEY-----\n"
+                     "MCowBQYDK2VwAyEAGb9ECWmEzf6FQbrBZ9w7lshQhqowtrbLDFw4rXAxZuE=\n"
+                     "-----END PUBLIC KEY-----\n");
+  auto either = MakeTrustPolicy(signed_config);
+  ASSERT_TRUE(either.ok()) << either.error().ToString();
+  EXPECT_EQ(either.value()->Describe(),
+            "1 digest(s) from " + (dir / "trusted.sha256").string() +
+                " or 1 signing key(s): " + (dir / "keys/ci.pub").string());
+
   EXPECT_THAT(ConfigToJson(from_file), HasSubstr("\"trusted_backends_file\": \"" +
                                                  (dir / "trusted.sha256").string() + "\""));
 }
