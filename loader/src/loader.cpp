@@ -170,6 +170,18 @@ Status CallEntryPoint(const fs::path& file, std::string_view name, LoadReason re
       });
 }
 
+// The trust stage: nothing to say without a policy (every content loads, as before trust existed).
+Status CheckTrust(const TrustPolicy* trust, const BackendFile& file, const fs::path& content,
+                  const std::string& sha256, Tracer& tracer) {
+  if (trust == nullptr)
+    return Status::Ok();
+  Status verdict = trust->Check({file.path, content, sha256, file.real_path});
+  if (!verdict.ok())
+    return tracer.Fail("trust", std::move(verdict));
+  tracer.Pass("trust", "sha256 on " + trust->Describe());
+  return Status::Ok();
+}
+
 std::string VersionString(BackendApiVersion version) {
   return std::to_string(version.major) + "." + std::to_string(version.minor);
 }
@@ -203,7 +215,8 @@ Result<std::shared_ptr<Loader>> Loader::Shared() {
 Loader::Loader(LoaderOptions options, std::shared_ptr<ShadowDirectory> shadows)
     : options_(std::move(options)), shadows_(std::move(shadows)) {}
 
-Result<GenerationLease> Loader::Load(const fs::path& file, LoadTrace* trace, Reuse reuse) {
+Result<GenerationLease> Loader::Load(const fs::path& file, LoadTrace* trace, Reuse reuse,
+                                     const TrustPolicy* trust) {
   Tracer tracer(trace);
   auto resolved = ResolveBackendFile(file, options_.file_policy);
   if (!resolved.ok()) {
@@ -220,18 +233,26 @@ Result<GenerationLease> Loader::Load(const fs::path& file, LoadTrace* trace, Reu
 
   if (reuse == Reuse::kLiveUnchanged) {
     // An unchanged file that is already mapped is not mapped again.
-    MutexLock lock(mutex_);
-    auto it = live_.find(resolved->real_path);
-    if (it != live_.end()) {
-      auto existing = it->second.lock();
-      if (existing && ReadFileIdentity(resolved->real_path) == existing->info().identity) {
-        tracer.Pass("cache",
-                    "already loaded as generation " + std::to_string(existing->info().number));
-        return GenerationLease(existing);
+    std::shared_ptr<const Generation> existing;
+    {
+      MutexLock lock(mutex_);
+      auto it = live_.find(resolved->real_path);
+      if (it != live_.end())
+        existing = it->second.lock();
+    }
+    if (existing && ReadFileIdentity(resolved->real_path) == existing->info().identity) {
+      // Mapped for a caller whose policy may differ from this one's: ask this one too (about
+      // the content mapped, the shadow copy, which has not changed since it was digested).
+      const GenerationInfo& info = existing->info();
+      if (Status trusted = CheckTrust(trust, *resolved, info.shadow_path, info.sha256, tracer);
+          !trusted.ok()) {
+        return trusted;
       }
+      tracer.Pass("cache", "already loaded as generation " + std::to_string(info.number));
+      return GenerationLease(existing);
     }
   }
-  auto loaded = LoadNew(*resolved, trace);
+  auto loaded = LoadNew(*resolved, trace, trust);
   if (loaded.ok()) {
     MutexLock lock(mutex_);
     live_[resolved->real_path] = loaded.value();
@@ -240,7 +261,8 @@ Result<GenerationLease> Loader::Load(const fs::path& file, LoadTrace* trace, Reu
   return loaded;
 }
 
-Result<GenerationLease> Loader::LoadNew(const BackendFile& file, LoadTrace* trace) {
+Result<GenerationLease> Loader::LoadNew(const BackendFile& file, LoadTrace* trace,
+                                        const TrustPolicy* trust) {
   Tracer tracer(trace);
   const uint64_t number = next_generation.fetch_add(1, std::memory_order_relaxed);
 
@@ -254,6 +276,10 @@ Result<GenerationLease> Loader::LoadNew(const BackendFile& file, LoadTrace* trac
   if (!sha256.ok())
     return tracer.Fail("digest", std::move(sha256).error());
   tracer.Pass("digest", "sha256 " + sha256.value());
+  // Before anything reads the copy as ELF or maps it: no byte of untrusted content is
+  // interpreted, and no code of it runs, not even its static constructors. The digest is the
+  // copy's, so a file swapped after it was copied cannot pass on the old content's digest.
+  BACKPLANE_RETURN_IF_ERROR(CheckTrust(trust, file, shadow->path, sha256.value(), tracer));
 
   // What is inspected is exactly what is dlopened: the shadow copy.
   auto facts = ReadElfFile(shadow->path, file.path.string());

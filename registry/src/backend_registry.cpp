@@ -173,7 +173,8 @@ Result<std::shared_ptr<BackendRegistry>> BackendRegistry::Create(BackendRegistry
     }
   }
   std::shared_ptr<BackendRegistry> registry(
-      new BackendRegistry(std::move(shared_loader), std::move(directories), options.settle_time));
+      new BackendRegistry(std::move(shared_loader), std::move(directories), options.settle_time,
+                          std::move(options.trust)));
   // The reaper tells when a drained generation has left the process (or leaked).
   registry->unload_listener_ = registry->loader_->stats().unload_listeners.Add(
       [raw = registry.get()](const loader::GenerationInfo& generation, bool leaked) {
@@ -202,10 +203,12 @@ Result<std::shared_ptr<BackendRegistry>> BackendRegistry::Create(BackendRegistry
 
 BackendRegistry::BackendRegistry(std::shared_ptr<loader::Loader> loader,
                                  std::vector<fs::path> directories,
-                                 std::chrono::milliseconds settle_time)
+                                 std::chrono::milliseconds settle_time,
+                                 std::shared_ptr<const loader::TrustPolicy> trust)
     : loader_(std::move(loader)),
       directories_(std::move(directories)),
       settle_time_(settle_time),
+      trust_(std::move(trust)),
       scanner_(std::make_unique<registry_detail::BackendScanner>(directories_,
                                                                  loader_->options().file_policy)),
       coordinator_(std::make_unique<registry_detail::ChangeCoordinator>()),
@@ -312,7 +315,8 @@ DeployOutcome BackendRegistry::DeployIfChanged(const Candidate& candidate,
               "backend " + known_id + " is pinned; the new file is ignored"};
     }
   }
-  if (scanner_->RejectedAndUnchanged(candidate))
+  // An untrusted file stays refused while neither it nor the trusted list changes.
+  if (scanner_->RejectedAndUnchanged(candidate, TrustRevision()))
     return {DeployOutcome::Action::kUnchanged, known_id, candidate.path};
   return Deploy(candidate, /*registering=*/false, settle_time, nullptr, events);
 }
@@ -323,9 +327,9 @@ Result<loader::GenerationLease> BackendRegistry::LoadGeneration(const fs::path& 
   // re-activation is one state machine, and a file designated again while a generation of ours
   // from it still drains (a link re-pointed back, a second rollback) becomes a new generation
   // with a new number, never that generation's record brought back to life.
-  auto loaded = loader_->Load(file, trace);
+  auto loaded = loader_->Load(file, trace, loader::Loader::Reuse::kLiveUnchanged, trust_.get());
   if (loaded.ok() && lineages_->Recorded(loaded.value()->info()))
-    return loader_->Load(file, trace, loader::Loader::Reuse::kNever);
+    return loader_->Load(file, trace, loader::Loader::Reuse::kNever, trust_.get());
   return loaded;
 }
 
@@ -334,6 +338,7 @@ DeployOutcome BackendRegistry::Deploy(const Candidate& candidate, bool registeri
                                       loader::LoadTrace* trace, Events& events) {
   const fs::path& file = candidate.path;
   const auto by_file = lineages_->ByFile(candidate.family);
+  const uint64_t trust_revision = TrustRevision();  // before the load: the verdict's revision
   auto loaded = LoadGeneration(file, trace);
   if (!loaded.ok()) {
     Status error = std::move(loaded).error();
@@ -347,7 +352,8 @@ DeployOutcome BackendRegistry::Deploy(const Candidate& candidate, bool registeri
               "not loaded yet, looking again soon: " + error.message(),
               error};
     }
-    return RejectDeploy(candidate, std::move(error), by_file ? by_file->id : "", 0, events);
+    return RejectDeploy(candidate, std::move(error), by_file ? by_file->id : "", 0, events,
+                        trust_revision);
   }
   loader::GenerationLease next = std::move(loaded).value();
   const auto& info = next->info();
@@ -427,8 +433,11 @@ DeployOutcome BackendRegistry::Activate(const std::string& id, loader::Generatio
 
 DeployOutcome BackendRegistry::RejectDeploy(const Candidate& candidate, Status error,
                                             std::string backend_id, uint64_t generation,
-                                            Events& events) {
-  scanner_->RememberRejected(candidate);
+                                            Events& events, uint64_t trust_revision) {
+  if (error.reason() == LoadReason::kUntrusted)
+    scanner_->RememberRejected(candidate, trust_revision);
+  else
+    scanner_->RememberRejected(candidate);
   if (generation != 0)
     lineages_->Reject(backend_id, generation, error);
   lineages_->AddRejected({candidate.path, error, backend_id});
@@ -445,6 +454,10 @@ DeployOutcome BackendRegistry::RejectDeploy(const Candidate& candidate, Status e
           generation,
           error.ToString(),
           error};
+}
+
+uint64_t BackendRegistry::TrustRevision() const {
+  return trust_ ? trust_->Revision() : 0;
 }
 
 DeployOutcome BackendRegistry::Withdraw(const std::string& id, Events& events) {

@@ -52,13 +52,16 @@ std::optional<Candidate> BackendScanner::ScanFamily(const fs::path& family) cons
   return std::nullopt;
 }
 
-bool BackendScanner::RejectedAndUnchanged(const Candidate& candidate) const {
+bool BackendScanner::RejectedAndUnchanged(const Candidate& candidate,
+                                          uint64_t trust_revision) const {
   auto it = rejected_.find(candidate.path);
   return it != rejected_.end() && it->second.fingerprint == candidate.fingerprint &&
-         it->second.before_opening == !candidate.unusable.ok();
+         it->second.before_opening == !candidate.unusable.ok() &&
+         (!it->second.trust_revision || *it->second.trust_revision == trust_revision);
 }
 
-void BackendScanner::RememberRejected(const Candidate& candidate) {
+void BackendScanner::RememberRejected(const Candidate& candidate,
+                                      std::optional<uint64_t> trust_revision) {
   // Trap: the fingerprint of the listing, not one read now. A link re-pointed from a dangling
   // target to a good file while the rejection was being decided would otherwise be remembered as
   // rejected and never loaded (found by DeployModelTest). And when the name resolves differently
@@ -72,7 +75,7 @@ void BackendScanner::RememberRejected(const Candidate& candidate) {
     rejected_.erase(candidate.path);
     return;
   }
-  rejected_[candidate.path] = {candidate.fingerprint, !candidate.unusable.ok()};
+  rejected_[candidate.path] = {candidate.fingerprint, !candidate.unusable.ok(), trust_revision};
 }
 
 void BackendScanner::ForgetRejected(const fs::path& file) {

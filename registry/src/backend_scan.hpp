@@ -2,6 +2,7 @@
 // backend family. Private to the registry.
 #pragma once
 
+#include <cstdint>
 #include <filesystem>
 #include <map>
 #include <optional>
@@ -50,10 +51,13 @@ class BackendScanner {
   // A rejection is reported once per version of a file, not at every scan: whether the
   // candidate's name was rejected when it resolved as it does in this listing, and for the same
   // kind of reason (failing before it is opened, or failing to load).
-  bool RejectedAndUnchanged(const Candidate& candidate) const;
+  // A rejection remembered with a trust revision (an UNTRUSTED one) holds only while
+  // `trust_revision` is that revision: a changed trusted list may admit the file now.
+  bool RejectedAndUnchanged(const Candidate& candidate, uint64_t trust_revision = 0) const;
   // Remembers `candidate` as rejected, unless its name no longer resolves as the listing said
   // (then the change that moved it brings another scan, which decides again).
-  void RememberRejected(const Candidate& candidate);
+  void RememberRejected(const Candidate& candidate,
+                        std::optional<uint64_t> trust_revision = std::nullopt);
   void ForgetRejected(const std::filesystem::path& file);
 
   // A misnamed file is said once (at info), not at every scan: those of `misnamed` not said
@@ -76,6 +80,7 @@ class BackendScanner {
   struct Rejection {
     std::string fingerprint;
     bool before_opening = false;
+    std::optional<uint64_t> trust_revision;  // refused as untrusted under this revision
   };
   std::map<std::filesystem::path, Rejection> rejected_;
   std::set<std::filesystem::path> said_misnamed_;

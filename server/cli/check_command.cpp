@@ -13,7 +13,9 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 
+#include "backplane/loader/digest.hpp"
 #include "backplane/loader/loader.hpp"
+#include "backplane/loader/trust.hpp"
 #include "backplane/registry/backend_registry.hpp"
 
 namespace backplane::server {
@@ -334,7 +336,35 @@ json ToJson(const SkippedFile& skipped) {
 
 }  // namespace
 
+// `check --digest`: one sha256sum line per backend file, the line a trusted list takes. Only the
+// lines go to stdout, so that `backplane check --digest DIR >> trusted.sha256` is the whole job.
+int PrintDigests(const CheckOptions& options) {
+  const auto [files, skipped] = ExpandArguments(options.files);
+  for (const auto& file : skipped)
+    std::cerr << "skipped " << file.file << ": " << file.message << "\n";
+  if (files.empty()) {
+    std::cerr << "backplane check: no backend files found"
+              << (options.files.empty() ? " in the default backend paths" : "") << "\n";
+    return 1;
+  }
+  bool all_ok = true;
+  for (const auto& file : files) {
+    // The content the file name leads to now, read as the loader reads it (through symlinks);
+    // the loader checks the same digest on its private copy of those bytes.
+    auto digest = loader::Sha256OfFile(file);
+    if (!digest.ok()) {
+      std::cerr << "backplane check: " << digest.error().message() << "\n";
+      all_ok = false;
+      continue;
+    }
+    std::cout << loader::DigestLine(digest.value(), file) << "\n";
+  }
+  return all_ok ? 0 : 1;
+}
+
 int RunCheck(const CheckOptions& options) {
+  if (options.digest)
+    return PrintDigests(options);
   const auto [files, skipped] = ExpandArguments(options.files);
   if (!options.json) {
     for (const auto& file : skipped)

@@ -58,6 +58,11 @@ int main(int argc, char** argv) {
   check_command->add_flag("--json", check.json, "print a JSON array, one object per file");
   check_command->add_flag("--allow-unsafe-permissions", check.allow_unsafe_permissions,
                           "accept files writable by group/others or owned by another user");
+  check_command
+      ->add_flag("--digest", check.digest,
+                 "print each file's SHA-256 as sha256sum does (\"<hex>  <file>\"): the line to "
+                 "add to trusted_backends_file; loads nothing")
+      ->excludes("--json");
 
   backplane::server::RunOptions run;
   auto* run_command =

@@ -111,6 +111,13 @@ int CheckConfig(const ServeOptions& options) {
     if (!fs::is_directory(directory, error))
       std::cerr << "note: the backend directory " << directory << " is not a directory here\n";
   }
+  if (!config.trusted_backends_file.empty() && !fs::exists(config.trusted_backends_file, error)) {
+    std::cerr << "note: the trusted backend list " << config.trusted_backends_file
+              << " does not exist here\n";
+  } else if (auto trust = MakeTrustPolicy(config); !trust.ok()) {
+    std::cerr << "backplane serve: " << trust.error().message() << "\n";
+    return 1;
+  }
   if (!IsLoopbackHost(ParseListenAddress(config.listen).value().host) &&
       config.admin_token.empty()) {
     std::cerr << "note: listening on " << config.listen

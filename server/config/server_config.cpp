@@ -218,6 +218,53 @@ const std::vector<ConfigKey>& ConfigKeys() {
        [](const ServeConfig& defaults) { return json(defaults.watch_backends); }},
       DurationKey("watch_debounce_ms", &ServeConfig::watch_debounce, 0, 60000),
       DurationKey("rescan_interval_ms", &ServeConfig::rescan_interval, 0, 86400000),
+      {"trusted_backends",
+       [](const json& value, const fs::path&, ServeConfig& config) -> Status {
+         auto digests = ReadStrings(value, "trusted_backends");
+         if (!digests.ok())
+           return digests.error();
+         // Checked here, so that a typo stops the start naming the entry; kept lowercase, the
+         // form the loader's digests and the admin API's sha256 take.
+         for (std::size_t i = 0; i < digests->size(); ++i) {
+           auto digest = loader::ParseSha256((*digests)[i]);
+           if (!digest.ok()) {
+             return InvalidArgument("'trusted_backends' entry " + std::to_string(i) + ": " +
+                                    digest.error().message());
+           }
+           (*digests)[i] = std::move(digest).value();
+         }
+         config.trusted_backends = std::move(digests).value();
+         return Status::Ok();
+       },
+       [](const ServeConfig&) { return json("none (any backend content loads)"); }},
+      {"trusted_backends_file",
+       [](const json& value, const fs::path& base, ServeConfig& config) -> Status {
+         auto text = ReadString(value, "trusted_backends_file");
+         if (!text.ok())
+           return text.error();
+         if (text->empty())
+           return InvalidArgument("'trusted_backends_file' must name a file, got \"\"");
+         config.trusted_backends_file = Resolve(base, text.value());
+         return Status::Ok();
+       },
+       [](const ServeConfig&) { return json("none"); }},
+      {"trusted_signing_keys",
+       [](const json& value, const fs::path& base, ServeConfig& config) -> Status {
+         auto paths = ReadStrings(value, "trusted_signing_keys");
+         if (!paths.ok())
+           return paths.error();
+         if (paths->empty()) {
+           return InvalidArgument(
+               "'trusted_signing_keys' is empty: name at least one public key file, or leave "
+               "the key out");
+         }
+         std::vector<fs::path> resolved;
+         for (const auto& path : paths.value())
+           resolved.push_back(Resolve(base, path));
+         config.trusted_signing_keys = std::move(resolved);
+         return Status::Ok();
+       },
+       [](const ServeConfig&) { return json("none (signatures are not looked at)"); }},
   };
   return keys;
 }
@@ -276,6 +323,13 @@ Status ApplyConfigText(std::string_view text, const fs::path& file, ServeConfig&
     if (!applied.ok())
       return InvalidArgument("config file " + file.string() + ": " + applied.message());
   }
+  // Two sources of trust would leave one of them silently ignored (or merged, which nobody can
+  // tell from either alone).
+  if (updated.trusted_backends && !updated.trusted_backends_file.empty()) {
+    return InvalidArgument("config file " + file.string() +
+                           ": 'trusted_backends' and 'trusted_backends_file' are both set; "
+                           "set one (the file, to change the list without a restart)");
+  }
   config = std::move(updated);
   return Status::Ok();
 }
@@ -300,7 +354,48 @@ std::string ConfigToJson(const ServeConfig& config) {
     object["backends"] = nullptr;
   }
   object["admin_token"] = config.admin_token.empty() ? json(nullptr) : json("(set)");
+  object["trusted_backends"] =
+      config.trusted_backends ? json(*config.trusted_backends) : json(nullptr);
+  if (config.trusted_signing_keys) {
+    object["trusted_signing_keys"] = json::array();
+    for (const auto& path : *config.trusted_signing_keys)
+      object["trusted_signing_keys"].push_back(path.string());
+  } else {
+    object["trusted_signing_keys"] = nullptr;
+  }
+  object["trusted_backends_file"] = config.trusted_backends_file.empty()
+                                        ? json(nullptr)
+                                        : json(config.trusted_backends_file.string());
   return object.dump(2);
+}
+
+Result<std::shared_ptr<const loader::TrustPolicy>> MakeTrustPolicy(const ServeConfig& config) {
+  std::vector<std::shared_ptr<const loader::TrustPolicy>> policies;
+  if (config.trusted_backends) {
+    auto list = loader::DigestAllowlist::FromDigests(*config.trusted_backends);
+    if (!list.ok())
+      return InvalidArgument("'trusted_backends' " + list.error().message());
+    policies.push_back(std::move(list).value());
+  }
+  if (!config.trusted_backends_file.empty()) {
+    auto list = loader::DigestAllowlist::FromFile(config.trusted_backends_file);
+    if (!list.ok())
+      return InvalidArgument("'trusted_backends_file': " + list.error().message());
+    policies.push_back(std::move(list).value());
+  }
+  if (config.trusted_signing_keys) {
+    auto keys = loader::SignaturePolicy::FromKeyFiles(*config.trusted_signing_keys);
+    if (!keys.ok())
+      return InvalidArgument("'trusted_signing_keys': " + keys.error().message());
+    policies.push_back(std::move(keys).value());
+  }
+  if (policies.empty())
+    return std::shared_ptr<const loader::TrustPolicy>();
+  if (policies.size() == 1)
+    return std::move(policies.front());
+  // A digest on the list or a valid signature: the list for builds no key signed (a hotfix).
+  return std::shared_ptr<const loader::TrustPolicy>(
+      std::make_shared<loader::AnyOfTrust>(std::move(policies)));
 }
 
 std::string ListenAddress::ToString() const {

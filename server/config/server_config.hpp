@@ -6,12 +6,14 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "backplane/core/status.hpp"
+#include "backplane/loader/trust.hpp"
 
 namespace backplane::server {
 
@@ -61,6 +63,16 @@ struct ServeConfig {
   bool watch_backends = true;  // apply backend files dropped into the backend directories
   std::chrono::milliseconds watch_debounce{200};
   std::chrono::milliseconds rescan_interval{30000};
+
+  // ---- Trust (docs/operators.md, "Securing the backend directory")
+  // SHA-256 digests (lowercase hex) of the only backend content that may load; nullopt: any.
+  // An empty list trusts nothing. At most one of this and trusted_backends_file is set.
+  std::optional<std::vector<std::string>> trusted_backends;
+  // A file of such digests in sha256sum's format, re-read when it changes; empty: none.
+  std::filesystem::path trusted_backends_file;
+  // Ed25519 public keys (PEM files): content with a valid detached signature (<file>.sig) by one
+  // of them is trusted too. nullopt: signatures are not looked at.
+  std::optional<std::vector<std::filesystem::path>> trusted_signing_keys;
 };
 
 // The grpc_listen value that turns gRPC off.
@@ -77,6 +89,12 @@ Status ApplyConfigFile(const std::filesystem::path& file, ServeConfig& config);
 // relative paths. The seam tests/fuzz/server_config_fuzz.cpp drives without a file.
 Status ApplyConfigText(std::string_view text, const std::filesystem::path& file,
                        ServeConfig& config);
+
+// The trust policy `config` asks for: null when none of trusted_backends, trusted_backends_file
+// and trusted_signing_keys is set; else the allowlist (its file read now), the signing keys
+// (read now), or content trusted by either. kInvalidArgument naming the key and the entry, line
+// or key file when it cannot be built.
+Result<std::shared_ptr<const loader::TrustPolicy>> MakeTrustPolicy(const ServeConfig& config);
 
 // Every config key with its default, as "key: default" lines (for --help and tests).
 std::vector<std::string> DescribeConfigKeys();

@@ -33,8 +33,14 @@ Result<std::unique_ptr<ServingCore>> ServingCore::Start(const ServeConfig& confi
                   "backend loader: " + shared_loader.error().message());
   core->loader_ = std::move(shared_loader).value();
 
-  auto registry =
-      BackendRegistry::Create({.backend_paths = config.backends, .loader = core->loader_});
+  // Before anything is loaded: with a trusted list, no untrusted backend may load even at start.
+  auto trust = MakeTrustPolicy(config);
+  if (!trust.ok())
+    return trust.error();
+  if (trust.value() != nullptr)
+    Log().info("only trusted backend content loads: {}", trust.value()->Describe());
+  auto registry = BackendRegistry::Create(
+      {.backend_paths = config.backends, .loader = core->loader_, .trust = trust.value()});
   if (!registry.ok())
     return Status(registry.error().code(), "backend registry: " + registry.error().message());
   // Moved out: a copy left in the Result would keep the registry (and its leases) alive past

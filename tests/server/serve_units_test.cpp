@@ -131,7 +131,96 @@ TEST(ServeConfigTest, RelativePathsAreRelativeToTheFileAndEveryKeyApplies) {
   EXPECT_EQ(config.rescan_interval, std::chrono::milliseconds(0));
   EXPECT_EQ(config.grpc_listen, "off");
   // Every key of the table is documented with its default.
-  EXPECT_EQ(DescribeConfigKeys().size(), 26u);  // 20 + the transport's five + grpc_listen
+  EXPECT_EQ(DescribeConfigKeys().size(), 29u);  // 20 + the transport's five + grpc_listen + trust
+}
+
+TEST(ServeConfigTest, TrustedBackendsAreDigestsFromOneSource) {
+  testing::TempDir dir;
+  const std::string digest(64, 'a');
+  const auto apply = [&](const std::string& text, ServeConfig& config) {
+    testing::WriteFile(dir / "serve.json", text);
+    return ApplyConfigFile(dir / "serve.json", config);
+  };
+  ServeConfig config = DefaultServeConfig();
+  EXPECT_FALSE(config.trusted_backends.has_value());
+  EXPECT_TRUE(config.trusted_backends_file.empty());
+  auto none = MakeTrustPolicy(config);
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(none.value(), nullptr);
+
+  // Upper case is read as sha256sum -c would, and kept lowercase like the loader's digests.
+  ASSERT_TRUE(apply(R"({"trusted_backends": [")" + std::string(64, 'A') + R"("]})", config).ok());
+  EXPECT_EQ(config.trusted_backends, std::vector<std::string>{digest});
+  auto listed = MakeTrustPolicy(config);
+  ASSERT_TRUE(listed.ok()) << listed.error().ToString();
+  EXPECT_EQ(listed.value()->Describe(), "1 digest(s) given at start");
+
+  ServeConfig malformed = DefaultServeConfig();
+  Status status = apply(R"({"trusted_backends": [")" + digest + R"(", "sha256:abc"]})", malformed);
+  EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(status.message(), "config file " + (dir / "serve.json").string() +
+                                  ": 'trusted_backends' entry 1: 'sha256:abc' is not a SHA-256 "
+                                  "digest: it has 10 characters, a digest 64 hex digits");
+  EXPECT_FALSE(malformed.trusted_backends.has_value()) << "a bad file applies nothing";
+  EXPECT_THAT(apply(R"({"trusted_backends": "abc"})", malformed).message(),
+              HasSubstr("'trusted_backends' must be an array of strings"));
+
+  // Both: refused, naming both keys.
+  status =
+      apply(R"({"trusted_backends": [], "trusted_backends_file": "trusted.sha256"})", malformed);
+  EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(),
+              HasSubstr("'trusted_backends' and 'trusted_backends_file' are both set"));
+
+  // The file: relative to the config file, read when the policy is made.
+  ServeConfig from_file = DefaultServeConfig();
+  ASSERT_TRUE(apply(R"({"trusted_backends_file": "trusted.sha256"})", from_file).ok());
+  EXPECT_EQ(from_file.trusted_backends_file, dir.path() / "trusted.sha256");
+  auto missing = MakeTrustPolicy(from_file);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.error().message(),
+            "'trusted_backends_file': cannot open trusted backend list " +
+                (dir / "trusted.sha256").string() + ": No such file or directory");
+  testing::WriteFile(dir / "trusted.sha256", digest + "  a.so\n" + digest.substr(1) + "  b.so\n");
+  auto bad_line = MakeTrustPolicy(from_file);
+  ASSERT_FALSE(bad_line.ok());
+  EXPECT_THAT(bad_line.error().message(),
+              HasSubstr("'trusted_backends_file': " + (dir / "trusted.sha256").string() +
+                        " line 2: '" + digest.substr(1) + "' is not a SHA-256 digest"));
+  testing::WriteFile(dir / "trusted.sha256", "# ci\n" + digest + "  a.so\n");
+  auto good = MakeTrustPolicy(from_file);
+  ASSERT_TRUE(good.ok()) << good.error().ToString();
+  EXPECT_EQ(good.value()->Describe(), "1 digest(s) from " + (dir / "trusted.sha256").string());
+  // Signing keys: PEM files relative to the config file, read when the policy is made; with a
+  // list, content either trusts loads.
+  ServeConfig signed_config = DefaultServeConfig();
+  EXPECT_THAT(apply(R"({"trusted_signing_keys": []})", signed_config).message(),
+              HasSubstr("'trusted_signing_keys' is empty"));
+  ASSERT_TRUE(apply(R"({"trusted_signing_keys": ["keys/ci.pub"], "trusted_backends_file": )"
+                    R"("trusted.sha256"})",
+                    signed_config)
+                  .ok());
+  ASSERT_TRUE(signed_config.trusted_signing_keys.has_value());
+  EXPECT_EQ(*signed_config.trusted_signing_keys,
+            std::vector<std::filesystem::path>{dir.path() / "keys/ci.pub"});
+  auto no_key = MakeTrustPolicy(signed_config);
+  ASSERT_FALSE(no_key.ok());
+  EXPECT_THAT(no_key.error().message(),
+              HasSubstr("'trusted_signing_keys': cannot read signing key " +
+                        (dir / "keys/ci.pub").string()));
+  std::filesystem::create_directory(dir / "keys");
+  testing::WriteFile(dir / "keys/ci.pub",
+                     "-----BEGIN PUBLIC KEY-----\n"
+                     "MCowBQYDK2VwAyEAGb9ECWmEzf6FQbrBZ9w7lshQhqowtrbLDFw4rXAxZuE=\n"
+                     "-----END PUBLIC KEY-----\n");
+  auto either = MakeTrustPolicy(signed_config);
+  ASSERT_TRUE(either.ok()) << either.error().ToString();
+  EXPECT_EQ(either.value()->Describe(),
+            "1 digest(s) from " + (dir / "trusted.sha256").string() +
+                " or 1 signing key(s): " + (dir / "keys/ci.pub").string());
+
+  EXPECT_THAT(ConfigToJson(from_file), HasSubstr("\"trusted_backends_file\": \"" +
+                                                 (dir / "trusted.sha256").string() + "\""));
 }
 
 TEST(ServeConfigTest, ListenAddresses) {

@@ -78,7 +78,8 @@ enum class LoadReason {
   kPrepareFailed,      // a runtime could not create an instance or prepare a network on it
   kValidationFailed,   // its outputs on a probe differ from the active generation's
   kBundledDependency,  // needs a library that sits in a backend directory (shared by all versions)
-  kLastReason = kBundledDependency,
+  kUntrusted,          // its content's digest is not on the host's trusted list (never mapped)
+  kLastReason = kUntrusted,
 };
 
 constexpr std::string_view ToString(LoadReason reason) {
@@ -123,6 +124,8 @@ constexpr std::string_view ToString(LoadReason reason) {
       return "VALIDATION_FAILED";
     case LoadReason::kBundledDependency:
       return "BUNDLED_DEPENDENCY";
+    case LoadReason::kUntrusted:
+      return "UNTRUSTED";
   }
   return "UNKNOWN";
 }
@@ -149,6 +152,7 @@ constexpr StatusCode CodeOf(LoadReason reason) {
     case LoadReason::kFactoryFailed:
       return StatusCode::kInternal;
     case LoadReason::kUnsafePermissions:
+    case LoadReason::kUntrusted:
     case LoadReason::kNotUnloadable:
     case LoadReason::kDlopenFailed:
     case LoadReason::kApiIncompatible:

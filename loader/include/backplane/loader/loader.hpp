@@ -18,6 +18,7 @@
 #include "backplane/loader/generation.hpp"
 #include "backplane/loader/reaper.hpp"
 #include "backplane/loader/shadow_directory.hpp"
+#include "backplane/loader/trust.hpp"
 
 namespace backplane::loader {
 
@@ -83,8 +84,12 @@ class Loader : public std::enable_shared_from_this<Loader> {
   // Loads `file` as a new generation, or (kLiveUnchanged) returns the live generation of the same
   // unchanged file. With `trace`, appends one LoadStage per stage run. The factory is
   // probed once (an instance created and destroyed) so that a broken factory fails here.
+  // With `trust`, the content must pass it (stage "trust", UNTRUSTED otherwise): asked with the
+  // digest of the shadow copy, before the copy is inspected or mapped; a live generation that
+  // would be shared is asked about too, since the policies of callers differ.
   Result<GenerationLease> Load(const std::filesystem::path& file, LoadTrace* trace = nullptr,
-                               Reuse reuse = Reuse::kLiveUnchanged) EXCLUDES(mutex_);
+                               Reuse reuse = Reuse::kLiveUnchanged,
+                               const TrustPolicy* trust = nullptr) EXCLUDES(mutex_);
 
   // A new instance from `generation`'s factory; kFactoryFailed when it throws or returns null
   // (with the backend's own message when it has GetBackendFactoryError), kInvalidId when the
@@ -102,7 +107,8 @@ class Loader : public std::enable_shared_from_this<Loader> {
 
  private:
   Loader(LoaderOptions options, std::shared_ptr<ShadowDirectory> shadows);
-  Result<GenerationLease> LoadNew(const BackendFile& file, LoadTrace* trace);
+  Result<GenerationLease> LoadNew(const BackendFile& file, LoadTrace* trace,
+                                  const TrustPolicy* trust);
 
   const LoaderOptions options_;
   const std::shared_ptr<ShadowDirectory> shadows_;

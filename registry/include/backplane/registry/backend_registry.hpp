@@ -44,6 +44,11 @@ struct BackendRegistryOptions {
   // in Rescan (the watcher's, which looks again); Create's first scan, LoadFile and Reload take
   // the file as it is.
   std::chrono::milliseconds settle_time{250};
+  // Which backend content may load (null: any). Asked by the loader about the digest of each
+  // file's private copy before it is mapped, for every load this registry makes: discovery,
+  // deploys, LoadFile, Rollback. A file refused as UNTRUSTED is reported once, and looked at
+  // again when it changes or when the policy's Revision() does (checked at every rescan).
+  std::shared_ptr<const loader::TrustPolicy> trust;
 };
 
 // One registered backend id and the generation it offers now.
@@ -131,7 +136,8 @@ class BackendRegistry : public std::enable_shared_from_this<BackendRegistry> {
 
   BackendRegistry(std::shared_ptr<loader::Loader> loader,
                   std::vector<std::filesystem::path> directories,
-                  std::chrono::milliseconds settle_time);
+                  std::chrono::milliseconds settle_time,
+                  std::shared_ptr<const loader::TrustPolicy> trust);
   void Unsubscribe(uint64_t subscriber_id);
 
   // The change sequence: each of these runs with change_mutex_ held and reports what it did
@@ -153,9 +159,13 @@ class BackendRegistry : public std::enable_shared_from_this<BackendRegistry> {
                          registry_detail::Events& events) REQUIRES(change_mutex_);
   DeployOutcome Withdraw(const std::string& id, registry_detail::Events& events)
       REQUIRES(change_mutex_);
+  // `trust_revision`: the trust policy's revision read before the load that failed, remembered
+  // with an UNTRUSTED refusal.
   DeployOutcome RejectDeploy(const Candidate& candidate, Status error, std::string backend_id,
-                             uint64_t generation, registry_detail::Events& events)
-      REQUIRES(change_mutex_);
+                             uint64_t generation, registry_detail::Events& events,
+                             uint64_t trust_revision = 0) REQUIRES(change_mutex_);
+  // The trust policy's revision now (0 without one).
+  uint64_t TrustRevision() const;
   Result<DeployOutcome> ReloadLocked(std::string_view id, registry_detail::Events& events)
       REQUIRES(change_mutex_);
 
@@ -166,6 +176,7 @@ class BackendRegistry : public std::enable_shared_from_this<BackendRegistry> {
   const std::shared_ptr<loader::Loader> loader_;
   const std::vector<std::filesystem::path> directories_;
   const std::chrono::milliseconds settle_time_;
+  const std::shared_ptr<const loader::TrustPolicy> trust_;
   uint64_t unload_listener_ = 0;
 
   // Orders changes: taken first, held across a whole change (backend code runs in it, observers
