@@ -318,6 +318,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
  private:
   enum class Phase { kIdle, kInRequest, kClosing, kClosed };
+  static constexpr std::chrono::milliseconds kCancelRetry{10};
 
   const HttpLimits& limits() const { return core_.limits; }
 
@@ -357,6 +358,12 @@ class Connection : public std::enable_shared_from_this<Connection> {
     timed_out_ = true;
     beast::error_code ignored;
     socket_.cancel(ignored);
+    // Trap: a cancel lands only on an operation still pending. When a read's completion was
+    // already queued as the deadline passed (a trickling client's byte), the composed read goes
+    // on with a new read that nothing cancels, and the connection would never time out (seen: 1
+    // of 300 Slowloris connections under load). So cancel again until the operation has ended
+    // (Outcome disarms; this wait then finds no deadline and stops).
+    StartTimer(Clock::now() + kCancelRetry);
   }
   // The completion's error, with a cancellation by our timer reported as beast::error::timeout.
   beast::error_code Outcome(beast::error_code error) {
