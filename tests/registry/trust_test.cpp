@@ -124,7 +124,7 @@ TEST_F(RegistryTrustTest, UntrustedDeployIsRefusedOnceAndTheServingGenerationSer
   StartWatching();
 
   Publish("ValidNext");  // a build nobody put on the list
-  ASSERT_TRUE(WaitFor([&] { return untrusted_.load() == 1; })) << "never refused";
+  ASSERT_TRUE(WaitFor([&] { return untrusted_.load() >= 1; })) << "never refused";
   const std::string next_digest = DigestOf(Fixture("ValidNext"));
   BackendStatus status = Describe();
   EXPECT_EQ(status.active_generation, serving);
@@ -140,10 +140,15 @@ TEST_F(RegistryTrustTest, UntrustedDeployIsRefusedOnceAndTheServingGenerationSer
   auto instance = registry_->CreateInstance("TestValid");
   ASSERT_TRUE(instance.ok()) << instance.error().ToString();
 
-  // Said once, not at every scan.
+  // Said once, not at every scan. A scan racing the publish may say it a second time, as for any
+  // rejected deploy (BackendReloaderTest.BrokenDeployIsRejectedAndTheOldOneServes;
+  // seen here 1 run in 3 under TSan): what must not happen is a report per scan.
+  Settle();
+  const int reported = rejected_.load();
+  EXPECT_LE(reported, 2);
   Settle();
   Settle();
-  EXPECT_EQ(rejected_.load(), 1);
+  EXPECT_EQ(rejected_.load(), reported);
   EXPECT_EQ(activated_.load(), 0);
 
   // Trusted now: the list is re-read at the next scan and the waiting file loads.
@@ -154,7 +159,7 @@ TEST_F(RegistryTrustTest, UntrustedDeployIsRefusedOnceAndTheServingGenerationSer
   EXPECT_EQ(ActiveSha256(), next_digest);
   EXPECT_NE(Describe().active_generation, serving);
   Settle();
-  EXPECT_EQ(rejected_.load(), 1);
+  EXPECT_EQ(rejected_.load(), reported);
   EXPECT_EQ(activated_.load(), 1);
 }
 
