@@ -32,6 +32,25 @@ struct ReadList {
   FileIdentity identity;
 };
 
+// Reads `fd` to its end, or until more than `limit` bytes are read (the caller then refuses the
+// file by its size); nullopt with errno set when a read fails.
+std::optional<std::string> ReadAtMost(int fd, std::size_t limit) {
+  std::string bytes;
+  char buffer[1 << 16];
+  while (bytes.size() <= limit) {
+    const ssize_t n = read(fd, buffer, sizeof buffer);
+    if (n == 0)
+      break;
+    if (n < 0) {
+      if (errno == EINTR)
+        continue;
+      return std::nullopt;
+    }
+    bytes.append(buffer, static_cast<std::size_t>(n));
+  }
+  return bytes;
+}
+
 // Reads identity and content through one descriptor, so that what is recorded as read is what
 // was read even when the file is replaced meanwhile.
 Result<ReadList> ReadListFile(const fs::path& file) {
@@ -64,24 +83,14 @@ Result<ReadList> ReadListFile(const fs::path& file) {
     return InvalidArgument("trusted backend list " + file.string() + " is larger than " +
                            std::to_string(kMaxListBytes) + " bytes");
   }
-  std::string text;
-  char buffer[1 << 14];
-  for (;;) {
-    const ssize_t n = read(fd.get(), buffer, sizeof buffer);
-    if (n == 0)
-      break;
-    if (n < 0) {
-      if (errno == EINTR)
-        continue;
-      return io_error("read");
-    }
-    text.append(buffer, static_cast<std::size_t>(n));
-    if (text.size() > kMaxListBytes) {
-      return InvalidArgument("trusted backend list " + file.string() + " is larger than " +
-                             std::to_string(kMaxListBytes) + " bytes");
-    }
+  const auto text = ReadAtMost(fd.get(), kMaxListBytes);
+  if (!text)
+    return io_error("read");
+  if (text->size() > kMaxListBytes) {
+    return InvalidArgument("trusted backend list " + file.string() + " is larger than " +
+                           std::to_string(kMaxListBytes) + " bytes");
   }
-  auto digests = ParseDigestList(text, file.string());
+  auto digests = ParseDigestList(*text, file.string());
   if (!digests.ok())
     return std::move(digests).error();
   return ReadList{std::move(digests).value(), IdentityOf(st)};
@@ -249,20 +258,7 @@ std::optional<std::string> ReadAtMost(const fs::path& file, std::size_t limit) {
   const FileDescriptor fd(open(file.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY));
   if (fd.get() < 0)
     return std::nullopt;
-  std::string bytes;
-  char buffer[1 << 16];
-  while (bytes.size() <= limit) {
-    const ssize_t n = read(fd.get(), buffer, sizeof buffer);
-    if (n == 0)
-      break;
-    if (n < 0) {
-      if (errno == EINTR)
-        continue;
-      return std::nullopt;
-    }
-    bytes.append(buffer, static_cast<std::size_t>(n));
-  }
-  return bytes;
+  return ReadAtMost(fd.get(), limit);
 }
 
 bool Verifies(EVP_PKEY* key, const std::string& signature, const std::string& message) {
