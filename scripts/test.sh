@@ -30,11 +30,11 @@ for preset in "${presets[@]}"; do
   cmake --build --preset "$preset" -j "$jobs"
   echo "=== ${preset}: built in $((SECONDS - start)) s"
   if [[ "$preset" == clang ]]; then
-    # No ctest: the build is the thread-safety check; then every fuzz target for 15 s, two at a
+    # No ctest: the build is the thread-safety check; then every fuzz target for 10 s, two at a
     # time on 2 cores (a crash, leak, timeout or out-of-memory fails the stage).
     echo "=== clang: fuzz"
     start=$SECONDS
-    scripts/fuzz.sh build/clang 15
+    scripts/fuzz.sh build/clang 10
     echo "=== clang: fuzzed in $((SECONDS - start)) s"
     continue
   fi
