@@ -174,7 +174,8 @@ Result<RunningServer> StartServer(const ServeConfig& config) {
 
   if (addresses->grpc) {
     auto grpc = GrpcServer::Start(*addresses->grpc, core.context(),
-                                  {.max_message_bytes = config.max_body_bytes});
+                                  {.max_message_bytes = config.max_body_bytes,
+                                   .max_buffered_bytes = config.max_buffered_body_bytes});
     if (!grpc.ok())
       return grpc.error();
     server.grpc = core.AddTransport(std::move(grpc).value()).address();
