@@ -3,11 +3,13 @@
 #include <pthread.h>
 #include <signal.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <iostream>
 #include <optional>
 
 #include "admin/admin_api.hpp"
+#include "cli/heap_trim.hpp"
 #include "http/http_server.hpp"
 #include "kserve_grpc/grpc_server.hpp"
 #include "kserve_rest/rest_routes.hpp"
@@ -174,7 +176,8 @@ Result<RunningServer> StartServer(const ServeConfig& config) {
 
   if (addresses->grpc) {
     auto grpc = GrpcServer::Start(*addresses->grpc, core.context(),
-                                  {.max_message_bytes = config.max_body_bytes});
+                                  {.max_message_bytes = config.max_body_bytes,
+                                   .max_buffered_bytes = config.max_buffered_body_bytes});
     if (!grpc.ok())
       return grpc.error();
     server.grpc = core.AddTransport(std::move(grpc).value()).address();
@@ -195,6 +198,7 @@ int RunServe(const ServeOptions& options) {
   spdlog::set_level(spdlog::level::from_str(config.log_level));
   WarnAboutReachableAddresses(config);
 
+  ConfigureAllocator();  // before the server's threads: mallopt is not meant to race malloc
   auto started = StartServer(config);
   if (!started.ok())
     return StartupFailure(started.error().message());
@@ -205,8 +209,24 @@ int RunServe(const ServeOptions& options) {
   if (server.grpc)
     AnnounceListening("grpc", *server.grpc);
 
+  // The main thread waits for the shutdown signal and meanwhile, every kHeapTrimPeriod, gives
+  // back the heap a burst left free (heap_trim.hpp): it is idle otherwise, and the trim takes
+  // no lock of ours.
   int signal_number = 0;
-  sigwait(&shutdown_signals, &signal_number);
+  const timespec period{.tv_sec = kHeapTrimPeriod.count(), .tv_nsec = 0};
+  for (;;) {
+    signal_number = sigtimedwait(&shutdown_signals, nullptr, &period);
+    if (signal_number > 0)
+      break;
+    const auto started = std::chrono::steady_clock::now();
+    if (const std::size_t free_bytes = TrimFreeHeap(kHeapTrimMinFreeBytes); free_bytes > 0) {
+      Log().debug("gave back the free heap ({} MiB free in glibc's arenas) in {} ms",
+                  free_bytes >> 20,
+                  std::chrono::duration_cast<std::chrono::milliseconds>(
+                      std::chrono::steady_clock::now() - started)
+                      .count());
+    }
+  }
   UnblockShutdownSignals(shutdown_signals);
   Log().info(
       "{} received: shutting down (no new connections; finishing the {} request(s) in "

@@ -190,6 +190,8 @@ const std::vector<ConfigKey>& ConfigKeys() {
       IntegerKey("max_connections", &ServeConfig::max_connections, 1, 1000000),
       IntegerKey("listen_backlog", &ServeConfig::listen_backlog, 1, 65535),
       IntegerKey("max_body_bytes", &ServeConfig::max_body_bytes, 1024, int64_t{1} << 32),
+      IntegerKey("max_buffered_body_bytes", &ServeConfig::max_buffered_body_bytes, 1024,
+                 int64_t{1} << 40),
       IntegerKey("max_json_depth", &ServeConfig::max_json_depth, 2, 1000),
       IntegerKey("max_header_bytes", &ServeConfig::max_header_bytes, 1024, 1 << 20),
       DurationKey("header_timeout_ms", &ServeConfig::header_timeout, 1, 3600000),
@@ -329,6 +331,15 @@ Status ApplyConfigText(std::string_view text, const fs::path& file, ServeConfig&
     return InvalidArgument("config file " + file.string() +
                            ": 'trusted_backends' and 'trusted_backends_file' are both set; "
                            "set one (the file, to change the list without a restart)");
+  }
+  // A budget below one body would refuse every body of the sizes between the two with 503 for
+  // ever, a failure that looks like load; refused here instead, naming both keys.
+  if (updated.max_buffered_body_bytes < updated.max_body_bytes) {
+    return InvalidArgument("config file " + file.string() + ": 'max_buffered_body_bytes' (" +
+                           std::to_string(updated.max_buffered_body_bytes) +
+                           ") must be at least 'max_body_bytes' (" +
+                           std::to_string(updated.max_body_bytes) +
+                           "): a body of the largest allowed size could never be read");
   }
   config = std::move(updated);
   return Status::Ok();

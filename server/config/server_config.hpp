@@ -44,6 +44,11 @@ struct ServeConfig {
   int max_connections = 10000;  // beyond it a new connection gets 503 and is closed
   int listen_backlog = 1024;    // the kernel caps it at net.core.somaxconn
   std::size_t max_body_bytes = 16u << 20;
+  // Request-body bytes held at once, all HTTP connections together (a body is reserved before it
+  // is read; one that does not fit gets 503), and gRPC's memory quota. 256 MiB: 16 bodies of the
+  // default max_body_bytes at once, where 64 slow clients could otherwise hold 1 GiB. At least
+  // max_body_bytes, or the largest allowed body could never be read.
+  std::size_t max_buffered_body_bytes = 256u << 20;
   int max_json_depth = 32;
   std::size_t max_header_bytes = 16u << 10;        // request line and headers together
   std::chrono::milliseconds header_timeout{5000};  // the whole header, from its first byte

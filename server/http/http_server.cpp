@@ -39,6 +39,7 @@
 
 #include "backplane/core/logging.hpp"
 #include "backplane/core/thread_annotations.hpp"
+#include "http/body_budget.hpp"
 #include "http/path_pattern.hpp"
 #include "http/request_framing.hpp"
 #include "metrics/metrics.hpp"
@@ -108,6 +109,7 @@ class HttpServer::Core {
       : limits(limits),
         admin_token(std::move(admin_token)),
         metrics(metrics),
+        body_budget(limits.max_buffered_body_bytes, &metrics.http_buffered_body_bytes),
         loop(limits.io_threads),
         handler_pool(static_cast<std::size_t>(limits.threads)) {}
 
@@ -137,11 +139,15 @@ class HttpServer::Core {
   void Register(std::uint64_t id, std::weak_ptr<Connection> connection);
   void Unregister(std::uint64_t id);
   bool stopping() const { return stopping_.load(std::memory_order_acquire); }
+  // A warning, at most one a second of all that come here: a flood must not fill the log.
+  void LogAtMostEverySecond(std::string_view what);
 
   const HttpLimits limits;
   const std::string admin_token;
   ServerMetrics& metrics;
   std::vector<Route> routes;  // written before Start only
+  // Outlives every connection (Stop waits for them), so every reservation taken from it.
+  BodyBudget body_budget;
 
   // Declared before the loop so that connections destroyed with the loop can still unregister.
   Mutex connections_mutex;
@@ -167,7 +173,6 @@ class HttpServer::Core {
 
  private:
   bool ShouldLogRefusal(const std::string& client);
-  void LogAtMostEverySecond(std::string_view what);
 
   std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work_;
   std::optional<tcp::acceptor> acceptor_;  // on its own strand
@@ -425,6 +430,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
     in_flight_ = true;
     if (parser_->is_done())
       return Dispatch();
+    if (!ReserveBody())
+      return;
     // curl sends `Expect: 100-continue` for bodies over 1 KiB and waits a second for this.
     // Written synchronously: 25 bytes into a socket that has sent nothing yet never block.
     if (header.version() >= 11 && beast::iequals(header[http::field::expect], "100-continue")) {
@@ -441,6 +448,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
   }
 
   void OnBody(beast::error_code error) {
+    if (chunk_refused_) {
+      chunk_refused_ = false;
+      return RefuseOverBudget(chunk_refusal_);
+    }
     if (error == beast::error::timeout) {
       return Fail(408, "request body not received within " +
                            Milliseconds(std::min(limits().read_timeout, limits().request_timeout)) +
@@ -453,6 +464,49 @@ class Connection : public std::enable_shared_from_this<Connection> {
     if (auto refusal = CheckRequestBody(error, limits()))
       return Fail(refusal->status, refusal->message);
     Dispatch();
+  }
+
+  // Takes the body's bytes from the server's budget before any of them is read: a Content-Length
+  // now, a chunked body chunk by chunk (chunk_header_ grows the reservation as each chunk's size
+  // arrives; Beast has checked it against max_body_bytes first). The reservation is held until
+  // the request is answered (the handler has the body, or what it was parsed into, till then),
+  // or until the connection fails or closes. False when refused (answered 503 here).
+  bool ReserveBody() {
+    const auto length = parser_->content_length();
+    auto reservation = core_.body_budget.TryReserve(length.value_or(0));
+    if (!reservation) {
+      RefuseOverBudget("request body of " + std::to_string(*length) + " bytes");
+      return false;
+    }
+    body_reservation_ = std::move(*reservation);
+    if (!length) {
+      chunk_header_ = [this](std::uint64_t size, beast::string_view, beast::error_code& error) {
+        if (body_reservation_.Grow(static_cast<std::size_t>(size)))
+          return;
+        chunk_refused_ = true;
+        chunk_refusal_ = "chunk of " + std::to_string(size) + " bytes of a request body, after " +
+                         std::to_string(body_reservation_.bytes()) + " bytes of it,";
+        error = http::error::body_limit;  // ends the read; OnBody looks at chunk_refused_ first
+      };
+      parser_->on_chunk_header(chunk_header_);
+    }
+    return true;
+  }
+
+  // 503 with Retry-After: bodies held by other requests take the budget now; they are answered
+  // or time out within request_timeout_ms, so a retry soon fits. `what` names the body.
+  void RefuseOverBudget(const std::string& what) {
+    core_.metrics.http_body_budget_refusals.fetch_add(1, std::memory_order_relaxed);
+    const std::string message = what +
+                                " does not fit: " + std::to_string(core_.body_budget.in_use()) +
+                                " of the limit of " + std::to_string(core_.body_budget.limit()) +
+                                " bytes of request bodies held at once are taken "
+                                "(max_buffered_body_bytes); retry later";
+    core_.LogAtMostEverySecond("refused a request from " + client_ + ": " + message +
+                               " (logged at most once a second)");
+    HttpResponse busy = HttpResponse::Error(503, message);
+    busy.headers.emplace_back("Retry-After", "1");
+    Fail(std::move(busy));
   }
 
   // Routes the request; a synchronous route's handler runs on a handler thread, an asynchronous
@@ -534,15 +588,17 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   // An error of the transport: answered, then the connection closes, draining a body that may
   // be left unread so that none of it is ever parsed as a request.
-  void Fail(int status, const std::string& message) {
+  void Fail(int status, const std::string& message) { Fail(HttpResponse::Error(status, message)); }
+  void Fail(HttpResponse response) {
     phase_ = Phase::kClosing;
     parser_.reset();
     head_only_ = false;
-    Log().debug("{}: {} {}", client_, status, message);
-    Respond({HttpResponse::Error(status, message), /*close=*/true, /*linger=*/true});
+    Log().debug("{}: {} {}", client_, response.status, response.body);
+    Respond({std::move(response), /*close=*/true, /*linger=*/true});
   }
 
   void Respond(Answer answer) {
+    body_reservation_.Release();  // the handler is done with the body
     if (core_.stopping())
       answer.close = true;
     const HttpResponse& response = answer.response;
@@ -620,6 +676,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   void Close() {
     phase_ = Phase::kClosing;
+    // A body abandoned half-way (client gone, timeout): its bytes are freed with the parser.
+    parser_.reset();
+    body_reservation_.Release();
     if (in_flight_) {
       core_.metrics.http_in_flight.fetch_sub(1);
       in_flight_ = false;
@@ -643,6 +702,13 @@ class Connection : public std::enable_shared_from_this<Connection> {
   const std::uint64_t id_;
   std::string client_;
   beast::flat_buffer buffer_;
+  // Declared before parser_ on purpose: members are destroyed in reverse order, so the parser
+  // (which holds the body and refers to chunk_header_) goes first, and the budget gets the bytes
+  // back once they are freed.
+  BodyReservation body_reservation_;
+  std::function<void(std::uint64_t, beast::string_view, beast::error_code&)> chunk_header_;
+  bool chunk_refused_ = false;
+  std::string chunk_refusal_;  // what RefuseOverBudget names, when chunk_refused_
   std::optional<http::request_parser<http::string_body>> parser_;
   Phase phase_ = Phase::kIdle;
   bool in_flight_ = false;

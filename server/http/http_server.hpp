@@ -62,6 +62,8 @@ struct HttpLimits {
   int io_threads = 2;  // threads running the event loop (accept, read, write; never handlers)
   int threads = 32;    // requests handled at once, of each kind; the synchronous pool's threads
   std::size_t max_body_bytes = 16u << 20;
+  // Bodies held at once, all connections together (body_budget.hpp); one that does not fit: 503.
+  std::size_t max_buffered_body_bytes = 256u << 20;
   std::size_t max_header_bytes = 16u << 10;
   int max_json_depth = 32;
   std::chrono::milliseconds header_timeout{5000};    // the whole header, from its first byte

@@ -84,6 +84,7 @@ HttpLimits HttpLimitsFrom(const ServeConfig& config) {
   return {.io_threads = config.io_threads,
           .threads = config.http_threads,
           .max_body_bytes = config.max_body_bytes,
+          .max_buffered_body_bytes = config.max_buffered_body_bytes,
           .max_header_bytes = config.max_header_bytes,
           .max_json_depth = config.max_json_depth,
           .header_timeout = config.header_timeout,

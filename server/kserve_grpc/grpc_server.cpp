@@ -179,6 +179,15 @@ Result<std::unique_ptr<GrpcServer>> GrpcServer::Start(const ListenAddress& addre
   builder.SetCompressionAlgorithmSupportStatus(GRPC_COMPRESS_GZIP, false);
   builder.SetMaxReceiveMessageSize(static_cast<int>(
       std::min<std::size_t>(limits.max_message_bytes, std::numeric_limits<int>::max())));
+  // Messages are buffered inside gRPC's transport before any handler of ours sees them, so the
+  // HTTP front's BodyBudget cannot reserve them; gRPC's own memory quota bounds them instead.
+  // Over the quota, gRPC (1.51) shrinks flow-control windows, stops taking connections and
+  // cancels streams (its destructive reclaimer) rather than refusing one message: coarser than
+  // a 503, but it bounds what a flood of calls can hold. Its own bookkeeping counts transport
+  // buffers too, so the quota is the same number, not a second budget to add up exactly.
+  grpc::ResourceQuota quota("backplane.grpc");
+  quota.Resize(limits.max_buffered_bytes);
+  builder.SetResourceQuota(quota);
   builder.RegisterService(impl->service.get());
   impl->server = builder.BuildAndStart();
   if (impl->server == nullptr || bound_port == 0) {

@@ -236,6 +236,15 @@ std::string ServerMetrics::Render(const BackendRegistry* registry,
              "HTTP requests being handled right now (this scrape included).");
   out.Sample("backplane_http_requests_in_flight", {},
              http_in_flight.load(std::memory_order_relaxed));
+  out.Family("backplane_http_buffered_body_bytes", "gauge",
+             "Request-body bytes reserved against max_buffered_body_bytes right now.");
+  out.Sample("backplane_http_buffered_body_bytes", {},
+             http_buffered_body_bytes.load(std::memory_order_relaxed));
+  out.Family("backplane_http_body_budget_refusals_total", "counter",
+             "HTTP requests refused with 503 because their body did not fit in "
+             "max_buffered_body_bytes.");
+  out.Sample("backplane_http_body_budget_refusals_total", {},
+             http_body_budget_refusals.load(std::memory_order_relaxed));
 
   // ---- Inference, per model
   std::vector<std::pair<std::string, const ModelMetrics*>> models;

@@ -71,6 +71,10 @@ class ServerMetrics {
   // Every HTTP response, by status code (from the access log hook).
   void CountHttpResponse(int status);
   std::atomic<int64_t> http_in_flight{0};
+  // The HTTP body budget (max_buffered_body_bytes): bytes reserved now, and requests refused
+  // because their body did not fit.
+  std::atomic<int64_t> http_buffered_body_bytes{0};
+  std::atomic<uint64_t> http_body_budget_refusals{0};
 
   // Hot-reload events, fed by a registry observer. Attach seeds the ids known at start (so that
   // their next activation counts as a swap) and the files rejected before the observer existed.

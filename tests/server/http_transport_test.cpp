@@ -453,6 +453,144 @@ TEST_F(HttpTransportTest, GracefulStopAnswersTheRequestInFlight) {
   EXPECT_EQ(server_->WaitForExit(30s), 0) << server_->Log();
 }
 
+// ---- The body budget (max_buffered_body_bytes): issue 23, item 3.
+
+// A gauge or counter of /metrics (`name` is a regular expression); -1 when it cannot be read.
+int64_t Metric(int port, const std::string& name) {
+  RawConnection connection(port);
+  if (!connection.Send(Get("/metrics")))
+    return -1;
+  const Response response = connection.Read(5s);
+  const std::regex sample("\n" + name + " ([0-9]+)\n");
+  std::smatch match;
+  return std::regex_search(response.body, match, sample) ? std::stoll(match[1].str()) : -1;
+}
+
+// An inference request whose body is kMlpBody padded with trailing blanks to `size` bytes: big
+// enough to matter to the budget, answered 200 like kMlpBody.
+std::string PaddedMlpRequest(std::size_t size) {
+  std::string body = kMlpBody;
+  body.resize(size, ' ');
+  return "POST /v2/models/mlp/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+         "Content-Length: " +
+         std::to_string(size) + "\r\n\r\n" + body;
+}
+
+// Budget 100000 bytes: one 60000-byte body fits, a second at the same time does not.
+constexpr char kSmallBudget[] = R"("max_buffered_body_bytes": 100000)";
+constexpr std::size_t kBodyBytes = 60000;
+
+TEST_F(HttpTransportTest, ASecondBodyOverTheBudgetIs503NamingTheKeyAndTheFirstIsServed) {
+  StartServer(kSmallBudget);
+  const std::string first_request = PaddedMlpRequest(kBodyBytes);
+  const std::size_t partial = first_request.size() - 1000;
+  RawConnection first(port());
+  ASSERT_TRUE(first.Send(first_request.substr(0, partial)));
+  // Its header has been read (and its body reserved) before the second one comes.
+  ASSERT_TRUE(Eventually(
+      [&] { return Metric(port(), "backplane_http_buffered_body_bytes") == int64_t{kBodyBytes}; },
+      10s));
+
+  RawConnection second(port());
+  const std::string second_request = PaddedMlpRequest(kBodyBytes);
+  ASSERT_TRUE(second.Send(second_request.substr(0, second_request.size() - 1000)));
+  const Response refused = second.Read();
+  EXPECT_EQ(refused.status, 503) << refused.head;
+  EXPECT_THAT(refused.head, HasSubstr("Retry-After: 1\r\n"));
+  EXPECT_THAT(refused.head, HasSubstr("Connection: close"));
+  EXPECT_THAT(refused.body, HasSubstr("request body of 60000 bytes does not fit: 60000 of the "
+                                      "limit of 100000 bytes of request bodies held at once are "
+                                      "taken (max_buffered_body_bytes)"));
+  EXPECT_TRUE(second.WaitForClose(5s));
+
+  ASSERT_TRUE(first.Send(first_request.substr(partial)));
+  const Response served = first.Read();
+  EXPECT_EQ(served.status, 200) << served.head << served.body;
+  EXPECT_THAT(served.body, HasSubstr("outputs"));
+  // Given back when answered: the next body of the same size fits, on the same connection.
+  EXPECT_EQ(Metric(port(), "backplane_http_buffered_body_bytes"), 0);
+  ASSERT_TRUE(first.Send(PaddedMlpRequest(kBodyBytes)));
+  EXPECT_EQ(first.Read().status, 200);
+  EXPECT_EQ(Metric(port(), "backplane_http_body_budget_refusals_total"), 1);
+  EXPECT_EQ(Metric(port(), R"(backplane_http_responses_total\{code="503"\})"), 1);
+}
+
+TEST_F(HttpTransportTest, AnAbandonedPartialBodyGivesItsBytesBack) {
+  StartServer(kSmallBudget);
+  const std::string request = PaddedMlpRequest(kBodyBytes);
+  {
+    RawConnection abandoned(port());
+    ASSERT_TRUE(abandoned.Send(request.substr(0, request.size() / 2)));
+    ASSERT_TRUE(Eventually(
+        [&] { return Metric(port(), "backplane_http_buffered_body_bytes") == int64_t{kBodyBytes}; },
+        10s));
+  }  // the client leaves half-way
+  ASSERT_TRUE(
+      Eventually([&] { return Metric(port(), "backplane_http_buffered_body_bytes") == 0; }, 10s));
+  RawConnection later(port());
+  ASSERT_TRUE(later.Send(request));
+  const Response response = later.Read();
+  EXPECT_EQ(response.status, 200) << response.head << response.body;
+  EXPECT_EQ(Metric(port(), "backplane_http_body_budget_refusals_total"), 0);
+}
+
+TEST_F(HttpTransportTest, AChunkedBodyIsReservedChunkByChunk) {
+  StartServer(kSmallBudget);
+  const std::string held_request = PaddedMlpRequest(kBodyBytes);
+  RawConnection held(port());
+  ASSERT_TRUE(held.Send(held_request.substr(0, held_request.size() - 1000)));
+  ASSERT_TRUE(Eventually(
+      [&] { return Metric(port(), "backplane_http_buffered_body_bytes") == int64_t{kBodyBytes}; },
+      10s));
+
+  // 30000 bytes fit beside the 60000 held; 30000 more do not.
+  const auto chunk = [](char fill) { return "7530\r\n" + std::string(30000, fill) + "\r\n"; };
+  RawConnection chunked(port());
+  ASSERT_TRUE(chunked.Send(
+      "POST /v2/models/mlp/infer HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n" +
+      chunk(' ') + chunk(' ')));
+  const Response refused = chunked.Read();
+  EXPECT_EQ(refused.status, 503) << refused.head;
+  EXPECT_THAT(refused.head, HasSubstr("Retry-After: 1\r\n"));
+  EXPECT_THAT(refused.body, HasSubstr("chunk of 30000 bytes of a request body, after 30000 bytes "
+                                      "of it, does not fit"));
+  EXPECT_THAT(refused.body, HasSubstr("(max_buffered_body_bytes)"));
+  EXPECT_TRUE(chunked.WaitForClose(5s));
+  // The refused body's first chunk went back with it.
+  ASSERT_TRUE(Eventually(
+      [&] { return Metric(port(), "backplane_http_buffered_body_bytes") == int64_t{kBodyBytes}; },
+      10s));
+  ASSERT_TRUE(held.Send(held_request.substr(held_request.size() - 1000)));
+  EXPECT_EQ(held.Read().status, 200);
+
+  // Alone, the same chunked body fits.
+  const std::string body = kMlpBody;
+  char size[16];
+  std::snprintf(size, sizeof size, "%zx\r\n", body.size());
+  RawConnection alone(port());
+  ASSERT_TRUE(alone.Send(
+      "POST /v2/models/mlp/infer HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n" +
+      std::string(size) + body + "\r\n" + chunk(' ') + chunk(' ') + "0\r\n\r\n"));
+  const Response served = alone.Read();
+  EXPECT_EQ(served.status, 200) << served.head << served.body;
+}
+
+TEST(HttpBodyBudgetTest, ABadBudgetIsRefusedAtStartNamingTheKey) {
+  ServeHome home;
+  home.Write("small.json", R"({"max_buffered_body_bytes": 100})");
+  const auto small = ServeProcess::RunToExit({"--config", (home.path() / "small.json").string()});
+  EXPECT_EQ(small.exit_code, 1) << small.output;
+  EXPECT_THAT(
+      small.output,
+      HasSubstr("'max_buffered_body_bytes' must be between 1024 and 1099511627776, got 100"));
+
+  home.Write("below.json", R"({"max_body_bytes": 65536, "max_buffered_body_bytes": 4096})");
+  const auto below = ServeProcess::RunToExit({"--config", (home.path() / "below.json").string()});
+  EXPECT_EQ(below.exit_code, 1) << below.output;
+  EXPECT_THAT(below.output, HasSubstr("'max_buffered_body_bytes' (4096) must be at least "
+                                      "'max_body_bytes' (65536)"));
+}
+
 TEST_F(HttpTransportTest, HttpOneZeroClosesUnlessKeepAliveIsAsked) {
   StartServer();
   RawConnection plain(port());

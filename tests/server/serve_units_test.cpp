@@ -7,9 +7,12 @@
 #include <cmath>
 #include <future>
 #include <limits>
+#include <thread>
+#include <vector>
 
 #include "backplane/loader/loader.hpp"
 #include "config/server_config.hpp"
+#include "http/body_budget.hpp"
 #include "http/http_server.hpp"
 #include "kserve_rest/kserve_json.hpp"
 #include "metrics/metrics.hpp"
@@ -54,6 +57,13 @@ TEST(ServeConfigTest, ValuesAreTypedAndRangeChecked) {
     ServeConfig config = DefaultServeConfig();
     return ApplyConfigFile(dir / "serve.json", config).message();
   };
+  EXPECT_THAT(apply(R"({"max_buffered_body_bytes": -1})"),
+              HasSubstr("'max_buffered_body_bytes' must be between 1024 and 1099511627776"));
+  EXPECT_THAT(apply(R"({"max_buffered_body_bytes": "256M"})"),
+              HasSubstr("'max_buffered_body_bytes' must be an integer"));
+  EXPECT_THAT(apply(R"({"max_body_bytes": 1048576, "max_buffered_body_bytes": 65536})"),
+              HasSubstr("'max_buffered_body_bytes' (65536) must be at least 'max_body_bytes' "
+                        "(1048576)"));
   EXPECT_THAT(apply(R"({"http_threads": 0})"),
               HasSubstr("'http_threads' must be between 1 and 4096, got 0"));
   EXPECT_THAT(apply(R"({"watch_backends": "yes"})"),
@@ -112,7 +122,8 @@ TEST(ServeConfigTest, RelativePathsAreRelativeToTheFileAndEveryKeyApplies) {
     // comments are allowed
     "models": "repo", "backends": ["be", "/abs"], "backend_preferences": ["CpuRef"],
     "listen": "[::1]:0", "log_level": "debug", "admin_token": "t", "http_threads": 4,
-    "max_body_bytes": 2048, "max_json_depth": 5, "max_header_bytes": 2048,
+    "max_body_bytes": 2048, "max_buffered_body_bytes": 4096, "max_json_depth": 5,
+    "max_header_bytes": 2048,
     "read_timeout_ms": 100, "write_timeout_ms": 200, "keep_alive_timeout_s": 3,
     "keep_alive_max_requests": 10, "inference_threads": 2, "max_in_flight": 7,
     "swap_policy": "pin", "watch_backends": false, "watch_debounce_ms": 10,
@@ -124,6 +135,7 @@ TEST(ServeConfigTest, RelativePathsAreRelativeToTheFileAndEveryKeyApplies) {
   EXPECT_EQ(*config.backends, (std::vector<std::filesystem::path>{dir.path() / "be", "/abs"}));
   EXPECT_EQ(config.listen, "[::1]:0");
   EXPECT_EQ(config.max_body_bytes, 2048u);
+  EXPECT_EQ(config.max_buffered_body_bytes, 4096u);
   EXPECT_EQ(config.read_timeout, std::chrono::milliseconds(100));
   EXPECT_EQ(config.keep_alive_timeout, std::chrono::seconds(3));
   EXPECT_EQ(config.swap_policy, "pin");
@@ -131,7 +143,8 @@ TEST(ServeConfigTest, RelativePathsAreRelativeToTheFileAndEveryKeyApplies) {
   EXPECT_EQ(config.rescan_interval, std::chrono::milliseconds(0));
   EXPECT_EQ(config.grpc_listen, "off");
   // Every key of the table is documented with its default.
-  EXPECT_EQ(DescribeConfigKeys().size(), 29u);  // 20 + the transport's five + grpc_listen + trust
+  // 20 + the transport's five + grpc_listen + trust + max_buffered_body_bytes
+  EXPECT_EQ(DescribeConfigKeys().size(), 30u);
 }
 
 TEST(ServeConfigTest, TrustedBackendsAreDigestsFromOneSource) {
@@ -366,6 +379,71 @@ TEST(MetricsTest, EscapesLabelValuesAndAccumulatesBuckets) {
   metrics.ForModel("we\"ird").requests = 2;
   const std::string text = metrics.Render(nullptr, nullptr);
   EXPECT_THAT(text, HasSubstr("backplane_inference_requests_total{model=\"we\\\"ird\"} 2\n"));
+}
+
+TEST(BodyBudgetTest, ReservesUpToTheLimitAndGivesBackOnDestruction) {
+  std::atomic<int64_t> gauge{0};
+  BodyBudget budget(100, &gauge);
+  auto first = budget.TryReserve(60);
+  ASSERT_TRUE(first);
+  EXPECT_EQ(first->bytes(), 60u);
+  // All or nothing: a refusal takes nothing.
+  EXPECT_FALSE(budget.TryReserve(41));
+  EXPECT_EQ(budget.in_use(), 60u);
+  {
+    auto second = budget.TryReserve(40);  // exactly the limit
+    ASSERT_TRUE(second);
+    EXPECT_EQ(gauge.load(), 100);
+    EXPECT_FALSE(budget.TryReserve(1));
+  }
+  EXPECT_EQ(budget.in_use(), 60u);
+  // A near-2^64 request must not wrap around the limit.
+  EXPECT_FALSE(budget.TryReserve(std::numeric_limits<std::size_t>::max() - 10));
+  BodyReservation moved = std::move(*first);
+  EXPECT_EQ(first->bytes(), 0u);
+  first.reset();
+  EXPECT_EQ(budget.in_use(), 60u);  // the moved-from one gave nothing back
+  moved.Release();
+  EXPECT_EQ(budget.in_use(), 0u);
+  EXPECT_EQ(gauge.load(), 0);
+}
+
+TEST(BodyBudgetTest, AChunkedBodyGrowsItsReservationWhileItFits) {
+  BodyBudget budget(100);
+  auto chunked = budget.TryReserve(0);
+  ASSERT_TRUE(chunked);
+  EXPECT_TRUE(chunked->Grow(70));
+  EXPECT_FALSE(chunked->Grow(31));
+  EXPECT_EQ(chunked->bytes(), 70u);  // a refused chunk leaves what was held
+  EXPECT_TRUE(chunked->Grow(30));
+  chunked.reset();
+  EXPECT_EQ(budget.in_use(), 0u);
+  BodyReservation none;
+  EXPECT_FALSE(none.Grow(1));  // no budget to grow from
+}
+
+// Under contention the sum held never passes the limit, and everything comes back (run under
+// the tsan preset for the races).
+TEST(BodyBudgetTest, ConcurrentReservationsNeverPassTheLimit) {
+  constexpr std::size_t kLimit = 1000;
+  BodyBudget budget(kLimit);
+  std::atomic<bool> over{false};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 20000; ++i) {
+        auto reservation = budget.TryReserve(static_cast<std::size_t>(100 + (i + t) % 300));
+        if (budget.in_use() > kLimit)
+          over.store(true);
+        if (reservation && !reservation->Grow(50) && budget.in_use() > kLimit)
+          over.store(true);
+      }
+    });
+  }
+  for (auto& thread : threads)
+    thread.join();
+  EXPECT_FALSE(over.load());
+  EXPECT_EQ(budget.in_use(), 0u);
 }
 
 // Issue 10: a request that outlived its model's unload unloaded the network on its own thread,
