@@ -181,10 +181,12 @@ Result<std::unique_ptr<GrpcServer>> GrpcServer::Start(const ListenAddress& addre
       std::min<std::size_t>(limits.max_message_bytes, std::numeric_limits<int>::max())));
   // Messages are buffered inside gRPC's transport before any handler of ours sees them, so the
   // HTTP front's BodyBudget cannot reserve them; gRPC's own memory quota bounds them instead.
-  // Over the quota, gRPC (1.51) shrinks flow-control windows, stops taking connections and
-  // cancels streams (its destructive reclaimer) rather than refusing one message: coarser than
-  // a 503, but it bounds what a flood of calls can hold. Its own bookkeeping counts transport
-  // buffers too, so the quota is the same number, not a second budget to add up exactly.
+  // Over the quota, gRPC (1.51, by its documentation) shrinks flow-control windows, stops
+  // taking connections and cancels streams rather than refusing one message: coarser than a 503.
+  // Not measured to bind yet: a flood of 20,000 HEADERS+RST_STREAM peaked alike with and
+  // without it (449 and 445 MiB, bench/body_burst.sh), its memory being gRPC's bookkeeping, not
+  // messages. Its own accounting counts transport buffers too, so the quota is the same number,
+  // not a second budget to add up exactly.
   grpc::ResourceQuota quota("backplane.grpc");
   quota.Resize(limits.max_buffered_bytes);
   builder.SetResourceQuota(quota);
