@@ -17,8 +17,6 @@ namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 using Ints = std::vector<int64_t>;
 
-const fs::path kData = BACKPLANE_SHARED_DATA;
-
 using CpuAccBackendTest = CpuAccTest;
 
 TEST_F(CpuAccBackendTest, DescribesAndValidatesIntraOpThreads) {

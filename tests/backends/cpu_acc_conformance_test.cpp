@@ -16,8 +16,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-const fs::path kData = BACKPLANE_SHARED_DATA;
-
 std::vector<std::string> ConformanceCases() {
   std::vector<std::string> cases;
   std::error_code error;

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <deque>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <random>
@@ -14,6 +15,9 @@
 #include "backplane/runtime/runtime.hpp"
 
 namespace backplane::cpu_acc_test {
+
+// ../shared/data beside the checkout: the ONNX conformance cases and MNIST.
+inline const std::filesystem::path kData = BACKPLANE_SHARED_DATA;
 
 // Fewer random cases under a sanitizer (the same seeds; a prefix of the cases).
 int Iterations(int release_count);

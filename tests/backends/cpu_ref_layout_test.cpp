@@ -11,13 +11,6 @@ using Ints = std::vector<int64_t>;
 
 using CpuRefLayoutTest = CpuRefTest;
 
-std::vector<float> Iota(int n) {
-  std::vector<float> values(n);
-  for (int i = 0; i < n; ++i)
-    values[i] = static_cast<float>(i);
-  return values;
-}
-
 TEST_F(CpuRefLayoutTest, IdentityCopies) {
   const auto op = MakeOp("Identity", {{2, 2}}, {{2, 2}});
   EXPECT_THAT(Run(op, {{1, -2, 3.5f, 0}}), ElementsAre(1, -2, 3.5f, 0));

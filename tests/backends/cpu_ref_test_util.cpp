@@ -136,6 +136,13 @@ class FloatsNearMatcher : public ::testing::MatcherInterface<const std::vector<f
 
 }  // namespace
 
+std::vector<float> Iota(int n, float start) {
+  std::vector<float> values(n);
+  for (int i = 0; i < n; ++i)
+    values[i] = start + static_cast<float>(i);
+  return values;
+}
+
 ::testing::Matcher<const std::vector<float>&> FloatsNear(std::vector<float> expected,
                                                          float tolerance) {
   return ::testing::MakeMatcher(new FloatsNearMatcher(std::move(expected), tolerance));

@@ -50,6 +50,9 @@ class CpuRefTest : public ::testing::Test {
   static Shared* shared_;
 };
 
+// start, start + 1, ... (n values): inputs whose every element differs.
+std::vector<float> Iota(int n, float start = 0);
+
 // Element-wise comparison with a relative+absolute tolerance suited to FP32 kernels that
 // accumulate in double.
 ::testing::Matcher<const std::vector<float>&> FloatsNear(std::vector<float> expected,

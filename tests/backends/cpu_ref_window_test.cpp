@@ -17,13 +17,6 @@ using CpuRefWindowTest = CpuRefTest;
 const std::vector<float> kThreeByThree = {1, 2, 3, 4, 5, 6, 7, 8, 9};
 const std::vector<float> kOnes4 = {1, 1, 1, 1};
 
-std::vector<float> Iota(int n, float start = 0) {
-  std::vector<float> values(n);
-  for (int i = 0; i < n; ++i)
-    values[i] = start + static_cast<float>(i);
-  return values;
-}
-
 TEST_F(CpuRefWindowTest, ConvSlidesWithoutPadding) {
   const auto op = MakeOp("Conv", {{1, 1, 3, 3}, {1, 1, 2, 2}}, {{1, 1, 2, 2}});
   EXPECT_THAT(Run(op, {kThreeByThree, kOnes4}), ElementsAre(12, 16, 24, 28));

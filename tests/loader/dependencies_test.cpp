@@ -24,12 +24,6 @@ using namespace backplane::testing;
 
 const fs::path kVendorLibrary = BACKPLANE_TEST_VENDOR_LIBRARY;
 
-std::shared_ptr<Loader> MakeLoader() {
-  auto loader = Loader::Create();
-  EXPECT_TRUE(loader.ok()) << loader.error().ToString();
-  return std::move(loader).value();
-}
-
 TEST(DependencyTest, TheHostsOwnLibrariesAreAlreadyLoaded) {
   auto facts = ReadElfFile(CpuRefBackend(), "CpuRef");
   ASSERT_TRUE(facts.ok()) << facts.error().ToString();

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <fstream>
 
+#include "loader/loader_test_util.hpp"
 #include "test_util.hpp"
 
 namespace backplane::loader {
@@ -17,14 +18,9 @@ using testing::CopyFile;
 using testing::Fixture;
 using ::testing::HasSubstr;
 using testing::IsCodeMapped;
+using testing::MakeLoader;
 using testing::TempDir;
 using testing::WriteFile;
-
-std::shared_ptr<Loader> MakeLoader(LoaderOptions options = {}) {
-  auto loader = Loader::Create(std::move(options));
-  EXPECT_TRUE(loader.ok()) << loader.error().ToString();
-  return std::move(loader).value();
-}
 
 Status LoadFailure(Loader& loader, const std::filesystem::path& file) {
   auto loaded = loader.Load(file);

@@ -7,13 +7,22 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <memory>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "backplane/loader/backend_instance.hpp"
 #include "backplane/loader/loader.hpp"
 
 namespace backplane::testing {
+
+// A loader with `options`; a failure to create one fails the test.
+inline std::shared_ptr<loader::Loader> MakeLoader(loader::LoaderOptions options = {}) {
+  auto loader = loader::Loader::Create(std::move(options));
+  EXPECT_TRUE(loader.ok()) << loader.error().ToString();
+  return std::move(loader).value();
+}
 
 inline OperatorDesc IdentityOp(int64_t elements) {
   return {.op_type = "Identity",

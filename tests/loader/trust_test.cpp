@@ -22,14 +22,9 @@ namespace fs = std::filesystem;
 using testing::CopyFile;
 using testing::Fixture;
 using ::testing::HasSubstr;
+using testing::MakeLoader;
 using testing::TempDir;
 using testing::WriteFile;
-
-std::shared_ptr<Loader> MakeLoader() {
-  auto loader = Loader::Create();
-  EXPECT_TRUE(loader.ok()) << loader.error().ToString();
-  return std::move(loader).value();
-}
 
 std::string DigestOf(const fs::path& file) {
   auto digest = Sha256OfFile(file);

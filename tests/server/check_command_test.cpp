@@ -18,12 +18,12 @@ using ::testing::HasSubstr;
 using testing::TempDir;
 
 // The real executable, as a user runs it (stdout only: --json output is parsed).
-testing::CommandResult RunBackplane(const std::string& arguments) {
+testing::CommandResult RunBackplaneStdout(const std::string& arguments) {
   return testing::RunCommand(std::string(BACKPLANE_EXECUTABLE) + " " + arguments + " 2>/dev/null");
 }
 
 json CheckJson(const std::string& files, int expected_exit) {
-  testing::CommandResult result = RunBackplane("check --json " + files);
+  testing::CommandResult result = RunBackplaneStdout("check --json " + files);
   EXPECT_EQ(result.exit_code, expected_exit) << result.output;
   json parsed = json::parse(result.output, nullptr, false);
   EXPECT_TRUE(parsed.is_array()) << result.output;
@@ -111,7 +111,7 @@ TEST(CheckCommandTest, ADirectoryIsCheckedOncePerFile) {
 
 TEST(CheckCommandTest, TextOutputHasAStageLineAndAVerdictPerFile) {
   testing::CommandResult result =
-      RunBackplane("check " + Fixture("Valid").string() + " " + Fixture("Api25").string());
+      RunBackplaneStdout("check " + Fixture("Valid").string() + " " + Fixture("Api25").string());
   EXPECT_EQ(result.exit_code, 1);
   EXPECT_THAT(result.output, HasSubstr("  elf           ok"));
   EXPECT_THAT(result.output, HasSubstr("  instance      ok    with a backend context; options: "
@@ -167,7 +167,7 @@ TEST(CheckCommandTest, SaysWhichNameSpeaksWhatItResolvesToAndItsDigest) {
   ASSERT_EQ(sha256sum.exit_code, 0);
   const std::string digest = sha256sum.output.substr(0, 64);
 
-  testing::CommandResult text = RunBackplane("check " + dir.path().string());
+  testing::CommandResult text = RunBackplaneStdout("check " + dir.path().string());
   EXPECT_EQ(text.exit_code, 0) << text.output;
   EXPECT_THAT(text.output,
               HasSubstr((dir / "Test_Valid_backend.so.1").string() + " -> " + served.string()));
@@ -185,7 +185,7 @@ TEST(CheckCommandTest, SaysWhichNameSpeaksWhatItResolvesToAndItsDigest) {
 
 // Loadable, but not built with backplane_add_backend(): passes, with a warning and the fix.
 TEST(CheckCommandTest, WarnsAboutExtraExportsAndLazyBinding) {
-  testing::CommandResult result = RunBackplane("check " + Fixture("Plain").string());
+  testing::CommandResult result = RunBackplaneStdout("check " + Fixture("Plain").string());
   EXPECT_EQ(result.exit_code, 0) << result.output;
   EXPECT_THAT(result.output, HasSubstr("  build         WARN  exports "));
   EXPECT_THAT(result.output, HasSubstr(" symbols besides the entry points ("));
@@ -201,7 +201,7 @@ TEST(CheckCommandTest, WarnsAboutExtraExportsAndLazyBinding) {
   EXPECT_TRUE(warned) << report.dump(2);
 
   // What backplane_add_backend() builds gets no such stage.
-  testing::CommandResult clean = RunBackplane("check " + Fixture("Valid").string());
+  testing::CommandResult clean = RunBackplaneStdout("check " + Fixture("Valid").string());
   EXPECT_THAT(clean.output, ::testing::Not(HasSubstr("WARN")));
 }
 
@@ -209,7 +209,7 @@ TEST(CheckCommandTest, WarnsAboutExtraExportsAndLazyBinding) {
 // submission) loads and unloads, with a warning that names the evidence and the fix (IHost); the
 // same work through IHost gets none.
 TEST(CheckCommandTest, WarnsAboutABackendThatSubmitsTbbTasksItself) {
-  testing::CommandResult result = RunBackplane("check " + Fixture("Tbb").string());
+  testing::CommandResult result = RunBackplaneStdout("check " + Fixture("Tbb").string());
   EXPECT_EQ(result.exit_code, 0) << result.output;
   EXPECT_THAT(result.output,
               HasSubstr("  threads       WARN  instantiates TBB's task templates itself (imports "
@@ -218,14 +218,14 @@ TEST(CheckCommandTest, WarnsAboutABackendThatSubmitsTbbTasksItself) {
   EXPECT_THAT(result.output, HasSubstr("  unload        ok"));
   EXPECT_THAT(result.output, HasSubstr("verdict: OK with 1 warning, backend TestTbb"));
 
-  testing::CommandResult host = RunBackplane("check " + Fixture("HostParallel").string());
+  testing::CommandResult host = RunBackplaneStdout("check " + Fixture("HostParallel").string());
   EXPECT_EQ(host.exit_code, 0) << host.output;
   EXPECT_THAT(host.output, ::testing::Not(HasSubstr("WARN")));
   EXPECT_THAT(host.output, HasSubstr("version       ok    backend API 1.2 on host 1.2"));
 }
 
 TEST(CheckCommandTest, ListsEveryDependencyAndWhetherItStaysResident) {
-  testing::CommandResult result = RunBackplane("check " + Fixture("VendorLibrary").string());
+  testing::CommandResult result = RunBackplaneStdout("check " + Fixture("VendorLibrary").string());
   EXPECT_EQ(result.exit_code, 0) << result.output;
   // Sanitizer builds list their runtimes first, so the vendor library is found anywhere on the
   // line.
@@ -240,7 +240,7 @@ TEST(CheckCommandTest, ListsEveryDependencyAndWhetherItStaysResident) {
 
 // Rule 5: OpenMP's workers outlive every call, so libgomp stays; the backend still unloads.
 TEST(CheckCommandTest, SaysThatAThreadingRuntimeIsMadeResidentAndWhy) {
-  testing::CommandResult result = RunBackplane("check " + Fixture("OpenMp").string());
+  testing::CommandResult result = RunBackplaneStdout("check " + Fixture("OpenMp").string());
   EXPECT_EQ(result.exit_code, 0) << result.output;
   EXPECT_THAT(result.output,
               ContainsRegex("libgomp\\.so\\.1 -> [^;]*/libgomp\\.so\\.1 \\(made resident: "
@@ -251,7 +251,7 @@ TEST(CheckCommandTest, SaysThatAThreadingRuntimeIsMadeResidentAndWhy) {
 
 // Rule 5: a warning with its reason, then the failure it predicts, with spdlog's own message.
 TEST(CheckCommandTest, WarnsAboutWritesIntoTheHostsLoggerRegistry) {
-  testing::CommandResult result = RunBackplane("check " + Fixture("SharedLogger").string());
+  testing::CommandResult result = RunBackplaneStdout("check " + Fixture("SharedLogger").string());
   EXPECT_EQ(result.exit_code, 1) << result.output;
   EXPECT_THAT(result.output,
               HasSubstr("  registries    WARN  writes into spdlog's logger registry and global "
@@ -265,9 +265,9 @@ TEST(CheckCommandTest, WarnsAboutWritesIntoTheHostsLoggerRegistry) {
 }
 
 TEST(CheckCommandTest, UsageErrorsExitWithTwo) {
-  EXPECT_EQ(RunBackplane("check --no-such-flag x").exit_code, 2);
-  EXPECT_EQ(RunBackplane("no-such-command").exit_code, 2);
-  EXPECT_EQ(RunBackplane("").exit_code, 2);
+  EXPECT_EQ(RunBackplaneStdout("check --no-such-flag x").exit_code, 2);
+  EXPECT_EQ(RunBackplaneStdout("no-such-command").exit_code, 2);
+  EXPECT_EQ(RunBackplaneStdout("").exit_code, 2);
 }
 
 // The issue's own acceptance check: first-party backends export the entry points and no

@@ -45,7 +45,7 @@ constexpr auto kPromptAnswer = 500ms;
 constexpr char kMlpBody[] =
     R"({"inputs": [{"name":"features","shape":[1,4],"datatype":"FP32","data":[1,2,3,4]}]})";
 
-std::string Get(const std::string& path, const std::string& extra = "") {
+std::string RawGet(const std::string& path, const std::string& extra = "") {
   return "GET " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\n" + extra + "\r\n";
 }
 
@@ -187,7 +187,7 @@ TEST_F(HttpTransportTest, PipelinedRequestsAreAnsweredInOrder) {
   StartServer();
   RawConnection connection(port());
   ASSERT_TRUE(connection.connected());
-  ASSERT_TRUE(connection.Send(Get("/v2/models/mnist") + PostMlp() + Get("/v2/nothing/here")));
+  ASSERT_TRUE(connection.Send(RawGet("/v2/models/mnist") + PostMlp() + RawGet("/v2/nothing/here")));
   const Response first = connection.Read();
   const Response second = connection.Read();
   const Response third = connection.Read();
@@ -198,7 +198,7 @@ TEST_F(HttpTransportTest, PipelinedRequestsAreAnsweredInOrder) {
   EXPECT_EQ(third.status, 404) << third.head;
   EXPECT_THAT(third.body, HasSubstr("no route for GET /v2/nothing/here"));
   // Still open: a fourth request on the same connection.
-  ASSERT_TRUE(connection.Send(Get("/v2/health/live")));
+  ASSERT_TRUE(connection.Send(RawGet("/v2/health/live")));
   EXPECT_EQ(connection.Read().status, 200);
 }
 
@@ -222,7 +222,7 @@ TEST_F(HttpTransportTest, SlowlorisConnectionsDoNotBlockOthersAndTimeOutWith408)
   });
   const auto started = Clock::now();
   RawConnection normal(port());
-  ASSERT_TRUE(normal.Send(Get("/v2/health/live")));
+  ASSERT_TRUE(normal.Send(RawGet("/v2/health/live")));
   const Response answer = normal.Read(kPromptAnswer);
   const auto took = Clock::now() - started;
   EXPECT_EQ(answer.status, 200);
@@ -250,7 +250,7 @@ TEST_F(HttpTransportTest, ConflictingContentLengthIs400AndCloses) {
   ASSERT_TRUE(
       connection.Send("POST /v2/models/mlp/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n"
                       "Content-Length: 7\r\n\r\nhello" +
-                      Get("/v2/health/live")));
+                      RawGet("/v2/health/live")));
   const Response response = connection.Read();
   EXPECT_EQ(response.status, 400) << response.head;
   EXPECT_THAT(response.head, HasSubstr("Connection: close"));
@@ -267,7 +267,7 @@ TEST_F(HttpTransportTest, ContentLengthWithTransferEncodingIs400AndCloses) {
         std::string("Transfer-Encoding: chunked\r\nContent-Length: 4\r\n")}) {
     RawConnection connection(port());
     ASSERT_TRUE(connection.Send("POST /v2/models/mlp/infer HTTP/1.1\r\nHost: x\r\n" + head +
-                                "\r\n0\r\n\r\n" + Get("/v2/health/live")));
+                                "\r\n0\r\n\r\n" + RawGet("/v2/health/live")));
     const Response response = connection.Read();
     EXPECT_EQ(response.status, 400) << head;
     std::string rest;
@@ -300,7 +300,7 @@ TEST_F(HttpTransportTest, UnknownTransferCodingIs501AndCloses) {
   RawConnection connection(port());
   ASSERT_TRUE(connection.Send(
       "POST /v2/models/mlp/infer HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n" +
-      Get("/v2/health/live")));
+      RawGet("/v2/health/live")));
   const Response response = connection.Read();
   EXPECT_EQ(response.status, 501) << response.head;
   EXPECT_THAT(response.body, HasSubstr("transfer coding 'gzip'"));
@@ -332,7 +332,7 @@ TEST_F(HttpTransportTest, OversizeChunkedBodyIs413AndTheRestIsNeverParsed) {
     request += hex + std::string(static_cast<std::size_t>(size), 'a') + "\r\n";
     sent += size;
   }
-  request += "0\r\n\r\n" + Get("/v2/health/live");
+  request += "0\r\n\r\n" + RawGet("/v2/health/live");
   RawConnection connection(port());
   ASSERT_TRUE(connection.Send(request));
   const Response response = connection.Read();
@@ -359,7 +359,7 @@ TEST_F(HttpTransportTest, HeaderTooLargeIs431AndCloses) {
   StartServer();  // max_header_bytes 4096
   RawConnection connection(port());
   ASSERT_TRUE(
-      connection.Send(Get("/v2/health/live", "X-Padding: " + std::string(5000, 'x') + "\r\n")));
+      connection.Send(RawGet("/v2/health/live", "X-Padding: " + std::string(5000, 'x') + "\r\n")));
   const Response response = connection.Read();
   EXPECT_EQ(response.status, 431);
   EXPECT_THAT(response.body, HasSubstr("max_header_bytes"));
@@ -371,7 +371,7 @@ TEST_F(HttpTransportTest, ConnectionsBeyondMaxConnectionsGet503AndAreClosed) {
   std::vector<std::unique_ptr<RawConnection>> held;
   for (int i = 0; i < 4; ++i) {
     held.push_back(std::make_unique<RawConnection>(port()));
-    ASSERT_TRUE(held.back()->Send(Get("/v2/health/live")));
+    ASSERT_TRUE(held.back()->Send(RawGet("/v2/health/live")));
     ASSERT_EQ(held.back()->Read().status, 200);  // accepted and served: it counts
   }
   RawConnection refused(port());
@@ -385,7 +385,7 @@ TEST_F(HttpTransportTest, ConnectionsBeyondMaxConnectionsGet503AndAreClosed) {
   EXPECT_TRUE(Eventually(
       [&] {
         RawConnection again(port());
-        return again.Send(Get("/v2/health/live")) && again.Read(2s).status == 200;
+        return again.Send(RawGet("/v2/health/live")) && again.Read(2s).status == 200;
       },
       10s));
 }
@@ -411,7 +411,7 @@ TEST_F(HttpTransportTest, AThousandKeepAliveConnectionsAreAllAnswered) {
   // Two rounds: every connection stays open between them (keep-alive).
   for (int round = 0; round < 2; ++round) {
     for (auto& connection : connections)
-      ASSERT_TRUE(connection->Send(Get("/v2/health/ready")));
+      ASSERT_TRUE(connection->Send(RawGet("/v2/health/ready")));
     int answered = 0;
     for (auto& connection : connections)
       answered += connection->Read(20s).status == 200 ? 1 : 0;
@@ -422,7 +422,7 @@ TEST_F(HttpTransportTest, AThousandKeepAliveConnectionsAreAllAnswered) {
 // Requests in flight are metered; the scrape is one of them.
 int64_t InFlight(int port) {
   RawConnection connection(port);
-  if (!connection.Send(Get("/metrics")))
+  if (!connection.Send(RawGet("/metrics")))
     return -1;
   const Response response = connection.Read(5s);
   static const std::regex kGauge("\nbackplane_http_requests_in_flight ([0-9]+)\n");
@@ -437,7 +437,7 @@ TEST_F(HttpTransportTest, GracefulStopAnswersTheRequestInFlight) {
   RawConnection in_flight(port());
   ASSERT_TRUE(in_flight.Send(request.substr(0, half)));  // the header and part of the body
   RawConnection idle(port());
-  ASSERT_TRUE(idle.Send(Get("/v2/health/live")));
+  ASSERT_TRUE(idle.Send(RawGet("/v2/health/live")));
   ASSERT_EQ(idle.Read().status, 200);
   ASSERT_TRUE(Eventually([&] { return InFlight(port()) == 2; }, 10s));
 
@@ -458,7 +458,7 @@ TEST_F(HttpTransportTest, GracefulStopAnswersTheRequestInFlight) {
 // A gauge or counter of /metrics (`name` is a regular expression); -1 when it cannot be read.
 int64_t Metric(int port, const std::string& name) {
   RawConnection connection(port);
-  if (!connection.Send(Get("/metrics")))
+  if (!connection.Send(RawGet("/metrics")))
     return -1;
   const Response response = connection.Read(5s);
   const std::regex sample("\n" + name + " ([0-9]+)\n");
@@ -610,7 +610,7 @@ TEST_F(HttpTransportTest, HttpOneZeroClosesUnlessKeepAliveIsAsked) {
 TEST_F(HttpTransportTest, ConnectionCloseIsHonoured) {
   StartServer();
   RawConnection connection(port());
-  ASSERT_TRUE(connection.Send(Get("/v2/health/live", "Connection: close\r\n")));
+  ASSERT_TRUE(connection.Send(RawGet("/v2/health/live", "Connection: close\r\n")));
   const Response response = connection.Read();
   EXPECT_EQ(response.status, 200);
   EXPECT_THAT(response.head, HasSubstr("Connection: close"));
@@ -620,7 +620,7 @@ TEST_F(HttpTransportTest, ConnectionCloseIsHonoured) {
 TEST_F(HttpTransportTest, KeepAliveMaxRequestsClosesAfterTheLast) {
   StartServer(R"("keep_alive_max_requests": 2)");
   RawConnection connection(port());
-  ASSERT_TRUE(connection.Send(Get("/v2/health/live") + Get("/v2/health/live")));
+  ASSERT_TRUE(connection.Send(RawGet("/v2/health/live") + RawGet("/v2/health/live")));
   EXPECT_EQ(connection.Read().status, 200);
   const Response last = connection.Read();
   EXPECT_EQ(last.status, 200);
