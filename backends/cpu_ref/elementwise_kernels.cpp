@@ -247,7 +247,7 @@ class BatchNormalizationWorkload final : public WorkloadBase {
   const float epsilon_;
 };
 
-constexpr KernelEntry kKernels[] = {
+constexpr KernelEntry kElementwiseKernels[] = {
     {"Add", CheckKernel<BinaryWorkload<Plus>>, CreateKernel<BinaryWorkload<Plus>>},
     {"Mul", CheckKernel<BinaryWorkload<Times>>, CreateKernel<BinaryWorkload<Times>>},
     {"Relu", CheckKernel<UnaryWorkload<ReluFunction>>, CreateKernel<UnaryWorkload<ReluFunction>>},
@@ -262,7 +262,7 @@ constexpr KernelEntry kKernels[] = {
 }  // namespace
 
 std::span<const KernelEntry> ElementwiseKernels() {
-  return kKernels;
+  return kElementwiseKernels;
 }
 
 }  // namespace backplane::cpu_ref

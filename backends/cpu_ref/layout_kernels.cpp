@@ -364,7 +364,7 @@ class ConcatWorkload final : public WorkloadBase {
   const int64_t axis_;
 };
 
-constexpr KernelEntry kKernels[] = {
+constexpr KernelEntry kLayoutKernels[] = {
     {"Identity", CheckKernel<IdentityWorkload>, CreateKernel<IdentityWorkload>},
     {"Flatten", CheckKernel<FlattenWorkload>, CreateKernel<FlattenWorkload>},
     {"Reshape", CheckKernel<ReshapeWorkload>, CreateKernel<ReshapeWorkload>},
@@ -375,7 +375,7 @@ constexpr KernelEntry kKernels[] = {
 }  // namespace
 
 std::span<const KernelEntry> LayoutKernels() {
-  return kKernels;
+  return kLayoutKernels;
 }
 
 }  // namespace backplane::cpu_ref

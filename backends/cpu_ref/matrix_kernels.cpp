@@ -200,7 +200,7 @@ class MatMulWorkload final : public WorkloadBase {
   }
 };
 
-constexpr KernelEntry kKernels[] = {
+constexpr KernelEntry kMatrixKernels[] = {
     {"Gemm", CheckKernel<GemmWorkload>, CreateKernel<GemmWorkload>},
     {"MatMul", CheckKernel<MatMulWorkload>, CreateKernel<MatMulWorkload>},
 };
@@ -208,7 +208,7 @@ constexpr KernelEntry kKernels[] = {
 }  // namespace
 
 std::span<const KernelEntry> MatrixKernels() {
-  return kKernels;
+  return kMatrixKernels;
 }
 
 }  // namespace backplane::cpu_ref

@@ -367,7 +367,7 @@ class GlobalPoolWorkload final : public WorkloadBase {
   }
 };
 
-constexpr KernelEntry kKernels[] = {
+constexpr KernelEntry kWindowKernels[] = {
     {"Conv", CheckKernel<ConvWorkload>, CreateKernel<ConvWorkload>},
     {"MaxPool", CheckKernel<PoolWorkload<PoolKind::kMax>>,
      CreateKernel<PoolWorkload<PoolKind::kMax>>},
@@ -382,7 +382,7 @@ constexpr KernelEntry kKernels[] = {
 }  // namespace
 
 std::span<const KernelEntry> WindowKernels() {
-  return kKernels;
+  return kWindowKernels;
 }
 
 }  // namespace backplane::cpu_ref
