@@ -6,7 +6,7 @@
 # target finds a crash, a leak, a timeout (an input that takes over 10 s) or an out-of-memory
 # (over 2 GiB); the input that did it is kept under <build dir>/fuzz-artifacts/.
 #   scripts/fuzz.sh <build dir> <seconds per target> [target...]   (default: every target)
-# scripts/test.sh's clang stage runs it for 15 s a target; bench/fuzz.sh runs it long.
+# scripts/test.sh's clang stage runs it for 10 s a target; bench/fuzz.sh runs it long.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
