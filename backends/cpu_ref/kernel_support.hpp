@@ -35,7 +35,7 @@ struct KernelEntry {
 std::span<const KernelEntry> ElementwiseKernels();
 std::span<const KernelEntry> MatrixKernels();  // Gemm MatMul
 std::span<const KernelEntry> WindowKernels();  // Conv MaxPool AveragePool Global*Pool
-std::span<const KernelEntry> LayoutKernels();  // Identity Flatten Reshape Transpose Concat
+std::span<const KernelEntry> LayoutKernels();  // Identity Flatten Reshape Transpose Concat Pad
 
 // Every kernel is a class W with
 //   struct Params;                                   // attributes and constants, immutable

@@ -18,20 +18,21 @@ namespace {
 
 constexpr int64_t kDynamic = -1;
 
-constexpr std::array<std::string_view, 27> kSupportedOps = {"Add",           "Sub",
-                                                            "Mul",           "Div",
-                                                            "Relu",          "LeakyRelu",
-                                                            "Sigmoid",       "HardSigmoid",
-                                                            "HardSwish",     "Tanh",
-                                                            "Clip",          "Softmax",
-                                                            "Gemm",          "MatMul",
-                                                            "Conv",          "MaxPool",
-                                                            "AveragePool",   "GlobalAveragePool",
-                                                            "GlobalMaxPool", "BatchNormalization",
-                                                            "Flatten",       "Reshape",
-                                                            "Transpose",     "Concat",
-                                                            "Identity",      "Dropout",
-                                                            "Constant"};
+// Sized by its initializers: a std::array with a stale count would pad with "" and "support" it.
+constexpr std::string_view kSupportedOps[] = {"Add",           "Sub",
+                                              "Mul",           "Div",
+                                              "Relu",          "LeakyRelu",
+                                              "Sigmoid",       "HardSigmoid",
+                                              "HardSwish",     "Tanh",
+                                              "Clip",          "Softmax",
+                                              "Gemm",          "MatMul",
+                                              "Conv",          "MaxPool",
+                                              "AveragePool",   "GlobalAveragePool",
+                                              "GlobalMaxPool", "BatchNormalization",
+                                              "Flatten",       "Reshape",
+                                              "Transpose",     "Concat",
+                                              "Identity",      "Dropout",
+                                              "Pad",           "Constant"};
 
 bool Known(int64_t dim) {
   return dim >= 0;
@@ -107,6 +108,8 @@ class NodeInference {
       return InferClip();
     if (op == "Dropout")
       return InferDropout();
+    if (op == "Pad")
+      return InferPad();
     if (op == "Softmax")
       return InferSoftmax();
     if (op == "Gemm")
@@ -721,6 +724,45 @@ class NodeInference {
     return Status::Ok();
   }
 
+  Status InferPad() {
+    // Pad-2 took pads as an attribute; the opset this importer accepts (>= 13) takes an input.
+    if (HasAttr("pads") || HasAttr("value"))
+      return Error(StatusCode::kInvalidArgument,
+                   "attributes 'pads' and 'value' are Pad-2's; from opset 11 they are inputs 1 "
+                   "and 2");
+    std::string mode_text;
+    BACKPLANE_RETURN_IF_ERROR(String("mode", "constant", &mode_text));
+    const auto mode = op_rules::ParsePadMode(mode_text);
+    if (!mode)
+      return Error(StatusCode::kInvalidArgument,
+                   "unknown mode '" + mode_text + "' (ONNX has constant, reflect, edge and wrap)");
+    if (*mode != op_rules::PadMode::kConstant)
+      return Error(StatusCode::kUnimplemented,
+                   "mode '" + mode_text + "' is not supported (only 'constant')");
+    if (Has(3))
+      return Error(StatusCode::kUnimplemented, "the axes input 3 ('" + node_.inputs[3] +
+                                                   "') is not supported: give pads for every axis");
+    BACKPLANE_RETURN_IF_ERROR(CheckArity(2, 4, 1));
+    BACKPLANE_RETURN_IF_ERROR(CheckTypes(/*int64_input=*/1));
+    auto value = ScalarConstant(2, "constant_value", DataType::kFloat32);
+    if (!value.ok())
+      return value.error();
+    auto pads = constants_.find(node_.inputs[1]);
+    if (pads == constants_.end())
+      return Error(StatusCode::kUnimplemented,
+                   "pads input 1 ('" + node_.inputs[1] +
+                       "') must be a constant (an initializer or a Constant node)");
+    if (pads->second.info().shape.size() != 1)
+      return Error(StatusCode::kInvalidArgument, "pads input 1 ('" + node_.inputs[1] +
+                                                     "') must be 1-D, is " +
+                                                     ShapeText(pads->second.info().shape));
+    auto shape = op_rules::PaddedShape(In(0), pads->second.Elements<int64_t>());
+    if (!shape.ok())
+      return Error(shape.error().code(), shape.error().message());
+    SetOutput(std::move(shape).value());
+    return Status::Ok();
+  }
+
   const Node& node_;
   const int64_t opset_;
   const std::span<const TensorInfo* const> inputs_;
@@ -731,7 +773,8 @@ class NodeInference {
 }  // namespace
 
 bool IsSupportedOp(std::string_view op_type) {
-  return std::find(kSupportedOps.begin(), kSupportedOps.end(), op_type) != kSupportedOps.end();
+  return std::find(std::begin(kSupportedOps), std::end(kSupportedOps), op_type) !=
+         std::end(kSupportedOps);
 }
 
 std::string DescribeNode(const Node& node) {

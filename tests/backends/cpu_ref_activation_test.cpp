@@ -1,4 +1,5 @@
-// CpuRef: Sub, Div, LeakyRelu, HardSigmoid, HardSwish, Clip, Dropout (issue 20). The ONNX suite in
+// CpuRef: Sub, Div, LeakyRelu, HardSigmoid, HardSwish, Clip, Dropout, Pad (issue 20). The ONNX
+// suite in
 // ../shared/data has no cases for them, so expected values are worked out by hand (in the
 // comments) or by a formula in the test written differently from the kernel's.
 #include <cmath>
@@ -12,6 +13,7 @@ namespace {
 
 using ::testing::AllOf;
 using ::testing::ElementsAre;
+using ::testing::ElementsAreArray;
 using ::testing::HasSubstr;
 
 class CpuRefActivationTest : public CpuRefTest {
@@ -228,6 +230,90 @@ TEST_F(CpuRefActivationTest, DropoutRefusesTheMaskOutput) {
   EXPECT_EQ(status.code(), StatusCode::kUnimplemented);
   EXPECT_THAT(status.message(), AllOf(HasSubstr("Dropout node 'Dropout_node'"),
                                       HasSubstr("the mask output (output 1) is a BOOL tensor")));
+}
+
+// ---- Pad --------------------------------------------------------------------------------------
+
+// Pad of an input of `shape` by the constant `pads` (held by the caller), value omitted.
+OperatorDesc PadOp(const Shape& shape, const std::vector<int64_t>& pads, const Shape& out,
+                   AttributeMap attributes = {}) {
+  auto op =
+      MakeOp("Pad", {shape, {static_cast<int64_t>(pads.size())}}, {out}, std::move(attributes));
+  return WithConstantInput(op, 1, pads.data(), DataType::kInt64);
+}
+
+TEST_F(CpuRefActivationTest, PadSurroundsTheInputWithTheConstant) {
+  // [2,2] padded by one row above, one column left and two right, with 9:
+  //   9 9 9 9 9
+  //   9 1 2 9 9
+  //   9 3 4 9 9
+  const std::vector<int64_t> pads = {1, 1, 0, 2};
+  const float value = 9;
+  const auto op = WithConstantInput(MakeOp("Pad", {{2, 2}, {4}, {}}, {{3, 5}}), 1, pads.data(),
+                                    DataType::kInt64);
+  const auto with_value = WithConstantInput(op, 2, &value);
+  EXPECT_THAT(Run(with_value, {FloatTensor{{2, 2}, {1, 2, 3, 4}}}, {3, 5}),
+              ElementsAre(9, 9, 9, 9, 9, 9, 1, 2, 9, 9, 9, 3, 4, 9, 9));
+}
+
+TEST_F(CpuRefActivationTest, PadDefaultsToZeroAndNegativePadsCrop) {
+  // [2,3]: crop the first column, add a row of zeros below.
+  //   1 2 3      2 3
+  //   4 5 6  ->  5 6
+  //              0 0
+  const std::vector<int64_t> pads = {0, -1, 1, 0};
+  const auto op = PadOp({2, 3}, pads, {3, 2}, {{"mode", std::string("constant")}});
+  EXPECT_THAT(Run(op, {FloatTensor{{2, 3}, {1, 2, 3, 4, 5, 6}}}, {3, 2}),
+              ElementsAre(2, 3, 5, 6, 0, 0));
+}
+
+TEST_F(CpuRefActivationTest, PadOfThreeAxesMatchesCoordinateArithmetic) {
+  // Every output element checked against its coordinates: x[a][b][c] = 100a + 10b + c + 1 where
+  // (a, b, c) = the output's minus the begin pads lies inside [2,3,2], else 0.
+  const std::vector<int64_t> pads = {1, 0, 2, 0, 1, 1};
+  const Shape in = {2, 3, 2}, out = {3, 4, 5};
+  std::vector<float> x, expected;
+  for (int a = 0; a < 2; ++a)
+    for (int b = 0; b < 3; ++b)
+      for (int c = 0; c < 2; ++c)
+        x.push_back(100.0f * a + 10.0f * b + c + 1);
+  for (int a = 0; a < 3; ++a) {
+    for (int b = 0; b < 4; ++b) {
+      for (int c = 0; c < 5; ++c) {
+        const int ia = a - 1, ib = b, ic = c - 2;
+        const bool inside = ia >= 0 && ia < 2 && ib >= 0 && ib < 3 && ic >= 0 && ic < 2;
+        expected.push_back(inside ? 100.0f * ia + 10.0f * ib + ic + 1 : 0.0f);
+      }
+    }
+  }
+  EXPECT_THAT(Run(PadOp(in, pads, out), {FloatTensor{in, x}}, out), ElementsAreArray(expected));
+}
+
+TEST_F(CpuRefActivationTest, PadRefusesOtherModes) {
+  const std::vector<int64_t> pads = {0, 1, 0, 1};
+  Status reflect =
+      backend().IsSupported(PadOp({2, 2}, pads, {2, 4}, {{"mode", std::string("reflect")}}));
+  EXPECT_EQ(reflect.code(), StatusCode::kUnimplemented);
+  EXPECT_THAT(reflect.message(), AllOf(HasSubstr("Pad node 'Pad_node'"),
+                                       HasSubstr("mode 'reflect' is not supported")));
+  Status unknown =
+      backend().IsSupported(PadOp({2, 2}, pads, {2, 4}, {{"mode", std::string("mirror")}}));
+  EXPECT_EQ(unknown.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(unknown.message(),
+              AllOf(HasSubstr("Pad node 'Pad_node'"), HasSubstr("unknown mode 'mirror'")));
+}
+
+TEST_F(CpuRefActivationTest, PadRefusesPadsThatAreNotAConstantOrDoNotFit) {
+  auto computed = MakeOp("Pad", {{2, 2}, {4}}, {{2, 4}});
+  computed.inputs[1].type = DataType::kInt64;
+  Status status = backend().IsSupported(computed);
+  EXPECT_EQ(status.code(), StatusCode::kUnimplemented);
+  EXPECT_THAT(status.message(), AllOf(HasSubstr("Pad node 'Pad_node'"),
+                                      HasSubstr("pads (input 1) must be a constant")));
+  const std::vector<int64_t> cropping = {0, -2, 0, -1};
+  Status cropped = backend().IsSupported(PadOp({2, 2}, cropping, {2, 0}));
+  EXPECT_EQ(cropped.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(cropped.message(), HasSubstr("axis 1: pads -2 and -1 crop a dim of 2 below 0"));
 }
 
 }  // namespace

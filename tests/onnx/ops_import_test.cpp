@@ -162,5 +162,62 @@ TEST(OpsImportTest, DropoutRefusesItsMaskOutput) {
                                 "supported")));
 }
 
+// x[2,3] → Pad(x, pads, value) → y, pads and value as initializers.
+ModelBuilder PadModel(std::vector<int64_t> pads, const std::string& mode = "") {
+  ModelBuilder model;
+  model.Input("x", {-1, 3}).OutputNoShape("y");
+  model.Int64Initializer("pads", {static_cast<int64_t>(pads.size())}, pads);
+  model.FloatInitializer("value", {}, {1.5f});
+  auto& node = model.Node("Pad", {"x", "pads", "value"}, {"y"}, "pad");
+  if (!mode.empty())
+    ::backplane::testing::SetString(node, "mode", mode);
+  return model;
+}
+
+TEST(OpsImportTest, PadAddsItsPadsAndCropsWithNegativeOnes) {
+  // Axis 0 is dynamic and stays so; axis 1: 3 + 2 - 1.
+  EXPECT_EQ(ImportedOutput(PadModel({1, 2, 0, -1})), (TensorInfo{DataType::kFloat32, {-1, 4}}));
+  EXPECT_EQ(ImportedOutput(PadModel({0, 0, 0, 0}, "constant")),
+            (TensorInfo{DataType::kFloat32, {-1, 3}}));
+}
+
+TEST(OpsImportTest, PadRefusesModesOtherThanConstant) {
+  ExpectRefused(PadModel({0, 1, 0, 1}, "reflect"), StatusCode::kUnimplemented,
+                AllOf(HasSubstr("node 'pad' (Pad)"),
+                      HasSubstr("mode 'reflect' is not supported (only 'constant')")));
+  ExpectRefused(PadModel({0, 1, 0, 1}, "mirror"), StatusCode::kInvalidArgument,
+                AllOf(HasSubstr("node 'pad' (Pad)"), HasSubstr("unknown mode 'mirror'")));
+}
+
+TEST(OpsImportTest, PadRefusesPadsThatDoNotFit) {
+  ExpectRefused(
+      PadModel({1, 1}), StatusCode::kInvalidArgument,
+      AllOf(HasSubstr("node 'pad' (Pad)"),
+            HasSubstr("pads has 2 values, expected 4 (begin and end of each of 2 axes)")));
+  ExpectRefused(PadModel({0, -2, 0, -2}), StatusCode::kInvalidArgument,
+                AllOf(HasSubstr("node 'pad' (Pad)"),
+                      HasSubstr("axis 1: pads -2 and -2 crop a dim of 3 below 0")));
+  ExpectRefused(PadModel({0, int64_t{1} << 62, 0, int64_t{1} << 62}), StatusCode::kInvalidArgument,
+                AllOf(HasSubstr("node 'pad' (Pad)"), HasSubstr("is beyond the limit of 2^40")));
+}
+
+TEST(OpsImportTest, PadRefusesPadsThatAreNotAConstant) {
+  ModelBuilder model;
+  model.Input("x", {2, 3}).Input("pads", {4}, onnx::TensorProto::INT64).OutputNoShape("y");
+  model.Node("Pad", {"x", "pads"}, {"y"}, "pad");
+  ExpectRefused(
+      model, StatusCode::kUnimplemented,
+      AllOf(HasSubstr("node 'pad' (Pad)"), HasSubstr("pads input 1 ('pads') must be a constant")));
+}
+
+TEST(OpsImportTest, PadRefusesPad2Attributes) {
+  ModelBuilder model;
+  model.Input("x", {2, 3}).OutputNoShape("y");
+  ::backplane::testing::SetInts(model.Node("Pad", {"x"}, {"y"}, "pad"), "pads", {0, 1, 0, 1});
+  ExpectRefused(
+      model, StatusCode::kInvalidArgument,
+      AllOf(HasSubstr("node 'pad' (Pad)"), HasSubstr("attributes 'pads' and 'value' are Pad-2's")));
+}
+
 }  // namespace
 }  // namespace backplane
