@@ -162,6 +162,17 @@ TEST(OpsImportTest, DropoutRefusesItsMaskOutput) {
                                 "supported")));
 }
 
+TEST(OpsImportTest, DropoutWithItsMaskLeftOutHasOneOutput) {
+  // "" names an optional output not asked for; backends see only the outputs that exist.
+  ModelBuilder model;
+  model.Input("x", {2, 3}).OutputNoShape("y");
+  model.Node("Dropout", {"x"}, {"y", ""}, "drop");
+  auto network = model.Import();
+  ASSERT_TRUE(network.ok()) << network.error().ToString();
+  ASSERT_EQ(network->nodes.size(), 1u);
+  EXPECT_EQ(network->nodes[0].outputs, std::vector<std::string>{"y"});
+}
+
 // x[2,3] → Pad(x, pads, value) → y, pads and value as initializers.
 ModelBuilder PadModel(std::vector<int64_t> pads, const std::string& mode = "") {
   ModelBuilder model;
