@@ -1,7 +1,7 @@
-// Issue 20's ops end to end: a model with Relu6 (Clip with constant bounds), Dropout and
-// HardSwish, built as ONNX protobuf, imported, loaded through Runtime and run. On CpuRef alone,
-// and preferring CpuAcc, which declines the ops it does not implement so that they fall back to
-// CpuRef while the Add before them stays on CpuAcc.
+// Issue 20's ops end to end: models built as ONNX protobuf, imported, loaded through Runtime and
+// run. One with Relu6 (Clip with constant bounds), Dropout and HardSwish after an Add; one with
+// Sub, Div, LeakyRelu, HardSigmoid and Pad. On CpuRef alone, and preferring CpuAcc, which declines
+// the ops it does not implement so that they fall back to CpuRef while the Add stays on CpuAcc.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -100,6 +100,46 @@ TEST_F(NewOpsNetworkTest, CpuAccAloneNamesTheLayerItDeclines) {
   EXPECT_THAT(id.error().message(),
               AllOf(HasSubstr("node 'relu6' (Clip) is supported by no backend"),
                     HasSubstr("CpuAcc does not implement op Clip")));
+}
+
+TEST_F(NewOpsNetworkTest, EveryOtherNewOpFallsBackFromCpuAccWithTheSameResult) {
+  // x[1,4] → Sub(x, 1) → Div(·, [1,2,4,8]) → LeakyRelu(0.5) → HardSigmoid(0.25, 0.5) → Pad one
+  // zero either side → y[1,6]. CpuAcc implements none of them.
+  ModelBuilder model;
+  model.Input("x", {1, 4}).Output("y", {1, 6});
+  model.FloatInitializer("one", {}, {1.0f}).FloatInitializer("divisor", {4}, {1, 2, 4, 8});
+  model.Int64Initializer("pads", {4}, {0, 1, 0, 1});
+  model.Node("Sub", {"x", "one"}, {"s"}, "sub");
+  model.Node("Div", {"s", "divisor"}, {"q"}, "div");
+  ::backplane::testing::SetFloat(model.Node("LeakyRelu", {"q"}, {"l"}, "leaky"), "alpha", 0.5f);
+  auto& hard_sigmoid = model.Node("HardSigmoid", {"l"}, {"h"}, "hsig");
+  ::backplane::testing::SetFloat(hard_sigmoid, "alpha", 0.25f);
+  ::backplane::testing::SetFloat(hard_sigmoid, "beta", 0.5f);
+  model.Node("Pad", {"h", "pads"}, {"y"}, "pad");
+  auto network = model.Import();
+  ASSERT_TRUE(network.ok()) << network.error().ToString();
+
+  // x = [-7, 1, 9, 17]: (x - 1) / divisor = [-8, 0, 2, 2]; leaky: [-4, 0, 2, 2];
+  // 0.25 v + 0.5: [-0.5, 0.5, 1, 1] clamped to [0, 0.5, 1, 1]; padded with a 0 either side.
+  const std::vector<float> x = {-7, 1, 9, 17};
+  const std::vector<float> expected = {0, 0, 0.5f, 1, 1, 0};
+  for (const std::vector<std::string>& preferences :
+       {std::vector<std::string>{"CpuRef"}, std::vector<std::string>{"CpuAcc", "CpuRef"}}) {
+    SCOPED_TRACE(preferences[0]);
+    auto id = runtime().LoadNetwork(*network, {.backend_preferences = preferences});
+    ASSERT_TRUE(id.ok()) << id.error().ToString();
+    const ConstTensorView input{{DataType::kFloat32, {1, 4}}, x.data()};
+    auto outputs = runtime().Execute(*id, {&input, 1});
+    ASSERT_TRUE(outputs.ok()) << outputs.error().ToString();
+    const auto y = (*outputs)[0].Elements<float>();
+    std::string mismatch;
+    EXPECT_TRUE(AllClose({y.begin(), y.end()}, expected, &mismatch)) << mismatch;
+    auto placement = runtime().GetPlacement(*id);
+    ASSERT_TRUE(placement.ok());
+    for (const LayerPlacement& layer : *placement)
+      EXPECT_EQ(layer.backend_id, "CpuRef") << layer.node;
+    ASSERT_TRUE(runtime().UnloadNetwork(*id).ok());
+  }
 }
 
 }  // namespace
