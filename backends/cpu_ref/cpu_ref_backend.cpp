@@ -1,21 +1,24 @@
 // CpuRef: plain, obviously-correct reference kernels. Every other backend is checked against it,
 // so clarity beats speed here: single-threaded loops, sums accumulated in double.
 //
-// Ops (ONNX semantics, opsets 13-25, FP32 only): Add, Mul, Relu, Sigmoid, Tanh, Softmax, Gemm,
-// MatMul, Conv, MaxPool, AveragePool, GlobalAveragePool, GlobalMaxPool, BatchNormalization,
-// Flatten, Reshape, Transpose, Concat, Identity. Constant is not a backend op (the host folds it).
+// Ops (ONNX semantics, opsets 13-25, FP32 only): Add, Sub, Mul, Div, Relu, LeakyRelu, Sigmoid,
+// HardSigmoid, HardSwish, Tanh, Clip, Dropout (inference), Softmax, Gemm, MatMul, Conv, MaxPool,
+// AveragePool, GlobalAveragePool, GlobalMaxPool, BatchNormalization, Flatten, Reshape, Transpose,
+// Concat, Pad (constant mode), Identity. Constant is not a backend op (the host folds it).
 //
 // The contract with the host:
 //  - IsSupported(op) is OK, or kUnimplemented naming the node, the op and the reason (an
 //    unsupported attribute or attribute value, a non-FP32 tensor, MaxPool's Indices output,
-//    BatchNormalization training_mode=1, a Reshape shape that is not a constant INT64 tensor), or
+//    BatchNormalization training_mode=1, a Reshape shape, Pad's pads, Clip's bounds or Dropout's
+//    training_mode that are not constants, Dropout's BOOL mask, a Pad mode but constant), or
 //    kInvalidArgument when the description is inconsistent (counts of inputs/outputs, shapes that
 //    cannot broadcast or multiply, attribute values ONNX forbids). An attribute the kernel does
 //    not know is kUnimplemented "unsupported attribute 'x'": never silently ignored. It only
 //    reads the description; no allocation beyond messages.
 //  - CreateWorkload(op) validates exactly as IsSupported does and captures the attributes (and
-//    a copy of Reshape's constant shape). op.inputs/op.outputs may have negative (dynamic) dims;
-//    those pass every check they could fail later.
+//    copies of the constants it reads: Reshape's shape, Pad's pads and value, Clip's bounds).
+//    op.inputs/op.outputs may have negative (dynamic) dims; those pass every check they could fail
+//    later.
 //  - An omitted optional input (Conv's B, Gemm's C) is either absent from op.inputs or present
 //    with DataType::kUndefined; the workload then expects the same number of views at Execute.
 //  - IWorkload::Execute(inputs, outputs) gets views with fully resolved shapes and outputs

@@ -1,19 +1,28 @@
-// Add, Mul, Relu, Sigmoid, Tanh, Softmax, BatchNormalization (inference).
+// Add, Sub, Mul, Div, Relu, LeakyRelu, Sigmoid, HardSigmoid, HardSwish, Tanh, Clip, Dropout
+// (inference), Softmax, BatchNormalization (inference).
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "kernel_support.hpp"
 
 namespace backplane::cpu_ref {
 namespace {
 
-// ---- Add, Mul: multidirectional (numpy) broadcasting ------------------------------------------
+// ---- Add, Sub, Mul, Div: multidirectional (numpy) broadcasting --------------------------------
 
 struct Plus {
   static float Apply(float a, float b) { return a + b; }
 };
+struct Minus {
+  static float Apply(float a, float b) { return a - b; }
+};
 struct Times {
   static float Apply(float a, float b) { return a * b; }
+};
+struct Quotient {
+  // IEEE division: x / 0 is ±inf, 0 / 0 is NaN, as ONNX Runtime gives for floats.
+  static float Apply(float a, float b) { return a / b; }
 };
 
 template <typename Operation>
@@ -55,22 +64,73 @@ class BinaryWorkload final : public WorkloadBase {
   }
 };
 
-// ---- Relu, Sigmoid, Tanh ----------------------------------------------------------------------
+// ---- Relu, LeakyRelu, Sigmoid, HardSigmoid, HardSwish, Tanh ----------------------------------
 
+// Each function reads its attributes once, in Parse (which also checks the node's signature),
+// and is then applied per element.
 struct ReluFunction {
-  static float Apply(float x) { return x > 0.0f ? x : 0.0f; }
+  static Result<ReluFunction> Parse(const OperatorDesc& op) {
+    BACKPLANE_RETURN_IF_ERROR(CheckSignature(op, {}));
+    return ReluFunction{};
+  }
+  float Apply(float x) const { return x > 0.0f ? x : 0.0f; }
+};
+struct LeakyReluFunction {
+  static Result<LeakyReluFunction> Parse(const OperatorDesc& op) {
+    BACKPLANE_RETURN_IF_ERROR(CheckSignature(op, {.attributes = {"alpha"}}));
+    auto alpha = FloatAttribute(op, "alpha", 0.01f);
+    if (!alpha.ok())
+      return alpha.error();
+    return LeakyReluFunction{alpha.value()};
+  }
+  float Apply(float x) const { return x >= 0.0f ? x : alpha * x; }
+  float alpha;
 };
 struct SigmoidFunction {
+  static Result<SigmoidFunction> Parse(const OperatorDesc& op) {
+    BACKPLANE_RETURN_IF_ERROR(CheckSignature(op, {}));
+    return SigmoidFunction{};
+  }
   // Written so that exp never overflows: exp of a non-positive number only.
-  static float Apply(float x) {
+  float Apply(float x) const {
     if (x >= 0.0f)
       return static_cast<float>(1.0 / (1.0 + std::exp(-static_cast<double>(x))));
     const double e = std::exp(static_cast<double>(x));
     return static_cast<float>(e / (1.0 + e));
   }
 };
+// max(0, min(1, alpha * x + beta)); HardSwish is x times it with alpha = 1/6, beta = 0.5.
+float HardSigmoid(float x, float alpha, float beta) {
+  return std::max(0.0f, std::min(1.0f, alpha * x + beta));
+}
+struct HardSigmoidFunction {
+  static Result<HardSigmoidFunction> Parse(const OperatorDesc& op) {
+    BACKPLANE_RETURN_IF_ERROR(CheckSignature(op, {.attributes = {"alpha", "beta"}}));
+    auto alpha = FloatAttribute(op, "alpha", 0.2f);
+    if (!alpha.ok())
+      return alpha.error();
+    auto beta = FloatAttribute(op, "beta", 0.5f);
+    if (!beta.ok())
+      return beta.error();
+    return HardSigmoidFunction{alpha.value(), beta.value()};
+  }
+  float Apply(float x) const { return HardSigmoid(x, alpha, beta); }
+  float alpha;
+  float beta;
+};
+struct HardSwishFunction {
+  static Result<HardSwishFunction> Parse(const OperatorDesc& op) {
+    BACKPLANE_RETURN_IF_ERROR(CheckSignature(op, {}));
+    return HardSwishFunction{};
+  }
+  float Apply(float x) const { return x * HardSigmoid(x, 1.0f / 6.0f, 0.5f); }
+};
 struct TanhFunction {
-  static float Apply(float x) { return std::tanh(x); }
+  static Result<TanhFunction> Parse(const OperatorDesc& op) {
+    BACKPLANE_RETURN_IF_ERROR(CheckSignature(op, {}));
+    return TanhFunction{};
+  }
+  float Apply(float x) const { return std::tanh(x); }
 };
 
 template <typename Function>
@@ -78,14 +138,18 @@ class UnaryWorkload final : public WorkloadBase {
  public:
   struct Params {
     std::string label;
+    Function function;
   };
 
   static Result<Params> Parse(const OperatorDesc& op) {
-    BACKPLANE_RETURN_IF_ERROR(CheckSignature(op, {}));
-    return Params{NodeLabel(op)};
+    auto function = Function::Parse(op);
+    if (!function.ok())
+      return function.error();
+    return Params{NodeLabel(op), function.value()};
   }
 
-  explicit UnaryWorkload(Params params) : WorkloadBase(std::move(params.label), 1, 1, 1) {}
+  explicit UnaryWorkload(Params params)
+      : WorkloadBase(std::move(params.label), 1, 1, 1), function_(params.function) {}
 
  private:
   Status Run(std::span<const ConstTensorView> inputs,
@@ -94,7 +158,127 @@ class UnaryWorkload final : public WorkloadBase {
     const auto in = inputs[0].Elements<float>();
     const auto out = outputs[0].Elements<float>();
     for (std::size_t i = 0; i < in.size(); ++i)
-      out[i] = Function::Apply(in[i]);
+      out[i] = function_.Apply(in[i]);
+    return Status::Ok();
+  }
+
+  const Function function_;
+};
+
+// ---- Clip (opset >= 11: min and max are inputs 1 and 2, both optional) -------------------------
+
+// One bound of Clip: an omitted input is `fallback` (an infinity, which clips nothing); a given
+// one must be a constant FP32 scalar, read here once.
+Result<float> ClipBound(const OperatorDesc& op, std::size_t index, std::string_view role,
+                        float fallback) {
+  if (!HasInput(op, index))
+    return fallback;
+  const std::string what = std::string(role) + " (input " + std::to_string(index) + ")";
+  if (index >= op.constant_inputs.size() || op.constant_inputs[index] == nullptr) {
+    return NodeUnimplemented(
+        op, what + " must be a constant: CpuRef reads the bounds once, when the network loads");
+  }
+  const Shape& shape = op.inputs[index].shape;
+  if (!std::all_of(shape.begin(), shape.end(), [](int64_t dim) { return dim == 1; }))
+    return NodeInvalid(op, what + " must be a scalar, has shape " + ToString(shape));
+  return *static_cast<const float*>(op.constant_inputs[index]);
+}
+
+class ClipWorkload final : public WorkloadBase {
+ public:
+  struct Params {
+    std::string label;
+    float min;
+    float max;
+  };
+
+  static Result<Params> Parse(const OperatorDesc& op) {
+    // Clip-6's attribute form would otherwise be refused as "unsupported attribute": this says
+    // what the attribute is.
+    for (std::string_view key : {"min", "max"}) {
+      if (op.attributes.contains(key)) {
+        return NodeUnimplemented(op, "attribute '" + std::string(key) +
+                                         "' is Clip-6's; from opset 11 the bounds are inputs");
+      }
+    }
+    BACKPLANE_RETURN_IF_ERROR(CheckSignature(op, {.min_inputs = 1, .max_inputs = 3}));
+    auto min = ClipBound(op, 1, "min", -std::numeric_limits<float>::infinity());
+    if (!min.ok())
+      return min.error();
+    auto max = ClipBound(op, 2, "max", std::numeric_limits<float>::infinity());
+    if (!max.ok())
+      return max.error();
+    return Params{NodeLabel(op), min.value(), max.value()};
+  }
+
+  explicit ClipWorkload(Params params)
+      : WorkloadBase(std::move(params.label), 1, 3, 1), min_(params.min), max_(params.max) {}
+
+ private:
+  Status Run(std::span<const ConstTensorView> inputs,
+             std::span<const TensorView> outputs) const override {
+    BACKPLANE_RETURN_IF_ERROR(CheckOutputShape(outputs[0], inputs[0].info.shape));
+    const auto in = inputs[0].Elements<float>();
+    const auto out = outputs[0].Elements<float>();
+    // min first, then max: when min > max every element becomes max, as ONNX specifies. A NaN
+    // fails both comparisons and stays NaN.
+    for (std::size_t i = 0; i < in.size(); ++i) {
+      float y = in[i];
+      if (y < min_)
+        y = min_;
+      if (y > max_)
+        y = max_;
+      out[i] = y;
+    }
+    return Status::Ok();
+  }
+
+  const float min_;
+  const float max_;
+};
+
+// ---- Dropout (inference: the identity) --------------------------------------------------------
+
+class DropoutWorkload final : public WorkloadBase {
+ public:
+  struct Params {
+    std::string label;
+  };
+
+  static Result<Params> Parse(const OperatorDesc& op) {
+    // Training and the mask are checked before the signature, so that a training graph hears
+    // why it is refused rather than "wrong number of outputs" or "input 2 is BOOL".
+    if (HasInput(op, 2)) {
+      const TensorInfo& training = op.inputs[2];
+      if (training.type != DataType::kBool || op.constant_inputs.size() < 3 ||
+          op.constant_inputs[2] == nullptr || ElementCount(training.shape) != 1) {
+        return NodeUnimplemented(op,
+                                 "training_mode (input 2) must be absent or a constant BOOL "
+                                 "scalar: CpuRef runs inference only");
+      }
+      if (*static_cast<const uint8_t*>(op.constant_inputs[2]) != 0)
+        return NodeUnimplemented(op, "training_mode is true: CpuRef runs inference only");
+    }
+    if (op.outputs.size() > 1) {
+      return NodeUnimplemented(op,
+                               "the mask output (output 1) is a BOOL tensor, which CpuRef does "
+                               "not produce");
+    }
+    // seed only matters when training: accepted and unused, as is the ratio input.
+    BACKPLANE_RETURN_IF_ERROR(CheckSignature(
+        op, {.min_inputs = 1, .max_inputs = 3, .attributes = {"seed"}, .float_inputs = 2}));
+    return Params{NodeLabel(op)};
+  }
+
+  explicit DropoutWorkload(Params params) : WorkloadBase(std::move(params.label), 1, 3, 1) {}
+
+ private:
+  Status Run(std::span<const ConstTensorView> inputs,
+             std::span<const TensorView> outputs) const override {
+    BACKPLANE_RETURN_IF_ERROR(CheckOutputShape(outputs[0], inputs[0].info.shape));
+    const auto in = inputs[0].Elements<float>();
+    const auto out = outputs[0].Elements<float>();
+    std::copy(in.begin(), in.end(), out.begin());
     return Status::Ok();
   }
 };
@@ -247,16 +431,26 @@ class BatchNormalizationWorkload final : public WorkloadBase {
   const float epsilon_;
 };
 
+template <typename W>
+constexpr KernelEntry ElementwiseEntry(std::string_view op_type) {
+  return {op_type, CheckKernel<W>, CreateKernel<W>};
+}
+
 constexpr KernelEntry kElementwiseKernels[] = {
-    {"Add", CheckKernel<BinaryWorkload<Plus>>, CreateKernel<BinaryWorkload<Plus>>},
-    {"Mul", CheckKernel<BinaryWorkload<Times>>, CreateKernel<BinaryWorkload<Times>>},
-    {"Relu", CheckKernel<UnaryWorkload<ReluFunction>>, CreateKernel<UnaryWorkload<ReluFunction>>},
-    {"Sigmoid", CheckKernel<UnaryWorkload<SigmoidFunction>>,
-     CreateKernel<UnaryWorkload<SigmoidFunction>>},
-    {"Tanh", CheckKernel<UnaryWorkload<TanhFunction>>, CreateKernel<UnaryWorkload<TanhFunction>>},
-    {"Softmax", CheckKernel<SoftmaxWorkload>, CreateKernel<SoftmaxWorkload>},
-    {"BatchNormalization", CheckKernel<BatchNormalizationWorkload>,
-     CreateKernel<BatchNormalizationWorkload>},
+    ElementwiseEntry<BinaryWorkload<Plus>>("Add"),
+    ElementwiseEntry<BinaryWorkload<Minus>>("Sub"),
+    ElementwiseEntry<BinaryWorkload<Times>>("Mul"),
+    ElementwiseEntry<BinaryWorkload<Quotient>>("Div"),
+    ElementwiseEntry<UnaryWorkload<ReluFunction>>("Relu"),
+    ElementwiseEntry<UnaryWorkload<LeakyReluFunction>>("LeakyRelu"),
+    ElementwiseEntry<UnaryWorkload<SigmoidFunction>>("Sigmoid"),
+    ElementwiseEntry<UnaryWorkload<HardSigmoidFunction>>("HardSigmoid"),
+    ElementwiseEntry<UnaryWorkload<HardSwishFunction>>("HardSwish"),
+    ElementwiseEntry<UnaryWorkload<TanhFunction>>("Tanh"),
+    ElementwiseEntry<ClipWorkload>("Clip"),
+    ElementwiseEntry<DropoutWorkload>("Dropout"),
+    ElementwiseEntry<SoftmaxWorkload>("Softmax"),
+    ElementwiseEntry<BatchNormalizationWorkload>("BatchNormalization"),
 };
 
 }  // namespace

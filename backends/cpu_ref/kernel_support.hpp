@@ -30,11 +30,12 @@ struct KernelEntry {
   Result<std::unique_ptr<IWorkload>> (*create)(const OperatorDesc&);
 };
 
-std::span<const KernelEntry> ElementwiseKernels();  // Add Mul Relu Sigmoid Tanh Softmax
-                                                    // BatchNormalization
-std::span<const KernelEntry> MatrixKernels();       // Gemm MatMul
-std::span<const KernelEntry> WindowKernels();       // Conv MaxPool AveragePool Global*Pool
-std::span<const KernelEntry> LayoutKernels();       // Identity Flatten Reshape Transpose Concat
+// Add Sub Mul Div Relu LeakyRelu Sigmoid HardSigmoid HardSwish Tanh Clip Dropout Softmax
+// BatchNormalization
+std::span<const KernelEntry> ElementwiseKernels();
+std::span<const KernelEntry> MatrixKernels();  // Gemm MatMul
+std::span<const KernelEntry> WindowKernels();  // Conv MaxPool AveragePool Global*Pool
+std::span<const KernelEntry> LayoutKernels();  // Identity Flatten Reshape Transpose Concat Pad
 
 // Every kernel is a class W with
 //   struct Params;                                   // attributes and constants, immutable

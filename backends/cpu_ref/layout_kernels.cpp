@@ -1,4 +1,5 @@
-// Identity, Flatten, Reshape (byte copies under a new shape), Transpose and Concat.
+// Identity, Flatten, Reshape (byte copies under a new shape), Transpose, Concat and Pad
+// (constant mode).
 #include <algorithm>
 #include <cstring>
 
@@ -364,12 +365,100 @@ class ConcatWorkload final : public WorkloadBase {
   const int64_t axis_;
 };
 
+// ---- Pad (opset >= 11: pads and constant_value are inputs; constant mode only) ---------------
+
+class PadWorkload final : public WorkloadBase {
+ public:
+  struct Params {
+    std::string label;
+    std::vector<int64_t> pads;  // copied out of the constant at creation
+    float value;
+  };
+
+  static Result<Params> Parse(const OperatorDesc& op) {
+    // The mode first: a reflect pad hears "mode 'reflect' is not supported", whatever else.
+    auto mode_text = StringAttribute(op, "mode", "constant");
+    if (!mode_text.ok())
+      return mode_text.error();
+    const auto mode = op_rules::ParsePadMode(mode_text.value());
+    if (!mode) {
+      return NodeInvalid(op, "unknown mode '" + mode_text.value() +
+                                 "' (ONNX has constant, reflect, edge and wrap)");
+    }
+    if (*mode != op_rules::PadMode::kConstant)
+      return NodeUnimplemented(op, "mode '" + mode_text.value() +
+                                       "' is not supported (only "
+                                       "'constant')");
+    if (HasInput(op, 3))
+      return NodeUnimplemented(op, "the axes input (input 3) is not supported");
+    BACKPLANE_RETURN_IF_ERROR(CheckSignature(
+        op, {.min_inputs = 2, .max_inputs = 4, .attributes = {"mode"}, .float_inputs = 1}));
+    const TensorInfo& pads_info = op.inputs[1];
+    if (pads_info.type != DataType::kInt64 || pads_info.shape.size() != 1 ||
+        pads_info.shape[0] < 0 || op.constant_inputs[1] == nullptr) {
+      return NodeUnimplemented(op, "pads (input 1) must be a constant 1-D INT64 tensor");
+    }
+    const auto* data = static_cast<const int64_t*>(op.constant_inputs[1]);
+    std::vector<int64_t> pads(data, data + pads_info.shape[0]);
+    if (auto shape = op_rules::PaddedShape(op.inputs[0].shape, pads); !shape.ok())
+      return NodeError(op, shape.error());
+    float value = 0;
+    if (HasInput(op, 2)) {
+      const TensorInfo& value_info = op.inputs[2];
+      if (value_info.type != DataType::kFloat32 || ElementCount(value_info.shape) != 1 ||
+          op.constant_inputs[2] == nullptr) {
+        return NodeUnimplemented(op, "constant_value (input 2) must be a constant FP32 scalar");
+      }
+      value = *static_cast<const float*>(op.constant_inputs[2]);
+    }
+    return Params{NodeLabel(op), std::move(pads), value};
+  }
+
+  explicit PadWorkload(Params params)
+      : WorkloadBase(params.label, 1, 4, 1), params_(std::move(params)) {}
+
+ private:
+  Status Run(std::span<const ConstTensorView> inputs,
+             std::span<const TensorView> outputs) const override {
+    const Shape& in_shape = inputs[0].info.shape;
+    auto out_shape = op_rules::PaddedShape(in_shape, params_.pads);
+    if (!out_shape.ok())
+      return Invalid(out_shape.error().message());
+    BACKPLANE_RETURN_IF_ERROR(CheckOutputShape(outputs[0], out_shape.value()));
+    const auto in = inputs[0].Elements<float>();
+    const auto out = outputs[0].Elements<float>();
+    const std::vector<int64_t> in_strides = Strides(in_shape);
+    const Shape& shape = out_shape.value();
+    const std::size_t rank = shape.size();
+    // Each output element: its coordinates, shifted back by the begin pads, are either inside
+    // the input (copied) or not (the constant). A negative pad shifts the other way and crops.
+    for (std::size_t i = 0; i < out.size(); ++i) {
+      int64_t rest = static_cast<int64_t>(i);
+      int64_t offset = 0;
+      bool inside = true;
+      for (std::size_t d = rank; d-- > 0;) {
+        const int64_t coordinate = rest % shape[d] - params_.pads[d];
+        rest /= shape[d];
+        if (coordinate < 0 || coordinate >= in_shape[d])
+          inside = false;
+        else
+          offset += coordinate * in_strides[d];
+      }
+      out[i] = inside ? in[offset] : params_.value;
+    }
+    return Status::Ok();
+  }
+
+  const Params params_;
+};
+
 constexpr KernelEntry kLayoutKernels[] = {
     {"Identity", CheckKernel<IdentityWorkload>, CreateKernel<IdentityWorkload>},
     {"Flatten", CheckKernel<FlattenWorkload>, CreateKernel<FlattenWorkload>},
     {"Reshape", CheckKernel<ReshapeWorkload>, CreateKernel<ReshapeWorkload>},
     {"Transpose", CheckKernel<TransposeWorkload>, CreateKernel<TransposeWorkload>},
     {"Concat", CheckKernel<ConcatWorkload>, CreateKernel<ConcatWorkload>},
+    {"Pad", CheckKernel<PadWorkload>, CreateKernel<PadWorkload>},
 };
 
 }  // namespace

@@ -311,6 +311,10 @@ Result<Network> ImportOnnxModel(std::span<const std::byte> model, std::string_vi
       return errors.Unsupported(described + ": unsupported operator " + node.op_type);
     node.inputs.assign(proto_node.input().begin(), proto_node.input().end());
     node.outputs.assign(proto_node.output().begin(), proto_node.output().end());
+    // A trailing "" output is an optional output not asked for (Dropout's mask, MaxPool's
+    // Indices): dropped, so that backends and the runtime see only outputs that exist.
+    while (!node.outputs.empty() && node.outputs.back().empty())
+      node.outputs.pop_back();
 
     if (node.op_type == "Constant") {
       if (proto_node.attribute_size() != 1 || proto_node.attribute(0).name() != "value" ||

@@ -3,6 +3,7 @@
 // need it are left to the per-request pass, when it is known.
 #include <algorithm>
 #include <array>
+#include <initializer_list>
 #include <numeric>
 #include <optional>
 #include <string>
@@ -17,16 +18,21 @@ namespace {
 
 constexpr int64_t kDynamic = -1;
 
-constexpr std::array<std::string_view, 20> kSupportedOps = {"Add",           "Mul",
-                                                            "Relu",          "Sigmoid",
-                                                            "Tanh",          "Softmax",
-                                                            "Gemm",          "MatMul",
-                                                            "Conv",          "MaxPool",
-                                                            "AveragePool",   "GlobalAveragePool",
-                                                            "GlobalMaxPool", "BatchNormalization",
-                                                            "Flatten",       "Reshape",
-                                                            "Transpose",     "Concat",
-                                                            "Identity",      "Constant"};
+// Sized by its initializers: a std::array with a stale count would pad with "" and "support" it.
+constexpr std::string_view kSupportedOps[] = {"Add",           "Sub",
+                                              "Mul",           "Div",
+                                              "Relu",          "LeakyRelu",
+                                              "Sigmoid",       "HardSigmoid",
+                                              "HardSwish",     "Tanh",
+                                              "Clip",          "Softmax",
+                                              "Gemm",          "MatMul",
+                                              "Conv",          "MaxPool",
+                                              "AveragePool",   "GlobalAveragePool",
+                                              "GlobalMaxPool", "BatchNormalization",
+                                              "Flatten",       "Reshape",
+                                              "Transpose",     "Concat",
+                                              "Identity",      "Dropout",
+                                              "Pad",           "Constant"};
 
 bool Known(int64_t dim) {
   return dim >= 0;
@@ -90,10 +96,20 @@ class NodeInference {
  private:
   Status Dispatch() {
     const std::string& op = node_.op_type;
-    if (op == "Add" || op == "Mul")
+    if (op == "Add" || op == "Sub" || op == "Mul" || op == "Div")
       return InferBroadcast();
-    if (op == "Relu" || op == "Sigmoid" || op == "Tanh" || op == "Identity")
+    if (op == "Relu" || op == "Sigmoid" || op == "Tanh" || op == "Identity" || op == "HardSwish")
       return InferUnary();
+    if (op == "LeakyRelu")
+      return InferUnary({"alpha"});
+    if (op == "HardSigmoid")
+      return InferUnary({"alpha", "beta"});
+    if (op == "Clip")
+      return InferClip();
+    if (op == "Dropout")
+      return InferDropout();
+    if (op == "Pad")
+      return InferPad();
     if (op == "Softmax")
       return InferSoftmax();
     if (op == "Gemm")
@@ -199,6 +215,9 @@ class NodeInference {
   Status Int(std::string_view key, int64_t fallback, int64_t* out) const {
     return Attr<int64_t>(key, fallback, out, "an INT");
   }
+  Status Float(std::string_view key, float fallback, float* out) const {
+    return Attr<float>(key, fallback, out, "a FLOAT");
+  }
   Status Ints(std::string_view key, const std::vector<int64_t>& fallback,
               std::vector<int64_t>* out) const {
     return Attr<std::vector<int64_t>>(key, fallback, out, "INTS");
@@ -266,9 +285,91 @@ class NodeInference {
     return Status::Ok();
   }
 
-  Status InferUnary() {
+  // `float_attributes` are checked to be FLOATs (LeakyRelu's alpha, HardSigmoid's alpha, beta).
+  Status InferUnary(std::initializer_list<std::string_view> float_attributes = {}) {
     BACKPLANE_RETURN_IF_ERROR(CheckArity(1, 1, 1));
     BACKPLANE_RETURN_IF_ERROR(CheckTypes());
+    for (std::string_view key : float_attributes) {
+      float value = 0;
+      BACKPLANE_RETURN_IF_ERROR(Float(key, 0, &value));
+    }
+    SetOutput(In(0));
+    return Status::Ok();
+  }
+
+  // An optional input that a backend reads once, at load time (Clip's bounds, Dropout's
+  // training_mode): present means a constant holding a single element of `type`, which it
+  // returns; null when the input is omitted.
+  Result<const Tensor*> ScalarConstant(std::size_t index, std::string_view role,
+                                       DataType type) const {
+    if (!Has(index))
+      return static_cast<const Tensor*>(nullptr);
+    const std::string what =
+        std::string(role) + " input " + std::to_string(index) + " ('" + node_.inputs[index] + "')";
+    auto constant = constants_.find(node_.inputs[index]);
+    if (constant == constants_.end())
+      return Error(StatusCode::kUnimplemented,
+                   what +
+                       " must be a constant (an initializer or a Constant node): it is read "
+                       "once, when the network is loaded");
+    const TensorInfo& info = constant->second.info();
+    if (info.type != type)
+      return Error(StatusCode::kInvalidArgument, what + " must be " + std::string(ToString(type)) +
+                                                     ", is " + std::string(ToString(info.type)));
+    if (ElementCount(info.shape) != 1)
+      return Error(StatusCode::kInvalidArgument,
+                   what + " must be a scalar, has shape " + ShapeText(info.shape));
+    return &constant->second;
+  }
+
+  Status InferClip() {
+    // Clip-6 took min and max as attributes; the opset this importer accepts (>= 13) takes them
+    // as inputs, and an attribute of that name would be silently ignored by a backend.
+    for (std::string_view key : {"min", "max"}) {
+      if (HasAttr(key))
+        return Error(StatusCode::kInvalidArgument,
+                     "attribute '" + std::string(key) +
+                         "' is Clip-6's; from opset 11 min and max are inputs 1 and 2");
+    }
+    BACKPLANE_RETURN_IF_ERROR(CheckArity(1, 3, 1));
+    BACKPLANE_RETURN_IF_ERROR(CheckTypes());
+    for (std::size_t i = 1; i <= 2; ++i) {
+      auto bound = ScalarConstant(i, i == 1 ? "min" : "max", DataType::kFloat32);
+      if (!bound.ok())
+        return bound.error();
+    }
+    SetOutput(In(0));
+    return Status::Ok();
+  }
+
+  Status InferDropout() {
+    // Inference only: output 0 is the input. training_mode is checked first, so that a training
+    // graph hears "training is not supported" rather than a complaint about its mask.
+    auto training = ScalarConstant(2, "training_mode", DataType::kBool);
+    if (!training.ok())
+      return training.error();
+    if (*training != nullptr && (*training)->Elements<uint8_t>()[0] != 0)
+      return Error(StatusCode::kUnimplemented,
+                   "training_mode input 2 ('" + node_.inputs[2] +
+                       "') is true: only inference (training_mode absent or false) is supported");
+    if (node_.outputs.size() > 1 && !node_.outputs[1].empty())
+      return Error(StatusCode::kUnimplemented,
+                   "output 1 ('" + node_.outputs[1] +
+                       "') is the BOOL mask, and BOOL tensors are not supported (the mask is all "
+                       "true in inference: drop the output)");
+    BACKPLANE_RETURN_IF_ERROR(CheckArity(1, 3, 1));
+    // ratio (input 1) is FP32 and unused in inference; training_mode was checked above.
+    for (std::size_t i = 0; i < 2 && i < inputs_.size(); ++i) {
+      if (inputs_[i] != nullptr && inputs_[i]->type != DataType::kFloat32)
+        return Error(StatusCode::kUnimplemented, "unsupported data type " +
+                                                     std::string(ToString(inputs_[i]->type)) +
+                                                     " for input " + std::to_string(i) + " ('" +
+                                                     node_.inputs[i] + "'), expected FP32");
+    }
+    if (Has(1) && Product(In(1)) > 1)
+      return Error(StatusCode::kInvalidArgument, "ratio input 1 ('" + node_.inputs[1] +
+                                                     "') must be a scalar, has shape " +
+                                                     ShapeText(In(1)));
     SetOutput(In(0));
     return Status::Ok();
   }
@@ -623,6 +724,45 @@ class NodeInference {
     return Status::Ok();
   }
 
+  Status InferPad() {
+    // Pad-2 took pads as an attribute; the opset this importer accepts (>= 13) takes an input.
+    if (HasAttr("pads") || HasAttr("value"))
+      return Error(StatusCode::kInvalidArgument,
+                   "attributes 'pads' and 'value' are Pad-2's; from opset 11 they are inputs 1 "
+                   "and 2");
+    std::string mode_text;
+    BACKPLANE_RETURN_IF_ERROR(String("mode", "constant", &mode_text));
+    const auto mode = op_rules::ParsePadMode(mode_text);
+    if (!mode)
+      return Error(StatusCode::kInvalidArgument,
+                   "unknown mode '" + mode_text + "' (ONNX has constant, reflect, edge and wrap)");
+    if (*mode != op_rules::PadMode::kConstant)
+      return Error(StatusCode::kUnimplemented,
+                   "mode '" + mode_text + "' is not supported (only 'constant')");
+    if (Has(3))
+      return Error(StatusCode::kUnimplemented, "the axes input 3 ('" + node_.inputs[3] +
+                                                   "') is not supported: give pads for every axis");
+    BACKPLANE_RETURN_IF_ERROR(CheckArity(2, 4, 1));
+    BACKPLANE_RETURN_IF_ERROR(CheckTypes(/*int64_input=*/1));
+    auto value = ScalarConstant(2, "constant_value", DataType::kFloat32);
+    if (!value.ok())
+      return value.error();
+    auto pads = constants_.find(node_.inputs[1]);
+    if (pads == constants_.end())
+      return Error(StatusCode::kUnimplemented,
+                   "pads input 1 ('" + node_.inputs[1] +
+                       "') must be a constant (an initializer or a Constant node)");
+    if (pads->second.info().shape.size() != 1)
+      return Error(StatusCode::kInvalidArgument, "pads input 1 ('" + node_.inputs[1] +
+                                                     "') must be 1-D, is " +
+                                                     ShapeText(pads->second.info().shape));
+    auto shape = op_rules::PaddedShape(In(0), pads->second.Elements<int64_t>());
+    if (!shape.ok())
+      return Error(shape.error().code(), shape.error().message());
+    SetOutput(std::move(shape).value());
+    return Status::Ok();
+  }
+
   const Node& node_;
   const int64_t opset_;
   const std::span<const TensorInfo* const> inputs_;
@@ -633,7 +773,8 @@ class NodeInference {
 }  // namespace
 
 bool IsSupportedOp(std::string_view op_type) {
-  return std::find(kSupportedOps.begin(), kSupportedOps.end(), op_type) != kSupportedOps.end();
+  return std::find(std::begin(kSupportedOps), std::end(kSupportedOps), op_type) !=
+         std::end(kSupportedOps);
 }
 
 std::string DescribeNode(const Node& node) {

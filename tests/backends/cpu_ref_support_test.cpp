@@ -16,7 +16,21 @@ std::vector<OperatorDesc> EveryOp() {
   OperatorDesc reshape = MakeOp("Reshape", {{2, 6}, {2}}, {{3, 4}});
   reshape.inputs[1].type = DataType::kInt64;
   reshape.constant_inputs[1] = kShape;
+  static const float kBounds[] = {0, 6};
+  const OperatorDesc clip = WithConstantInput(
+      WithConstantInput(MakeOp("Clip", {{4}, {}, {}}, {{4}}), 1, &kBounds[0]), 2, &kBounds[1]);
+  static const int64_t kPads[] = {0, 1, 0, 1};
+  const OperatorDesc pad =
+      WithConstantInput(MakeOp("Pad", {{2, 3}, {4}}, {{2, 5}}), 1, kPads, DataType::kInt64);
   return {
+      MakeOp("Sub", {{2, 3}, {3}}, {{2, 3}}),
+      MakeOp("Div", {{2, 3}, {1}}, {{2, 3}}),
+      MakeOp("LeakyRelu", {{4}}, {{4}}, {{"alpha", 0.1f}}),
+      MakeOp("HardSigmoid", {{4}}, {{4}}, {{"alpha", 0.1f}, {"beta", 0.6f}}),
+      MakeOp("HardSwish", {{4}}, {{4}}),
+      clip,
+      MakeOp("Dropout", {{4}}, {{4}}, {{"seed", int64_t{1}}}),
+      pad,
       MakeOp("Add", {{2, 3}, {3}}, {{2, 3}}),
       MakeOp("Mul", {{2, 3}, {1}}, {{2, 3}}),
       MakeOp("Relu", {{4}}, {{4}}),
@@ -43,7 +57,7 @@ std::vector<OperatorDesc> EveryOp() {
 
 TEST_F(CpuRefSupportTest, SupportsEveryOpOfTheTargetList) {
   const auto ops = EveryOp();
-  EXPECT_EQ(ops.size(), 19u);
+  EXPECT_EQ(ops.size(), 27u);
   for (const auto& op : ops) {
     EXPECT_TRUE(backend().IsSupported(op).ok())
         << op.op_type << ": " << backend().IsSupported(op).ToString();

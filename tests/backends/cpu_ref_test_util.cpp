@@ -22,6 +22,19 @@ OperatorDesc MakeOp(std::string op_type, std::vector<Shape> inputs, std::vector<
   return op;
 }
 
+OperatorDesc WithConstantInput(OperatorDesc op, std::size_t index, const void* data,
+                               DataType type) {
+  op.inputs.at(index).type = type;
+  op.constant_inputs.at(index) = data;
+  return op;
+}
+
+OperatorDesc WithOmittedInput(OperatorDesc op, std::size_t index) {
+  op.inputs.at(index) = {};
+  op.constant_inputs.at(index) = nullptr;
+  return op;
+}
+
 struct CpuRefTest::Shared {
   fs::path dir;
   std::unique_ptr<Runtime> runtime;

@@ -23,6 +23,13 @@ struct FloatTensor {
 OperatorDesc MakeOp(std::string op_type, std::vector<Shape> inputs, std::vector<Shape> outputs,
                     AttributeMap attributes = {});
 
+// `op` with input `index` turned into a constant of `type` at `data` (which must outlive every
+// workload created from the result), as the runtime describes an initializer.
+OperatorDesc WithConstantInput(OperatorDesc op, std::size_t index, const void* data,
+                               DataType type = DataType::kFloat32);
+// `op` with input `index` omitted (an ONNX "" input): undefined type, no shape, no constant.
+OperatorDesc WithOmittedInput(OperatorDesc op, std::size_t index);
+
 // One runtime with CpuRef loaded from a temporary backend directory, shared by the tests of a
 // suite (SetUpTestSuite/TearDownTestSuite).
 class CpuRefTest : public ::testing::Test {

@@ -64,6 +64,30 @@ ModelBuilder& ModelBuilder::FloatInitializer(const std::string& name, std::vecto
   return *this;
 }
 
+ModelBuilder& ModelBuilder::FloatInitializer(const std::string& name, std::vector<int64_t> dims,
+                                             std::vector<float> values) {
+  auto* tensor = model_.mutable_graph()->add_initializer();
+  tensor->set_name(name);
+  tensor->set_data_type(onnx::TensorProto::FLOAT);
+  for (int64_t dim : dims)
+    tensor->add_dims(dim);
+  for (float value : values)
+    tensor->add_float_data(value);
+  return *this;
+}
+
+ModelBuilder& ModelBuilder::BoolInitializer(const std::string& name, std::vector<int64_t> dims,
+                                            std::vector<bool> values) {
+  auto* tensor = model_.mutable_graph()->add_initializer();
+  tensor->set_name(name);
+  tensor->set_data_type(onnx::TensorProto::BOOL);
+  for (int64_t dim : dims)
+    tensor->add_dims(dim);
+  for (bool value : values)
+    tensor->add_int32_data(value ? 1 : 0);
+  return *this;
+}
+
 ModelBuilder& ModelBuilder::Int64Initializer(const std::string& name, std::vector<int64_t> dims,
                                              std::vector<int64_t> values) {
   auto* tensor = model_.mutable_graph()->add_initializer();
@@ -105,6 +129,13 @@ void SetInt(onnx::NodeProto& node, const std::string& name, int64_t value) {
   attribute->set_name(name);
   attribute->set_type(onnx::AttributeProto::INT);
   attribute->set_i(value);
+}
+
+void SetFloat(onnx::NodeProto& node, const std::string& name, float value) {
+  auto* attribute = node.add_attribute();
+  attribute->set_name(name);
+  attribute->set_type(onnx::AttributeProto::FLOAT);
+  attribute->set_f(value);
 }
 
 void SetInts(onnx::NodeProto& node, const std::string& name, std::vector<int64_t> values) {

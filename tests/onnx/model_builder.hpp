@@ -26,6 +26,11 @@ class ModelBuilder {
   // An output without declared shape.
   ModelBuilder& OutputNoShape(const std::string& name);
   ModelBuilder& FloatInitializer(const std::string& name, std::vector<int64_t> dims);
+  // An FP32 initializer with the given values (a scalar when `dims` is empty).
+  ModelBuilder& FloatInitializer(const std::string& name, std::vector<int64_t> dims,
+                                 std::vector<float> values);
+  ModelBuilder& BoolInitializer(const std::string& name, std::vector<int64_t> dims,
+                                std::vector<bool> values);
   ModelBuilder& Int64Initializer(const std::string& name, std::vector<int64_t> dims,
                                  std::vector<int64_t> values);
   onnx::NodeProto& Node(const std::string& op_type, std::vector<std::string> inputs,
@@ -40,6 +45,7 @@ class ModelBuilder {
 };
 
 void SetInt(onnx::NodeProto& node, const std::string& name, int64_t value);
+void SetFloat(onnx::NodeProto& node, const std::string& name, float value);
 void SetInts(onnx::NodeProto& node, const std::string& name, std::vector<int64_t> values);
 void SetString(onnx::NodeProto& node, const std::string& name, const std::string& value);
 

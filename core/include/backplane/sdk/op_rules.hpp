@@ -3,7 +3,8 @@
 //  - the sliding window of Conv, MaxPool and AveragePool: kernel_shape, strides, pads, dilations,
 //    auto_pad and ceil_mode read and checked, then resolved per spatial dim into the output size
 //    and the padding ONNX adds at each end;
-//  - multidirectional (numpy) broadcasting, as Add and Mul (and MatMul's batch dims) use it.
+//  - multidirectional (numpy) broadcasting, as Add and Mul (and MatMul's batch dims) use it;
+//  - Pad's modes and the shape its pads give.
 //
 // Part of the backend SDK and header-only: a backend may use it and links nothing for it. Every
 // function is pure and thread-safe. Dimensions follow core's conventions: a negative dimension is
@@ -321,6 +322,56 @@ inline int64_t BroadcastOffset(int64_t flat, const Shape& out, const Shape& in) 
     stride *= in[axis_in];
   }
   return offset;
+}
+
+// ---- Pad ---------------------------------------------------------------------------------------
+
+enum class PadMode { kConstant, kReflect, kEdge, kWrap };
+
+// ONNX's mode names (wrap since opset 19); nullopt for anything else.
+inline std::optional<PadMode> ParsePadMode(std::string_view text) {
+  if (text == "constant")
+    return PadMode::kConstant;
+  if (text == "reflect")
+    return PadMode::kReflect;
+  if (text == "edge")
+    return PadMode::kEdge;
+  if (text == "wrap")
+    return PadMode::kWrap;
+  return std::nullopt;
+}
+
+// The shape of `input` padded by `pads`: ONNX's layout, the begins of every axis, then the ends;
+// a negative pad crops. An unknown dim stays unknown. kInvalidArgument when `pads` does not hold
+// 2 x rank values, when a pad exceeds kMaxElementCount either way (pads come from the model: the
+// bound keeps the sums below from overflowing), or when a dim would be cropped below 0.
+inline Result<Shape> PaddedShape(const Shape& input, std::span<const int64_t> pads) {
+  const std::size_t rank = input.size();
+  if (pads.size() != 2 * rank) {
+    return InvalidArgument("pads has " + std::to_string(pads.size()) + " values, expected " +
+                           std::to_string(2 * rank) + " (begin and end of each of " +
+                           std::to_string(rank) + " axes)");
+  }
+  for (int64_t pad : pads) {
+    if (pad > kMaxElementCount || pad < -kMaxElementCount) {
+      return InvalidArgument("pad " + std::to_string(pad) + " is beyond the limit of 2^40 (" +
+                             std::to_string(kMaxElementCount) + ")");
+    }
+  }
+  Shape out(rank);
+  for (std::size_t i = 0; i < rank; ++i) {
+    if (input[i] < 0) {
+      out[i] = kUnknownDim;
+      continue;
+    }
+    out[i] = input[i] + pads[i] + pads[rank + i];
+    if (out[i] < 0) {
+      return InvalidArgument("axis " + std::to_string(i) + ": pads " + std::to_string(pads[i]) +
+                             " and " + std::to_string(pads[rank + i]) + " crop a dim of " +
+                             std::to_string(input[i]) + " below 0");
+    }
+  }
+  return out;
 }
 
 }  // namespace backplane::op_rules
