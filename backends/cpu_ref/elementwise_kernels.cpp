@@ -69,6 +69,7 @@ class BinaryWorkload final : public WorkloadBase {
 // Each function reads its attributes once, in Parse (which also checks the node's signature),
 // and is then applied per element.
 struct ReluFunction {
+  static constexpr std::size_t kMaxInputs = 1;
   static Result<ReluFunction> Parse(const OperatorDesc& op) {
     BACKPLANE_RETURN_IF_ERROR(CheckSignature(op, {}));
     return ReluFunction{};
@@ -76,6 +77,7 @@ struct ReluFunction {
   float Apply(float x) const { return x > 0.0f ? x : 0.0f; }
 };
 struct LeakyReluFunction {
+  static constexpr std::size_t kMaxInputs = 1;
   static Result<LeakyReluFunction> Parse(const OperatorDesc& op) {
     BACKPLANE_RETURN_IF_ERROR(CheckSignature(op, {.attributes = {"alpha"}}));
     auto alpha = FloatAttribute(op, "alpha", 0.01f);
@@ -87,6 +89,7 @@ struct LeakyReluFunction {
   float alpha;
 };
 struct SigmoidFunction {
+  static constexpr std::size_t kMaxInputs = 1;
   static Result<SigmoidFunction> Parse(const OperatorDesc& op) {
     BACKPLANE_RETURN_IF_ERROR(CheckSignature(op, {}));
     return SigmoidFunction{};
@@ -104,6 +107,7 @@ float HardSigmoid(float x, float alpha, float beta) {
   return std::max(0.0f, std::min(1.0f, alpha * x + beta));
 }
 struct HardSigmoidFunction {
+  static constexpr std::size_t kMaxInputs = 1;
   static Result<HardSigmoidFunction> Parse(const OperatorDesc& op) {
     BACKPLANE_RETURN_IF_ERROR(CheckSignature(op, {.attributes = {"alpha", "beta"}}));
     auto alpha = FloatAttribute(op, "alpha", 0.2f);
@@ -119,6 +123,7 @@ struct HardSigmoidFunction {
   float beta;
 };
 struct HardSwishFunction {
+  static constexpr std::size_t kMaxInputs = 1;
   static Result<HardSwishFunction> Parse(const OperatorDesc& op) {
     BACKPLANE_RETURN_IF_ERROR(CheckSignature(op, {}));
     return HardSwishFunction{};
@@ -126,6 +131,7 @@ struct HardSwishFunction {
   float Apply(float x) const { return x * HardSigmoid(x, 1.0f / 6.0f, 0.5f); }
 };
 struct TanhFunction {
+  static constexpr std::size_t kMaxInputs = 1;
   static Result<TanhFunction> Parse(const OperatorDesc& op) {
     BACKPLANE_RETURN_IF_ERROR(CheckSignature(op, {}));
     return TanhFunction{};
@@ -148,8 +154,11 @@ class UnaryWorkload final : public WorkloadBase {
     return Params{NodeLabel(op), function.value()};
   }
 
+  // Inputs past the first (Clip's bounds, Dropout's ratio and training_mode) are constants the
+  // function read in Parse; at run time they are passed and ignored.
   explicit UnaryWorkload(Params params)
-      : WorkloadBase(std::move(params.label), 1, 1, 1), function_(params.function) {}
+      : WorkloadBase(std::move(params.label), 1, Function::kMaxInputs, 1),
+        function_(params.function) {}
 
  private:
   Status Run(std::span<const ConstTensorView> inputs,
@@ -184,15 +193,9 @@ Result<float> ClipBound(const OperatorDesc& op, std::size_t index, std::string_v
   return *static_cast<const float*>(op.constant_inputs[index]);
 }
 
-class ClipWorkload final : public WorkloadBase {
- public:
-  struct Params {
-    std::string label;
-    float min;
-    float max;
-  };
-
-  static Result<Params> Parse(const OperatorDesc& op) {
+struct ClipFunction {
+  static constexpr std::size_t kMaxInputs = 3;
+  static Result<ClipFunction> Parse(const OperatorDesc& op) {
     // Clip-6's attribute form would otherwise be refused as "unsupported attribute": this says
     // what the attribute is.
     for (std::string_view key : {"min", "max"}) {
@@ -208,44 +211,26 @@ class ClipWorkload final : public WorkloadBase {
     auto max = ClipBound(op, 2, "max", std::numeric_limits<float>::infinity());
     if (!max.ok())
       return max.error();
-    return Params{NodeLabel(op), min.value(), max.value()};
+    return ClipFunction{min.value(), max.value()};
   }
-
-  explicit ClipWorkload(Params params)
-      : WorkloadBase(std::move(params.label), 1, 3, 1), min_(params.min), max_(params.max) {}
-
- private:
-  Status Run(std::span<const ConstTensorView> inputs,
-             std::span<const TensorView> outputs) const override {
-    BACKPLANE_RETURN_IF_ERROR(CheckOutputShape(outputs[0], inputs[0].info.shape));
-    const auto in = inputs[0].Elements<float>();
-    const auto out = outputs[0].Elements<float>();
-    // min first, then max: when min > max every element becomes max, as ONNX specifies. A NaN
-    // fails both comparisons and stays NaN.
-    for (std::size_t i = 0; i < in.size(); ++i) {
-      float y = in[i];
-      if (y < min_)
-        y = min_;
-      if (y > max_)
-        y = max_;
-      out[i] = y;
-    }
-    return Status::Ok();
+  // min first, then max: when min > max every element becomes max, as ONNX specifies. A NaN
+  // fails both comparisons and stays NaN.
+  float Apply(float x) const {
+    if (x < min)
+      x = min;
+    if (x > max)
+      x = max;
+    return x;
   }
-
-  const float min_;
-  const float max_;
+  float min;
+  float max;
 };
 
 // ---- Dropout (inference: the identity) --------------------------------------------------------
 
-class DropoutWorkload final : public WorkloadBase {
- public:
-  struct Params {
-    std::string label;
-  };
-
-  static Result<Params> Parse(const OperatorDesc& op) {
+struct DropoutFunction {
+  static constexpr std::size_t kMaxInputs = 3;
+  static Result<DropoutFunction> Parse(const OperatorDesc& op) {
     // Training and the mask are checked before the signature, so that a training graph hears
     // why it is refused rather than "wrong number of outputs" or "input 2 is BOOL".
     if (HasInput(op, 2)) {
@@ -267,20 +252,9 @@ class DropoutWorkload final : public WorkloadBase {
     // seed only matters when training: accepted and unused, as is the ratio input.
     BACKPLANE_RETURN_IF_ERROR(CheckSignature(
         op, {.min_inputs = 1, .max_inputs = 3, .attributes = {"seed"}, .float_inputs = 2}));
-    return Params{NodeLabel(op)};
+    return DropoutFunction{};
   }
-
-  explicit DropoutWorkload(Params params) : WorkloadBase(std::move(params.label), 1, 3, 1) {}
-
- private:
-  Status Run(std::span<const ConstTensorView> inputs,
-             std::span<const TensorView> outputs) const override {
-    BACKPLANE_RETURN_IF_ERROR(CheckOutputShape(outputs[0], inputs[0].info.shape));
-    const auto in = inputs[0].Elements<float>();
-    const auto out = outputs[0].Elements<float>();
-    std::copy(in.begin(), in.end(), out.begin());
-    return Status::Ok();
-  }
+  float Apply(float x) const { return x; }
 };
 
 // ---- Softmax (opset >= 13: normalises over the one axis) -----------------------------------
@@ -447,8 +421,8 @@ constexpr KernelEntry kElementwiseKernels[] = {
     ElementwiseEntry<UnaryWorkload<HardSigmoidFunction>>("HardSigmoid"),
     ElementwiseEntry<UnaryWorkload<HardSwishFunction>>("HardSwish"),
     ElementwiseEntry<UnaryWorkload<TanhFunction>>("Tanh"),
-    ElementwiseEntry<ClipWorkload>("Clip"),
-    ElementwiseEntry<DropoutWorkload>("Dropout"),
+    ElementwiseEntry<UnaryWorkload<ClipFunction>>("Clip"),
+    ElementwiseEntry<UnaryWorkload<DropoutFunction>>("Dropout"),
     ElementwiseEntry<SoftmaxWorkload>("Softmax"),
     ElementwiseEntry<BatchNormalizationWorkload>("BatchNormalization"),
 };
