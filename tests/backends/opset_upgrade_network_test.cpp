@@ -150,5 +150,34 @@ TEST_F(OpsetUpgradeNetworkTest, BatchNormalizationSpatialOne) {
   ExpectSameAsOpset13(runtime(), build, 7, {1, 2, 3, 1}, kOpsetX);
 }
 
+TEST_F(OpsetUpgradeNetworkTest, MobileNetStyleClassifierAtOpset8) {
+  // The shape of an old model zoo export: Conv → BatchNormalization (spatial) → Clip-6 (ReLU6) →
+  // GlobalAveragePool → Flatten → Gemm (C required before 11) → Softmax-1 on [N, classes].
+  auto build = [](ModelBuilder& model, int64_t opset) {
+    model.Input("x", {1, 2, 2, 2}).Output("y", {1, 3});
+    model.FloatInitializer("w", {2, 2, 1, 1}, {1.0f, -0.5f, 0.25f, 2.0f});
+    model.FloatInitializer("scale", {2}, {1.0f, 0.5f}).FloatInitializer("bias", {2}, {0.1f, 3.0f});
+    model.FloatInitializer("mean", {2}, {0.0f, 1.0f}).FloatInitializer("var", {2}, {1.0f, 0.25f});
+    model.FloatInitializer("fc_w", {3, 2}, {1.0f, -1.0f, 0.5f, 0.5f, -2.0f, 1.0f});
+    model.FloatInitializer("fc_b", {3}, {0.0f, 0.1f, -0.1f});
+    model.Node("Conv", {"x", "w"}, {"c"}, "conv");
+    auto& bn = model.Node("BatchNormalization", {"c", "scale", "bias", "mean", "var"}, {"b"}, "bn");
+    if (opset < 11) {
+      SetInt(bn, "spatial", 1);
+      auto& clip = model.Node("Clip", {"b"}, {"r"}, "relu6");
+      SetFloat(clip, "min", 0.0f);
+      SetFloat(clip, "max", 6.0f);
+    } else {
+      model.FloatInitializer("zero", {}, {0.0f}).FloatInitializer("six", {}, {6.0f});
+      model.Node("Clip", {"b", "zero", "six"}, {"r"}, "relu6");
+    }
+    model.Node("GlobalAveragePool", {"r"}, {"g"}, "pool");
+    model.Node("Flatten", {"g"}, {"f"}, "flatten");
+    SetInt(model.Node("Gemm", {"f", "fc_w", "fc_b"}, {"logits"}, "fc"), "transB", 1);
+    model.Node("Softmax", {"logits"}, {"y"}, "prob");
+  };
+  ExpectSameAsOpset13(runtime(), build, 8, {1, 2, 2, 2}, {-7, -1, 0.5f, 2, 5, 9, 0, 1});
+}
+
 }  // namespace
 }  // namespace backplane::cpu_acc_test
