@@ -99,6 +99,16 @@ TEST(OpsetUpgradeTest, SoftmaxOverSeveralAxesIsRefused) {
                              HasSubstr("only an axis that is the last one")));
 }
 
+TEST(OpsetUpgradeTest, SoftmaxAxisFollowedByADynamicDimensionIsRefused) {
+  // The dimension may be 1 in some requests and not in others: refused at import.
+  ModelBuilder model = ModelAtOpset(12);
+  model.Input("x", {2, 3, -1}).OutputNoShape("y");
+  model.Node("Softmax", {"x"}, {"y"}, "sm");
+  ExpectUpgradeRefused(model, StatusCode::kUnimplemented,
+                       AllOf(HasSubstr("node 'sm' (Softmax) at opset 12"),
+                             HasSubstr("coerces its input [2,3,-1] to 2-D around axis 1")));
+}
+
 TEST(OpsetUpgradeTest, SoftmaxRankIsKnownAfterAnEarlierNode) {
   // The rank comes from shape inference of the nodes before, done as the rewrite goes.
   ModelBuilder model = ModelAtOpset(10);
@@ -176,6 +186,16 @@ TEST(OpsetUpgradeTest, DropoutRatioAttributeIsDropped) {
   ASSERT_EQ(network.nodes.size(), 1u);
   EXPECT_TRUE(network.nodes[0].attributes.empty());
   EXPECT_THAT(network.nodes[0].inputs, ElementsAre("x"));
+}
+
+TEST(OpsetUpgradeTest, Dropout7WithARatioInputIsInvalid) {
+  ModelBuilder model = ModelAtOpset(11);
+  model.Input("x", {2, 3}).OutputNoShape("y");
+  model.FloatInitializer("ratio", {}, {0.5f});
+  model.Node("Dropout", {"x", "ratio"}, {"y"}, "drop");
+  ExpectUpgradeRefused(model, StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("node 'drop' (Dropout) at opset 11"),
+                             HasSubstr("Dropout-7 takes one input, the node has 2")));
 }
 
 TEST(OpsetUpgradeTest, Pad2AttributesBecomeConstantInputs) {
