@@ -13,6 +13,7 @@
 
 #include "backplane/onnx/network.hpp"
 #include "onnx_tensor.hpp"
+#include "opset_upgrade.hpp"
 #include "shape_inference.hpp"
 
 namespace backplane {
@@ -20,10 +21,10 @@ namespace {
 
 constexpr int64_t kMinIrVersion = 3;
 constexpr int64_t kMaxIrVersion = 13;
-// Opset 13 is where every supported operator has the semantics our backends implement: before it,
-// Softmax coerced its input to 2-D around `axis` (same attribute name, different result), and a
-// backend, which sees no opset, would silently compute the wrong thing.
-constexpr int64_t kMinOpset = 13;
+// Backends implement opset-13 semantics and see no opset: a model of opset 7 to 12 is rewritten
+// node by node into its opset-13 form (opset_upgrade.hpp), or refused where the old form means
+// something else (Softmax over several axes). Below 7, broadcasting took attributes.
+constexpr int64_t kMinOpset = kOldestUpgradableOpset;
 constexpr int64_t kMaxOpset = 25;
 
 bool IsDefaultDomain(const std::string& domain) {
@@ -365,6 +366,9 @@ Result<Network> ImportOnnxModel(std::span<const std::byte> model, std::string_vi
   network.nodes.reserve(nodes.size());
   for (std::size_t index : *order)
     network.nodes.push_back(std::move(nodes[index]));
+  Status upgraded = UpgradeToOpset13(network);
+  if (!upgraded.ok())
+    return errors.Wrap(upgraded);
 
   std::vector<TensorInfo> declared_outputs;
   for (const onnx::ValueInfoProto& output : graph.output()) {

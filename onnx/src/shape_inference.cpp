@@ -323,8 +323,9 @@ class NodeInference {
   }
 
   Status InferClip() {
-    // Clip-6 took min and max as attributes; the opset this importer accepts (>= 13) takes them
-    // as inputs, and an attribute of that name would be silently ignored by a backend.
+    // Clip-6 took min and max as attributes; import rewrites them into inputs below opset 11
+    // (opset_upgrade.cpp). From 11 on they are inputs, and an attribute of that name would be
+    // silently ignored by a backend.
     for (std::string_view key : {"min", "max"}) {
       if (HasAttr(key))
         return Error(StatusCode::kInvalidArgument,
@@ -379,6 +380,7 @@ class NodeInference {
     BACKPLANE_RETURN_IF_ERROR(CheckTypes());
     std::size_t axis = 0;
     // Opset 13 changed the default axis from 1 (with 2-D coercion) to -1; shapes are unchanged.
+    // Import gives every older Softmax an explicit axis that means the same (opset_upgrade.cpp).
     BACKPLANE_RETURN_IF_ERROR(Axis("axis", opset_ >= 13 ? -1 : 1, In(0).size(), 0, &axis));
     SetOutput(In(0));
     return Status::Ok();
@@ -725,7 +727,8 @@ class NodeInference {
   }
 
   Status InferPad() {
-    // Pad-2 took pads as an attribute; the opset this importer accepts (>= 13) takes an input.
+    // Pad-2 took pads as an attribute; import rewrites it into an input below opset 11
+    // (opset_upgrade.cpp). From 11 on an attribute of that name would be silently ignored.
     if (HasAttr("pads") || HasAttr("value"))
       return Error(StatusCode::kInvalidArgument,
                    "attributes 'pads' and 'value' are Pad-2's; from opset 11 they are inputs 1 "

@@ -19,9 +19,9 @@ using AttributeValue =
     std::variant<int64_t, float, std::string, std::vector<int64_t>, std::vector<float>>;
 using AttributeMap = std::map<std::string, AttributeValue, std::less<>>;
 
-// Operators have ONNX semantics as of opset 13 (the host refuses older models). An omitted optional
-// input (Conv's B, Gemm's C) is either absent at the end of `inputs` or, in the middle, an entry
-// of type DataType::kUndefined with a null constant.
+// Operators have ONNX semantics as of opset 13 (import rewrites older forms into it, or refuses
+// them). An omitted optional input (Conv's B, Gemm's C) is either absent at the end of `inputs`
+// or, in the middle, an entry of type DataType::kUndefined with a null constant.
 struct OperatorDesc {
   std::string op_type;  // ONNX operator type, e.g. "Add"
   std::string name;     // node name, for messages

@@ -34,6 +34,7 @@ struct Node {
 struct Network {
   std::string name;
   int64_t ir_version = 0;
+  // The model's default-domain opset; `nodes` are in their opset-13 form whatever it is.
   int64_t opset = 0;
   std::vector<ValueInfo> inputs;   // graph inputs that are not initializers, in graph order
   std::vector<ValueInfo> outputs;  // graph outputs, in graph order
