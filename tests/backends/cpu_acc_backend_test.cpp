@@ -342,8 +342,9 @@ TEST_F(CpuAccBackendTest, CompiledMlpAndLeNetMatchCpuRefLayerByLayer) {
           << (lenet ? "LeNet" : "MLP") << " batch " << batch << ": " << mismatch;
       // Every Relu rides on the layer before it.
       for (std::size_t i = 0; i < notes.size(); ++i) {
-        if (graph.layers()[i].op.op_type == "Relu")
+        if (graph.layers()[i].op.op_type == "Relu") {
           EXPECT_THAT(notes[i], HasSubstr("fused into")) << graph.layers()[i].op.name;
+        }
       }
     }
   }

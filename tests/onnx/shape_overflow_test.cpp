@@ -97,8 +97,9 @@ TEST(ShapeOverflowTest, RefusesInputWhoseCountWrapsNegativeWithoutPrintingIt) {
   model.Node("Reshape", {"x", "shape"}, {"y"}, "reshape");
   auto result = model.Import();
   ExpectOverflow(result, "graph input 'x'");
-  if (!result.ok())
+  if (!result.ok()) {
     EXPECT_THAT(result.error().message(), Not(HasSubstr("-9223372036709301616")));
+  }
 }
 
 TEST(ShapeOverflowTest, RefusesHugeDeclaredInputBeforeAnyRequest) {
