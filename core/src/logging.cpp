@@ -10,8 +10,9 @@ namespace backplane {
 spdlog::logger& ModuleLogger(const std::string& name) {
   static Mutex& mutex = *new Mutex;
   // Leaked on purpose (see the header): spdlog's own registry is destroyed at exit. A pointer,
-  // not a reference: the analysis checks PT_GUARDED_BY through it but nothing through a reference.
-  static auto* const loggers PT_GUARDED_BY(mutex) =
+  // not a reference: the analysis checks BACKPLANE_PT_GUARDED_BY through it but nothing through a
+  // reference.
+  static auto* const loggers BACKPLANE_PT_GUARDED_BY(mutex) =
       new std::map<std::string, std::shared_ptr<spdlog::logger>>;
   MutexLock lock(mutex);
   auto& logger = (*loggers)[name];

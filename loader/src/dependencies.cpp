@@ -232,7 +232,7 @@ struct Residency {
   bool starts_worker_threads = false;
 };
 Mutex resident_mutex;
-std::map<fs::path, Residency>& ResidentLibraries() REQUIRES(resident_mutex) {
+std::map<fs::path, Residency>& ResidentLibraries() BACKPLANE_REQUIRES(resident_mutex) {
   static auto* libraries = new std::map<fs::path, Residency>();  // immortal: used during exit
   return *libraries;
 }

@@ -26,7 +26,7 @@ class FailureRecord {
   }
 
   // OK, or kInternal naming the first failure since the last Take; clears the record.
-  Status Take(std::string_view what) EXCLUDES(mutex_) {
+  Status Take(std::string_view what) BACKPLANE_EXCLUDES(mutex_) {
     MutexLock lock(mutex_);
     if (count_ == 0)
       return Status::Ok();
@@ -39,15 +39,15 @@ class FailureRecord {
   }
 
  private:
-  void Record(std::string_view what) EXCLUDES(mutex_) {
+  void Record(std::string_view what) BACKPLANE_EXCLUDES(mutex_) {
     MutexLock lock(mutex_);
     if (count_++ == 0)
       first_ = what;
   }
 
   Mutex mutex_;
-  std::string first_ GUARDED_BY(mutex_);
-  std::size_t count_ GUARDED_BY(mutex_) = 0;
+  std::string first_ BACKPLANE_GUARDED_BY(mutex_);
+  std::size_t count_ BACKPLANE_GUARDED_BY(mutex_) = 0;
 };
 
 // Thread-safe as IHostTaskGroup.

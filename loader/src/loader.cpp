@@ -202,7 +202,7 @@ Result<std::shared_ptr<Loader>> Loader::Create(LoaderOptions options) {
 
 Result<std::shared_ptr<Loader>> Loader::Shared() {
   static Mutex mutex;
-  static std::weak_ptr<Loader> shared GUARDED_BY(mutex);
+  static std::weak_ptr<Loader> shared BACKPLANE_GUARDED_BY(mutex);
   MutexLock lock(mutex);
   if (auto existing = shared.lock())
     return existing;

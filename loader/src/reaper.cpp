@@ -15,9 +15,9 @@ struct Reaper::State {
   // condition_variable_any waits on the Mutex itself, so the analysis sees it held throughout.
   std::condition_variable_any wake;
   std::condition_variable_any idle;
-  std::deque<std::function<void()>> queue GUARDED_BY(mutex);
-  bool running_disposal GUARDED_BY(mutex) = false;
-  bool stopping GUARDED_BY(mutex) = false;
+  std::deque<std::function<void()>> queue BACKPLANE_GUARDED_BY(mutex);
+  bool running_disposal BACKPLANE_GUARDED_BY(mutex) = false;
+  bool stopping BACKPLANE_GUARDED_BY(mutex) = false;
   std::thread::id thread_id;  // set before the first Post
 };
 

@@ -62,7 +62,7 @@ Result<std::shared_ptr<ShadowDirectory>> ShadowDirectory::Create(fs::path root) 
   // Shadows of processes that died without cleaning up, and of an earlier process with our pid.
   // Once per process and root: a second loader must not delete the first one's live shadows.
   static Mutex mutex;
-  static std::set<fs::path> cleaned_bases GUARDED_BY(mutex);
+  static std::set<fs::path> cleaned_bases BACKPLANE_GUARDED_BY(mutex);
   MutexLock lock(mutex);
   if (cleaned_bases.insert(base).second) {
     std::error_code error;

@@ -47,9 +47,9 @@ class TbbConfinement {
   void Execute(const std::function<void()>& call);
 
   // Blocks until no thread is inside the arena. Call once nothing will run in it again.
-  void WaitUntilEmpty() EXCLUDES(mutex_);
+  void WaitUntilEmpty() BACKPLANE_EXCLUDES(mutex_);
 
-  uint64_t entries() const EXCLUDES(mutex_);
+  uint64_t entries() const BACKPLANE_EXCLUDES(mutex_);
 
  private:
   class Observer final : public tbb::task_scheduler_observer {
@@ -63,13 +63,13 @@ class TbbConfinement {
     TbbConfinement& owner_;
   };
 
-  void Entered() EXCLUDES(mutex_);
-  void Left() EXCLUDES(mutex_);
+  void Entered() BACKPLANE_EXCLUDES(mutex_);
+  void Left() BACKPLANE_EXCLUDES(mutex_);
 
   mutable Mutex mutex_;
   std::condition_variable_any empty_;
-  int64_t inside_ GUARDED_BY(mutex_) = 0;
-  uint64_t entries_ GUARDED_BY(mutex_) = 0;
+  int64_t inside_ BACKPLANE_GUARDED_BY(mutex_) = 0;
+  uint64_t entries_ BACKPLANE_GUARDED_BY(mutex_) = 0;
   tbb::task_arena arena_;
   Observer observer_;  // after arena_: stops observing before the arena goes
 };

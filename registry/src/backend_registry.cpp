@@ -39,7 +39,7 @@ namespace {
 
 struct StaticBackendList {
   Mutex mutex;
-  std::vector<std::pair<std::string, StaticBackendFactory>> backends GUARDED_BY(mutex);
+  std::vector<std::pair<std::string, StaticBackendFactory>> backends BACKPLANE_GUARDED_BY(mutex);
 };
 
 StaticBackendList& StaticBackends() {

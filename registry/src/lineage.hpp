@@ -46,55 +46,60 @@ class LineageTable {
   ~LineageTable();
 
   // kAlreadyExists for a registered id.
-  Status AddStatic(std::string id, StaticBackendFactory factory) EXCLUDES(mutex_);
+  Status AddStatic(std::string id, StaticBackendFactory factory) BACKPLANE_EXCLUDES(mutex_);
 
-  std::vector<std::string> OfferedIds() const EXCLUDES(mutex_);  // registration order
-  std::optional<Offer> FindOffer(std::string_view id) const EXCLUDES(mutex_);
-  std::optional<LineageView> ById(std::string_view id) const EXCLUDES(mutex_);
-  std::optional<LineageView> ByFile(const std::filesystem::path& family) const EXCLUDES(mutex_);
+  std::vector<std::string> OfferedIds() const BACKPLANE_EXCLUDES(mutex_);  // registration order
+  std::optional<Offer> FindOffer(std::string_view id) const BACKPLANE_EXCLUDES(mutex_);
+  std::optional<LineageView> ById(std::string_view id) const BACKPLANE_EXCLUDES(mutex_);
+  std::optional<LineageView> ByFile(const std::filesystem::path& family) const
+      BACKPLANE_EXCLUDES(mutex_);
   // Whether `generation` has a record in its id's lineage (whatever its state).
-  bool Recorded(const loader::GenerationInfo& generation) const EXCLUDES(mutex_);
+  bool Recorded(const loader::GenerationInfo& generation) const BACKPLANE_EXCLUDES(mutex_);
   // Ids offered from a backend file whose family is not in `present`: they were deleted.
   std::vector<std::string> ActiveIdsMissingFrom(
-      const std::vector<std::filesystem::path>& present) const EXCLUDES(mutex_);
+      const std::vector<std::filesystem::path>& present) const BACKPLANE_EXCLUDES(mutex_);
 
   // A new generation of `id` (a new id when unknown, following `family`) starts loading.
   // Returns the generation active now, null when none.
   loader::GenerationLease BeginLoading(const std::string& id, const std::filesystem::path& family,
-                                       const loader::GenerationLease& next) EXCLUDES(mutex_);
+                                       const loader::GenerationLease& next)
+      BACKPLANE_EXCLUDES(mutex_);
   // `next` becomes active; the previous active generation drains. `identity` is the file's as
   // loaded (nullopt for a rollback, which keeps the lineage's file and identity).
   void Activate(const std::string& id, const loader::GenerationLease& next,
-                std::optional<loader::FileIdentity> identity) EXCLUDES(mutex_);
-  void Reject(const std::string& id, uint64_t generation, const Status& why) EXCLUDES(mutex_);
+                std::optional<loader::FileIdentity> identity) BACKPLANE_EXCLUDES(mutex_);
+  void Reject(const std::string& id, uint64_t generation, const Status& why)
+      BACKPLANE_EXCLUDES(mutex_);
   // The id's file was deleted: no generation is offered any more. Returns the one that was.
-  loader::GenerationLease Withdraw(const std::string& id) EXCLUDES(mutex_);
+  loader::GenerationLease Withdraw(const std::string& id) BACKPLANE_EXCLUDES(mutex_);
   // The reaper closed `generation`. nullopt when the registry never recorded it (a duplicate, an
   // unchanged reload); else how long it drained (nullopt when it never was active).
   std::optional<std::optional<double>> Unloaded(const loader::GenerationInfo& generation,
-                                                bool leaked) EXCLUDES(mutex_);
+                                                bool leaked) BACKPLANE_EXCLUDES(mutex_);
 
   // kNotFound for an unknown id, kFailedPrecondition for a static one.
-  Status SetPinned(std::string_view id, bool pinned) EXCLUDES(mutex_);
+  Status SetPinned(std::string_view id, bool pinned) BACKPLANE_EXCLUDES(mutex_);
   // Remembers `identity` as seen while pinned; false when it was seen already.
-  bool NotePinnedSeen(std::string_view id, const loader::FileIdentity& identity) EXCLUDES(mutex_);
-  void ForgetPinnedSeen(std::string_view id) EXCLUDES(mutex_);
+  bool NotePinnedSeen(std::string_view id, const loader::FileIdentity& identity)
+      BACKPLANE_EXCLUDES(mutex_);
+  void ForgetPinnedSeen(std::string_view id) BACKPLANE_EXCLUDES(mutex_);
 
-  void AddRejected(loader::RejectedFile rejected) EXCLUDES(mutex_);
-  std::vector<loader::RejectedFile> Rejected() const EXCLUDES(mutex_);
+  void AddRejected(loader::RejectedFile rejected) BACKPLANE_EXCLUDES(mutex_);
+  std::vector<loader::RejectedFile> Rejected() const BACKPLANE_EXCLUDES(mutex_);
 
-  std::vector<BackendStatus> Describe() const EXCLUDES(mutex_);
-  std::optional<BackendStatus> Describe(std::string_view id) const EXCLUDES(mutex_);
+  std::vector<BackendStatus> Describe() const BACKPLANE_EXCLUDES(mutex_);
+  std::optional<BackendStatus> Describe(std::string_view id) const BACKPLANE_EXCLUDES(mutex_);
 
  private:
   class Lineage;
-  Lineage* Find(std::string_view id) REQUIRES(mutex_);
-  const Lineage* Find(std::string_view id) const REQUIRES(mutex_);
-  BackendStatus DescribeLocked(const Lineage& lineage) const REQUIRES(mutex_);
+  Lineage* Find(std::string_view id) BACKPLANE_REQUIRES(mutex_);
+  const Lineage* Find(std::string_view id) const BACKPLANE_REQUIRES(mutex_);
+  BackendStatus DescribeLocked(const Lineage& lineage) const BACKPLANE_REQUIRES(mutex_);
 
   mutable Mutex mutex_;
-  std::vector<std::unique_ptr<Lineage>> lineages_ GUARDED_BY(mutex_);  // registration order
-  std::deque<loader::RejectedFile> rejected_ GUARDED_BY(mutex_);       // bounded, oldest first
+  std::vector<std::unique_ptr<Lineage>> lineages_
+      BACKPLANE_GUARDED_BY(mutex_);                                         // registration order
+  std::deque<loader::RejectedFile> rejected_ BACKPLANE_GUARDED_BY(mutex_);  // bounded, oldest first
 };
 
 }  // namespace backplane::registry_detail

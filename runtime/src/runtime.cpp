@@ -333,7 +333,7 @@ Result<NetworkId> Runtime::LoadNetwork(Network network, NetworkOptions options) 
     contexts = CurrentContexts();
   }
 
-  auto fail = [&](Status status) EXCLUDES(mutex_) {
+  auto fail = [&](Status status) BACKPLANE_EXCLUDES(mutex_) {
     MutexLock lock(mutex_);
     preferences_.erase(id);
     return status;

@@ -153,19 +153,20 @@ class HttpServer::Core {
   Mutex connections_mutex;
   std::condition_variable_any connections_gone;  // waits on the Mutex itself: analysed as held
   std::unordered_map<std::uint64_t, std::weak_ptr<Connection>> connections
-      GUARDED_BY(connections_mutex);
+      BACKPLANE_GUARDED_BY(connections_mutex);
   std::atomic<std::uint64_t> next_connection_id{0};
   std::atomic<int> open_connections{0};
 
   // A wrong admin token is logged once per client address per minute: a scanner must not be
   // able to fill the log. Bounded: entries older than a minute go when the map is full.
   Mutex refusals_mutex;
-  std::unordered_map<std::string, Clock::time_point> last_refusal_logged GUARDED_BY(refusals_mutex);
+  std::unordered_map<std::string, Clock::time_point> last_refusal_logged
+      BACKPLANE_GUARDED_BY(refusals_mutex);
 
   Mutex async_mutex;
-  int async_running GUARDED_BY(async_mutex) = 0;
+  int async_running BACKPLANE_GUARDED_BY(async_mutex) = 0;
   std::deque<std::pair<asio::any_io_executor, std::function<void(std::shared_ptr<AsyncSlot>)>>>
-      async_waiting GUARDED_BY(async_mutex);
+      async_waiting BACKPLANE_GUARDED_BY(async_mutex);
 
   asio::io_context loop;
   // The handler pool outlives no connection: joined in Stop, destroyed before the loop.
@@ -182,7 +183,7 @@ class HttpServer::Core {
   std::atomic<bool> stopping_{false};
   std::atomic<bool> started_{false};
   Mutex log_mutex_;
-  Clock::time_point last_accept_log_ GUARDED_BY(log_mutex_){};
+  Clock::time_point last_accept_log_ BACKPLANE_GUARDED_BY(log_mutex_){};
 };
 
 class HttpServer::Core::AsyncSlot {

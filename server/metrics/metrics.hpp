@@ -49,13 +49,13 @@ struct ModelMetrics {
   std::atomic<int64_t> in_flight{0};
   // Failed requests by the runtime's status code, whatever the transport: a REST 503 and a gRPC
   // UNAVAILABLE are one failure kind. The enum keeps the label set bounded whatever clients send.
-  void CountFailure(StatusCode code) EXCLUDES(mutex_);
-  std::map<StatusCode, uint64_t> Failures() const EXCLUDES(mutex_);
+  void CountFailure(StatusCode code) BACKPLANE_EXCLUDES(mutex_);
+  std::map<StatusCode, uint64_t> Failures() const BACKPLANE_EXCLUDES(mutex_);
   Histogram latency_seconds;
 
  private:
   mutable Mutex mutex_;
-  std::map<StatusCode, uint64_t> failures_ GUARDED_BY(mutex_);
+  std::map<StatusCode, uint64_t> failures_ BACKPLANE_GUARDED_BY(mutex_);
 };
 
 // Every metric of the server. Thread-safe.
@@ -66,7 +66,7 @@ class ServerMetrics {
   // The metrics of model `name`, created on first use and never removed (Prometheus counters
   // must not vanish while the process lives). Only names of models found in the repository may
   // reach this: a label per name a client typed would let clients grow memory without bound.
-  ModelMetrics& ForModel(std::string_view name) EXCLUDES(models_mutex_);
+  ModelMetrics& ForModel(std::string_view name) BACKPLANE_EXCLUDES(models_mutex_);
 
   // Every HTTP response, by status code (from the access log hook).
   void CountHttpResponse(int status);
@@ -78,13 +78,13 @@ class ServerMetrics {
 
   // Hot-reload events, fed by a registry observer. Attach seeds the ids known at start (so that
   // their next activation counts as a swap) and the files rejected before the observer existed.
-  void AttachRegistry(const BackendRegistry& registry) EXCLUDES(backend_mutex_);
-  void OnGenerationEvent(const GenerationEvent& event) EXCLUDES(backend_mutex_);
+  void AttachRegistry(const BackendRegistry& registry) BACKPLANE_EXCLUDES(backend_mutex_);
+  void OnGenerationEvent(const GenerationEvent& event) BACKPLANE_EXCLUDES(backend_mutex_);
 
   // The whole exposition. `registry` (optional) adds the generations per backend and state; the
   // loader counters come from `loader_stats` when given.
   std::string Render(const BackendRegistry* registry, const loader::LoaderStats* loader_stats) const
-      EXCLUDES(models_mutex_, backend_mutex_);
+      BACKPLANE_EXCLUDES(models_mutex_, backend_mutex_);
 
  private:
   struct BackendEvents {
@@ -92,18 +92,18 @@ class ServerMetrics {
     uint64_t leaked = 0;
     std::unique_ptr<Histogram> drain_seconds;
   };
-  BackendEvents& BackendLocked(const std::string& id) REQUIRES(backend_mutex_);
+  BackendEvents& BackendLocked(const std::string& id) BACKPLANE_REQUIRES(backend_mutex_);
 
   mutable Mutex models_mutex_;
   std::map<std::string, std::unique_ptr<ModelMetrics>, std::less<>> models_
-      GUARDED_BY(models_mutex_);
+      BACKPLANE_GUARDED_BY(models_mutex_);
 
   std::array<std::atomic<uint64_t>, 600> http_responses_{};  // by status code; 0 unused
 
   mutable Mutex backend_mutex_;
-  std::set<std::string> known_backends_ GUARDED_BY(backend_mutex_);
-  std::map<std::string, BackendEvents> backends_ GUARDED_BY(backend_mutex_);
-  std::map<std::string, uint64_t> rejected_by_reason_ GUARDED_BY(backend_mutex_);
+  std::set<std::string> known_backends_ BACKPLANE_GUARDED_BY(backend_mutex_);
+  std::map<std::string, BackendEvents> backends_ BACKPLANE_GUARDED_BY(backend_mutex_);
+  std::map<std::string, uint64_t> rejected_by_reason_ BACKPLANE_GUARDED_BY(backend_mutex_);
 };
 
 // Prometheus label value escaping: backslash, double quote and newline.

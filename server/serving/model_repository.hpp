@@ -122,17 +122,17 @@ class ModelRepository {
 
   // Loads every model directory; each failure is logged and recorded (Index, Unavailable),
   // never fatal. Returns the number of models serving.
-  int LoadAll() EXCLUDES(load_mutex_);
+  int LoadAll() BACKPLANE_EXCLUDES(load_mutex_);
   // Loads or reloads one model: reads its config and version directories again, loads new or
   // changed versions, drops versions the policy no longer selects. All-or-nothing: on failure
   // the versions that were serving keep serving. kNotFound when there is no such model
   // directory, kInvalidArgument for a bad name or config, the runtime's error for a model that
   // cannot load.
-  Status Load(std::string_view name) EXCLUDES(load_mutex_);
+  Status Load(std::string_view name) BACKPLANE_EXCLUDES(load_mutex_);
   // Stops serving a model; requests already admitted finish. kNotFound when it is not loaded.
-  Status Unload(std::string_view name) EXCLUDES(load_mutex_);
+  Status Unload(std::string_view name) BACKPLANE_EXCLUDES(load_mutex_);
   // Stops serving everything (shutdown).
-  void UnloadAll() EXCLUDES(load_mutex_);
+  void UnloadAll() BACKPLANE_EXCLUDES(load_mutex_);
 
   // The serving model, or null.
   std::shared_ptr<const ServingModel> Find(std::string_view name) const;
@@ -149,7 +149,7 @@ class ModelRepository {
   };
   Result<std::shared_ptr<const ServingModel>> Prepare(const std::string& name,
                                                       const ServingModel* current);
-  void Publish(const std::function<void(Snapshot&)>& change) REQUIRES(load_mutex_);
+  void Publish(const std::function<void(Snapshot&)>& change) BACKPLANE_REQUIRES(load_mutex_);
 
   const std::filesystem::path root_;
   Runtime& runtime_;

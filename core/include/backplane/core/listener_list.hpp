@@ -25,18 +25,18 @@ class ListenerList {
   // `what` names the listeners in the log ("generation observer").
   explicit ListenerList(std::string what) : what_(std::move(what)) {}
 
-  uint64_t Add(Listener listener) EXCLUDES(mutex_) {
+  uint64_t Add(Listener listener) BACKPLANE_EXCLUDES(mutex_) {
     WriterMutexLock lock(mutex_);
     listeners_.emplace(next_id_, std::move(listener));
     return next_id_++;
   }
 
-  void Remove(uint64_t id) EXCLUDES(mutex_) {
+  void Remove(uint64_t id) BACKPLANE_EXCLUDES(mutex_) {
     WriterMutexLock lock(mutex_);
     listeners_.erase(id);
   }
 
-  void Notify(const Args&... args) const EXCLUDES(mutex_) {
+  void Notify(const Args&... args) const BACKPLANE_EXCLUDES(mutex_) {
     ReaderMutexLock lock(mutex_);  // held while listeners run: Remove waits for them
     for (const auto& [id, listener] : listeners_) {
       try {
@@ -54,8 +54,8 @@ class ListenerList {
  private:
   const std::string what_;
   mutable SharedMutex mutex_;
-  std::map<uint64_t, Listener> listeners_ GUARDED_BY(mutex_);
-  uint64_t next_id_ GUARDED_BY(mutex_) = 1;
+  std::map<uint64_t, Listener> listeners_ BACKPLANE_GUARDED_BY(mutex_);
+  uint64_t next_id_ BACKPLANE_GUARDED_BY(mutex_) = 1;
 };
 
 }  // namespace backplane

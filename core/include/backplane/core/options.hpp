@@ -5,7 +5,6 @@
 #include <cassert>
 #include <cstdint>
 #include <map>
-#include <mutex>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -13,6 +12,7 @@
 #include <vector>
 
 #include "backplane/core/status.hpp"
+#include "backplane/core/thread_annotations.hpp"
 
 namespace backplane {
 
@@ -111,14 +111,14 @@ class OptionSet {
   // All-or-nothing: an unknown key or a wrong type changes nothing.
   Status Update(const BackendOptions& changes) {
     BACKPLANE_RETURN_IF_ERROR(ValidateOptions(changes, descriptors_, backend_id_));
-    std::lock_guard lock(mutex_);
+    MutexLock lock(mutex_);
     for (const auto& [key, value] : changes)
       values_[key] = value;
     return Status::Ok();
   }
 
   Result<OptionValue> Get(std::string_view key) const {
-    std::lock_guard lock(mutex_);
+    MutexLock lock(mutex_);
     auto it = values_.find(key);
     if (it == values_.end()) {
       return NotFound("backend " + backend_id_ + " has no option '" + std::string(key) + "'");
@@ -129,7 +129,7 @@ class OptionSet {
   // The value of an option known to exist with type T (a programmer error otherwise).
   template <typename T>
   T GetAs(std::string_view key) const {
-    std::lock_guard lock(mutex_);
+    MutexLock lock(mutex_);
     return std::get<T>(values_.find(key)->second);
   }
 
@@ -153,12 +153,8 @@ class OptionSet {
 
   const std::string backend_id_;
   const std::vector<OptionDescriptor> descriptors_;
-  // Not backplane::Mutex with GUARDED_BY: this header is part of the SDK that every backend
-  // compiles, and thread_annotations.hpp would put unprefixed macros (GUARDED_BY, REQUIRES,
-  // CAPABILITY...) into backend code, where they can clash with the backend's own (abseil's
-  // older ones, Chromium's).
-  mutable std::mutex mutex_;
-  BackendOptions values_;  // guarded by mutex_
+  mutable Mutex mutex_;
+  BackendOptions values_ BACKPLANE_GUARDED_BY(mutex_);
 };
 
 }  // namespace backplane

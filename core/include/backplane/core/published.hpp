@@ -18,12 +18,12 @@ class Published {
   explicit Published(std::shared_ptr<const T> initial = std::make_shared<const T>())
       : current_(std::move(initial)) {}
 
-  std::shared_ptr<const T> Load() const EXCLUDES(mutex_) {
+  std::shared_ptr<const T> Load() const BACKPLANE_EXCLUDES(mutex_) {
     MutexLock lock(mutex_);
     return current_;
   }
 
-  void Publish(std::shared_ptr<const T> next) EXCLUDES(mutex_) {
+  void Publish(std::shared_ptr<const T> next) BACKPLANE_EXCLUDES(mutex_) {
     {
       MutexLock lock(mutex_);
       current_.swap(next);
@@ -33,7 +33,7 @@ class Published {
 
  private:
   mutable Mutex mutex_;
-  std::shared_ptr<const T> current_ GUARDED_BY(mutex_);
+  std::shared_ptr<const T> current_ BACKPLANE_GUARDED_BY(mutex_);
 };
 
 }  // namespace backplane

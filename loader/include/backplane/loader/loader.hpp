@@ -89,7 +89,7 @@ class Loader : public std::enable_shared_from_this<Loader> {
   // would be shared is asked about too, since the policies of callers differ.
   Result<GenerationLease> Load(const std::filesystem::path& file, LoadTrace* trace = nullptr,
                                Reuse reuse = Reuse::kLiveUnchanged,
-                               const TrustPolicy* trust = nullptr) EXCLUDES(mutex_);
+                               const TrustPolicy* trust = nullptr) BACKPLANE_EXCLUDES(mutex_);
 
   // A new instance from `generation`'s factory; kFactoryFailed when it throws or returns null
   // (with the backend's own message when it has GetBackendFactoryError), kInvalidId when the
@@ -117,7 +117,8 @@ class Loader : public std::enable_shared_from_this<Loader> {
 
   Mutex mutex_;
   // Live generations by real path, to map an unchanged file once.
-  std::map<std::filesystem::path, std::weak_ptr<const Generation>> live_ GUARDED_BY(mutex_);
+  std::map<std::filesystem::path, std::weak_ptr<const Generation>> live_
+      BACKPLANE_GUARDED_BY(mutex_);
 };
 
 }  // namespace backplane::loader

@@ -80,27 +80,28 @@ class DigestAllowlist final : public TrustPolicy {
   // rewrite: held to the rule of backend files (CheckOwnership), itself and its folder.
   static Result<std::shared_ptr<DigestAllowlist>> FromFile(std::filesystem::path file);
 
-  Status Check(const TrustSubject& subject) const override EXCLUDES(mutex_);
-  uint64_t Revision() const override EXCLUDES(mutex_);
-  std::string Describe() const override EXCLUDES(mutex_);
+  Status Check(const TrustSubject& subject) const override BACKPLANE_EXCLUDES(mutex_);
+  uint64_t Revision() const override BACKPLANE_EXCLUDES(mutex_);
+  std::string Describe() const override BACKPLANE_EXCLUDES(mutex_);
 
   // Whether `sha256` (hex, any case) is on the list now.
-  bool Contains(std::string_view sha256) const EXCLUDES(mutex_);
+  bool Contains(std::string_view sha256) const BACKPLANE_EXCLUDES(mutex_);
 
  private:
   DigestAllowlist(std::set<std::string> digests, std::optional<std::filesystem::path> file,
                   std::optional<FileIdentity> identity);
   // Re-reads the file when its identity changed since it was read.
-  void RefreshLocked() const REQUIRES(mutex_);
-  std::string DescribeLocked() const REQUIRES(mutex_);
+  void RefreshLocked() const BACKPLANE_REQUIRES(mutex_);
+  std::string DescribeLocked() const BACKPLANE_REQUIRES(mutex_);
 
   const std::optional<std::filesystem::path> file_;  // nullopt: a fixed list
   mutable Mutex mutex_;
-  mutable std::set<std::string> digests_ GUARDED_BY(mutex_);
+  mutable std::set<std::string> digests_ BACKPLANE_GUARDED_BY(mutex_);
   // The file's identity when last read (nullopt: it could not be stat'ed then).
-  mutable std::optional<FileIdentity> identity_ GUARDED_BY(mutex_);
-  mutable Status broken_ GUARDED_BY(mutex_);  // why the file trusts nothing now; ok when usable
-  mutable uint64_t revision_ GUARDED_BY(mutex_) = 1;
+  mutable std::optional<FileIdentity> identity_ BACKPLANE_GUARDED_BY(mutex_);
+  mutable Status broken_
+      BACKPLANE_GUARDED_BY(mutex_);  // why the file trusts nothing now; ok when usable
+  mutable uint64_t revision_ BACKPLANE_GUARDED_BY(mutex_) = 1;
 };
 
 // Trusts content with a detached Ed25519 signature beside the file it was copied from
@@ -118,7 +119,7 @@ class SignaturePolicy final : public TrustPolicy {
       const std::vector<std::filesystem::path>& key_files);
   ~SignaturePolicy() override;
 
-  Status Check(const TrustSubject& subject) const override EXCLUDES(mutex_);
+  Status Check(const TrustSubject& subject) const override BACKPLANE_EXCLUDES(mutex_);
   uint64_t Revision() const override { return 1; }  // keys never change
   std::string Describe() const override;
 
@@ -128,7 +129,7 @@ class SignaturePolicy final : public TrustPolicy {
 
   std::vector<Key> keys_;
   mutable Mutex mutex_;
-  mutable std::set<std::string> verified_ GUARDED_BY(mutex_);  // digests signed by a key
+  mutable std::set<std::string> verified_ BACKPLANE_GUARDED_BY(mutex_);  // digests signed by a key
 };
 
 // Trusts what any of its policies trusts (a digest on the list, or a valid signature).

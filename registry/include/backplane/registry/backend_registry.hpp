@@ -144,33 +144,34 @@ class BackendRegistry : public std::enable_shared_from_this<BackendRegistry> {
   // through `events`, delivered by the caller once the mutex is released.
   // `settle_time`: how long an incomplete file may have been left alone and still be deferred
   // as one being written (zero: it is rejected).
-  RescanResult RescanSettling(std::chrono::milliseconds settle_time) EXCLUDES(change_mutex_);
+  RescanResult RescanSettling(std::chrono::milliseconds settle_time)
+      BACKPLANE_EXCLUDES(change_mutex_);
   DeployOutcome DeployIfChanged(const Candidate& candidate, std::chrono::milliseconds settle_time,
-                                registry_detail::Events& events) REQUIRES(change_mutex_);
+                                registry_detail::Events& events) BACKPLANE_REQUIRES(change_mutex_);
   // The loader's generation of `file`, but never one this registry has a record of.
   Result<loader::GenerationLease> LoadGeneration(const std::filesystem::path& file,
                                                  loader::LoadTrace* trace);
   DeployOutcome Deploy(const Candidate& candidate, bool registering,
                        std::chrono::milliseconds settle_time, loader::LoadTrace* trace,
-                       registry_detail::Events& events) REQUIRES(change_mutex_);
+                       registry_detail::Events& events) BACKPLANE_REQUIRES(change_mutex_);
   // `identity` is the file's as loaded; nullopt for a rollback, which loads a kept copy.
   DeployOutcome Activate(const std::string& id, loader::GenerationLease next,
                          const Candidate& candidate, std::optional<loader::FileIdentity> identity,
-                         registry_detail::Events& events) REQUIRES(change_mutex_);
+                         registry_detail::Events& events) BACKPLANE_REQUIRES(change_mutex_);
   DeployOutcome Withdraw(const std::string& id, registry_detail::Events& events)
-      REQUIRES(change_mutex_);
+      BACKPLANE_REQUIRES(change_mutex_);
   // `trust_revision`: the trust policy's revision read before the load that failed, remembered
   // with an UNTRUSTED refusal.
   DeployOutcome RejectDeploy(const Candidate& candidate, Status error, std::string backend_id,
                              uint64_t generation, registry_detail::Events& events,
-                             uint64_t trust_revision = 0) REQUIRES(change_mutex_);
+                             uint64_t trust_revision = 0) BACKPLANE_REQUIRES(change_mutex_);
   // The trust policy's revision now (0 without one).
   uint64_t TrustRevision() const;
   Result<DeployOutcome> ReloadLocked(std::string_view id, registry_detail::Events& events)
-      REQUIRES(change_mutex_);
+      BACKPLANE_REQUIRES(change_mutex_);
 
   // Logs each event and tells the observers. Never with a lock held.
-  void Deliver(registry_detail::Events& events) EXCLUDES(change_mutex_);
+  void Deliver(registry_detail::Events& events) BACKPLANE_EXCLUDES(change_mutex_);
   void OnUnloaded(const loader::GenerationInfo& generation, bool leaked);
 
   const std::shared_ptr<loader::Loader> loader_;
@@ -182,9 +183,12 @@ class BackendRegistry : public std::enable_shared_from_this<BackendRegistry> {
   // Orders changes: taken first, held across a whole change (backend code runs in it, observers
   // never do). Nothing on the request path takes it.
   Mutex change_mutex_;
-  const std::unique_ptr<registry_detail::BackendScanner> scanner_ GUARDED_BY(change_mutex_);
-  const std::unique_ptr<registry_detail::ChangeCoordinator> coordinator_ GUARDED_BY(change_mutex_);
-  const std::unique_ptr<registry_detail::RollbackStore> rollback_store_ GUARDED_BY(change_mutex_);
+  const std::unique_ptr<registry_detail::BackendScanner> scanner_
+      BACKPLANE_GUARDED_BY(change_mutex_);
+  const std::unique_ptr<registry_detail::ChangeCoordinator> coordinator_
+      BACKPLANE_GUARDED_BY(change_mutex_);
+  const std::unique_ptr<registry_detail::RollbackStore> rollback_store_
+      BACKPLANE_GUARDED_BY(change_mutex_);
   // Thread-safe on its own (one short lock): read by queries, written by changes.
   const std::unique_ptr<registry_detail::LineageTable> lineages_;
 

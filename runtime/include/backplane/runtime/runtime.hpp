@@ -162,7 +162,7 @@ class Runtime : private BackendSubscriber {
   Runtime(std::shared_ptr<BackendRegistry> registry, RuntimeOptions& options);
   Result<std::shared_ptr<const LoadedNetwork>> FindNetwork(NetworkId id) const;
 
-  void AttachBackends() REQUIRES(mutex_);
+  void AttachBackends() BACKPLANE_REQUIRES(mutex_);
   // A slot for `instance` with this runtime's options for it applied, and its context. Calls
   // backend code: never with mutex_ held once the runtime is shared.
   static Result<BackendSlot> CreateSlot(std::shared_ptr<loader::BackendInstance> instance,
@@ -170,10 +170,10 @@ class Runtime : private BackendSubscriber {
   // The network's preference list as given, or the default one; `arriving` is an id being
   // added that the default list ("every backend") must include.
   std::vector<std::string> PreferencesOf(NetworkId id, std::string_view arriving = {}) const
-      REQUIRES(mutex_);
-  InstanceMap CurrentInstances() const REQUIRES(mutex_);
+      BACKPLANE_REQUIRES(mutex_);
+  InstanceMap CurrentInstances() const BACKPLANE_REQUIRES(mutex_);
   // Valid while backend_mutex_ is held: no slot is replaced without it.
-  ContextList CurrentContexts() const REQUIRES(mutex_);
+  ContextList CurrentContexts() const BACKPLANE_REQUIRES(mutex_);
   std::shared_ptr<const LoadedNetwork> Reaped(std::unique_ptr<LoadedNetwork> network) const;
   // Runs the swap-validation probe through both networks as requests of this runtime (admitted
   // like any other, in its arena); kValidationFailed naming the first output that differs.
@@ -198,13 +198,14 @@ class Runtime : private BackendSubscriber {
   // commit holds it, with every other subscriber's, only for pointer stores. Requests read the
   // network map without it.
   mutable Mutex mutex_;
-  BackendMap backends_ GUARDED_BY(mutex_);
-  std::map<std::string, BackendOptions, std::less<>> applied_options_ GUARDED_BY(mutex_);
-  std::map<NetworkId, std::vector<std::string>> preferences_ GUARDED_BY(mutex_);  // as given
-  NetworkId next_network_id_ GUARDED_BY(mutex_) = 1;
+  BackendMap backends_ BACKPLANE_GUARDED_BY(mutex_);
+  std::map<std::string, BackendOptions, std::less<>> applied_options_ BACKPLANE_GUARDED_BY(mutex_);
+  std::map<NetworkId, std::vector<std::string>> preferences_
+      BACKPLANE_GUARDED_BY(mutex_);  // as given
+  NetworkId next_network_id_ BACKPLANE_GUARDED_BY(mutex_) = 1;
   // Counts changes to the state above, so that a generation change prepared without the lock
   // can tell at commit time whether it still applies.
-  uint64_t state_version_ GUARDED_BY(mutex_) = 0;
+  uint64_t state_version_ BACKPLANE_GUARDED_BY(mutex_) = 0;
   Published<NetworkMap> networks_;
 
   // Destroyed first, waiting for requests in flight while everything they use still lives.

@@ -68,7 +68,7 @@ class RequestScheduler {
   const SchedulerOptions& options() const { return options_; }
 
  private:
-  void Release() EXCLUDES(drained_mutex_);
+  void Release() BACKPLANE_EXCLUDES(drained_mutex_);
 
   const SchedulerOptions options_;
   // Process-wide, and the smallest active value wins: an embedder's own lower limit still holds.
