@@ -22,8 +22,8 @@ namespace {
 constexpr int64_t kMinIrVersion = 3;
 constexpr int64_t kMaxIrVersion = 13;
 // Backends implement opset-13 semantics and see no opset: a model of opset 7 to 12 is rewritten
-// node by node into its opset-13 form (opset_upgrade.hpp), or refused where the old form means
-// something else (Softmax over several axes). Below 7, broadcasting took attributes.
+// node by node into its opset-13 form (opset_upgrade.hpp), or refused where no opset-13 form
+// means the same. Below 7, broadcasting took attributes.
 constexpr int64_t kMinOpset = kOldestUpgradableOpset;
 constexpr int64_t kMaxOpset = 25;
 
@@ -366,8 +366,7 @@ Result<Network> ImportOnnxModel(std::span<const std::byte> model, std::string_vi
   network.nodes.reserve(nodes.size());
   for (std::size_t index : *order)
     network.nodes.push_back(std::move(nodes[index]));
-  Status upgraded = UpgradeToOpset13(network);
-  if (!upgraded.ok())
+  if (Status upgraded = UpgradeAttributesToOpset13(network); !upgraded.ok())
     return errors.Wrap(upgraded);
 
   std::vector<TensorInfo> declared_outputs;
@@ -390,6 +389,8 @@ Result<Network> ImportOnnxModel(std::span<const std::byte> model, std::string_vi
   if (!values.ok())
     return errors.Wrap(values.error());
   network.values = std::move(values).value();
+  if (Status upgraded = UpgradeSoftmaxToOpset13(network); !upgraded.ok())
+    return errors.Wrap(upgraded);
 
   for (int i = 0; i < graph.output_size(); ++i) {
     const std::string& name = graph.output(i).name();

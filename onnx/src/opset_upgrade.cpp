@@ -13,7 +13,9 @@
 // and its default axis is 1, not -1; Clip-6's defaults are the float limits, not infinities.
 #include "opset_upgrade.hpp"
 
+#include <algorithm>
 #include <cstring>
+#include <iterator>
 #include <limits>
 #include <set>
 #include <string>
@@ -24,26 +26,34 @@
 namespace backplane {
 namespace {
 
-// The values a rewrite adds: constants under names no value of the network uses.
-class ConstantAdder {
+// Names for what a rewrite adds (constants, values, nodes): "<node>/<role>", or with a numeric
+// suffix when a value or node of the network already has that name.
+class NameAllocator {
  public:
-  explicit ConstantAdder(Network& network) : network_(network) {
+  explicit NameAllocator(Network& network) : network_(network) {
     for (const auto& [name, tensor] : network.constants)
       used_.insert(name);
     for (const ValueInfo& input : network.inputs)
       used_.insert(input.name);
     for (const Node& node : network.nodes) {
+      used_.insert(node.name);
       used_.insert(node.inputs.begin(), node.inputs.end());
       used_.insert(node.outputs.begin(), node.outputs.end());
     }
   }
 
-  // "<node>/<role>", or with a numeric suffix when that is taken; returns the name.
-  std::string Add(const Node& node, const std::string& role, Tensor tensor) {
-    std::string name = node.name + "/" + role;
+  // A fresh name built from `wanted`.
+  std::string Value(const std::string& wanted) {
+    std::string name = wanted;
     for (int suffix = 1; used_.contains(name); ++suffix)
-      name = node.name + "/" + role + "_" + std::to_string(suffix);
+      name = wanted + "_" + std::to_string(suffix);
     used_.insert(name);
+    return name;
+  }
+
+  // `tensor` added to the network's constants under a fresh name built from `wanted`.
+  std::string Constant(const std::string& wanted, Tensor tensor) {
+    std::string name = Value(wanted);
     network_.constants.emplace(name, std::move(tensor));
     return name;
   }
@@ -89,44 +99,87 @@ Status TakeFloatAttribute(Node& node, int64_t opset, const std::string& key, flo
 
 // Softmax-1 and -11 (before 13) coerce the input to 2-D, [d0*...*d(axis-1), d(axis)*...*d(r-1)],
 // and normalise each row: over all axes from `axis` on together, default axis 1. Softmax-13
-// normalises over the one axis, default -1. The two agree when every dimension after `axis` is 1
-// (the last axis among them), so the node is given that axis explicitly; anything else is refused.
-Status UpgradeSoftmax(Node& node, int64_t opset, const TensorInfo* input) {
+// normalises over the one axis, default -1. When every dimension after `axis` is 1 the two agree
+// and the node only gets that axis explicitly. Otherwise it becomes what it means, as ONNX's own
+// version converter writes it: Flatten(axis) -> Softmax(axis 1) -> Reshape back to the input's
+// shape. The Reshape's target holds the input's known dims and -1 for the unknown one, so at most
+// one dim may be unknown (a symbolic batch is); two would leave the target ambiguous: refused.
+Status UpgradeSoftmax(Network& network, std::size_t index, int64_t opset, NameAllocator& names) {
+  Node& node = network.nodes[index];
+  // Inference has checked the node at its own opset: one input, `axis` an int within the rank.
   int64_t axis = 1;
-  if (auto it = node.attributes.find("axis"); it != node.attributes.end()) {
-    const int64_t* given = std::get_if<int64_t>(&it->second);
-    if (given == nullptr)
-      return InvalidArgument(Described(node, opset) + ": attribute 'axis' must be an int");
-    axis = *given;
-  }
-  if (input == nullptr || input->type == DataType::kUndefined)
-    return Unimplemented(Described(node, opset) +
-                         ": the rank of the input is unknown at import, and Softmax before opset "
-                         "13 means different things at different ranks");
-  const Shape& shape = input->shape;
+  if (auto it = node.attributes.find("axis"); it != node.attributes.end())
+    axis = std::get<int64_t>(it->second);
+  auto input = network.values.find(node.inputs[0]);
+  if (input == network.values.end())
+    return Internal(Described(node, opset) + ": input '" + node.inputs[0] +
+                    "' has no inferred info");
+  const Shape shape = input->second.shape;
   const auto rank = static_cast<int64_t>(shape.size());
-  if (axis < -rank || axis >= rank)
-    return InvalidArgument(Described(node, opset) + ": axis " + std::to_string(axis) +
-                           " is out of range for input rank " + std::to_string(rank));
   if (axis < 0)
     axis += rank;
-  for (int64_t d = axis + 1; d < rank; ++d) {
-    if (shape[d] != 1)
-      return Unimplemented(
-          Described(node, opset) + ": Softmax before opset 13 coerces its input " +
-          ToString(shape) + " to 2-D around axis " + std::to_string(axis) +
-          " and normalises over axes " + std::to_string(axis) + " to " + std::to_string(rank - 1) +
-          " together; only an axis that is the last one (or followed by dimensions of 1 only) is "
-          "supported");
+  if (std::all_of(shape.begin() + axis + 1, shape.end(), [](int64_t dim) { return dim == 1; })) {
+    node.attributes["axis"] = axis;
+    return Status::Ok();
   }
-  node.attributes["axis"] = axis;
+  if (std::count_if(shape.begin(), shape.end(), [](int64_t dim) { return dim < 0; }) > 1)
+    return Unimplemented(Described(node, opset) +
+                         ": Softmax before opset 13 normalises its input " + ToString(shape) +
+                         " over axes " + std::to_string(axis) + " to " + std::to_string(rank - 1) +
+                         " together, which is rewritten as Flatten, Softmax, Reshape; the Reshape "
+                         "back needs every dimension but one known, and " +
+                         std::to_string(std::count_if(shape.begin(), shape.end(),
+                                                      [](int64_t dim) { return dim < 0; })) +
+                         " are unknown");
+
+  const std::string name = node.name;
+  const std::string flattened = names.Value(name + "/flattened");
+  const std::string normalized = names.Value(name + "/normalized");
+  Shape target = shape;
+  std::replace_if(
+      target.begin(), target.end(), [](int64_t dim) { return dim < 0; }, -1);
+  const std::string target_name = names.Constant(
+      name + "/shape",
+      MakeTensor<int64_t>(DataType::kInt64, {static_cast<int64_t>(target.size())}, target));
+  std::vector<Node> rewritten = {{.name = names.Value(name + "/flatten"),
+                                  .op_type = "Flatten",
+                                  .attributes = {{"axis", axis}},
+                                  .inputs = {node.inputs[0]},
+                                  .outputs = {flattened}},
+                                 {.name = name,
+                                  .op_type = "Softmax",
+                                  .attributes = {{"axis", int64_t{1}}},
+                                  .inputs = {flattened},
+                                  .outputs = {normalized}},
+                                 {.name = names.Value(name + "/reshape"),
+                                  .op_type = "Reshape",
+                                  .attributes = {},
+                                  .inputs = {normalized, target_name},
+                                  .outputs = {node.outputs[0]}}};
+  // The new values' infos, by the rules that infer every other value.
+  network.values[target_name] = network.constants.at(target_name).info();
+  for (const Node& step : rewritten) {
+    std::vector<const TensorInfo*> inputs;
+    for (const std::string& value : step.inputs)
+      inputs.push_back(&network.values.at(value));
+    auto outputs = InferNodeOutputs(step, /*opset=*/13, inputs, network.constants);
+    if (!outputs.ok())
+      return std::move(outputs).error();
+    network.values[step.outputs[0]] = std::move((*outputs)[0]);
+  }
+  // `node` dangles from here on.
+  const auto at = network.nodes.begin() + static_cast<std::ptrdiff_t>(index);
+  network.nodes.erase(at);
+  network.nodes.insert(network.nodes.begin() + static_cast<std::ptrdiff_t>(index),
+                       std::make_move_iterator(rewritten.begin()),
+                       std::make_move_iterator(rewritten.end()));
   return Status::Ok();
 }
 
 // Clip-6 (before 11) took `min` and `max` as float attributes, defaulting to the lowest and the
 // highest float; from 11 they are optional inputs 1 and 2. Both become constants: an omitted
 // input means no bound at all, which differs from the old defaults on infinite inputs.
-Status UpgradeClip(Node& node, int64_t opset, ConstantAdder& constants) {
+Status UpgradeClip(Node& node, int64_t opset, NameAllocator& names) {
   BACKPLANE_RETURN_IF_ERROR(RequireSingleInput(node, opset, "Clip-6"));
   float min = 0;
   float max = 0;
@@ -135,9 +188,9 @@ Status UpgradeClip(Node& node, int64_t opset, ConstantAdder& constants) {
   BACKPLANE_RETURN_IF_ERROR(
       TakeFloatAttribute(node, opset, "max", std::numeric_limits<float>::max(), &max));
   node.inputs.push_back(
-      constants.Add(node, "min", MakeTensor<float>(DataType::kFloat32, {}, {min})));
+      names.Constant(node.name + "/min", MakeTensor<float>(DataType::kFloat32, {}, {min})));
   node.inputs.push_back(
-      constants.Add(node, "max", MakeTensor<float>(DataType::kFloat32, {}, {max})));
+      names.Constant(node.name + "/max", MakeTensor<float>(DataType::kFloat32, {}, {max})));
   return Status::Ok();
 }
 
@@ -152,7 +205,7 @@ Status UpgradeDropout(Node& node, int64_t opset) {
 
 // Pad-2 (before 11) took `pads` (required) and `value` (default 0) as attributes; from 11 they are
 // inputs 1 (INT64, same layout: all begins, then all ends) and 2. `mode` stays an attribute.
-Status UpgradePad(Node& node, int64_t opset, ConstantAdder& constants) {
+Status UpgradePad(Node& node, int64_t opset, NameAllocator& names) {
   BACKPLANE_RETURN_IF_ERROR(RequireSingleInput(node, opset, "Pad-2"));
   auto pads_it = node.attributes.find("pads");
   if (pads_it == node.attributes.end())
@@ -165,9 +218,9 @@ Status UpgradePad(Node& node, int64_t opset, ConstantAdder& constants) {
   node.attributes.erase(pads_it);
   float value = 0;
   BACKPLANE_RETURN_IF_ERROR(TakeFloatAttribute(node, opset, "value", 0.0f, &value));
-  node.inputs.push_back(constants.Add(node, "pads", std::move(pads_tensor)));
-  node.inputs.push_back(
-      constants.Add(node, "constant_value", MakeTensor<float>(DataType::kFloat32, {}, {value})));
+  node.inputs.push_back(names.Constant(node.name + "/pads", std::move(pads_tensor)));
+  node.inputs.push_back(names.Constant(node.name + "/constant_value",
+                                       MakeTensor<float>(DataType::kFloat32, {}, {value})));
   return Status::Ok();
 }
 
@@ -186,19 +239,15 @@ Status UpgradeBatchNormalization(Node& node, int64_t opset) {
   return Status::Ok();
 }
 
-// The step for `node`'s old form, if it has one at `opset`. `first_input` is the inferred info of
-// input 0 (null when unknown).
-Status UpgradeNodeToOpset13(Node& node, int64_t opset, const TensorInfo* first_input,
-                            ConstantAdder& constants) {
+// The step for `node`'s old form, if it has one at `opset` and needs no shapes.
+Status UpgradeAttributeForm(Node& node, int64_t opset, NameAllocator& names) {
   const std::string& op = node.op_type;
-  if (op == "Softmax" && opset < 13)
-    return UpgradeSoftmax(node, opset, first_input);
   if (op == "Clip" && opset < 11)
-    return UpgradeClip(node, opset, constants);
+    return UpgradeClip(node, opset, names);
   if (op == "Dropout" && opset < 12)
     return UpgradeDropout(node, opset);
   if (op == "Pad" && opset < 11)
-    return UpgradePad(node, opset, constants);
+    return UpgradePad(node, opset, names);
   if (op == "BatchNormalization" && opset < 9)
     return UpgradeBatchNormalization(node, opset);
   return Status::Ok();
@@ -206,47 +255,26 @@ Status UpgradeNodeToOpset13(Node& node, int64_t opset, const TensorInfo* first_i
 
 }  // namespace
 
-Status UpgradeToOpset13(Network& network) {
+Status UpgradeAttributesToOpset13(Network& network) {
   if (network.opset >= 13)
     return Status::Ok();
-  ConstantAdder constants(network);
-  ValueInfoMap values;
-  for (const auto& [name, tensor] : network.constants)
-    values[name] = tensor.info();
-  for (const ValueInfo& input : network.inputs)
-    values[input.name] = input.info;
-  std::vector<const TensorInfo*> node_inputs;
-  for (Node& node : network.nodes) {
-    const TensorInfo* first_input = nullptr;
-    if (!node.inputs.empty()) {
-      auto it = values.find(node.inputs[0]);
-      first_input = it == values.end() ? nullptr : &it->second;
-    }
-    BACKPLANE_RETURN_IF_ERROR(UpgradeNodeToOpset13(node, network.opset, first_input, constants));
-    // The next nodes' input ranks: this node inferred in its new form (constants it gained
-    // included). Import infers every value again afterwards, the same way.
-    node_inputs.clear();
-    for (const std::string& input : node.inputs) {
-      if (input.empty()) {
-        node_inputs.push_back(nullptr);
-        continue;
-      }
-      auto it = values.find(input);
-      if (it == values.end()) {
-        auto constant = network.constants.find(input);
-        if (constant == network.constants.end())
-          return Internal(DescribeNode(node) + ": input '" + input + "' has no inferred info");
-        it = values.emplace(input, constant->second.info()).first;
-      }
-      node_inputs.push_back(&it->second);
-    }
-    auto outputs = InferNodeOutputs(node, /*opset=*/13, node_inputs, network.constants);
-    if (!outputs.ok())
-      return std::move(outputs).error();
-    for (std::size_t i = 0; i < node.outputs.size(); ++i) {
-      if (!node.outputs[i].empty())
-        values[node.outputs[i]] = std::move((*outputs)[i]);
-    }
+  NameAllocator names(network);
+  for (Node& node : network.nodes)
+    BACKPLANE_RETURN_IF_ERROR(UpgradeAttributeForm(node, network.opset, names));
+  return Status::Ok();
+}
+
+Status UpgradeSoftmaxToOpset13(Network& network) {
+  if (network.opset >= 13)
+    return Status::Ok();
+  NameAllocator names(network);
+  // Indexed: a rewrite inserts nodes around the one it rewrites, and steps over them.
+  for (std::size_t i = 0; i < network.nodes.size(); ++i) {
+    if (network.nodes[i].op_type != "Softmax")
+      continue;
+    const std::size_t before = network.nodes.size();
+    BACKPLANE_RETURN_IF_ERROR(UpgradeSoftmax(network, i, network.opset, names));
+    i += network.nodes.size() - before;  // past a Flatten, Softmax, Reshape it became
   }
   return Status::Ok();
 }

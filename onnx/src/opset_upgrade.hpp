@@ -10,16 +10,22 @@
 
 namespace backplane {
 
-// The oldest default-domain opset that UpgradeToOpset13 rewrites. Below 7, Add, Sub, Mul and Div
+// The oldest default-domain opset that import upgrades. Below 7, Add, Sub, Mul and Div
 // broadcast only with the `broadcast`/`axis` attributes and Dropout, BatchNormalization have
 // `is_test`: not worth rewriting, refused at import.
 constexpr int64_t kOldestUpgradableOpset = 7;
 
-// Rewrites every node of `network` (topologically ordered, opset in [7, 13)) into its opset-13
-// form; nothing to do from opset 13 on. May add constants (Clip's bounds, Pad's pads and value)
-// under names no value of the network uses. Softmax needs its input's rank, so shapes are inferred
-// node by node as the rewrite goes, from the declared input infos. Errors name the node, the opset
-// and what is unsupported.
-[[nodiscard]] Status UpgradeToOpset13(Network& network);
+// Import upgrades a model of opset [7, 13) in two steps around its shape inference; from opset 13
+// on both do nothing. Errors name the node, the opset and what is unsupported.
+//
+// First, before inference: the nodes whose old form moved attributes into inputs (Clip, Pad) or
+// dropped them (Dropout, BatchNormalization), which shape inference would refuse in their old
+// form. May add constants (Clip's bounds, Pad's pads and value) under names no value uses.
+[[nodiscard]] Status UpgradeAttributesToOpset13(Network& network);
+
+// Then, with network.values inferred: Softmax, whose old meaning depends on its input's shape
+// (shapes of the old form are those of the new one, so inference could run first). May replace
+// a Softmax by Flatten, Softmax, Reshape and add their values to network.values.
+[[nodiscard]] Status UpgradeSoftmaxToOpset13(Network& network);
 
 }  // namespace backplane

@@ -380,7 +380,8 @@ class NodeInference {
     BACKPLANE_RETURN_IF_ERROR(CheckTypes());
     std::size_t axis = 0;
     // Opset 13 changed the default axis from 1 (with 2-D coercion) to -1; shapes are unchanged.
-    // Import gives every older Softmax an explicit axis that means the same (opset_upgrade.cpp).
+    // Import rewrites every older Softmax into an opset-13 form that means the same, after
+    // inference (opset_upgrade.cpp).
     BACKPLANE_RETURN_IF_ERROR(Axis("axis", opset_ >= 13 ? -1 : 1, In(0).size(), 0, &axis));
     SetOutput(In(0));
     return Status::Ok();

@@ -1,11 +1,15 @@
 // Old-opset forms rewritten at import compute what their opset-13 forms compute: each model is
 // built at the old opset and again in the opset-13 form, both imported and run through Runtime on
-// CpuRef, and the outputs compared exactly (the same kernel runs on the same data).
+// CpuRef, and the outputs compared exactly (the same kernel runs on the same data); Softmax before
+// opset 13, whose rewrite is more than an attribute, against its definition.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <functional>
 #include <limits>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -79,6 +83,65 @@ TEST_F(OpsetUpgradeNetworkTest, SoftmaxOverChannelsFollowedByOnes) {
       SetInt(softmax, "axis", 1);
   };
   ExpectSameAsOpset13(runtime(), build, 9, {1, 6, 1, 1}, kOpsetX);
+}
+
+// Softmax-11 by its definition: the input coerced to 2-D around `axis`, each row normalised.
+std::vector<float> Softmax11Reference(const std::vector<float>& x, const Shape& shape,
+                                      std::size_t axis) {
+  std::size_t row = 1;
+  for (std::size_t d = axis; d < shape.size(); ++d)
+    row *= static_cast<std::size_t>(shape[d]);
+  std::vector<float> y(x.size());
+  for (std::size_t begin = 0; begin < x.size(); begin += row) {
+    const float peak = *std::max_element(x.begin() + begin, x.begin() + begin + row);
+    double sum = 0;
+    for (std::size_t i = begin; i < begin + row; ++i)
+      sum += std::exp(static_cast<double>(x[i] - peak));
+    for (std::size_t i = begin; i < begin + row; ++i)
+      y[i] = static_cast<float>(std::exp(static_cast<double>(x[i] - peak)) / sum);
+  }
+  return y;
+}
+
+TEST_F(OpsetUpgradeNetworkTest, SoftmaxBeforeOpset13MatchesItsDefinitionOnRandomShapes) {
+  // Random ranks, shapes, axes (default, positive, negative) and opsets, with the first dim
+  // symbolic in half of the models; CpuRef against the definition above.
+  const unsigned seed = ::testing::UnitTest::GetInstance()->random_seed() + 20;
+  std::mt19937 random(seed);
+  for (int trial = 0; trial < 40; ++trial) {
+    const std::size_t rank = 1 + random() % 4;
+    Shape shape;
+    for (std::size_t d = 0; d < rank; ++d)
+      shape.push_back(1 + static_cast<int64_t>(random() % 4));
+    const bool has_axis = random() % 3 != 0;
+    const auto r = static_cast<int64_t>(rank);
+    int64_t axis = has_axis ? static_cast<int64_t>(random() % (2 * rank)) - r : 1;
+    if (!has_axis && rank == 1)
+      continue;  // the default axis 1 is out of range at rank 1
+    Shape declared = shape;
+    if (random() % 2 == 0)
+      declared[0] = -1;
+    const int64_t opset = 7 + static_cast<int64_t>(random() % 6);
+    std::vector<float> x(static_cast<std::size_t>(ElementCount(shape)));
+    std::uniform_real_distribution<float> value(-4, 4);
+    for (float& v : x)
+      v = value(random);
+    SCOPED_TRACE("seed " + std::to_string(seed) + " trial " + std::to_string(trial) + ": opset " +
+                 std::to_string(opset) + " x " + ToString(shape) + " declared " +
+                 ToString(declared) + (has_axis ? " axis " + std::to_string(axis) : " no axis"));
+    auto build = [&](ModelBuilder& model, int64_t) {
+      model.Input("x", declared).OutputNoShape("y");
+      auto& softmax = model.Node("Softmax", {"x"}, {"y"}, "sm");
+      if (has_axis)
+        SetInt(softmax, "axis", axis);
+    };
+    const std::vector<float> y = RunOpsetModelOnCpuRef(runtime(), build, opset, shape, x);
+    const std::vector<float> want =
+        Softmax11Reference(x, shape, static_cast<std::size_t>(axis < 0 ? axis + r : axis));
+    ASSERT_EQ(y.size(), want.size());
+    for (std::size_t i = 0; i < y.size(); ++i)
+      EXPECT_NEAR(y[i], want[i], 1e-6f) << "element " << i;
+  }
 }
 
 TEST_F(OpsetUpgradeNetworkTest, Clip6Attributes) {

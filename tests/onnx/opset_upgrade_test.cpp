@@ -89,24 +89,69 @@ TEST(OpsetUpgradeTest, SoftmaxAxisFollowedByOnesIsKept) {
   EXPECT_EQ(IntAttribute(network.nodes[0], "axis"), 1);
 }
 
-TEST(OpsetUpgradeTest, SoftmaxOverSeveralAxesIsRefused) {
+TEST(OpsetUpgradeTest, SoftmaxOverSeveralAxesBecomesFlattenSoftmaxReshape) {
   ModelBuilder model = ModelAtOpset(11);
-  model.Input("x", {2, 3, 4}).OutputNoShape("y");
+  model.Input("x", {2, 3, 4}).Output("z", {2, 3, 4});
   model.Node("Softmax", {"x"}, {"y"}, "sm");
-  ExpectUpgradeRefused(model, StatusCode::kUnimplemented,
-                       AllOf(HasSubstr("node 'sm' (Softmax) at opset 11"),
-                             HasSubstr("coerces its input [2,3,4] to 2-D around axis 1"),
-                             HasSubstr("only an axis that is the last one")));
+  model.Node("Relu", {"y"}, {"z"}, "after");  // its consumer keeps reading "y"
+  const Network network = ImportedOrEmpty(model);
+  ASSERT_EQ(network.nodes.size(), 4u);
+  const Node& flatten = network.nodes[0];
+  const Node& softmax = network.nodes[1];
+  const Node& reshape = network.nodes[2];
+  EXPECT_EQ(flatten.op_type, "Flatten");
+  EXPECT_EQ(IntAttribute(flatten, "axis"), 1);
+  EXPECT_THAT(flatten.inputs, ElementsAre("x"));
+  EXPECT_EQ(softmax.op_type, "Softmax");
+  EXPECT_EQ(softmax.name, "sm");
+  EXPECT_EQ(IntAttribute(softmax, "axis"), 1);
+  EXPECT_THAT(softmax.inputs, ElementsAre(flatten.outputs[0]));
+  EXPECT_EQ(reshape.op_type, "Reshape");
+  ASSERT_EQ(reshape.inputs.size(), 2u);
+  EXPECT_EQ(reshape.inputs[0], softmax.outputs[0]);
+  EXPECT_THAT(reshape.outputs, ElementsAre("y"));
+  EXPECT_EQ(network.nodes[3].op_type, "Relu");
+  EXPECT_EQ(network.values.at(flatten.outputs[0]).shape, (Shape{2, 12}));
+  EXPECT_EQ(network.values.at(softmax.outputs[0]).shape, (Shape{2, 12}));
+  EXPECT_EQ(network.values.at("y").shape, (Shape{2, 3, 4}));
+  const auto target = network.constants.at(reshape.inputs[1]).Elements<int64_t>();
+  EXPECT_THAT(std::vector<int64_t>(target.begin(), target.end()), ElementsAre(2, 3, 4));
 }
 
-TEST(OpsetUpgradeTest, SoftmaxAxisFollowedByADynamicDimensionIsRefused) {
-  // The dimension may be 1 in some requests and not in others: refused at import.
+TEST(OpsetUpgradeTest, SoftmaxRewriteKeepsOneUnknownDimensionAsMinusOne) {
+  // A symbolic batch: the Reshape back infers it from the element count.
   ModelBuilder model = ModelAtOpset(12);
-  model.Input("x", {2, 3, -1}).OutputNoShape("y");
+  model.Input("x", {-1, 3, 4}).OutputNoShape("y");
+  model.Node("Softmax", {"x"}, {"y"}, "sm");
+  const Network network = ImportedOrEmpty(model);
+  ASSERT_EQ(network.nodes.size(), 3u);
+  const auto target = network.constants.at(network.nodes[2].inputs[1]).Elements<int64_t>();
+  EXPECT_THAT(std::vector<int64_t>(target.begin(), target.end()), ElementsAre(-1, 3, 4));
+  EXPECT_EQ(network.values.at(network.nodes[0].outputs[0]).shape, (Shape{-1, 12}));
+}
+
+TEST(OpsetUpgradeTest, SoftmaxRewriteNamesDoNotCollideWithTheModels) {
+  ModelBuilder model = ModelAtOpset(11);
+  model.Input("x", {2, 3, 4}).OutputNoShape("y");
+  model.Node("Relu", {"x"}, {"sm/flattened"}, "sm/flatten");
+  model.Node("Softmax", {"sm/flattened"}, {"y"}, "sm");
+  const Network network = ImportedOrEmpty(model);
+  ASSERT_EQ(network.nodes.size(), 4u);
+  EXPECT_EQ(network.nodes[1].op_type, "Flatten");
+  EXPECT_NE(network.nodes[1].name, "sm/flatten");
+  EXPECT_NE(network.nodes[1].outputs[0], "sm/flattened");
+  EXPECT_THAT(network.nodes[1].inputs, ElementsAre("sm/flattened"));
+}
+
+TEST(OpsetUpgradeTest, SoftmaxOverSeveralAxesWithTwoUnknownDimensionsIsRefused) {
+  // The Reshape back could not tell the two unknown dimensions apart.
+  ModelBuilder model = ModelAtOpset(12);
+  model.Input("x", {-1, 3, -1}).OutputNoShape("y");
   model.Node("Softmax", {"x"}, {"y"}, "sm");
   ExpectUpgradeRefused(model, StatusCode::kUnimplemented,
                        AllOf(HasSubstr("node 'sm' (Softmax) at opset 12"),
-                             HasSubstr("coerces its input [2,3,-1] to 2-D around axis 1")));
+                             HasSubstr("normalises its input [-1,3,-1] over axes 1 to 2"),
+                             HasSubstr("2 are unknown")));
 }
 
 TEST(OpsetUpgradeTest, SoftmaxRankIsKnownAfterAnEarlierNode) {
@@ -125,9 +170,9 @@ TEST(OpsetUpgradeTest, SoftmaxAxisOutOfRangeIsInvalid) {
   ModelBuilder model = ModelAtOpset(11);
   model.Input("x", {2, 3}).OutputNoShape("y");
   SetInt(model.Node("Softmax", {"x"}, {"y"}, "sm"), "axis", 2);
-  ExpectUpgradeRefused(model, StatusCode::kInvalidArgument,
-                       AllOf(HasSubstr("node 'sm' (Softmax) at opset 11"),
-                             HasSubstr("axis 2 is out of range for input rank 2")));
+  ExpectUpgradeRefused(
+      model, StatusCode::kInvalidArgument,
+      AllOf(HasSubstr("node 'sm' (Softmax)"), HasSubstr("'axis' = 2 is out of range for rank 2")));
 }
 
 TEST(OpsetUpgradeTest, Clip6AttributesBecomeConstantInputs) {
