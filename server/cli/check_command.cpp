@@ -17,6 +17,7 @@
 #include "backplane/loader/loader.hpp"
 #include "backplane/loader/trust.hpp"
 #include "backplane/registry/backend_registry.hpp"
+#include "config/server_config.hpp"
 
 namespace backplane::server {
 namespace fs = std::filesystem;
@@ -45,6 +46,7 @@ std::pair<std::string, LoadReason> CrashedStageAfter(const std::string& stage) {
       {"permissions", {"copy", LoadReason::kIoError}},
       {"copy", {"digest", LoadReason::kIoError}},
       {"digest", {"elf", LoadReason::kNotElf}},
+      {"trust", {"elf", LoadReason::kNotElf}},
       {"elf", {"dependencies", LoadReason::kDlopenFailed}},
       {"build", {"dependencies", LoadReason::kDlopenFailed}},
       {"threads", {"dependencies", LoadReason::kDlopenFailed}},
@@ -67,7 +69,7 @@ std::pair<std::string, LoadReason> CrashedStageAfter(const std::string& stage) {
 // Loads `file` in a fresh loader, then does what a runtime does with it (an instance, its
 // context, its options) and lets it go, checking that the code really leaves the process.
 // Streams each stage as it ends, then the verdict, as JSON lines through `emit`.
-void CheckStages(const std::string& file, bool allow_unsafe,
+void CheckStages(const std::string& file, bool allow_unsafe, const loader::TrustPolicy* trust,
                  const std::function<void(const json&)>& emit) {
   auto verdict_error = [&](std::string_view reason, const std::string& message) {
     emit({{"result", false}, {"reason", reason}, {"message", message}});
@@ -87,7 +89,7 @@ void CheckStages(const std::string& file, bool allow_unsafe,
   trace.on_stage = [&](const loader::LoadStage& done) {
     stage(done.name, done.ok, done.detail, done.warning);
   };
-  auto loaded = host_loader.Load(file, &trace);
+  auto loaded = host_loader.Load(file, &trace, loader::Loader::Reuse::kLiveUnchanged, trust);
   if (!loaded.ok()) {
     return verdict_error(loaded.error().name(), loaded.error().message());
   }
@@ -137,8 +139,9 @@ void CheckStages(const std::string& file, bool allow_unsafe,
 
 // Child side of CheckFile: runs CheckStages, writing to `fd`, and exits without returning (no
 // atexit handlers or static destructors of the parent's state).
-[[noreturn]] void CheckInChild(const std::string& file, bool allow_unsafe, int fd) {
-  CheckStages(file, allow_unsafe, [fd](const json& line) {
+[[noreturn]] void CheckInChild(const std::string& file, bool allow_unsafe,
+                               const loader::TrustPolicy* trust, int fd) {
+  CheckStages(file, allow_unsafe, trust, [fd](const json& line) {
     const std::string text = line.dump() + "\n";
     for (std::size_t done = 0; done < text.size();) {
       const ssize_t n = write(fd, text.data() + done, text.size() - done);
@@ -151,7 +154,7 @@ void CheckStages(const std::string& file, bool allow_unsafe,
   _exit(0);
 }
 
-FileReport CheckFile(const std::string& file, bool allow_unsafe) {
+FileReport CheckFile(const std::string& file, bool allow_unsafe, const loader::TrustPolicy* trust) {
   FileReport report{.file = file};
   int fds[2];
   if (pipe(fds) != 0) {
@@ -163,7 +166,7 @@ FileReport CheckFile(const std::string& file, bool allow_unsafe) {
   const pid_t child = fork();
   if (child == 0) {
     close(fds[0]);
-    CheckInChild(file, allow_unsafe, fds[1]);
+    CheckInChild(file, allow_unsafe, trust, fds[1]);
   }
   close(fds[1]);
   std::string output;
@@ -235,11 +238,13 @@ struct CheckList {
   std::vector<SkippedFile> skipped;
 };
 
-CheckList ExpandArguments(const std::vector<std::string>& arguments) {
+// `arguments`, directories expanded; none: the backend directories `default_paths`.
+CheckList ExpandArguments(const std::vector<std::string>& arguments,
+                          const std::vector<fs::path>& default_paths) {
   std::vector<fs::path> directories;
   std::vector<std::string> files;
   if (arguments.empty()) {
-    for (const auto& path : DefaultBackendPaths()) {
+    for (const auto& path : default_paths) {
       std::error_code error;
       if (fs::is_directory(path, error))
         directories.push_back(path);
@@ -339,7 +344,7 @@ json ToJson(const SkippedFile& skipped) {
 // `check --digest`: one sha256sum line per backend file, the line a trusted list takes. Only the
 // lines go to stdout, so that `backplane check --digest DIR >> trusted.sha256` is the whole job.
 int PrintDigests(const CheckOptions& options) {
-  const auto [files, skipped] = ExpandArguments(options.files);
+  const auto [files, skipped] = ExpandArguments(options.files, DefaultBackendPaths());
   for (const auto& file : skipped)
     std::cerr << "skipped " << file.file << ": " << file.message << "\n";
   if (files.empty()) {
@@ -365,7 +370,26 @@ int PrintDigests(const CheckOptions& options) {
 int RunCheck(const CheckOptions& options) {
   if (options.digest)
     return PrintDigests(options);
-  const auto [files, skipped] = ExpandArguments(options.files);
+  std::vector<fs::path> backend_paths = DefaultBackendPaths();
+  std::shared_ptr<const loader::TrustPolicy> trust;
+  if (!options.config.empty()) {
+    ServeConfig config = DefaultServeConfig();
+    Status applied = ApplyConfigFile(options.config, config);
+    auto made = applied.ok() ? MakeTrustPolicy(config)
+                             : Result<std::shared_ptr<const loader::TrustPolicy>>(applied);
+    if (!made.ok()) {
+      std::cerr << "backplane check: " << made.error().message() << "\n";
+      return 1;
+    }
+    trust = std::move(made).value();
+    backend_paths = config.backends.value_or(backend_paths);
+    if (!options.json) {
+      std::cout << "trust: "
+                << (trust ? trust->Describe() : "any content (the config sets no trust policy)")
+                << " (" << options.config.string() << ")\n";
+    }
+  }
+  const auto [files, skipped] = ExpandArguments(options.files, backend_paths);
   if (!options.json) {
     for (const auto& file : skipped)
       std::cout << "skipped " << file.file << ": " << file.message << "\n";
@@ -389,7 +413,7 @@ int RunCheck(const CheckOptions& options) {
   std::map<std::string, std::string> files_by_id;
   std::map<std::string, std::string> files_by_real_path;
   for (const auto& file : files) {
-    FileReport report = CheckFile(file, options.allow_unsafe_permissions);
+    FileReport report = CheckFile(file, options.allow_unsafe_permissions, trust.get());
     if (!report.reason) {
       // Each file is checked in its own process, so files given together are compared here.
       std::error_code error;

@@ -59,6 +59,11 @@ int main(int argc, char** argv) {
   check_command->add_flag("--allow-unsafe-permissions", check.allow_unsafe_permissions,
                           "accept files writable by group/others or owned by another user");
   check_command
+      ->add_option("--config", check.config,
+                   "judge the files as `serve` with this config file would: its trust "
+                   "policy, and its backend directories when no FILE is given")
+      ->check(CLI::ExistingFile);
+  check_command
       ->add_flag("--digest", check.digest,
                  "print each file's SHA-256 as sha256sum does (\"<hex>  <file>\"): the line to "
                  "add to trusted_backends_file; loads nothing")

@@ -83,6 +83,56 @@ TEST(CheckDigestTest, PrintsTheLineSha256sumPrintsAndTheListReadsBack) {
   EXPECT_EQ(CheckDigest("--json " + home.backend_file().string()).exit_code, 2);
 }
 
+TEST(CheckTrustTest, CheckWithAServerConfigJudgesTrustAsThatServerWould) {
+  ServeHome home;
+  const CommandResult trusted_line = CheckDigest(home.backend_file().string());
+  ASSERT_EQ(trusted_line.exit_code, 0);
+  home.Write("trusted.sha256", trusted_line.output);
+  home.Write("config.json",
+             R"({"trusted_backends_file": "trusted.sha256", "backends": ["backends"]})");
+  const std::string check = std::string(BACKPLANE_EXECUTABLE) + " check --json --config " +
+                            (home.path() / "config.json").string();
+
+  // The listed build, named and found through the config's backend directories alike.
+  for (const std::string& files : {home.backend_file().string(), std::string()}) {
+    const CommandResult passed = RunCommand(check + " " + files + " 2>/dev/null");
+    EXPECT_EQ(passed.exit_code, 0) << passed.output;
+    const json report = json::parse(passed.output, nullptr, false);
+    ASSERT_TRUE(report.is_array() && report.size() == 1u) << passed.output;
+    EXPECT_EQ(report[0]["ok"], true);
+    bool trust_stage = false;
+    for (const auto& stage : report[0]["stages"])
+      trust_stage = trust_stage || (stage["stage"] == "trust" && stage["ok"] == true);
+    EXPECT_TRUE(trust_stage) << report.dump(2);
+  }
+
+  // Another build: UNTRUSTED, refused before it is inspected or mapped, with the server's words.
+  PublishUntrustedBuild(home);
+  const CommandResult refused =
+      RunCommand(check + " " + home.backend_file().string() + " 2>/dev/null");
+  EXPECT_EQ(refused.exit_code, 1);
+  const json report = json::parse(refused.output, nullptr, false);
+  ASSERT_TRUE(report.is_array() && report.size() == 1u) << refused.output;
+  EXPECT_EQ(report[0]["reason"], "UNTRUSTED");
+  EXPECT_EQ(report[0]["stage"], "trust");
+  EXPECT_THAT(report[0]["message"].get<std::string>(),
+              HasSubstr("is not on the trusted backend list (1 digest(s) from " +
+                        (home.path() / "trusted.sha256").string()));
+  // Without the config: no policy, the same file would load.
+  EXPECT_EQ(RunCommand(std::string(BACKPLANE_EXECUTABLE) + " check " +
+                       home.backend_file().string() + " >/dev/null 2>&1")
+                .exit_code,
+            0);
+
+  // A config whose trust settings are broken: exit 1 naming the key, nothing checked.
+  home.Write("broken.json", R"({"trusted_backends": ["not a digest"]})");
+  const CommandResult broken = RunCommand(std::string(BACKPLANE_EXECUTABLE) + " check --config " +
+                                          (home.path() / "broken.json").string() + " " +
+                                          home.backend_file().string() + " 2>&1");
+  EXPECT_EQ(broken.exit_code, 1);
+  EXPECT_THAT(broken.output, HasSubstr("trusted_backends"));
+}
+
 TEST(ServeTrustTest, UntrustedDeployIsRefusedOnceAndTheListFileLetsItIn) {
   ServeHome home;
   const fs::path list = home.path() / "trusted.sha256";
