@@ -327,6 +327,19 @@ Status SignaturePolicy::Check(const TrustSubject& subject) const {
   }
   const fs::path signed_file = subject.real_path.empty() ? subject.file : subject.real_path;
   const fs::path signature_file = signed_file.string() + ".sig";
+  Status verdict = CheckSignatureFile(subject, signature_file);
+  if (verdict.ok()) {
+    MutexLock lock(mutex_);
+    verified_.insert(subject.sha256);
+    refused_signatures_.erase(signature_file);
+  } else {
+    RememberRefused(signature_file);  // (re)publishing it may mend this
+  }
+  return verdict;
+}
+
+Status SignaturePolicy::CheckSignatureFile(const TrustSubject& subject,
+                                           const fs::path& signature_file) const {
   const std::string what = subject.file.string() + ": its content (sha256 " + subject.sha256 + ") ";
   const auto signature = ReadAtMost(signature_file, kEd25519SignatureBytes);
   if (!signature) {
@@ -346,15 +359,37 @@ Status SignaturePolicy::Check(const TrustSubject& subject) const {
     return {LoadReason::kUntrusted, what + "cannot be read to check its signature"};
   }
   for (const Key& key : keys_) {
-    if (Verifies(key.key.get(), *signature, *content)) {
-      MutexLock lock(mutex_);
-      verified_.insert(subject.sha256);
+    if (Verifies(key.key.get(), *signature, *content))
       return Status::Ok();
-    }
   }
   return {LoadReason::kUntrusted, what + "has a signature, " + signature_file.string() +
                                       ", that no trusted signing key verifies (" + Describe() +
                                       "): signed by another key, for other content, or damaged"};
+}
+
+void SignaturePolicy::RememberRefused(const fs::path& signature_file) const {
+  // Bounded: a directory churning through names cannot grow it without end. Forgetting only
+  // delays a late signature until its library changes, as before this was remembered.
+  constexpr std::size_t kMaxRemembered = 4096;
+  std::optional<FileIdentity> identity = ReadFileIdentity(signature_file);
+  MutexLock lock(mutex_);
+  if (refused_signatures_.size() >= kMaxRemembered && !refused_signatures_.contains(signature_file))
+    refused_signatures_.clear();
+  refused_signatures_[signature_file] = identity;
+}
+
+// A stat per remembered signature file, at each rescan: as cheap as the rescan's own stats of
+// the libraries.
+uint64_t SignaturePolicy::Revision() const {
+  MutexLock lock(mutex_);
+  for (auto& [file, identity] : refused_signatures_) {
+    std::optional<FileIdentity> now = ReadFileIdentity(file);
+    if (now != identity) {
+      identity = now;
+      ++revision_;
+    }
+  }
+  return revision_;
 }
 
 std::string SignaturePolicy::Describe() const {

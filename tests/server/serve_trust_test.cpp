@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <functional>
 #include <thread>
 
 #include "backplane/loader/trust.hpp"
@@ -183,24 +184,35 @@ TEST(ServeTrustTest, UntrustedDeployIsRefusedOnceAndTheListFileLetsItIn) {
   EXPECT_EQ(UntrustedCount(*client), 1);
 }
 
+// An Ed25519 key pair in home/keys (ci.pem, ci.pub), made with openssl as docs/operators.md
+// says, and a function that signs the backend file with it (the shell's exit code); empty when
+// the key cannot be made.
+std::function<int()> MakeSigningKey(const ServeHome& home) {
+  const fs::path keys = home.path() / "keys";
+  fs::create_directory(keys);
+  const std::string key = (keys / "ci.pem").string();
+  if (RunCommand("openssl genpkey -algorithm ed25519 -out " + key).exit_code != 0 ||
+      RunCommand("openssl pkey -in " + key + " -pubout -out " + (keys / "ci.pub").string())
+              .exit_code != 0) {
+    return {};
+  }
+  // Written beside and renamed over, as a signature should be published: a server rescanning
+  // meanwhile never reads half of one.
+  return [key, file = home.backend_file().string()] {
+    return RunCommand("openssl pkeyutl -sign -rawin -inkey " + key + " -in " + file + " -out " +
+                      file + ".sig.tmp && mv " + file + ".sig.tmp " + file + ".sig")
+        .exit_code;
+  };
+}
+
 // Signed builds, with the openssl command line as an operator uses it (docs/operators.md).
 TEST(ServeTrustTest, SignedBuildsLoadAndOthersAreRefused) {
   if (!HasCommand("openssl"))
     GTEST_SKIP() << "no openssl command";
   ServeHome home;
   const fs::path keys = home.path() / "keys";
-  fs::create_directory(keys);
-  const std::string key = (keys / "ci.pem").string();
-  ASSERT_EQ(RunCommand("openssl genpkey -algorithm ed25519 -out " + key).exit_code, 0);
-  ASSERT_EQ(RunCommand("openssl pkey -in " + key + " -pubout -out " + (keys / "ci.pub").string())
-                .exit_code,
-            0);
-  const auto sign = [&] {
-    const std::string file = home.backend_file().string();
-    return RunCommand("openssl pkeyutl -sign -rawin -inkey " + key + " -in " + file + " -out " +
-                      file + ".sig")
-        .exit_code;
-  };
+  const auto sign = MakeSigningKey(home);
+  ASSERT_TRUE(sign);
   ASSERT_EQ(sign(), 0);
   home.Write("config.json",
              R"({"trusted_signing_keys": ["keys/ci.pub"], "watch_backends": false})");
@@ -230,6 +242,35 @@ TEST(ServeTrustTest, SignedBuildsLoadAndOthersAreRefused) {
   EXPECT_EQ(signed_reload.status, 200) << signed_reload.text;
   EXPECT_EQ(signed_reload.body["action"], "activated");
   EXPECT_GT(ActiveGeneration(*client), serving);
+}
+
+TEST(ServeTrustTest, ASignaturePublishedAfterItsLibraryIsSeenAtTheNextRescan) {
+  if (!HasCommand("openssl"))
+    GTEST_SKIP() << "no openssl command";
+  ServeHome home;
+  const auto sign = MakeSigningKey(home);
+  ASSERT_TRUE(sign);
+  ASSERT_EQ(sign(), 0);
+  home.Write("config.json", R"({"trusted_signing_keys": ["keys/ci.pub"], "watch_debounce_ms": 20,
+                                "rescan_interval_ms": 100})");
+  auto server =
+      ServeProcess::Start({"--config", (home.path() / "config.json").string(), "--models",
+                           home.models().string(), "--backends", home.backends().string()});
+  auto client = server->Client();
+  const uint64_t serving = ActiveGeneration(*client);
+  ASSERT_NE(serving, 0u) << server->Log();
+
+  // The library first, its signature later (the wrong order, and a common one): refused once...
+  fs::remove(home.backend_file().string() + ".sig");
+  PublishUntrustedBuild(home);
+  ASSERT_TRUE(Eventually([&] { return UntrustedCount(*client) == 1; }, 10s)) << server->Log();
+  EXPECT_EQ(ActiveGeneration(*client), serving);
+  // ...then loaded once the signature lands, with no change to the library and no reload call.
+  ASSERT_EQ(sign(), 0);
+  ASSERT_TRUE(Eventually([&] { return ActiveGeneration(*client) > serving; }, 10s))
+      << server->Log();
+  EXPECT_EQ(Post(*client, "/v2/models/mlp/infer", kMlpRequest).status, 200);
+  EXPECT_EQ(UntrustedCount(*client), 1);
 }
 
 TEST(ServeTrustTest, BadTrustSettingsStopTheStartNamingTheKey) {

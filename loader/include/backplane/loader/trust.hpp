@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <optional>
 #include <set>
@@ -111,7 +112,9 @@ class DigestAllowlist final : public TrustPolicy {
 //
 // A digest whose signature verified once stays trusted for the life of the policy, so the
 // private copy a rollback loads (which has no signature beside it) passes as the signed content
-// it is. The keys are read once: rotating them is a restart.
+// it is. The keys are read once: rotating them is a restart. The signature files of refused
+// content are remembered, and Revision grows when one of them appears or changes: a signature
+// published after its library is seen at the next rescan, not only at the library's next change.
 class SignaturePolicy final : public TrustPolicy {
  public:
   // kInvalidArgument naming the file when one cannot be read or is no Ed25519 public key.
@@ -120,16 +123,24 @@ class SignaturePolicy final : public TrustPolicy {
   ~SignaturePolicy() override;
 
   Status Check(const TrustSubject& subject) const override BACKPLANE_EXCLUDES(mutex_);
-  uint64_t Revision() const override { return 1; }  // keys never change
+  uint64_t Revision() const override BACKPLANE_EXCLUDES(mutex_);
   std::string Describe() const override;
 
  private:
   struct Key;
   explicit SignaturePolicy(std::vector<Key> keys);
+  Status CheckSignatureFile(const TrustSubject& subject,
+                            const std::filesystem::path& signature_file) const;
+  void RememberRefused(const std::filesystem::path& signature_file) const
+      BACKPLANE_EXCLUDES(mutex_);
 
   std::vector<Key> keys_;
   mutable Mutex mutex_;
   mutable std::set<std::string> verified_ BACKPLANE_GUARDED_BY(mutex_);  // digests signed by a key
+  // Signature files looked at for refused content, with their identity then (nullopt: absent).
+  mutable std::map<std::filesystem::path, std::optional<FileIdentity>> refused_signatures_
+      BACKPLANE_GUARDED_BY(mutex_);
+  mutable uint64_t revision_ BACKPLANE_GUARDED_BY(mutex_) = 1;
 };
 
 // Trusts what any of its policies trusts (a digest on the list, or a valid signature).
