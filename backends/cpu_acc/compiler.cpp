@@ -97,8 +97,10 @@ std::vector<Eltwise> EltwiseSteps(const OperatorDesc& op) {
 // Layers whose work is at least these run with intra_op_threads OpenMP threads, smaller ones
 // with one: below them a second thread costs more (team start, split, the barrier) than it
 // saves. Measured with bench/cpu_acc_threads_bench.cpp (docs/performance.md): convolutions and
-// matrix products by FLOPs, every other layer by output elements.
-constexpr double kParallelMinFlops = 2e6;
+// matrix products by FLOPs, every other layer by output elements. 2 threads broke even near
+// 0.3 MFLOP (conv) / 0.5 MFLOP (matmul) and 16-32K elements, and gained 1.4-1.6x at these
+// values; they sit above the break-even for a margin, since noise moves it.
+constexpr double kParallelMinFlops = 1e6;
 constexpr double kParallelMinElements = 64e3;
 
 // A bias being folded: values and the shape they broadcast from (numpy rules) to the output.

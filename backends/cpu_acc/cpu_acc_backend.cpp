@@ -50,7 +50,7 @@ struct BackendState {
   OptionSet options{std::string(kId),
                     {{std::string(kIntraOpThreads), OptionType::kInt64, int64_t{1},
                       "OpenMP threads each request's primitives use (>= 1); requests in flight x "
-                      "this should not exceed the cores. Only layers of at least 2 MFLOP "
+                      "this should not exceed the cores. Only layers of at least 1 MFLOP "
                       "(Conv, Gemm, MatMul) or 64K output elements (other ops) use more than "
                       "one: below that a second thread was measured to slow them down. Applies "
                       "to networks loaded after a change"}}};
