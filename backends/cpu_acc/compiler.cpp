@@ -687,39 +687,45 @@ class Compiler {
     memory::dims pad_r(window.pad_end.begin(), window.pad_end.end());
     const Md src_any(Dims(x), memory::data_type::f32, memory::format_tag::any);
     const Md w_any(w_dims, memory::data_type::f32, memory::format_tag::any);
-    // With a residual sum the destination takes the other branch's layout when it is blocked
-    // (it is, after a convolution): no reorder of the branch into the destination.
-    Md dst_any(Dims(expected), memory::data_type::f32, memory::format_tag::any);
-    if (residual) {
-      const Md branch = program_->value(Reps(*residual).front()).md;
-      if (!IsPlain(branch))
-        dst_any = branch;
-    }
+    const Md dst_any(Dims(expected), memory::data_type::f32, memory::format_tag::any);
     const bool with_bias = bias.present || has_b;
     const Md bias_md({maps}, memory::data_type::f32, memory::format_tag::a);
     dnnl::primitive_attr attr = UserScratchpad();
     attr.set_post_ops(post_ops);
-    auto desc = with_bias ? dnnl::convolution_forward::desc(
-                                dnnl::prop_kind::forward_inference, algorithm::convolution_direct,
-                                src_any, w_any, bias_md, dst_any, strides, dilates, pad_l, pad_r)
-                          : dnnl::convolution_forward::desc(
-                                dnnl::prop_kind::forward_inference, algorithm::convolution_direct,
-                                src_any, w_any, dst_any, strides, dilates, pad_l, pad_r);
+    auto conv_desc = [&](const Md& src, const Md& dst) {
+      return with_bias ? dnnl::convolution_forward::desc(
+                             dnnl::prop_kind::forward_inference, algorithm::convolution_direct, src,
+                             w_any, bias_md, dst, strides, dilates, pad_l, pad_r)
+                       : dnnl::convolution_forward::desc(dnnl::prop_kind::forward_inference,
+                                                         algorithm::convolution_direct, src, w_any,
+                                                         dst, strides, dilates, pad_l, pad_r);
+    };
+    auto desc = conv_desc(src_any, dst_any);
+    if (residual) {
+      // With a residual sum the destination takes the other branch's layout when it is blocked
+      // (it is, after a convolution) and a non-reference kernel writes it: no reorder of the
+      // branch into the destination. Else oneDNN's choice, and the branch is reordered.
+      const Md branch = program_->value(Reps(*residual).front()).md;
+      if (!IsPlain(branch)) {
+        try {
+          auto candidate = conv_desc(src_any, branch);
+          dnnl::convolution_forward::primitive_desc probe(candidate, attr, engine_);
+          if (ImplName(probe).find("ref") == std::string::npos)
+            desc = candidate;
+        } catch (const dnnl::error&) {
+          // no implementation writes that layout: format any
+        }
+      }
+    }
     dnnl::convolution_forward::primitive_desc pd(desc, attr, engine_);
     const double flops = 2.0 * static_cast<double>(ElementCount(expected)) *
                          static_cast<double>(ElementCount(w) / maps);
     if (flops >= kTuneFlops) {
       std::vector<dnnl::convolution_forward::desc> descs{desc};
       if (x.size() == 4 && maps % 16 != 0) {
-        const Md src_nhwc(Dims(x), memory::data_type::f32, memory::format_tag::nhwc);
-        const Md dst_nhwc(Dims(expected), memory::data_type::f32, memory::format_tag::nhwc);
         descs.push_back(
-            with_bias ? dnnl::convolution_forward::desc(
-                            dnnl::prop_kind::forward_inference, algorithm::convolution_direct,
-                            src_nhwc, w_any, bias_md, dst_nhwc, strides, dilates, pad_l, pad_r)
-                      : dnnl::convolution_forward::desc(
-                            dnnl::prop_kind::forward_inference, algorithm::convolution_direct,
-                            src_nhwc, w_any, dst_nhwc, strides, dilates, pad_l, pad_r));
+            conv_desc(Md(Dims(x), memory::data_type::f32, memory::format_tag::nhwc),
+                      Md(Dims(expected), memory::data_type::f32, memory::format_tag::nhwc)));
       }
       pd = FastestConv(descs, attr);
     }

@@ -453,5 +453,56 @@ TEST_F(CpuAccFusionTest, SmallLayersRunOnOneThreadLargeOnesOnTwo) {
 #endif
 }
 
+// The rule as docs/performance.md states it, on seeded random layers: a Conv or MatMul of at
+// least 1 MFLOP, or another layer of at least 64K output elements, runs on intra_op_threads
+// threads; anything smaller on one. The work is computed here, independently of the compiler.
+TEST_F(CpuAccFusionTest, TwoThreadPolicyFollowsTheDocumentedThresholds) {
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "libgomp threads under a sanitizer";
+#else
+  const unsigned seed = 71;
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  Rng rng(seed);
+  ASSERT_TRUE(cpu_acc().UpdateOptions({{"intra_op_threads", int64_t{2}}}).ok());
+  for (int iteration = 0; iteration < 40; ++iteration) {
+    TestGraph g;
+    double work = 0, threshold = 0;
+    const int kind = DrawInt(rng, 0, 2);
+    if (kind == 0) {  // Conv k x k, c -> m channels, stride 1, no padding
+      const int64_t c = DrawInt(rng, 1, 32), m = DrawInt(rng, 1, 32), k = DrawInt(rng, 1, 3);
+      const int64_t h = DrawInt(rng, k, 40), n = DrawInt(rng, 1, 2);
+      const Shape y{n, m, h - k + 1, h - k + 1};
+      g.SetInput("x", DrawTensor({n, c, h, h}, rng, -1.0f, 1.0f));
+      g.AddConstant("w", DrawTensor({m, c, k, k}, rng, -1.0f, 1.0f));
+      g.AddLayer("Conv", "layer", {"x", "w"}, {"y"}, {y}, {{"kernel_shape", Ints{k, k}}});
+      work = 2.0 * static_cast<double>(ElementCount(y)) * static_cast<double>(c * k * k);
+      threshold = 1e6;
+    } else if (kind == 1) {  // MatMul [m, k] x [k, n]
+      const int64_t m = DrawInt(rng, 1, 64), k = DrawInt(rng, 1, 512), n = DrawInt(rng, 1, 256);
+      g.SetInput("a", DrawTensor({m, k}, rng, -1.0f, 1.0f));
+      g.AddConstant("b", DrawTensor({k, n}, rng, -1.0f, 1.0f));
+      g.AddLayer("MatMul", "layer", {"a", "b"}, {"y"}, {{m, n}});
+      work = 2.0 * static_cast<double>(m * k * n);
+      threshold = 1e6;
+    } else {  // an element-wise layer
+      const Shape shape{DrawInt(rng, 1, 4), DrawInt(rng, 1, 64), DrawInt(rng, 1, 64),
+                        DrawInt(rng, 1, 32)};
+      g.SetInput("x", DrawTensor(shape, rng, -1.0f, 1.0f));
+      g.AddLayer(DrawChance(rng, 0.5) ? "Relu" : "HardSwish", "layer", {"x"}, {"y"}, {shape});
+      work = static_cast<double>(ElementCount(shape));
+      threshold = 64e3;
+    }
+    g.MarkOutput("y");
+    std::vector<std::string> notes;
+    auto result = g.RunCompiled(cpu_acc(), &notes);
+    ASSERT_TRUE(result.ok()) << result.error().ToString() << g.Describe();
+    ASSERT_EQ(notes.size(), 1u);
+    EXPECT_THAT(notes[0], HasSubstr(work >= threshold ? "on 2 threads" : "on 1 thread"))
+        << "case " << iteration << ", work " << work << g.Describe();
+  }
+  ASSERT_TRUE(cpu_acc().UpdateOptions({{"intra_op_threads", int64_t{1}}}).ok());
+#endif
+}
+
 }  // namespace
 }  // namespace backplane::cpu_acc_test
