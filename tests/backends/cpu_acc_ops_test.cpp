@@ -427,6 +427,26 @@ TEST_F(CpuAccFusionTest, BinaryOpsInsideARunMatchCpuRef) {
   EXPECT_THAT(notes[7], HasSubstr("input 0 broadcast by"));
 }
 
+// Dropout inside a run is the same bytes as its input in whatever layout it has (blocked after
+// a convolution): the pool after it, an output that is the Dropout itself, and an output read
+// through it from a boundary input all keep CpuRef's values.
+TEST_F(CpuAccFusionTest, DropoutKeepsItsInputsLayoutInsideARun) {
+  Rng rng(81);
+  TestGraph g;
+  g.SetInput("x", DrawTensor({2, 16, 8, 8}, rng, -1.0f, 1.0f));
+  const Shape y = AddConvBn(g, rng, "x", "c", 16, 1);
+  g.AddLayer("Dropout", "drop", {"c"}, {"d"}, {y});
+  g.AddLayer("MaxPool", "pool", {"d"}, {"p"}, {{2, 16, 4, 4}},
+             {{"kernel_shape", Ints{2, 2}}, {"strides", Ints{2, 2}}});
+  g.AddLayer("Dropout", "drop_input", {"x"}, {"x_copy"}, {{2, 16, 8, 8}});
+  g.MarkOutput("p");
+  g.MarkOutput("d");
+  g.MarkOutput("x_copy");
+  const auto notes = ExpectFusedUnfusedAndReferenceAgree(g, cpu_ref(), cpu_acc());
+  ASSERT_EQ(notes.size(), g.layers().size());
+  EXPECT_THAT(notes[2], HasSubstr("the same bytes as its input"));
+}
+
 // ---- the two-thread policy -------------------------------------------------------------------
 
 // With intra_op_threads 2, a layer below the work thresholds runs on one thread and a large one
