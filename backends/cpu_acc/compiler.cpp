@@ -62,16 +62,46 @@ std::string ImplName(const dnnl::primitive_desc_base& pd) {
   return std::string(pd.impl_info_str());
 }
 
-// Element-wise activations oneDNN can apply as a post-op; nullopt for other ops.
-std::optional<algorithm> Activation(const std::string& op_type) {
-  if (op_type == "Relu")
-    return algorithm::eltwise_relu;
-  if (op_type == "Sigmoid")
-    return algorithm::eltwise_logistic;
-  if (op_type == "Tanh")
-    return algorithm::eltwise_tanh;
-  return std::nullopt;
+// One oneDNN eltwise function: a standalone primitive or a post-op.
+struct Eltwise {
+  algorithm kind;
+  float alpha = 0.0f, beta = 0.0f;
+};
+
+// An activation layer as the oneDNN eltwise functions that compute it, applied in order (the
+// same list serves a standalone layer and a fused post-op chain); empty for other ops. oneDNN 2.6
+// has no hardsigmoid: it is linear then clip.
+std::vector<Eltwise> EltwiseSteps(const OperatorDesc& op) {
+  const std::string& type = op.op_type;
+  if (type == "Relu")
+    return {{algorithm::eltwise_relu}};
+  if (type == "LeakyRelu")  // x >= 0 ? x : alpha * x, as eltwise_relu with a negative slope
+    return {{algorithm::eltwise_relu, FloatAttr(op, "alpha", 0.01f)}};
+  if (type == "Sigmoid")
+    return {{algorithm::eltwise_logistic}};
+  if (type == "Tanh")
+    return {{algorithm::eltwise_tanh}};
+  if (type == "HardSigmoid") {
+    return {{algorithm::eltwise_linear, FloatAttr(op, "alpha", 0.2f), FloatAttr(op, "beta", 0.5f)},
+            {algorithm::eltwise_clip, 0.0f, 1.0f}};
+  }
+  if (type == "HardSwish")  // x * relu6(x + 3) / 6: ONNX's x * hardsigmoid(x, 1/6, 1/2)
+    return {{algorithm::eltwise_hardswish}};
+  if (type == "Clip") {
+    const auto [min, max] = ClipBounds(op);
+    return {{algorithm::eltwise_clip, min, max}};
+  }
+  return {};
 }
+
+// Layers whose work is at least these run with intra_op_threads OpenMP threads, smaller ones
+// with one: below them a second thread costs more (team start, split, the barrier) than it
+// saves. Measured with bench/cpu_acc_threads_bench.cpp (docs/performance.md): convolutions and
+// matrix products by FLOPs, every other layer by output elements. 2 threads broke even near
+// 0.3 MFLOP (conv) / 0.5 MFLOP (matmul) and 16-32K elements, and gained 1.4-1.6x at these
+// values; they sit above the break-even for a margin, since noise moves it.
+constexpr double kParallelMinFlops = 1e6;
+constexpr double kParallelMinElements = 64e3;
 
 // A bias being folded: values and the shape they broadcast from (numpy rules) to the output.
 struct Bias {
@@ -116,17 +146,22 @@ class Compiler {
  public:
   Compiler(const SubgraphDesc& graph, const dnnl::engine& engine, int threads, bool fuse)
       : g_(graph),
+        layers_(graph.layers),
+        layer_inputs_(graph.layer_inputs),
         engine_(engine),
         stream_(engine),
         program_(std::make_shared<Program>(engine, threads)),
+        threads_(threads),
         fuse_(fuse) {}
 
   Result<CompileResult> Run() {
-    notes_.assign(g_.layers.size(), "");
-    for (std::size_t i = 0; i < g_.layers.size(); ++i) {
-      for (std::size_t k = 0; k < g_.layer_inputs[i].size(); ++k) {
-        if (!IsConstant(g_.layers[i], k) && !g_.layer_inputs[i][k].empty())
-          ++uses_[g_.layer_inputs[i][k]];
+    notes_.assign(layers_.size(), "");
+    for (std::size_t i = 0; i < layers_.size(); ++i) {
+      for (std::size_t k = 0; k < layer_inputs_[i].size(); ++k) {
+        if (!IsConstant(layers_[i], k) && !layer_inputs_[i][k].empty()) {
+          ++uses_[layer_inputs_[i][k]];
+          last_use_[layer_inputs_[i][k]] = i;
+        }
       }
     }
     for (std::size_t i = 0; i < g_.outputs.size(); ++i)
@@ -141,12 +176,15 @@ class Compiler {
     }
     for (const auto& info : g_.output_infos)
       output_shapes.push_back(info.shape);
-    for (std::size_t i = 0; i < g_.layers.size();) {
-      const OperatorDesc& op = g_.layers[i];
+    for (std::size_t i = 0; i < layers_.size();) {
+      const OperatorDesc& op = layers_[i];
       for (std::size_t k = 0; k < op.outputs.size(); ++k)
         shapes_[g_.layer_outputs[i][k]] = op.outputs[k].shape;
       std::size_t next = i + 1;
       try {
+        // Primitives are created with the team size they run with (ProgramStep::threads).
+        step_threads_ = StepThreads(op);
+        ScopedOmpThreads scoped(step_threads_);
         next = Lower(i);
       } catch (const dnnl::error& error) {
         return Unimplemented("CpuAcc: " + NodeLabel(op) + ": oneDNN has no primitive for it (" +
@@ -157,8 +195,13 @@ class Compiler {
       i = next;
     }
     try {
-      for (std::size_t i = 0; i < g_.outputs.size(); ++i)
+      for (std::size_t i = 0; i < g_.outputs.size(); ++i) {
+        OperatorDesc reorder;
+        reorder.outputs.push_back(g_.output_infos[i]);
+        step_threads_ = StepThreads(reorder);
+        ScopedOmpThreads scoped(step_threads_);
         WriteOutput(i);
+      }
       program_->SetBoundary(std::move(input_shapes), std::move(output_shapes));
       program_->Finish();
     } catch (const dnnl::error& error) {
@@ -222,8 +265,7 @@ class Compiler {
       return;
     }
     dnnl::reorder::primitive_desc pd(engine_, src, engine_, dst, UserScratchpad());
-    program_->AddPrimitive(dnnl::reorder(pd), {{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, to}},
-                           pd.scratchpad_desc());
+    AddStep(dnnl::reorder(pd), {{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, to}}, pd.scratchpad_desc());
   }
 
   // Where a layer writes `name`, laid out as `md` (whose dims may differ from the ONNX shape only
@@ -264,14 +306,12 @@ class Compiler {
   }
 
   // Input `index` of layer `i`: its value name ("" when omitted).
-  const std::string& InputName(std::size_t i, std::size_t index) {
-    return g_.layer_inputs[i][index];
-  }
+  const std::string& InputName(std::size_t i, std::size_t index) { return layer_inputs_[i][index]; }
   const std::string& OutputName(std::size_t i) { return g_.layer_outputs[i][0]; }
 
   // Input `index` of layer i as it is now (any layout): a constant is plain.
   int Current(std::size_t i, std::size_t index) {
-    const OperatorDesc& op = g_.layers[i];
+    const OperatorDesc& op = layers_[i];
     if (IsConstant(op, index))
       return ConstantValue(op, index, PlainMd(op.inputs[index].shape));
     return Reps(InputName(i, index)).front();
@@ -279,7 +319,7 @@ class Compiler {
 
   // Input `index` of layer i in layout `md`.
   int InputAs(std::size_t i, std::size_t index, const Md& md) {
-    const OperatorDesc& op = g_.layers[i];
+    const OperatorDesc& op = layers_[i];
     if (IsConstant(op, index)) {
       return OwnedConstant(static_cast<const float*>(op.constant_inputs[index]),
                            PlainMd(op.inputs[index].shape), md);
@@ -288,7 +328,7 @@ class Compiler {
   }
 
   int InputPlain(std::size_t i, std::size_t index) {
-    const OperatorDesc& op = g_.layers[i];
+    const OperatorDesc& op = layers_[i];
     if (IsConstant(op, index))
       return ConstantValue(op, index, PlainMd(op.inputs[index].shape));
     return GetPlain(InputName(i, index));
@@ -296,12 +336,12 @@ class Compiler {
 
   // The layer after `i` when it only consumes `value`, which nothing else reads (fusable).
   std::optional<std::size_t> SoleConsumer(std::size_t i, const std::string& value) {
-    if (!fuse_ || i + 1 >= g_.layers.size() || output_index_.contains(value))
+    if (!fuse_ || i + 1 >= layers_.size() || output_index_.contains(value))
       return std::nullopt;
     auto uses = uses_.find(value);
     if (uses == uses_.end() || uses->second != 1)
       return std::nullopt;
-    const auto& inputs = g_.layer_inputs[i + 1];
+    const auto& inputs = layer_inputs_[i + 1];
     if (std::find(inputs.begin(), inputs.end(), value) == inputs.end())
       return std::nullopt;
     return i + 1;
@@ -325,24 +365,85 @@ class Compiler {
     Reorder(from, to);
   }
 
-  void Note(std::size_t first, std::size_t last, const std::string& impl) {
+  void Note(std::size_t first, std::size_t last, const std::string& given) {
+    // The two-thread policy made visible in placement (and checked by the tests through it).
+    std::string impl = given;
+    if (threads_ > 1) {
+      impl += step_threads_ > 1 ? " on " + std::to_string(step_threads_) + " threads"
+                                : " on 1 thread (too little work for more)";
+    }
     if (first == last) {
       notes_[first] = "oneDNN " + impl;
       return;
     }
     std::string chain;
     for (std::size_t k = first; k <= last; ++k)
-      chain += (k == first ? "" : "+") + g_.layers[k].op_type;
+      chain += (k == first ? "" : "+") + layers_[k].op_type;
     notes_[first] = "oneDNN " + impl + ", fused " + chain;
     for (std::size_t k = first + 1; k <= last; ++k)
-      notes_[k] = "fused into " + g_.layers[first].name + " (" + chain + ")";
+      notes_[k] = "fused into " + layers_[first].name + " (" + chain + ")";
+  }
+
+  void AddStep(dnnl::primitive primitive, std::vector<std::pair<int, int>> args,
+               const Md& scratchpad) {
+    program_->AddPrimitive(std::move(primitive), std::move(args), scratchpad, step_threads_);
+  }
+
+  // The two-thread policy: the program's thread count for a layer with enough work, else 1, so
+  // that intra_op_threads > 1 never makes a small layer slower than one thread would.
+  int StepThreads(const OperatorDesc& op) const {
+    if (threads_ == 1)
+      return 1;
+    double elements = 0;
+    for (const auto& output : op.outputs)
+      elements = std::max(elements, static_cast<double>(ElementCount(output.shape)));
+    if (op.op_type == "Conv" && op.inputs.size() >= 2) {
+      const Shape& w = op.inputs[1].shape;
+      const double per_output = static_cast<double>(ElementCount(w) / std::max<int64_t>(w[0], 1));
+      return 2.0 * elements * per_output >= kParallelMinFlops ? threads_ : 1;
+    }
+    if ((op.op_type == "Gemm" || op.op_type == "MatMul") && op.inputs.size() >= 2) {
+      const Shape& a = op.inputs[0].shape;
+      const bool ta = op.op_type == "Gemm" && IntAttr(op, "transA", 0) != 0;
+      const double k = a.empty() ? 1.0 : static_cast<double>(ta ? a.front() : a.back());
+      return 2.0 * elements * k >= kParallelMinFlops ? threads_ : 1;
+    }
+    return elements >= kParallelMinElements ? threads_ : 1;
+  }
+
+  // Whether the bytes of `rep` may be overwritten by the fused layers head..last (a convolution
+  // accumulating into them with a sum post-op, for the Add at `last`): a workspace temporary
+  // that no value read after `last`, by the layers before `last` (the convolution's own input),
+  // or a boundary output shares. Trap: views (Reshape, Identity) give other names the same
+  // bytes, so every name is checked.
+  bool CanOverwrite(int rep, std::size_t head, std::size_t last) const {
+    const ValueStorage& storage = program_->value(rep).storage;
+    if (storage.kind != ValueStorage::Kind::kTemporary)
+      return false;
+    for (const auto& [other, others_reps] : reps_) {
+      const bool shares = std::any_of(others_reps.begin(), others_reps.end(), [&](int r) {
+        const ValueStorage& s = program_->value(r).storage;
+        return s.kind == storage.kind && s.index == storage.index;
+      });
+      if (!shares)
+        continue;
+      auto use = last_use_.find(other);
+      if (output_index_.contains(other) || (use != last_use_.end() && use->second > last))
+        return false;
+      for (std::size_t k = head; k < last; ++k) {
+        const auto& inputs = layer_inputs_[k];
+        if (std::find(inputs.begin(), inputs.end(), other) != inputs.end())
+          return false;
+      }
+    }
+    return true;
   }
 
   // ---- lowering -----------------------------------------------------------------------------
 
   // Lowers layer i (and the layers fused into it) by its op's row; returns the next layer.
   std::size_t Lower(std::size_t i) {
-    const OperatorDesc& op = g_.layers[i];
+    const OperatorDesc& op = layers_[i];
     const OpRow* row = FindOpRow(op.op_type);
     if (row == nullptr)
       throw CompileError{Unimplemented("CpuAcc does not implement op " + op.op_type)};
@@ -350,29 +451,51 @@ class Compiler {
   }
 
   // Identity, Flatten, Reshape: the same bytes under the output's dims, a view, no work.
+  // Identity and Dropout (inference) keep every layout the input has, blocked ones included.
   std::size_t LowerView(std::size_t i) {
+    const std::string& output = OutputName(i);
+    if (!IsConstant(layers_[i], 0) && ShapeOf(InputName(i, 0)) == ShapeOf(output)) {
+      reps_[output] = Reps(InputName(i, 0));
+      notes_[i] = "the same bytes as its input inside the compiled run (no copy)";
+      return i + 1;
+    }
     const int input = InputPlain(i, 0);
     reps_[OutputName(i)].push_back(View(input, PlainMd(ShapeOf(OutputName(i)))));
     notes_[i] = "a view of its input inside the compiled run (no copy)";
     return i + 1;
   }
 
-  // Activations (and, with `bias`, constant Adds shaped like the bias) after layer `i`:
-  // appended to `post_ops` / folded into `bias`. `bias_shape` says whether an Add's constant
-  // fits the bias of the run's head layer, and as which shape. Returns the last fused layer.
+  // Activations (and, with `bias`, constant Adds shaped like the bias; with `residual`, one Add
+  // of another value of the output's shape, as a sum post-op) after layer `i`: appended to
+  // `post_ops` / folded into `bias`. `bias_shape` says whether an Add's constant fits the bias of
+  // the run's head layer, and as which shape. Returns the last fused layer; `*residual` names
+  // the value the sum post-op adds (its bytes must be in the destination before the primitive
+  // runs: LowerConv sees to it).
   using BiasShapeFn = std::optional<Shape> (Compiler::*)(const Shape&, std::size_t);
   std::size_t FuseEpilogue(std::size_t i, Bias* bias, BiasShapeFn bias_shape,
-                           dnnl::post_ops* post_ops, std::size_t head) {
+                           dnnl::post_ops* post_ops, std::size_t head,
+                           std::optional<std::string>* residual = nullptr) {
     std::size_t last = i;
     bool activated = false;
     while (auto next = SoleConsumer(last, OutputName(last))) {
-      const OperatorDesc& op = g_.layers[*next];
-      if (auto activation = Activation(op.op_type)) {
-        post_ops->append_eltwise(1.0f, *activation, 0.0f, 0.0f);
+      const OperatorDesc& op = layers_[*next];
+      const std::vector<Eltwise> eltwise = EltwiseSteps(op);
+      const std::size_t other =
+          op.inputs.size() == 2 && InputName(*next, 0) == OutputName(last) ? 1 : 0;
+      if (!eltwise.empty()) {
+        for (const Eltwise& function : eltwise)
+          post_ops->append_eltwise(1.0f, function.kind, function.alpha, function.beta);
         activated = true;
+      } else if (op.op_type == "Add" && residual != nullptr && !residual->has_value() &&
+                 !activated && !IsConstant(op, other) &&
+                 op.inputs[other].shape == layers_[head].outputs[0].shape &&
+                 op.outputs[0].shape == layers_[head].outputs[0].shape) {
+        // The residual Add of a ResNet/MobileNet block. Only before any activation: oneDNN's
+        // sum then activation is the chain its convolutions implement everywhere.
+        post_ops->append_sum(1.0f);
+        *residual = InputName(*next, other);
       } else if (op.op_type == "Add" && !activated && bias != nullptr) {
-        const std::size_t other = InputName(*next, 0) == OutputName(last) ? 1 : 0;
-        if (!IsConstant(op, other) || op.outputs[0].shape != g_.layers[head].outputs[0].shape)
+        if (!IsConstant(op, other) || op.outputs[0].shape != layers_[head].outputs[0].shape)
           break;
         const auto shape = (this->*bias_shape)(op.inputs[other].shape, head);
         if (!shape)
@@ -389,7 +512,7 @@ class Compiler {
 
   // Conv: a constant broadcasting along the channel axis only, as [maps] (or [1]: a scalar).
   std::optional<Shape> ConvBiasShape(const Shape& shape, std::size_t head) {
-    const Shape& out = g_.layers[head].outputs[0].shape;
+    const Shape& out = layers_[head].outputs[0].shape;
     if (shape.size() > out.size())
       return std::nullopt;
     const Shape padded = PadTo(shape, out.size());
@@ -402,7 +525,7 @@ class Compiler {
 
   // MatMul/Gemm: a constant broadcasting along the last axis only, as [N] (or [1]).
   std::optional<Shape> MatMulBiasShape(const Shape& shape, std::size_t head) {
-    const Shape& out = g_.layers[head].outputs[0].shape;
+    const Shape& out = layers_[head].outputs[0].shape;
     if (shape.size() > out.size() || out.empty())
       return std::nullopt;
     const Shape padded = PadTo(shape, out.size());
@@ -464,6 +587,8 @@ class Compiler {
         dst(pd.dst_desc(), engine_), scratchpad(pd.scratchpad_desc(), engine_);
     std::memset(src.get_data_handle(), 0, pd.src_desc().get_size());
     std::memset(weights.get_data_handle(), 0, pd.weights_desc().get_size());
+    // A sum post-op reads the destination: zeros, not whatever the allocation held.
+    std::memset(dst.get_data_handle(), 0, pd.dst_desc().get_size());
     std::unordered_map<int, memory> args{{DNNL_ARG_SRC, src},
                                          {DNNL_ARG_WEIGHTS, weights},
                                          {DNNL_ARG_DST, dst},
@@ -488,7 +613,7 @@ class Compiler {
   }
 
   std::size_t LowerConv(std::size_t i) {
-    const OperatorDesc& op = g_.layers[i];
+    const OperatorDesc& op = layers_[i];
     const Shape& x = op.inputs[0].shape;
     const Shape& w = op.inputs[1].shape;
     const int64_t group = IntAttr(op, "group", 1);
@@ -518,7 +643,7 @@ class Compiler {
     std::size_t last = i;
     if (!has_b || b_constant) {
       if (auto next = SoleConsumer(i, OutputName(i)); next && w_constant) {
-        const OperatorDesc& bn = g_.layers[*next];
+        const OperatorDesc& bn = layers_[*next];
         if (bn.op_type == "BatchNormalization" && InputName(*next, 0) == OutputName(i) &&
             IsConstant(bn, 1) && IsConstant(bn, 2) && IsConstant(bn, 3) && IsConstant(bn, 4)) {
           const float epsilon = FloatAttr(bn, "epsilon", 1e-5f);
@@ -544,8 +669,9 @@ class Compiler {
       }
     }
     dnnl::post_ops post_ops;
+    std::optional<std::string> residual;
     last = FuseEpilogue(last, (!has_b || b_constant) ? &bias : nullptr, &Compiler::ConvBiasShape,
-                        &post_ops, i);
+                        &post_ops, i, &residual);
 
     // Descriptors: oneDNN picks the layouts of src, weights and dst (format any).
     memory::dims w_dims = Dims(w);
@@ -566,27 +692,40 @@ class Compiler {
     const Md bias_md({maps}, memory::data_type::f32, memory::format_tag::a);
     dnnl::primitive_attr attr = UserScratchpad();
     attr.set_post_ops(post_ops);
-    auto desc = with_bias ? dnnl::convolution_forward::desc(
-                                dnnl::prop_kind::forward_inference, algorithm::convolution_direct,
-                                src_any, w_any, bias_md, dst_any, strides, dilates, pad_l, pad_r)
-                          : dnnl::convolution_forward::desc(
-                                dnnl::prop_kind::forward_inference, algorithm::convolution_direct,
-                                src_any, w_any, dst_any, strides, dilates, pad_l, pad_r);
+    auto conv_desc = [&](const Md& src, const Md& dst) {
+      return with_bias ? dnnl::convolution_forward::desc(
+                             dnnl::prop_kind::forward_inference, algorithm::convolution_direct, src,
+                             w_any, bias_md, dst, strides, dilates, pad_l, pad_r)
+                       : dnnl::convolution_forward::desc(dnnl::prop_kind::forward_inference,
+                                                         algorithm::convolution_direct, src, w_any,
+                                                         dst, strides, dilates, pad_l, pad_r);
+    };
+    auto desc = conv_desc(src_any, dst_any);
+    if (residual) {
+      // With a residual sum the destination takes the other branch's layout when it is blocked
+      // (it is, after a convolution) and a non-reference kernel writes it: no reorder of the
+      // branch into the destination. Else oneDNN's choice, and the branch is reordered.
+      const Md branch = program_->value(Reps(*residual).front()).md;
+      if (!IsPlain(branch)) {
+        try {
+          auto candidate = conv_desc(src_any, branch);
+          dnnl::convolution_forward::primitive_desc probe(candidate, attr, engine_);
+          if (ImplName(probe).find("ref") == std::string::npos)
+            desc = candidate;
+        } catch (const dnnl::error&) {
+          // no implementation writes that layout: format any
+        }
+      }
+    }
     dnnl::convolution_forward::primitive_desc pd(desc, attr, engine_);
     const double flops = 2.0 * static_cast<double>(ElementCount(expected)) *
                          static_cast<double>(ElementCount(w) / maps);
     if (flops >= kTuneFlops) {
       std::vector<dnnl::convolution_forward::desc> descs{desc};
       if (x.size() == 4 && maps % 16 != 0) {
-        const Md src_nhwc(Dims(x), memory::data_type::f32, memory::format_tag::nhwc);
-        const Md dst_nhwc(Dims(expected), memory::data_type::f32, memory::format_tag::nhwc);
         descs.push_back(
-            with_bias ? dnnl::convolution_forward::desc(
-                            dnnl::prop_kind::forward_inference, algorithm::convolution_direct,
-                            src_nhwc, w_any, bias_md, dst_nhwc, strides, dilates, pad_l, pad_r)
-                      : dnnl::convolution_forward::desc(
-                            dnnl::prop_kind::forward_inference, algorithm::convolution_direct,
-                            src_nhwc, w_any, dst_nhwc, strides, dilates, pad_l, pad_r));
+            conv_desc(Md(Dims(x), memory::data_type::f32, memory::format_tag::nhwc),
+                      Md(Dims(expected), memory::data_type::f32, memory::format_tag::nhwc)));
       }
       pd = FastestConv(descs, attr);
     }
@@ -630,14 +769,39 @@ class Compiler {
       args.push_back({DNNL_ARG_BIAS, InputPlain(i, 2)});
     }
     args.push_back({DNNL_ARG_SRC, InputAs(i, 0, pd.src_desc())});
-    args.push_back({DNNL_ARG_DST, Define(OutputName(last), pd.dst_desc())});
-    program_->AddPrimitive(dnnl::convolution_forward(pd), std::move(args), pd.scratchpad_desc());
-    Note(i, last, ImplName(pd));
+    args.push_back({DNNL_ARG_DST, residual ? ResidualDestination(*residual, i, last, pd.dst_desc())
+                                           : Define(OutputName(last), pd.dst_desc())});
+    AddStep(dnnl::convolution_forward(pd), std::move(args), pd.scratchpad_desc());
+    Note(i, last,
+         ImplName(pd) + (residual ? ", residual '" + *residual + "' as a sum post-op" : ""));
     return last + 1;
   }
 
+  // The destination of a convolution whose sum post-op adds value `branch`: oneDNN accumulates
+  // into the destination's bytes, so they must hold `branch` when the primitive starts. The
+  // branch's own bytes when it is in the layout `md` and nothing reads them afterwards
+  // (CanOverwrite); else a new value that the branch is copied (or reordered) into first.
+  int ResidualDestination(const std::string& branch, std::size_t head, std::size_t last,
+                          const Md& md) {
+    const std::string& output = OutputName(last);
+    for (int rep : Reps(branch)) {
+      if (program_->value(rep).md == md && CanOverwrite(rep, head, last)) {
+        reps_[output].push_back(rep);
+        return rep;
+      }
+    }
+    int from = Reps(branch).front();
+    for (int rep : Reps(branch)) {
+      if (program_->value(rep).md == md)
+        from = rep;
+    }
+    const int dst = Define(output, md);
+    Reorder(from, dst);
+    return dst;
+  }
+
   std::size_t LowerMatMul(std::size_t i) {
-    const OperatorDesc& op = g_.layers[i];
+    const OperatorDesc& op = layers_[i];
     const bool gemm = op.op_type == "Gemm";
     const Shape& a = op.inputs[0].shape;
     const Shape& b = op.inputs[1].shape;
@@ -758,13 +922,13 @@ class Compiler {
       args.push_back({DNNL_ARG_BIAS, OwnedConstant(bias.values.data(), *bias_md, *bias_md)});
     if (!separate_c) {
       args.push_back({DNNL_ARG_DST, Define(OutputName(last), y_md)});
-      program_->AddPrimitive(dnnl::matmul(pd), std::move(args), pd.scratchpad_desc());
+      AddStep(dnnl::matmul(pd), std::move(args), pd.scratchpad_desc());
       Note(i, last, ImplName(pd));
       return last + 1;
     }
     const int product = program_->AddTemporary(y_md);
     args.push_back({DNNL_ARG_DST, product});
-    program_->AddPrimitive(dnnl::matmul(pd), std::move(args), pd.scratchpad_desc());
+    AddStep(dnnl::matmul(pd), std::move(args), pd.scratchpad_desc());
     const Md c_md = PlainMd(c2);
     dnnl::primitive_attr c_attr = UserScratchpad();
     c_attr.set_scales(DNNL_ARG_SRC_1, 0, {beta});
@@ -772,15 +936,15 @@ class Compiler {
                                         c_attr, engine_);
     const int c = View(InputPlain(i, 2), c_md);
     const int dst = Define(OutputName(i), y_md);
-    program_->AddPrimitive(dnnl::binary(add_pd),
-                           {{DNNL_ARG_SRC_0, product}, {DNNL_ARG_SRC_1, c}, {DNNL_ARG_DST, dst}},
-                           add_pd.scratchpad_desc());
+    AddStep(dnnl::binary(add_pd),
+            {{DNNL_ARG_SRC_0, product}, {DNNL_ARG_SRC_1, c}, {DNNL_ARG_DST, dst}},
+            add_pd.scratchpad_desc());
     Note(i, i, ImplName(pd) + " + " + ImplName(add_pd) + " for beta*C");
     return i + 1;
   }
 
   std::size_t LowerPool(std::size_t i) {
-    const OperatorDesc& op = g_.layers[i];
+    const OperatorDesc& op = layers_[i];
     const Shape& x = op.inputs[0].shape;
     auto window = ResolveWindow(op, std::span(x).subspan(2), IntsAttr(op, "kernel_shape"),
                                 op_rules::WindowOp::kPool);
@@ -799,7 +963,7 @@ class Compiler {
 
   // GlobalAveragePool, GlobalMaxPool: one window over all spatial dims.
   std::size_t LowerGlobalPool(std::size_t i) {
-    const OperatorDesc& op = g_.layers[i];
+    const OperatorDesc& op = layers_[i];
     const Shape& x = op.inputs[0].shape;
     const std::span<const int64_t> spatial(x.begin() + 2, x.end());
     Window window;
@@ -815,7 +979,7 @@ class Compiler {
   }
 
   std::size_t LowerPooling(std::size_t i, const Window& window, algorithm kind) {
-    const OperatorDesc& op = g_.layers[i];
+    const OperatorDesc& op = layers_[i];
     const Shape& x = op.inputs[0].shape;
     Shape expected{x[0], x[1]};
     expected.insert(expected.end(), window.out.begin(), window.out.end());
@@ -841,62 +1005,157 @@ class Compiler {
     const dnnl::primitive_attr attr = UserScratchpad();
     dnnl::pooling_v2_forward::primitive_desc pd(desc, attr, engine_);
     const int dst = Define(OutputName(last), pd.dst_desc());
-    program_->AddPrimitive(dnnl::pooling_v2_forward(pd), {{DNNL_ARG_SRC, src}, {DNNL_ARG_DST, dst}},
-                           pd.scratchpad_desc());
+    AddStep(dnnl::pooling_v2_forward(pd), {{DNNL_ARG_SRC, src}, {DNNL_ARG_DST, dst}},
+            pd.scratchpad_desc());
     Note(i, last, ImplName(pd));
     return last + 1;
   }
 
-  // Relu, Sigmoid, Tanh.
+  // Relu, LeakyRelu, Sigmoid, Tanh, HardSigmoid, HardSwish, Clip: one eltwise primitive per
+  // function of EltwiseSteps, the first into the output, the rest in place. The input's layout
+  // is kept (blocked after a convolution): no reorder around an activation.
   std::size_t LowerActivation(std::size_t i) {
-    const algorithm kind = *Activation(g_.layers[i].op_type);
     const int src = Current(i, 0);
     const Md md = program_->value(src).md;
-    dnnl::eltwise_forward::desc desc(dnnl::prop_kind::forward_inference, kind, md, 0.0f, 0.0f);
     // No post-ops here: oneDNN 2.6 takes them reliably on convolutions and matmuls only.
-    const std::size_t last = i;
-    const dnnl::primitive_attr attr = UserScratchpad();
-    dnnl::eltwise_forward::primitive_desc pd(desc, attr, engine_);
-    const int dst = Define(OutputName(last), pd.dst_desc());
-    program_->AddPrimitive(dnnl::eltwise_forward(pd), {{DNNL_ARG_SRC, src}, {DNNL_ARG_DST, dst}},
-                           pd.scratchpad_desc());
-    Note(i, last, ImplName(pd));
-    return last + 1;
+    int from = src, dst = -1;
+    std::string impl;
+    for (const Eltwise& function : EltwiseSteps(layers_[i])) {
+      dnnl::eltwise_forward::desc desc(dnnl::prop_kind::forward_inference, function.kind, md,
+                                       function.alpha, function.beta);
+      dnnl::eltwise_forward::primitive_desc pd(desc, UserScratchpad(), engine_);
+      if (dst < 0)
+        dst = Define(OutputName(i), pd.dst_desc());
+      AddStep(dnnl::eltwise_forward(pd), {{DNNL_ARG_SRC, from}, {DNNL_ARG_DST, dst}},
+              pd.scratchpad_desc());
+      impl += (impl.empty() ? "" : " + ") + ImplName(pd);
+      from = dst;
+    }
+    Note(i, i, impl);
+    return i + 1;
   }
 
+  // Add, Sub, Mul, Div. oneDNN's binary primitive broadcasts its second operand only
+  // (src0 has the output's dims). So: the operand of the output's shape goes first (swapped for
+  // Add and Mul, which commute); where the first operand still broadcasts (Sub, Div, or both
+  // broadcasting), it is spread over the output first — the output filled with ones, times the
+  // operand (exact: 1 * a is a, infinities and NaNs included) — and the op then runs in place.
+  // Two operands of the output's shape keep the first one's layout (blocked after a
+  // convolution); broadcasting runs on plain layouts.
   std::size_t LowerBinary(std::size_t i) {
-    const OperatorDesc& op = g_.layers[i];
+    const OperatorDesc& op = layers_[i];
     const Shape& y = op.outputs[0].shape;
     auto out = op_rules::Broadcast(op.inputs[0].shape, op.inputs[1].shape);
     if (!out.ok() || out.value() != y)
       throw CompileError{NodeInvalid(op, "output " + ToString(y) + " does not match the inputs")};
-    // oneDNN broadcasts src1 only: the full-size operand goes first (Add and Mul commute).
+    const algorithm kind = op.op_type == "Add"   ? algorithm::binary_add
+                           : op.op_type == "Sub" ? algorithm::binary_sub
+                           : op.op_type == "Mul" ? algorithm::binary_mul
+                                                 : algorithm::binary_div;
+    const bool commutes = kind == algorithm::binary_add || kind == algorithm::binary_mul;
+    // Of the output's element count: the output's dims with leading 1s dropped (same bytes).
+    auto full = [&](std::size_t k) { return PadTo(op.inputs[k].shape, y.size()) == y; };
     std::size_t first = 0, second = 1;
-    if (ElementCount(op.inputs[0].shape) != ElementCount(y)) {
+    if (!full(0) && full(1) && commutes)
       std::swap(first, second);
-      if (ElementCount(op.inputs[1].shape) != ElementCount(y))
-        throw CompileError{NodeUnimplemented(op, "both operands broadcast")};
-    }
+    // oneDNN's dims for an ONNX scalar output are [1]; operands padded to the output's rank.
     const Md y_md = PlainMd(y);
-    const Md src1_md = PlainMd(PadTo(op.inputs[second].shape, y.size()));
-    const int src0 = View(InputPlain(i, first), y_md);
-    const int src1 = View(InputPlain(i, second), src1_md);
-    const algorithm kind = op.op_type == "Add" ? algorithm::binary_add : algorithm::binary_mul;
-    dnnl::binary::desc desc(kind, y_md, src1_md, y_md);
-    // No post-ops here: oneDNN 2.6 takes them reliably on convolutions and matmuls only.
-    const std::size_t last = i;
-    const dnnl::primitive_attr attr = UserScratchpad();
-    dnnl::binary::primitive_desc pd(desc, attr, engine_);
-    const int dst = Define(OutputName(last), y_md);
-    program_->AddPrimitive(dnnl::binary(pd),
-                           {{DNNL_ARG_SRC_0, src0}, {DNNL_ARG_SRC_1, src1}, {DNNL_ARG_DST, dst}},
-                           pd.scratchpad_desc());
-    Note(i, last, ImplName(pd));
-    return last + 1;
+    const Md src1_plain = PlainMd(PadTo(op.inputs[second].shape, y.size()));
+    if (op.inputs[0].shape == y && op.inputs[1].shape == y && !IsConstant(op, 0) &&
+        !IsConstant(op, 1)) {
+      const Md md = program_->value(Current(i, first)).md;
+      const int src0 = Current(i, first);
+      const int src1 = InputAs(i, second, md);
+      dnnl::binary::primitive_desc pd(dnnl::binary::desc(kind, md, md, md), UserScratchpad(),
+                                      engine_);
+      const int dst = Define(OutputName(i), md);
+      AddStep(dnnl::binary(pd),
+              {{DNNL_ARG_SRC_0, src0}, {DNNL_ARG_SRC_1, src1}, {DNNL_ARG_DST, dst}},
+              pd.scratchpad_desc());
+      Note(i, i, ImplName(pd));
+      return i + 1;
+    }
+    const int src1 = View(InputPlain(i, second), src1_plain);
+    const int dst = Define(OutputName(i), y_md);
+    int src0;
+    std::string impl;
+    if (full(first)) {
+      src0 = View(InputPlain(i, first), y_md);
+    } else {
+      const Md a_md = PlainMd(PadTo(op.inputs[first].shape, y.size()));
+      const int a = View(InputPlain(i, first), a_md);
+      dnnl::binary::primitive_desc spread(
+          dnnl::binary::desc(algorithm::binary_mul, y_md, a_md, y_md), UserScratchpad(), engine_);
+      program_->AddFill(dst, 1.0f);
+      AddStep(dnnl::binary(spread),
+              {{DNNL_ARG_SRC_0, dst}, {DNNL_ARG_SRC_1, a}, {DNNL_ARG_DST, dst}},
+              spread.scratchpad_desc());
+      impl = "input " + std::to_string(first) + " broadcast by " + ImplName(spread) + ", then ";
+      src0 = dst;
+    }
+    dnnl::binary::primitive_desc pd(dnnl::binary::desc(kind, y_md, src1_plain, y_md),
+                                    UserScratchpad(), engine_);
+    AddStep(dnnl::binary(pd), {{DNNL_ARG_SRC_0, src0}, {DNNL_ARG_SRC_1, src1}, {DNNL_ARG_DST, dst}},
+            pd.scratchpad_desc());
+    Note(i, i, impl + ImplName(pd));
+    return i + 1;
+  }
+
+  // Pad (constant mode, pads >= 0). Folded into the next convolution's padding when that is the
+  // only reader, the constant is 0 and only spatial dims are padded (the common export of a
+  // padded convolution: both give zeros at the border). Otherwise the output is filled with the
+  // constant and the input reordered into the interior, a view of the output at the begin pads.
+  std::size_t LowerPad(std::size_t i) {
+    const OperatorDesc& op = layers_[i];
+    const PadSpec pad = ReadPad(op);
+    if (auto next = SoleConsumer(i, OutputName(i)); next && FoldPadIntoConv(i, *next, pad)) {
+      notes_[i] = "folded into the padding of " + NodeLabel(layers_[*next]);
+      return i + 1;
+    }
+    const Shape& x = op.inputs[0].shape;
+    const Shape& y = op.outputs[0].shape;
+    const Md y_md = PlainMd(y);
+    const int dst = Define(OutputName(i), y_md);
+    program_->AddFill(dst, pad.value);
+    const Md interior =
+        y_md.submemory_desc(Dims(x), memory::dims(pad.begin.begin(), pad.begin.end()));
+    const int inside = View(dst, interior);
+    Reorder(InputPlain(i, 0), inside);
+    Note(i, i, "fill + reorder into the interior");
+    return i + 1;
+  }
+
+  // Rewrites Conv layer `conv`, the sole reader of Pad layer `pad_layer`'s output, to read the
+  // Pad's input with the Pad's amounts added to its own pads; false (nothing changed) when the
+  // Pad is not a zero pad of spatial dims or the Conv's padding is not explicit.
+  bool FoldPadIntoConv(std::size_t pad_layer, std::size_t conv, const PadSpec& pad) {
+    OperatorDesc& op = layers_[conv];
+    const std::size_t rank = pad.begin.size();
+    if (op.op_type != "Conv" || pad.value != 0.0f || rank < 3 ||
+        layer_inputs_[conv][0] != OutputName(pad_layer) ||
+        (layer_inputs_[conv].size() > 1 && layer_inputs_[conv][1] == OutputName(pad_layer)) ||
+        pad.begin[0] != 0 || pad.begin[1] != 0 || pad.end[0] != 0 || pad.end[1] != 0 ||
+        StringAttr(op, "auto_pad", "NOTSET") != "NOTSET")
+      return false;
+    const std::size_t spatial = rank - 2;
+    std::vector<int64_t> pads = IntsAttr(op, "pads");
+    if (pads.empty())
+      pads.assign(2 * spatial, 0);
+    if (pads.size() != 2 * spatial)
+      return false;
+    for (std::size_t d = 0; d < spatial; ++d) {
+      pads[d] += pad.begin[d + 2];
+      pads[d + spatial] += pad.end[d + 2];
+    }
+    op.attributes["pads"] = pads;
+    op.inputs[0] = layers_[pad_layer].inputs[0];
+    layer_inputs_[conv][0] = InputName(pad_layer, 0);
+    last_use_[InputName(pad_layer, 0)] = std::max(last_use_[InputName(pad_layer, 0)], conv);
+    return true;
   }
 
   std::size_t LowerSoftmax(std::size_t i) {
-    const OperatorDesc& op = g_.layers[i];
+    const OperatorDesc& op = layers_[i];
     const Shape& x = op.inputs[0].shape;
     const int axis =
         static_cast<int>(*NormalizedAxis(IntAttr(op, "axis", -1), static_cast<int64_t>(x.size())));
@@ -905,14 +1164,14 @@ class Compiler {
     dnnl::softmax_forward::primitive_desc pd(desc, UserScratchpad(), engine_);
     const int src = InputPlain(i, 0);
     const int dst = Define(OutputName(i), md);
-    program_->AddPrimitive(dnnl::softmax_forward(pd), {{DNNL_ARG_SRC, src}, {DNNL_ARG_DST, dst}},
-                           pd.scratchpad_desc());
+    AddStep(dnnl::softmax_forward(pd), {{DNNL_ARG_SRC, src}, {DNNL_ARG_DST, dst}},
+            pd.scratchpad_desc());
     Note(i, i, ImplName(pd));
     return i + 1;
   }
 
   std::size_t LowerBatchNorm(std::size_t i) {
-    const OperatorDesc& op = g_.layers[i];
+    const OperatorDesc& op = layers_[i];
     const int src = Current(i, 0);
     const Md md = program_->value(src).md;
     const auto flags = dnnl::normalization_flags::use_global_stats |
@@ -929,14 +1188,13 @@ class Compiler {
                                           {DNNL_ARG_MEAN, InputPlain(i, 3)},
                                           {DNNL_ARG_VARIANCE, InputPlain(i, 4)}};
     args.push_back({DNNL_ARG_DST, Define(OutputName(last), pd.dst_desc())});
-    program_->AddPrimitive(dnnl::batch_normalization_forward(pd), std::move(args),
-                           pd.scratchpad_desc());
+    AddStep(dnnl::batch_normalization_forward(pd), std::move(args), pd.scratchpad_desc());
     Note(i, last, ImplName(pd));
     return last + 1;
   }
 
   std::size_t LowerConcat(std::size_t i) {
-    const OperatorDesc& op = g_.layers[i];
+    const OperatorDesc& op = layers_[i];
     const Shape& y = op.outputs[0].shape;
     const int axis =
         static_cast<int>(*NormalizedAxis(IntAttr(op, "axis", 0), static_cast<int64_t>(y.size())));
@@ -949,13 +1207,13 @@ class Compiler {
     const Md y_md = PlainMd(y);
     dnnl::concat::primitive_desc pd(y_md, axis, srcs, engine_, UserScratchpad());
     args.push_back({DNNL_ARG_DST, Define(OutputName(i), y_md)});
-    program_->AddPrimitive(dnnl::concat(pd), std::move(args), pd.scratchpad_desc());
+    AddStep(dnnl::concat(pd), std::move(args), pd.scratchpad_desc());
     Note(i, i, ImplName(pd));
     return i + 1;
   }
 
   std::size_t LowerTranspose(std::size_t i) {
-    const OperatorDesc& op = g_.layers[i];
+    const OperatorDesc& op = layers_[i];
     const Shape& x = op.inputs[0].shape;
     const Shape& y = op.outputs[0].shape;
     std::vector<int64_t> perm = IntsAttr(op, "perm");
@@ -977,13 +1235,20 @@ class Compiler {
   }
 
   const SubgraphDesc& g_;
+  // The layers as lowered: a copy, because folding rewrites a consumer (a Pad folded into the
+  // next Conv's padding gives that Conv the Pad's input). Constants still point into g_'s data.
+  std::vector<OperatorDesc> layers_;
+  std::vector<std::vector<std::string>> layer_inputs_;
   dnnl::engine engine_;
   dnnl::stream stream_;
   std::shared_ptr<Program> program_;
+  const int threads_;
+  int step_threads_ = 1;  // for the primitives of the layer being lowered
   const bool fuse_;
   std::map<std::string, std::vector<int>, std::less<>> reps_;  // value -> its layouts in program
   std::map<std::string, Shape, std::less<>> shapes_;
-  std::map<std::string, int, std::less<>> uses_;  // consumers inside the run
+  std::map<std::string, int, std::less<>> uses_;              // consumers inside the run
+  std::map<std::string, std::size_t, std::less<>> last_use_;  // the last layer that reads it
   std::map<std::string, std::size_t, std::less<>> output_index_;
   std::vector<std::string> notes_;
 
@@ -1001,7 +1266,15 @@ const OpRow* FindOpRow(std::string_view op_type) {
       {"MatMul", CheckMatMul, &Compiler::LowerMatMul},
       {"Add", CheckBinary, &Compiler::LowerBinary},
       {"Mul", CheckBinary, &Compiler::LowerBinary},
+      {"Sub", CheckBinary, &Compiler::LowerBinary},
+      {"Div", CheckBinary, &Compiler::LowerBinary},
       {"Relu", CheckUnary, &Compiler::LowerActivation},
+      {"LeakyRelu", CheckLeakyRelu, &Compiler::LowerActivation},
+      {"HardSigmoid", CheckHardSigmoid, &Compiler::LowerActivation},
+      {"HardSwish", CheckUnary, &Compiler::LowerActivation},
+      {"Clip", CheckClip, &Compiler::LowerActivation},
+      {"Dropout", CheckDropout, &Compiler::LowerView},
+      {"Pad", CheckPad, &Compiler::LowerPad},
       {"Sigmoid", CheckUnary, &Compiler::LowerActivation},
       {"Tanh", CheckUnary, &Compiler::LowerActivation},
       {"Softmax", CheckSoftmax, &Compiler::LowerSoftmax},

@@ -2,10 +2,14 @@
 //
 // The same compiler serves CreateWorkload (a run of one layer) and CompileSubgraph. Inside a run
 // it fuses (Conv + BatchNormalization folded into the weights + constant Add folded into the bias
-// + Relu/Sigmoid/Tanh as post-ops; Gemm/MatMul + constant Add as bias + activation post-ops),
-// keeps oneDNN's blocked layouts between convolutions, pools and element-wise layers, turns
-// Identity/Flatten/Reshape into views of the same bytes, and reorders only where a primitive
-// needs another layout (always plain row-major at the run's boundary).
+// + a residual Add of another value as a sum post-op + Relu/LeakyRelu/Sigmoid/Tanh/HardSigmoid/
+// HardSwish/Clip as post-ops; Gemm/MatMul + constant Add as bias + activation post-ops), folds a
+// zero spatial Pad into the next Conv's padding, keeps oneDNN's blocked layouts between
+// convolutions, pools and element-wise layers (activations, BatchNormalization, a binary op of
+// two operands of the output's shape, Identity, Dropout), turns Identity/Dropout/Flatten/Reshape
+// into views of the same bytes, and reorders only where a primitive needs another layout (always
+// plain row-major at the run's boundary). Each layer's primitives are created for, and run with,
+// 1 or `threads` OpenMP threads by its work (the two-thread policy, compiler.cpp).
 #pragma once
 
 #include <memory>

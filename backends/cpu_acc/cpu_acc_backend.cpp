@@ -1,10 +1,15 @@
 // CpuAcc: FP32 inference on oneDNN (Debian's libdnnl 2.6, OpenMP runtime).
 //
-// Ops: Conv, MaxPool, AveragePool, GlobalAveragePool, GlobalMaxPool, Gemm, MatMul, Relu, Sigmoid,
-// Tanh, Softmax, BatchNormalization (inference), Add, Mul, Concat, Transpose, Identity, Flatten,
-// Reshape, with ONNX semantics as CpuRef implements them (backends/cpu_ref). What oneDNN cannot
-// do, or not with CpuRef's results, IsSupported refuses with the reason (op_support.cpp), and the
-// layer falls to the next backend of the network's preference list.
+// Ops: Conv, MaxPool, AveragePool, GlobalAveragePool, GlobalMaxPool, Gemm, MatMul, Relu,
+// LeakyRelu, Sigmoid, Tanh, HardSigmoid, HardSwish, Clip (constant bounds), Softmax,
+// BatchNormalization (inference), Add, Sub, Mul, Div (numpy broadcasting of either operand or
+// both), Dropout (inference: the identity; no mask output), Pad (constant mode, pads >= 0),
+// Concat, Transpose, Identity, Flatten, Reshape, with ONNX semantics as CpuRef implements them
+// (backends/cpu_ref). What oneDNN cannot do, or not with CpuRef's results, IsSupported refuses
+// with the reason (op_support.cpp), and the layer falls to the next backend of the network's
+// preference list. Inside a compiled run (compiler.hpp) Conv + BatchNormalization + constant Add
+// + residual Add (a sum post-op) + activations (Relu, LeakyRelu, Sigmoid, Tanh, HardSigmoid,
+// HardSwish, Clip) become one convolution, and a zero spatial Pad before a Conv its padding.
 //
 // Primitives are created once, when a workload is created or a run of layers is compiled
 // (SDK 1.1 CompileSubgraph, compiler.cpp); Execute only binds the host's tensors and runs them
@@ -13,12 +18,15 @@
 // static shapes and is declined otherwise (its layers then run one by one).
 //
 // Threading (option intra_op_threads, default 1): oneDNN here runs on OpenMP, and every primitive
-// runs on the thread that calls Execute, with that thread's OpenMP thread count set to
-// intra_op_threads for the call (a per-thread setting, restored after). The host runs up to
-// max_in_flight requests at once, so requests x intra_op_threads threads may compute at once:
-// keep that product within the cores (1, the default, never oversubscribes). The value is read
-// when a workload is created (oneDNN sizes some kernels' work split at creation), so an update
-// applies to networks loaded (or migrated) after it.
+// runs on the thread that calls Execute, with that thread's OpenMP thread count set for the call
+// (a per-thread setting, restored after). The count is per step: intra_op_threads for a layer
+// with enough work, 1 below the thresholds of compiler.cpp (kParallelMinFlops,
+// kParallelMinElements; measured by bench/cpu_acc_threads_bench.cpp), so that a second thread
+// never slows a small layer down. The host runs up to max_in_flight requests at once, so
+// requests x intra_op_threads threads may compute at once: keep that product within the cores
+// (1, the default, never oversubscribes). The value is read when a workload is created (oneDNN
+// sizes some kernels' work split at creation), so an update applies to networks loaded (or
+// migrated) after it.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -42,8 +50,10 @@ struct BackendState {
   OptionSet options{std::string(kId),
                     {{std::string(kIntraOpThreads), OptionType::kInt64, int64_t{1},
                       "OpenMP threads each request's primitives use (>= 1); requests in flight x "
-                      "this should not exceed the cores. Applies to networks loaded after a "
-                      "change"}}};
+                      "this should not exceed the cores. Only layers of at least 1 MFLOP "
+                      "(Conv, Gemm, MatMul) or 64K output elements (other ops) use more than "
+                      "one: below that a second thread was measured to slow them down. Applies "
+                      "to networks loaded after a change"}}};
   std::atomic<int> executing{0};  // Execute calls inside this instance's code
 };
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <initializer_list>
+#include <limits>
 
 namespace backplane::cpu_acc {
 
@@ -269,20 +270,14 @@ Status CheckGlobalPool(const OperatorDesc& op) {
   return CheckSpatial(op, op.inputs[0].shape);
 }
 
+// Add, Sub, Mul, Div with numpy broadcasting of either operand or both. oneDNN's binary
+// primitive broadcasts its second operand only; where the first operand broadcasts the compiler
+// spreads it to the output's shape first (LowerBinary), so every broadcast ONNX allows runs.
 Status CheckBinary(const OperatorDesc& op) {
   BACKPLANE_RETURN_IF_ERROR(CheckSignature(op, {.min_inputs = 2, .max_inputs = 2}));
-  const Shape& a = op.inputs[0].shape;
-  const Shape& b = op.inputs[1].shape;
-  auto out = op_rules::Broadcast(a, b);
+  auto out = op_rules::Broadcast(op.inputs[0].shape, op.inputs[1].shape);
   if (!out.ok())
     return NodeError(op, out.error());
-  if (!IsStatic(a) || !IsStatic(b))
-    return Status::Ok();  // which operand broadcasts is checked when a request fixes the shapes
-  if (ElementCount(a) != ElementCount(out.value()) &&
-      ElementCount(b) != ElementCount(out.value())) {
-    return NodeUnimplemented(op, "both operands " + ToString(a) + " and " + ToString(b) +
-                                     " broadcast (oneDNN broadcasts the second only)");
-  }
   return Status::Ok();
 }
 
@@ -410,6 +405,114 @@ Status CheckConcat(const OperatorDesc& op) {
       return NodeInvalid(op, "inputs have different ranks");
   }
   return Status::Ok();
+}
+
+Status CheckLeakyRelu(const OperatorDesc& op) {
+  return CheckSignature(op, {.attributes = {"alpha"}});
+}
+
+Status CheckHardSigmoid(const OperatorDesc& op) {
+  return CheckSignature(op, {.attributes = {"alpha", "beta"}});
+}
+
+Status CheckClip(const OperatorDesc& op) {
+  // Clip-6's attribute form would otherwise be refused as "unsupported attribute": say what it is.
+  for (std::string_view key : {"min", "max"}) {
+    if (op.attributes.contains(key)) {
+      return NodeUnimplemented(op, "attribute '" + std::string(key) +
+                                       "' is Clip-6's; from opset 11 the bounds are inputs");
+    }
+  }
+  BACKPLANE_RETURN_IF_ERROR(CheckSignature(op, {.min_inputs = 1, .max_inputs = 3}));
+  for (std::size_t index : {1, 2}) {
+    if (!HasInput(op, index))
+      continue;
+    const std::string what =
+        (index == 1 ? "min" : "max") + std::string(" (input ") + std::to_string(index) + ")";
+    if (!IsConstant(op, index)) {
+      return NodeUnimplemented(
+          op, what + " must be a constant: CpuAcc builds the clip into the primitive at load");
+    }
+    const Shape& shape = op.inputs[index].shape;
+    if (!std::all_of(shape.begin(), shape.end(), [](int64_t dim) { return dim == 1; }))
+      return NodeInvalid(op, what + " must be a scalar, has shape " + ToString(shape));
+  }
+  return Status::Ok();
+}
+
+std::pair<float, float> ClipBounds(const OperatorDesc& op) {
+  auto bound = [&](std::size_t index, float fallback) {
+    return HasInput(op, index) ? *static_cast<const float*>(op.constant_inputs[index]) : fallback;
+  };
+  const float max = bound(2, std::numeric_limits<float>::infinity());
+  const float min = std::min(bound(1, -std::numeric_limits<float>::infinity()), max);
+  return {min, max};
+}
+
+Status CheckDropout(const OperatorDesc& op) {
+  // Training and the mask first, so that a training graph hears why rather than "2 outputs".
+  if (HasInput(op, 2)) {
+    const TensorInfo& training = op.inputs[2];
+    if (training.type != DataType::kBool || !IsConstant(op, 2) ||
+        ElementCount(training.shape) != 1) {
+      return NodeUnimplemented(op,
+                               "training_mode (input 2) must be absent or a constant BOOL "
+                               "scalar: CpuAcc runs inference only");
+    }
+    if (*static_cast<const uint8_t*>(op.constant_inputs[2]) != 0)
+      return NodeUnimplemented(op, "training_mode is true: CpuAcc runs inference only");
+  }
+  if (op.outputs.size() > 1) {
+    return NodeUnimplemented(op,
+                             "the mask output (output 1) is a BOOL tensor, which CpuAcc does not "
+                             "produce (nor does CpuRef)");
+  }
+  // The ratio (input 1) and seed only matter when training: accepted and unused.
+  return CheckSignature(
+      op, {.min_inputs = 1, .max_inputs = 3, .attributes = {"seed"}, .float_inputs = 2});
+}
+
+Status CheckPad(const OperatorDesc& op) {
+  const std::string mode = StringAttr(op, "mode", "constant");
+  const auto parsed = op_rules::ParsePadMode(mode);
+  if (!parsed)
+    return NodeInvalid(op, "unknown mode '" + mode + "' (ONNX has constant, reflect, edge, wrap)");
+  if (*parsed != op_rules::PadMode::kConstant)
+    return NodeUnimplemented(op, "mode '" + mode + "' is not supported (only 'constant')");
+  if (HasInput(op, 3))
+    return NodeUnimplemented(op, "the axes input (input 3) is not supported");
+  BACKPLANE_RETURN_IF_ERROR(CheckSignature(
+      op, {.min_inputs = 2, .max_inputs = 4, .attributes = {"mode"}, .float_inputs = 1}));
+  const TensorInfo& pads = op.inputs[1];
+  if (pads.type != DataType::kInt64 || pads.shape.size() != 1 || !IsConstant(op, 1))
+    return NodeUnimplemented(op, "pads (input 1) must be a constant 1-D INT64 tensor");
+  const auto* data = static_cast<const int64_t*>(op.constant_inputs[1]);
+  const std::span<const int64_t> values(data, static_cast<std::size_t>(pads.shape[0]));
+  auto shape = op_rules::PaddedShape(op.inputs[0].shape, values);
+  if (!shape.ok())
+    return NodeError(op, shape.error());
+  if (std::any_of(values.begin(), values.end(), [](int64_t pad) { return pad < 0; })) {
+    return NodeUnimplemented(op,
+                             "negative pads (cropping) are not supported: CpuAcc writes the "
+                             "input into a larger buffer");
+  }
+  if (HasInput(op, 2)) {
+    const TensorInfo& value = op.inputs[2];
+    if (value.type != DataType::kFloat32 || ElementCount(value.shape) != 1 || !IsConstant(op, 2))
+      return NodeUnimplemented(op, "constant_value (input 2) must be a constant FP32 scalar");
+  }
+  return Status::Ok();
+}
+
+PadSpec ReadPad(const OperatorDesc& op) {
+  const auto* data = static_cast<const int64_t*>(op.constant_inputs[1]);
+  const std::size_t rank = op.inputs[0].shape.size();
+  PadSpec spec;
+  spec.begin.assign(data, data + rank);
+  spec.end.assign(data + rank, data + 2 * rank);
+  if (HasInput(op, 2))
+    spec.value = *static_cast<const float*>(op.constant_inputs[2]);
+  return spec;
 }
 
 }  // namespace backplane::cpu_acc

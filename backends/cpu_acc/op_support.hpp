@@ -7,6 +7,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "backplane/sdk/backend.hpp"
@@ -73,5 +74,22 @@ Status CheckFlatten(const OperatorDesc& op);
 Status CheckReshape(const OperatorDesc& op);
 Status CheckTranspose(const OperatorDesc& op);
 Status CheckConcat(const OperatorDesc& op);
+Status CheckLeakyRelu(const OperatorDesc& op);
+Status CheckHardSigmoid(const OperatorDesc& op);
+Status CheckClip(const OperatorDesc& op);
+Status CheckDropout(const OperatorDesc& op);
+Status CheckPad(const OperatorDesc& op);
+
+// Clip's bounds as CheckClip accepted them: an omitted bound is an infinity. ONNX applies min,
+// then max, so min > max gives max everywhere: returned as min == max (oneDNN's clip applies max
+// first and would give min).
+std::pair<float, float> ClipBounds(const OperatorDesc& op);
+
+// Pad's begin and end amounts per dim (pads input, checked by CheckPad) and its constant.
+struct PadSpec {
+  std::vector<int64_t> begin, end;
+  float value = 0.0f;
+};
+PadSpec ReadPad(const OperatorDesc& op);
 
 }  // namespace backplane::cpu_acc

@@ -1,5 +1,6 @@
 #include "program.hpp"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -67,8 +68,9 @@ int Program::AddTemporary(const dnnl::memory::desc& md) {
 }
 
 void Program::AddPrimitive(dnnl::primitive primitive, std::vector<std::pair<int, int>> args,
-                           const dnnl::memory::desc& scratchpad) {
+                           const dnnl::memory::desc& scratchpad, int threads) {
   ProgramStep step;
+  step.threads = std::clamp(threads, 1, threads_);
   step.primitive = std::move(primitive);
   step.args = std::move(args);
   step.scratchpad = scratchpad;
@@ -83,6 +85,21 @@ void Program::AddCopy(int from, int to) {
   step.copy_to = to;
   step.copy_bytes = values_[to].md.get_size();
   steps_.push_back(std::move(step));
+}
+
+void Program::AddFill(int to, float value) {
+  ProgramStep step;
+  step.kind = ProgramStep::Kind::kFill;
+  step.copy_to = to;
+  step.copy_bytes = values_[to].md.get_size();
+  step.fill_value = value;
+  steps_.push_back(std::move(step));
+}
+
+std::size_t Program::parallel_step_count() const {
+  return static_cast<std::size_t>(std::count_if(steps_.begin(), steps_.end(), [](const auto& step) {
+    return step.kind == ProgramStep::Kind::kPrimitive && step.threads > 1;
+  }));
 }
 
 void Program::SetBoundary(std::vector<Shape> inputs, std::vector<Shape> outputs) {
@@ -203,7 +220,10 @@ Status Program::Run(std::span<const ConstTensorView> all_inputs,
   }
   Status status;
   {
+    // Per step: a small step runs on one thread (its team size fixed at creation, see
+    // ProgramStep::threads). omp_set_num_threads is a store to this thread's ICV: cheap per step.
     ScopedOmpThreads threads(threads_);
+    int current_threads = threads_;
     for (const Binding& binding : bindings_) {
       void* data = binding.input ? const_cast<void*>(input(binding.index).data)
                                  : outputs[binding.index].data;
@@ -224,6 +244,15 @@ Status Program::Run(std::span<const ConstTensorView> all_inputs,
         if (step.copy_bytes > 0 && to != from)
           std::memcpy(to, from, step.copy_bytes);
         continue;
+      }
+      if (step.kind == ProgramStep::Kind::kFill) {
+        auto* to = static_cast<float*>(context->memories[step.copy_to].get_data_handle());
+        std::fill(to, to + step.copy_bytes / sizeof(float), step.fill_value);
+        continue;
+      }
+      if (step.threads != current_threads) {
+        omp_set_num_threads(step.threads);
+        current_threads = step.threads;
       }
       const auto& args = context->args[i];
       const dnnl_status_t result = dnnl_primitive_execute(

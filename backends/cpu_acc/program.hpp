@@ -54,19 +54,26 @@ struct ProgramValue {
 };
 
 struct ProgramStep {
-  enum class Kind { kPrimitive, kCopy };
+  enum class Kind { kPrimitive, kCopy, kFill };
   Kind kind = Kind::kPrimitive;
+  // OpenMP threads this step runs with: the program's count, or 1 for a step too small to gain
+  // from a second thread (compiler.cpp, StepThreads). It must be the count the primitive was
+  // created with: oneDNN fixes some kernels' team size at creation.
+  int threads = 1;
   dnnl::primitive primitive;
   std::vector<std::pair<int, int>> args;  // dnnl argument id -> value index
   dnnl::memory::desc scratchpad;          // empty when the primitive needs none
   // kCopy: bytes from value `copy_from` to value `copy_to` (same dense layout).
   int copy_from = -1, copy_to = -1;
   std::size_t copy_bytes = 0;
+  // kFill: every float of value `copy_to` set to `fill_value` (Pad's border).
+  float fill_value = 0.0f;
 };
 
-// Immutable after Finish(); Run is thread-safe.
+// Immutable after Finish(); Run is thread-safe. Building is single-threaded.
 class Program {
  public:
+  // `threads`: the most OpenMP threads any step uses (the option intra_op_threads).
   Program(dnnl::engine engine, int threads);
   ~Program();
   Program(const Program&) = delete;
@@ -76,9 +83,12 @@ class Program {
   int AddValue(dnnl::memory::desc md, ValueStorage storage);
   int AddConstant(dnnl::memory memory);
   int AddTemporary(const dnnl::memory::desc& md);
+  // `threads`: what the primitive was created with (at most the program's count).
   void AddPrimitive(dnnl::primitive primitive, std::vector<std::pair<int, int>> args,
-                    const dnnl::memory::desc& scratchpad);
+                    const dnnl::memory::desc& scratchpad, int threads);
   void AddCopy(int from, int to);
+  // Sets every element of FP32 value `to` (dense, any dims) to `value`.
+  void AddFill(int to, float value);
   // Boundary shapes the host passes, checked on every request.
   void SetBoundary(std::vector<Shape> inputs, std::vector<Shape> outputs);
   void Finish();
@@ -86,6 +96,9 @@ class Program {
   const ProgramValue& value(int index) const { return values_[index]; }
   const dnnl::engine& engine() const { return engine_; }
   std::size_t step_count() const { return steps_.size(); }
+  int threads() const { return threads_; }
+  // Steps that run with more than one thread (tests check the two-thread policy with it).
+  std::size_t parallel_step_count() const;
 
   // Runs every step on the host's tensors; `label` prefixes error messages. Boundary input i is
   // inputs[(*input_map)[i]] (input_map null: inputs[i]).

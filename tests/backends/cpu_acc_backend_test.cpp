@@ -89,7 +89,7 @@ TEST_F(CpuAccBackendTest, RefusesWhatOneDnnCannotDoWithTheReason) {
       {Op("BatchNormalization", {{1, 2}, {2}, {2}, {2}, {2}}, {{1, 2}, {2}, {2}},
           {{"training_mode", int64_t{1}}}),
        "training_mode=1"},
-      {Op("Add", {{2, 1}, {1, 3}}, {{2, 3}}), "both operands"},
+      {Op("Dropout", {{2, 3}}, {{2, 3}, {2, 3}}), "the mask output (output 1)"},
       {reshape, "constant INT64"},
       {int_add, "FP32 only"},
       {Op("AveragePool", {{1, 1, 5, 5}}, {{1, 1, 3, 3}},

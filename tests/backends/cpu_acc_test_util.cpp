@@ -41,6 +41,7 @@ const void* TestGraph::AddConstant(const std::string& name, FloatTensor tensor) 
 const void* TestGraph::AddInt64Constant(const std::string& name, std::vector<int64_t> values) {
   shapes_[name] = {static_cast<int64_t>(values.size())};
   int_data_.push_back(std::move(values));
+  int64_constants_.insert(name);
   return constants_[name] = int_data_.back().data();
 }
 
@@ -58,8 +59,7 @@ void TestGraph::AddLayer(std::string op_type, std::string name, std::vector<std:
       continue;
     }
     auto constant = constants_.find(input);
-    const bool is_int =
-        constant != constants_.end() && layer.op.op_type == "Reshape" && &input == &inputs[1];
+    const bool is_int = int64_constants_.contains(input);
     layer.op.inputs.push_back({is_int ? DataType::kInt64 : DataType::kFloat32, shapes_.at(input)});
     layer.op.constant_inputs.push_back(constant == constants_.end() ? nullptr : constant->second);
   }

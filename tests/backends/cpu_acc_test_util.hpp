@@ -9,6 +9,7 @@
 #include <map>
 #include <memory>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -77,6 +78,7 @@ class TestGraph {
   std::map<std::string, const void*> constants_;
   std::deque<std::vector<float>> float_data_;
   std::deque<std::vector<int64_t>> int_data_;
+  std::set<std::string> int64_constants_;  // typed INT64 in the layers that read them
   std::vector<TestLayer> layers_;
   std::vector<std::string> outputs_;
 };

@@ -1,7 +1,7 @@
 // Issue 20's ops end to end: models built as ONNX protobuf, imported, loaded through Runtime and
 // run. One with Relu6 (Clip with constant bounds), Dropout and HardSwish after an Add; one with
-// Sub, Div, LeakyRelu, HardSigmoid and Pad. On CpuRef alone, and preferring CpuAcc, which declines
-// the ops it does not implement so that they fall back to CpuRef while the Add stays on CpuAcc.
+// Sub, Div, LeakyRelu, HardSigmoid and Pad. On CpuRef alone, and preferring CpuAcc, which runs
+// them all but a cropping Pad, and CpuAcc alone says why.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -82,7 +82,7 @@ TEST_F(NewOpsNetworkTest, Relu6DropoutHardSwishRunOnCpuRef) {
               ::testing::ElementsAre("add:CpuRef", "relu6:CpuRef", "drop:CpuRef", "hswish:CpuRef"));
 }
 
-TEST_F(NewOpsNetworkTest, CpuAccDeclinesTheNewOpsAndTheyFallBackToCpuRef) {
+TEST_F(NewOpsNetworkTest, CpuAccRunsRelu6DropoutHardSwish) {
   const std::vector<float> x = {-3, 1, 1.5f, 2, 5, 7};
   std::vector<float> y;
   std::vector<std::string> backends;
@@ -90,21 +90,27 @@ TEST_F(NewOpsNetworkTest, CpuAccDeclinesTheNewOpsAndTheyFallBackToCpuRef) {
   std::string mismatch;
   EXPECT_TRUE(AllClose(y, NewOpsExpected(x), &mismatch)) << mismatch;
   EXPECT_THAT(backends,
-              ::testing::ElementsAre("add:CpuAcc", "relu6:CpuRef", "drop:CpuRef", "hswish:CpuRef"));
+              ::testing::ElementsAre("add:CpuAcc", "relu6:CpuAcc", "drop:CpuAcc", "hswish:CpuAcc"));
 }
 
 TEST_F(NewOpsNetworkTest, CpuAccAloneNamesTheLayerItDeclines) {
-  auto id = runtime().LoadNetwork(NewOpsNetwork(), {.backend_preferences = {"CpuAcc"}});
+  // A Pad with a negative amount crops: CpuRef does, CpuAcc declines.
+  ModelBuilder model;
+  model.Input("x", {2, 3}).Output("y", {2, 2});
+  model.Int64Initializer("pads", {4}, {0, -1, 0, 0});
+  model.Node("Pad", {"x", "pads"}, {"y"}, "pad");
+  auto network = model.Import();
+  ASSERT_TRUE(network.ok()) << network.error().ToString();
+  auto id = runtime().LoadNetwork(*network, {.backend_preferences = {"CpuAcc"}});
   ASSERT_FALSE(id.ok());
   EXPECT_EQ(id.error().code(), StatusCode::kUnimplemented);
-  EXPECT_THAT(id.error().message(),
-              AllOf(HasSubstr("node 'relu6' (Clip) is supported by no backend"),
-                    HasSubstr("CpuAcc does not implement op Clip")));
+  EXPECT_THAT(id.error().message(), AllOf(HasSubstr("node 'pad' (Pad) is supported by no backend"),
+                                          HasSubstr("negative pads (cropping) are not supported")));
 }
 
-TEST_F(NewOpsNetworkTest, EveryOtherNewOpFallsBackFromCpuAccWithTheSameResult) {
+TEST_F(NewOpsNetworkTest, EveryOtherNewOpRunsOnCpuAccWithTheSameResult) {
   // x[1,4] → Sub(x, 1) → Div(·, [1,2,4,8]) → LeakyRelu(0.5) → HardSigmoid(0.25, 0.5) → Pad one
-  // zero either side → y[1,6]. CpuAcc implements none of them.
+  // zero either side → y[1,6], on each backend preferred.
   ModelBuilder model;
   model.Input("x", {1, 4}).Output("y", {1, 6});
   model.FloatInitializer("one", {}, {1.0f}).FloatInitializer("divisor", {4}, {1, 2, 4, 8});
@@ -137,7 +143,7 @@ TEST_F(NewOpsNetworkTest, EveryOtherNewOpFallsBackFromCpuAccWithTheSameResult) {
     auto placement = runtime().GetPlacement(*id);
     ASSERT_TRUE(placement.ok());
     for (const LayerPlacement& layer : *placement)
-      EXPECT_EQ(layer.backend_id, "CpuRef") << layer.node;
+      EXPECT_EQ(layer.backend_id, preferences[0]) << layer.node;
     ASSERT_TRUE(runtime().UnloadNetwork(*id).ok());
   }
 }

@@ -1,0 +1,528 @@
+// Issue 20's ops on CpuAcc against CpuRef: random configurations of Sub, Div, LeakyRelu,
+// HardSigmoid, HardSwish, Clip, Dropout, Pad, and Add/Mul/Sub/Div with either operand or both
+// broadcasting (seeded; the seed is printed on failure). Then compiled runs: the new activations
+// fused into a convolution (MobileNetV2's Conv+BN+Relu6), a zero Pad folded into the next
+// convolution, ResNet's basic and projection-shortcut blocks with the residual Add as a sum
+// post-op — each compiled whole against CpuAcc layer by layer (unfused) and CpuRef — and the
+// two-thread policy as placement notes show it.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "cpu_acc_test_util.hpp"
+
+namespace backplane::cpu_acc_test {
+namespace {
+
+using ::testing::HasSubstr;
+using Rng = std::mt19937;
+using Ints = std::vector<int64_t>;
+
+int DrawInt(Rng& rng, int low, int high) {
+  return std::uniform_int_distribution<int>(low, high)(rng);
+}
+
+bool DrawChance(Rng& rng, double p) {
+  return std::bernoulli_distribution(p)(rng);
+}
+
+FloatTensor DrawTensor(const Shape& shape, Rng& rng, float low, float high) {
+  std::uniform_real_distribution<float> value(low, high);
+  FloatTensor tensor{shape, std::vector<float>(static_cast<std::size_t>(ElementCount(shape)))};
+  for (float& v : tensor.values)
+    v = value(rng);
+  return tensor;
+}
+
+Shape DrawShape(Rng& rng, int min_rank, int max_rank, int max_dim) {
+  Shape shape(DrawInt(rng, min_rank, max_rank));
+  for (auto& dim : shape)
+    dim = DrawInt(rng, 1, max_dim);
+  return shape;
+}
+
+// An operand that broadcasts to `full` (numpy rules): a suffix of its dims, each kept or 1.
+Shape DrawBroadcastOperand(Rng& rng, const Shape& full) {
+  Shape operand;
+  const std::size_t rank = DrawInt(rng, 0, static_cast<int>(full.size()));
+  for (std::size_t d = full.size() - rank; d < full.size(); ++d)
+    operand.push_back(DrawChance(rng, 0.5) ? 1 : full[d]);
+  return operand;
+}
+
+// Add/Sub/Mul/Div: each operand the output's shape or a broadcast of it (both may broadcast),
+// data or constant. Div's divisor stays away from zero.
+void MakeBinaryCase(TestGraph& g, Rng& rng, const std::string& type) {
+  Shape full = DrawShape(rng, 0, 4, 5);
+  Shape a = DrawChance(rng, 0.4) ? full : DrawBroadcastOperand(rng, full);
+  Shape b = DrawChance(rng, 0.4) ? full : DrawBroadcastOperand(rng, full);
+  // The output is the broadcast of both: a dim that both reduce to 1 is 1.
+  Shape y(std::max(a.size(), b.size()));
+  for (std::size_t d = 0; d < y.size(); ++d) {
+    const std::size_t from_end = y.size() - d;
+    const int64_t da = from_end <= a.size() ? a[a.size() - from_end] : 1;
+    const int64_t db = from_end <= b.size() ? b[b.size() - from_end] : 1;
+    y[d] = std::max(da, db);
+  }
+  g.SetInput("A", DrawTensor(a, rng, -2.0f, 2.0f));
+  FloatTensor divisor = DrawTensor(b, rng, 0.5f, 2.0f);
+  if (type != "Div") {
+    divisor = DrawTensor(b, rng, -2.0f, 2.0f);
+  } else {
+    for (float& v : divisor.values)
+      v = DrawChance(rng, 0.5) ? v : -v;
+  }
+  if (DrawChance(rng, 0.3))
+    g.AddConstant("B", std::move(divisor));
+  else
+    g.SetInput("B", std::move(divisor));
+  g.AddLayer(type, "binary", {"A", "B"}, {"Y"}, {y});
+}
+
+// A scalar constant of rank 0 or 1 (ONNX allows either for Clip's bounds).
+std::string ScalarConstant(TestGraph& g, Rng& rng, const std::string& name, float value) {
+  g.AddConstant(name, {DrawChance(rng, 0.5) ? Shape{} : Shape{1}, {value}});
+  return name;
+}
+
+void MakeActivationCase(TestGraph& g, Rng& rng, const std::string& type) {
+  const Shape shape = DrawShape(rng, 1, 4, 7);
+  g.SetInput("X", DrawTensor(shape, rng, -8.0f, 8.0f));
+  AttributeMap attributes;
+  std::vector<std::string> inputs{"X"};
+  if (type == "LeakyRelu" && DrawChance(rng, 0.7)) {
+    attributes["alpha"] = std::uniform_real_distribution<float>(-1.0f, 2.0f)(rng);
+  } else if (type == "HardSigmoid") {
+    if (DrawChance(rng, 0.7))
+      attributes["alpha"] = std::uniform_real_distribution<float>(-1.0f, 1.0f)(rng);
+    if (DrawChance(rng, 0.7))
+      attributes["beta"] = std::uniform_real_distribution<float>(-1.0f, 2.0f)(rng);
+  } else if (type == "Clip") {
+    // Relu6, one bound, both (min > max included: ONNX gives max everywhere), none.
+    const int form = DrawInt(rng, 0, 4);
+    const float low = std::uniform_real_distribution<float>(-6.0f, 6.0f)(rng);
+    const float high = std::uniform_real_distribution<float>(-6.0f, 6.0f)(rng);
+    if (form == 0) {
+      inputs = {"X", ScalarConstant(g, rng, "min", 0.0f), ScalarConstant(g, rng, "max", 6.0f)};
+    } else if (form == 1) {
+      inputs = {"X", ScalarConstant(g, rng, "min", low)};
+    } else if (form == 2) {
+      inputs = {"X", "", ScalarConstant(g, rng, "max", high)};
+    } else if (form == 3) {
+      inputs = {"X", ScalarConstant(g, rng, "min", low), ScalarConstant(g, rng, "max", high)};
+    }
+  } else if (type == "Dropout" && DrawChance(rng, 0.5)) {
+    inputs.push_back(ScalarConstant(g, rng, "ratio", 0.5f));
+  }
+  g.AddLayer(type, "activation", inputs, {"Y"}, {shape}, attributes);
+}
+
+void MakePadCase(TestGraph& g, Rng& rng) {
+  const Shape x = DrawShape(rng, 1, 4, 5);
+  Ints pads(2 * x.size());
+  Shape y = x;
+  for (std::size_t d = 0; d < x.size(); ++d) {
+    pads[d] = DrawInt(rng, 0, 2);
+    pads[d + x.size()] = DrawInt(rng, 0, 2);
+    y[d] += pads[d] + pads[d + x.size()];
+  }
+  g.SetInput("X", DrawTensor(x, rng, -1.0f, 1.0f));
+  g.AddInt64Constant("pads", pads);
+  std::vector<std::string> inputs{"X", "pads"};
+  if (DrawChance(rng, 0.6))
+    inputs.push_back(ScalarConstant(g, rng, "value", DrawChance(rng, 0.5) ? 0.0f : 2.5f));
+  g.AddLayer("Pad", "pad", inputs, {"Y"}, {y});
+}
+
+class CpuAccNewOpTest : public CpuAccTest, public ::testing::WithParamInterface<std::string> {};
+
+// Every configuration must be accepted by CpuAcc (these are the ops it now claims) and match
+// CpuRef at the issue's tolerance.
+TEST_P(CpuAccNewOpTest, MatchesCpuRefOnRandomConfigurations) {
+  const std::string type = GetParam();
+  const unsigned seed = static_cast<unsigned>(std::hash<std::string>{}(type) % 100000 + 20261202);
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  Rng rng(seed);
+  for (int iteration = 0; iteration < Iterations(150); ++iteration) {
+    TestGraph graph;
+    if (type == "Pad")
+      MakePadCase(graph, rng);
+    else if (type == "Add" || type == "Sub" || type == "Mul" || type == "Div")
+      MakeBinaryCase(graph, rng, type);
+    else
+      MakeActivationCase(graph, rng, type);
+    graph.MarkOutput("Y");
+    const OperatorDesc& op = graph.layers()[0].op;
+    ASSERT_TRUE(cpu_ref().IsSupported(op).ok())
+        << cpu_ref().IsSupported(op).ToString() << graph.Describe();
+    ASSERT_TRUE(cpu_acc().IsSupported(op).ok())
+        << "case " << iteration << ": " << cpu_acc().IsSupported(op).ToString() << graph.Describe();
+    auto expected = graph.RunPerLayer(cpu_ref());
+    ASSERT_TRUE(expected.ok()) << expected.error().ToString() << graph.Describe();
+    auto actual = graph.RunPerLayer(cpu_acc());
+    ASSERT_TRUE(actual.ok()) << "case " << iteration << ": " << actual.error().ToString()
+                             << graph.Describe();
+    std::string mismatch;
+    ASSERT_TRUE(AllClose(actual->at("Y").values, expected->at("Y").values, &mismatch))
+        << "case " << iteration << ": " << mismatch << graph.Describe();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Ops, CpuAccNewOpTest,
+                         ::testing::Values("Add", "Sub", "Mul", "Div", "LeakyRelu", "HardSigmoid",
+                                           "HardSwish", "Clip", "Dropout", "Pad"),
+                         [](const auto& info) { return info.param; });
+
+// ---- refusals: what CpuAcc declines, and why -------------------------------------------------
+
+OperatorDesc NodeOf(std::string type, std::vector<TensorInfo> inputs,
+                    std::vector<const void*> constants, std::vector<Shape> outputs,
+                    AttributeMap attributes = {}) {
+  OperatorDesc op{.op_type = std::move(type), .name = "n", .attributes = std::move(attributes)};
+  op.inputs = std::move(inputs);
+  op.constant_inputs = std::move(constants);
+  op.constant_inputs.resize(op.inputs.size(), nullptr);
+  for (auto& shape : outputs)
+    op.outputs.push_back({DataType::kFloat32, std::move(shape)});
+  return op;
+}
+
+TEST_F(CpuAccTest, RefusesWhatItCannotRunNamingTheNodeAndWhy) {
+  const float six = 6.0f;
+  const float pair[2] = {0.0f, 1.0f};
+  const int64_t negative[4] = {0, -1, 0, 1};
+  const int64_t ones[4] = {0, 1, 0, 1};
+  const uint8_t training = 1;
+  const TensorInfo x{DataType::kFloat32, {2, 3}};
+  const TensorInfo scalar{DataType::kFloat32, {}};
+  struct Case {
+    OperatorDesc op;
+    StatusCode code;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {NodeOf("Clip", {x, scalar}, {}, {{2, 3}}), StatusCode::kUnimplemented,
+       "Clip node 'n': min (input 1) must be a constant"},
+      {NodeOf("Clip", {x, {DataType::kFloat32, {2}}}, {nullptr, pair}, {{2, 3}}),
+       StatusCode::kInvalidArgument, "min (input 1) must be a scalar, has shape [2]"},
+      {NodeOf("Clip", {x}, {}, {{2, 3}}, {{"max", six}}), StatusCode::kUnimplemented,
+       "attribute 'max' is Clip-6's"},
+      {NodeOf("Dropout", {x}, {}, {{2, 3}, {2, 3}}), StatusCode::kUnimplemented,
+       "the mask output (output 1) is a BOOL tensor"},
+      {NodeOf("Dropout", {x, scalar, {DataType::kBool, {}}}, {nullptr, nullptr, &training},
+              {{2, 3}}),
+       StatusCode::kUnimplemented, "training_mode is true: CpuAcc runs inference only"},
+      {NodeOf("Pad", {x, {DataType::kInt64, {4}}}, {nullptr, negative}, {{2, 3}}),
+       StatusCode::kUnimplemented, "negative pads (cropping) are not supported"},
+      {NodeOf("Pad", {x, {DataType::kInt64, {4}}}, {nullptr, ones}, {{2, 5}},
+              {{"mode", std::string("reflect")}}),
+       StatusCode::kUnimplemented, "mode 'reflect' is not supported (only 'constant')"},
+      {NodeOf("Pad", {x, {DataType::kInt64, {4}}}, {}, {{2, 5}}), StatusCode::kUnimplemented,
+       "pads (input 1) must be a constant 1-D INT64 tensor"},
+      {NodeOf("Pad", {x, {DataType::kInt64, {4}}, scalar}, {nullptr, ones}, {{2, 5}}),
+       StatusCode::kUnimplemented, "constant_value (input 2) must be a constant FP32 scalar"},
+      {NodeOf("Sub", {x, {DataType::kFloat32, {4}}}, {}, {{2, 4}}), StatusCode::kInvalidArgument,
+       "Sub node 'n'"},
+      {NodeOf("LeakyRelu", {x}, {}, {{2, 3}}, {{"slope", six}}), StatusCode::kUnimplemented,
+       "unsupported attribute 'slope'"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.message);
+    const Status status = cpu_acc().IsSupported(c.op);
+    EXPECT_EQ(status.code(), c.code) << status.ToString();
+    EXPECT_THAT(status.message(), HasSubstr(c.message));
+  }
+}
+
+// ---- compiled runs ---------------------------------------------------------------------------
+
+// Runs `graph` compiled whole on CpuAcc, layer by layer on CpuAcc (nothing fused) and layer by
+// layer on CpuRef; every output must agree. Returns the compiled run's layer notes.
+std::vector<std::string> ExpectFusedUnfusedAndReferenceAgree(const TestGraph& graph,
+                                                             loader::BackendInstance& reference,
+                                                             loader::BackendInstance& accelerated) {
+  auto expected = graph.RunPerLayer(reference);
+  EXPECT_TRUE(expected.ok()) << expected.error().ToString() << graph.Describe();
+  auto unfused = graph.RunPerLayer(accelerated);
+  EXPECT_TRUE(unfused.ok()) << unfused.error().ToString() << graph.Describe();
+  std::vector<std::string> notes;
+  auto fused = graph.RunCompiled(accelerated, &notes);
+  EXPECT_TRUE(fused.ok()) << fused.error().ToString() << graph.Describe();
+  if (!expected.ok() || !unfused.ok() || !fused.ok())
+    return notes;
+  for (const auto& name : graph.outputs()) {
+    std::string mismatch;
+    EXPECT_TRUE(AllClose(fused->at(name).values, expected->at(name).values, &mismatch))
+        << "compiled, output " << name << ": " << mismatch << graph.Describe();
+    EXPECT_TRUE(AllClose(unfused->at(name).values, expected->at(name).values, &mismatch))
+        << "per layer, output " << name << ": " << mismatch << graph.Describe();
+  }
+  return notes;
+}
+
+// Conv 3x3 (pads 1) + BatchNormalization on `in` [n, c, h, w] -> `out` [n, maps, h/stride...].
+Shape AddConvBn(TestGraph& g, Rng& rng, const std::string& in, const std::string& out, int64_t maps,
+                int64_t stride, int64_t kernel = 3) {
+  const Shape& x = g.ShapeOf(in);
+  const int64_t pad = kernel / 2;
+  const Shape y{x[0], maps, (x[2] + 2 * pad - kernel) / stride + 1,
+                (x[3] + 2 * pad - kernel) / stride + 1};
+  g.AddConstant(out + "_w", DrawTensor({maps, x[1], kernel, kernel}, rng, -0.5f, 0.5f));
+  g.AddConstant(out + "_b", DrawTensor({maps}, rng, -0.5f, 0.5f));
+  g.AddLayer("Conv", out + "_conv", {in, out + "_w", out + "_b"}, {out + "_c"}, {y},
+             {{"kernel_shape", Ints{kernel, kernel}},
+              {"pads", Ints{pad, pad, pad, pad}},
+              {"strides", Ints{stride, stride}}});
+  g.AddConstant(out + "_gamma", DrawTensor({maps}, rng, 0.5f, 1.5f));
+  g.AddConstant(out + "_beta", DrawTensor({maps}, rng, -0.5f, 0.5f));
+  g.AddConstant(out + "_mean", DrawTensor({maps}, rng, -0.5f, 0.5f));
+  g.AddConstant(out + "_var", DrawTensor({maps}, rng, 0.5f, 1.5f));
+  g.AddLayer("BatchNormalization", out + "_bn",
+             {out + "_c", out + "_gamma", out + "_beta", out + "_mean", out + "_var"}, {out}, {y});
+  return y;
+}
+
+// ResNet's basic block (torchvision's order): conv-bn-relu, conv-bn, (projection conv-bn of the
+// input when `stride` or the width changes), Add, Relu.
+std::string AddBasicBlock(TestGraph& g, Rng& rng, const std::string& in, const std::string& name,
+                          int64_t maps, int64_t stride) {
+  const Shape y1 = AddConvBn(g, rng, in, name + "_1", maps, stride);
+  g.AddLayer("Relu", name + "_relu1", {name + "_1"}, {name + "_r1"}, {y1});
+  AddConvBn(g, rng, name + "_r1", name + "_2", maps, 1);
+  std::string shortcut = in;
+  if (stride != 1 || g.ShapeOf(in)[1] != maps) {
+    AddConvBn(g, rng, in, name + "_down", maps, stride, 1);
+    shortcut = name + "_down";
+  }
+  g.AddLayer("Add", name + "_add", {name + "_2", shortcut}, {name + "_sum"}, {y1});
+  g.AddLayer("Relu", name + "_relu2", {name + "_sum"}, {name}, {y1});
+  return name;
+}
+
+using CpuAccFusionTest = CpuAccTest;
+
+TEST_F(CpuAccFusionTest, ResNetBasicBlocksFuseTheResidualAddAsASumPostOp) {
+  for (unsigned seed : {11u, 12u, 13u}) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    Rng rng(seed);
+    TestGraph g;
+    g.SetInput("x", DrawTensor({DrawInt(rng, 1, 3), 16, 12, 12}, rng, -1.0f, 1.0f));
+    // Identity shortcut reading a boundary input (the branch is copied into the destination),
+    // identity shortcut reading a temporary (accumulated in place), projection shortcut.
+    AddBasicBlock(g, rng, "x", "b1", 16, 1);
+    AddBasicBlock(g, rng, "b1", "b2", 16, 1);
+    AddBasicBlock(g, rng, "b2", "b3", 32, 2);
+    g.MarkOutput("b3");
+    const auto notes = ExpectFusedUnfusedAndReferenceAgree(g, cpu_ref(), cpu_acc());
+    ASSERT_EQ(notes.size(), g.layers().size());
+    for (std::size_t k = 0; k < g.layers().size(); ++k) {
+      const std::string& name = g.layers()[k].op.name;
+      if (name == "b1_2_conv" || name == "b2_2_conv") {
+        EXPECT_THAT(notes[k], HasSubstr("fused Conv+BatchNormalization+Add+Relu")) << name;
+        EXPECT_THAT(notes[k], HasSubstr("as a sum post-op")) << name;
+      }
+      if (name == "b3_down_conv") {  // the Add follows the projection: it takes the sum
+        EXPECT_THAT(notes[k], HasSubstr("residual 'b3_2' as a sum post-op")) << name;
+      }
+      if (name.ends_with("_add"))
+        EXPECT_THAT(notes[k], HasSubstr("fused into")) << name;
+    }
+  }
+}
+
+// The branch the sum post-op adds is read again after the Add (an output of the run, and by a
+// later layer): its bytes must not be accumulated into.
+TEST_F(CpuAccFusionTest, ResidualBranchReadAfterTheAddIsNotOverwritten) {
+  Rng rng(21);
+  TestGraph g;
+  g.SetInput("x", DrawTensor({2, 16, 8, 8}, rng, -1.0f, 1.0f));
+  const Shape y = AddConvBn(g, rng, "x", "a", 16, 1);
+  g.AddLayer("Relu", "a_relu", {"a"}, {"branch"}, {y});
+  AddConvBn(g, rng, "branch", "c", 16, 1);
+  g.AddLayer("Add", "add", {"c", "branch"}, {"sum"}, {y});
+  g.AddLayer("Mul", "later", {"sum", "branch"}, {"product"}, {y});
+  g.MarkOutput("product");
+  g.MarkOutput("branch");
+  const auto notes = ExpectFusedUnfusedAndReferenceAgree(g, cpu_ref(), cpu_acc());
+  ASSERT_EQ(notes.size(), g.layers().size());
+  EXPECT_THAT(notes[3], HasSubstr("as a sum post-op"));
+}
+
+// MobileNetV2's Conv+BN+Relu6 (Clip), and the other new activations after a convolution, as
+// post-ops of the convolution; the result equals the unfused one and CpuRef's.
+TEST_F(CpuAccFusionTest, NewActivationsFuseIntoTheConvolution) {
+  const unsigned seed = 31;
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  Rng rng(seed);
+  for (const std::string type : {"Clip", "LeakyRelu", "HardSigmoid", "HardSwish"}) {
+    SCOPED_TRACE(type);
+    TestGraph g;
+    g.SetInput("x", DrawTensor({1, 8, 10, 10}, rng, -2.0f, 2.0f));
+    const Shape y = AddConvBn(g, rng, "x", "c", 16, 1);
+    std::vector<std::string> inputs{"c"};
+    AttributeMap attributes;
+    if (type == "Clip") {
+      g.AddConstant("zero", {{}, {0.0f}});
+      g.AddConstant("six", {{}, {6.0f}});
+      inputs = {"c", "zero", "six"};
+    } else if (type == "LeakyRelu") {
+      attributes["alpha"] = 0.1f;
+    }
+    g.AddLayer(type, "act", inputs, {"y"}, {y}, attributes);
+    g.MarkOutput("y");
+    const auto notes = ExpectFusedUnfusedAndReferenceAgree(g, cpu_ref(), cpu_acc());
+    ASSERT_EQ(notes.size(), 3u);
+    EXPECT_THAT(notes[0], HasSubstr("fused Conv+BatchNormalization+" + type));
+  }
+}
+
+// Pad (zeros, spatial) before a Conv becomes the Conv's padding; a Pad with another constant,
+// or padding channels, is computed (fill + reorder) and then convolved.
+TEST_F(CpuAccFusionTest, ZeroSpatialPadFoldsIntoTheNextConvolution) {
+  Rng rng(41);
+  for (const bool foldable : {true, false}) {
+    SCOPED_TRACE(foldable ? "foldable" : "not foldable");
+    TestGraph g;
+    g.SetInput("x", DrawTensor({2, 4, 9, 7}, rng, -1.0f, 1.0f));
+    g.AddInt64Constant("pads",
+                       foldable ? Ints{0, 0, 1, 2, 0, 0, 2, 0} : Ints{0, 1, 1, 0, 0, 0, 0, 1});
+    g.AddConstant("value", {{}, {foldable ? 0.0f : 0.75f}});
+    const Shape padded = foldable ? Shape{2, 4, 12, 9} : Shape{2, 5, 10, 8};
+    g.AddLayer("Pad", "pad", {"x", "pads", "value"}, {"p"}, {padded});
+    g.AddConstant("w", DrawTensor({6, padded[1], 3, 3}, rng, -0.5f, 0.5f));
+    const Shape y{2, 6, padded[2], padded[3]};  // 3x3 with pads 1 keeps the spatial dims
+    g.AddLayer("Conv", "conv", {"p", "w"}, {"y"}, {y},
+               {{"kernel_shape", Ints{3, 3}}, {"pads", Ints{1, 1, 1, 1}}});
+    g.MarkOutput("y");
+    const auto notes = ExpectFusedUnfusedAndReferenceAgree(g, cpu_ref(), cpu_acc());
+    ASSERT_EQ(notes.size(), 2u);
+    if (foldable)
+      EXPECT_THAT(notes[0], HasSubstr("folded into the padding of Conv node 'conv'"));
+    else
+      EXPECT_THAT(notes[0], HasSubstr("fill + reorder"));
+  }
+}
+
+// Sub/Div with the first operand broadcasting and Add of two blocked tensors inside a run.
+TEST_F(CpuAccFusionTest, BinaryOpsInsideARunMatchCpuRef) {
+  Rng rng(51);
+  TestGraph g;
+  g.SetInput("x", DrawTensor({2, 16, 6, 6}, rng, -1.0f, 1.0f));
+  const Shape y = AddConvBn(g, rng, "x", "a", 16, 1);
+  AddConvBn(g, rng, "x", "b", 16, 1);
+  // Sigmoids: the sum is positive, a divisor far from 0.
+  g.AddLayer("Sigmoid", "ra", {"a"}, {"a_r"}, {y});
+  g.AddLayer("Sigmoid", "rb", {"b"}, {"b_r"}, {y});
+  g.AddLayer("Add", "add", {"a_r", "b_r"}, {"s"}, {y});  // two blocked tensors
+  g.AddConstant("row", DrawTensor({1, 16, 1, 1}, rng, 0.5f, 1.5f));
+  g.AddLayer("Div", "div", {"row", "s"}, {"q"}, {y});  // the first operand broadcasts
+  g.AddConstant("col", DrawTensor({6, 1}, rng, -1.0f, 1.0f));
+  g.AddLayer("Sub", "sub", {"q", "col"}, {"d"}, {y});
+  g.MarkOutput("d");
+  const auto notes = ExpectFusedUnfusedAndReferenceAgree(g, cpu_ref(), cpu_acc());
+  ASSERT_EQ(notes.size(), g.layers().size());
+  EXPECT_THAT(notes[7], HasSubstr("input 0 broadcast by"));
+}
+
+// Dropout inside a run is the same bytes as its input in whatever layout it has (blocked after
+// a convolution): the pool after it, an output that is the Dropout itself, and an output read
+// through it from a boundary input all keep CpuRef's values.
+TEST_F(CpuAccFusionTest, DropoutKeepsItsInputsLayoutInsideARun) {
+  Rng rng(81);
+  TestGraph g;
+  g.SetInput("x", DrawTensor({2, 16, 8, 8}, rng, -1.0f, 1.0f));
+  const Shape y = AddConvBn(g, rng, "x", "c", 16, 1);
+  g.AddLayer("Dropout", "drop", {"c"}, {"d"}, {y});
+  g.AddLayer("MaxPool", "pool", {"d"}, {"p"}, {{2, 16, 4, 4}},
+             {{"kernel_shape", Ints{2, 2}}, {"strides", Ints{2, 2}}});
+  g.AddLayer("Dropout", "drop_input", {"x"}, {"x_copy"}, {{2, 16, 8, 8}});
+  g.MarkOutput("p");
+  g.MarkOutput("d");
+  g.MarkOutput("x_copy");
+  const auto notes = ExpectFusedUnfusedAndReferenceAgree(g, cpu_ref(), cpu_acc());
+  ASSERT_EQ(notes.size(), g.layers().size());
+  EXPECT_THAT(notes[2], HasSubstr("the same bytes as its input"));
+}
+
+// ---- the two-thread policy -------------------------------------------------------------------
+
+// With intra_op_threads 2, a layer below the work thresholds runs on one thread and a large one
+// on two; placement notes say which. (Release only: under sanitizers libgomp's worker threads
+// are not instrumented (TSan) or crash LeakSanitizer at exit (ASan), see cpu_acc_backend_test.)
+TEST_F(CpuAccFusionTest, SmallLayersRunOnOneThreadLargeOnesOnTwo) {
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "libgomp threads under a sanitizer";
+#else
+  ASSERT_TRUE(cpu_acc().UpdateOptions({{"intra_op_threads", int64_t{2}}}).ok());
+  Rng rng(61);
+  TestGraph g;
+  g.SetInput("small", DrawTensor({1, 4, 6, 6}, rng, -1.0f, 1.0f));
+  AddConvBn(g, rng, "small", "s", 4, 1);  // 2 * 144 * 36 FLOPs: far below
+  g.SetInput("large", DrawTensor({4, 32, 28, 28}, rng, -1.0f, 1.0f));
+  AddConvBn(g, rng, "large", "l", 32, 1);  // 2 * 100352 * 288 FLOPs: far above
+  g.MarkOutput("s");
+  g.MarkOutput("l");
+  const auto notes = ExpectFusedUnfusedAndReferenceAgree(g, cpu_ref(), cpu_acc());
+  ASSERT_TRUE(cpu_acc().UpdateOptions({{"intra_op_threads", int64_t{1}}}).ok());
+  ASSERT_EQ(notes.size(), 4u);
+  EXPECT_THAT(notes[0], HasSubstr("on 1 thread (too little work for more)"));
+  EXPECT_THAT(notes[2], HasSubstr("on 2 threads"));
+#endif
+}
+
+// The rule as docs/performance.md states it, on seeded random layers: a Conv or MatMul of at
+// least 1 MFLOP, or another layer of at least 64K output elements, runs on intra_op_threads
+// threads; anything smaller on one. The work is computed here, independently of the compiler.
+TEST_F(CpuAccFusionTest, TwoThreadPolicyFollowsTheDocumentedThresholds) {
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "libgomp threads under a sanitizer";
+#else
+  const unsigned seed = 71;
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  Rng rng(seed);
+  ASSERT_TRUE(cpu_acc().UpdateOptions({{"intra_op_threads", int64_t{2}}}).ok());
+  for (int iteration = 0; iteration < 40; ++iteration) {
+    TestGraph g;
+    double work = 0, threshold = 0;
+    const int kind = DrawInt(rng, 0, 2);
+    if (kind == 0) {  // Conv k x k, c -> m channels, stride 1, no padding
+      const int64_t c = DrawInt(rng, 1, 32), m = DrawInt(rng, 1, 32), k = DrawInt(rng, 1, 3);
+      const int64_t h = DrawInt(rng, k, 40), n = DrawInt(rng, 1, 2);
+      const Shape y{n, m, h - k + 1, h - k + 1};
+      g.SetInput("x", DrawTensor({n, c, h, h}, rng, -1.0f, 1.0f));
+      g.AddConstant("w", DrawTensor({m, c, k, k}, rng, -1.0f, 1.0f));
+      g.AddLayer("Conv", "layer", {"x", "w"}, {"y"}, {y}, {{"kernel_shape", Ints{k, k}}});
+      work = 2.0 * static_cast<double>(ElementCount(y)) * static_cast<double>(c * k * k);
+      threshold = 1e6;
+    } else if (kind == 1) {  // MatMul [m, k] x [k, n]
+      const int64_t m = DrawInt(rng, 1, 64), k = DrawInt(rng, 1, 512), n = DrawInt(rng, 1, 256);
+      g.SetInput("a", DrawTensor({m, k}, rng, -1.0f, 1.0f));
+      g.AddConstant("b", DrawTensor({k, n}, rng, -1.0f, 1.0f));
+      g.AddLayer("MatMul", "layer", {"a", "b"}, {"y"}, {{m, n}});
+      work = 2.0 * static_cast<double>(m * k * n);
+      threshold = 1e6;
+    } else {  // an element-wise layer
+      const Shape shape{DrawInt(rng, 1, 4), DrawInt(rng, 1, 64), DrawInt(rng, 1, 64),
+                        DrawInt(rng, 1, 32)};
+      g.SetInput("x", DrawTensor(shape, rng, -1.0f, 1.0f));
+      g.AddLayer(DrawChance(rng, 0.5) ? "Relu" : "HardSwish", "layer", {"x"}, {"y"}, {shape});
+      work = static_cast<double>(ElementCount(shape));
+      threshold = 64e3;
+    }
+    g.MarkOutput("y");
+    std::vector<std::string> notes;
+    auto result = g.RunCompiled(cpu_acc(), &notes);
+    ASSERT_TRUE(result.ok()) << result.error().ToString() << g.Describe();
+    ASSERT_EQ(notes.size(), 1u);
+    EXPECT_THAT(notes[0], HasSubstr(work >= threshold ? "on 2 threads" : "on 1 thread"))
+        << "case " << iteration << ", work " << work << g.Describe();
+  }
+  ASSERT_TRUE(cpu_acc().UpdateOptions({{"intra_op_threads", int64_t{1}}}).ok());
+#endif
+}
+
+}  // namespace
+}  // namespace backplane::cpu_acc_test
