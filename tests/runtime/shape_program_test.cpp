@@ -12,6 +12,8 @@
 #include <random>
 #include <thread>
 
+#include "backplane/loader/loader.hpp"
+#include "backplane/registry/backend_registry.hpp"
 #include "backplane/runtime/runtime.hpp"
 #include "test_util.hpp"
 
@@ -259,6 +261,56 @@ TEST_F(ShapeProgramTest, StaticNetworkKeepsNoPrograms) {
   const ShapeProgramStats stats = Stats(id.value());
   EXPECT_EQ(stats.capacity, 0u);
   EXPECT_EQ(stats.misses, 0u);
+}
+
+// A withdrawal moves the network to CpuRef: the new binding starts an empty cache with the same
+// capacity, the counters carry on, and the old generation (whose compiled programs the old cache
+// held) leaves the process.
+TEST(ShapeProgramSwapTest, NewBindingStartsAFreshCacheAndTheOldGenerationUnloads) {
+  TempDir shadow_root, dir;
+  const fs::path file = dir / "Test_SubgraphPerShape_backend.so";
+  testing::CopyFile(testing::Fixture("SubgraphPerShape"), file);
+  fs::create_symlink(testing::CpuRefBackend(), dir / "Backplane_CpuRef_backend.so");
+  auto loader = loader::Loader::Create({.shadow_root = shadow_root.path()});
+  ASSERT_TRUE(loader.ok()) << loader.error().ToString();
+  auto registry = BackendRegistry::Create({.backend_paths = std::vector{dir.path()},
+                                           .loader = loader.value(),
+                                           .settle_time = std::chrono::milliseconds{0}});
+  ASSERT_TRUE(registry.ok()) << registry.error().ToString();
+  auto created = Runtime::Create({.registry = registry.value()});
+  ASSERT_TRUE(created.ok()) << created.error().ToString();
+  Runtime& runtime = *created.value();
+  auto id = runtime.LoadNetwork(
+      DynamicChain(),
+      {.backend_preferences = {std::string(kPerShape), "CpuRef"}, .shape_program_capacity = 3});
+  ASSERT_TRUE(id.ok()) << id.error().ToString();
+  const uint64_t generation = registry.value()->Describe(kPerShape)->active_generation;
+  for (int64_t n : {4, 6})
+    ASSERT_TRUE(RunChain(runtime, id.value(), Ramp(n)).ok());
+  ShapeProgramStats stats = runtime.GetShapePrograms(id.value()).value();
+  ASSERT_EQ(stats.programs.size(), 2u);
+  EXPECT_EQ(stats.programs[0].compiled_layers, 3u);
+
+  fs::remove(file);
+  const auto rescan = registry.value()->Rescan();
+  ASSERT_EQ(rescan.outcomes.size(), 1u);
+  ASSERT_EQ(runtime.GetPlacement(id.value()).value().at(0).backend_id, "CpuRef");
+  stats = runtime.GetShapePrograms(id.value()).value();
+  EXPECT_EQ(stats.capacity, 3u) << "the capacity moves with the network";
+  EXPECT_TRUE(stats.programs.empty()) << "a new binding, a new cache";
+  EXPECT_EQ(stats.compiles, 2u) << "counters carry on across bindings";
+  auto y = RunChain(runtime, id.value(), Ramp(4));
+  ASSERT_TRUE(y.ok()) << y.error().ToString();
+  EXPECT_EQ(y.value(), Expected(Ramp(4)));
+  stats = runtime.GetShapePrograms(id.value()).value();
+  EXPECT_EQ(stats.compiles, 3u);
+  ASSERT_EQ(stats.programs.size(), 1u);
+  EXPECT_EQ(stats.programs[0].compiled_layers, 0u) << "CpuRef declines every run";
+
+  loader.value()->WaitForUnloads();
+  EXPECT_FALSE(
+      testing::IsCodeMapped(std::to_string(generation) + "-Test_SubgraphPerShape_backend.so"))
+      << "no program kept the withdrawn generation mapped";
 }
 
 // The example MLP (features [N, 4], Gemm, Relu, Gemm, Softmax) on CpuAcc, against CpuRef, at
