@@ -111,7 +111,8 @@ struct LoadedNetwork::DeclinedRun {
   std::vector<std::vector<int>> layer_output_slots;  // per layer, parallel to its desc's outputs
 };
 
-// What Execute runs for one set of input shapes.
+// What Execute runs for one set of input shapes. Immutable once published to the cache, so that
+// any number of requests run it at once (its workloads are thread-safe like every IWorkload).
 struct LoadedNetwork::ShapeProgram {
   // First, so destroyed last: the compiled workloads may point into its constants, and a program
   // may be destroyed on the reaper after the LoadedNetwork that built it.

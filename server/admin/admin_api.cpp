@@ -179,7 +179,10 @@ HttpResponse Placement(const ServeContext& context, const HttpRequest& request) 
                         // `subgraph`; `note` is what the backend said about the layer.
                         {"compiled", layer.compiled},
                         {"subgraph", layer.subgraph},
-                        {"note", layer.note}});
+                        {"note", layer.note},
+                        // Dynamic input dimensions: the run is compiled per input shape on
+                        // first use (docs/performance.md, "Shape programs").
+                        {"compiled_per_input_shape", layer.compiled_per_input_shape}});
     }
     versions.push_back({{"version", std::to_string(number)}, {"layers", layers}});
   }

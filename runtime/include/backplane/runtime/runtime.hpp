@@ -150,7 +150,10 @@ class Runtime : private BackendSubscriber {
   // backend supports, with every backend's reason. Each run of two or more consecutive layers
   // placed on one backend is offered to it whole (SDK 1.1 CompileSubgraph): a backend that compiles
   // it runs it as one workload; one that declines (or is built against 1.0) gets one workload per
-  // layer. A backend that fails to compile a run fails the load, naming it and the layers.
+  // layer. A backend that fails to compile a run fails the load, naming it and the layers. With
+  // dynamic input dimensions, a run declined at load time is offered again per input shape on the
+  // first request of that shape (NetworkOptions::shape_program_capacity); a failure there only
+  // logs, and the run goes layer by layer at that shape.
   Result<NetworkId> LoadNetwork(Network network, NetworkOptions options = {});
   // Calls BeforeUnloadNetwork on every context first; when one refuses, the network stays loaded
   // and the error says which backend and why. Requests in flight finish on the old bindings.
