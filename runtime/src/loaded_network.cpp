@@ -3,9 +3,23 @@
 #include <algorithm>
 #include <cstring>
 
+#include "backplane/core/logging.hpp"
+
 namespace backplane {
 
 namespace {
+
+spdlog::logger& ShapeProgramLog() {
+  static spdlog::logger& logger = ModuleLogger("backplane.runtime");
+  return logger;
+}
+
+std::string DescribeInputShapes(const InputShapes& shapes) {
+  std::string text;
+  for (const Shape& shape : shapes)
+    text += (text.empty() ? "" : ", ") + ToString(shape);
+  return text;
+}
 
 bool IsDynamic(const TensorInfo& info) {
   for (int64_t dim : info.shape) {
@@ -87,10 +101,37 @@ struct LoadedNetwork::Boundary {
   std::vector<int> output_slots;
 };
 
+// A run its backend declined at load time with dimensions unknown: offered again per input shape.
+struct LoadedNetwork::DeclinedRun {
+  std::size_t first_step;  // its per-layer steps are steps_[first_step, first_step + layers)
+  std::size_t layers;
+  std::shared_ptr<loader::BackendInstance> backend;
+  Boundary boundary;                                 // load-time shapes
+  std::vector<std::vector<int>> layer_input_slots;   // per layer, parallel to its desc's inputs
+  std::vector<std::vector<int>> layer_output_slots;  // per layer, parallel to its desc's outputs
+};
+
+// What Execute runs for one set of input shapes. Immutable once published to the cache, so that
+// any number of requests run it at once (its workloads are thread-safe like every IWorkload).
+struct LoadedNetwork::ShapeProgram {
+  // First, so destroyed last: the compiled workloads may point into its constants, and a program
+  // may be destroyed on the reaper after the LoadedNetwork that built it.
+  std::shared_ptr<const Network> network;
+  std::vector<TensorInfo> slot_shapes;  // slot -> shape at these input shapes
+  std::vector<Step> compiled;           // the runs compiled at these shapes; never reallocated
+  // The request's steps in order: &compiled[i], or the load-time steps (shared, not re-created)
+  // of everything else. Valid while the LoadedNetwork lives, which every request using it holds.
+  std::vector<const Step*> steps;
+  std::size_t compiled_layers = 0;
+  std::string failures;  // why runs failed to compile at these shapes, for the stats
+};
+
 Result<std::unique_ptr<LoadedNetwork>> LoadedNetwork::Create(std::shared_ptr<const Network> network,
-                                                             const Backends& backends) {
+                                                             const Backends& backends,
+                                                             ShapeProgramOptions shape_programs) {
   BACKPLANE_RETURN_IF_ERROR(CheckShapes(*network));
   std::unique_ptr<LoadedNetwork> loaded(new LoadedNetwork(std::move(network)));
+  loaded->shape_program_options_ = std::move(shape_programs);
   loaded->NumberInputs();
   auto planned = loaded->Place(backends);
   if (!planned.ok())
@@ -102,7 +143,27 @@ Result<std::unique_ptr<LoadedNetwork>> LoadedNetwork::Create(std::shared_ptr<con
                                   ? loaded->CreateLayerStep(run.begin, planned.value(), backends)
                                   : loaded->CompileRun(run, planned.value(), liveness, backends));
   }
+  loaded->FinishPlan();
   return loaded;
+}
+
+// Defined here, where DeclinedRun and ShapeProgram are complete.
+LoadedNetwork::LoadedNetwork(std::shared_ptr<const Network> network)
+    : network_(std::move(network)) {}
+LoadedNetwork::~LoadedNetwork() = default;
+
+void LoadedNetwork::FinishPlan() {
+  for (const Step& step : steps_)
+    load_time_steps_.push_back(&step);
+  load_time_shapes_.resize(slot_names_.size());
+  for (std::size_t slot = 0; slot < slot_names_.size(); ++slot) {
+    if (auto info = network_->values.find(slot_names_[slot]); info != network_->values.end())
+      load_time_shapes_[slot] = info->second;
+  }
+  if (has_dynamic_shapes_ && shape_program_options_.capacity > 0) {
+    shape_programs_ = std::make_unique<ShapeProgramCache<ShapeProgram>>(
+        shape_program_options_.capacity, shape_program_options_.counters);
+  }
 }
 
 int LoadedNetwork::SlotOf(const std::string& name) {
@@ -295,9 +356,24 @@ Status LoadedNetwork::CompileRun(const Run& run, std::vector<PlannedLayer>& plan
       return compiled.error().WithContext("backend " + backend.id() +
                                           " failed to compile the run of layers " + layers + ": ");
     }
-    for (std::size_t i = run.begin; i < run.end; ++i) {
-      planned[i].desc = std::move(boundary.subgraph.layers[i - run.begin]);
+    for (std::size_t i = run.begin; i < run.end; ++i)
+      planned[i].desc = boundary.subgraph.layers[i - run.begin];
+    const bool kept = KeepDeclinedRun(run, boundary, planned, backends[planned[run.begin].backend]);
+    for (std::size_t i = run.begin; i < run.end; ++i)
       BACKPLANE_RETURN_IF_ERROR(CreateLayerStep(i, planned, backends));
+    if (kept) {
+      // A layer its backend could not create after all went to the next backend: the run is no
+      // longer one backend's, and compiling it at a shape would move that layer back.
+      const DeclinedRun& run_kept = declined_runs_.back();
+      const auto first = steps_.begin() + static_cast<std::ptrdiff_t>(run_kept.first_step);
+      if (!std::all_of(first, steps_.end(), [&](const Step& step) {
+            return &step.workload->instance() == run_kept.backend.get();
+          })) {
+        declined_runs_.pop_back();
+        return Status::Ok();
+      }
+      for (std::size_t i = placement_.size() - run_kept.layers; i < placement_.size(); ++i)
+        placement_[i].compiled_per_input_shape = true;
     }
     return Status::Ok();
   }
@@ -318,6 +394,137 @@ Status LoadedNetwork::CompileRun(const Run& run, std::vector<PlannedLayer>& plan
                     .outputs = std::move(boundary.output_slots),
                     .workload = std::move(workload.workload)});
   return Status::Ok();
+}
+
+bool LoadedNetwork::KeepDeclinedRun(const Run& run, const Boundary& boundary,
+                                    const std::vector<PlannedLayer>& planned,
+                                    std::shared_ptr<loader::BackendInstance> backend) {
+  if (!has_dynamic_shapes_ || shape_program_options_.capacity == 0)
+    return false;
+  const auto& layers = boundary.subgraph.layers;
+  const bool dynamic = std::any_of(layers.begin(), layers.end(), [](const OperatorDesc& layer) {
+    return std::any_of(layer.inputs.begin(), layer.inputs.end(), IsDynamic) ||
+           std::any_of(layer.outputs.begin(), layer.outputs.end(), IsDynamic);
+  });
+  if (!dynamic)  // declined at its final shapes: it would decline again
+    return false;
+  DeclinedRun kept{.first_step = steps_.size(),
+                   .layers = run.end - run.begin,
+                   .backend = std::move(backend),
+                   .boundary = boundary};
+  for (std::size_t i = run.begin; i < run.end; ++i) {
+    kept.layer_input_slots.push_back(planned[i].inputs);
+    kept.layer_output_slots.push_back(planned[i].outputs);
+  }
+  declined_runs_.push_back(std::move(kept));
+  return true;
+}
+
+Result<std::vector<TensorInfo>> LoadedNetwork::InferSlotShapes(
+    std::span<const ConstTensorView> inputs) const {
+  std::vector<TensorInfo> input_infos;
+  for (const auto& input : inputs)
+    input_infos.push_back(input.info);
+  auto inferred = InferShapes(*network_, input_infos);
+  if (!inferred.ok())
+    return std::move(inferred).error();
+  std::vector<TensorInfo> slot_shapes(slot_names_.size());
+  for (std::size_t slot = 0; slot < slot_names_.size(); ++slot) {
+    if (auto info = inferred->find(slot_names_[slot]); info != inferred->end())
+      slot_shapes[slot] = info->second;
+  }
+  return slot_shapes;
+}
+
+std::shared_ptr<const LoadedNetwork::ShapeProgram> LoadedNetwork::BuildShapeProgram(
+    const InputShapes& shapes, std::vector<TensorInfo> slot_shapes) const {
+  ShapeProgramCounters& counters = *shape_program_options_.counters;
+  counters.compiles.fetch_add(1, std::memory_order_relaxed);
+  auto program = std::make_unique<ShapeProgram>();
+  program->network = network_;
+  program->slot_shapes = std::move(slot_shapes);
+  program->compiled.reserve(declined_runs_.size());  // steps point into it
+  auto concrete = [&](int slot, const TensorInfo& load_time) {
+    return slot < 0 || program->slot_shapes[slot].type == DataType::kUndefined
+               ? load_time
+               : program->slot_shapes[slot];
+  };
+  std::size_t next_step = 0;
+  for (const DeclinedRun& run : declined_runs_) {
+    while (next_step < run.first_step)
+      program->steps.push_back(&steps_[next_step++]);
+    SubgraphDesc subgraph = run.boundary.subgraph;
+    bool known = true;
+    for (std::size_t l = 0; l < subgraph.layers.size(); ++l) {
+      OperatorDesc& layer = subgraph.layers[l];
+      for (std::size_t k = 0; k < layer.inputs.size(); ++k) {
+        if (!subgraph.layer_inputs[l][k].empty())
+          layer.inputs[k] = concrete(run.layer_input_slots[l][k], layer.inputs[k]);
+        known = known && !IsDynamic(layer.inputs[k]);
+      }
+      for (std::size_t k = 0; k < layer.outputs.size(); ++k) {
+        layer.outputs[k] = concrete(run.layer_output_slots[l][k], layer.outputs[k]);
+        known = known && !IsDynamic(layer.outputs[k]);
+      }
+    }
+    for (std::size_t i = 0; i < subgraph.inputs.size(); ++i)
+      subgraph.input_infos[i] = concrete(run.boundary.input_slots[i], subgraph.input_infos[i]);
+    for (std::size_t i = 0; i < subgraph.outputs.size(); ++i)
+      subgraph.output_infos[i] = concrete(run.boundary.output_slots[i], subgraph.output_infos[i]);
+    if (!known)  // shape inference left a dimension unknown: nothing new to offer
+      continue;
+
+    const Node& first = *steps_[run.first_step].node;
+    auto compiled = run.backend->CompileSubgraph(subgraph);
+    if (!compiled.ok()) {
+      if (compiled.error().code() == StatusCode::kUnimplemented)
+        continue;
+      // Not the request's fault, and the load-time workloads run this shape correctly: warn
+      // (once: the program keeps the failure) and carry on without the compiled run.
+      counters.compile_failures.fetch_add(1, std::memory_order_relaxed);
+      const Node& last = (&first)[run.layers - 1];
+      const std::string why = "backend " + run.backend->id() + " failed to compile the " +
+                              std::to_string(run.layers) + " layers '" + first.name + "' to '" +
+                              last.name + "' at input shapes " + DescribeInputShapes(shapes) +
+                              ": " + compiled.error().message();
+      ShapeProgramLog().warn("network {}: {}; they run layer by layer at these shapes",
+                             network_->name, why);
+      program->failures += (program->failures.empty() ? "" : "; ") + why;
+      continue;
+    }
+    program->compiled.push_back({.node = &first,
+                                 .layers = run.layers,
+                                 .inputs = run.boundary.input_slots,
+                                 .outputs = run.boundary.output_slots,
+                                 .workload = std::move(compiled->workload)});
+    program->steps.push_back(&program->compiled.back());
+    program->compiled_layers += run.layers;
+    next_step += run.layers;
+  }
+  while (next_step < steps_.size())
+    program->steps.push_back(&steps_[next_step++]);
+  // Its workloads are backend code: destroyed on the reaper, whoever lets go last (an eviction
+  // on a request thread, the cache's destruction with the binding).
+  return loader::MakeReaped<const ShapeProgram>(std::move(program), shape_program_options_.reaper);
+}
+
+ShapeProgramStats LoadedNetwork::shape_program_stats() const {
+  const ShapeProgramCounters& counters = *shape_program_options_.counters;
+  ShapeProgramStats stats{
+      .capacity = shape_programs_ == nullptr ? 0 : shape_programs_->capacity(),
+      .hits = counters.hits.load(std::memory_order_relaxed),
+      .misses = counters.misses.load(std::memory_order_relaxed),
+      .compiles = counters.compiles.load(std::memory_order_relaxed),
+      .compile_failures = counters.compile_failures.load(std::memory_order_relaxed),
+      .evictions = counters.evictions.load(std::memory_order_relaxed)};
+  if (shape_programs_ != nullptr) {
+    for (const auto& [shapes, program] : shape_programs_->Entries()) {
+      stats.programs.push_back({.input_shapes = shapes,
+                                .compiled_layers = program->compiled_layers,
+                                .failures = program->failures});
+    }
+  }
+  return stats;
 }
 
 std::string LoadedNetwork::Describe(const Step& step) const {
@@ -370,21 +577,37 @@ Status LoadedNetwork::ValidateInputs(std::span<const ConstTensorView> inputs) co
 
 Result<std::vector<Tensor>> LoadedNetwork::Execute(std::span<const ConstTensorView> inputs) const {
   BACKPLANE_RETURN_IF_ERROR(ValidateInputs(inputs));
-
-  // Shapes: fixed at load time, or inferred for this request's dynamic dimensions.
-  const std::map<std::string, TensorInfo, std::less<>>* values = &network_->values;
-  std::map<std::string, TensorInfo, std::less<>> request_values;
-  if (has_dynamic_shapes_) {
-    std::vector<TensorInfo> input_infos;
-    for (const auto& input : inputs)
-      input_infos.push_back(input.info);
-    auto inferred = InferShapes(*network_, input_infos);
-    if (!inferred.ok())
-      return std::move(inferred).error();
-    request_values = std::move(inferred).value();
-    values = &request_values;
+  if (!has_dynamic_shapes_)
+    return RunSteps(load_time_steps_, load_time_shapes_, inputs);
+  if (shape_programs_ == nullptr) {
+    auto slot_shapes = InferSlotShapes(inputs);
+    if (!slot_shapes.ok())
+      return std::move(slot_shapes).error();
+    return RunSteps(load_time_steps_, slot_shapes.value(), inputs);
   }
 
+  InputShapes shapes;
+  shapes.reserve(inputs.size());
+  for (const auto& input : inputs)
+    shapes.push_back(input.info.shape);
+  auto found = shape_programs_->Find(shapes);
+  if (found.program != nullptr)
+    return RunSteps(found.program->steps, found.program->slot_shapes, inputs);
+  // A miss. Inferred before claiming anything durable: a shape the network cannot take is this
+  // request's error, and dropping the claim lets the next request of that shape try again.
+  auto slot_shapes = InferSlotShapes(inputs);
+  if (!slot_shapes.ok())
+    return std::move(slot_shapes).error();
+  if (!found.claim)  // another request is building it: run the load-time steps, do not wait
+    return RunSteps(load_time_steps_, slot_shapes.value(), inputs);
+  auto program = BuildShapeProgram(shapes, std::move(slot_shapes).value());
+  found.claim.Publish(program);
+  return RunSteps(program->steps, program->slot_shapes, inputs);
+}
+
+Result<std::vector<Tensor>> LoadedNetwork::RunSteps(std::span<const Step* const> steps,
+                                                    const std::vector<TensorInfo>& slot_shapes,
+                                                    std::span<const ConstTensorView> inputs) const {
   // Per-request working memory: one tensor per non-constant value, views into the inputs.
   std::vector<Tensor> owned(slot_names_.size());
   std::vector<ConstTensorView> views(slot_names_.size());
@@ -397,18 +620,19 @@ Result<std::vector<Tensor>> LoadedNetwork::Execute(std::span<const ConstTensorVi
 
   std::vector<ConstTensorView> step_inputs;
   std::vector<TensorView> step_outputs;
-  for (const Step& step : steps_) {
+  for (const Step* step_ptr : steps) {
+    const Step& step = *step_ptr;
     step_inputs.clear();
     step_outputs.clear();
     for (int slot : step.inputs)
       step_inputs.push_back(slot < 0 ? ConstTensorView{} : views[slot]);
     for (int slot : step.outputs) {
-      auto info = values->find(slot_names_[slot]);
-      if (info == values->end()) {
+      const TensorInfo& info = slot_shapes[slot];
+      if (info.type == DataType::kUndefined) {
         return Internal("node '" + step.node->name + "': no shape inferred for output '" +
                         slot_names_[slot] + "'");
       }
-      owned[slot] = Tensor(info->second);
+      owned[slot] = Tensor(info);
       views[slot] = owned[slot].View();
       step_outputs.push_back(owned[slot].MutableView());
     }

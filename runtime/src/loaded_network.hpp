@@ -1,7 +1,8 @@
 // A network loaded on one runtime: each node bound to the first backend in the preference list
 // that supports it, and run either by a workload of its own or, when its backend compiled the run
-// of consecutive layers it belongs to (SDK 1.1), by that run's one workload. Private to
-// runtime/src.
+// of consecutive layers it belongs to (SDK 1.1), by that run's one workload. With dynamic input
+// dimensions, each input shape a request brings gets a shape program on first use (below).
+// Private to runtime/src.
 #pragma once
 
 #include <map>
@@ -11,13 +12,46 @@
 #include <vector>
 
 #include "backplane/loader/backend_instance.hpp"
+#include "backplane/loader/reaper.hpp"
 #include "backplane/onnx/network.hpp"
 #include "backplane/runtime/runtime.hpp"
+#include "shape_program_cache.hpp"
 
 namespace backplane {
 
+// What a binding does with input shapes it has not seen, kept by the bindings that replace it
+// on a hot swap (each starts its own cache; the counters carry over).
+struct ShapeProgramOptions {
+  std::size_t capacity = 0;  // 0: no shape programs
+  std::shared_ptr<ShapeProgramCounters> counters = std::make_shared<ShapeProgramCounters>();
+  // Where programs are destroyed (their workloads are backend code: loading rule 6); null: by
+  // whoever drops the last reference.
+  std::shared_ptr<loader::Reaper> reaper;
+};
+
+// Shape programs. A network exported with a symbolic batch dimension has dynamic shapes at load
+// time; a backend like CpuAcc declines to compile runs of such layers, and each request would run
+// one primitive per layer and infer every value's shape anew. So each input shape a request
+// brings gets, on first use, a program: every value's shape inferred once, and each run that its
+// backend declined at load time offered again (CompileSubgraph) with that shape's concrete
+// dimensions. Where the backend compiles it, the program runs the compiled workload; where it
+// declines again or fails, the program shares the run's load-time per-layer workloads (a failure
+// is logged once per program and kept in it, so it is not retried per request). A run the backend
+// compiled at load time, dimensions unknown, is kept: that backend said it runs every shape, and
+// a second program per shape would cost memory for no promised gain.
+// Costs and traps:
+//  - the first request at a new shape pays shape inference plus every compile (docs/performance.md
+//    measures it: milliseconds on CpuAcc); the requests of that shape arriving meanwhile run the
+//    load-time workloads, never wait and never compile it a second time;
+//  - a client that sends a new shape per request makes every request pay a compile and evict a
+//    program: the capacity bounds memory, not that cost;
+//  - programs live in a bounded LRU cache; an evicted program lives on while requests run it
+//    (shared_ptr), and is destroyed on the reaper like the network itself;
+//  - a program belongs to one binding (one set of generations): a hot swap prepares a new
+//    LoadedNetwork with an empty cache, and the old programs go with the old binding.
+//
 // Thread-safe: Execute may run concurrently; each call has its own working memory. Immutable
-// after Create.
+// after Create but for the shape program cache, which has its own short lock.
 class LoadedNetwork {
  public:
   // `backends` in preference order. Fails naming the node and every backend's reason when no
@@ -26,13 +60,18 @@ class LoadedNetwork {
   // `network` is shared with the networks that replace this one on a new generation.
   using Backends = std::vector<std::shared_ptr<loader::BackendInstance>>;
   static Result<std::unique_ptr<LoadedNetwork>> Create(std::shared_ptr<const Network> network,
-                                                       const Backends& backends);
+                                                       const Backends& backends,
+                                                       ShapeProgramOptions shape_programs = {});
+  ~LoadedNetwork();
 
   const Network& network() const { return *network_; }
   const std::shared_ptr<const Network>& shared_network() const { return network_; }
   // Whether any layer runs on backend `id`.
   bool Uses(std::string_view id) const;
   const std::vector<LayerPlacement>& placement() const { return placement_; }
+  // What a binding that replaces this one is created with.
+  const ShapeProgramOptions& shape_program_options() const { return shape_program_options_; }
+  ShapeProgramStats shape_program_stats() const;
 
   // Runs one request. `inputs` in the order of network().inputs; returns the outputs in the
   // order of network().outputs.
@@ -52,11 +91,13 @@ class LoadedNetwork {
   struct PlannedLayer;
   struct Liveness;
   struct Boundary;
+  struct ShapeProgram;
+  struct DeclinedRun;
   struct Run {  // planned layers [begin, end), consecutive and on one backend instance
     std::size_t begin;
     std::size_t end;
   };
-  explicit LoadedNetwork(std::shared_ptr<const Network> network) : network_(std::move(network)) {}
+  explicit LoadedNetwork(std::shared_ptr<const Network> network);
 
   // Create's steps, in the order it takes them.
   // Every value name gets one slot, in the order first seen, so that Execute indexes, not looks up.
@@ -88,7 +129,25 @@ class LoadedNetwork {
   Status CompileRun(const Run& run, std::vector<PlannedLayer>& planned, const Liveness& liveness,
                     const Backends& backends);
 
+  // Keeps a run that its backend declined while some of its dimensions were unknown, to offer it
+  // again per input shape; called before its per-layer steps are created from `planned`. Returns
+  // whether it kept it (only with dynamic shapes somewhere in the run, and a capacity).
+  bool KeepDeclinedRun(const Run& run, const Boundary& boundary,
+                       const std::vector<PlannedLayer>& planned,
+                       std::shared_ptr<loader::BackendInstance> backend);
+  // After Create's steps: the steps in order, the load-time shapes by slot, the program cache.
+  void FinishPlan();
+
   Status ValidateInputs(std::span<const ConstTensorView> inputs) const;
+  // Every value's shape at this request's input shapes, by slot (kUndefined: none inferred).
+  Result<std::vector<TensorInfo>> InferSlotShapes(std::span<const ConstTensorView> inputs) const;
+  // The program for `shapes`: each declined run offered again with concrete dimensions.
+  std::shared_ptr<const ShapeProgram> BuildShapeProgram(const InputShapes& shapes,
+                                                        std::vector<TensorInfo> slot_shapes) const;
+  // The request itself, over `steps` with value shapes `slot_shapes`.
+  Result<std::vector<Tensor>> RunSteps(std::span<const Step* const> steps,
+                                       const std::vector<TensorInfo>& slot_shapes,
+                                       std::span<const ConstTensorView> inputs) const;
   std::string Describe(const Step& step) const;
 
   // Declaration order matters: steps_ (workloads) are destroyed before network_, whose constant
@@ -102,6 +161,14 @@ class LoadedNetwork {
   std::vector<int> output_slots_;
   std::vector<Step> steps_;
   std::vector<LayerPlacement> placement_;
+  // Set by FinishPlan.
+  std::vector<const Step*> load_time_steps_;  // &steps_[i], what a request without program runs
+  std::vector<TensorInfo> load_time_shapes_;  // slot -> the network's (static) shape
+  std::vector<DeclinedRun> declined_runs_;    // what a shape program offers again
+  ShapeProgramOptions shape_program_options_;
+  // Null without dynamic inputs or at capacity 0. Declared last: programs (whose steps point into
+  // steps_) are released first.
+  std::unique_ptr<ShapeProgramCache<ShapeProgram>> shape_programs_;
 };
 
 }  // namespace backplane

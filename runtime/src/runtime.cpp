@@ -348,8 +348,9 @@ Result<NetworkId> Runtime::LoadNetwork(Network network, NetworkOptions options) 
     }
   }
   const std::string name = network.name;
-  auto loaded =
-      LoadedNetwork::Create(std::make_shared<const Network>(std::move(network)), backends);
+  auto loaded = LoadedNetwork::Create(
+      std::make_shared<const Network>(std::move(network)), backends,
+      {.capacity = options.shape_program_capacity, .reaper = registry_->loader().reaper()});
   if (!loaded.ok())
     return fail(loaded.error().WithContext("network " + name + ": "));
   for (const auto& [backend_id, context] : contexts) {
@@ -363,6 +364,9 @@ Result<NetworkId> Runtime::LoadNetwork(Network network, NetworkOptions options) 
   const auto compiled =
       std::count_if(loaded.value()->placement().begin(), loaded.value()->placement().end(),
                     [](const LayerPlacement& layer) { return layer.compiled; });
+  const auto per_shape =
+      std::count_if(loaded.value()->placement().begin(), loaded.value()->placement().end(),
+                    [](const LayerPlacement& layer) { return layer.compiled_per_input_shape; });
   {
     MutexLock lock(mutex_);
     ++next_network_id_;
@@ -371,8 +375,10 @@ Result<NetworkId> Runtime::LoadNetwork(Network network, NetworkOptions options) 
     updated->emplace(id, Reaped(std::move(loaded).value()));
     networks_.Publish(std::move(updated));
   }
-  Log().info("loaded network {} ({}) with {} layer(s), {} of them in compiled subgraphs", id, name,
-             layers, compiled);
+  Log().info(
+      "loaded network {} ({}) with {} layer(s), {} of them in compiled subgraphs, {} offered for "
+      "compiling per input shape on first use",
+      id, name, layers, compiled, per_shape);
   return id;
 }
 
@@ -578,7 +584,8 @@ Result<std::unique_ptr<PreparedChange>> Runtime::PrepareChange(const BackendChan
       const Instances others = InstancesFor(preferences, instances);
       auto moved = others.empty() ? Result<std::unique_ptr<LoadedNetwork>>(
                                         NotFound("no other backend in its preference list"))
-                                  : LoadedNetwork::Create(network->shared_network(), others);
+                                  : LoadedNetwork::Create(network->shared_network(), others,
+                                                          network->shape_program_options());
       if (!moved.ok()) {
         Log().warn("network {} keeps running on withdrawn backend {} (generation {}): {}",
                    network->network().name, id, GenerationOn(*network, id),
@@ -607,7 +614,8 @@ Result<std::unique_ptr<PreparedChange>> Runtime::PrepareChange(const BackendChan
   const auto validation = swap_validation_.find(id);
   for (const auto& [network_id, network, preferences] : affected) {
     auto moved =
-        LoadedNetwork::Create(network->shared_network(), InstancesFor(preferences, instances));
+        LoadedNetwork::Create(network->shared_network(), InstancesFor(preferences, instances),
+                              network->shape_program_options());
     if (!moved.ok()) {
       return refuse(LoadReason::kPrepareFailed,
                     "network " + network->network().name +
@@ -649,6 +657,13 @@ Result<std::vector<LayerPlacement>> Runtime::GetPlacement(NetworkId id) const {
   if (!network.ok())
     return std::move(network).error();
   return network.value()->placement();
+}
+
+Result<ShapeProgramStats> Runtime::GetShapePrograms(NetworkId id) const {
+  auto network = FindNetwork(id);
+  if (!network.ok())
+    return std::move(network).error();
+  return network.value()->shape_program_stats();
 }
 
 Result<std::shared_ptr<const Network>> Runtime::GetNetwork(NetworkId id) const {

@@ -129,6 +129,35 @@ HttpResponse DeployOutcomeResponse(const BackendRegistry& registry, const Deploy
   return HttpResponse::Json(body);
 }
 
+// Every served model version whose network keeps shape programs (dynamic input dimensions).
+std::vector<ShapeProgramSample> ShapeProgramSamples(const ServeContext& context) {
+  std::vector<ShapeProgramSample> samples;
+  std::string previous;
+  for (const auto& entry : context.repository.Index()) {  // one entry per version, by name
+    if (entry.name == previous)
+      continue;
+    previous = entry.name;
+    auto model = context.repository.Find(entry.name);
+    if (model == nullptr)
+      continue;
+    for (const auto& [number, version] : model->versions) {
+      auto stats = context.runtime.GetShapePrograms(version->network_id());
+      if (!stats.ok() || (stats->capacity == 0 && stats->misses == 0))
+        continue;
+      samples.push_back({.model = model->name,
+                         .version = std::to_string(number),
+                         .hits = stats->hits,
+                         .misses = stats->misses,
+                         .compiles = stats->compiles,
+                         .compile_failures = stats->compile_failures,
+                         .evictions = stats->evictions,
+                         .programs = stats->programs.size(),
+                         .capacity = stats->capacity});
+    }
+  }
+  return samples;
+}
+
 HttpResponse Placement(const ServeContext& context, const HttpRequest& request) {
   auto resolved = ResolveModel(context.repository, request.params[0], request.params[1]);
   if (!resolved.ok())
@@ -150,7 +179,10 @@ HttpResponse Placement(const ServeContext& context, const HttpRequest& request) 
                         // `subgraph`; `note` is what the backend said about the layer.
                         {"compiled", layer.compiled},
                         {"subgraph", layer.subgraph},
-                        {"note", layer.note}});
+                        {"note", layer.note},
+                        // Dynamic input dimensions: the run is compiled per input shape on
+                        // first use (docs/performance.md, "Shape programs").
+                        {"compiled_per_input_shape", layer.compiled_per_input_shape}});
     }
     versions.push_back({{"version", std::to_string(number)}, {"layers", layers}});
   }
@@ -234,7 +266,8 @@ void AddAdminRoutes(HttpServer& http, const ServeContext& context) {
   http.Get("/metrics", [context](const HttpRequest&) {
     HttpResponse response;
     response.content_type = "text/plain; version=0.0.4; charset=utf-8";
-    response.body = context.metrics.Render(&context.registry, context.loader_stats);
+    response.body = context.metrics.Render(&context.registry, context.loader_stats,
+                                           ShapeProgramSamples(context));
     return response;
   });
 

@@ -222,7 +222,8 @@ void ServerMetrics::OnGenerationEvent(const GenerationEvent& event) {
 }
 
 std::string ServerMetrics::Render(const BackendRegistry* registry,
-                                  const loader::LoaderStats* loader_stats) const {
+                                  const loader::LoaderStats* loader_stats,
+                                  std::span<const ShapeProgramSample> shape_programs) const {
   Exposition out;
 
   // ---- HTTP
@@ -279,6 +280,48 @@ std::string ServerMetrics::Render(const BackendRegistry* registry,
   for (const auto& [name, metrics] : models) {
     out.HistogramSamples("backplane_inference_request_duration_seconds", {{"model", name}},
                          metrics->latency_seconds.Read());
+  }
+
+  // ---- Shape programs, per served model version with dynamic input dimensions
+  // (docs/performance.md, "Shape programs"). Counters span hot swaps; the programs gauge is the
+  // current binding's cache.
+  out.Family("backplane_network_shape_program_requests_total", "counter",
+             "Requests of a network with dynamic input dimensions, by whether a shape program for "
+             "their input shapes was cached (hit) or not (miss: compiled by the first, the "
+             "load-time workloads for the others meanwhile).");
+  for (const auto& sample : shape_programs) {
+    for (auto [result, count] : {std::pair{"hit", sample.hits}, std::pair{"miss", sample.misses}}) {
+      out.Sample("backplane_network_shape_program_requests_total",
+                 {{"model", sample.model}, {"version", sample.version}, {"result", result}}, count);
+    }
+  }
+  const std::pair<const char*, const char*> counters[] = {
+      {"backplane_network_shape_program_compiles_total",
+       "Shape programs built, one per new input shape (the first request of that shape pays it)."},
+      {"backplane_network_shape_program_compile_failures_total",
+       "Runs of layers a backend failed to compile at a concrete shape; they run layer by layer "
+       "at that shape."},
+      {"backplane_network_shape_program_evictions_total",
+       "Shape programs evicted, least recently used first, beyond the network's capacity."}};
+  const std::pair<const char*, const char*> gauges[] = {
+      {"backplane_network_shape_programs", "Shape programs cached now."},
+      {"backplane_network_shape_program_capacity",
+       "How many shape programs the network keeps (NetworkOptions::shape_program_capacity)."}};
+  for (std::size_t i = 0; i < std::size(counters); ++i) {
+    out.Family(counters[i].first, "counter", counters[i].second);
+    for (const auto& sample : shape_programs) {
+      const uint64_t values[] = {sample.compiles, sample.compile_failures, sample.evictions};
+      out.Sample(counters[i].first, {{"model", sample.model}, {"version", sample.version}},
+                 values[i]);
+    }
+  }
+  for (std::size_t i = 0; i < std::size(gauges); ++i) {
+    out.Family(gauges[i].first, "gauge", gauges[i].second);
+    for (const auto& sample : shape_programs) {
+      const uint64_t values[] = {sample.programs, sample.capacity};
+      out.Sample(gauges[i].first, {{"model", sample.model}, {"version", sample.version}},
+                 values[i]);
+    }
   }
 
   // ---- Backends and hot reload

@@ -58,6 +58,20 @@ struct ModelMetrics {
   std::map<StatusCode, uint64_t> failures_ BACKPLANE_GUARDED_BY(mutex_);
 };
 
+// One served model version's shape programs (Runtime::GetShapePrograms), read at scrape time:
+// this room does not see the runtime, so the admin room copies the numbers into this.
+struct ShapeProgramSample {
+  std::string model;
+  std::string version;
+  uint64_t hits = 0;
+  uint64_t misses = 0;
+  uint64_t compiles = 0;
+  uint64_t compile_failures = 0;
+  uint64_t evictions = 0;
+  uint64_t programs = 0;  // cached now
+  uint64_t capacity = 0;
+};
+
 // Every metric of the server. Thread-safe.
 class ServerMetrics {
  public:
@@ -82,8 +96,10 @@ class ServerMetrics {
   void OnGenerationEvent(const GenerationEvent& event) BACKPLANE_EXCLUDES(backend_mutex_);
 
   // The whole exposition. `registry` (optional) adds the generations per backend and state; the
-  // loader counters come from `loader_stats` when given.
-  std::string Render(const BackendRegistry* registry, const loader::LoaderStats* loader_stats) const
+  // loader counters come from `loader_stats` when given; `shape_programs`, one per served model
+  // version with dynamic input dimensions.
+  std::string Render(const BackendRegistry* registry, const loader::LoaderStats* loader_stats,
+                     std::span<const ShapeProgramSample> shape_programs = {}) const
       BACKPLANE_EXCLUDES(models_mutex_, backend_mutex_);
 
  private:

@@ -381,6 +381,33 @@ TEST(MetricsTest, EscapesLabelValuesAndAccumulatesBuckets) {
   EXPECT_THAT(text, HasSubstr("backplane_inference_requests_total{model=\"we\\\"ird\"} 2\n"));
 }
 
+TEST(MetricsTest, ShapeProgramsPerModelVersion) {
+  ServerMetrics metrics;
+  const ShapeProgramSample samples[] = {{.model = "mlp",
+                                         .version = "1",
+                                         .hits = 7,
+                                         .misses = 3,
+                                         .compiles = 2,
+                                         .compile_failures = 1,
+                                         .evictions = 4,
+                                         .programs = 2,
+                                         .capacity = 8}};
+  const std::string text = metrics.Render(nullptr, nullptr, samples);
+  const std::string labels = "{model=\"mlp\",version=\"1\"";
+  for (const std::string line :
+       {"backplane_network_shape_program_requests_total" + labels + ",result=\"hit\"} 7\n",
+        "backplane_network_shape_program_requests_total" + labels + ",result=\"miss\"} 3\n",
+        "backplane_network_shape_program_compiles_total" + labels + "} 2\n",
+        "backplane_network_shape_program_compile_failures_total" + labels + "} 1\n",
+        "backplane_network_shape_program_evictions_total" + labels + "} 4\n",
+        "backplane_network_shape_programs" + labels + "} 2\n",
+        "backplane_network_shape_program_capacity" + labels + "} 8\n",
+        std::string("# TYPE backplane_network_shape_program_compiles_total counter\n"),
+        std::string("# TYPE backplane_network_shape_programs gauge\n")}) {
+    EXPECT_THAT(text, HasSubstr(line));
+  }
+}
+
 TEST(BodyBudgetTest, ReservesUpToTheLimitAndGivesBackOnDestruction) {
   std::atomic<int64_t> gauge{0};
   BodyBudget budget(100, &gauge);

@@ -3,6 +3,8 @@
 // libraries through the registry and the loader.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
 #include <filesystem>
 #include <functional>
 #include <future>
@@ -60,10 +62,19 @@ struct RuntimeOptions {
   std::map<std::string, SwapValidation, std::less<>> swap_validation;
 };
 
+// How many shape programs a network with dynamic input dimensions keeps by default: a server
+// sees a handful of batch sizes, and each program of a backend like CpuAcc holds its own
+// reordered copy of the weights (docs/performance.md, "Shape programs", measures both).
+inline constexpr std::size_t kDefaultShapeProgramCapacity = 8;
+
 struct NetworkOptions {
   // Backend ids, most preferred first; each layer goes to the first that supports it. Empty: the
   // runtime's default preferences.
   std::vector<std::string> backend_preferences;
+  // For a network with dynamic input dimensions: how many input shapes keep a shape program (the
+  // inferred shapes, and the runs its backends declined at load time compiled at that shape), the
+  // least recently used evicted beyond it. 0: no programs, shapes inferred on every request.
+  std::size_t shape_program_capacity = kDefaultShapeProgramCapacity;
 };
 
 // Where one layer runs. There is one per layer of the network, in node order, whether or not the
@@ -81,6 +92,34 @@ struct LayerPlacement {
   // What the backend said about this layer when it compiled the run (CompiledSubgraph::
   // layer_notes), e.g. "fused into conv1 (Conv+Add+Relu)"; "" when not compiled or nothing said.
   std::string note;
+  // A network with dynamic input dimensions: true when this layer belongs to a run of layers that
+  // its backend declined to compile at load time, with dimensions still unknown, and that is
+  // offered to it again with each input shape's concrete dimensions when the first request of
+  // that shape arrives (NetworkOptions::shape_program_capacity). Whether it compiled at a given
+  // shape is in GetShapePrograms.
+  bool compiled_per_input_shape = false;
+};
+
+// The shape programs of one loaded network (docs/performance.md, "Shape programs"). Counters
+// cover every generation the network was bound to; `programs` only the current binding's cache,
+// which a hot swap starts afresh.
+struct ShapeProgramStats {
+  std::size_t capacity = 0;  // 0: disabled, or the network has no dynamic input dimension
+  uint64_t hits = 0;         // requests that ran a cached program
+  // Requests at a shape without a program ready: the first builds it (and pays the compile), the
+  // ones arriving while it builds run the load-time workloads.
+  uint64_t misses = 0;
+  uint64_t compiles = 0;  // programs built, one per shape (each compiles every run it can)
+  // Runs a backend failed to compile at a concrete shape with an error (logged once per program);
+  // they run on the load-time workloads at that shape.
+  uint64_t compile_failures = 0;
+  uint64_t evictions = 0;
+  struct Program {
+    std::vector<Shape> input_shapes;  // in the order of the network's inputs
+    std::size_t compiled_layers = 0;  // layers running in runs compiled at these shapes
+    std::string failures;             // why runs failed to compile at these shapes; "" if none
+  };
+  std::vector<Program> programs;  // cached now, most recently used first
 };
 
 class LoadedNetwork;
@@ -111,12 +150,16 @@ class Runtime : private BackendSubscriber {
   // backend supports, with every backend's reason. Each run of two or more consecutive layers
   // placed on one backend is offered to it whole (SDK 1.1 CompileSubgraph): a backend that compiles
   // it runs it as one workload; one that declines (or is built against 1.0) gets one workload per
-  // layer. A backend that fails to compile a run fails the load, naming it and the layers.
+  // layer. A backend that fails to compile a run fails the load, naming it and the layers. With
+  // dynamic input dimensions, a run declined at load time is offered again per input shape on the
+  // first request of that shape (NetworkOptions::shape_program_capacity); a failure there only
+  // logs, and the run goes layer by layer at that shape.
   Result<NetworkId> LoadNetwork(Network network, NetworkOptions options = {});
   // Calls BeforeUnloadNetwork on every context first; when one refuses, the network stays loaded
   // and the error says which backend and why. Requests in flight finish on the old bindings.
   Status UnloadNetwork(NetworkId id);
   Result<std::vector<LayerPlacement>> GetPlacement(NetworkId id) const;
+  Result<ShapeProgramStats> GetShapePrograms(NetworkId id) const;
   Result<std::shared_ptr<const Network>> GetNetwork(NetworkId id) const;
 
   // Runs one request on the calling thread (kernels use the runtime's arena). Thread-safe: call
