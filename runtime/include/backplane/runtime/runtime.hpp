@@ -81,6 +81,10 @@ struct LayerPlacement {
   // What the backend said about this layer when it compiled the run (CompiledSubgraph::
   // layer_notes), e.g. "fused into conv1 (Conv+Add+Relu)"; "" when not compiled or nothing said.
   std::string note;
+  // Why the layer is not on a backend earlier in the preference list: each backend asked before
+  // the one it runs on, with its refusal, as "\n  ID: reason" (the list a load error gives when no
+  // backend takes the layer); "" when the first backend asked took it.
+  std::string fallback_reason;
 };
 
 class LoadedNetwork;
