@@ -200,11 +200,13 @@ placement_of() {
        END { printf "%d/%d on CpuAcc, %d compiled", acc, total, compiled }' <<<"$1"
 }
 
-# The "why not" lines of `backplane run`'s placement, one per reason, with how many layers gave
-# it and the first three of them.
+# The "why not" lines of `backplane run`'s placement, one per reason (a trailing "(node '...')"
+# left out, so that one missing operator is one line), with how many layers gave it and the first
+# three of them.
 why_not_of() {
   awk '/^layer / { layer = $2 " (" $3 ")" }
-       /^  why not / { sub(/^  why not /, ""); if (n[$0]++ < 3) names[$0] = names[$0] (n[$0] > 1 ? ", " : "") layer }
+       /^  why not / { sub(/^  why not /, ""); sub(/ \(node [^)]*\)$/, "")
+                       if (n[$0]++ < 3) names[$0] = names[$0] (n[$0] > 1 ? ", " : "") layer }
        END { for (r in n) printf "  %d layer(s) not on the first backend asked, e.g. %s: why not %s\n", n[r], names[r], r }' <<<"$1"
 }
 
