@@ -6,7 +6,6 @@
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
-
 #include <map>
 #include <nlohmann/json.hpp>
 
@@ -57,7 +56,8 @@ Comparison Compare(const Tensor& got, const Tensor& want) {
   return result;
 }
 
-// Microseconds with one decimal: milliseconds with three rounded a 15 µs model to ±3%.
+// Runs one set of inputs `repeat` times; returns the last outputs and prints the timings, in
+// microseconds with one decimal (milliseconds with three rounded a 15 µs model to ±3%).
 Result<std::vector<Tensor>> RunRepeated(Runtime& runtime, NetworkId id,
                                         const std::vector<Tensor>& inputs, int repeat) {
   std::vector<ConstTensorView> views;
