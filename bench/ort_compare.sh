@@ -1,13 +1,20 @@
 #!/usr/bin/env bash
-# CpuAcc against ONNX Runtime, side by side in one run: for each case, ONNX Runtime 1.30 (CPU,
-# through its Node binding, single-threaded) and Backplane's Runtime::Execute on CpuAcc with
-# intra_op_threads 1 and 2 and on CpuRef; then the runtime's own cost per layer and the
-# throughput of 2 clients against 1. Prints a markdown table (docs/performance.md, "CpuAcc
+# CpuAcc against ONNX Runtime, side by side in one run: for each case and thread count, ONNX
+# Runtime 1.30 (CPU, through its Node binding) and `backplane run` on CpuAcc, alternating, on the
+# same input values, outputs checked against each other; then the runtime's own cost per layer and
+# the throughput of 2 clients against 1. Prints a markdown table (docs/performance.md, "CpuAcc
 # against ONNX Runtime", says what each column means).
 #
-#   bench/ort_compare.sh                      # SECONDS_PER_RUN=2; builds what it needs first
+#   bench/ort_compare.sh                      # builds what it needs first
 #   BUILD=0 bench/ort_compare.sh              # use build/release as it is
 #   CPU_ACC=/path/Backplane_CpuAcc_backend.so bench/ort_compare.sh   # another CpuAcc build
+#   CASES='ResNet|MobileNet' THREADS=1 bench/ort_compare.sh           # a subset (regex on the case)
+#
+# SECONDS_PER_RUN (default 2): timed seconds per side, case and thread count, split over ROUNDS
+# (default 2) alternating rounds: ORT then CpuAcc, then CpuAcc then ORT (ABBA, so that a load
+# that rises or falls during a case weighs on both sides alike). Each side's figure is its best
+# round median; every round's median is in the details. THREADS (default "1 2"): the intra-op
+# threads, the same on both sides: ORT's intraOpNumThreads, CpuAcc's intra_op_threads.
 #
 # CpuAcc is build/release/backends/Backplane_CpuAcc_backend.so unless CPU_ACC says otherwise;
 # when there is none, the CpuAcc columns say "missing" and everything else still runs (the
@@ -15,32 +22,47 @@
 #
 # ONNX Runtime: onnxruntime-node@1.30.0 installed with npm into build/release/bench/ort (once) with
 # ONNXRUNTIME_NODE_INSTALL=skip, which only skips downloading the CUDA/TensorRT provider binaries
-# (not in the npm package); the CPU binding (bin/napi-v6/linux/x64/onnxruntime_binding.node and
-# libonnxruntime.so.1) is in the package itself. Sessions: CPU provider, intraOpNumThreads 1,
-# interOpNumThreads 1, sequential execution. The binding's per-call cost (promise, N-API, tensor
-# objects) is measured in the same Node process on a 1-element Identity model right before each
-# case and subtracted: "ORT µs" = median(model) - median(identity).
+# (not in the npm package); the CPU binding is in the package itself. bench/ort_compare.mjs runs
+# one round: sessions with intraOpNumThreads T, interOpNumThreads 1, sequential execution; 20
+# warm-up calls, then calls for the round's seconds (20 to 20000). The binding's per-call cost
+# (promise, N-API, tensor objects) is the median of the same call on a 1-element Identity model,
+# same process, same session options, just before the model; it is subtracted:
+# "ORT µs" = median(model) - median(identity), per round.
 #
-# The models (bench/make_compare_models.py, written to build/release/bench/models): MLP
-# 784-512-512-10 (Gemm+Relu, Gemm+Relu, Gemm) at batch 1 and 64; LeNet-5-like CNN (Conv 1->6 5x5
-# pad 2 + Relu + MaxPool 2, Conv 6->16 5x5 + Relu + MaxPool 2, Flatten, Gemm 400->120 + Relu,
-# Gemm 120->84 + Relu, Gemm 84->10: 2 Conv, 2 MaxPool, 3 Gemm) at batch 1 and 64; and the real
-# MNIST model (../shared/data/models/mnist/model.onnx, batch 1). Both sides get the same input
-# values and time each call separately: median (and p90 in the details) over SECONDS_PER_RUN
-# seconds of back-to-back calls after 20 warm-up calls.
+# Backplane: `backplane run MODEL --input X.pb --prefer CpuAcc,CpuRef --option
+# CpuAcc.intra_op_threads=T --repeat K --output-dir DIR` (Runtime::Execute on the calling thread:
+# admission, arena, input checks, per-request memory and output copies included). K is the round's
+# seconds over the median of a 10-run probe, 20 to 20000; the first run of a round (which may
+# compile for the input's shape) is one of K and does not move the median. Its placement, printed
+# after the runs, gives the placement column and the "why not CpuAcc" lines of the details.
+#
+# Inputs: bench/make_compare_models.py --input writes each case's input once, as a TensorProto
+# for `backplane run` and as raw float32 for Node, from the same array: the same values on both
+# sides. Outputs: bench/compare_outputs.py checks Backplane's against ORT's: max |difference| <=
+# 1e-4 of the output's range; a failing check marks the row.
+#
+# The models (bench/make_compare_models.py, written to build/release/bench/models; its header
+# describes each): MLP and LeNet-like with fixed shapes (batch in the file) and with a symbolic
+# batch N at batch 1 and 64; a fixed-shape residual block [2,16,32,32]; ResNet-, MobileNetV2- and
+# SqueezeNet-like models with a symbolic batch at batch 1 and 4; and the real MNIST model
+# (../shared/data/models/mnist/model.onnx, batch 1).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
 build=build/release
 
 SECONDS_PER_RUN=${SECONDS_PER_RUN:-2}
+ROUNDS=${ROUNDS:-2}
+THREADS=${THREADS:-1 2}
+CASES=${CASES:-.}
 ORT_VERSION=1.30.0
+round_seconds=$(awk -v s="$SECONDS_PER_RUN" -v r="$ROUNDS" 'BEGIN { print s / r }')
 
 if [[ ${BUILD:-1} != 0 ]]; then
   source scripts/deps.sh
   backplane_install_deps
   cmake --preset release >/dev/null
-  targets=(backplane_cpu_ref backplane_bench_compare)
+  targets=(backplane backplane_cpu_ref backplane_bench_compare)
   # The CpuAcc target, when this tree has one.
   if ninja -C "$build" -t targets all 2>/dev/null | grep -q '^backplane_cpu_acc:'; then
     targets+=(backplane_cpu_acc)
@@ -48,6 +70,7 @@ if [[ ${BUILD:-1} != 0 ]]; then
   cmake --build --preset release -j2 --target "${targets[@]}" >/dev/null
 fi
 
+backplane=$build/bin/backplane
 bench_bin=$build/bin/backplane_bench_compare
 cpu_ref=$(readlink -f $build/backends/Backplane_CpuRef_backend.so)
 cpu_acc=${CPU_ACC:-$build/backends/Backplane_CpuAcc_backend.so}
@@ -94,14 +117,31 @@ fi
 
 models=$build/bench/models
 /usr/bin/python3 bench/make_compare_models.py "$models" >/dev/null
+# The output check's own rule, on seeded random cases, before it judges anything.
+check_self_test=$(/usr/bin/python3 bench/compare_outputs.py --self-test | tr '\n' ' ') || {
+  echo "bench/compare_outputs.py's self-test failed: $check_self_test" >&2
+  exit 1
+}
 mnist=$root/../shared/data/models/mnist/model.onnx
 
-cases=("MLP 784-512-512-10 b1|$models/mlp_b1.onnx"
-  "MLP 784-512-512-10 b64|$models/mlp_b64.onnx"
-  "LeNet-5-like CNN b1|$models/lenet_b1.onnx"
-  "LeNet-5-like CNN b64|$models/lenet_b64.onnx")
+# case|model file|batch
+cases=("MLP 784-512-512-10 b1|$models/mlp_b1.onnx|1"
+  "MLP 784-512-512-10 b64|$models/mlp_b64.onnx|64"
+  "MLP, batch N, b1|$models/mlp_n.onnx|1"
+  "MLP, batch N, b64|$models/mlp_n.onnx|64"
+  "LeNet-5-like CNN b1|$models/lenet_b1.onnx|1"
+  "LeNet-5-like CNN b64|$models/lenet_b64.onnx|64"
+  "LeNet, batch N, b1|$models/lenet_n.onnx|1"
+  "LeNet, batch N, b64|$models/lenet_n.onnx|64"
+  "residual block [2,16,32,32]|$models/residual_block.onnx|2"
+  "ResNet-like, batch N, b1|$models/resnet_n.onnx|1"
+  "ResNet-like, batch N, b4|$models/resnet_n.onnx|4"
+  "MobileNetV2-like, batch N, b1|$models/mobilenetv2_n.onnx|1"
+  "MobileNetV2-like, batch N, b4|$models/mobilenetv2_n.onnx|4"
+  "SqueezeNet-like, batch N, b1|$models/squeezenet_n.onnx|1"
+  "SqueezeNet-like, batch N, b4|$models/squeezenet_n.onnx|4")
 if [[ -f $mnist ]]; then
-  cases+=("MNIST (real model) b1|$mnist")
+  cases+=("MNIST (real model) b1|$mnist|1")
 else
   echo "MNIST: $mnist is missing: that case is left out" >&2
 fi
@@ -110,60 +150,143 @@ field() { # field NAME LINE: the value of NAME=... in LINE
   sed -n "s/.*\b$1=\([^ ]*\).*/\1/p" <<<"$2"
 }
 
-# One Backplane run; prints its output line, or "missing"/"failed".
-backplane_run() { # backplane_run MODEL PREFER [OPTION]
-  local extra=()
-  [[ -n ${3:-} ]] && extra=(--option "$3")
-  "$bench_bin" --model "$1" --backends "$work/backends" --prefer "$2" "${extra[@]}" \
-    --seconds "$SECONDS_PER_RUN" 2>>"$work/stderr.log" || echo "failed (exit $?)"
+min_of() { # the smallest of the numbers given; "failed" when none is a number
+  printf '%s\n' "$@" | awk '/^-?[0-9.]+$/ { if (n++ == 0 || $1 < m) m = $1 } END { if (n) printf "%.1f", m; else print "failed" }'
+}
+
+max_of() { # the largest of the numbers given
+  printf '%s\n' "$@" | awk '/^-?[0-9.]+$/ { if (n++ == 0 || $1 > m) m = $1 } END { if (n) printf "%.1f", m; else print "failed" }'
 }
 
 ratio() { # ratio ORT ACC
-  if [[ $2 =~ ^[0-9.]+$ ]]; then awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; else echo "–"; fi
+  if [[ $1 =~ ^-?[0-9.]+$ && $2 =~ ^[0-9.]+$ ]]; then
+    awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'
+  else
+    echo "–"
+  fi
 }
 
-round() { # one decimal for a number, anything else as it is
-  if [[ $1 =~ ^[0-9.]+$ ]]; then printf '%.1f' "$1"; else echo "$1"; fi
+# One ORT round; sets ort_us (model - identity) and appends its lines to the details.
+ort_round() { # ort_round MODEL STEM THREADS OUT_DIR
+  local out
+  if ! out=$(node bench/ort_compare.mjs "$ort_dir" "$round_seconds" "$3" "$models/identity.onnx" \
+    "$1" "$2" "$4" 2>>"$work/stderr.log"); then
+    ort_us=failed
+    return
+  fi
+  local identity model
+  identity=$(field median_us "$(head -1 <<<"$out")")
+  model=$(field median_us "$(tail -1 <<<"$out")")
+  ort_us=$(awk -v m="$model" -v i="$identity" 'BEGIN { printf "%.1f", m - i }')
+  overheads+=("$identity")
+  details+=("  ort: $(tail -1 <<<"$out" | sed "s|$root/||") identity_median_us=$identity → $ort_us µs")
+}
+
+# One Backplane round; sets acc_us and acc_out (its whole output).
+acc_round() { # acc_round MODEL STEM THREADS REPEAT OUT_DIR
+  if acc_out=$("$backplane" run "$1" --input "$2.pb" --backends "$work/backends" \
+    --prefer CpuAcc,CpuRef --option "CpuAcc.intra_op_threads=$3" --repeat "$4" \
+    --output-dir "$5" 2>&1); then
+    acc_us=$(sed -n 's/^time per run: median \([0-9.]*\) µs.*/\1/p' <<<"$acc_out")
+  else
+    acc_us=failed
+  fi
+  [[ -n $acc_us ]] || acc_us=failed
+}
+
+# "on CpuAcc/total, compiled" from `backplane run`'s placement lines.
+placement_of() {
+  awk '/^layer / { total++; if ($0 ~ / on CpuAcc/) { acc++; if ($0 ~ / on CpuAcc[^[]*\[/) compiled++ } }
+       END { printf "%d/%d on CpuAcc, %d compiled", acc, total, compiled }' <<<"$1"
+}
+
+# The "why not" lines of `backplane run`'s placement, one per reason (a trailing "(node '...')"
+# left out, so that one missing operator is one line), with how many layers gave it and the first
+# three of them.
+why_not_of() {
+  awk '/^layer / { layer = $2 " (" $3 ")" }
+       /^  why not / { sub(/^  why not /, ""); sub(/ \(node [^)]*\)$/, "")
+                       if (n[$0]++ < 3) names[$0] = names[$0] (n[$0] > 1 ? ", " : "") layer }
+       END { for (r in n) printf "  %d layer(s) not on the first backend asked, e.g. %s: why not %s\n", n[r], names[r], r }' <<<"$1"
 }
 
 echo "# bench/ort_compare.sh, $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg)"
 ort_backends=$(cd "$ort_dir" && node -e "const o = require('onnxruntime-node');
   console.log(o.listSupportedBackends().map((b) => b.name + (b.bundled ? '' : ' (not installed)')).join(', '))")
 echo "# ONNX Runtime $ORT_VERSION (Node $(node --version); binding backends: $ort_backends); CpuAcc: $([[ $have_acc == 1 ]] && echo "$(readlink -f "$cpu_acc")" || echo missing)"
+echo "# $SECONDS_PER_RUN s per side and row in $ROUNDS alternating rounds (ABBA); each side: its best round median; output check: $check_self_test"
 echo
-echo "| case | ORT µs | CpuAcc 1 thr µs | ratio | CpuAcc 2 thr µs | ratio | CpuRef µs |"
+echo "| case | threads | ORT µs | CpuAcc µs | ratio | max error / range | CpuAcc placement |"
 echo "|---|---|---|---|---|---|---|"
 details=()
 overheads=()
+failed_checks=0
 for entry in "${cases[@]}"; do
-  name=${entry%%|*}
-  model=${entry#*|}
-  ort_out=$(node bench/ort_compare.mjs "$ort_dir" "$SECONDS_PER_RUN" "$models/identity.onnx" "$model")
-  identity_us=$(field median_us "$(head -1 <<<"$ort_out")")
-  model_line=$(tail -1 <<<"$ort_out")
-  ort_us=$(awk -v m="$(field median_us "$model_line")" -v i="$identity_us" 'BEGIN { printf "%.1f", m - i }')
-  overheads+=("$identity_us")
-  details+=("$name: $model_line (identity $identity_us µs)")
-  acc1=missing acc2=missing
-  if [[ $have_acc == 1 ]]; then
-    line=$(backplane_run "$model" CpuAcc,CpuRef CpuAcc.intra_op_threads=1)
-    details+=("$name: $line")
-    acc1=$(field median_us "$line")
-    acc1=${acc1:-failed}
-    line=$(backplane_run "$model" CpuAcc,CpuRef CpuAcc.intra_op_threads=2)
-    details+=("$name: $line")
-    acc2=$(field median_us "$line")
-    acc2=${acc2:-failed}
-  fi
-  line=$(backplane_run "$model" CpuRef)
-  details+=("$name: $line")
-  ref=$(field median_us "$line")
-  echo "| $name | $ort_us | $(round "$acc1") | $(ratio "$ort_us" "$acc1") | $(round "$acc2") |" \
-    "$(ratio "$ort_us" "$acc2") | $(round "${ref:-failed}") |"
+  IFS='|' read -r name model batch <<<"$entry"
+  [[ $name =~ $CASES ]] || continue
+  stem=$work/inputs/$(basename "$model" .onnx)_b$batch
+  /usr/bin/python3 bench/make_compare_models.py --input "$model" "$batch" "$stem"
+  for threads in $THREADS; do
+    details+=("$name, $threads thread(s):")
+    ort_dir_out=$work/out/ort acc_dir_out=$work/out/acc
+    rm -rf "$ort_dir_out" "$acc_dir_out"
+    ort_times=() acc_times=() acc_us=missing acc_out=""
+    repeat=0
+    if [[ $have_acc == 1 ]]; then
+      acc_round "$model" "$stem" "$threads" 10 "$acc_dir_out"
+      if [[ $acc_us != failed ]]; then
+        repeat=$(awk -v s="$round_seconds" -v m="$acc_us" \
+          'BEGIN { k = int(s * 1e6 / (m > 0 ? m : 1)); print k < 20 ? 20 : (k > 20000 ? 20000 : k) }')
+      else
+        details+=("  backplane run failed: $(grep -m1 'backplane' <<<"$acc_out" || tail -1 <<<"$acc_out")")
+      fi
+    fi
+    for ((round = 1; round <= ROUNDS; ++round)); do
+      # ABBA: ORT first in odd rounds, CpuAcc first in even ones.
+      for side in $( ((round % 2)) && echo "ort acc" || echo "acc ort"); do
+        if [[ $side == ort ]]; then
+          ort_round "$model" "$stem" "$threads" "$ort_dir_out"
+          ort_times+=("$ort_us")
+        elif ((repeat > 0)); then
+          acc_round "$model" "$stem" "$threads" "$repeat" "$acc_dir_out"
+          acc_times+=("$acc_us")
+          details+=("  backplane: $(grep '^time per run' <<<"$acc_out" || echo "failed: $(tail -1 <<<"$acc_out")")")
+        fi
+      done
+    done
+    ort_best=$(min_of "${ort_times[@]}")
+    acc_best=missing placement=missing check="–"
+    if [[ $have_acc == 1 ]]; then
+      acc_best=$(min_of "${acc_times[@]}")
+      if [[ $acc_best == failed ]]; then
+        placement="load/run failed (details)"
+      else
+        placement=$(placement_of "$acc_out")
+        while IFS= read -r why; do details+=("$why"); done < <(why_not_of "$acc_out")
+        if [[ $ort_best == failed ]]; then
+          check="no ORT output"
+        elif check_line=$(/usr/bin/python3 bench/compare_outputs.py "$ort_dir_out" "$acc_dir_out"); then
+          check="$(field relative_error "$check_line") ✓"
+        else
+          check="**FAIL** $(field relative_error "$check_line")$(field problem "$check_line")"
+          failed_checks=$((failed_checks + 1))
+        fi
+        details+=("  check: $check_line")
+      fi
+    fi
+    row_ratio=$(ratio "$ort_best" "$acc_best")
+    [[ $check == \*\*FAIL* ]] && row_ratio="$row_ratio (wrong output)"
+    echo "| $name | $threads | $ort_best | $acc_best | $row_ratio | $check | $placement |"
+  done
 done
 echo
-echo "ORT µs has the Node binding's per-call cost subtracted: median of identity.onnx in the same" \
-  "process, per case: ${overheads[*]} µs."
+if ((${#overheads[@]} > 0)); then
+  echo "ORT µs has the Node binding's per-call cost subtracted: in every round, the median" \
+    "session.run of identity.onnx (1 element in, 1 out) in the same process with the same session" \
+    "options, just before the model: $(min_of "${overheads[@]}")–$(max_of "${overheads[@]}") µs here. Not subtracted: copying a larger input into the binding's" \
+    "tensor and the output out of it, which the Backplane side pays too (its output copy)."
+fi
+((failed_checks == 0)) || echo "**$failed_checks row(s) FAIL the output check** (max |CpuAcc - ORT| > 1e-4 of the output's range)."
 echo
 echo "Host overhead (Runtime::Execute on Identity chains; per extra layer = (t[65] - t[1]) / 64):"
 "$bench_bin" --host-overhead --backends "$work/backends" --prefer CpuRef --seconds "$SECONDS_PER_RUN"
@@ -192,11 +315,11 @@ if [[ $have_acc == 1 && -f $mnist ]]; then
     --seconds "$clients_seconds" 2>>"$work/stderr.log" || echo "$mnist: failed"
 fi
 echo
-echo "Details (median and p90 per call, where each layer ran):"
+echo "Details per row (each round's medians and p90s; ORT's threads_added: threads its session added, 0 = no pool of its own; why a layer is not on CpuAcc; the output check):"
 printf '%s\n' "${details[@]}"
 if [[ -s $work/stderr.log ]]; then
   echo
-  echo "stderr of the Backplane runs:"
+  echo "stderr:"
   sort -u "$work/stderr.log"
 fi
 echo

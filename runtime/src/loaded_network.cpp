@@ -284,8 +284,11 @@ Status LoadedNetwork::CreateLayerStep(std::size_t i, std::vector<PlannedLayer>& 
                           .inputs = std::move(layer.inputs),
                           .outputs = std::move(layer.outputs),
                           .workload = std::move(workload).value()});
-        placement_.push_back(
-            {node.name, node.op_type, backend->id(), backend->generation_number()});
+        placement_.push_back({.node = node.name,
+                              .op_type = node.op_type,
+                              .backend_id = backend->id(),
+                              .generation = backend->generation_number(),
+                              .fallback_reason = layer.refusals});
         return Status::Ok();
       }
       supported = workload.error();
@@ -386,7 +389,8 @@ Status LoadedNetwork::CompileRun(const Run& run, std::vector<PlannedLayer>& plan
                           .generation = backend.generation_number(),
                           .compiled = true,
                           .subgraph = net.nodes[run.begin].name,
-                          .note = std::move(workload.layer_notes[i - run.begin])});
+                          .note = std::move(workload.layer_notes[i - run.begin]),
+                          .fallback_reason = planned[i].refusals});
   }
   steps_.push_back({.node = &net.nodes[run.begin],
                     .layers = run.end - run.begin,

@@ -77,6 +77,17 @@ int main(int argc, char** argv) {
                           "backend directory (repeatable; default: the backend paths)");
   run_command->add_option("--prefer", run.preferences, "backend ids, most preferred first")
       ->delimiter(',');
+  auto* backend_option =
+      run_command->add_option("--option", run.backend_options,
+                              "ID.KEY=VALUE: a backend option set before the model loads, e.g. "
+                              "CpuAcc.intra_op_threads=2 (repeatable)");
+  backend_option->allow_extra_args(false);  // one value per --option: `--option X.k=v model.onnx`
+  backend_option->check(CLI::Validator(
+      [](std::string& text) {
+        auto parsed = backplane::server::ParseBackendOptionText(text);
+        return parsed.ok() ? std::string() : parsed.error().message();
+      },
+      "ID.KEY=VALUE"));
   run_command->add_option("--input", run.inputs,
                           "TensorProto file per graph input, in graph order (repeatable)");
   run_command->add_option("--output-dir", run.output_dir, "write output_N.pb files here");

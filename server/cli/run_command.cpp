@@ -6,7 +6,10 @@
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
+#include <map>
+#include <nlohmann/json.hpp>
 
+#include "admin/admin_api.hpp"
 #include "backplane/onnx/network.hpp"
 #include "backplane/runtime/runtime.hpp"
 
@@ -53,31 +56,137 @@ Comparison Compare(const Tensor& got, const Tensor& want) {
   return result;
 }
 
-// Runs one set of inputs `repeat` times; returns the last outputs and prints the timings.
+// Runs one set of inputs `repeat` times; returns the last outputs and prints the timings, in
+// microseconds with one decimal (milliseconds with three rounded a 15 µs model to ±3%).
 Result<std::vector<Tensor>> RunRepeated(Runtime& runtime, NetworkId id,
                                         const std::vector<Tensor>& inputs, int repeat) {
   std::vector<ConstTensorView> views;
   for (const auto& input : inputs)
     views.push_back(input.View());
-  std::vector<double> milliseconds;
+  std::vector<double> microseconds;
   Result<std::vector<Tensor>> outputs = Internal("not run");
   for (int i = 0; i < repeat; ++i) {
     const auto start = std::chrono::steady_clock::now();
     outputs = runtime.Execute(id, views);
-    milliseconds.push_back(
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+    microseconds.push_back(
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start)
             .count());
     if (!outputs.ok())
       return outputs;
   }
-  std::sort(milliseconds.begin(), milliseconds.end());
-  std::printf("time per run: median %.3f ms, min %.3f ms, max %.3f ms over %d run(s)\n",
-              milliseconds[milliseconds.size() / 2], milliseconds.front(), milliseconds.back(),
+  std::sort(microseconds.begin(), microseconds.end());
+  std::printf("time per run: median %.1f µs, min %.1f µs, max %.1f µs over %d run(s)\n",
+              microseconds[microseconds.size() / 2], microseconds.front(), microseconds.back(),
               repeat);
   return outputs;
 }
 
+// The value as the option's declared type. Every type but string reads the text as JSON (true,
+// 2, 0.5), so that the admin API's rule (OptionFromJson) types it and its error names it; text
+// that is no JSON at all is that rule's string, refused for any other type with the text quoted.
+Result<OptionValue> TypedOptionValue(const std::string& text, const OptionDescriptor& option,
+                                     std::string_view backend_id) {
+  if (option.type == OptionType::kString)
+    return OptionValue(text);
+  nlohmann::json value = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (value.is_discarded())
+    value = text;
+  return OptionFromJson(value, option, backend_id);
+}
+
+// Applies each `--option` to its backend instance, in order, before any network loads (CpuAcc
+// reads intra_op_threads when it creates a network's workloads). Stops at the first one that the
+// syntax, the runtime (no such backend), the option's description (no such key, wrong type) or
+// the backend itself (a value out of range) refuses, naming that --option. Prints each applied
+// option as the backend reads it back.
+Status ApplyBackendOptions(Runtime& runtime, const std::vector<std::string>& texts) {
+  std::map<std::string, std::string, std::less<>> given;  // "ID.KEY" -> its --option text
+  for (const auto& text : texts) {
+    const std::string flag = "--option " + text + ": ";
+    auto parsed = ParseBackendOptionText(text);
+    if (!parsed.ok())
+      return parsed.error().WithContext("--option ");
+    const std::string id = parsed->backend_id;
+    const std::string key = parsed->key;
+    auto [earlier, first] = given.emplace(id + "." + key, text);
+    if (!first)
+      return InvalidArgument(flag + "the option was already given as " + earlier->second);
+    const auto backend = runtime.Backend(id);
+    if (backend == nullptr) {
+      std::string have;
+      for (const auto& backend_id : runtime.BackendIds())
+        have += (have.empty() ? "" : ", ") + backend_id;
+      return InvalidArgument(flag + "no backend " + id + " in this runtime (have: " + have + ")");
+    }
+    const std::vector<OptionDescriptor> descriptors = backend->DescribeOptions();
+    auto descriptor = std::find_if(descriptors.begin(), descriptors.end(),
+                                   [&](const auto& d) { return d.name == key; });
+    if (descriptor == descriptors.end()) {
+      // The check that names an unknown key and lists the known ones; the value is not looked at.
+      return ValidateOptions({{key, OptionValue{}}}, descriptors, id).WithContext(flag);
+    }
+    auto value = TypedOptionValue(parsed->value, *descriptor, id);
+    if (!value.ok())
+      return value.error().WithContext(flag);
+    BACKPLANE_RETURN_IF_ERROR(
+        runtime.UpdateBackendOptions(id, {{key, value.value()}}).WithContext(flag));
+    auto applied = backend->GetOption(key);
+    std::printf("option %s.%s = %s\n", id.c_str(), key.c_str(),
+                applied.ok() ? ToString(applied.value()).c_str() : "(cannot be read back)");
+  }
+  return Status::Ok();
+}
+
+// One line per layer, "layer NAME OP on BACKEND", then, for a layer that is not on the first
+// backend asked, one "  why not ID: reason" line per backend that declined it.
+void PrintPlacement(const std::vector<LayerPlacement>& placement) {
+  for (const auto& layer : placement) {
+    std::printf("layer %-24s %-20s on %s", layer.node.c_str(), layer.op_type.c_str(),
+                layer.backend_id.c_str());
+    if (layer.generation != 0) {
+      std::printf(" (generation %llu)", static_cast<unsigned long long>(layer.generation));
+    }
+    // SDK 1.1: the layer ran inside one workload for a run of layers. The line keeps its
+    // prefix, so scripts that read "layer NAME OP on BACKEND" still match.
+    if (layer.compiled) {
+      if (!layer.note.empty()) {
+        std::printf(" [%s]", layer.note.c_str());
+      } else {
+        std::printf(" [compiled with the run from %s]", layer.subgraph.c_str());
+      }
+    }
+    std::printf("\n");
+    // fallback_reason is "\n  ID: reason" per declining backend.
+    std::size_t start = 0;
+    while (start < layer.fallback_reason.size()) {
+      const std::size_t end =
+          std::min(layer.fallback_reason.find('\n', start), layer.fallback_reason.size());
+      const std::string_view line =
+          std::string_view(layer.fallback_reason).substr(start, end - start);
+      const std::size_t text = line.find_first_not_of(' ');
+      if (text != std::string_view::npos) {
+        std::printf("  why not %.*s\n", static_cast<int>(line.size() - text), line.data() + text);
+      }
+      start = end + 1;
+    }
+  }
+}
+
 }  // namespace
+
+Result<BackendOptionText> ParseBackendOptionText(std::string_view text) {
+  const std::size_t dot = text.find('.');
+  const std::size_t equals = dot == std::string_view::npos ? dot : text.find('=', dot);
+  if (dot == std::string_view::npos || equals == std::string_view::npos || dot == 0 ||
+      equals == dot + 1) {
+    return InvalidArgument(std::string(text) +
+                           ": want ID.KEY=VALUE (a backend id, one of its option names, the "
+                           "value), e.g. CpuAcc.intra_op_threads=2");
+  }
+  return BackendOptionText{.backend_id = std::string(text.substr(0, dot)),
+                           .key = std::string(text.substr(dot + 1, equals - dot - 1)),
+                           .value = std::string(text.substr(equals + 1))};
+}
 
 int RunModel(const RunOptions& options) {
   RuntimeOptions runtime_options;
@@ -89,6 +198,9 @@ int RunModel(const RunOptions& options) {
   auto runtime = Runtime::Create(std::move(runtime_options));
   if (!runtime.ok())
     return Fail(runtime.error().message());
+  Status options_applied = ApplyBackendOptions(*runtime.value(), options.backend_options);
+  if (!options_applied.ok())
+    return Fail(options_applied.message());
 
   // The model, with inputs from files or from each test-data set.
   std::vector<fs::path> data_sets;
@@ -126,27 +238,12 @@ int RunModel(const RunOptions& options) {
     auto id = runtime.value()->LoadNetwork(std::move(loaded.value().network));
     if (!id.ok())
       return Fail(id.error().message());
-    if (&data_set == &runs.front()) {
-      const auto placement = runtime.value()->GetPlacement(id.value()).value();
-      for (const auto& layer : placement) {
-        std::printf("layer %-24s %-20s on %s", layer.node.c_str(), layer.op_type.c_str(),
-                    layer.backend_id.c_str());
-        if (layer.generation != 0) {
-          std::printf(" (generation %llu)", static_cast<unsigned long long>(layer.generation));
-        }
-        // SDK 1.1: the layer ran inside one workload for a run of layers. The line keeps its
-        // prefix, so scripts that read "layer NAME OP on BACKEND" still match.
-        if (layer.compiled) {
-          if (!layer.note.empty()) {
-            std::printf(" [%s]", layer.note.c_str());
-          } else {
-            std::printf(" [compiled with the run from %s]", layer.subgraph.c_str());
-          }
-        }
-        std::printf("\n");
-      }
-    }
     auto outputs = RunRepeated(*runtime.value(), id.value(), loaded->inputs, options.repeat);
+    // After the runs, not after the load: a network with symbolic shapes may be compiled for the
+    // concrete shape of its first request, and the placement then says so. Also when a run
+    // failed: where its layers were is the first thing to know.
+    if (&data_set == &runs.front())
+      PrintPlacement(runtime.value()->GetPlacement(id.value()).value());
     if (!outputs.ok())
       return Fail(outputs.error().message());
 

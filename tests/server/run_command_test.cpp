@@ -14,6 +14,7 @@ namespace {
 namespace fs = std::filesystem;
 using ::testing::ContainsRegex;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 const fs::path kData = BACKPLANE_SHARED_DATA;
 
@@ -40,8 +41,13 @@ TEST_F(RunCommandTest, TestDataPassesAndSaysWhereEachLayerRan) {
                    Backends() + " --repeat 3");
   EXPECT_EQ(result.exit_code, 0) << result.output;
   EXPECT_THAT(result.output, HasSubstr("Gemm                 on CpuRef (generation"));
-  EXPECT_THAT(result.output, HasSubstr("over 3 run(s)"));
+  // Microseconds with one decimal; the placement after the runs (what they compiled shows).
+  EXPECT_THAT(result.output,
+              ContainsRegex("time per run: median [0-9]+\\.[0-9] µs, min [0-9]+\\.[0-9] µs, "
+                            "max [0-9]+\\.[0-9] µs over 3 run\\(s\\)\n"));
+  EXPECT_LT(result.output.find("time per run"), result.output.find("layer "));
   EXPECT_THAT(result.output, HasSubstr("test_data_set_0 output 0 (y): pass, max abs error"));
+  EXPECT_THAT(result.output, Not(HasSubstr("why not")));  // CpuRef was the first asked
 }
 
 TEST_F(RunCommandTest, MismatchingTestDataFailsWithExitOne) {
@@ -121,17 +127,161 @@ TEST_F(RunCommandTest, CompiledLayersKeepOneLineEachAndSayTheyWereFused) {
   EXPECT_THAT(result.output,
               ContainsRegex("layer add +Add +on TestSubgraph \\(generation [0-9]+\\) "
                             "\\[fused into relu \\(Relu\\+Add\\)\\]\n"));
-  EXPECT_THAT(result.output,
-              ContainsRegex("layer square +Mul +on CpuRef \\(generation [0-9]+\\)\n"));
+  EXPECT_THAT(
+      result.output,
+      ContainsRegex("layer square +Mul +on CpuRef \\(generation [0-9]+\\)\n"
+                    "  why not TestSubgraph: TestSubgraph runs Identity, Relu, Add only\n"));
   auto y = ReadTensorProtoFile(dir / "out" / "output_0.pb");
   ASSERT_TRUE(y.ok()) << y.error().ToString();
   EXPECT_THAT(y->Elements<float>(), ::testing::ElementsAre(4, 1, 4, 16));
+}
+
+// x = (-2, -1, 1, 2), FP32[4], as a TensorProto file.
+void WriteInputX(const fs::path& file) {
+  Tensor x(TensorInfo{DataType::kFloat32, {4}});
+  const float values[] = {-2, -1, 1, 2};
+  std::memcpy(x.data(), values, sizeof(values));
+  ASSERT_TRUE(WriteTensorProtoFile(file, x, "x").ok());
+}
+
+// dir/model.onnx: y = Identity(x) over FP32[4]; dir/x.pb: its input.
+void WriteIdentityModel(const fs::path& dir) {
+  testing::ModelBuilder model;
+  model.Input("x", {4}).Output("y", {4});
+  model.Node("Identity", {"x"}, {"y"}, "copy");
+  testing::WriteFile(dir / "model.onnx", model.Serialize());
+  WriteInputX(dir / "x.pb");
+}
+
+// Every backend asked before the one a layer runs on says why not, in the order asked: one that
+// refuses the operator, and one that claims it and then fails to create its workload.
+TEST_F(RunCommandTest, SaysWhyEachLayerIsNotOnTheBackendsPreferredBeforeIt) {
+  fs::create_symlink(testing::Fixture("Subgraph"), backends_ / "Test_Subgraph_backend.so");
+  fs::create_symlink(testing::Fixture("ValidNoWorkloads"), backends_ / "Test_Valid_backend.so");
+  testing::TempDir dir;
+  testing::ModelBuilder model;  // Identity: TestValid claims it, fails; TestSubgraph takes it
+  model.Input("x", {4}).Output("y", {4});
+  model.Node("Identity", {"x"}, {"h"}, "copy");
+  model.Node("Mul", {"h", "h"}, {"y"}, "square");  // refused by both, on CpuRef
+  testing::WriteFile(dir / "model.onnx", model.Serialize());
+  WriteInputX(dir / "x.pb");
+  testing::CommandResult result =
+      RunBackplane("run " + (dir / "model.onnx").string() + " --input " + (dir / "x.pb").string() +
+                   " --prefer TestValid,TestSubgraph,CpuRef " + Backends());
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_THAT(
+      result.output,
+      ContainsRegex("layer copy +Identity +on TestSubgraph \\(generation [0-9]+\\)\n"
+                    "  why not TestValid: TestValid cannot create a workload for copy\n"
+                    "layer square +Mul +on CpuRef \\(generation [0-9]+\\)\n"
+                    "  why not TestValid: TestValid runs Identity only, not Mul\n"
+                    "  why not TestSubgraph: TestSubgraph runs Identity, Relu, Add only\n"));
+}
+
+// Options of each type, given as a user types them, reach the backend (it reads them back) before
+// anything runs.
+TEST_F(RunCommandTest, OptionsOfEachTypeReachTheBackendAndArePrintedAsItReadsThemBack) {
+  fs::create_symlink(testing::Fixture("Valid"), backends_ / "Test_Valid_backend.so");
+  testing::TempDir dir;
+  WriteIdentityModel(dir.path());
+  // The shell passes 'TestValid.label=two words' as one argument, as a user's shell would.
+  testing::CommandResult result = RunBackplane(
+      "run " + (dir / "model.onnx").string() + " --input " + (dir / "x.pb").string() +
+      " --prefer TestValid --option TestValid.limit=3 --option TestValid.scale=2 --option "
+      "TestValid.verbose=true --option 'TestValid.label=two words' " +
+      Backends());
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_THAT(result.output, HasSubstr("option TestValid.limit = 3\n"
+                                       "option TestValid.scale = 2.000000\n"
+                                       "option TestValid.verbose = true\n"
+                                       "option TestValid.label = \"two words\"\n"));
+  EXPECT_LT(result.output.find("option TestValid.label"), result.output.find("time per run"));
+  EXPECT_THAT(result.output, ContainsRegex("layer copy +Identity +on TestValid"));
+}
+
+// Every way an --option can be wrong exits 1 before anything loads, naming the --option and why.
+TEST_F(RunCommandTest, BadOptionsExitOneNamingTheOptionAndWhy) {
+  fs::create_symlink(testing::Fixture("Valid"), backends_ / "Test_Valid_backend.so");
+  testing::TempDir dir;
+  WriteIdentityModel(dir.path());
+  const std::string run =
+      "run " + (dir / "model.onnx").string() + " --input " + (dir / "x.pb").string() + " ";
+  const std::pair<std::string, std::string> cases[] = {
+      {"GpuAcc.threads=2",
+       "--option GpuAcc.threads=2: no backend GpuAcc in this runtime (have: CpuRef, TestValid)"},
+      {"TestValid.limits=2",
+       "--option TestValid.limits=2: backend TestValid has no option 'limits' (known: verbose, "
+       "limit, scale, label)"},
+      {"TestValid.limit=two",
+       "--option TestValid.limit=two: backend TestValid option 'limit' is int64, got \"two\""},
+      {"TestValid.limit=2.5",
+       "--option TestValid.limit=2.5: backend TestValid option 'limit' is int64, got 2.5"},
+      {"TestValid.limit=",
+       "--option TestValid.limit=: backend TestValid option 'limit' is int64, "
+       "got \"\""},
+      {"TestValid.verbose=1",
+       "--option TestValid.verbose=1: backend TestValid option 'verbose' is bool, got 1"},
+      {"TestValid.verbose=yes",
+       "--option TestValid.verbose=yes: backend TestValid option 'verbose' is bool, got \"yes\""},
+      {"TestValid.scale=fast",
+       "--option TestValid.scale=fast: backend TestValid option 'scale' is double, got \"fast\""},
+      {"TestValid.limit=3 --option TestValid.limit=4",
+       "--option TestValid.limit=4: the option was already given as TestValid.limit=3"},
+  };
+  for (const auto& [option, message] : cases) {
+    testing::CommandResult result = RunBackplane(run + "--option " + option + " " + Backends());
+    EXPECT_EQ(result.exit_code, 1) << option << "\n" << result.output;
+    EXPECT_THAT(result.output, HasSubstr("backplane run: " + message + "\n")) << option;
+    EXPECT_THAT(result.output, Not(HasSubstr("time per run"))) << option;
+  }
+}
+
+// A value of the right type that the backend itself refuses (CpuAcc's threads must be 1 to
+// 1024); and one it takes, with which the model still computes the right answer.
+TEST_F(RunCommandTest, CpuAccThreadsOptionIsCheckedByTheBackendAndApplied) {
+  BACKPLANE_REQUIRE_PATH(fs::path(BACKPLANE_CPU_ACC));
+  fs::create_symlink(BACKPLANE_CPU_ACC, backends_ / "Backplane_CpuAcc_backend.so");
+  const fs::path gemm = kData / "onnx-node" / "test_gemm_all_attributes";
+  const std::string run = "run " + (gemm / "model.onnx").string() + " --test-data " +
+                          gemm.string() + " --prefer CpuAcc,CpuRef " + Backends();
+  testing::CommandResult refused = RunBackplane(run + " --option CpuAcc.intra_op_threads=0");
+  EXPECT_EQ(refused.exit_code, 1) << refused.output;
+  EXPECT_THAT(refused.output,
+              HasSubstr("backplane run: --option CpuAcc.intra_op_threads=0: backend CpuAcc option "
+                        "'intra_op_threads' must be 1 to 1024, got 0\n"));
+  // 2, but 1 under the sanitizers: LeakSanitizer's tracer crashes at exit ("LeakSanitizer has
+  // encountered a fatal error") while libgomp's idle worker threads are alive (as in
+  // CpuAccBackendTest).
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+  const std::string threads = "1";
+#else
+  const std::string threads = "2";
+#endif
+  testing::CommandResult taken = RunBackplane(run + " --option CpuAcc.intra_op_threads=" + threads);
+  ASSERT_EQ(taken.exit_code, 0) << taken.output;
+  EXPECT_THAT(taken.output, HasSubstr("option CpuAcc.intra_op_threads = " + threads + "\n"));
+  EXPECT_THAT(taken.output, ContainsRegex("Gemm +on CpuAcc"));
+  EXPECT_THAT(taken.output, HasSubstr("test_data_set_0 output 0 (y): pass"));
 }
 
 TEST_F(RunCommandTest, UsageErrorsExitTwo) {
   EXPECT_EQ(RunBackplane("run").exit_code, 2);
   EXPECT_EQ(RunBackplane("run model.onnx --repeat 0").exit_code, 2);
   EXPECT_EQ(RunBackplane("run model.onnx --input a.pb --test-data dir").exit_code, 2);
+  // --option that is not ID.KEY=VALUE: a usage error, named.
+  for (const char* option : {"threads=2", "CpuAcc.threads", ".threads=2", "CpuAcc.=2", "="}) {
+    testing::CommandResult result = RunBackplane(std::string("run model.onnx --option ") + option);
+    EXPECT_EQ(result.exit_code, 2) << option << "\n" << result.output;
+    EXPECT_THAT(result.output, HasSubstr(std::string("--option: ") + option +
+                                         ": want ID.KEY=VALUE (a backend id, one of its option "
+                                         "names, the value)"))
+        << option;
+  }
+  // One value per --option: the model after it stays the model.
+  testing::CommandResult model_after =
+      RunBackplane("run --option TestValid.limit=3 " + (kData / "no-such.onnx").string());
+  EXPECT_EQ(model_after.exit_code, 1) << model_after.output;
+  EXPECT_THAT(model_after.output, Not(HasSubstr("MODEL is required")));
 }
 
 }  // namespace

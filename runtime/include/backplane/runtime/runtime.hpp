@@ -98,6 +98,10 @@ struct LayerPlacement {
   // that shape arrives (NetworkOptions::shape_program_capacity). Whether it compiled at a given
   // shape is in GetShapePrograms.
   bool compiled_per_input_shape = false;
+  // Why the layer is not on a backend earlier in the preference list: each backend asked before
+  // the one it runs on, with its refusal, as "\n  ID: reason" (the list a load error gives when no
+  // backend takes the layer); "" when the first backend asked took it.
+  std::string fallback_reason;
 };
 
 // The shape programs of one loaded network (docs/performance.md, "Shape programs"). Counters
