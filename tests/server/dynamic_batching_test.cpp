@@ -500,6 +500,22 @@ TEST(DynamicBatchingTest, BatchingIsRefusedAtLoadForAModelWithAFixedBatch) {
   EXPECT_EQ(Get(client, "/v2/models/mlp/ready").status, 200);
 }
 
+TEST(DynamicBatchingTest, ALoadAppliesAChangedBatchingConfig) {
+  ServeHome home;
+  AddBatchingModels(home);
+  home.Write("models/relu/config.json",
+             R"({"backends": ["CpuRef"], "max_batch_size": 8, "dynamic_batching": {}})");
+  auto running = StartBatchingServer(BatchingServeConfig(home));
+  auto& repository = running.core->context().repository;
+  ASSERT_NE(repository.Find("relu"), nullptr);
+  EXPECT_NE(repository.Find("relu")->Latest().batcher(), nullptr);
+  // The same file and backends, batching off: a load must not keep the batched version.
+  home.Write("models/relu/config.json", R"({"backends": ["CpuRef"]})");
+  ASSERT_TRUE(repository.Load("relu").ok());
+  EXPECT_EQ(repository.Find("relu")->Latest().batcher(), nullptr);
+  EXPECT_EQ(repository.Find("relu")->config.max_batch_size, 0);
+}
+
 // ---- REST and gRPC --------------------------------------------------------------------------
 
 std::string MlpJsonBody(const Tensor& features) {
