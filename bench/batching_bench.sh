@@ -102,7 +102,7 @@ for d in $delays; do models="$models wide_delay_$d"; done
 "$client" --http "$http" --grpc "$grpc" --models "$models" --seconds "${DURATION:-5}" \
   --runs "rest:64 rest:16 rest:1"
 echo
-echo "## What the batcher did (the admin view of each model: requests, executions, mean batch)"
+echo "## What the batcher did over the whole run, 1-client runs included (the admin view of each model)"
 for m in wide wide_batched $models; do
   curl -s "http://$http/v2/models/$m/placement" | /usr/bin/python3 -c '
 import json, sys
