@@ -158,6 +158,30 @@ std::vector<ShapeProgramSample> ShapeProgramSamples(const ServeContext& context)
   return samples;
 }
 
+// A model's batching configuration and how its requests were executed: requests against
+// executions, and the batch-size and queue-delay histograms' counts and sums (the buckets are in
+// /metrics).
+json BatchingJson(const ServingModel& model) {
+  json body = {{"max_batch_size", model.config.max_batch_size}};
+  if (const auto& batching = model.config.dynamic_batching) {
+    body["dynamic_batching"] = {{"max_queue_delay_us", batching->max_queue_delay_us},
+                                {"preferred_batch_sizes", batching->preferred_batch_sizes},
+                                {"preserve_ordering", batching->preserve_ordering}};
+  } else {
+    body["dynamic_batching"] = nullptr;
+  }
+  const ModelMetrics& metrics = *model.metrics;
+  const auto batch_size = metrics.batching.batch_size.Read();
+  const auto queue_delay = metrics.batching.queue_delay_seconds.Read();
+  body["requests"] = metrics.requests.load(std::memory_order_relaxed);
+  body["executions"] = metrics.batching.executions.load(std::memory_order_relaxed);
+  body["batches"] = batch_size.count;
+  body["batched_rows"] = batch_size.sum;
+  body["queue_delay_seconds_sum"] = queue_delay.sum;
+  body["queue_delay_count"] = queue_delay.count;
+  return body;
+}
+
 HttpResponse Placement(const ServeContext& context, const HttpRequest& request) {
   auto resolved = ResolveModel(context.repository, request.params[0], request.params[1]);
   if (!resolved.ok())
@@ -186,7 +210,9 @@ HttpResponse Placement(const ServeContext& context, const HttpRequest& request) 
     }
     versions.push_back({{"version", std::to_string(number)}, {"layers", layers}});
   }
-  return HttpResponse::Json({{"name", resolved->model->name}, {"versions", versions}});
+  return HttpResponse::Json({{"name", resolved->model->name},
+                             {"versions", versions},
+                             {"batching", BatchingJson(*resolved->model)}});
 }
 
 }  // namespace

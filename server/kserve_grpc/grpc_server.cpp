@@ -47,7 +47,8 @@ grpc::Status ToGrpc(const Status& status) {
   return {code, status.message()};
 }
 
-// Thread-safe: every method only reads the context or runs RunInference.
+// Thread-safe: every method only reads the context or runs RunInference (StartInference for a
+// model with dynamic batching).
 class InferenceService final : public inference::GRPCInferenceService::CallbackService {
  public:
   explicit InferenceService(const ServeContext& context) : context_(context) {}
@@ -120,6 +121,8 @@ class InferenceService final : public inference::GRPCInferenceService::CallbackS
     // StartInference and a TBB worker, p50 0.145 against 0.105 ms here and 0.79x the
     // throughput at 4 clients (MNIST, bench/grpc_bench.sh). Concurrency stays bounded by the
     // runtime's admission (max_in_flight), which refuses rather than queues.
+    if (WaitsForABatch(request->model_name(), request->model_version()))
+      return InferBatched(call, request, response);
     auto outcome = RunInference(
         context_, request->model_name(), request->model_version(),
         [request](const Network& network) { return ParseGrpcInferRequest(*request, network); });
@@ -132,6 +135,45 @@ class InferenceService final : public inference::GRPCInferenceService::CallbackS
   }
 
  private:
+  // Whether the model's requests go to its dynamic batcher (issue 21).
+  bool WaitsForABatch(const std::string& model, const std::string& version) const {
+    auto resolved = ResolveModel(context_.repository, model, version);
+    return resolved.ok() && resolved->version->batcher() != nullptr;
+  }
+
+  // A request of a batched model waits for its batch without holding this thread: gRPC's
+  // callback threads are few, and blocked ones would keep batches from forming. Its deadline
+  // takes it out of the batch as REST's does. Finishing from the batch's thread costs more a call
+  // (see ModelInfer), which batching repays under load.
+  grpc::ServerUnaryReactor* InferBatched(grpc::CallbackServerContext* call,
+                                         const inference::ModelInferRequest* request,
+                                         inference::ModelInferResponse* response) {
+    grpc::ServerUnaryReactor* reactor = call->DefaultReactor();
+    std::optional<std::chrono::steady_clock::time_point> deadline;
+    // gRPC's "no deadline" is a time centuries away.
+    if (const auto left = call->deadline() - std::chrono::system_clock::now();
+        left < std::chrono::hours(24 * 365)) {
+      deadline = std::chrono::steady_clock::now() +
+                 std::chrono::duration_cast<std::chrono::steady_clock::duration>(left);
+    }
+    StartInference(
+        context_, request->model_name(), request->model_version(),
+        [request](const Network& network) { return ParseGrpcInferRequest(*request, network); },
+        deadline,
+        [reactor, request, response](Result<InferenceOutcome> outcome) {
+          if (!outcome.ok()) {
+            reactor->Finish(ToGrpc(outcome.error()));
+            return;
+          }
+          RenderGrpcInferResponse(outcome->model.model->name, outcome->model.version->version(),
+                                  outcome->request, outcome->model.version->network(),
+                                  outcome->outputs, request->raw_input_contents_size() != 0,
+                                  *response);
+          reactor->Finish(grpc::Status::OK);
+        });
+    return reactor;
+  }
+
   static grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* call, grpc::Status status) {
     grpc::ServerUnaryReactor* reactor = call->DefaultReactor();
     reactor->Finish(std::move(status));

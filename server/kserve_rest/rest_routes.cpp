@@ -59,8 +59,16 @@ HttpResponse ModelMetadata(const ServeContext& context, const HttpRequest& reque
   std::vector<int64_t> versions;
   for (const auto& [number, loaded] : resolved->model->versions)
     versions.push_back(number);
-  return HttpResponse::Json(
-      RenderModelMetadata(resolved->model->name, versions, resolved->version->network()));
+  json metadata =
+      RenderModelMetadata(resolved->model->name, versions, resolved->version->network());
+  // The batch dimension and its maximum, in the Open Inference Protocol's optional metadata
+  // "parameters" (Triton puts max_batch_size in its config endpoint, which Backplane lacks).
+  if (const ModelConfig& config = resolved->model->config; config.max_batch_size > 0) {
+    metadata["parameters"] = {{"batch_dimension", 0},
+                              {"max_batch_size", config.max_batch_size},
+                              {"dynamic_batching", config.dynamic_batching.has_value()}};
+  }
+  return HttpResponse::Json(metadata);
 }
 
 HttpResponse ModelReady(const ServeContext& context, const HttpRequest& request) {

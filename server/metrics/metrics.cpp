@@ -11,6 +11,13 @@ namespace {
 // Request latency: 0.5 ms (a cached tiny model) to 10 s (a client's patience).
 constexpr double kLatencyBounds[] = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
                                      0.1,    0.25,  0.5,    1,     2.5,  5,     10};
+// Rows per batched execution: powers of two up to the largest max_batch_size worth having.
+constexpr double kBatchSizeBounds[] = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024};
+// Time a request waited for its batch: 50 µs (a batch was forming) to 1 s (max_queue_delay_us's
+// ceiling).
+constexpr double kQueueDelayBounds[] = {0.00005, 0.0001, 0.00025, 0.0005, 0.001,
+                                        0.002,   0.0025, 0.005,   0.01,   0.025,
+                                        0.05,    0.1,    0.25,    0.5,    1};
 // Time from switch to unload: immediate (no request held the old code) to minutes (a network
 // pinned to it until unloaded).
 constexpr double kDrainBounds[] = {0.001, 0.01, 0.1, 0.5, 1, 5, 30, 120, 600};
@@ -95,6 +102,32 @@ class Exposition {
   std::string text_;
 };
 
+using ModelList = std::vector<std::pair<std::string, const ModelMetrics*>>;
+
+// Executions against requests, batch sizes and queue delays, per model (dynamic batching).
+void RenderBatchingMetrics(Exposition& out, const ModelList& models) {
+  out.Family("backplane_inference_executions_total", "counter",
+             "Executions of a model's network; below its requests when dynamic batching joins "
+             "them.");
+  for (const auto& [name, metrics] : models) {
+    out.Sample("backplane_inference_executions_total", {{"model", name}},
+               metrics->batching.executions.load(std::memory_order_relaxed));
+  }
+  out.Family("backplane_inference_batch_size", "histogram",
+             "Rows per batched execution, for models with dynamic_batching.");
+  for (const auto& [name, metrics] : models) {
+    out.HistogramSamples("backplane_inference_batch_size", {{"model", name}},
+                         metrics->batching.batch_size.Read());
+  }
+  out.Family("backplane_inference_queue_delay_seconds", "histogram",
+             "Time from a request's arrival to its batch leaving for execution, for models with "
+             "dynamic_batching.");
+  for (const auto& [name, metrics] : models) {
+    out.HistogramSamples("backplane_inference_queue_delay_seconds", {{"model", name}},
+                         metrics->batching.queue_delay_seconds.Read());
+  }
+}
+
 }  // namespace
 
 std::string EscapeLabelValue(std::string_view value) {
@@ -141,6 +174,9 @@ Histogram::Snapshot Histogram::Read() const {
 }
 
 // ---- ModelMetrics ---------------------------------------------------------------------------
+
+BatchingMetrics::BatchingMetrics()
+    : batch_size(kBatchSizeBounds), queue_delay_seconds(kQueueDelayBounds) {}
 
 ModelMetrics::ModelMetrics() : latency_seconds(kLatencyBounds) {}
 
@@ -248,7 +284,7 @@ std::string ServerMetrics::Render(const BackendRegistry* registry,
              http_body_budget_refusals.load(std::memory_order_relaxed));
 
   // ---- Inference, per model
-  std::vector<std::pair<std::string, const ModelMetrics*>> models;
+  ModelList models;
   {
     MutexLock lock(models_mutex_);
     for (const auto& [name, metrics] : models_)
@@ -281,6 +317,7 @@ std::string ServerMetrics::Render(const BackendRegistry* registry,
     out.HistogramSamples("backplane_inference_request_duration_seconds", {{"model", name}},
                          metrics->latency_seconds.Read());
   }
+  RenderBatchingMetrics(out, models);
 
   // ---- Shape programs, per served model version with dynamic input dimensions
   // (docs/performance.md, "Shape programs"). Counters span hot swaps; the programs gauge is the

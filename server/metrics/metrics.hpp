@@ -42,6 +42,16 @@ class Histogram {
   std::atomic<double> sum_{0};
 };
 
+// How a model's requests were executed: executions against requests (a batched model runs many
+// requests per execution), and for a model with dynamic_batching the rows of each batch and how
+// long each request waited for its batch. Thread-safe.
+struct BatchingMetrics {
+  BatchingMetrics();
+  std::atomic<uint64_t> executions{0};  // runtime executions, batched or not
+  Histogram batch_size;                 // rows per batched execution
+  Histogram queue_delay_seconds;        // arrival to its batch leaving, per batched request
+};
+
 // The request metrics of one model, across its versions and reloads. Thread-safe.
 struct ModelMetrics {
   ModelMetrics();
@@ -52,6 +62,7 @@ struct ModelMetrics {
   void CountFailure(StatusCode code) BACKPLANE_EXCLUDES(mutex_);
   std::map<StatusCode, uint64_t> Failures() const BACKPLANE_EXCLUDES(mutex_);
   Histogram latency_seconds;
+  BatchingMetrics batching;
 
  private:
   mutable Mutex mutex_;

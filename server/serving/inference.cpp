@@ -1,6 +1,7 @@
 #include "serving/inference.hpp"
 
 #include <chrono>
+#include <future>
 #include <string>
 #include <utility>
 
@@ -55,16 +56,23 @@ class ModelCall {
 
   const ModelVersion& version() const { return *resolved_.version; }
 
-  // The parser's error names the model and version.
+  // The parser's error names the model and version. A model with max_batch_size also has its
+  // request's rows checked against it (batching_config.hpp, BatchRows).
   Result<InferenceRequest> Parse(const InferenceRequestParser& parse) const {
+    const std::string what =
+        "model '" + resolved_.model->name + "' version " + std::to_string(version().version());
     auto parsed = parse(version().network());
-    if (!parsed.ok()) {
-      return Status(parsed.error().code(), "model '" + resolved_.model->name + "' version " +
-                                               std::to_string(version().version()) + ": " +
-                                               parsed.error().message());
+    if (!parsed.ok())
+      return Status(parsed.error().code(), what + ": " + parsed.error().message());
+    if (const int64_t max_batch_size = resolved_.model->config.max_batch_size; max_batch_size > 0) {
+      auto rows = BatchRows(parsed->inputs, version().network(), max_batch_size, what);
+      if (!rows.ok())
+        return rows.error();
     }
     return parsed;
   }
+
+  void CountExecution() { metrics_.batching.executions.fetch_add(1, std::memory_order_relaxed); }
 
   // Counts a failure of this request and returns it.
   Status Failed(Status status) {
@@ -98,6 +106,45 @@ class ModelCall {
   bool admitted_ = true;
 };
 
+// An admitted request queued on the runtime's scheduler, or on its model version's batcher (the
+// same two closures either way): the parse, the execution and `done` happen there.
+void Start(const ServeContext& context, std::unique_ptr<ModelCall> admitted,
+           InferenceRequestParser parse, std::optional<Clock::time_point> deadline,
+           InferenceDone done) {
+  // Shared by the two closures: the parse fills the request, the completion renders from it.
+  struct Pending {
+    std::unique_ptr<ModelCall> call;
+    InferenceRequestParser parse;
+    InferenceRequest request;
+  };
+  auto pending = std::make_shared<Pending>(Pending{std::move(admitted), std::move(parse), {}});
+  DynamicBatcher* batcher = pending->call->version().batcher();
+  auto make_inputs = [pending, batched = batcher != nullptr]() -> Result<std::vector<Tensor>> {
+    auto request = pending->call->Parse(pending->parse);
+    pending->parse = nullptr;  // what it refers to (the body) goes as soon as it is parsed
+    if (!request.ok())
+      return std::move(request).error();
+    pending->request = std::move(request).value();
+    if (!batched)
+      pending->call->CountExecution();  // the batcher counts its batches
+    return std::move(pending->request.inputs);
+  };
+  auto finish = [pending, done = std::move(done)](Result<std::vector<Tensor>> outputs) {
+    std::unique_ptr<ModelCall> call = std::move(pending->call);
+    auto outcome = call->Finish(std::move(pending->request), std::move(outputs));
+    // The model's slot is free before the answer leaves: a client's next request must not
+    // find its own last one still counted.
+    call.reset();
+    done(std::move(outcome));
+  };
+  if (batcher != nullptr) {
+    batcher->Submit(std::move(make_inputs), std::move(finish), deadline);
+    return;
+  }
+  context.runtime.ExecuteAsync(pending->call->version().network_id(), std::move(make_inputs),
+                               std::move(finish), deadline);
+}
+
 }  // namespace
 
 Result<InferenceOutcome> RunInference(const ServeContext& context, std::string_view model_name,
@@ -106,9 +153,19 @@ Result<InferenceOutcome> RunInference(const ServeContext& context, std::string_v
   auto call = ModelCall::Begin(context, model_name, version_text);
   if (!call.ok())
     return std::move(call).error();
+  if ((*call)->version().batcher() != nullptr) {
+    // Batched: the request waits for its batch here (the transport's thread blocks, as it would
+    // in Execute).
+    std::promise<Result<InferenceOutcome>> answered;
+    auto outcome = answered.get_future();
+    Start(context, std::move(call).value(), parse, std::nullopt,
+          [&answered](Result<InferenceOutcome> result) { answered.set_value(std::move(result)); });
+    return outcome.get();
+  }
   auto request = (*call)->Parse(parse);
   if (!request.ok())
     return (*call)->Failed(std::move(request).error());
+  (*call)->CountExecution();
   std::vector<ConstTensorView> views;
   views.reserve(request->inputs.size());
   for (const auto& tensor : request->inputs)
@@ -123,33 +180,7 @@ void StartInference(const ServeContext& context, std::string_view model_name,
   auto call = ModelCall::Begin(context, model_name, version_text);
   if (!call.ok())
     return done(std::move(call).error());
-  // Shared by the two closures: the parse fills the request, the completion renders from it.
-  struct Pending {
-    std::unique_ptr<ModelCall> call;
-    InferenceRequestParser parse;
-    InferenceRequest request;
-  };
-  auto pending = std::make_shared<Pending>(Pending{std::move(call).value(), std::move(parse), {}});
-  const NetworkId network = pending->call->version().network_id();
-  context.runtime.ExecuteAsync(
-      network,
-      [pending]() -> Result<std::vector<Tensor>> {
-        auto request = pending->call->Parse(pending->parse);
-        pending->parse = nullptr;  // what it refers to (the body) goes as soon as it is parsed
-        if (!request.ok())
-          return std::move(request).error();
-        pending->request = std::move(request).value();
-        return std::move(pending->request.inputs);
-      },
-      [pending, done = std::move(done)](Result<std::vector<Tensor>> outputs) {
-        std::unique_ptr<ModelCall> call = std::move(pending->call);
-        auto outcome = call->Finish(std::move(pending->request), std::move(outputs));
-        // The model's slot is free before the answer leaves: a client's next request must not
-        // find its own last one still counted.
-        call.reset();
-        done(std::move(outcome));
-      },
-      deadline);
+  Start(context, std::move(call).value(), std::move(parse), deadline, std::move(done));
 }
 
 }  // namespace backplane::server

@@ -2,7 +2,9 @@
 // the request, admit it under the model's max_in_flight, parse its inputs against the network,
 // execute, observe the latency. The REST handler (kserve_api.cpp) queues it on the runtime's
 // scheduler with StartInference; the gRPC service runs it on its own callback thread with
-// RunInference; both only translate bodies and errors. Thread-safe.
+// RunInference; both only translate bodies and errors. A model with dynamic_batching sends its
+// requests to its version's DynamicBatcher instead of the scheduler, whichever function starts
+// them (gRPC uses StartInference for those). Thread-safe.
 #pragma once
 
 #include <chrono>
@@ -36,6 +38,7 @@ struct InferenceOutcome {
 // input and why.
 using InferenceRequestParser = std::function<Result<InferenceRequest>(const Network& network)>;
 
+// For a batched model the calling thread waits until the request's batch has answered it.
 // Errors: kNotFound (no such model or version), kUnavailable (model not serving),
 // kInvalidArgument (the parser's message, prefixed with the model and version),
 // kResourceExhausted (max_in_flight reached, or the scheduler refused), and whatever Execute
@@ -46,7 +49,8 @@ Result<InferenceOutcome> RunInference(const ServeContext& context, std::string_v
 
 // The same as a request of the runtime's scheduler: the parse, the execution and `done` run on a
 // TBB worker, within the scheduler's limit of requests in flight (beyond it kResourceExhausted),
-// and kDeadlineExceeded when `deadline` passes before it starts. A request refused before it is
+// and kDeadlineExceeded when `deadline` passes before it starts (for a batched model: before its
+// batch leaves; the parse then runs on the batcher's thread). A request refused before it is
 // queued (unknown model, max_in_flight) calls `done` at once on the caller's thread. `parse` and
 // what it refers to must live until it has run.
 using InferenceDone = std::function<void(Result<InferenceOutcome>)>;

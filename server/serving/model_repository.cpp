@@ -150,6 +150,7 @@ Result<ModelConfig> ParseModelConfig(const json& document, std::string_view wher
                            document.type_name());
   }
   ModelConfig config;
+  const json* dynamic_batching = nullptr;  // parsed last: it depends on max_batch_size
   for (const auto& [key, value] : document.items()) {
     if (key == "backends") {
       if (!value.is_array())
@@ -175,10 +176,24 @@ Result<ModelConfig> ParseModelConfig(const json& document, std::string_view wher
       if (!policy.ok())
         return policy.error();
       config.version_policy = std::move(policy).value();
+    } else if (key == "max_batch_size") {
+      auto max_batch_size = ParseMaxBatchSize(value, where);
+      if (!max_batch_size.ok())
+        return max_batch_size.error();
+      config.max_batch_size = max_batch_size.value();
+    } else if (key == "dynamic_batching") {
+      dynamic_batching = &value;
     } else {
       return InvalidArgument(std::string(where) + ": unknown key '" + key +
-                             "' (known: backends, max_in_flight, version_policy)");
+                             "' (known: backends, max_in_flight, version_policy, max_batch_size, "
+                             "dynamic_batching)");
     }
+  }
+  if (dynamic_batching != nullptr) {
+    auto batching = ParseDynamicBatching(*dynamic_batching, config.max_batch_size, where);
+    if (!batching.ok())
+      return batching.error();
+    config.dynamic_batching = std::move(batching).value();
   }
   return config;
 }
@@ -219,7 +234,7 @@ std::pair<std::vector<std::string>, std::vector<std::string>> PlacementOf(const 
 
 ModelVersion::ModelVersion(Runtime& runtime, NetworkId id, std::string model, int64_t version,
                            std::shared_ptr<const Network> network, fs::file_time_type mtime,
-                           uintmax_t size)
+                           uintmax_t size, std::unique_ptr<DynamicBatcher> batcher)
     : runtime_(runtime),
       id_(id),
       model_(std::move(model)),
@@ -227,14 +242,17 @@ ModelVersion::ModelVersion(Runtime& runtime, NetworkId id, std::string model, in
       network_(std::move(network)),
       mtime_(mtime),
       size_(size),
-      placement_at_load_(PlacementOf(runtime, id)) {}
+      placement_at_load_(PlacementOf(runtime, id)),
+      batcher_(std::move(batcher)) {}
 
 bool ModelVersion::PlacedAsLoaded() const {
   return PlacementOf(runtime_, id_) == placement_at_load_;
 }
 
 ModelVersion::~ModelVersion() {
-  // Runs on the reaper thread (see Prepare), whichever thread dropped the last reference.
+  // Runs on the reaper thread (see Prepare), whichever thread dropped the last reference. No
+  // request waits in the batcher any more (each holds this version); its thread stops first.
+  batcher_.reset();
   Status unloaded = runtime_.UnloadNetwork(id_);
   if (unloaded.ok()) {
     Log().info("model {} version {} unloaded", model_, version_);
@@ -251,8 +269,12 @@ std::shared_ptr<const ModelVersion> ServingModel::Version(int64_t version) const
 
 // ---- ModelRepository ------------------------------------------------------------------------
 
-ModelRepository::ModelRepository(fs::path root, Runtime& runtime, ServerMetrics& metrics)
-    : root_(std::move(root)), runtime_(runtime), metrics_(metrics) {}
+ModelRepository::ModelRepository(fs::path root, Runtime& runtime, ServerMetrics& metrics,
+                                 BatcherLimits batcher_limits)
+    : root_(std::move(root)),
+      runtime_(runtime),
+      metrics_(metrics),
+      batcher_limits_(batcher_limits) {}
 
 ModelRepository::~ModelRepository() {
   UnloadAll();
@@ -361,7 +383,9 @@ Result<std::shared_ptr<const ServingModel>> ModelRepository::Prepare(const std::
     // Unchanged file, preferences and placement: keep the loaded network (requests see no change
     // at all). Otherwise the new network is loaded beside the serving one and replaces it in one
     // publish, so the model is never out of service.
-    if (current != nullptr && current->config.backends == model->config.backends) {
+    if (current != nullptr && current->config.backends == model->config.backends &&
+        current->config.max_batch_size == model->config.max_batch_size &&
+        current->config.dynamic_batching == model->config.dynamic_batching) {
       if (auto loaded = current->Version(version);
           loaded && loaded->SameFile(mtime, size) && loaded->PlacedAsLoaded()) {
         model->versions.emplace(version, loaded);
@@ -372,6 +396,11 @@ Result<std::shared_ptr<const ServingModel>> ModelRepository::Prepare(const std::
     auto network = ImportOnnxFile(file);
     if (!network.ok())
       return Status(network.error().code(), what + ": " + network.error().message());
+    // Before the network is placed: a model that cannot batch is refused with the reason.
+    if (model->config.max_batch_size > 0) {
+      if (Status batchable = CheckBatchable(network.value(), what); !batchable.ok())
+        return batchable;
+    }
     auto id = runtime_.LoadNetwork(std::move(network).value(),
                                    {.backend_preferences = model->config.backends});
     if (!id.ok()) {
@@ -387,15 +416,25 @@ Result<std::shared_ptr<const ServingModel>> ModelRepository::Prepare(const std::
       (void)runtime_.UnloadNetwork(id.value());
       return Status(loaded_network.error().code(), what + ": " + loaded_network.error().message());
     }
+    std::unique_ptr<DynamicBatcher> batcher;
+    if (model->config.dynamic_batching) {
+      batcher = std::make_unique<DynamicBatcher>(
+          runtime_, DynamicBatcher::Options{.network = id.value(),
+                                            .what = what,
+                                            .max_batch_size = model->config.max_batch_size,
+                                            .batching = *model->config.dynamic_batching,
+                                            .limits = batcher_limits_,
+                                            .metrics = model->metrics});
+    }
     // From here the ModelVersion owns the network: a later failure unloads it on the way out.
     // Unloading takes the runtime's lock, which a backend swap holds while it prepares every
     // network, and calls backend hooks: the last request to let go of a version that stopped
     // serving must not do that on its own thread (docs/loading-rules.md rule 6). The reaper does.
-    model->versions.emplace(version,
-                            loader::MakeReaped(std::make_unique<const ModelVersion>(
-                                                   runtime_, id.value(), name, version,
-                                                   std::move(loaded_network).value(), mtime, size),
-                                               runtime_.registry().loader().reaper()));
+    model->versions.emplace(version, loader::MakeReaped(std::make_unique<const ModelVersion>(
+                                                            runtime_, id.value(), name, version,
+                                                            std::move(loaded_network).value(),
+                                                            mtime, size, std::move(batcher)),
+                                                        runtime_.registry().loader().reaper()));
     std::string placed;
     if (auto placement = runtime_.GetPlacement(id.value()); placement.ok()) {
       std::map<std::string, int> layers_by_backend;

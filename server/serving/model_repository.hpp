@@ -16,6 +16,8 @@
 
 #include "backplane/core/thread_annotations.hpp"
 #include "backplane/runtime/runtime.hpp"
+#include "serving/batching_config.hpp"
+#include "serving/dynamic_batcher.hpp"
 
 namespace backplane::server {
 
@@ -36,11 +38,18 @@ struct ModelConfig {
   std::vector<std::string> backends;  // preference list; empty: the server's default
   int64_t max_in_flight = 0;          // requests of this model at once; 0: no per-model limit
   VersionPolicy version_policy;
+  // Triton's: the most rows (dimension 0) one request, and one batched execution, may hold; 0:
+  // the model does not batch. Non-zero requires a symbolic first dimension on every input and
+  // output (CheckBatchable, at load) and refuses larger requests.
+  int64_t max_batch_size = 0;
+  // Present: requests are joined into batched executions (serving/dynamic_batcher.hpp).
+  std::optional<DynamicBatching> dynamic_batching;
   friend bool operator==(const ModelConfig&, const ModelConfig&) = default;
 };
 
 // Parses a config.json document: `{"backends": [...], "max_in_flight": N, "version_policy":
-// {"latest": N} | {"all": true} | {"specific": [1, 3]}}`. Unknown keys and wrong types are
+// {"latest": N} | {"all": true} | {"specific": [1, 3]}, "max_batch_size": N,
+// "dynamic_batching": {...}}` (batching_config.hpp). Unknown keys and wrong types are
 // kInvalidArgument naming the key and `where`.
 Result<ModelConfig> ParseModelConfig(const nlohmann::json& document, std::string_view where);
 // The same from the file's text: kInvalidArgument "<where> is not valid JSON" when it is not.
@@ -56,16 +65,19 @@ bool IsValidModelName(std::string_view name);
 // Thread-safe (immutable).
 class ModelVersion {
  public:
+  // `batcher`: null when the model's config has no dynamic_batching.
   ModelVersion(Runtime& runtime, NetworkId id, std::string model, int64_t version,
                std::shared_ptr<const Network> network, std::filesystem::file_time_type mtime,
-               uintmax_t size);
-  ~ModelVersion();
+               uintmax_t size, std::unique_ptr<DynamicBatcher> batcher);
+  ~ModelVersion();  // stops the batcher, then unloads the network
   ModelVersion(const ModelVersion&) = delete;
   ModelVersion& operator=(const ModelVersion&) = delete;
 
   NetworkId network_id() const { return id_; }
   int64_t version() const { return version_; }
   const Network& network() const { return *network_; }
+  // Where requests of this version go when its model batches them; null: executed one by one.
+  DynamicBatcher* batcher() const { return batcher_.get(); }
   // The model file's identity when it was loaded: a `load` call reloads a changed file.
   bool SameFile(std::filesystem::file_time_type mtime, uintmax_t size) const {
     return mtime == mtime_ && size == size_;
@@ -85,6 +97,7 @@ class ModelVersion {
   const uintmax_t size_;
   // What PlacedAsLoaded compares: the runtime's backends and each layer's, at load.
   const std::pair<std::vector<std::string>, std::vector<std::string>> placement_at_load_;
+  std::unique_ptr<DynamicBatcher> batcher_;  // reset first in the destructor
 };
 
 // A model as requests see it: immutable once published.
@@ -115,7 +128,9 @@ struct ModelIndexEntry {
 class ModelRepository {
  public:
   // `runtime` and `metrics` must outlive the repository and every ModelVersion it hands out.
-  ModelRepository(std::filesystem::path root, Runtime& runtime, ServerMetrics& metrics);
+  // `batcher_limits` bound the dynamic batcher of every model that has one.
+  ModelRepository(std::filesystem::path root, Runtime& runtime, ServerMetrics& metrics,
+                  BatcherLimits batcher_limits = {});
   ~ModelRepository();
 
   const std::filesystem::path& root() const { return root_; }
@@ -154,6 +169,7 @@ class ModelRepository {
   const std::filesystem::path root_;
   Runtime& runtime_;
   ServerMetrics& metrics_;
+  const BatcherLimits batcher_limits_;
   Mutex load_mutex_;  // serialises Load, Unload, LoadAll, UnloadAll
   Published<Snapshot> snapshot_;
 };

@@ -1,6 +1,8 @@
 #include "serving/serving_core.hpp"
 
+#include <algorithm>
 #include <string>
+#include <thread>
 #include <utility>
 
 #include "serving/serving_log.hpp"
@@ -80,8 +82,16 @@ Result<std::unique_ptr<ServingCore>> ServingCore::Start(const ServeConfig& confi
     }
   }
 
-  core->repository_ =
-      std::make_unique<ModelRepository>(config.models, *core->runtime_, core->metrics_);
+  // A batcher runs as many batches at once as the runtime has threads (more would only queue in
+  // its scheduler), and holds no more waiting requests than the server admits at once.
+  const BatcherLimits batcher_limits{
+      .max_concurrent_batches =
+          config.inference_threads > 0
+              ? config.inference_threads
+              : static_cast<int>(std::max(1u, std::thread::hardware_concurrency())),
+      .max_waiting_requests = static_cast<std::size_t>(std::max(1, config.max_in_flight))};
+  core->repository_ = std::make_unique<ModelRepository>(config.models, *core->runtime_,
+                                                        core->metrics_, batcher_limits);
   core->repository_->LoadAll();
 
   core->context_.emplace(ServeContext{.runtime = *core->runtime_,

@@ -9,7 +9,9 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cmath>
 #include <fstream>
+#include <functional>
 #include <regex>
 #include <set>
 #include <thread>
@@ -23,17 +25,69 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 using ::testing::HasSubstr;
 
-TEST(ServeLifecycleTest, HotReloadUnderLoadFailsNoRequest) {
-  BACKPLANE_REQUIRE_PATH(MnistDataDir());
+// The mlp example's request of `rows` rows (seeded values) for client `c`.
+std::string MlpRowsBody(int c, int rows) {
+  std::vector<float> data;
+  for (int i = 0; i < rows * 4; ++i)
+    data.push_back(static_cast<float>((c * 31 + i * 7) % 13) / 13.0f - 0.5f);
+  return json({{"inputs",
+                {{{"name", "features"},
+                  {"shape", {rows, 4}},
+                  {"datatype", "FP32"},
+                  {"data", data}}}}})
+      .dump();
+}
+
+// Batched (issue 21): the same swaps under clients of the mlp example with dynamic batching on,
+// each answer compared with the one its request got alone before the first swap.
+class HotReloadUnderLoadTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(HotReloadUnderLoadTest, HotReloadUnderLoadFailsNoRequest) {
+  const bool batching = GetParam();
+  if (!batching)
+    BACKPLANE_REQUIRE_PATH(MnistDataDir());
   ServeHome home;
   home.Write("config.json", R"({"watch_debounce_ms": 50})");
+  if (batching) {
+    home.Write("models/mlp/config.json",
+               R"({"backends": ["CpuRef"], "max_batch_size": 16, "dynamic_batching":
+                   {"max_queue_delay_us": 2000, "preferred_batch_sizes": [4]}})");
+  }
+  const std::string model = batching ? "mlp" : "mnist";
   auto server =
       ServeProcess::Start({"--config", (home.path() / "config.json").string(), "--models",
                            home.models().string(), "--backends", home.backends().string()});
   auto client = server->Client();
   const uint64_t initial = Get(*client, "/v2/backends/CpuRef").body["active_generation"];
 
-  // Clients infer real digits while the backend file is replaced under them.
+  // What each client sends, and whether an answer is right: real digits' labels, or the mlp's
+  // answer to the same request before any swap.
+  const int client_count = batching ? 6 : 3;
+  std::vector<std::string> bodies;
+  std::vector<std::function<bool(const JsonReply&)>> right;
+  for (int c = 0; c < client_count; ++c) {
+    if (!batching) {
+      bodies.push_back(MnistRequestBody(c));
+      right.push_back([c](const JsonReply& reply) { return ArgMax(reply.body) == MnistLabel(c); });
+      continue;
+    }
+    bodies.push_back(MlpRowsBody(c, 1 + c % 2));
+    const auto alone = Post(*client, "/v2/models/mlp/infer", bodies.back());
+    ASSERT_EQ(alone.status, 200) << alone.text;
+    right.push_back([expected = alone.body["outputs"][0]["data"].get<std::vector<float>>()](
+                        const JsonReply& reply) {
+      const auto data = reply.body["outputs"][0]["data"].get<std::vector<float>>();
+      if (data.size() != expected.size())
+        return false;
+      for (std::size_t i = 0; i < data.size(); ++i) {
+        if (std::abs(data[i] - expected[i]) > 1e-6f)
+          return false;
+      }
+      return true;
+    });
+  }
+
+  // Clients infer while the backend file is replaced under them.
   std::atomic<bool> stop{false};
   std::atomic<int> ok{0};
   std::atomic<int> failed{0};
@@ -41,13 +95,13 @@ TEST(ServeLifecycleTest, HotReloadUnderLoadFailsNoRequest) {
   std::vector<std::string> failures;
   std::vector<std::thread> clients;
   JoinAll join_all{stop, clients};
-  for (int c = 0; c < 3; ++c) {
+  for (int c = 0; c < client_count; ++c) {
     clients.emplace_back([&, c] {
       auto own = server->Client();
-      const std::string body = MnistRequestBody(c);
+      const std::string& body = bodies[c];
       while (!stop.load()) {
-        const auto reply = Post(*own, "/v2/models/mnist/infer", body);
-        if (reply.status == 200 && ArgMax(reply.body) == MnistLabel(c)) {
+        const auto reply = Post(*own, "/v2/models/" + model + "/infer", body);
+        if (reply.status == 200 && right[c](reply)) {
           ++ok;
         } else {
           ++failed;
@@ -83,14 +137,24 @@ TEST(ServeLifecycleTest, HotReloadUnderLoadFailsNoRequest) {
   // The model migrated to the newest generation.
   EXPECT_TRUE(Eventually(
       [&] {
-        return Get(*client, "/v2/models/mnist/placement")
+        return Get(*client, "/v2/models/" + model + "/placement")
                    .body["versions"][0]["layers"][0]["generation"] == generation;
       },
       10s));
   const auto metrics = client->Get("/metrics");
   ASSERT_TRUE(metrics);
   EXPECT_THAT(metrics->body, HasSubstr("backplane_backend_swaps_total{backend=\"CpuRef\"} 4\n"));
+  if (batching) {
+    // Requests were really joined while the swaps went on.
+    const auto view = Get(*client, "/v2/models/mlp/placement").body["batching"];
+    EXPECT_GT(view["requests"].get<uint64_t>(), view["executions"].get<uint64_t>()) << view.dump();
+  }
 }
+
+INSTANTIATE_TEST_SUITE_P(ServeLifecycleTest, HotReloadUnderLoadTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "Batched" : "Unbatched";
+                         });
 
 // The shadow copies of CpuRef mapped into process `pid`, by path (a deleted shadow still counts).
 std::set<std::string> MappedCpuRefCopies(pid_t pid) {

@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# Dynamic batching off against on (issue 21), side by side in one run of one `backplane serve`: a
+# wide MLP 784-2048-2048-10 (21 MB of weights, symbolic batch "N", seeded weights, generated here
+# with Debian's python3-onnx) served on CpuAcc as `wide` (no batching) and as `wide_batched`
+# (max_batch_size 64, preferred [16, 64], max_queue_delay_us DELAY), driven by
+# bench/batching_client.cpp: 64 keep-alive REST clients and 16 gRPC clients sending one row each,
+# then 1 client; then one client sending 64-row requests over gRPC (the largest batch's execution
+# time, for the p99 bound); then the max_queue_delay_us curve (DELAYS) at 64 and 1 REST clients.
+# MNIST is configured with batching too: the log shows it refused at load (fixed batch 1).
+#
+#   bench/batching_bench.sh                       # 5 s per run
+#   DURATION=10 DELAY=2000 DELAYS="0 500 1000 2000 4000" bench/batching_bench.sh
+#   BUILD=0 bench/batching_bench.sh               # use build/release as it is
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+delay=${DELAY:-2000}
+delays=${DELAYS:-0 500 1000 2000 4000}
+if [[ ${BUILD:-1} != 0 ]]; then
+  cmake --preset release >/dev/null
+  cmake --build --preset release --target backplane backplane_cpu_ref backplane_cpu_acc \
+    backplane_bench_batching >/dev/null
+fi
+
+work=$(mktemp -d /tmp/backplane-batching-bench-XXXXXX)
+log=$work/serve.log
+server_pid=
+trap '[[ -z $server_pid ]] || { kill -TERM $server_pid 2>/dev/null; wait $server_pid 2>/dev/null; }; rm -rf "$work"' EXIT
+
+# The model, from the script: Gemm+Relu, Gemm+Relu, Gemm, batch dimension symbolic.
+mkdir -p "$work/models/wide/1"
+/usr/bin/python3 - "$work/models/wide/1/model.onnx" <<'PY'
+import sys
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+rng = np.random.default_rng(20261202)
+sizes = [784, 2048, 2048, 10]
+nodes, inits, last = [], [], "x"
+for i, (n_in, n_out) in enumerate(zip(sizes, sizes[1:])):
+    w = (rng.standard_normal((n_in, n_out)) / np.sqrt(n_in)).astype(np.float32)
+    b = (0.01 * rng.standard_normal(n_out)).astype(np.float32)
+    inits += [numpy_helper.from_array(w, f"w{i}"), numpy_helper.from_array(b, f"b{i}")]
+    out = "y" if i == len(sizes) - 2 else f"h{i}"
+    gemm = out if out == "y" else f"g{i}"
+    nodes.append(helper.make_node("Gemm", ["x" if i == 0 else last, f"w{i}", f"b{i}"], [gemm]))
+    if out != "y":
+        nodes.append(helper.make_node("Relu", [gemm], [out]))
+    last = out
+graph = helper.make_graph(
+    nodes, "wide_mlp",
+    [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 784])],
+    [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 10])], inits)
+model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+model.ir_version = 8
+onnx.save(model, sys.argv[1])
+PY
+batched_config() {
+  echo "{\"backends\": [\"CpuAcc\"], \"max_batch_size\": 64, \"dynamic_batching\": {\"max_queue_delay_us\": $1, \"preferred_batch_sizes\": [16, 64]}}"
+}
+echo '{"backends": ["CpuAcc"]}' >"$work/models/wide/config.json"
+mkdir -p "$work/models/wide_batched/1"
+cp "$work/models/wide/1/model.onnx" "$work/models/wide_batched/1/"
+batched_config "$delay" >"$work/models/wide_batched/config.json"
+for d in $delays; do
+  mkdir -p "$work/models/wide_delay_$d/1"
+  cp "$work/models/wide/1/model.onnx" "$work/models/wide_delay_$d/1/"
+  batched_config "$d" >"$work/models/wide_delay_$d/config.json"
+done
+cp -r models/mnist "$work/models/mnist"
+echo '{"max_batch_size": 16, "dynamic_batching": {"max_queue_delay_us": 1000}}' \
+  >"$work/models/mnist/config.json"
+
+# 64 clients need 64 requests handled at once (http_threads defaults to 32), batching or not.
+echo '{"http_threads": 128}' >"$work/config.json"
+build/release/bin/backplane serve --config "$work/config.json" --models "$work/models" \
+  --listen 127.0.0.1:0 --grpc-listen 127.0.0.1:0 2>"$log" &
+server_pid=$!
+for _ in $(seq 1 600); do
+  grep -qs "listening on grpc://" "$log" && break
+  kill -0 "$server_pid" 2>/dev/null || { cat "$log" >&2; exit 1; }
+  sleep 0.1
+done
+http=$(grep -o "listening on http://[0-9.:]*" "$log" | sed 's|listening on http://||')
+grpc=$(grep -o "listening on grpc://[0-9.:]*" "$log" | sed 's|listening on grpc://||')
+client=build/release/bin/backplane_bench_batching
+echo "# bench/batching_bench.sh, $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
+grep -o "backends: .*" "$log" | head -1
+echo "MNIST with batching configured: $(grep -o "cannot batch.*fixed at 1" "$log" | head -1)"
+echo
+echo "## Batching off (wide) against on (wide_batched, max_queue_delay_us $delay), one row a request"
+"$client" --http "$http" --grpc "$grpc" --models "wide wide_batched" --seconds "${DURATION:-5}" \
+  --runs "rest:64 grpc:16 rest:1 grpc:1"
+echo
+echo "## The largest batch alone: one client, 64-row requests over gRPC (raw tensors)"
+"$client" --http "$http" --grpc "$grpc" --models "wide" --seconds "${DURATION:-5}" \
+  --runs "grpc:1:64 grpc:1:16"
+echo
+echo "## max_queue_delay_us curve (wide_delay_<us>), REST, one row a request"
+models=""
+for d in $delays; do models="$models wide_delay_$d"; done
+"$client" --http "$http" --grpc "$grpc" --models "$models" --seconds "${DURATION:-5}" \
+  --runs "rest:64 rest:16 rest:1"
+echo
+echo "## What the batcher did over the whole run, 1-client runs included (the admin view of each model)"
+for m in wide wide_batched $models; do
+  curl -s "http://$http/v2/models/$m/placement" | /usr/bin/python3 -c '
+import json, sys
+b = json.load(sys.stdin)["batching"]
+mean = b["batched_rows"] / b["batches"] if b["batches"] else 0
+print("%-18s requests %8d executions %8d mean batch %5.1f rows"
+      % (sys.argv[1], b["requests"], b["executions"], mean))' "$m"
+done

@@ -1,0 +1,431 @@
+#include "serving/dynamic_batcher.hpp"
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <utility>
+#include <vector>
+
+#include "backplane/core/thread_annotations.hpp"
+#include "metrics/metrics.hpp"
+
+namespace backplane::server {
+
+using Clock = DynamicBatcher::Clock;
+
+std::size_t RequestsToDispatch(std::span<const int64_t> rows, int64_t max_batch_size,
+                               std::span<const int64_t> preferred_batch_sizes, bool delay_passed) {
+  // The longest run from the oldest that fits in `limit` rows, and whether it has exactly `limit`.
+  const auto fitting = [&](int64_t limit) {
+    std::size_t count = 0;
+    int64_t total = 0;
+    while (count < rows.size() && total + rows[count] <= limit)
+      total += rows[count++];
+    return std::pair{count, total};
+  };
+  int64_t waiting_rows = 0;
+  for (int64_t row_count : rows)
+    waiting_rows += row_count;
+  if (waiting_rows >= max_batch_size)
+    return fitting(max_batch_size).first;
+  // Largest first: the first exact match is the largest batch of a preferred size.
+  for (auto size = preferred_batch_sizes.rbegin(); size != preferred_batch_sizes.rend(); ++size) {
+    if (*size > waiting_rows)
+      continue;
+    // The longest run of at most `size` rows; with zero-row requests after it, still exact.
+    const auto [count, total] = fitting(*size);
+    if (total == *size)
+      return count;
+  }
+  return delay_passed ? rows.size() : 0;
+}
+
+namespace {
+
+// The datatype and every dimension but the first of each input: requests with equal keys can be
+// joined along the first dimension.
+std::string JoinKey(const std::vector<Tensor>& inputs) {
+  std::string key;
+  for (const auto& input : inputs) {
+    key += ToString(input.info().type);
+    for (std::size_t d = 1; d < input.info().shape.size(); ++d) {
+      key += ',';
+      key += std::to_string(input.info().shape[d]);
+    }
+    key += ';';
+  }
+  return key;
+}
+
+Status DeadlinePassed() {
+  return Status(StatusCode::kDeadlineExceeded,
+                "the request's deadline passed while it waited for a batch; it was not run");
+}
+
+}  // namespace
+
+// The state the dispatcher and the batches' callbacks share; a callback keeps it alive past the
+// batcher (see the traps in the header).
+struct DynamicBatcher::Shared {
+  Mutex mutex;
+  std::condition_variable_any changed;  // waits on `mutex` itself: analysed as held
+  std::deque<Arrival> arrivals BACKPLANE_GUARDED_BY(mutex);
+  // Requests taken and not yet handed to a batch or answered: arrivals and grouped.
+  std::size_t waiting BACKPLANE_GUARDED_BY(mutex) = 0;
+  int executing BACKPLANE_GUARDED_BY(mutex) = 0;      // batches handed to the runtime
+  uint64_t finished BACKPLANE_GUARDED_BY(mutex) = 0;  // batches done: a slot came free
+  bool stopping BACKPLANE_GUARDED_BY(mutex) = false;
+  uint64_t next_sequence BACKPLANE_GUARDED_BY(mutex) = 0;  // arrival order (preserve_ordering)
+
+  void FinishBatch() BACKPLANE_EXCLUDES(mutex) {
+    {
+      MutexLock lock(mutex);
+      --executing;
+      ++finished;
+    }
+    changed.notify_all();
+  }
+};
+
+struct DynamicBatcher::Arrival {
+  uint64_t sequence = 0;
+  Clock::time_point arrived;
+  std::optional<Clock::time_point> deadline;
+  Runtime::InputsFactory make_inputs;
+  Runtime::ExecuteCallback done;
+};
+
+struct DynamicBatcher::Waiting {
+  uint64_t sequence = 0;
+  Clock::time_point arrived;
+  std::optional<Clock::time_point> deadline;
+  std::vector<Tensor> inputs;
+  int64_t rows = 0;
+  Runtime::ExecuteCallback done;
+};
+
+// One batch's requests, oldest first, and its rows.
+struct DynamicBatcher::Batch {
+  std::vector<Waiting> requests;
+  int64_t rows = 0;
+};
+
+namespace {
+
+// Every request's inputs joined along the first dimension, in request order. One request's are
+// moved, not copied.
+template <typename BatchType>
+std::vector<Tensor> JoinInputs(BatchType& batch) {
+  if (batch.requests.size() == 1)
+    return std::move(batch.requests.front().inputs);
+  std::vector<Tensor> joined;
+  const std::size_t input_count = batch.requests.front().inputs.size();
+  for (std::size_t i = 0; i < input_count; ++i) {
+    TensorInfo info = batch.requests.front().inputs[i].info();
+    info.shape[0] = batch.rows;
+    Tensor tensor(info);
+    std::byte* out = tensor.bytes().data();
+    for (auto& request : batch.requests) {
+      const auto bytes = request.inputs[i].bytes();
+      if (!bytes.empty())
+        std::memcpy(out, bytes.data(), bytes.size());
+      out += bytes.size();
+      request.inputs[i] = Tensor();  // its memory back as soon as it is copied
+    }
+    joined.push_back(std::move(tensor));
+  }
+  return joined;
+}
+
+// Each request's rows of every output, in request order; kInternal naming the output when one
+// does not carry the batch along its first dimension.
+std::vector<Result<std::vector<Tensor>>> SplitOutputs(std::vector<Tensor> outputs,
+                                                      std::span<const int64_t> rows,
+                                                      int64_t total_rows, const std::string& what) {
+  std::vector<Result<std::vector<Tensor>>> answers;
+  if (rows.size() == 1) {
+    answers.emplace_back(std::move(outputs));
+    return answers;
+  }
+  for (std::size_t o = 0; o < outputs.size(); ++o) {
+    const Shape& shape = outputs[o].info().shape;
+    if (shape.empty() || shape[0] != total_rows) {
+      const Status error(StatusCode::kInternal,
+                         what + ": output #" + std::to_string(o) + " has shape " + ToString(shape) +
+                             " for a batch of " + std::to_string(total_rows) +
+                             " rows; its first dimension must be the batch to split it back. "
+                             "Remove dynamic_batching from the model's config.json");
+      return std::vector<Result<std::vector<Tensor>>>(rows.size(), error);
+    }
+  }
+  std::vector<std::vector<Tensor>> split(rows.size());
+  for (auto& output : outputs) {
+    const std::size_t row_bytes =
+        total_rows == 0 ? 0 : output.bytes().size() / static_cast<std::size_t>(total_rows);
+    const std::byte* in = output.bytes().data();
+    for (std::size_t r = 0; r < rows.size(); ++r) {
+      TensorInfo info = output.info();
+      info.shape[0] = rows[r];
+      const std::size_t size = row_bytes * static_cast<std::size_t>(rows[r]);
+      split[r].emplace_back(std::move(info), std::vector<std::byte>(in, in + size));
+      in += size;
+    }
+    output = Tensor();  // the batch's memory back before the answers are rendered
+  }
+  for (auto& request_outputs : split)
+    answers.emplace_back(std::move(request_outputs));
+  return answers;
+}
+
+}  // namespace
+
+DynamicBatcher::DynamicBatcher(Runtime& runtime, Options options)
+    : runtime_(runtime),
+      options_(std::move(options)),
+      shared_(std::make_shared<Shared>()),
+      dispatcher_([this] { Dispatch(); }) {}
+
+DynamicBatcher::~DynamicBatcher() {
+  {
+    MutexLock lock(shared_->mutex);
+    shared_->stopping = true;
+  }
+  shared_->changed.notify_all();
+  dispatcher_.join();
+}
+
+void DynamicBatcher::Submit(Runtime::InputsFactory make_inputs, Runtime::ExecuteCallback done,
+                            std::optional<Clock::time_point> deadline) {
+  {
+    MutexLock lock(shared_->mutex);
+    if (shared_->waiting < options_.limits.max_waiting_requests && !shared_->stopping) {
+      ++shared_->waiting;
+      shared_->arrivals.push_back(Arrival{.sequence = shared_->next_sequence++,
+                                          .arrived = Clock::now(),
+                                          .deadline = deadline,
+                                          .make_inputs = std::move(make_inputs),
+                                          .done = std::move(done)});
+      make_inputs = nullptr;
+    }
+  }
+  if (make_inputs == nullptr) {
+    shared_->changed.notify_all();
+    return;
+  }
+  done(Status(StatusCode::kResourceExhausted,
+              options_.what + " has " + std::to_string(options_.limits.max_waiting_requests) +
+                  " requests waiting for a batch, the server's max_in_flight; retry later"));
+}
+
+void DynamicBatcher::Dispatch() {
+  const auto delay = std::chrono::microseconds(options_.batching.max_queue_delay_us);
+  const bool preserve_ordering = options_.batching.preserve_ordering;
+  const int max_executing =
+      preserve_ordering ? 1 : std::max(1, options_.limits.max_concurrent_batches);
+  // Only this thread touches the groups: key → waiting requests, oldest first.
+  std::map<std::string, std::deque<Waiting>> groups;
+  std::size_t released = 0;  // requests answered or batched since the last look at `waiting`
+  uint64_t finished_seen = 0;
+  bool stopping = false;
+  while (!stopping) {
+    std::deque<Arrival> arrivals;
+    int free_slots = 0;
+    {
+      MutexLock lock(shared_->mutex);
+      shared_->waiting -= released;
+      released = 0;
+      // The earliest moment something is due without news: a deadline, or (with a slot free) a
+      // group's oldest request reaching max_queue_delay_us. With preserve_ordering only the
+      // group holding the oldest request may leave: another's delay is no reason to wake (it
+      // would spin).
+      std::optional<Clock::time_point> due;
+      const auto consider = [&due](Clock::time_point when) {
+        due = due ? std::min(*due, when) : when;
+      };
+      const std::deque<Waiting>* oldest_group = nullptr;
+      for (const auto& [key, waiting] : groups) {
+        if (oldest_group == nullptr || waiting.front().sequence < oldest_group->front().sequence)
+          oldest_group = &waiting;
+      }
+      for (const auto& [key, waiting] : groups) {
+        if (shared_->executing < max_executing && (!preserve_ordering || &waiting == oldest_group))
+          consider(waiting.front().arrived + delay);
+        for (const auto& request : waiting) {
+          if (request.deadline)
+            consider(*request.deadline);
+        }
+      }
+      const auto news = [&] {
+        shared_->mutex.AssertHeld();
+        return shared_->stopping || !shared_->arrivals.empty() ||
+               shared_->finished != finished_seen;
+      };
+      if (due)
+        shared_->changed.wait_until(shared_->mutex, *due, news);
+      else
+        shared_->changed.wait(shared_->mutex, news);
+      stopping = shared_->stopping;
+      finished_seen = shared_->finished;
+      arrivals.swap(shared_->arrivals);
+      free_slots = max_executing - shared_->executing;
+    }
+    const auto now = Clock::now();
+
+    // Arrivals: parsed here, off the transports' threads; a failure is answered alone.
+    for (auto& arrival : arrivals) {
+      if (arrival.deadline && now > *arrival.deadline) {
+        arrival.done(DeadlinePassed());
+        ++released;
+        continue;
+      }
+      auto inputs = arrival.make_inputs();
+      arrival.make_inputs = nullptr;  // what it refers to (the body) goes as soon as it is parsed
+      if (!inputs.ok()) {
+        arrival.done(std::move(inputs).error());
+        ++released;
+        continue;
+      }
+      // The parse (ModelCall::Parse) applies the same check; checked here again so that the
+      // batcher never joins what it could not split back.
+      auto rows = BatchRows(*inputs, Network{}, options_.max_batch_size, options_.what);
+      if (!rows.ok()) {
+        arrival.done(std::move(rows).error());
+        ++released;
+        continue;
+      }
+      const std::string key = JoinKey(*inputs);
+      groups[key].push_back(Waiting{.sequence = arrival.sequence,
+                                    .arrived = arrival.arrived,
+                                    .deadline = arrival.deadline,
+                                    .inputs = std::move(inputs).value(),
+                                    .rows = rows.value(),
+                                    .done = std::move(arrival.done)});
+    }
+
+    // Deadlines that passed while waiting: answered, and out of their group.
+    for (auto& [key, waiting] : groups) {
+      for (auto it = waiting.begin(); it != waiting.end();) {
+        if (it->deadline && now > *it->deadline) {
+          it->done(DeadlinePassed());
+          ++released;
+          it = waiting.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+    std::erase_if(groups, [](const auto& group) { return group.second.empty(); });
+
+    // Batches, oldest group first, while slots are free.
+    while (free_slots > 0 && !stopping) {
+      std::deque<Waiting>* chosen = nullptr;
+      std::size_t take = 0;
+      // With preserve_ordering only the group holding the oldest request may go, and only with
+      // requests older than every other group's oldest: a batch is an unbroken run of arrivals.
+      uint64_t oldest_other = UINT64_MAX;
+      std::deque<Waiting>* oldest_group = nullptr;
+      for (auto& [key, waiting] : groups) {
+        if (oldest_group == nullptr || waiting.front().sequence < oldest_group->front().sequence)
+          oldest_group = &waiting;
+      }
+      if (oldest_group == nullptr)
+        break;
+      for (auto& [key, waiting] : groups) {
+        if (&waiting != oldest_group)
+          oldest_other = std::min(oldest_other, waiting.front().sequence);
+      }
+      std::vector<int64_t> rows;
+      for (auto& [key, waiting] : groups) {
+        if (preserve_ordering && &waiting != oldest_group)
+          continue;
+        rows.clear();
+        for (const auto& request : waiting) {
+          if (preserve_ordering && request.sequence > oldest_other)
+            break;
+          rows.push_back(request.rows);
+        }
+        // A run cut short by another group's request cannot grow: it leaves now.
+        const bool delay_passed = now - waiting.front().arrived >= delay ||
+                                  (preserve_ordering && rows.size() < waiting.size());
+        const std::size_t count = RequestsToDispatch(
+            rows, options_.max_batch_size, options_.batching.preferred_batch_sizes, delay_passed);
+        if (count > 0 &&
+            (chosen == nullptr || waiting.front().sequence < chosen->front().sequence)) {
+          chosen = &waiting;
+          take = count;
+        }
+      }
+      if (chosen == nullptr)
+        break;
+      auto batch = std::make_shared<Batch>();
+      for (std::size_t i = 0; i < take; ++i) {
+        batch->rows += chosen->front().rows;
+        batch->requests.push_back(std::move(chosen->front()));
+        chosen->pop_front();
+      }
+      std::erase_if(groups, [](const auto& group) { return group.second.empty(); });
+      released += take;
+      --free_slots;
+      Execute(std::move(batch), now);
+    }
+  }
+  // Stopping: nothing should wait (each request holds the version that owns this batcher).
+  std::deque<Arrival> arrivals;
+  {
+    MutexLock lock(shared_->mutex);
+    arrivals.swap(shared_->arrivals);
+  }
+  const Status stopped(StatusCode::kUnavailable, options_.what + " stopped serving");
+  for (auto& arrival : arrivals)
+    arrival.done(stopped);
+  for (auto& [key, waiting] : groups) {
+    for (auto& request : waiting)
+      request.done(stopped);
+  }
+}
+
+void DynamicBatcher::Execute(std::shared_ptr<Batch> batch, Clock::time_point now) {
+  {
+    MutexLock lock(shared_->mutex);
+    ++shared_->executing;
+  }
+  if (options_.metrics != nullptr) {
+    BatchingMetrics& metrics = options_.metrics->batching;
+    metrics.executions.fetch_add(1, std::memory_order_relaxed);
+    metrics.batch_size.Observe(static_cast<double>(batch->rows));
+    for (const auto& request : batch->requests)
+      metrics.queue_delay_seconds.Observe(
+          std::chrono::duration<double>(now - request.arrived).count());
+  }
+  std::vector<int64_t> rows;
+  for (const auto& request : batch->requests)
+    rows.push_back(request.rows);
+  std::vector<Tensor> inputs = JoinInputs(*batch);
+  const bool answer_before_freeing = options_.batching.preserve_ordering;
+  // The callback holds the shared state and the batch, never `this` (see the header's traps).
+  runtime_.ExecuteAsync(options_.network, std::move(inputs),
+                        [shared = shared_, batch, rows = std::move(rows), what = options_.what,
+                         answer_before_freeing](Result<std::vector<Tensor>> outputs) {
+                          std::vector<Result<std::vector<Tensor>>> answers;
+                          if (outputs.ok()) {
+                            answers =
+                                SplitOutputs(std::move(outputs).value(), rows, batch->rows, what);
+                          } else {
+                            answers.assign(batch->requests.size(), outputs.error());
+                          }
+                          // With preserve_ordering the next batch may not start answering before
+                          // this one has.
+                          if (!answer_before_freeing)
+                            shared->FinishBatch();
+                          for (std::size_t i = 0; i < batch->requests.size(); ++i) {
+                            auto done = std::move(batch->requests[i].done);
+                            done(std::move(answers[i]));
+                          }
+                          if (answer_before_freeing)
+                            shared->FinishBatch();
+                        });
+}
+
+}  // namespace backplane::server

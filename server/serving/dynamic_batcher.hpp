@@ -1,0 +1,107 @@
+// The dynamic batcher of one served model version (Triton's dynamic_batching): requests that
+// arrive close together are joined along their first dimension into one execution, and the
+// outputs are split back per request. Transport-neutral: the serving core (inference.cpp) hands
+// it every request of a model whose config.json has "dynamic_batching", REST and gRPC alike.
+//
+// Traps kept in mind here:
+// - A batch is one Runtime::ExecuteAsync call, so it runs wholly on one generation of each
+//   backend, and a swap while requests wait loses none: they wait on the network id, which the
+//   runtime migrates under them.
+// - Requests are joined only when every input agrees in datatype and in every dimension but the
+//   first: the key of a request is exactly that, and groups of different keys never mix.
+// - A request that fails its parse, or whose deadline passes while it waits, is answered alone
+//   and never reaches a batch; an execution error answers every request of that batch (and only
+//   those) with the error.
+// - The callbacks of a batch outlive nothing: what they touch lives in a shared state, since the
+//   answer to the last request may drop the last reference to the model version that owns the
+//   batcher (it is then destroyed on the loader's reaper thread while the callback still runs).
+// - Bounded: at most `max_waiting_requests` wait (beyond: kResourceExhausted at once), and at most
+//   `max_concurrent_batches` execute; while they do, requests gather into larger batches.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <thread>
+
+#include "backplane/runtime/runtime.hpp"
+#include "serving/batching_config.hpp"
+
+namespace backplane::server {
+
+struct ModelMetrics;
+
+// What the server allows every batcher, from its own configuration.
+struct BatcherLimits {
+  // Batches of one model version executing at once (the runtime's threads: more only queue in
+  // its scheduler, fewer leave cores idle).
+  int max_concurrent_batches = 1;
+  // Requests waiting for a batch in one batcher (the server's max_in_flight: a request waiting
+  // here is one the server took).
+  std::size_t max_waiting_requests = 256;
+};
+
+// How many of the waiting requests of one group leave now as one batch; 0: wait. `rows` are the
+// rows of each waiting request, oldest first, each in 1..max_batch_size (0-row requests count as
+// rows of 0). The rule (docs/operators.md, "Dynamic batching"):
+// - at least max_batch_size rows waiting: the longest run from the oldest that fits in
+//   max_batch_size;
+// - else the longest run from the oldest whose rows add up exactly to a preferred batch size,
+//   when there is one;
+// - else, when the oldest has waited max_queue_delay_us (`delay_passed`): every waiting request;
+// - else 0.
+std::size_t RequestsToDispatch(std::span<const int64_t> rows, int64_t max_batch_size,
+                               std::span<const int64_t> preferred_batch_sizes, bool delay_passed);
+
+// Thread-safe. Owns one dispatcher thread, which parses arrivals (off the transports' threads),
+// groups them by key, answers expired deadlines, and dispatches batches to the runtime; the
+// runtime's TBB workers execute them and answer the requests.
+class DynamicBatcher {
+ public:
+  using Clock = std::chrono::steady_clock;
+  struct Options {
+    NetworkId network = 0;
+    std::string what;  // "model 'm' version 1", in messages
+    int64_t max_batch_size = 1;
+    DynamicBatching batching;
+    BatcherLimits limits;
+    ModelMetrics* metrics = nullptr;  // batch sizes, queue delays, executions; outlives this
+  };
+  // `runtime` outlives the batcher.
+  DynamicBatcher(Runtime& runtime, Options options);
+  // Stops the dispatcher; a request still waiting (none should: each holds the model version
+  // that owns this) is answered kUnavailable.
+  ~DynamicBatcher();
+  DynamicBatcher(const DynamicBatcher&) = delete;
+  DynamicBatcher& operator=(const DynamicBatcher&) = delete;
+
+  // Queues one request as Runtime::ExecuteAsync does: `make_inputs` runs first (on the
+  // dispatcher thread); `done` gets this request's rows of every output, or its error, on a TBB
+  // worker or the dispatcher thread. Refused at once on the caller's thread with
+  // kResourceExhausted when max_waiting_requests wait already. kInvalidArgument for inputs whose
+  // first dimensions differ or exceed max_batch_size; kDeadlineExceeded when `deadline` passes
+  // before the request's batch leaves.
+  void Submit(Runtime::InputsFactory make_inputs, Runtime::ExecuteCallback done,
+              std::optional<Clock::time_point> deadline);
+
+ private:
+  struct Shared;
+  struct Arrival;
+  struct Waiting;
+  struct Batch;
+  void Dispatch();  // the dispatcher thread's loop
+  // Hands `batch` to the runtime (one execution slot is taken for it); its callback answers
+  // every request of it and frees the slot.
+  void Execute(std::shared_ptr<Batch> batch, Clock::time_point now);
+
+  Runtime& runtime_;
+  const Options options_;
+  const std::shared_ptr<Shared> shared_;
+  std::thread dispatcher_;  // last: started when everything it uses exists
+};
+
+}  // namespace backplane::server

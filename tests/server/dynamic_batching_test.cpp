@@ -1,0 +1,646 @@
+// Dynamic batching (issue 21): the config keys and their refusals, the dispatch rule on seeded
+// random queues, and whole servers in this process whose batched answers are compared with the
+// same requests run alone, over the serving core, REST and gRPC, with mixed shapes, deadlines,
+// an execution error, overload and ordering.
+#include <gmock/gmock.h>
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+
+#include <future>
+#include <numeric>
+#include <random>
+#include <regex>
+
+#include "cli/serve_command.hpp"
+#include "grpc_service.grpc.pb.h"
+#include "onnx/model_builder.hpp"
+#include "serve_test_util.hpp"
+#include "serving/dynamic_batcher.hpp"
+#include "serving/inference.hpp"
+
+namespace backplane::testing {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using server::ServeConfig;
+using ::testing::HasSubstr;
+
+// The seed of a randomised test: BACKPLANE_TEST_SEED when set (to replay a failure), else fresh.
+// Every such test prints it with its failures.
+uint64_t BatchingTestSeed() {
+  if (const char* fixed = std::getenv("BACKPLANE_TEST_SEED"))
+    return std::stoull(fixed);
+  return std::random_device()();
+}
+
+// ---- Config ---------------------------------------------------------------------------------
+
+TEST(BatchingConfigTest, ParsesTritonsKeys) {
+  auto config = server::ParseModelConfigText(
+      R"({"max_batch_size": 64, "dynamic_batching": {"max_queue_delay_us": 2000,
+          "preferred_batch_sizes": [64, 16], "preserve_ordering": true}})",
+      "m/config.json");
+  ASSERT_TRUE(config.ok()) << config.error().ToString();
+  EXPECT_EQ(config->max_batch_size, 64);
+  ASSERT_TRUE(config->dynamic_batching.has_value());
+  EXPECT_EQ(config->dynamic_batching->max_queue_delay_us, 2000);
+  EXPECT_EQ(config->dynamic_batching->preferred_batch_sizes, (std::vector<int64_t>{16, 64}));
+  EXPECT_TRUE(config->dynamic_batching->preserve_ordering);
+
+  // Off unless dynamic_batching is present; its keys default as Triton's do.
+  auto plain = server::ParseModelConfigText(R"({"max_batch_size": 8})", "m/config.json");
+  ASSERT_TRUE(plain.ok());
+  EXPECT_FALSE(plain->dynamic_batching.has_value());
+  auto defaults = server::ParseModelConfigText(R"({"max_batch_size": 8, "dynamic_batching": {}})",
+                                               "m/config.json");
+  ASSERT_TRUE(defaults.ok());
+  EXPECT_EQ(defaults->dynamic_batching, server::DynamicBatching{});
+}
+
+TEST(BatchingConfigTest, RefusesEveryBadValueNamingTheKeyAndWhy) {
+  struct Case {
+    const char* config;
+    const char* message;
+  };
+  const Case cases[] = {
+      {R"({"max_batch_size": -1})", "'max_batch_size' must be an integer from 1 to 65536"},
+      {R"({"max_batch_size": 65537})", "'max_batch_size' must be an integer from 1 to 65536"},
+      {R"({"max_batch_size": "8"})", "or 0 for a model that does not batch; got \"8\""},
+      {R"({"max_batch_size": 2.5})", "'max_batch_size' must be an integer"},
+      {R"({"dynamic_batching": {}})", "'dynamic_batching' needs 'max_batch_size' from 1"},
+      {R"({"max_batch_size": 0, "dynamic_batching": {}})", "needs 'max_batch_size' from 1"},
+      {R"({"max_batch_size": 8, "dynamic_batching": []})", "'dynamic_batching' must be an object"},
+      {R"({"max_batch_size": 8, "dynamic_batching": {"max_queue_delay_us": -1}})",
+       "'dynamic_batching.max_queue_delay_us' must be an integer from 0 to 1000000"},
+      {R"({"max_batch_size": 8, "dynamic_batching": {"max_queue_delay_us": 1000001}})",
+       "'dynamic_batching.max_queue_delay_us' must be an integer from 0 to 1000000"},
+      {R"({"max_batch_size": 8, "dynamic_batching": {"max_queue_delay_us": "2000"}})",
+       "got \"2000\""},
+      {R"({"max_batch_size": 8, "dynamic_batching": {"preferred_batch_sizes": [0]}})",
+       "'dynamic_batching.preferred_batch_sizes' holds 0, which is not a positive integer"},
+      {R"({"max_batch_size": 8, "dynamic_batching": {"preferred_batch_sizes": [-4]}})",
+       "holds -4, which is not a positive integer batch size"},
+      {R"({"max_batch_size": 8, "dynamic_batching": {"preferred_batch_sizes": [2.5]}})",
+       "holds 2.5, which is not a positive integer batch size"},
+      {R"({"max_batch_size": 8, "dynamic_batching": {"preferred_batch_sizes": [4, 16]}})",
+       "holds 16, more than max_batch_size 8: no batch can reach it"},
+      {R"({"max_batch_size": 8, "dynamic_batching": {"preferred_batch_sizes": [4, 4]}})",
+       "holds 4 twice"},
+      {R"({"max_batch_size": 8, "dynamic_batching": {"preferred_batch_sizes": 4}})",
+       "'dynamic_batching.preferred_batch_sizes' must be an array of batch sizes; got 4"},
+      {R"({"max_batch_size": 8, "dynamic_batching": {"preserve_ordering": 1}})",
+       "'dynamic_batching.preserve_ordering' must be true or false; got 1"},
+      {R"({"max_batch_size": 8, "dynamic_batching": {"max_queue_delay": 10}})",
+       "'dynamic_batching' has unknown key 'max_queue_delay' (known: max_queue_delay_us, "
+       "preferred_batch_sizes, preserve_ordering)"},
+      {R"({"max_batch": 8})",
+       "unknown key 'max_batch' (known: backends, max_in_flight, "
+       "version_policy, max_batch_size, dynamic_batching)"},
+  };
+  for (const auto& [text, message] : cases) {
+    auto config = server::ParseModelConfigText(text, "repo/m/config.json");
+    ASSERT_FALSE(config.ok()) << text;
+    EXPECT_EQ(config.error().code(), StatusCode::kInvalidArgument) << text;
+    EXPECT_THAT(config.error().message(), HasSubstr("repo/m/config.json")) << text;
+    EXPECT_THAT(config.error().message(), HasSubstr(message)) << text;
+  }
+}
+
+// ---- The dispatch rule ----------------------------------------------------------------------
+
+// docs/operators.md's rule, stated independently over prefix sums: at least max_batch_size rows
+// waiting → the most requests from the oldest whose rows fit in it; else the most requests from
+// the oldest whose rows add up exactly to a preferred size; else everything once the delay has
+// passed; else nothing.
+std::size_t ExpectedDispatch(const std::vector<int64_t>& rows, int64_t max_batch_size,
+                             const std::vector<int64_t>& preferred, bool delay_passed) {
+  std::vector<int64_t> prefix{0};
+  for (int64_t row_count : rows)
+    prefix.push_back(prefix.back() + row_count);
+  if (prefix.back() >= max_batch_size) {
+    std::size_t count = 0;
+    while (count + 1 < prefix.size() && prefix[count + 1] <= max_batch_size)
+      ++count;
+    return count;
+  }
+  for (std::size_t count = rows.size(); count >= 1; --count) {
+    if (std::find(preferred.begin(), preferred.end(), prefix[count]) != preferred.end())
+      return count;
+  }
+  return delay_passed ? rows.size() : 0;
+}
+
+TEST(BatchingPolicyTest, TheDispatchRuleHoldsOnSeededRandomQueues) {
+  const uint64_t seed = BatchingTestSeed();
+  SCOPED_TRACE("seed " + std::to_string(seed) + " (BACKPLANE_TEST_SEED=" + std::to_string(seed) +
+               " replays it)");
+  std::mt19937_64 random(seed);
+  const auto uniform = [&random](int64_t low, int64_t high) {
+    return std::uniform_int_distribution<int64_t>(low, high)(random);
+  };
+  for (int round = 0; round < 20000; ++round) {
+    const int64_t max_batch_size = uniform(1, 64);
+    std::vector<int64_t> rows(static_cast<std::size_t>(uniform(0, 20)));
+    for (auto& row_count : rows)
+      row_count = uniform(0, 9) == 0 ? 0 : uniform(1, std::min<int64_t>(max_batch_size, 8));
+    std::vector<int64_t> preferred;
+    for (int64_t i = uniform(0, 3); i > 0; --i)
+      preferred.push_back(uniform(1, max_batch_size));
+    std::sort(preferred.begin(), preferred.end());
+    preferred.erase(std::unique(preferred.begin(), preferred.end()), preferred.end());
+    const bool delay_passed = uniform(0, 1) == 1;
+
+    const std::size_t count =
+        server::RequestsToDispatch(rows, max_batch_size, preferred, delay_passed);
+    const std::size_t expected = ExpectedDispatch(rows, max_batch_size, preferred, delay_passed);
+    int64_t taken = 0;
+    for (std::size_t i = 0; i < count && i < rows.size(); ++i)
+      taken += rows[i];
+    ASSERT_EQ(count, expected) << "round " << round << ", max " << max_batch_size << ", rows "
+                               << ::testing::PrintToString(rows) << ", preferred "
+                               << ::testing::PrintToString(preferred) << ", delay passed "
+                               << delay_passed;
+    ASSERT_LE(taken, max_batch_size) << "round " << round;
+  }
+}
+
+// ---- Servers in this process ----------------------------------------------------------------
+
+// Relu over x [N, M] (both symbolic): requests of different M must never share a batch.
+std::string ReluModel() {
+  ModelBuilder builder;
+  builder.Input("x", {-1, -1}).Output("y", {-1, -1});
+  builder.Node("Relu", {"x"}, {"y"});
+  auto& graph = *builder.proto().mutable_graph();
+  graph.mutable_input(0)
+      ->mutable_type()
+      ->mutable_tensor_type()
+      ->mutable_shape()
+      ->mutable_dim(1)
+      ->set_dim_param("M");
+  graph.mutable_output(0)
+      ->mutable_type()
+      ->mutable_tensor_type()
+      ->mutable_shape()
+      ->mutable_dim(1)
+      ->set_dim_param("M");
+  return builder.Serialize();
+}
+
+// Identity over x [N, 4], for the fixture backend that fails on a negative input.
+std::string IdentityModel() {
+  ModelBuilder builder;
+  builder.Input("x", {-1, 4}).Output("y", {-1, 4});
+  builder.Node("Identity", {"x"}, {"y"});
+  return builder.Serialize();
+}
+
+// A server home (ServeHome: mlp, mnist and CpuRef) with more models: "relu" and "identity"
+// written from the builders above, and "mlp_alone", a copy of mlp without batching.
+void AddBatchingModels(const ServeHome& home) {
+  home.Write("models/relu/1/model.onnx", ReluModel());
+  home.Write("models/relu_alone/1/model.onnx", ReluModel());
+  home.Write("models/identity/1/model.onnx", IdentityModel());
+  fs::copy(home.models() / "mlp", home.models() / "mlp_alone", fs::copy_options::recursive);
+  home.Write("models/mlp_alone/config.json", R"({"backends": ["CpuRef"]})");
+  home.Write("models/identity/config.json", R"({"backends": ["TestFailOnNegative"]})");
+  CopyFile(Fixture("FailOnNegative"), home.backends() / "Test_FailOnNegative_backend.so");
+}
+
+ServeConfig BatchingServeConfig(const ServeHome& home) {
+  ServeConfig config = server::DefaultServeConfig();
+  config.models = home.models();
+  config.backends = std::vector<fs::path>{home.backends()};
+  config.listen = "127.0.0.1:0";
+  config.grpc_listen = "127.0.0.1:0";
+  config.watch_backends = false;
+  return config;
+}
+
+server::RunningServer StartBatchingServer(const ServeConfig& config) {
+  auto started = server::StartServer(config);
+  if (!started.ok())
+    throw std::runtime_error("server did not start: " + started.error().ToString());
+  return std::move(started).value();
+}
+
+Tensor RandomRows(std::mt19937_64& random, int64_t rows, int64_t columns) {
+  Tensor tensor(TensorInfo{DataType::kFloat32, {rows, columns}});
+  std::uniform_real_distribution<float> value(-1.0f, 1.0f);
+  for (float& element : tensor.Elements<float>())
+    element = value(random);
+  return tensor;
+}
+
+// A parser that hands over `inputs` as the request (every output asked for), or fails with
+// `parse_error` when it is not empty: a request that fails validation.
+server::InferenceRequestParser ParserOf(std::vector<Tensor> inputs, std::string parse_error = {}) {
+  return [inputs = std::move(inputs), parse_error = std::move(parse_error)](
+             const Network& network) -> Result<server::InferenceRequest> {
+    if (!parse_error.empty())
+      return InvalidArgument(parse_error);
+    server::InferenceRequest request;
+    request.inputs = inputs;
+    for (std::size_t o = 0; o < network.outputs.size(); ++o) {
+      request.outputs.push_back(o);
+      request.binary_outputs.push_back(false);
+    }
+    return request;
+  };
+}
+
+// One inference through the serving core, as a transport starts it; the future has the outputs.
+std::future<Result<std::vector<Tensor>>> StartBatchedInference(
+    const server::ServeContext& context, const std::string& model,
+    server::InferenceRequestParser parse,
+    std::optional<std::chrono::steady_clock::time_point> deadline = std::nullopt) {
+  auto answer = std::make_shared<std::promise<Result<std::vector<Tensor>>>>();
+  auto future = answer->get_future();
+  server::StartInference(context, model, "", std::move(parse), deadline,
+                         [answer](Result<server::InferenceOutcome> outcome) {
+                           if (!outcome.ok())
+                             answer->set_value(outcome.error());
+                           else
+                             answer->set_value(std::move(outcome->outputs));
+                         });
+  return future;
+}
+
+std::vector<float> Floats(const Tensor& tensor) {
+  const auto elements = tensor.Elements<float>();
+  return {elements.begin(), elements.end()};
+}
+
+TEST(DynamicBatchingTest, BatchedAnswersEqualTheSameRequestsRunAlone) {
+  const uint64_t seed = BatchingTestSeed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  ServeHome home;
+  AddBatchingModels(home);
+  home.Write("models/relu/config.json",
+             R"({"backends": ["CpuRef"], "max_batch_size": 8, "dynamic_batching":
+                 {"max_queue_delay_us": 3000, "preferred_batch_sizes": [4, 8]}})");
+  auto running = StartBatchingServer(BatchingServeConfig(home));
+  const auto& context = running.core->context();
+
+  // Mixed shapes (M of 2, 3 or 5: never joined), 1-3 rows each; a tenth fail their parse and a
+  // tenth come with a deadline that has passed: neither may reach a batch or spoil one.
+  struct Sent {
+    Tensor input;
+    enum class Kind { kValid, kInvalid, kExpired } kind = Kind::kValid;
+    std::future<Result<std::vector<Tensor>>> answer;
+  };
+  std::mt19937_64 random(seed);
+  const auto uniform = [&random](int64_t low, int64_t high) {
+    return std::uniform_int_distribution<int64_t>(low, high)(random);
+  };
+  std::vector<Sent> sent(240);
+  for (auto& request : sent) {
+    const int64_t columns = std::array<int64_t, 3>{2, 3, 5}[uniform(0, 2)];
+    request.input = RandomRows(random, uniform(1, 3), columns);
+    const int64_t kind = uniform(0, 9);
+    request.kind =
+        kind == 0 ? Sent::Kind::kInvalid : (kind == 1 ? Sent::Kind::kExpired : Sent::Kind::kValid);
+  }
+  // From four threads at once, as many clients would.
+  std::vector<std::thread> clients;
+  for (int c = 0; c < 4; ++c) {
+    clients.emplace_back([&, c] {
+      for (std::size_t i = c; i < sent.size(); i += 4) {
+        Sent& request = sent[i];
+        std::optional<std::chrono::steady_clock::time_point> deadline;
+        if (request.kind == Sent::Kind::kExpired)
+          deadline = std::chrono::steady_clock::now() - 1ms;
+        request.answer = StartBatchedInference(
+            context, "relu",
+            ParserOf({request.input}, request.kind == Sent::Kind::kInvalid
+                                          ? "request " + std::to_string(i) + " is invalid"
+                                          : ""),
+            deadline);
+      }
+    });
+  }
+  for (auto& client : clients)
+    client.join();
+
+  int valid = 0;
+  for (std::size_t i = 0; i < sent.size(); ++i) {
+    auto answer = sent[i].answer.get();
+    switch (sent[i].kind) {
+      case Sent::Kind::kInvalid:
+        ASSERT_FALSE(answer.ok()) << "request " << i;
+        EXPECT_EQ(answer.error().code(), StatusCode::kInvalidArgument);
+        EXPECT_THAT(answer.error().message(),
+                    HasSubstr("model 'relu' version 1: request " + std::to_string(i)));
+        break;
+      case Sent::Kind::kExpired:
+        ASSERT_FALSE(answer.ok()) << "request " << i;
+        EXPECT_EQ(answer.error().code(), StatusCode::kDeadlineExceeded)
+            << answer.error().ToString();
+        break;
+      case Sent::Kind::kValid: {
+        ++valid;
+        ASSERT_TRUE(answer.ok()) << "request " << i << ": " << answer.error().ToString();
+        auto alone = server::RunInference(context, "relu_alone", "", ParserOf({sent[i].input}));
+        ASSERT_TRUE(alone.ok()) << alone.error().ToString();
+        ASSERT_EQ(answer->size(), 1u);
+        EXPECT_EQ(answer->front().info(), alone->outputs.front().info()) << "request " << i;
+        EXPECT_EQ(Floats(answer->front()), Floats(alone->outputs.front())) << "request " << i;
+        break;
+      }
+    }
+  }
+  // Joined: fewer executions than requests answered, every batch within max_batch_size.
+  const auto& batching = context.metrics.ForModel("relu").batching;
+  const auto sizes = batching.batch_size.Read();
+  EXPECT_LT(batching.executions.load(), static_cast<uint64_t>(valid));
+  EXPECT_EQ(sizes.count, batching.executions.load());
+  EXPECT_EQ(sizes.cumulative_counts[3], sizes.count) << "a batch of more than 8 rows";  // le=8
+  EXPECT_GT(sizes.sum, 0);
+}
+
+TEST(DynamicBatchingTest, AnExecutionErrorFailsExactlyTheRequestsOfItsBatch) {
+  ServeHome home;
+  AddBatchingModels(home);
+  // Batches of exactly 4 one-row requests: the first four submitted share one, the next four
+  // the next (a long delay and a preferred size of 4 and max 4 leave no other way).
+  home.Write("models/identity/config.json",
+             R"({"backends": ["TestFailOnNegative"], "max_batch_size": 4, "dynamic_batching":
+                 {"max_queue_delay_us": 1000000, "preferred_batch_sizes": [4]}})");
+  auto running = StartBatchingServer(BatchingServeConfig(home));
+  const auto& context = running.core->context();
+
+  std::vector<std::future<Result<std::vector<Tensor>>>> answers;
+  for (int i = 0; i < 8; ++i) {
+    Tensor row(TensorInfo{DataType::kFloat32, {1, 4}});
+    for (float& element : row.Elements<float>())
+      element = i == 1 ? -1.0f : static_cast<float>(i);  // request 1 poisons its batch
+    answers.push_back(StartBatchedInference(context, "identity", ParserOf({row})));
+  }
+  for (int i = 0; i < 8; ++i) {
+    auto answer = answers[i].get();
+    if (i < 4) {
+      ASSERT_FALSE(answer.ok()) << "request " << i << " shared a batch with the bad one";
+      EXPECT_THAT(answer.error().message(), HasSubstr("FailOnNegative refuses the negative input"));
+    } else {
+      ASSERT_TRUE(answer.ok()) << "request " << i << ": " << answer.error().ToString();
+      EXPECT_EQ(Floats(answer->front()), std::vector<float>(4, static_cast<float>(i)));
+    }
+  }
+  EXPECT_EQ(context.metrics.ForModel("identity").batching.executions.load(), 2u);
+}
+
+TEST(DynamicBatchingTest, ARequestWhoseDeadlinePassesWhileItWaitsLeavesTheBatch) {
+  ServeHome home;
+  AddBatchingModels(home);
+  home.Write("models/relu/config.json",
+             R"({"backends": ["CpuRef"], "max_batch_size": 8,
+                 "dynamic_batching": {"max_queue_delay_us": 400000}})");
+  auto running = StartBatchingServer(BatchingServeConfig(home));
+  const auto& context = running.core->context();
+  std::mt19937_64 random(1);
+  const auto start = std::chrono::steady_clock::now();
+  auto hurried =
+      StartBatchedInference(context, "relu", ParserOf({RandomRows(random, 1, 3)}), start + 30ms);
+  auto patient = StartBatchedInference(context, "relu", ParserOf({RandomRows(random, 1, 3)}));
+
+  auto hurried_answer = hurried.get();
+  const auto hurried_after = std::chrono::steady_clock::now() - start;
+  ASSERT_FALSE(hurried_answer.ok());
+  EXPECT_EQ(hurried_answer.error().code(), StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(hurried_answer.error().message(), HasSubstr("waited for a batch"));
+  EXPECT_LT(hurried_after, 300ms) << "answered at the batch's delay, not at its deadline";
+  auto patient_answer = patient.get();
+  ASSERT_TRUE(patient_answer.ok()) << patient_answer.error().ToString();
+  EXPECT_GE(std::chrono::steady_clock::now() - start, 400ms);
+  // It ran alone: the hurried one left the batch.
+  const auto sizes = context.metrics.ForModel("relu").batching.batch_size.Read();
+  EXPECT_EQ(sizes.count, 1u);
+  EXPECT_EQ(sizes.sum, 1.0);
+}
+
+TEST(DynamicBatchingTest, OverloadIsRefusedNotQueued) {
+  ServeHome home;
+  AddBatchingModels(home);
+  home.Write("models/relu/config.json",
+             R"({"backends": ["CpuRef"], "max_batch_size": 8,
+                 "dynamic_batching": {"max_queue_delay_us": 300000}})");
+  ServeConfig config = BatchingServeConfig(home);
+  config.max_in_flight = 2;  // the batcher holds no more waiting requests than this
+  auto running = StartBatchingServer(config);
+  const auto& context = running.core->context();
+  std::mt19937_64 random(2);
+  auto first = StartBatchedInference(context, "relu", ParserOf({RandomRows(random, 1, 3)}));
+  auto second = StartBatchedInference(context, "relu", ParserOf({RandomRows(random, 1, 3)}));
+  auto third = StartBatchedInference(context, "relu", ParserOf({RandomRows(random, 1, 3)}));
+  // Refused at once, while the other two still wait for company.
+  ASSERT_EQ(third.wait_for(0s), std::future_status::ready);
+  auto refused = third.get();
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.error().code(), StatusCode::kResourceExhausted);
+  EXPECT_THAT(refused.error().message(),
+              HasSubstr("model 'relu' version 1 has 2 requests waiting for a batch"));
+  EXPECT_EQ(first.wait_for(0s), std::future_status::timeout);
+  EXPECT_TRUE(first.get().ok());
+  EXPECT_TRUE(second.get().ok());
+}
+
+TEST(DynamicBatchingTest, PreserveOrderingAnswersInArrivalOrder) {
+  const uint64_t seed = BatchingTestSeed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  ServeHome home;
+  AddBatchingModels(home);
+  home.Write("models/relu/config.json",
+             R"({"backends": ["CpuRef"], "max_batch_size": 4, "dynamic_batching":
+                 {"max_queue_delay_us": 2000, "preserve_ordering": true}})");
+  auto running = StartBatchingServer(BatchingServeConfig(home));
+  const auto& context = running.core->context();
+  std::mt19937_64 random(seed);
+  std::mutex order_mutex;
+  std::vector<int> order;
+  std::vector<std::future<void>> done;
+  for (int i = 0; i < 60; ++i) {
+    auto answered = std::make_shared<std::promise<void>>();
+    done.push_back(answered->get_future());
+    const int64_t columns = 2 + static_cast<int64_t>(random() % 2);  // two groups, interleaved
+    server::StartInference(context, "relu", "", ParserOf({RandomRows(random, 1, columns)}),
+                           std::nullopt,
+                           [&, i, answered](Result<server::InferenceOutcome> outcome) {
+                             EXPECT_TRUE(outcome.ok()) << outcome.error().ToString();
+                             {
+                               std::lock_guard lock(order_mutex);
+                               order.push_back(i);
+                             }
+                             answered->set_value();
+                           });
+  }
+  for (auto& answer : done)
+    answer.get();
+  std::vector<int> arrival(60);
+  std::iota(arrival.begin(), arrival.end(), 0);
+  EXPECT_EQ(order, arrival);
+}
+
+TEST(DynamicBatchingTest, BatchingIsRefusedAtLoadForAModelWithAFixedBatch) {
+  ServeHome home;
+  home.Write("models/mnist/config.json",
+             R"({"max_batch_size": 16, "dynamic_batching": {"max_queue_delay_us": 1000}})");
+  auto running = StartBatchingServer(BatchingServeConfig(home));
+  const auto reason = running.core->context().repository.Unavailable("mnist");
+  ASSERT_TRUE(reason.has_value());
+  EXPECT_THAT(*reason, HasSubstr("model 'mnist' version 1: cannot batch (max_batch_size in "
+                                 "config.json) because input 'Input3' has shape [1,1,28,28], "
+                                 "whose first dimension is fixed at 1"));
+  EXPECT_THAT(*reason, HasSubstr("dim_param"));
+  httplib::Client client("127.0.0.1", running.http.port);
+  auto load = Post(client, "/v2/repository/models/mnist/load", "");
+  EXPECT_EQ(load.status, 400) << load.text;
+  EXPECT_THAT(load.text, HasSubstr("whose first dimension is fixed at 1"));
+  // The other models serve.
+  EXPECT_EQ(Get(client, "/v2/models/mlp/ready").status, 200);
+}
+
+TEST(DynamicBatchingTest, ALoadAppliesAChangedBatchingConfig) {
+  ServeHome home;
+  AddBatchingModels(home);
+  home.Write("models/relu/config.json",
+             R"({"backends": ["CpuRef"], "max_batch_size": 8, "dynamic_batching": {}})");
+  auto running = StartBatchingServer(BatchingServeConfig(home));
+  auto& repository = running.core->context().repository;
+  ASSERT_NE(repository.Find("relu"), nullptr);
+  EXPECT_NE(repository.Find("relu")->Latest().batcher(), nullptr);
+  // The same file and backends, batching off: a load must not keep the batched version.
+  home.Write("models/relu/config.json", R"({"backends": ["CpuRef"]})");
+  ASSERT_TRUE(repository.Load("relu").ok());
+  EXPECT_EQ(repository.Find("relu")->Latest().batcher(), nullptr);
+  EXPECT_EQ(repository.Find("relu")->config.max_batch_size, 0);
+}
+
+// ---- REST and gRPC --------------------------------------------------------------------------
+
+std::string MlpJsonBody(const Tensor& features) {
+  json body = {{"inputs",
+                {{{"name", "features"},
+                  {"shape", features.info().shape},
+                  {"datatype", "FP32"},
+                  {"data", Floats(features)}}}}};
+  return body.dump();
+}
+
+std::vector<float> RestOutput(const JsonReply& reply) {
+  return reply.body["outputs"][0]["data"].get<std::vector<float>>();
+}
+
+// The same request over gRPC; its outputs, or the error's message prefixed with "error: ".
+std::pair<grpc::StatusCode, std::vector<float>> GrpcInfer(
+    inference::GRPCInferenceService::Stub& stub, const std::string& model, const Tensor& features) {
+  inference::ModelInferRequest request;
+  request.set_model_name(model);
+  auto* input = request.add_inputs();
+  input->set_name("features");
+  input->set_datatype("FP32");
+  for (int64_t dim : features.info().shape)
+    input->add_shape(dim);
+  for (float value : features.Elements<float>())
+    input->mutable_contents()->add_fp32_contents(value);
+  inference::ModelInferResponse response;
+  grpc::ClientContext call;
+  call.set_deadline(std::chrono::system_clock::now() + 20s);
+  const grpc::Status status = stub.ModelInfer(&call, request, &response);
+  if (!status.ok() || response.outputs_size() == 0)
+    return {status.error_code(), {}};
+  const auto& contents = response.outputs(0).contents().fp32_contents();
+  return {status.error_code(), {contents.begin(), contents.end()}};
+}
+
+void ExpectNear(const std::vector<float>& batched, const std::vector<float>& alone,
+                const std::string& what) {
+  ASSERT_EQ(batched.size(), alone.size()) << what;
+  for (std::size_t i = 0; i < batched.size(); ++i)
+    EXPECT_NEAR(batched[i], alone[i], 1e-5) << what << ", element " << i;
+}
+
+TEST(DynamicBatchingTest, RestAndGrpcClientsGetWhatTheSameRequestsGetAlone) {
+  const uint64_t seed = BatchingTestSeed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  ServeHome home;
+  AddBatchingModels(home);
+  home.Write("models/mlp/config.json",
+             R"({"backends": ["CpuRef"], "max_batch_size": 8, "dynamic_batching":
+                 {"max_queue_delay_us": 2000, "preferred_batch_sizes": [4, 8]}})");
+  auto running = StartBatchingServer(BatchingServeConfig(home));
+  auto channel = grpc::CreateChannel(running.grpc->ToString(), grpc::InsecureChannelCredentials());
+
+  std::atomic<int> compared{0};
+  std::vector<std::thread> clients;
+  for (int c = 0; c < 12; ++c) {
+    clients.emplace_back([&, c] {
+      std::mt19937_64 random(seed + static_cast<uint64_t>(c));
+      httplib::Client rest("127.0.0.1", running.http.port);
+      auto stub = inference::GRPCInferenceService::NewStub(channel);
+      for (int i = 0; i < 25; ++i) {
+        const Tensor features = RandomRows(random, 1 + static_cast<int64_t>(random() % 3), 4);
+        const std::string what = "client " + std::to_string(c) + " request " + std::to_string(i);
+        if (c % 3 == 2) {  // a third over gRPC
+          const auto batched = GrpcInfer(*stub, "mlp", features);
+          const auto alone = GrpcInfer(*stub, "mlp_alone", features);
+          ASSERT_EQ(batched.first, grpc::StatusCode::OK) << what;
+          ASSERT_EQ(alone.first, grpc::StatusCode::OK) << what;
+          ExpectNear(batched.second, alone.second, what);
+        } else {
+          const auto batched = Post(rest, "/v2/models/mlp/infer", MlpJsonBody(features));
+          const auto alone = Post(rest, "/v2/models/mlp_alone/infer", MlpJsonBody(features));
+          ASSERT_EQ(batched.status, 200) << what << ": " << batched.text;
+          ASSERT_EQ(alone.status, 200) << what << ": " << alone.text;
+          ExpectNear(RestOutput(batched), RestOutput(alone), what);
+        }
+        ++compared;
+        // Now and then a request that fails validation: answered alone, spoiling no batch.
+        if (i % 7 == 3) {
+          const auto wrong =
+              Post(rest, "/v2/models/mlp/infer", MlpJsonBody(RandomRows(random, 1, 5)));
+          EXPECT_EQ(wrong.status, 400) << wrong.text;
+        }
+      }
+    });
+  }
+  for (auto& client : clients)
+    client.join();
+  EXPECT_EQ(compared.load(), 12 * 25);
+
+  httplib::Client client("127.0.0.1", running.http.port);
+  // More rows than max_batch_size: refused naming both numbers.
+  std::mt19937_64 random(seed);
+  const auto too_big = Post(client, "/v2/models/mlp/infer", MlpJsonBody(RandomRows(random, 9, 4)));
+  EXPECT_EQ(too_big.status, 400);
+  EXPECT_THAT(too_big.text, HasSubstr("the request has 9 rows (first dimension), more than the "
+                                      "model's max_batch_size 8"));
+  // The metadata says the batch dimension and its maximum.
+  const auto metadata = Get(client, "/v2/models/mlp");
+  EXPECT_EQ(metadata.body["parameters"],
+            json({{"batch_dimension", 0}, {"max_batch_size", 8}, {"dynamic_batching", true}}));
+  EXPECT_FALSE(Get(client, "/v2/models/mlp_alone").body.contains("parameters"));
+  // The admin view and /metrics count executions against requests.
+  const auto view = Get(client, "/v2/models/mlp/placement");
+  const auto& batching = view.body["batching"];
+  EXPECT_EQ(batching["max_batch_size"], 8);
+  EXPECT_EQ(batching["dynamic_batching"]["max_queue_delay_us"], 2000);
+  EXPECT_GT(batching["requests"].get<uint64_t>(), batching["executions"].get<uint64_t>());
+  EXPECT_EQ(batching["batches"], batching["executions"]);
+  const auto metrics = client.Get("/metrics");
+  ASSERT_TRUE(metrics);
+  EXPECT_THAT(metrics->body, HasSubstr("# TYPE backplane_inference_batch_size histogram\n"));
+  EXPECT_THAT(metrics->body,
+              HasSubstr("backplane_inference_batch_size_bucket{model=\"mlp\",le=\"+Inf\"} " +
+                        std::to_string(batching["batches"].get<uint64_t>()) + "\n"));
+  EXPECT_THAT(metrics->body,
+              HasSubstr("# TYPE backplane_inference_queue_delay_seconds histogram\n"));
+  EXPECT_THAT(metrics->body,
+              HasSubstr("backplane_inference_queue_delay_seconds_count{model=\"mlp\"}"));
+  EXPECT_THAT(metrics->body,
+              HasSubstr("backplane_inference_executions_total{model=\"mlp\"} " +
+                        std::to_string(batching["executions"].get<uint64_t>()) + "\n"));
+}
+
+}  // namespace
+}  // namespace backplane::testing
