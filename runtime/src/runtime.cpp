@@ -436,7 +436,7 @@ Status Runtime::ValidateOnProbe(const LoadedNetwork& current, const LoadedNetwor
     views.push_back(input.View());
   std::optional<Result<std::vector<Tensor>>> expected;
   std::optional<Result<std::vector<Tensor>>> actual;
-  BACKPLANE_RETURN_IF_ERROR(scheduler_.RunInArena([&] {
+  BACKPLANE_RETURN_IF_ERROR(scheduler_.RunOnCallerThread([&] {
     expected.emplace(current.Execute(views));
     actual.emplace(candidate.Execute(views));
     return Status::Ok();
@@ -670,7 +670,7 @@ Result<std::vector<Tensor>> Runtime::Execute(NetworkId id,
   if (!admission.ok())
     return std::move(admission).error();
   std::optional<Result<std::vector<Tensor>>> result;
-  Status ran = scheduler_.RunInArena([&] {
+  Status ran = scheduler_.RunOnCallerThread([&] {
     result.emplace(network.value()->Execute(inputs));
     return Status::Ok();
   });

@@ -119,9 +119,13 @@ class Runtime : private BackendSubscriber {
   Result<std::vector<LayerPlacement>> GetPlacement(NetworkId id) const;
   Result<std::shared_ptr<const Network>> GetNetwork(NetworkId id) const;
 
-  // Runs one request on the calling thread (kernels use the runtime's arena). Thread-safe: call
-  // it from many threads at once. Inputs in the order of the network's inputs; outputs in the
-  // order of its outputs. kResourceExhausted when the runtime is at its limit of requests.
+  // Runs one request on the calling thread, never handed to a worker (see RequestScheduler::
+  // RunOnCallerThread): while fewer callers than the arena's threads are in it, the request's
+  // parallel kernels use the arena; beyond that they run serially on the caller. Thread-safe: call
+  // it from as many threads as you like; admission counts it among max_in_flight like a queued
+  // request (kResourceExhausted when full, at once). Inputs in the order of the network's inputs;
+  // outputs in the order of its outputs. The network's bindings are held for the call, so a swap
+  // during it never unmaps the code it runs, and their last release goes to the reaper.
   Result<std::vector<Tensor>> Execute(NetworkId id, std::span<const ConstTensorView> inputs);
   // The same with inputs by name (as an inference API receives them): an unknown or missing
   // name is kInvalidArgument naming it and the network's inputs.
