@@ -598,10 +598,10 @@ Result<std::unique_ptr<PreparedChange>> Runtime::PrepareChange(const BackendChan
   auto instance = registry_->loader().CreateInstance(change.next);
   if (!instance.ok())
     return std::move(instance).error();
-  auto slot = CreateSlot(instance.value(), options ? &*options : nullptr);
+  auto slot = CreateSlot(instance.share(), options ? &*options : nullptr);
   if (!slot.ok())
     return refuse(LoadReason::kPrepareFailed, slot.error().message());
-  instances.insert_or_assign(id, instance.value());
+  instances.insert_or_assign(id, std::move(instance).value());
 
   // Every affected network prepared now, so that the switch is one pointer store each.
   const auto validation = swap_validation_.find(id);
