@@ -413,22 +413,22 @@ bool SwapServedBackend(Served& served, int swaps,
   const fs::path target = dir / file_name;
   testing::CopyFile(served.backend_file, target);
   auto registry = BackendRegistry::Create({.backend_paths = std::vector{dir.path()}});
-  if (!registry.ok() || registry.value()->BackendIds().empty()) {
+  if (!registry.ok() || registry->BackendIds().empty()) {
     std::fprintf(stderr, "%s: no backend loaded from it%s\n", served.backend_file.c_str(),
                  registry.ok() ? "" : (": " + registry.error().ToString()).c_str());
     if (registry.ok()) {
-      for (const auto& rejected : registry.value()->Rejected())
+      for (const auto& rejected : registry->Rejected())
         std::fprintf(stderr, "  rejected %s: %s\n", rejected.file.c_str(),
                      rejected.error.ToString().c_str());
     }
     return false;
   }
-  served.id = registry.value()->BackendIds().front();
-  auto runtime = Runtime::Create({.registry = registry.value()}).value();
+  served.id = registry->BackendIds().front();
+  auto runtime = Runtime::Create({.registry = registry.share()}).value();
   watcher::DirectoryWatcherOptions watch;
   if (debounce)
     watch.debounce = *debounce;
-  auto reloader = BackendReloader::Start(registry.value(), watch).value();
+  auto reloader = BackendReloader::Start(registry.share(), watch).value();
   auto loaded = runtime->LoadNetwork(served.network, {.backend_preferences = {served.id}});
   if (!loaded.ok()) {
     std::fprintf(stderr, "%s on %s: %s\n", served.model.c_str(), served.id.c_str(),
@@ -437,12 +437,12 @@ bool SwapServedBackend(Served& served, int swaps,
   }
   const NetworkId network = loaded.value();
   const std::vector<ConstTensorView> views = Views(served.inputs);
-  const fs::path shadows = registry.value()->loader().shadow_directory().path();
+  const fs::path shadows = registry->loader().shadow_directory().path();
 
   // Which replaced generations the registry reported unloaded (verified gone) or leaked.
   std::mutex events_mutex;
   std::map<uint64_t, GenerationEvent::Kind> ends;
-  const uint64_t observer = registry.value()->AddObserver([&](const GenerationEvent& event) {
+  const uint64_t observer = registry->AddObserver([&](const GenerationEvent& event) {
     if (event.kind == GenerationEvent::Kind::kUnloaded ||
         event.kind == GenerationEvent::Kind::kLeaked) {
       std::lock_guard lock(events_mutex);
@@ -462,15 +462,15 @@ bool SwapServedBackend(Served& served, int swaps,
   auto sample = [&] {
     std::lock_guard lock(client_busy);
     const auto deadline = Clock::now() + std::chrono::seconds(5);
-    while (registry.value()->loader().stats().live.load() > 1 && Clock::now() < deadline)
+    while (registry->loader().stats().live.load() > 1 && Clock::now() < deadline)
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    registry.value()->loader().WaitForUnloads();
+    registry->loader().WaitForUnloads();
     return MemorySample{ResidentKiB(),
                         ResidentByKind(),
                         MappingCount(),
                         MappedShadowCount(shadows),
-                        registry.value()->loader().stats().live.load(),
-                        registry.value()->loader().stats().leaked.load()};
+                        registry->loader().stats().live.load(),
+                        registry->loader().stats().leaked.load()};
   };
 
   MemorySample at_10, at_end;
@@ -507,13 +507,13 @@ bool SwapServedBackend(Served& served, int swaps,
   // that saw its successor: wait (bounded) for its end to be reported.
   const auto deadline = Clock::now() + std::chrono::seconds(10);
   for (;;) {
-    registry.value()->loader().WaitForUnloads();
+    registry->loader().WaitForUnloads();
     std::lock_guard lock(events_mutex);
     if (ends.size() >= replaced.size() || Clock::now() > deadline)
       break;
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
-  registry.value()->RemoveObserver(observer);
+  registry->RemoveObserver(observer);
 
   int unloaded = 0;
   std::vector<uint64_t> leaked, still_mapped, unreported;

@@ -20,7 +20,7 @@ void BM_LoadAndUnloadGeneration(benchmark::State& state) {
       state.SkipWithError(generation.error().message().c_str());
       return;
     }
-    benchmark::DoNotOptimize(generation.value().get());
+    benchmark::DoNotOptimize(&*generation);
     generation = backplane::Status{};  // release; the reaper unloads
     loader->WaitForUnloads();
   }
@@ -61,7 +61,7 @@ void BM_ExecuteTinyWorkload(benchmark::State& state, const char* fixture) {
     state.SkipWithError(generation.error().message().c_str());
     return;
   }
-  auto instance = loader->CreateInstance(generation.value()).value();
+  auto instance = loader->CreateInstance(generation.share()).value();
   const backplane::OperatorDesc op{.op_type = "Identity",
                                    .name = "identity",
                                    .inputs = {{backplane::DataType::kFloat32, {1}}},

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The backend author's path end to end: install Backplane to a prefix, build the example backend
-# out of tree with find_package(Backplane) and backplane_add_backend(), and check it loads.
+# out of tree with find_package(Backplane) and backplane_add_backend(), and check it loads; then
+# the embedder's: build examples/embed_runtime against the same prefix and run it (needs
+# ../shared/data: without it the run fails, it is not skipped).
 # Usage: package_test.sh <build dir> <source dir> [<CXX flags of that build>]
 # (the flags matter under sanitizers: the installed static libraries are instrumented)
 set -euo pipefail
@@ -47,4 +49,18 @@ cmake --build "$work/sdk_only/build" >>"$work/sdk.log" 2>&1 || { cat "$work/sdk.
 "$work/prefix/bin/backplane" check "$work/sdk_only/build/Sdk_Only_backend.so" >/dev/null
 # The installed first-party backend is checked by the installed executable too.
 "$work/prefix/bin/backplane" check "$work/prefix/lib/backplane/backends" >/dev/null
+# The embedder's path: the complete embedding example built out of tree from the installed package
+# with find_package(Backplane COMPONENTS runtime), run against the installed backends on MNIST.
+mnist="$source_dir/../shared/data/models/mnist"
+cmake -S "$source_dir/examples/embed_runtime" -B "$work/embed" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_PREFIX_PATH="$work/prefix" -DCMAKE_CXX_FLAGS="$cxx_flags" >"$work/embed.log" 2>&1 ||
+  { cat "$work/embed.log"; exit 1; }
+cmake --build "$work/embed" >>"$work/embed.log" 2>&1 || { cat "$work/embed.log"; exit 1; }
+"$work/embed/example_embed_runtime" "$mnist/model.onnx" "$mnist/test_data_set_0/input_0.pb" \
+  "$work/prefix/lib/backplane/backends" >"$work/embed.out" 2>"$work/embed.err" ||
+  { cat "$work/embed.out" "$work/embed.err"; exit 1; }
+grep -q "ExecuteAsync: digit 5 in 16 of 16 requests" "$work/embed.out" ||
+  { cat "$work/embed.out"; exit 1; }
+grep -q "every backend generation has left the process" "$work/embed.out" ||
+  { cat "$work/embed.out"; exit 1; }
 echo "package test passed"

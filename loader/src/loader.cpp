@@ -208,7 +208,7 @@ Result<std::shared_ptr<Loader>> Loader::Shared() {
     return existing;
   auto created = Create();
   if (created.ok())
-    shared = created.value();
+    shared = created.share();
   return created;
 }
 
@@ -255,7 +255,7 @@ Result<GenerationLease> Loader::Load(const fs::path& file, LoadTrace* trace, Reu
   auto loaded = LoadNew(*resolved, trace, trust);
   if (loaded.ok()) {
     MutexLock lock(mutex_);
-    live_[resolved->real_path] = loaded.value();
+    live_[resolved->real_path] = loaded.share();
     std::erase_if(live_, [](const auto& entry) { return entry.second.expired(); });
   }
   return loaded;

@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 #include <ctime>
+#include <thread>
 
 #include "backend_scan.hpp"
 #include "change_coordinator.hpp"
@@ -216,6 +217,22 @@ BackendRegistry::BackendRegistry(std::shared_ptr<loader::Loader> loader,
           std::make_unique<registry_detail::RollbackStore>(RollbackDirectory(*loader_))),
       lineages_(std::make_unique<registry_detail::LineageTable>()) {}
 
+uint64_t LiveGenerations::count() const {
+  return loader_->stats().live.load(std::memory_order_acquire);
+}
+
+bool LiveGenerations::WaitForNone(std::chrono::milliseconds timeout) const {
+  // Polled: the count drops on the reaper thread, which has no one to tell once the registry is
+  // gone. A millisecond is nothing beside an unload (dlclose, verification, malloc_trim).
+  const auto until = std::chrono::steady_clock::now() + timeout;
+  while (count() != 0) {
+    if (std::chrono::steady_clock::now() >= until)
+      return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
+}
+
 BackendRegistry::~BackendRegistry() {
   loader_->stats().unload_listeners.Remove(unload_listener_);
 }
@@ -328,7 +345,7 @@ Result<loader::GenerationLease> BackendRegistry::LoadGeneration(const fs::path& 
   // from it still drains (a link re-pointed back, a second rollback) becomes a new generation
   // with a new number, never that generation's record brought back to life.
   auto loaded = loader_->Load(file, trace, loader::Loader::Reuse::kLiveUnchanged, trust_.get());
-  if (loaded.ok() && lineages_->Recorded(loaded.value()->info()))
+  if (loaded.ok() && lineages_->Recorded(loaded->info()))
     return loader_->Load(file, trace, loader::Loader::Reuse::kNever, trust_.get());
   return loaded;
 }
@@ -527,7 +544,7 @@ Result<uint64_t> BackendRegistry::Rollback(std::string_view id) {
       return loaded.error().WithContext("backend " + lineage->id +
                                         ": the previous version does not load again: ");
     }
-    if (loaded.value()->info().sha256 != retained->sha256) {
+    if (loaded->info().sha256 != retained->sha256) {
       return Internal("backend " + lineage->id + ": the copy kept for rollback (" +
                       retained->copy.string() + ") no longer has the content of " +
                       retained->resolved_file.string() + " (sha256 " + retained->sha256 +

@@ -246,22 +246,98 @@ std::shared_ptr<loader::BackendInstance> Runtime::Backend(std::string_view id) c
 }
 
 Status Runtime::UpdateBackendOptions(std::string_view id, const BackendOptions& changes) {
-  MutexLock turn(backend_mutex_);  // the instance stays this runtime's until the options are noted
+  // The turn, throughout: the instance stays this runtime's, and no load, unload or generation
+  // change commits until the networks re-prepared below are switched.
+  MutexLock turn(backend_mutex_);
   std::shared_ptr<loader::BackendInstance> instance;
+  std::vector<Affected> affected;
+  InstanceMap instances;
   {
     MutexLock lock(mutex_);
     auto it = backends_.find(id);
     if (it == backends_.end())
       return NotFound("this runtime has no backend " + std::string(id));
     instance = it->second.instance;
+    instances = CurrentInstances();
+    // Only networks bound to this very instance: under kPin a network may still run on an older
+    // generation, whose instance this update does not reach (and must not move it).
+    for (auto& network : NetworksUsing(id)) {
+      if (GenerationOn(*network.network, id) == instance->generation_number())
+        affected.push_back(std::move(network));
+    }
+  }
+  // What to restore when a network does not prepare with the new values.
+  BackendOptions previous;
+  for (const auto& [key, value] : changes) {
+    auto current = instance->GetOption(key);
+    if (current.ok())
+      previous.emplace(key, std::move(current).value());
   }
   BACKPLANE_RETURN_IF_ERROR(instance->UpdateOptions(changes));
-  MutexLock lock(mutex_);
-  auto& applied = applied_options_[std::string(id)];
-  for (const auto& [key, value] : changes)
-    applied.insert_or_assign(key, value);
-  ++state_version_;  // a new generation being prepared must get these options too
+
+  // An option may be read when a workload is created (CpuAcc's intra_op_threads sizes oneDNN's
+  // kernels then), so every network on the instance is re-prepared with the new values, off the
+  // request path, and switched as a swap switches: one pointer store each, requests in flight
+  // finishing on the old bindings. Options read at Execute take effect at once anyway.
+  MovedNetworks moved;
+  for (const auto& network : affected) {
+    auto reprepared = Reprepare(network, instances);
+    if (!reprepared.ok()) {
+      Status restored = instance->UpdateOptions(previous);
+      if (!restored.ok()) {
+        Log().error("backend {}: restoring its options after a failed update failed: {}", id,
+                    restored.message());
+      }
+      return FailedPrecondition("backend " + std::string(id) + ": options not applied: network " +
+                                network.network->network().name +
+                                " does not prepare with them: " + reprepared.error().message());
+    }
+    moved.emplace(network.id, std::move(reprepared).value());
+  }
+  {
+    MutexLock lock(mutex_);
+    PublishMoved(moved);
+    auto& applied = applied_options_[std::string(id)];
+    for (const auto& [key, value] : changes)
+      applied.insert_or_assign(key, value);
+    ++state_version_;  // a new generation being prepared must get these options too
+  }
+  if (!moved.empty())
+    Log().info("backend {}: options updated; {} network(s) re-prepared with them", id,
+               moved.size());
   return Status::Ok();
+}
+
+std::vector<Runtime::Affected> Runtime::NetworksUsing(std::string_view id) const {
+  std::vector<Affected> affected;
+  for (const auto& [network_id, network] : *networks_.Load()) {
+    if (network->Uses(id))
+      affected.push_back({network_id, network, PreferencesOf(network_id, id)});
+  }
+  return affected;
+}
+
+Result<std::shared_ptr<const LoadedNetwork>> Runtime::Reprepare(
+    const Affected& network, const InstanceMap& instances) const {
+  const Instances backends = InstancesFor(network.preferences, instances);
+  if (backends.empty())
+    return NotFound("no backend in its preference list");
+  // The shape program settings (capacity, counters) carry over; the cache starts empty.
+  auto prepared = LoadedNetwork::Create(network.network->shared_network(), backends,
+                                        network.network->shape_program_options());
+  if (!prepared.ok())
+    return std::move(prepared).error();
+  return Reaped(std::move(prepared).value());
+}
+
+void Runtime::PublishMoved(const MovedNetworks& moved) {
+  if (moved.empty())
+    return;
+  // The replaced bindings go when the last request using them lets go, on the reaper (Reaped).
+  auto updated = std::make_shared<NetworkMap>(*networks_.Load());
+  for (const auto& [network_id, network] : moved)
+    (*updated)[network_id] = network;
+  networks_.Publish(std::move(updated));
 }
 
 std::vector<std::string> Runtime::PreferencesOf(NetworkId id, std::string_view arriving) const {
@@ -442,7 +518,7 @@ Status Runtime::ValidateOnProbe(const LoadedNetwork& current, const LoadedNetwor
     views.push_back(input.View());
   std::optional<Result<std::vector<Tensor>>> expected;
   std::optional<Result<std::vector<Tensor>>> actual;
-  BACKPLANE_RETURN_IF_ERROR(scheduler_.RunInArena([&] {
+  BACKPLANE_RETURN_IF_ERROR(scheduler_.RunOnCallerThread([&] {
     expected.emplace(current.Execute(views));
     actual.emplace(candidate.Execute(views));
     return Status::Ok();
@@ -483,12 +559,7 @@ class Runtime::SwapChange final : public PreparedChange {
 
   void Commit() override {
     runtime_.mutex_.AssertHeld();
-    if (!moved_.empty()) {
-      auto updated = std::make_shared<NetworkMap>(*runtime_.networks_.Load());
-      for (const auto& [network_id, network] : moved_)
-        (*updated)[network_id] = network;
-      runtime_.networks_.Publish(std::move(updated));
-    }
+    runtime_.PublishMoved(moved_);
     // The replaced slot (context, then instance) is released when this change is dropped,
     // outside every lock.
     if (auto it = runtime_.backends_.find(id_); it != runtime_.backends_.end()) {
@@ -532,7 +603,7 @@ class Runtime::SwapChange final : public PreparedChange {
 
   // What was prepared: the new slot (none for a withdrawal) and the networks that move.
   std::optional<BackendSlot> slot_;
-  std::map<NetworkId, std::shared_ptr<const LoadedNetwork>> moved_;
+  MovedNetworks moved_;
 
  private:
   Runtime& runtime_;
@@ -551,11 +622,6 @@ Result<std::unique_ptr<PreparedChange>> Runtime::PrepareChange(const BackendChan
   const std::string& id = change.backend_id;
   // What the change is prepared against, read under the lock. Everything that calls backend
   // code runs after it is released.
-  struct Affected {
-    NetworkId id;
-    std::shared_ptr<const LoadedNetwork> network;
-    std::vector<std::string> preferences;
-  };
   std::vector<Affected> affected;
   std::vector<NetworkId> all_networks;
   InstanceMap instances;
@@ -570,29 +636,24 @@ Result<std::unique_ptr<PreparedChange>> Runtime::PrepareChange(const BackendChan
     // A withdrawal moves every network off the id; a new generation moves them onto it
     // (kMigrate), including networks left on a withdrawn generation now that its file is back.
     const bool moves = change.next == nullptr || swap_policy_ == SwapPolicy::kMigrate;
-    for (const auto& [network_id, network] : *networks_.Load()) {
+    for (const auto& [network_id, network] : *networks_.Load())
       all_networks.push_back(network_id);
-      if (moves && network->Uses(id))
-        affected.push_back({network_id, network, PreferencesOf(network_id, id)});
-    }
+    if (moves)
+      affected = NetworksUsing(id);
   }
   auto prepared = std::make_unique<SwapChange>(*this, version, change);
 
   if (change.next == nullptr) {
     instances.erase(id);
-    for (const auto& [network_id, network, preferences] : affected) {
-      const Instances others = InstancesFor(preferences, instances);
-      auto moved = others.empty() ? Result<std::unique_ptr<LoadedNetwork>>(
-                                        NotFound("no other backend in its preference list"))
-                                  : LoadedNetwork::Create(network->shared_network(), others,
-                                                          network->shape_program_options());
+    for (const auto& network : affected) {
+      auto moved = Reprepare(network, instances);
       if (!moved.ok()) {
         Log().warn("network {} keeps running on withdrawn backend {} (generation {}): {}",
-                   network->network().name, id, GenerationOn(*network, id),
+                   network.network->network().name, id, GenerationOn(*network.network, id),
                    moved.error().message());
         continue;
       }
-      prepared->moved_.emplace(network_id, Reaped(std::move(moved).value()));
+      prepared->moved_.emplace(network.id, std::move(moved).value());
     }
     return std::unique_ptr<PreparedChange>(std::move(prepared));
   }
@@ -605,28 +666,26 @@ Result<std::unique_ptr<PreparedChange>> Runtime::PrepareChange(const BackendChan
   auto instance = registry_->loader().CreateInstance(change.next);
   if (!instance.ok())
     return std::move(instance).error();
-  auto slot = CreateSlot(instance.value(), options ? &*options : nullptr);
+  auto slot = CreateSlot(instance.share(), options ? &*options : nullptr);
   if (!slot.ok())
     return refuse(LoadReason::kPrepareFailed, slot.error().message());
-  instances.insert_or_assign(id, instance.value());
+  instances.insert_or_assign(id, std::move(instance).value());
 
   // Every affected network prepared now, so that the switch is one pointer store each.
   const auto validation = swap_validation_.find(id);
-  for (const auto& [network_id, network, preferences] : affected) {
-    auto moved =
-        LoadedNetwork::Create(network->shared_network(), InstancesFor(preferences, instances),
-                              network->shape_program_options());
+  for (const auto& network : affected) {
+    auto moved = Reprepare(network, instances);
     if (!moved.ok()) {
       return refuse(LoadReason::kPrepareFailed,
-                    "network " + network->network().name +
+                    "network " + network.network->network().name +
                         " does not prepare on it: " + moved.error().message());
     }
     if (validation != swap_validation_.end()) {
-      Status valid = ValidateOnProbe(*network, *moved.value(), id, validation->second.tolerance);
+      Status valid = ValidateOnProbe(*network.network, *moved, id, validation->second.tolerance);
       if (!valid.ok())
         return refuse(LoadReason::kValidationFailed, valid.message());
     }
-    prepared->moved_.emplace(network_id, Reaped(std::move(moved).value()));
+    prepared->moved_.emplace(network.id, std::move(moved).value());
   }
   for (NetworkId network_id : all_networks) {
     if (slot.value().context == nullptr)
@@ -656,7 +715,7 @@ Result<std::vector<LayerPlacement>> Runtime::GetPlacement(NetworkId id) const {
   auto network = FindNetwork(id);
   if (!network.ok())
     return std::move(network).error();
-  return network.value()->placement();
+  return network->placement();
 }
 
 Result<ShapeProgramStats> Runtime::GetShapePrograms(NetworkId id) const {
@@ -673,7 +732,7 @@ Result<std::shared_ptr<const Network>> Runtime::GetNetwork(NetworkId id) const {
   // The description its bindings on every generation share, not an alias into this binding: a
   // caller that keeps it (a server's model, for as long as the model serves) would otherwise
   // keep this binding's workloads, hence the generation it was loaded on, after a migration.
-  return network.value()->shared_network();
+  return network->shared_network();
 }
 
 Result<std::vector<Tensor>> Runtime::Execute(NetworkId id,
@@ -685,8 +744,8 @@ Result<std::vector<Tensor>> Runtime::Execute(NetworkId id,
   if (!admission.ok())
     return std::move(admission).error();
   std::optional<Result<std::vector<Tensor>>> result;
-  Status ran = scheduler_.RunInArena([&] {
-    result.emplace(network.value()->Execute(inputs));
+  Status ran = scheduler_.RunOnCallerThread([&] {
+    result.emplace(network->Execute(inputs));
     return Status::Ok();
   });
   if (!ran.ok())
@@ -698,7 +757,7 @@ Result<std::vector<Tensor>> Runtime::ExecuteByName(NetworkId id, const NamedInpu
   auto network = FindNetwork(id);
   if (!network.ok())
     return std::move(network).error();
-  const auto& expected = network.value()->network().inputs;
+  const auto& expected = network->network().inputs;
   std::string names;
   for (const auto& input : expected)
     names += (names.empty() ? "" : ", ") + input.name;
@@ -707,8 +766,8 @@ Result<std::vector<Tensor>> Runtime::ExecuteByName(NetworkId id, const NamedInpu
         std::any_of(expected.begin(), expected.end(),
                     [&name = name](const ValueInfo& input) { return input.name == name; });
     if (!known) {
-      return InvalidArgument("network " + network.value()->network().name + " has no input '" +
-                             name + "' (inputs: " + names + ")");
+      return InvalidArgument("network " + network->network().name + " has no input '" + name +
+                             "' (inputs: " + names + ")");
     }
   }
   std::vector<ConstTensorView> ordered;
@@ -716,7 +775,7 @@ Result<std::vector<Tensor>> Runtime::ExecuteByName(NetworkId id, const NamedInpu
     auto it = inputs.find(input.name);
     if (it == inputs.end()) {
       return InvalidArgument("input '" + input.name + "' is missing (network " +
-                             network.value()->network().name + " takes: " + names + ")");
+                             network->network().name + " takes: " + names + ")");
     }
     ordered.push_back(it->second);
   }

@@ -31,8 +31,9 @@ int ArenaSize(const SchedulerOptions& options) {
 
 }  // namespace
 
-RequestScheduler::RequestScheduler(SchedulerOptions options) : options_(options) {
-  const auto size = static_cast<std::size_t>(ArenaSize(options_));
+RequestScheduler::RequestScheduler(SchedulerOptions options)
+    : options_(options), arena_slots_(ArenaSize(options)) {
+  const auto size = static_cast<std::size_t>(arena_slots_);
   // max_allowed_parallelism counts the workers plus one caller; queued requests need `size`
   // workers. Raised only: a larger pool (another runtime's, the embedder's) is left as it is.
   const auto needed = size + 1;
@@ -78,17 +79,32 @@ Result<RequestScheduler::Admission> RequestScheduler::Admit() {
   return Admission(this);
 }
 
-Status RequestScheduler::RunInArena(const std::function<Status()>& work) {
+Status RequestScheduler::RunOnCallerThread(const std::function<Status()>& work) {
+  // Trap: the count is a promise that a slot is free for this caller, not a reservation. Queued
+  // requests' workers may hold slots too (the arena reserves none for callers, see the
+  // constructor), and a caller that then finds none is handed to a worker after all, as before;
+  // the count only bounds how many callers can be in that position: never more than the slots.
+  if (callers_in_arena_.fetch_add(1, std::memory_order_acq_rel) < arena_slots_) {
+    Status status;
+    // When TBB does hand `work` to one of its threads, its wait orders the two, but libtbb is not
+    // instrumented, so ThreadSanitizer reports every read of the results as a race. The
+    // release/acquire pair makes the ordering visible.
+    std::atomic<bool> finished{false};
+    arena_.execute([&] {
+      status = work();
+      finished.store(true, std::memory_order_release);
+    });
+    (void)finished.load(std::memory_order_acquire);
+    callers_in_arena_.fetch_sub(1, std::memory_order_acq_rel);
+    return status;
+  }
+  callers_in_arena_.fetch_sub(1, std::memory_order_acq_rel);
+  // One slot, reserved for this thread: execute() never hands the work away, and no worker ever
+  // joins (a ParallelFor inside runs serially here). One per thread, shared by every scheduler:
+  // it holds no state between calls. Host code, so its thread_local destructor pins no backend.
+  thread_local tbb::task_arena own_arena(/*max_concurrency=*/1, /*reserved_for_masters=*/1);
   Status status;
-  // When the arena has no free slot, TBB runs `work` on one of its threads while this one waits.
-  // TBB's wait does order the two, but libtbb is not instrumented, so ThreadSanitizer reports
-  // every read of the results as a race. The release/acquire pair makes the ordering visible.
-  std::atomic<bool> finished{false};
-  arena_.execute([&] {
-    status = work();
-    finished.store(true, std::memory_order_release);
-  });
-  (void)finished.load(std::memory_order_acquire);
+  own_arena.execute([&] { status = work(); });
   return status;
 }
 

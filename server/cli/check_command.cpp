@@ -83,7 +83,7 @@ void CheckStages(const std::string& file, bool allow_unsafe, const loader::Trust
   auto created = loader::Loader::Create(options);
   if (!created.ok())
     return verdict_error("IO_ERROR", created.error().message());
-  loader::Loader& host_loader = *created.value();
+  loader::Loader& host_loader = *created;
 
   loader::LoadTrace trace;
   trace.on_stage = [&](const loader::LoadStage& done) {
@@ -102,13 +102,13 @@ void CheckStages(const std::string& file, bool allow_unsafe, const loader::Trust
       stage("instance", false, instance.error().message());
       return verdict_error(instance.error().name(), instance.error().message());
     }
-    auto context = instance.value()->CreateBackendContext();
+    auto context = instance->CreateBackendContext();
     if (!context.ok()) {
       stage("instance", false, context.error().message());
       return verdict_error("FACTORY_FAILED", context.error().message());
     }
     std::string described;
-    for (const auto& option : instance.value()->DescribeOptions()) {
+    for (const auto& option : instance->DescribeOptions()) {
       described += (described.empty() ? "" : ", ") + option.name + " (" +
                    std::string(ToString(option.type)) + ")";
     }

@@ -476,7 +476,7 @@ Status ModelRepository::Load(std::string_view name_view) {
   // Versions of `current` that the new model does not keep are released here; each unloads
   // its network once the requests still holding it finish.
   Publish([&](Snapshot& snapshot) {
-    snapshot.serving[name] = prepared.value();
+    snapshot.serving[name] = prepared.share();
     snapshot.unavailable.erase(name);
   });
   return Status::Ok();

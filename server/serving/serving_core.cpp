@@ -39,10 +39,11 @@ Result<std::unique_ptr<ServingCore>> ServingCore::Start(const ServeConfig& confi
   auto trust = MakeTrustPolicy(config);
   if (!trust.ok())
     return trust.error();
-  if (trust.value() != nullptr)
-    Log().info("only trusted backend content loads: {}", trust.value()->Describe());
+  std::shared_ptr<const loader::TrustPolicy> trust_policy = std::move(trust).value();
+  if (trust_policy != nullptr)
+    Log().info("only trusted backend content loads: {}", trust_policy->Describe());
   auto registry = BackendRegistry::Create(
-      {.backend_paths = config.backends, .loader = core->loader_, .trust = trust.value()});
+      {.backend_paths = config.backends, .loader = core->loader_, .trust = trust_policy});
   if (!registry.ok())
     return Status(registry.error().code(), "backend registry: " + registry.error().message());
   // Moved out: a copy left in the Result would keep the registry (and its leases) alive past

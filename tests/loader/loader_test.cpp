@@ -35,7 +35,7 @@ TEST(LoaderTest, LoadsValidBackend) {
   LoadTrace trace;
   auto loaded = loader->Load(Fixture("Valid"), &trace);
   ASSERT_TRUE(loaded.ok()) << loaded.error().ToString();
-  const GenerationInfo& info = loaded.value()->info();
+  const GenerationInfo& info = loaded->info();
   EXPECT_EQ(info.backend_id, "TestValid");
   EXPECT_EQ(info.api_version, kBackendApiVersion);
   EXPECT_EQ(info.release, "1.2.3");  // from backplane_add_backend(... VERSION 1.2.3)
@@ -59,7 +59,7 @@ TEST(LoaderTest, MapsTheShadowCopyNeverTheWatchedPath) {
   auto loader = MakeLoader();
   auto loaded = loader->Load(Fixture("Valid"));
   ASSERT_TRUE(loaded.ok());
-  const auto shadow = loaded.value()->info().shadow_path;
+  const auto shadow = loaded->info().shadow_path;
   EXPECT_TRUE(shadow.string().starts_with(loader->shadow_directory().path().string()));
   EXPECT_TRUE(IsCodeMapped(shadow.string()));
   EXPECT_FALSE(IsCodeMapped(BACKPLANE_FIXTURE_DIR));  // rule 1: never the path that may be replaced
@@ -69,7 +69,7 @@ TEST(LoaderTest, UnloadsAndDeletesShadowWhenTheLastLeaseGoes) {
   auto loader = MakeLoader();
   auto loaded = loader->Load(Fixture("Valid"));
   ASSERT_TRUE(loaded.ok());
-  GenerationLease lease = loaded.value();
+  GenerationLease lease = loaded.share();
   const auto shadow = lease->info().shadow_path;
   auto instance = loader->CreateInstance(lease);
   ASSERT_TRUE(instance.ok());
@@ -91,7 +91,7 @@ TEST(LoaderTest, SameUnchangedFileIsCodeMappedOnce) {
   auto first = loader->Load(Fixture("Valid"));
   auto second = loader->Load(Fixture("Valid"));
   ASSERT_TRUE(first.ok() && second.ok());
-  EXPECT_EQ(first.value(), second.value());
+  EXPECT_EQ(first.share(), second.share());
   EXPECT_EQ(loader->stats().loaded.load(), 1u);
 }
 
@@ -102,9 +102,9 @@ TEST(LoaderTest, ReuseNeverMapsTheSameFileAsANewGeneration) {
   auto first = loader->Load(Fixture("Valid"));
   auto second = loader->Load(Fixture("Valid"), nullptr, Loader::Reuse::kNever);
   ASSERT_TRUE(first.ok() && second.ok());
-  EXPECT_NE(first.value()->info().number, second.value()->info().number);
-  EXPECT_NE(first.value()->info().shadow_path, second.value()->info().shadow_path);
-  EXPECT_EQ(first.value()->info().sha256, second.value()->info().sha256);
+  EXPECT_NE(first->info().number, second->info().number);
+  EXPECT_NE(first->info().shadow_path, second->info().shadow_path);
+  EXPECT_EQ(first->info().sha256, second->info().sha256);
   EXPECT_EQ(loader->stats().loaded.load(), 2u);
 }
 
@@ -114,7 +114,7 @@ TEST(LoaderTest, GenerationNumbersAreNeverReused) {
   for (int i = 0; i < 5; ++i) {
     auto loaded = loader->Load(Fixture("Valid"));
     ASSERT_TRUE(loaded.ok());
-    EXPECT_TRUE(numbers.insert(loaded.value()->info().number).second);
+    EXPECT_TRUE(numbers.insert(loaded->info().number).second);
     loaded = Status{LoadReason::kIoError, "released"};
     loader->WaitForUnloads();  // unloaded, so the next load is a new generation
   }
@@ -196,13 +196,13 @@ TEST(LoaderTest, InstancesKnowTheMinorTheirCodeImplements) {
   auto loader = MakeLoader({.host_api = {2, 4}});
   auto older = loader->Load(Fixture("Api23"));
   ASSERT_TRUE(older.ok()) << older.error().ToString();
-  auto instance = loader->CreateInstance(older.value());
+  auto instance = loader->CreateInstance(older.share());
   ASSERT_TRUE(instance.ok()) << instance.error().ToString();
-  EXPECT_EQ(instance.value()->api_version(), (BackendApiVersion{2, 3}));
-  EXPECT_TRUE(instance.value()->Implements({2, 0}));
-  EXPECT_TRUE(instance.value()->Implements({2, 3}));
-  EXPECT_FALSE(instance.value()->Implements({2, 4}));  // what 2.4 added is never called on it
-  EXPECT_FALSE(instance.value()->Implements({3, 0}));
+  EXPECT_EQ(instance->api_version(), (BackendApiVersion{2, 3}));
+  EXPECT_TRUE(instance->Implements({2, 0}));
+  EXPECT_TRUE(instance->Implements({2, 3}));
+  EXPECT_FALSE(instance->Implements({2, 4}));  // what 2.4 added is never called on it
+  EXPECT_FALSE(instance->Implements({3, 0}));
 }
 
 TEST(LoaderTest, IsApiCompatibleFollowsTheArmnnRule) {

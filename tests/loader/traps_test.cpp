@@ -57,8 +57,8 @@ TEST(LoaderTrapTest, OverwritingTheSourceInPlaceWhileInUseDoesNotCrash) {
   EXPECT_EQ(RunIdentity(*workload, 64)[63], 63.0f) << "the old generation keeps its own code";
   auto replaced = loader->Load(file);
   ASSERT_TRUE(replaced.ok()) << replaced.error().ToString();
-  EXPECT_NE(replaced.value()->info().number, generation->info().number);
-  auto new_instance = loader->CreateInstance(replaced.value()).value();
+  EXPECT_NE(replaced->info().number, generation->info().number);
+  auto new_instance = loader->CreateInstance(replaced.share()).value();
   auto new_workload = new_instance->CreateWorkload(IdentityOp(64)).value();
   EXPECT_EQ(RunIdentity(*new_workload, 64)[63], 1063.0f) << "the new generation runs the new code";
 }

@@ -169,9 +169,9 @@ TEST(TrustTest, FileSwappedAfterTheDigestCannotPass) {
   auto loaded = loader->Load(file, nullptr, Loader::Reuse::kNever, &racing);
   ASSERT_TRUE(loaded.ok()) << loaded.error().ToString();
   EXPECT_FALSE(fs::exists(swap)) << "the swap did not happen during the check";
-  EXPECT_EQ(loaded.value()->info().sha256, trusted_digest);
-  EXPECT_EQ(loaded.value()->info().release, "1.2.3");  // Valid's, not ValidNext's 1.2.4
-  EXPECT_EQ(DigestOf(loaded.value()->info().shadow_path), trusted_digest);
+  EXPECT_EQ(loaded->info().sha256, trusted_digest);
+  EXPECT_EQ(loaded->info().release, "1.2.3");  // Valid's, not ValidNext's 1.2.4
+  EXPECT_EQ(DigestOf(loaded->info().shadow_path), trusted_digest);
 
   // The file now at the path is what the next load sees, and it is not trusted.
   auto again = loader->Load(file, nullptr, Loader::Reuse::kLiveUnchanged, &racing);
@@ -197,7 +197,7 @@ TEST(TrustTest, SharedLiveGenerationIsCheckedToo) {
   auto shared =
       loader->Load(Fixture("Valid"), nullptr, Loader::Reuse::kLiveUnchanged, trusted.get());
   ASSERT_TRUE(shared.ok()) << shared.error().ToString();
-  EXPECT_EQ(shared.value()->info().number, open.value()->info().number);
+  EXPECT_EQ(shared->info().number, open->info().number);
 }
 
 TEST(TrustTest, ListFileIsReReadWhenItChanges) {
@@ -206,7 +206,7 @@ TEST(TrustTest, ListFileIsReReadWhenItChanges) {
   WriteFile(list_file, "# none yet\n");
   auto created = DigestAllowlist::FromFile(list_file);
   ASSERT_TRUE(created.ok()) << created.error().ToString();
-  const auto& list = created.value();
+  const auto list = created.share();
   const uint64_t first = list->Revision();
   EXPECT_EQ(list->Revision(), first) << "unchanged file, new revision";
   EXPECT_FALSE(list->Contains(kDigestA));
@@ -326,7 +326,7 @@ TEST_F(SignatureTest, AGoodSignatureLoads) {
   ci_.Sign(Fixture("Valid"), Signature());
   auto loaded = Deploy("Valid", *Keys({ci_pem_}));
   ASSERT_TRUE(loaded.ok()) << loaded.error().ToString();
-  EXPECT_EQ(loaded.value()->info().release, "1.2.3");
+  EXPECT_EQ(loaded->info().release, "1.2.3");
 }
 
 TEST_F(SignatureTest, AMissingSignatureIsUntrusted) {

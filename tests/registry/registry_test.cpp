@@ -98,7 +98,7 @@ TEST(RegistryTest, EmptyPathListDisablesDynamicLoading) {
   auto disabled = BackendRegistry::Create(
       {.backend_paths = std::vector{dir.path()}, .dynamic_backends = false});
   ASSERT_TRUE(disabled.ok());
-  EXPECT_TRUE(disabled.value()->BackendIds().empty());
+  EXPECT_TRUE(disabled->BackendIds().empty());
 }
 
 TEST(RegistryTest, InvalidPathsAreDroppedAndOrderKept) {
@@ -128,8 +128,8 @@ TEST(RegistryTest, StaticAndDynamicBackendsSideBySide) {
 
   auto instance = registry->CreateInstance("StaticEcho");
   ASSERT_TRUE(instance.ok());
-  EXPECT_EQ(instance.value()->generation(), nullptr);
-  EXPECT_EQ(instance.value()->IsSupported({}).code(), StatusCode::kOk);
+  EXPECT_EQ(instance->generation(), nullptr);
+  EXPECT_EQ(instance->IsSupported({}).code(), StatusCode::kOk);
 }
 
 TEST(RegistryTest, RejectsEmptyAndDuplicateStaticIds) {

@@ -168,8 +168,8 @@ TEST_F(RegistryTrustTest, UntrustedFileAtStartIsRejectedWithItsReason) {
   auto registry = BackendRegistry::Create(
       {.backend_paths = std::vector{backends_}, .loader = loader_, .trust = trust_});
   ASSERT_TRUE(registry.ok()) << registry.error().ToString();
-  EXPECT_EQ(registry.value()->BackendIds(), std::vector<std::string>{"TestValid"});
-  const auto rejected = registry.value()->Rejected();
+  EXPECT_EQ(registry->BackendIds(), std::vector<std::string>{"TestValid"});
+  const auto rejected = registry->Rejected();
   ASSERT_EQ(rejected.size(), 1u);
   EXPECT_EQ(rejected[0].file, backends_ / "Test_Other_backend.so");
   EXPECT_EQ(rejected[0].error.reason(), LoadReason::kUntrusted);
@@ -177,7 +177,7 @@ TEST_F(RegistryTrustTest, UntrustedFileAtStartIsRejectedWithItsReason) {
   EXPECT_THAT(rejected[0].error.message(),
               HasSubstr("sha256 " + DigestOf(Fixture("Other")) + ") is not on the trusted"));
 
-  auto loaded = registry.value()->LoadFile(Fixture("Other"));
+  auto loaded = registry->LoadFile(Fixture("Other"));
   ASSERT_FALSE(loaded.ok());
   EXPECT_EQ(loaded.error().reason(), LoadReason::kUntrusted);
 }

@@ -254,10 +254,10 @@ TEST(CompiledSubgraphSwapTest, HotSwapCompilesTheRunAgainOnTheNewGeneration) {
   ASSERT_TRUE(loader.ok()) << loader.error().ToString();
   publish("Subgraph");
   auto registry = BackendRegistry::Create({.backend_paths = std::vector{dir.path()},
-                                           .loader = loader.value(),
+                                           .loader = loader.share(),
                                            .settle_time = std::chrono::milliseconds{0}});
   ASSERT_TRUE(registry.ok()) << registry.error().ToString();
-  auto created = Runtime::Create({.registry = registry.value()});
+  auto created = Runtime::Create({.registry = registry.share()});
   ASSERT_TRUE(created.ok()) << created.error().ToString();
   Runtime& runtime = *created.value();
 
@@ -267,17 +267,17 @@ TEST(CompiledSubgraphSwapTest, HotSwapCompilesTheRunAgainOnTheNewGeneration) {
   network.nodes[1] = {.name = "add", .op_type = "Identity", .inputs = {"h"}, .outputs = {"s"}};
   auto id = runtime.LoadNetwork(std::move(network));
   ASSERT_TRUE(id.ok()) << id.error().ToString();
-  const uint64_t old_generation = registry.value()->Describe("TestSubgraph")->active_generation;
+  const uint64_t old_generation = registry->Describe("TestSubgraph")->active_generation;
   EXPECT_THAT(Outputs(runtime, id.value(), {1, 2, 3, 4}, {4}),
               ElementsAre(ElementsAre(1, 2, 3, 4)));
   EXPECT_EQ(IntOption(runtime, "TestSubgraph", "compiled_executions"), 1);
 
   publish("SubgraphNext");
-  auto rescan = registry.value()->Rescan();
+  auto rescan = registry->Rescan();
   ASSERT_EQ(rescan.outcomes.size(), 1u);
   ASSERT_EQ(rescan.outcomes[0].action, DeployOutcome::Action::kActivated)
       << rescan.outcomes[0].message;
-  const uint64_t new_generation = registry.value()->Describe("TestSubgraph")->active_generation;
+  const uint64_t new_generation = registry->Describe("TestSubgraph")->active_generation;
   EXPECT_GT(new_generation, old_generation);
 
   EXPECT_THAT(Outputs(runtime, id.value(), {1, 2, 3, 4}, {4}),
@@ -292,8 +292,8 @@ TEST(CompiledSubgraphSwapTest, HotSwapCompilesTheRunAgainOnTheNewGeneration) {
   EXPECT_EQ(IntOption(runtime, "TestSubgraph", "compile_calls"), 1) << "compiled on the new one";
   EXPECT_EQ(IntOption(runtime, "TestSubgraph", "compiled_executions"), 1);
 
-  loader.value()->WaitForUnloads();
-  const auto status = registry.value()->Describe("TestSubgraph").value();
+  loader->WaitForUnloads();
+  const auto status = registry->Describe("TestSubgraph").value();
   ASSERT_GE(status.generations.size(), 2u);
   EXPECT_EQ(status.generations[1].generation, old_generation);
   EXPECT_EQ(status.generations[1].state, GenerationState::kUnloaded);

@@ -12,6 +12,7 @@
 #include <latch>
 #include <memory>
 #include <thread>
+#include <vector>
 
 namespace backplane::scheduler {
 namespace {
@@ -35,12 +36,67 @@ TEST(RequestSchedulerTest, AdmitsUpToTheLimitThenRefusesAtOnce) {
 TEST(RequestSchedulerTest, RunsWorkInItsArena) {
   RequestScheduler scheduler({.max_threads = 1});
   int concurrency = 0;
-  Status status = scheduler.RunInArena([&] {
+  Status status = scheduler.RunOnCallerThread([&] {
     concurrency = tbb::this_task_arena::max_concurrency();
     return Status::Ok();
   });
   EXPECT_TRUE(status.ok());
   EXPECT_EQ(concurrency, 1);
+}
+
+TEST(RequestSchedulerTest, RunsWorkOnTheCallersThread) {
+  RequestScheduler scheduler({.max_threads = 2});
+  std::thread::id ran_on;
+  Status status = scheduler.RunOnCallerThread([&] {
+    ran_on = std::this_thread::get_id();
+    return InvalidArgument("the work's own status");
+  });
+  EXPECT_EQ(ran_on, std::this_thread::get_id());
+  EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(status.message(), "the work's own status");
+  EXPECT_EQ(scheduler.callers_in_arena(), 0);
+}
+
+// Issue 24: more synchronous callers than slots. Each call waits until every caller is inside
+// its work at once, on its own thread: had a call been handed to a worker (TBB's execute() on a
+// full arena), the handed-off calls would queue behind each other and never all be inside
+// together. Callers beyond the slot run beside the arena, one thread each (max_concurrency 1).
+TEST(RequestSchedulerTest, CallersBeyondTheArenaSlotsRunAtOnceEachOnItsOwnThread) {
+  constexpr int kCallers = 6;
+  RequestScheduler scheduler({.max_threads = 1});
+  std::atomic<int> inside{0};
+  std::atomic<int> saw_all{0};
+  std::atomic<int> on_own_thread{0};
+  std::atomic<int> most_in_arena{0};
+  std::vector<std::thread> callers;
+  for (int i = 0; i < kCallers; ++i) {
+    callers.emplace_back([&] {
+      const auto caller = std::this_thread::get_id();
+      Status status = scheduler.RunOnCallerThread([&] {
+        if (std::this_thread::get_id() == caller)
+          on_own_thread.fetch_add(1);
+        int in_arena = scheduler.callers_in_arena();
+        int most = most_in_arena.load();
+        while (in_arena > most && !most_in_arena.compare_exchange_weak(most, in_arena)) {
+        }
+        EXPECT_EQ(tbb::this_task_arena::max_concurrency(), 1);
+        inside.fetch_add(1);
+        const auto until = Clock::now() + std::chrono::seconds(5);
+        while (inside.load() < kCallers && Clock::now() < until)
+          std::this_thread::yield();
+        if (inside.load() == kCallers)
+          saw_all.fetch_add(1);
+        return Status::Ok();
+      });
+      EXPECT_TRUE(status.ok()) << status.ToString();
+    });
+  }
+  for (auto& caller : callers)
+    caller.join();
+  EXPECT_EQ(saw_all.load(), kCallers);
+  EXPECT_EQ(on_own_thread.load(), kCallers);
+  EXPECT_LE(most_in_arena.load(), 1);
+  EXPECT_EQ(scheduler.callers_in_arena(), 0);
 }
 
 TEST(RequestSchedulerTest, EnqueuedWorkRunsAndReportsItsStatus) {

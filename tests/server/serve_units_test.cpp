@@ -159,14 +159,14 @@ TEST(ServeConfigTest, TrustedBackendsAreDigestsFromOneSource) {
   EXPECT_TRUE(config.trusted_backends_file.empty());
   auto none = MakeTrustPolicy(config);
   ASSERT_TRUE(none.ok());
-  EXPECT_EQ(none.value(), nullptr);
+  EXPECT_EQ(none.share(), nullptr);
 
   // Upper case is read as sha256sum -c would, and kept lowercase like the loader's digests.
   ASSERT_TRUE(apply(R"({"trusted_backends": [")" + std::string(64, 'A') + R"("]})", config).ok());
   EXPECT_EQ(config.trusted_backends, std::vector<std::string>{digest});
   auto listed = MakeTrustPolicy(config);
   ASSERT_TRUE(listed.ok()) << listed.error().ToString();
-  EXPECT_EQ(listed.value()->Describe(), "1 digest(s) given at start");
+  EXPECT_EQ(listed->Describe(), "1 digest(s) given at start");
 
   ServeConfig malformed = DefaultServeConfig();
   Status status = apply(R"({"trusted_backends": [")" + digest + R"(", "sha256:abc"]})", malformed);
@@ -203,7 +203,7 @@ TEST(ServeConfigTest, TrustedBackendsAreDigestsFromOneSource) {
   testing::WriteFile(dir / "trusted.sha256", "# ci\n" + digest + "  a.so\n");
   auto good = MakeTrustPolicy(from_file);
   ASSERT_TRUE(good.ok()) << good.error().ToString();
-  EXPECT_EQ(good.value()->Describe(), "1 digest(s) from " + (dir / "trusted.sha256").string());
+  EXPECT_EQ(good->Describe(), "1 digest(s) from " + (dir / "trusted.sha256").string());
   // Signing keys: PEM files relative to the config file, read when the policy is made; with a
   // list, content either trusts loads.
   ServeConfig signed_config = DefaultServeConfig();
@@ -228,9 +228,8 @@ TEST(ServeConfigTest, TrustedBackendsAreDigestsFromOneSource) {
                      "-----END PUBLIC KEY-----\n");
   auto either = MakeTrustPolicy(signed_config);
   ASSERT_TRUE(either.ok()) << either.error().ToString();
-  EXPECT_EQ(either.value()->Describe(),
-            "1 digest(s) from " + (dir / "trusted.sha256").string() +
-                " or 1 signing key(s): " + (dir / "keys/ci.pub").string());
+  EXPECT_EQ(either->Describe(), "1 digest(s) from " + (dir / "trusted.sha256").string() +
+                                    " or 1 signing key(s): " + (dir / "keys/ci.pub").string());
 
   EXPECT_THAT(ConfigToJson(from_file), HasSubstr("\"trusted_backends_file\": \"" +
                                                  (dir / "trusted.sha256").string() + "\""));

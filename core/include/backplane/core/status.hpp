@@ -6,6 +6,7 @@
 
 #include <cassert>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -235,10 +236,29 @@ inline Status Internal(std::string message) {
   return {StatusCode::kInternal, std::move(message)};
 }
 
+namespace internal {
+template <typename T>
+inline constexpr bool kIsSharedOwner = false;
+template <typename U>
+inline constexpr bool kIsSharedOwner<std::shared_ptr<U>> = true;
+}  // namespace internal
+
 // A value or an error: the Status that says why there is none (another type only where a
-// protocol needs its own error, e.g. an HTTP response).
+// protocol needs its own error, e.g. an HTTP response). Thread-compatible.
+//
+// A Result that holds a std::shared_ptr (a registry, a network, a backend instance) is an owner,
+// and only the explicit ways out are offered (issue 24):
+//  - `std::move(result).value()` takes the pointer out: the Result owns nothing afterwards;
+//  - `result->Method()` and `*result` observe the pointee without taking a reference;
+//  - `result.share()` makes a second owner on purpose, visibly.
+// An lvalue `value()` does not compile for them. Trap that it closes: `registry = result.value()`
+// copied the pointer and left a second owner inside the Result, which kept the registry (and
+// every generation it holds) alive past an embedder's shutdown sequence, until the Result went
+// out of scope. Other types keep lvalue value(): a copy of a plain value owns nothing shared.
 template <typename T, typename E = Status>
 class [[nodiscard]] Result {
+  static constexpr bool kSharedOwner = internal::kIsSharedOwner<T>;
+
  public:
   Result(T value) : state_(std::in_place_index<0>, std::move(value)) {}  // NOLINT: implicit
   Result(E error) : state_(std::in_place_index<1>, std::move(error)) {}  // NOLINT: implicit
@@ -246,20 +266,16 @@ class [[nodiscard]] Result {
   bool ok() const { return state_.index() == 0; }
   explicit operator bool() const { return ok(); }
 
-  T& value() & {
-    assert(ok() && "value() on an error Result");
-    return std::get<0>(state_);
-  }
-  const T& value() const& {
-    assert(ok() && "value() on an error Result");
-    return std::get<0>(state_);
-  }
+  T& value() & requires(!kSharedOwner) { return Stored(); }
+  const T& value() const& requires(!kSharedOwner) { return Stored(); }
   // By value, not T&&: `for (auto& x : MakeResult().value())` must not loop over a destroyed
   // temporary.
   T value() && {
     assert(ok() && "value() on an error Result");
     return std::get<0>(std::move(state_));
   }
+  // A second owner of what a shared-owner Result holds, taken on purpose.
+  [[nodiscard]] T share() const requires kSharedOwner { return Stored(); }
   const E& error() const& {
     assert(!ok() && "error() on a successful Result");
     return std::get<1>(state_);
@@ -269,12 +285,32 @@ class [[nodiscard]] Result {
     return std::get<1>(std::move(state_));
   }
 
-  T* operator->() { return &value(); }
-  const T* operator->() const { return &value(); }
-  T& operator*() & { return value(); }
-  const T& operator*() const& { return value(); }
+  // For a shared owner, the pointee (`result->Method()`); else the value.
+  auto* operator->() {
+    if constexpr (kSharedOwner)
+      return Stored().get();
+    else
+      return &Stored();
+  }
+  const auto* operator->() const {
+    if constexpr (kSharedOwner)
+      return static_cast<const typename T::element_type*>(Stored().get());
+    else
+      return &Stored();
+  }
+  auto& operator*() & { return *operator->(); }
+  const auto& operator*() const& { return *operator->(); }
 
  private:
+  T& Stored() {
+    assert(ok() && "value() on an error Result");
+    return std::get<0>(state_);
+  }
+  const T& Stored() const {
+    assert(ok() && "value() on an error Result");
+    return std::get<0>(state_);
+  }
+
   std::variant<T, E> state_;
 };
 

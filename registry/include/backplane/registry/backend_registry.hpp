@@ -73,6 +73,27 @@ struct Events;
 // each id, and the change coordinator has every runtime prepare and then commit a change.
 // Changes (rescan, reload, rollback, unpin, subscription) run one at a time in a change
 // sequence; observers and logs get their events after every lock is released.
+// How many backend generations are still in the process: loaded and not yet gone (instances
+// destroyed, library closed and verified unmapped, shadow copy deleted), counting every registry
+// and runtime that share the registry's loader (the process-wide one unless given another).
+// Thread-safe. Outlives the registry on purpose: the active generations leave only after the
+// registry that holds them and every runtime and request using them are gone, on the reaper
+// thread, so an embedder's orderly shutdown takes this first, drops the runtimes and the
+// registry, then waits (docs/embedding.md, "Shutting down"). Keeps the loader object (its
+// reaper thread) alive, never a generation.
+class LiveGenerations {
+ public:
+  explicit LiveGenerations(std::shared_ptr<const loader::Loader> loader)
+      : loader_(std::move(loader)) {}
+  uint64_t count() const;
+  // True once no generation is left; false when `timeout` passed first (a request, runtime or
+  // instance somewhere still holds one, or a backend's Shutdown does not return).
+  [[nodiscard]] bool WaitForNone(std::chrono::milliseconds timeout) const;
+
+ private:
+  std::shared_ptr<const loader::Loader> loader_;
+};
+
 class BackendRegistry : public std::enable_shared_from_this<BackendRegistry> {
  public:
   // Registers the static backends, then discovers and loads the backend files of the configured
@@ -98,6 +119,8 @@ class BackendRegistry : public std::enable_shared_from_this<BackendRegistry> {
   Result<std::shared_ptr<loader::BackendInstance>> CreateInstance(std::string_view id);
 
   loader::Loader& loader() const { return *loader_; }
+  // The generations in the process, to wait for after this registry is gone (LiveGenerations).
+  LiveGenerations live_generations() const { return LiveGenerations(loader_); }
 
   // ---- Hot reload --------------------------------------------------------------------------
   // Looks at every backend directory again and applies what changed: a new file identity of a
@@ -121,7 +144,12 @@ class BackendRegistry : public std::enable_shared_from_this<BackendRegistry> {
   std::vector<BackendStatus> Describe() const;  // every id, in registration order
   std::optional<BackendStatus> Describe(std::string_view id) const;
 
-  // Observers live as long as the registry; the returned number removes one.
+  // Observers live as long as the registry; the returned number removes one. Observers are
+  // called on the thread that made the change, or on the loader's reaper thread for kUnloaded
+  // and kLeaked, after every registry lock is released. RemoveObserver waits for a call of that
+  // observer in progress, so state the observer uses may be destroyed once it returns; after it,
+  // or after the registry is gone, the observer hears nothing more, including the kUnloaded of
+  // the generations the registry held at its end (wait for those with live_generations()).
   uint64_t AddObserver(GenerationObserver observer);
   void RemoveObserver(uint64_t observer_id);
 

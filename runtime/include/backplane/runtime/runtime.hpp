@@ -142,8 +142,15 @@ class Runtime : private BackendSubscriber {
   // This runtime's instance of backend `id`, or null.
   std::shared_ptr<loader::BackendInstance> Backend(std::string_view id) const;
 
-  // Validated by the backend: an unknown key or a wrong type applies nothing. Options set here
-  // (or at Create) are given to every later generation of the backend too.
+  // Validated by the backend: an unknown key or a wrong type applies nothing. Takes effect on the
+  // networks already loaded, whether the backend reads the option at Execute or when it prepares
+  // a workload: before returning, every network bound to the backend's current instance is
+  // re-prepared with the new values off the request path and switched atomically, as a swap
+  // switches (requests in flight finish on the old bindings; none fails). A network that does not
+  // prepare with them fails the update (kFailedPrecondition naming it) and the old values are
+  // restored. Networks pinned to an older generation (SwapPolicy::kPin) keep that generation's
+  // options. Options set here (or at Create) are given to every later generation too. Costs one
+  // preparation of each such network: an update is a control-plane call, not a per-request one.
   Status UpdateBackendOptions(std::string_view id, const BackendOptions& changes);
 
   const BackendRegistry& registry() const { return *registry_; }
@@ -166,9 +173,13 @@ class Runtime : private BackendSubscriber {
   Result<ShapeProgramStats> GetShapePrograms(NetworkId id) const;
   Result<std::shared_ptr<const Network>> GetNetwork(NetworkId id) const;
 
-  // Runs one request on the calling thread (kernels use the runtime's arena). Thread-safe: call
-  // it from many threads at once. Inputs in the order of the network's inputs; outputs in the
-  // order of its outputs. kResourceExhausted when the runtime is at its limit of requests.
+  // Runs one request on the calling thread, never handed to a worker (see RequestScheduler::
+  // RunOnCallerThread): while fewer callers than the arena's threads are in it, the request's
+  // parallel kernels use the arena; beyond that they run serially on the caller. Thread-safe: call
+  // it from as many threads as you like; admission counts it among max_in_flight like a queued
+  // request (kResourceExhausted when full, at once). Inputs in the order of the network's inputs;
+  // outputs in the order of its outputs. The network's bindings are held for the call, so a swap
+  // during it never unmaps the code it runs, and their last release goes to the reaper.
   Result<std::vector<Tensor>> Execute(NetworkId id, std::span<const ConstTensorView> inputs);
   // The same with inputs by name (as an inference API receives them): an unknown or missing
   // name is kInvalidArgument naming it and the network's inputs.
@@ -205,6 +216,13 @@ class Runtime : private BackendSubscriber {
   // Backend ids and their contexts, for calling hooks with backend_mutex_ held but not mutex_.
   using ContextList = std::vector<std::pair<std::string, IBackendContext*>>;
   class SwapChange;
+  // A network that a change re-prepares, and the preference list it is prepared with.
+  struct Affected {
+    NetworkId id;
+    std::shared_ptr<const LoadedNetwork> network;
+    std::vector<std::string> preferences;
+  };
+  using MovedNetworks = std::map<NetworkId, std::shared_ptr<const LoadedNetwork>>;
 
   Runtime(std::shared_ptr<BackendRegistry> registry, RuntimeOptions& options);
   Result<std::shared_ptr<const LoadedNetwork>> FindNetwork(NetworkId id) const;
@@ -222,6 +240,14 @@ class Runtime : private BackendSubscriber {
   // Valid while backend_mutex_ is held: no slot is replaced without it.
   ContextList CurrentContexts() const BACKPLANE_REQUIRES(mutex_);
   std::shared_ptr<const LoadedNetwork> Reaped(std::unique_ptr<LoadedNetwork> network) const;
+  // The loaded networks with a layer on backend `id`.
+  std::vector<Affected> NetworksUsing(std::string_view id) const BACKPLANE_REQUIRES(mutex_);
+  // The one way a loaded network gets new bindings (a generation change, a withdrawal, an
+  // option update): prepared anew on `instances` (backend code: call without mutex_), then
+  // switched by PublishMoved, one pointer store per network.
+  Result<std::shared_ptr<const LoadedNetwork>> Reprepare(const Affected& network,
+                                                         const InstanceMap& instances) const;
+  void PublishMoved(const MovedNetworks& moved) BACKPLANE_REQUIRES(mutex_);
   // Runs the swap-validation probe through both networks as requests of this runtime (admitted
   // like any other, in its arena); kValidationFailed naming the first output that differs.
   Status ValidateOnProbe(const LoadedNetwork& current, const LoadedNetwork& candidate,

@@ -22,8 +22,9 @@ struct SchedulerOptions {
   // Threads of the arena that runs requests and their kernels; 0 = one per core. Queued requests
   // run on TBB workers and may take every slot: the scheduler raises TBB's worker count to the
   // arena's size when it is lower (TBB's default is one per core less one, for a caller that a
-  // queued request does not have). A synchronous Execute joins the arena on its caller's thread
-  // when a slot is free, and otherwise waits while a worker runs it.
+  // queued request does not have). A synchronous Execute always runs on its caller's thread: it
+  // joins the arena while fewer callers than max_threads are inside, else runs beside it
+  // (RunOnCallerThread).
   int max_threads = 0;
   // Requests admitted at once (running or queued in the arena); beyond it, refused at once.
   std::size_t max_in_flight = 64;
@@ -55,9 +56,20 @@ class RequestScheduler {
   // kResourceExhausted ("overloaded") when max_in_flight requests are already admitted.
   Result<Admission> Admit();
 
-  // Runs `work` inside the arena on the calling thread (its parallel kernels use the arena's
-  // workers) and returns its status.
-  Status RunInArena(const std::function<Status()>& work);
+  // Runs `work` on the calling thread, never on a worker, and returns its status (ONNX Runtime's
+  // Run does the same). While fewer callers than the arena has slots are inside it, the caller
+  // joins the arena, and the work's parallel kernels (IHost::ParallelFor) use the arena's workers;
+  // a caller beyond that runs the work in a one-slot arena of its own thread, its parallel kernels
+  // serial: callers beyond the cores only take turns on them, and more threads would not help.
+  // Why not always join: TBB's execute() on an arena without a free slot hands the work to a
+  // worker and blocks the caller until it is done. With more callers than slots, each call became
+  // a handoff (wake a worker, put the caller to sleep, wake it), and the workers that came for
+  // the handoffs held the slots the next callers wanted: 4 callers on 2 cores ran at a quarter
+  // of 2 callers' throughput. Work run here is not counted as admitted: take an Admission first.
+  Status RunOnCallerThread(const std::function<Status()>& work);
+
+  // Callers of RunOnCallerThread inside the arena now, for tests.
+  int callers_in_arena() const { return callers_in_arena_.load(std::memory_order_relaxed); }
 
   // Queues `work` in the arena; `done` gets its status, or kDeadlineExceeded when `deadline`
   // passed before the request started. The admission is held until `done` returns.
@@ -74,6 +86,10 @@ class RequestScheduler {
   // Process-wide, and the smallest active value wins: an embedder's own lower limit still holds.
   std::optional<tbb::global_control> workers_;
   tbb::task_arena arena_;
+  const int arena_slots_;
+  // Raised before a caller joins the arena and lowered after it left; a caller that finds it at
+  // arena_slots_ runs beside the arena instead (RunOnCallerThread).
+  std::atomic<int> callers_in_arena_{0};
   // Goes up without the lock (Admit) but down only under drained_mutex_ (Release), so that the
   // destructor, which waits for 0 under that lock, cannot free the lock while a Release uses it.
   std::atomic<std::size_t> in_flight_{0};

@@ -1,0 +1,312 @@
+// Option updates that reach loaded networks (issue 24, item 2): UpdateBackendOptions re-prepares
+// every network on the backend's current instance and switches it as a swap does. The fixture
+// backends have an option read when a workload is created ("prepared_offset") and one read at
+// each Execute ("execute_offset"); CpuAcc's intra_op_threads is read at creation and changes the
+// threads a request computes on.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <filesystem>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "backplane/onnx/network.hpp"
+#include "backplane/runtime/runtime.hpp"
+#include "runtime/swap_test_util.hpp"
+#include "test_util.hpp"
+
+#ifndef BACKPLANE_CPU_ACC
+#error "BACKPLANE_CPU_ACC (the path of the built Backplane_CpuAcc_backend.so) comes from CMake"
+#endif
+
+namespace backplane {
+namespace {
+
+namespace fs = std::filesystem;
+using Action = DeployOutcome::Action;
+using testing::Fixture;
+using ::testing::HasSubstr;
+using testing::kNextOffset;
+using testing::TempDir;
+
+// Requests run back to back on `threads` threads until destroyed; counts the ones that failed
+// and keeps the first error.
+class Load {
+ public:
+  Load(Runtime& runtime, NetworkId network, int threads = 3) {
+    for (int i = 0; i < threads; ++i) {
+      threads_.emplace_back([this, &runtime, network] {
+        while (!stop_.load()) {
+          const float offset = testing::ExecuteOffset(runtime, network);
+          served_.fetch_add(1);
+          if (std::isnan(offset) && failed_.fetch_add(1) == 0) {
+            std::lock_guard lock(mutex_);
+            first_error_ = "a request failed or answered inconsistently";
+          }
+        }
+      });
+    }
+  }
+  ~Load() { Stop(); }
+  void Stop() {
+    stop_.store(true);
+    for (auto& thread : threads_) {
+      if (thread.joinable())
+        thread.join();
+    }
+  }
+  int64_t served() const { return served_.load(); }
+  int64_t failed() const { return failed_.load(); }
+
+ private:
+  std::atomic<bool> stop_{false};
+  std::atomic<int64_t> served_{0};
+  std::atomic<int64_t> failed_{0};
+  std::mutex mutex_;
+  std::string first_error_;
+  std::vector<std::thread> threads_;
+};
+
+class OptionUpdateTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto loader = loader::Loader::Create({.shadow_root = shadow_root_.path()});
+    ASSERT_TRUE(loader.ok()) << loader.error().ToString();
+    loader_ = std::move(loader).value();
+    Publish("Valid");
+    auto registry = BackendRegistry::Create({.backend_paths = std::vector{dir_.path()},
+                                             .loader = loader_,
+                                             .settle_time = std::chrono::milliseconds(0)});
+    ASSERT_TRUE(registry.ok()) << registry.error().ToString();
+    registry_ = std::move(registry).value();
+  }
+
+  std::unique_ptr<Runtime> MakeRuntime(RuntimeOptions options = {}) {
+    options.registry = registry_;
+    auto runtime = Runtime::Create(std::move(options));
+    EXPECT_TRUE(runtime.ok()) << runtime.error().ToString();
+    return std::move(runtime).value();
+  }
+
+  void Publish(std::string_view fixture) {
+    testing::CopyFile(Fixture(fixture), dir_ / ".incoming");
+    fs::rename(dir_ / ".incoming", dir_ / "Test_Valid_backend.so");
+  }
+
+  TempDir shadow_root_;
+  TempDir dir_;
+  std::shared_ptr<loader::Loader> loader_;
+  std::shared_ptr<BackendRegistry> registry_;
+};
+
+TEST_F(OptionUpdateTest, PreparedAndExecutedOptionsReachLoadedNetworksUnderLoadAndAcrossASwap) {
+  auto runtime = MakeRuntime();
+  auto network = runtime->LoadNetwork(testing::TwoLayerIdentityNetwork());
+  ASSERT_TRUE(network.ok()) << network.error().ToString();
+  Load load(*runtime, network.value());
+
+  // Two layers: every offset counts twice.
+  ASSERT_TRUE(runtime->UpdateBackendOptions("TestValid", {{"prepared_offset", 10.0}}).ok());
+  EXPECT_EQ(testing::ExecuteOffset(*runtime, network.value()), 20.0f) << "read at preparation";
+  ASSERT_TRUE(runtime->UpdateBackendOptions("TestValid", {{"execute_offset", 1.0}}).ok());
+  EXPECT_EQ(testing::ExecuteOffset(*runtime, network.value()), 22.0f) << "read at Execute";
+
+  Publish("ValidNext");
+  ASSERT_EQ(registry_->Rescan().outcomes.at(0).action, Action::kActivated);
+  EXPECT_EQ(testing::ExecuteOffset(*runtime, network.value()), 2 * (kNextOffset + 11.0f))
+      << "the new generation is prepared with the options of the old one";
+  ASSERT_TRUE(runtime->UpdateBackendOptions("TestValid", {{"prepared_offset", 20.0}}).ok());
+  EXPECT_EQ(testing::ExecuteOffset(*runtime, network.value()), 2 * (kNextOffset + 21.0f))
+      << "an update after the swap reaches the migrated network";
+
+  load.Stop();
+  EXPECT_GT(load.served(), 0);
+  EXPECT_EQ(load.failed(), 0);
+}
+
+// Updates and generation changes racing, with requests throughout: whatever the order, once both
+// stop the network runs on the active generation with the last options, and no request failed.
+// A generation change prepared before an update (with the old values) must not commit over it.
+TEST_F(OptionUpdateTest, UpdatesRacingSwapsEndWithTheLastOptionsOnTheActiveGeneration) {
+  const unsigned seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937 random(seed);
+  auto runtime = MakeRuntime();
+  auto network = runtime->LoadNetwork(testing::TwoLayerIdentityNetwork());
+  ASSERT_TRUE(network.ok()) << network.error().ToString();
+  Load load(*runtime, network.value(), 2);
+
+  std::atomic<bool> stop{false};
+  std::atomic<int> swaps{0};
+  std::thread swapper([&] {
+    bool next = true;
+    while (!stop.load()) {
+      Publish(next ? "ValidNext" : "Valid");
+      next = !next;
+      (void)registry_->Rescan();
+      swaps.fetch_add(1);
+    }
+  });
+  double last = 0;
+  for (int i = 0; i < 40; ++i) {
+    last = static_cast<double>(random() % 100);
+    Status updated = runtime->UpdateBackendOptions("TestValid", {{"prepared_offset", last}});
+    ASSERT_TRUE(updated.ok()) << updated.ToString();
+  }
+  while (swaps.load() < 5)
+    std::this_thread::yield();
+  stop.store(true);
+  swapper.join();
+  load.Stop();
+
+  // The active generation is Valid (offset 0) or ValidNext (release 1.2.4, offset 1000).
+  const auto described = registry_->Describe("TestValid");
+  ASSERT_TRUE(described.has_value());
+  std::string active_release;
+  for (const auto& generation : described->generations) {
+    if (generation.state == GenerationState::kActive)
+      active_release = generation.release;
+  }
+  const float generation_offset = active_release == "1.2.4" ? kNextOffset : 0.0f;
+  EXPECT_EQ(testing::ExecuteOffset(*runtime, network.value()),
+            2 * (generation_offset + static_cast<float>(last)));
+  EXPECT_EQ(load.failed(), 0);
+}
+
+TEST_F(OptionUpdateTest, PinnedNetworksKeepTheirGenerationsOptions) {
+  auto runtime = MakeRuntime({.swap_policy = SwapPolicy::kPin});
+  auto pinned = runtime->LoadNetwork(testing::TwoLayerIdentityNetwork());
+  ASSERT_TRUE(pinned.ok());
+  Publish("ValidNext");
+  ASSERT_EQ(registry_->Rescan().outcomes.at(0).action, Action::kActivated);
+  auto current = runtime->LoadNetwork(testing::TwoLayerIdentityNetwork());
+  ASSERT_TRUE(current.ok());
+
+  ASSERT_TRUE(runtime->UpdateBackendOptions("TestValid", {{"prepared_offset", 5.0}}).ok());
+  EXPECT_EQ(testing::ExecuteOffset(*runtime, pinned.value()), 0.0f)
+      << "stays on its generation, which the update does not reach";
+  EXPECT_EQ(testing::ExecuteOffset(*runtime, current.value()), 2 * (kNextOffset + 5.0f));
+  for (const auto& layer : runtime->GetPlacement(pinned.value()).value())
+    EXPECT_NE(layer.generation, runtime->Backend("TestValid")->generation_number());
+}
+
+TEST_F(OptionUpdateTest, RefusedUpdateChangesNoNetwork) {
+  auto runtime = MakeRuntime();
+  auto network = runtime->LoadNetwork(testing::TwoLayerIdentityNetwork());
+  ASSERT_TRUE(network.ok());
+  ASSERT_TRUE(runtime->UpdateBackendOptions("TestValid", {{"prepared_offset", 3.0}}).ok());
+  const auto before = runtime->GetPlacement(network.value());
+
+  Status unknown =
+      runtime->UpdateBackendOptions("TestValid", {{"prepared_offset", 7.0}, {"nope", true}});
+  EXPECT_EQ(unknown.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(unknown.message(), HasSubstr("nope"));
+  Status wrong_type = runtime->UpdateBackendOptions("TestValid", {{"prepared_offset", true}});
+  EXPECT_EQ(wrong_type.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(wrong_type.message(), HasSubstr("prepared_offset"));
+  Status no_backend = runtime->UpdateBackendOptions("Nope", {{"prepared_offset", 7.0}});
+  EXPECT_EQ(no_backend.code(), StatusCode::kNotFound);
+  EXPECT_EQ(no_backend.message(), "this runtime has no backend Nope");
+
+  EXPECT_EQ(testing::ExecuteOffset(*runtime, network.value()), 6.0f) << "nothing applied";
+  EXPECT_EQ(std::get<double>(runtime->Backend("TestValid")->GetOption("prepared_offset").value()),
+            3.0);
+}
+
+// The number of threads of this process.
+int ProcessThreads() {
+  int count = 0;
+  for (const auto& entry : fs::directory_iterator("/proc/self/task")) {
+    (void)entry;
+    ++count;
+  }
+  return count;
+}
+
+// CpuAcc's intra_op_threads is read when a workload is created: after an update the loaded
+// network must compute on that many threads. libgomp keeps a team of workers per calling thread
+// until that thread exits, so a fresh thread that runs one request shows the team: itself alone
+// with 1, itself and one OpenMP worker with 2.
+TEST(CpuAccOptionUpdateTest, IntraOpThreadsReachALoadedNetworkUnderLoad) {
+  const char* override_path = std::getenv("BACKPLANE_CPU_ACC_BACKEND");
+  const fs::path cpu_acc = override_path != nullptr && *override_path != '\0'
+                               ? fs::path(override_path)
+                               : fs::path(BACKPLANE_CPU_ACC);
+  BACKPLANE_REQUIRE_PATH(cpu_acc);
+  const fs::path mnist = BACKPLANE_SHARED_DATA "/models/mnist";
+  BACKPLANE_REQUIRE_PATH(mnist / "model.onnx");
+  TempDir dir;
+  testing::CopyFile(cpu_acc, dir / "Backplane_CpuAcc_backend.so");
+  auto runtime = Runtime::Create({.backend_paths = std::vector{dir.path()}});
+  ASSERT_TRUE(runtime.ok()) << runtime.error().ToString();
+  auto test_case = LoadOnnxTestCase(mnist);
+  ASSERT_TRUE(test_case.ok()) << test_case.error().ToString();
+  auto network = runtime.value()->LoadNetwork(std::move(test_case->network),
+                                              {.backend_preferences = {"CpuAcc"}});
+  ASSERT_TRUE(network.ok()) << network.error().ToString();
+  const ConstTensorView input = test_case->inputs.at(0).View();
+  // The logits before any update (output_0.pb holds a one-hot label, not logits): a thread count
+  // may change the order of a sum, never the result beyond rounding.
+  auto reference = runtime.value()->Execute(network.value(), std::span(&input, 1));
+  ASSERT_TRUE(reference.ok()) << reference.error().ToString();
+  const std::vector<float> expected(reference->at(0).Elements<float>().begin(),
+                                    reference->at(0).Elements<float>().end());
+
+  // Threads that exist while a fresh thread, after one request, is still alive, minus before.
+  auto threads_of_one_request = [&] {
+    const int before = ProcessThreads();
+    int during = 0;
+    std::thread([&] {
+      auto outputs = runtime.value()->Execute(network.value(), std::span(&input, 1));
+      EXPECT_TRUE(outputs.ok()) << outputs.error().ToString();
+      during = ProcessThreads();
+    }).join();
+    return during - before;
+  };
+  EXPECT_EQ(threads_of_one_request(), 1) << "intra_op_threads 1: the caller alone";
+
+  std::atomic<bool> stop{false};
+  std::atomic<int64_t> failed{0}, wrong{0}, served{0};
+  std::vector<std::thread> clients;
+  for (int i = 0; i < 2; ++i) {
+    clients.emplace_back([&] {
+      while (!stop.load()) {
+        auto outputs = runtime.value()->Execute(network.value(), std::span(&input, 1));
+        ++served;
+        if (!outputs.ok()) {
+          ++failed;
+          continue;
+        }
+        const auto got = outputs->at(0).Elements<float>();
+        for (std::size_t i = 0; i < got.size(); ++i) {
+          if (std::abs(got[i] - expected[i]) > 1e-4f * std::max(1.0f, std::abs(expected[i]))) {
+            ++wrong;
+            break;
+          }
+        }
+      }
+    });
+  }
+  for (int64_t threads : {2, 1, 2}) {
+    Status updated =
+        runtime.value()->UpdateBackendOptions("CpuAcc", {{"intra_op_threads", threads}});
+    ASSERT_TRUE(updated.ok()) << updated.ToString();
+  }
+  while (served.load() < 50)
+    std::this_thread::yield();
+  stop.store(true);
+  for (auto& client : clients)
+    client.join();
+  EXPECT_EQ(failed.load(), 0);
+  EXPECT_EQ(wrong.load(), 0);
+  EXPECT_EQ(threads_of_one_request(), 2) << "intra_op_threads 2: the caller and one OpenMP worker";
+}
+
+}  // namespace
+}  // namespace backplane
