@@ -722,7 +722,7 @@ Result<ShapeProgramStats> Runtime::GetShapePrograms(NetworkId id) const {
   auto network = FindNetwork(id);
   if (!network.ok())
     return std::move(network).error();
-  return network.value()->shape_program_stats();
+  return network->shape_program_stats();
 }
 
 Result<std::shared_ptr<const Network>> Runtime::GetNetwork(NetworkId id) const {

@@ -274,17 +274,17 @@ TEST(ShapeProgramSwapTest, NewBindingStartsAFreshCacheAndTheOldGenerationUnloads
   auto loader = loader::Loader::Create({.shadow_root = shadow_root.path()});
   ASSERT_TRUE(loader.ok()) << loader.error().ToString();
   auto registry = BackendRegistry::Create({.backend_paths = std::vector{dir.path()},
-                                           .loader = loader.value(),
+                                           .loader = loader.share(),
                                            .settle_time = std::chrono::milliseconds{0}});
   ASSERT_TRUE(registry.ok()) << registry.error().ToString();
-  auto created = Runtime::Create({.registry = registry.value()});
+  auto created = Runtime::Create({.registry = registry.share()});
   ASSERT_TRUE(created.ok()) << created.error().ToString();
   Runtime& runtime = *created.value();
   auto id = runtime.LoadNetwork(
       DynamicChain(),
       {.backend_preferences = {std::string(kPerShape), "CpuRef"}, .shape_program_capacity = 3});
   ASSERT_TRUE(id.ok()) << id.error().ToString();
-  const uint64_t generation = registry.value()->Describe(kPerShape)->active_generation;
+  const uint64_t generation = registry->Describe(kPerShape)->active_generation;
   for (int64_t n : {4, 6})
     ASSERT_TRUE(RunChain(runtime, id.value(), Ramp(n)).ok());
   ShapeProgramStats stats = runtime.GetShapePrograms(id.value()).value();
@@ -292,7 +292,7 @@ TEST(ShapeProgramSwapTest, NewBindingStartsAFreshCacheAndTheOldGenerationUnloads
   EXPECT_EQ(stats.programs[0].compiled_layers, 3u);
 
   fs::remove(file);
-  const auto rescan = registry.value()->Rescan();
+  const auto rescan = registry->Rescan();
   ASSERT_EQ(rescan.outcomes.size(), 1u);
   ASSERT_EQ(runtime.GetPlacement(id.value()).value().at(0).backend_id, "CpuRef");
   stats = runtime.GetShapePrograms(id.value()).value();
@@ -307,7 +307,7 @@ TEST(ShapeProgramSwapTest, NewBindingStartsAFreshCacheAndTheOldGenerationUnloads
   ASSERT_EQ(stats.programs.size(), 1u);
   EXPECT_EQ(stats.programs[0].compiled_layers, 0u) << "CpuRef declines every run";
 
-  loader.value()->WaitForUnloads();
+  loader->WaitForUnloads();
   EXPECT_FALSE(
       testing::IsCodeMapped(std::to_string(generation) + "-Test_SubgraphPerShape_backend.so"))
       << "no program kept the withdrawn generation mapped";
