@@ -211,7 +211,7 @@ TEST_F(RunCommandTest, BadOptionsExitOneNamingTheOptionAndWhy) {
        "--option GpuAcc.threads=2: no backend GpuAcc in this runtime (have: CpuRef, TestValid)"},
       {"TestValid.limits=2",
        "--option TestValid.limits=2: backend TestValid has no option 'limits' (known: verbose, "
-       "limit, scale, label)"},
+       "limit, scale, label, prepared_offset, execute_offset)"},
       {"TestValid.limit=two",
        "--option TestValid.limit=two: backend TestValid option 'limit' is int64, got \"two\""},
       {"TestValid.limit=2.5",
