@@ -123,6 +123,7 @@ struct ShapeProgramStats {
 };
 
 class LoadedNetwork;
+class ShapeProgramBuilder;
 
 // Thread-safe. Follows the registry's generations: when a backend id gets a new generation (or
 // loses its file), the runtime prepares its side off the request path and switches atomically
@@ -251,6 +252,9 @@ class Runtime : private BackendSubscriber {
   uint64_t state_version_ BACKPLANE_GUARDED_BY(mutex_) = 0;
   Published<NetworkMap> networks_;
 
+  // Builds shape programs off the request path; networks hold it by weak_ptr. The destructor
+  // shuts it down first (queued builds dropped, the running one waited for).
+  const std::shared_ptr<ShapeProgramBuilder> shape_program_builder_;
   // Destroyed first, waiting for requests in flight while everything they use still lives.
   scheduler::RequestScheduler scheduler_;
   // Destroyed before anything else: no generation change reaches a half-destroyed runtime.
