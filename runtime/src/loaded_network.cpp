@@ -161,11 +161,13 @@ struct LoadedNetwork::PendingBuild {
     if (!claim)
       return;
     std::shared_ptr<const LoadedNetwork> alive = network.lock();
-    if (alive == nullptr)
-      claim.Abandon();
-    else
-      ShapeProgramCache<ShapeProgram>::Claim(
-          std::move(claim));  // released: `alive` holds the cache
+    if (alive == nullptr) {
+      claim.Abandon();  // its cache went with the network
+      return;
+    }
+    // Released here, while `alive` holds the cache: the member would only be destroyed after
+    // `alive` is gone.
+    auto released = std::move(claim);
   }
 };
 

@@ -40,7 +40,8 @@ class ShapeProgramBuilder {
   // Shutdown: then `build` has been destroyed, on this thread, before Submit returns.
   bool Submit(std::function<void()> build) BACKPLANE_EXCLUDES(mutex_);
   // Drops the builds not started and waits for the running one; Submit refuses from then on.
-  // Idempotent. Must not be called from a build (it would wait for itself).
+  // Idempotent, from one thread at a time (the Runtime's destructor, then this destructor). Must
+  // not be called from a build (it would wait for itself).
   void Shutdown() BACKPLANE_EXCLUDES(mutex_);
 
  private:
