@@ -10,14 +10,17 @@
 // Model mode: the model's first input dimension must be dynamic (bench/make_symbolic_batch.py
 // makes one so). Three bindings of it in one runtime, measured in turn per round, R rounds
 // (default 30) per batch size:
-//   first  capacity 1, requests alternating this batch and batch+1: every request builds its
-//          program (shape inference + CompileSubgraph of each declined run), i.e. what the first
-//          request at a new shape costs;
+//   first  capacity 1, requests alternating this batch and batch+1, each program awaited before
+//          the next request: every request is the first at its shape, and queues its program's
+//          build (shape inference + CompileSubgraph of each declined run) on the runtime's
+//          builder thread while it runs the load-time per-layer workloads itself;
+//   ready  from the start of that first request until its program is cached (polled every
+//          20 us): when later requests of the shape get the compiled program;
 //   cached capacity 8, warmed: a hit runs the compiled program;
 //   off    capacity 0: shape inference and the load-time per-layer workloads on every request.
 // Memory first, before anything else has freed memory that malloc would reuse: one binding
-// (capacity 8), resident set size before and after the first request of each batch size (the
-// program the cache then holds), printed per program; a request at that size on a binding
+// (capacity 8), resident set size before the first request of each batch size and after its
+// program is cached, printed per program; a request at that size on a binding
 // without programs runs just before, so that the request's own buffers are not counted.
 //
 // Lookup mode: ShapeProgramCache::Find hits on a cache of 8 programs of one [N, 784] input, on
@@ -125,6 +128,17 @@ int RunModel(const fs::path& model, const fs::path& backends,
     }
     return micros;
   };
+  // Until `id` caches a program for `input`'s shape (built on the runtime's builder thread).
+  auto await_program = [&](NetworkId id, const Tensor& input) {
+    const Shape& shape = input.info().shape;
+    for (;;) {
+      for (const auto& program : runtime.value()->GetShapePrograms(id).value().programs) {
+        if (program.input_shapes.at(0) == shape)
+          return;
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+  };
 
   const NetworkId fresh = load(8), without = load(0);
   std::string growth;
@@ -133,6 +147,7 @@ int RunModel(const fs::path& model, const fs::path& backends,
     execute(without, input);  // the request's own working memory, allocated once beforehand
     const long before = ResidentKiB();
     execute(fresh, input);
+    await_program(fresh, input);
     growth += " " + std::to_string(ResidentKiB() - before);
   }
   const auto stats = runtime.value()->GetShapePrograms(fresh).value();
@@ -153,15 +168,21 @@ int RunModel(const fs::path& model, const fs::path& backends,
       execute(cached, input);
       execute(off, input);
     }
-    std::vector<double> first_us, cached_us, off_us;
+    await_program(cached, input);
+    std::vector<double> first_us, ready_us, cached_us, off_us;
     for (int round = 0; round < repeat; ++round) {
-      execute(first, other);  // evicts `input`'s program: the next request rebuilds it
+      execute(first, other);  // its program evicts `input`'s: the next request rebuilds it
+      await_program(first, other);
+      const auto start = Clock::now();
       first_us.push_back(execute(first, input));
+      await_program(first, input);
+      ready_us.push_back(MicrosSince(start));
       cached_us.push_back(execute(cached, input));
       off_us.push_back(execute(off, input));
     }
-    std::printf("batch=%-4lld first_us=%.1f cached_us=%.1f off_us=%.1f\n",
-                static_cast<long long>(batch), Median(first_us), Median(cached_us), Median(off_us));
+    std::printf("batch=%-4lld first_us=%.1f ready_us=%.1f cached_us=%.1f off_us=%.1f\n",
+                static_cast<long long>(batch), Median(first_us), Median(ready_us),
+                Median(cached_us), Median(off_us));
   }
 
   return 0;

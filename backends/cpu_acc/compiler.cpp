@@ -545,41 +545,71 @@ class Compiler {
   // the compile time.
   static constexpr double kTuneFlops = 4e6;
 
-  // The fastest implementation over `descs` (the same convolution with other layouts): each
-  // one is timed on zeros, best of 3. A later desc wins a near tie (within 3%): the caller puts
-  // channels-last after format any, because the pools and activations that follow run faster on
-  // nhwc than on 16-channel blocks when the channels do not fill the blocks (measured: LeNet's
-  // first max pool, 6 channels at batch 64, 41 us on nhwc, 58 us on nChw16c).
+  // The fastest implementation over `descs` (the same convolution with other layouts), chosen by
+  // timing `proxies` (the same descs at batch 1, or `descs` itself when the batch is 1): each
+  // non-reference implementation is timed on zeros, best of 3. A later desc wins a near tie
+  // (within 3%): the caller puts channels-last after format any, because the pools and
+  // activations that follow run faster on nhwc than on 16-channel blocks when the channels do not
+  // fill the blocks (measured: LeNet's first max pool, 6 channels at batch 64, 41 us on nhwc,
+  // 58 us on nChw16c).
+  //
+  // Why batch 1: timing at the full batch made a LeNet's first request at batch 64 cost 1.7 s
+  // (some candidates are slow there, and each runs 4 times); the layout and implementation
+  // choice rarely depends on the batch, which only multiplies the work. The winner is then
+  // created at the full shape by its implementation name; if the full shape does not offer that
+  // implementation, its first non-reference one (oneDNN's own first choice).
   dnnl::convolution_forward::primitive_desc FastestConv(
-      const std::vector<dnnl::convolution_forward::desc>& descs, const dnnl::primitive_attr& attr) {
+      const std::vector<dnnl::convolution_forward::desc>& descs,
+      const std::vector<dnnl::convolution_forward::desc>& proxies,
+      const dnnl::primitive_attr& attr) {
     std::size_t best_desc = 0;
-    int best_impl = 0;
+    std::string best_impl;
     double best_time = 1e300;
-    for (std::size_t d = 0; d < descs.size(); ++d) {
+    for (std::size_t d = 0; d < proxies.size(); ++d) {
       dnnl::convolution_forward::primitive_desc candidate;
       try {
-        candidate = dnnl::convolution_forward::primitive_desc(descs[d], attr, engine_);
+        candidate = dnnl::convolution_forward::primitive_desc(proxies[d], attr, engine_);
       } catch (const dnnl::error&) {
         continue;  // no implementation for these layouts
       }
-      int index = 0;
       do {
-        const std::string impl = candidate.impl_info_str();
+        const std::string impl = ImplName(candidate);
         if (impl.find("ref") == std::string::npos) {
           const double time = TimeConv(candidate);
           if (d > best_desc ? time <= best_time * 1.03 : time < best_time) {
             best_time = time;
             best_desc = d;
-            best_impl = index;
+            best_impl = impl;
           }
         }
-        ++index;
       } while (candidate.next_impl());
     }
-    dnnl::convolution_forward::primitive_desc chosen(descs[best_desc], attr, engine_);
-    for (int k = 0; k < best_impl; ++k)
-      chosen.next_impl();
-    return chosen;
+    dnnl::convolution_forward::primitive_desc chosen;
+    try {
+      chosen = dnnl::convolution_forward::primitive_desc(descs[best_desc], attr, engine_);
+    } catch (const dnnl::error&) {
+      best_desc = 0;  // the proxy had an implementation the full shape lacks: format any
+      chosen = dnnl::convolution_forward::primitive_desc(descs[0], attr, engine_);
+    }
+    // Walk to the winner; remember the first non-reference one on the way as the fallback.
+    int first_fast = -1, index = 0, winner = -1;
+    do {
+      const std::string impl = ImplName(chosen);
+      if (first_fast < 0 && impl.find("ref") == std::string::npos)
+        first_fast = index;
+      if (impl == best_impl) {
+        winner = index;
+        break;
+      }
+      ++index;
+    } while (chosen.next_impl());
+    const int wanted = winner >= 0 ? winner : std::max(first_fast, 0);
+    if (wanted == index)
+      return chosen;  // stopped on it
+    dnnl::convolution_forward::primitive_desc again(descs[best_desc], attr, engine_);
+    for (int k = 0; k < wanted; ++k)
+      again.next_impl();
+    return again;
   }
 
   double TimeConv(const dnnl::convolution_forward::primitive_desc& pd) {
@@ -721,13 +751,25 @@ class Compiler {
     const double flops = 2.0 * static_cast<double>(ElementCount(expected)) *
                          static_cast<double>(ElementCount(w) / maps);
     if (flops >= kTuneFlops) {
-      std::vector<dnnl::convolution_forward::desc> descs{desc};
-      if (x.size() == 4 && maps % 16 != 0) {
-        descs.push_back(
-            conv_desc(Md(Dims(x), memory::data_type::f32, memory::format_tag::nhwc),
-                      Md(Dims(expected), memory::data_type::f32, memory::format_tag::nhwc)));
-      }
-      pd = FastestConv(descs, attr);
+      // The same candidates at `batch`. A residual's branch layout is for the full batch: its
+      // proxy is format any (the implementation is matched by name on the real desc).
+      auto candidates = [&](int64_t batch) {
+        Shape src = x, dst = expected;
+        src[0] = dst[0] = batch;
+        std::vector<dnnl::convolution_forward::desc> descs{
+            batch == x[0]
+                ? desc
+                : conv_desc(Md(Dims(src), memory::data_type::f32, memory::format_tag::any),
+                            Md(Dims(dst), memory::data_type::f32, memory::format_tag::any))};
+        if (x.size() == 4 && maps % 16 != 0) {
+          descs.push_back(
+              conv_desc(Md(Dims(src), memory::data_type::f32, memory::format_tag::nhwc),
+                        Md(Dims(dst), memory::data_type::f32, memory::format_tag::nhwc)));
+        }
+        return descs;
+      };
+      const auto descs = candidates(x[0]);
+      pd = FastestConv(descs, x[0] == 1 ? descs : candidates(1), attr);
     }
 
     // Weights: constant ones (scaled by a folded BatchNormalization) reordered now.

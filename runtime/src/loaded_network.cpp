@@ -126,6 +126,51 @@ struct LoadedNetwork::ShapeProgram {
   std::string failures;  // why runs failed to compile at these shapes, for the stats
 };
 
+// A program's build, queued on the ShapeProgramBuilder by the first request at its shape. Holds
+// its network by weak_ptr, so that a queued build does not keep an unloaded or swapped-out network
+// (and its backends' generation) alive: the build is cancelled when it finds it gone. Trap: the
+// claim points into the network's cache, so it may be released only while a strong reference
+// proves that cache alive; without one it is abandoned (the cache went with its network).
+struct LoadedNetwork::PendingBuild {
+  PendingBuild(std::weak_ptr<const LoadedNetwork> network,
+               ShapeProgramCache<ShapeProgram>::Claim claim, InputShapes shapes,
+               std::vector<TensorInfo> slot_shapes)
+      : network(std::move(network)),
+        claim(std::move(claim)),
+        shapes(std::move(shapes)),
+        slot_shapes(std::move(slot_shapes)) {}
+
+  std::weak_ptr<const LoadedNetwork> network;
+  ShapeProgramCache<ShapeProgram>::Claim claim;
+  InputShapes shapes;
+  std::vector<TensorInfo> slot_shapes;
+
+  // On the builder thread. `alive` may be the last reference to the network: its deleter hands
+  // it to the reaper (LoadedNetworks are reaped), so no backend code is destroyed here.
+  void Build() {
+    std::shared_ptr<const LoadedNetwork> alive = network.lock();
+    if (alive == nullptr) {
+      claim.Abandon();
+      return;
+    }
+    claim.Publish(alive->BuildShapeProgram(shapes, std::move(slot_shapes)));
+  }
+  // Refused by a full queue, dropped by a shutdown, or thrown out of Build: releases the claim
+  // if its cache still lives, so that a later request of that shape claims it again.
+  ~PendingBuild() {
+    if (!claim)
+      return;
+    std::shared_ptr<const LoadedNetwork> alive = network.lock();
+    if (alive == nullptr) {
+      claim.Abandon();  // its cache went with the network
+      return;
+    }
+    // Released here, while `alive` holds the cache: the member would only be destroyed after
+    // `alive` is gone.
+    auto released = std::move(claim);
+  }
+};
+
 Result<std::unique_ptr<LoadedNetwork>> LoadedNetwork::Create(std::shared_ptr<const Network> network,
                                                              const Backends& backends,
                                                              ShapeProgramOptions shape_programs) {
@@ -602,8 +647,19 @@ Result<std::vector<Tensor>> LoadedNetwork::Execute(std::span<const ConstTensorVi
   auto slot_shapes = InferSlotShapes(inputs);
   if (!slot_shapes.ok())
     return std::move(slot_shapes).error();
-  if (!found.claim)  // another request is building it: run the load-time steps, do not wait
+  if (!found.claim)  // being built: run the load-time steps, do not wait
     return RunSteps(load_time_steps_, slot_shapes.value(), inputs);
+  std::shared_ptr<ShapeProgramBuilder> builder = shape_program_options_.builder.lock();
+  std::weak_ptr<const LoadedNetwork> self = weak_from_this();
+  if (builder != nullptr && !self.expired()) {
+    // Off the request path. Refused (queue full, shutting down), the build is destroyed inside
+    // Submit and releases the claim; this request runs the load-time steps either way.
+    auto pending = std::make_shared<PendingBuild>(std::move(self), std::move(found.claim),
+                                                  std::move(shapes), slot_shapes.value());
+    builder->Submit([pending = std::move(pending)] { pending->Build(); });
+    return RunSteps(load_time_steps_, slot_shapes.value(), inputs);
+  }
+  // No builder (a LoadedNetwork outside a Runtime, or the Runtime is shutting down): built here.
   auto program = BuildShapeProgram(shapes, std::move(slot_shapes).value());
   found.claim.Publish(program);
   return RunSteps(program->steps, program->slot_shapes, inputs);

@@ -15,6 +15,7 @@
 #include "backplane/loader/reaper.hpp"
 #include "backplane/onnx/network.hpp"
 #include "backplane/runtime/runtime.hpp"
+#include "shape_program_builder.hpp"
 #include "shape_program_cache.hpp"
 
 namespace backplane {
@@ -27,6 +28,9 @@ struct ShapeProgramOptions {
   // Where programs are destroyed (their workloads are backend code: loading rule 6); null: by
   // whoever drops the last reference.
   std::shared_ptr<loader::Reaper> reaper;
+  // Where programs are built, off the request path (the Runtime's). Null or shut down, or a
+  // LoadedNetwork not owned by a shared_ptr: the first request at a shape builds it itself.
+  std::weak_ptr<ShapeProgramBuilder> builder;
 };
 
 // Shape programs. A network exported with a symbolic batch dimension has dynamic shapes at load
@@ -40,9 +44,14 @@ struct ShapeProgramOptions {
 // compiled at load time, dimensions unknown, is kept: that backend said it runs every shape, and
 // a second program per shape would cost memory for no promised gain.
 // Costs and traps:
-//  - the first request at a new shape pays shape inference plus every compile (docs/performance.md
-//    measures it: milliseconds on CpuAcc); the requests of that shape arriving meanwhile run the
-//    load-time workloads, never wait and never compile it a second time;
+//  - the first request at a new shape claims its program and hands the build (every compile) to
+//    the Runtime's ShapeProgramBuilder thread; it and the requests of that shape arriving before
+//    the program is published run the load-time workloads at that shape (shape inference per
+//    request), never wait and never compile it a second time. The program appears once the
+//    builder gets to it (after the builds queued before it): docs/performance.md measures both;
+//  - the build holds only a weak_ptr to its LoadedNetwork: a network unloaded or swapped out
+//    before its build starts is not built for; a build running holds it, and its last
+//    reference, dropped on the builder thread, hands it to the reaper like any other (rule 6);
 //  - a client that sends a new shape per request makes every request pay a compile and evict a
 //    program: the capacity bounds memory, not that cost;
 //  - programs live in a bounded LRU cache; an evicted program lives on while requests run it
@@ -52,7 +61,8 @@ struct ShapeProgramOptions {
 //
 // Thread-safe: Execute may run concurrently; each call has its own working memory. Immutable
 // after Create but for the shape program cache, which has its own short lock.
-class LoadedNetwork {
+// enable_shared_from_this: a queued build refers to its network by weak_ptr.
+class LoadedNetwork : public std::enable_shared_from_this<LoadedNetwork> {
  public:
   // `backends` in preference order. Fails naming the node and every backend's reason when no
   // backend supports a node, and naming the backend and the layers when a backend fails to
@@ -92,6 +102,7 @@ class LoadedNetwork {
   struct Liveness;
   struct Boundary;
   struct ShapeProgram;
+  struct PendingBuild;
   struct DeclinedRun;
   struct Run {  // planned layers [begin, end), consecutive and on one backend instance
     std::size_t begin;

@@ -197,9 +197,14 @@ Runtime::Runtime(std::shared_ptr<BackendRegistry> registry, RuntimeOptions& opti
       default_preferences_(std::move(options.default_preferences)),
       swap_policy_(options.swap_policy),
       swap_validation_(std::move(options.swap_validation)),
+      shape_program_builder_(std::make_shared<ShapeProgramBuilder>()),
       scheduler_(options.scheduler) {}
 
-Runtime::~Runtime() = default;
+// Builds first: a running one uses a network's backends, which must outlive it; the requests
+// still in flight then find the builder refusing and run layer by layer.
+Runtime::~Runtime() {
+  shape_program_builder_->Shutdown();
+}
 
 void Runtime::AttachBackends() {
   for (const auto& id : registry_->BackendIds()) {
@@ -424,9 +429,10 @@ Result<NetworkId> Runtime::LoadNetwork(Network network, NetworkOptions options) 
     }
   }
   const std::string name = network.name;
-  auto loaded = LoadedNetwork::Create(
-      std::make_shared<const Network>(std::move(network)), backends,
-      {.capacity = options.shape_program_capacity, .reaper = registry_->loader().reaper()});
+  auto loaded = LoadedNetwork::Create(std::make_shared<const Network>(std::move(network)), backends,
+                                      {.capacity = options.shape_program_capacity,
+                                       .reaper = registry_->loader().reaper(),
+                                       .builder = shape_program_builder_});
   if (!loaded.ok())
     return fail(loaded.error().WithContext("network " + name + ": "));
   for (const auto& [backend_id, context] : contexts) {

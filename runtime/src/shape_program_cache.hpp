@@ -59,8 +59,9 @@ template <typename Program>
 class ShapeProgramCache {
  public:
   // The right to build the program for one shape, given to exactly one of the requests that find
-  // the shape missing. Move-only; dropped without Publish (the build failed: a bad request, an
-  // exception), it releases the shape so that a later request claims it again.
+  // the shape missing, which may hand it to the background builder. Move-only; dropped without
+  // Publish (the build failed: a bad request, an exception), it releases the shape so that a later
+  // request claims it again.
   class Claim {
    public:
     Claim() = default;
@@ -77,6 +78,11 @@ class ShapeProgramCache {
     void Publish(std::shared_ptr<const Program> program) {
       std::exchange(cache_, nullptr)->Release(shapes_, std::move(program));
     }
+
+    // Lets go without touching the cache: for a claim that outlived its cache (a build queued
+    // for a LoadedNetwork that was destroyed meanwhile). Calling it while the cache lives would
+    // keep the shape claimed for good: no request would build it again.
+    void Abandon() { cache_ = nullptr; }
 
    private:
     friend class ShapeProgramCache;

@@ -1,11 +1,17 @@
 // The shape program cache alone: LRU order and counters against a plain model on seeded random
-// accesses, claims, and evicted programs that live on while held.
+// accesses, claims, and evicted programs that live on while held. The shape program builder
+// alone: its bounded queue, and what Shutdown drops and waits for.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <deque>
+#include <future>
+#include <memory>
 #include <random>
+#include <thread>
 
+#include "shape_program_builder.hpp"
 #include "shape_program_cache.hpp"
 
 namespace backplane::shape_program_cache_test {
@@ -114,6 +120,37 @@ TEST(ShapeProgramCacheTest, KeysDifferByHowDimensionsSplitAcrossInputs) {
   Cache cache(4, std::make_shared<ShapeProgramCounters>());
   cache.Find(a).claim.Publish(std::make_shared<const int>(1));
   EXPECT_TRUE(cache.Find(b).claim) << "a different key, not a hit";
+}
+
+// One build runs (held on a future), two fill a queue of 2, a fourth is refused and destroyed
+// before Submit returns; Shutdown drops the two queued unrun and waits for the running one.
+TEST(ShapeProgramBuilderTest, BoundedQueueAndShutdownDropsQueuedWaitsForRunning) {
+  ShapeProgramBuilder builder(/*queue_capacity=*/2);
+  std::promise<void> started, release;
+  std::shared_future<void> released = release.get_future().share();
+  std::atomic<int> ran{0};
+  ASSERT_TRUE(builder.Submit([&started, released, &ran] {
+    started.set_value();
+    released.wait();
+    ran.fetch_add(1);
+  }));
+  started.get_future().wait();  // running: the queue is empty again
+  auto token = std::make_shared<int>(0);
+  for (int i = 0; i < 2; ++i)
+    ASSERT_TRUE(builder.Submit([token, &ran] { ran.fetch_add(100); })) << i;
+  EXPECT_EQ(token.use_count(), 3);
+  EXPECT_FALSE(builder.Submit([token, &ran] { ran.fetch_add(100); })) << "the queue is full";
+  EXPECT_EQ(token.use_count(), 3) << "the refused build was destroyed inside Submit";
+
+  std::thread shutdown([&] { builder.Shutdown(); });
+  // Shutdown drops the queued builds first, then waits for the running one.
+  while (token.use_count() != 1)
+    std::this_thread::yield();
+  release.set_value();
+  shutdown.join();
+  EXPECT_EQ(ran.load(), 1) << "the running build finished, the queued ones never ran";
+  EXPECT_FALSE(builder.Submit([] {})) << "refused after Shutdown";
+  builder.Shutdown();  // idempotent
 }
 
 }  // namespace

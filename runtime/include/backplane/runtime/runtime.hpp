@@ -94,9 +94,9 @@ struct LayerPlacement {
   std::string note;
   // A network with dynamic input dimensions: true when this layer belongs to a run of layers that
   // its backend declined to compile at load time, with dimensions still unknown, and that is
-  // offered to it again with each input shape's concrete dimensions when the first request of
-  // that shape arrives (NetworkOptions::shape_program_capacity). Whether it compiled at a given
-  // shape is in GetShapePrograms.
+  // offered to it again with each input shape's concrete dimensions, on the runtime's builder
+  // thread, once the first request of that shape arrives (NetworkOptions::
+  // shape_program_capacity). Whether it compiled at a given shape is in GetShapePrograms.
   bool compiled_per_input_shape = false;
   // Why the layer is not on a backend earlier in the preference list: each backend asked before
   // the one it runs on, with its refusal, as "\n  ID: reason" (the list a load error gives when no
@@ -127,6 +127,7 @@ struct ShapeProgramStats {
 };
 
 class LoadedNetwork;
+class ShapeProgramBuilder;
 
 // Thread-safe. Follows the registry's generations: when a backend id gets a new generation (or
 // loses its file), the runtime prepares its side off the request path and switches atomically
@@ -162,9 +163,10 @@ class Runtime : private BackendSubscriber {
   // placed on one backend is offered to it whole (SDK 1.1 CompileSubgraph): a backend that compiles
   // it runs it as one workload; one that declines (or is built against 1.0) gets one workload per
   // layer. A backend that fails to compile a run fails the load, naming it and the layers. With
-  // dynamic input dimensions, a run declined at load time is offered again per input shape on the
-  // first request of that shape (NetworkOptions::shape_program_capacity); a failure there only
-  // logs, and the run goes layer by layer at that shape.
+  // dynamic input dimensions, a run declined at load time is offered again per input shape, off
+  // the request path, once the first request of that shape arrives (NetworkOptions::
+  // shape_program_capacity); a failure there only logs, and the run goes layer by layer at that
+  // shape.
   Result<NetworkId> LoadNetwork(Network network, NetworkOptions options = {});
   // Calls BeforeUnloadNetwork on every context first; when one refuses, the network stays loaded
   // and the error says which backend and why. Requests in flight finish on the old bindings.
@@ -281,6 +283,9 @@ class Runtime : private BackendSubscriber {
   uint64_t state_version_ BACKPLANE_GUARDED_BY(mutex_) = 0;
   Published<NetworkMap> networks_;
 
+  // Builds shape programs off the request path; networks hold it by weak_ptr. The destructor
+  // shuts it down first (queued builds dropped, the running one waited for).
+  const std::shared_ptr<ShapeProgramBuilder> shape_program_builder_;
   // Destroyed first, waiting for requests in flight while everything they use still lives.
   scheduler::RequestScheduler scheduler_;
   // Destroyed before anything else: no generation change reaches a half-destroyed runtime.

@@ -1,0 +1,63 @@
+#include "shape_program_builder.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <utility>
+
+#include "backplane/core/backend_call.hpp"
+
+namespace backplane {
+
+ShapeProgramBuilder::ShapeProgramBuilder(std::size_t queue_capacity)
+    : queue_capacity_(queue_capacity), thread_([this] { Loop(); }) {}
+
+ShapeProgramBuilder::~ShapeProgramBuilder() {
+  Shutdown();
+}
+
+bool ShapeProgramBuilder::Submit(std::function<void()> build) {
+  {
+    MutexLock lock(mutex_);
+    if (!stopping_ && queue_.size() < queue_capacity_) {
+      queue_.push_back(std::move(build));
+      wake_.notify_one();
+      return true;
+    }
+  }
+  build = nullptr;  // refused: destroyed here, outside the lock (it may release a claim)
+  return false;
+}
+
+void ShapeProgramBuilder::Shutdown() {
+  std::deque<std::function<void()>> dropped;
+  {
+    MutexLock lock(mutex_);
+    stopping_ = true;
+    dropped.swap(queue_);
+  }
+  wake_.notify_all();
+  dropped.clear();  // outside the lock: a build's destruction releases its claim
+  if (thread_.joinable())
+    thread_.join();
+}
+
+void ShapeProgramBuilder::Loop() {
+  MutexLock lock(mutex_);
+  for (;;) {
+    while (!stopping_ && queue_.empty())
+      wake_.wait(mutex_);
+    if (stopping_)
+      return;
+    std::function<void()> build = std::move(queue_.front());
+    queue_.pop_front();
+    MutexUnlock unlocked(mutex_);
+    // A build that throws (out of memory) has released its claim on the way out; the next
+    // request of that shape queues it again.
+    GuardBackendCall(build, [](std::string_view what) {
+      spdlog::error("shape program builder: a build threw: {}", what);
+    });
+    build = nullptr;  // destroyed before the lock is retaken
+  }
+}
+
+}  // namespace backplane
