@@ -380,11 +380,11 @@ void DropNetworkWithBuildsPending(bool unload_first) {
   uint64_t generation = 0;
   {
     auto registry = BackendRegistry::Create({.backend_paths = std::vector{dir.path()},
-                                             .loader = loader.value(),
+                                             .loader = loader.share(),
                                              .settle_time = std::chrono::milliseconds{0}});
     ASSERT_TRUE(registry.ok()) << registry.error().ToString();
-    generation = registry.value()->Describe(kPerShape)->active_generation;
-    auto created = Runtime::Create({.registry = registry.value()});
+    generation = registry->Describe(kPerShape)->active_generation;
+    auto created = Runtime::Create({.registry = registry.share()});
     ASSERT_TRUE(created.ok()) << created.error().ToString();
     Runtime& runtime = *created.value();
     auto id = runtime.LoadNetwork(DynamicChain(), {.backend_preferences = {std::string(kPerShape)},
@@ -402,7 +402,7 @@ void DropNetworkWithBuildsPending(bool unload_first) {
       EXPECT_FALSE(runtime.GetShapePrograms(id.value()).ok()) << "unloaded";
     }
   }  // the runtime (builds dropped or waited for), then the registry
-  loader.value()->WaitForUnloads();
+  loader->WaitForUnloads();
   EXPECT_FALSE(
       testing::IsCodeMapped(std::to_string(generation) + "-Test_SubgraphPerShape_backend.so"))
       << "a pending build kept the generation mapped";
