@@ -25,8 +25,8 @@
 // never slows a small layer down. The host runs up to max_in_flight requests at once, so
 // requests x intra_op_threads threads may compute at once: keep that product within the cores
 // (1, the default, never oversubscribes). The value is read when a workload is created (oneDNN
-// sizes some kernels' work split at creation), so an update applies to networks loaded (or
-// migrated) after it.
+// sizes some kernels' work split at creation); the host's runtime re-prepares loaded networks
+// when an option changes and switches them as a swap does, so an update reaches them too.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -52,8 +52,8 @@ struct BackendState {
                       "OpenMP threads each request's primitives use (>= 1); requests in flight x "
                       "this should not exceed the cores. Only layers of at least 1 MFLOP "
                       "(Conv, Gemm, MatMul) or 64K output elements (other ops) use more than "
-                      "one: below that a second thread was measured to slow them down. Applies "
-                      "to networks loaded after a change"}}};
+                      "one: below that a second thread was measured to slow them down. Read when "
+                      "a network is prepared; an update re-prepares loaded networks"}}};
   std::atomic<int> executing{0};  // Execute calls inside this instance's code
 };
 
