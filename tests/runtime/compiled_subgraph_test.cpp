@@ -7,12 +7,14 @@
 #include <cstring>
 
 #include "backplane/runtime/runtime.hpp"
+#include "runtime/swap_test_util.hpp"
 #include "test_util.hpp"
 
 namespace backplane {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::ChainNetwork;
 using ::testing::ElementsAre;
 using testing::Fixture;
 using ::testing::HasSubstr;
@@ -22,21 +24,6 @@ Tensor Floats(Shape shape, const std::vector<float>& values) {
   Tensor tensor(TensorInfo{DataType::kFloat32, std::move(shape)});
   std::memcpy(tensor.data(), values.data(), values.size() * sizeof(float));
   return tensor;
-}
-
-// x -> Relu "relu" -> h -> Add(h, x) "add" -> s -> Identity "copy" -> y: one run of three layers.
-Network ChainNetwork(Shape shape = {4}) {
-  const TensorInfo info{DataType::kFloat32, shape};
-  Network network{.name = "chain"};
-  network.inputs = {{"x", info}};
-  network.outputs = {{"y", info}};
-  network.nodes = {
-      {.name = "relu", .op_type = "Relu", .inputs = {"x"}, .outputs = {"h"}},
-      {.name = "add", .op_type = "Add", .inputs = {"h", "x"}, .outputs = {"s"}},
-      {.name = "copy", .op_type = "Identity", .inputs = {"s"}, .outputs = {"y"}},
-  };
-  network.values = {{"x", info}, {"h", info}, {"s", info}, {"y", info}};
-  return network;
 }
 
 // Two runs on the compiling backend around a Mul that only CpuRef runs, with a constant, a value

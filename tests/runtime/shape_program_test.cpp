@@ -19,6 +19,7 @@
 #include "backplane/loader/loader.hpp"
 #include "backplane/registry/backend_registry.hpp"
 #include "backplane/runtime/runtime.hpp"
+#include "runtime/swap_test_util.hpp"
 #include "test_util.hpp"
 
 namespace backplane::shape_program_test {
@@ -31,19 +32,9 @@ using testing::TempDir;
 
 constexpr std::string_view kPerShape = "TestSubgraphPerShape";
 
-// x[N] -> Relu "relu" -> h -> Add(h, x) "add" -> s -> Identity "copy" -> y: one run, batch dynamic.
+// ChainNetwork with its batch dynamic: relu(x) + x in one run.
 Network DynamicChain() {
-  const TensorInfo info{DataType::kFloat32, {-1}};
-  Network network{.name = "dynamic_chain"};
-  network.inputs = {{"x", info}};
-  network.outputs = {{"y", info}};
-  network.nodes = {
-      {.name = "relu", .op_type = "Relu", .inputs = {"x"}, .outputs = {"h"}},
-      {.name = "add", .op_type = "Add", .inputs = {"h", "x"}, .outputs = {"s"}},
-      {.name = "copy", .op_type = "Identity", .inputs = {"s"}, .outputs = {"y"}},
-  };
-  network.values = {{"x", info}, {"h", info}, {"s", info}, {"y", info}};
-  return network;
+  return testing::ChainNetwork({-1});
 }
 
 // What DynamicChain computes: relu(x) + x.

@@ -29,4 +29,18 @@ float ExecuteOffset(Runtime& runtime, NetworkId network) {
   return values[0] - 5.0f;
 }
 
+Network ChainNetwork(Shape shape) {
+  const TensorInfo info{DataType::kFloat32, std::move(shape)};
+  Network network{.name = "chain"};
+  network.inputs = {{"x", info}};
+  network.outputs = {{"y", info}};
+  network.nodes = {
+      {.name = "relu", .op_type = "Relu", .inputs = {"x"}, .outputs = {"h"}},
+      {.name = "add", .op_type = "Add", .inputs = {"h", "x"}, .outputs = {"s"}},
+      {.name = "copy", .op_type = "Identity", .inputs = {"s"}, .outputs = {"y"}},
+  };
+  network.values = {{"x", info}, {"h", info}, {"s", info}, {"y", info}};
+  return network;
+}
+
 }  // namespace backplane::testing
