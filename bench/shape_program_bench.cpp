@@ -7,9 +7,9 @@
 //                                  [--batches 1,4,64] [--repeat R]
 //   backplane_bench_shape_programs --lookup
 //
-// Model mode: the model's first input dimension must be dynamic (bench/make_symbolic_batch.py
-// makes one so). Three bindings of it in one runtime, measured in turn per round, R rounds
-// (default 30) per batch size:
+// Model mode: the model's first input dimension must be dynamic (bench/make_compare_models.py
+// writes mlp_n.onnx and lenet_n.onnx so). Three bindings of it in one runtime, measured in turn per
+// round, R rounds (default 30) per batch size:
 //   first  capacity 1, requests alternating this batch and batch+1, each program awaited before
 //          the next request: every request is the first at its shape, and queues its program's
 //          build (shape inference + CompileSubgraph of each declined run) on the runtime's
