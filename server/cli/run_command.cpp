@@ -172,6 +172,31 @@ void PrintPlacement(const std::vector<LayerPlacement>& placement) {
   }
 }
 
+// For a network with a symbolic input dimension, one line on its shape programs, then one per
+// cached program: the layers compiled at that shape, and why any run would not compile there.
+void PrintShapePrograms(const ShapeProgramStats& stats) {
+  if (stats.capacity == 0)
+    return;
+  std::printf(
+      "shape programs: %zu of %zu cached, hits %llu, misses %llu, compiles %llu, "
+      "compile failures %llu\n",
+      stats.programs.size(), stats.capacity, static_cast<unsigned long long>(stats.hits),
+      static_cast<unsigned long long>(stats.misses),
+      static_cast<unsigned long long>(stats.compiles),
+      static_cast<unsigned long long>(stats.compile_failures));
+  for (const auto& program : stats.programs) {
+    std::string shapes;
+    for (const auto& shape : program.input_shapes) {
+      if (!shapes.empty())
+        shapes += ' ';
+      shapes += ToString(shape);
+    }
+    std::printf("shape program %s: %zu layers compiled%s%s\n", shapes.c_str(),
+                program.compiled_layers,
+                program.failures.empty() ? "" : "; failed: ", program.failures.c_str());
+  }
+}
+
 }  // namespace
 
 Result<BackendOptionText> ParseBackendOptionText(std::string_view text) {
@@ -242,8 +267,10 @@ int RunModel(const RunOptions& options) {
     // After the runs, not after the load: a network with symbolic shapes may be compiled for the
     // concrete shape of its first request, and the placement then says so. Also when a run
     // failed: where its layers were is the first thing to know.
-    if (&data_set == &runs.front())
+    if (&data_set == &runs.front()) {
       PrintPlacement(runtime.value()->GetPlacement(id.value()).value());
+      PrintShapePrograms(runtime.value()->GetShapePrograms(id.value()).value());
+    }
     if (!outputs.ok())
       return Fail(outputs.error().message());
 
