@@ -45,6 +45,35 @@ bool IsPlain(const Md& md) {
   return md == PlainMd(md.dims());
 }
 
+// `md` with its first (batch) dim set to `batch`, the layout otherwise the same; nullopt unless
+// the batch is the outermost, unblocked dim (plain, channels-last, channel-blocked: every layout a
+// convolution here produces), where the other strides stay valid.
+std::optional<Md> WithBatch(const Md& md, int64_t batch) {
+  dnnl_memory_desc_t data = md.data;
+  if (data.format_kind != dnnl_blocked || data.ndims < 1 || data.offset0 != 0)
+    return std::nullopt;
+  const auto& blocking = data.format_desc.blocking;
+  for (int b = 0; b < blocking.inner_nblks; ++b) {
+    if (blocking.inner_idxs[b] == 0)
+      return std::nullopt;
+  }
+  for (int d = 1; d < data.ndims; ++d) {
+    if (blocking.strides[d] > blocking.strides[0])
+      return std::nullopt;
+  }
+  data.dims[0] = data.padded_dims[0] = batch;
+  return Md(data);
+}
+
+// Dense channels-last (NHWC and its 3-D and 5-D kin), for ranks 3 to 5; nullopt otherwise.
+std::optional<Md> ChannelsLastMd(const Shape& shape) {
+  using tag = memory::format_tag;
+  static constexpr tag kTags[] = {tag::acb, tag::acdb, tag::acdeb};
+  if (shape.size() < 3 || shape.size() > 5)
+    return std::nullopt;
+  return Md(Dims(shape), memory::data_type::f32, kTags[shape.size() - 3]);
+}
+
 // Pads `shape` with leading 1s to `rank`.
 Shape PadTo(const Shape& shape, std::size_t rank) {
   Shape padded(rank - shape.size(), 1);
@@ -95,12 +124,15 @@ std::vector<Eltwise> EltwiseSteps(const OperatorDesc& op) {
 }
 
 // Layers whose work is at least these run with intra_op_threads OpenMP threads, smaller ones
-// with one: below them a second thread costs more (team start, split, the barrier) than it
-// saves. Measured with bench/cpu_acc_threads_bench.cpp (docs/performance.md): convolutions and
-// matrix products by FLOPs, every other layer by output elements. 2 threads broke even near
-// 0.3 MFLOP (conv) / 0.5 MFLOP (matmul) and 16-32K elements, and gained 1.4-1.6x at these
-// values; they sit above the break-even for a margin, since noise moves it.
-constexpr double kParallelMinFlops = 1e6;
+// with one: below them a second thread costs more (waking the team, the split, the barrier, and
+// the input's cache lines moving to the other core) than it saves. Measured on a quiet machine
+// (docs/performance.md): bench/cpu_acc_threads_bench.cpp times one layer alone, with warm caches
+// on both cores, and there 2 threads broke even near 0.1-0.3 MFLOP and 16K elements; inside a
+// model the cost is higher (LeNet-like b1's conv2, 0.48 MFLOP on 2 threads: the whole request
+// 21.8 -> 28.1 us), while a matrix product whose weights fill a core's cache gains from the
+// second core's (MLP b1's 784x512 Gemm, 0.8 MFLOP: 35 -> 25 us). Hence three thresholds.
+constexpr double kParallelMinConvFlops = 1e6;
+constexpr double kParallelMinMatMulFlops = 0.5e6;
 constexpr double kParallelMinElements = 64e3;
 
 // A bias being folded: values and the shape they broadcast from (numpy rules) to the output.
@@ -400,13 +432,13 @@ class Compiler {
     if (op.op_type == "Conv" && op.inputs.size() >= 2) {
       const Shape& w = op.inputs[1].shape;
       const double per_output = static_cast<double>(ElementCount(w) / std::max<int64_t>(w[0], 1));
-      return 2.0 * elements * per_output >= kParallelMinFlops ? threads_ : 1;
+      return 2.0 * elements * per_output >= kParallelMinConvFlops ? threads_ : 1;
     }
     if ((op.op_type == "Gemm" || op.op_type == "MatMul") && op.inputs.size() >= 2) {
       const Shape& a = op.inputs[0].shape;
       const bool ta = op.op_type == "Gemm" && IntAttr(op, "transA", 0) != 0;
       const double k = a.empty() ? 1.0 : static_cast<double>(ta ? a.front() : a.back());
-      return 2.0 * elements * k >= kParallelMinFlops ? threads_ : 1;
+      return 2.0 * elements * k >= kParallelMinMatMulFlops ? threads_ : 1;
     }
     return elements >= kParallelMinElements ? threads_ : 1;
   }
@@ -558,13 +590,36 @@ class Compiler {
   // choice rarely depends on the batch, which only multiplies the work. The winner is then
   // created at the full shape by its implementation name; if the full shape does not offer that
   // implementation, its first non-reference one (oneDNN's own first choice).
+  //
+  // `src_now`: the input's layout as it is (at the proxies' batch), when known. A candidate that
+  // wants another layout is charged the reorder into it: timed alone, a blocked kernel beat a
+  // channels-last one at SqueezeNet-like b4 by a few microseconds and then cost two reorders a
+  // layer around it (reorders were a sixth of the request).
   dnnl::convolution_forward::primitive_desc FastestConv(
       const std::vector<dnnl::convolution_forward::desc>& descs,
-      const std::vector<dnnl::convolution_forward::desc>& proxies,
-      const dnnl::primitive_attr& attr) {
+      const std::vector<dnnl::convolution_forward::desc>& proxies, const dnnl::primitive_attr& attr,
+      const std::optional<Md>& src_now) {
     std::size_t best_desc = 0;
     std::string best_impl;
     double best_time = 1e300;
+    std::vector<std::pair<Md, double>> reorder_times;  // per wanted layout
+    auto reorder_time = [&](const Md& wanted) {
+      if (!src_now || wanted == *src_now)
+        return 0.0;
+      for (const auto& [md, time] : reorder_times) {
+        if (md == wanted)
+          return time;
+      }
+      dnnl::reorder::primitive_desc pd(engine_, *src_now, engine_, wanted);
+      memory from(*src_now, engine_), to(wanted, engine_);
+      std::memset(from.get_data_handle(), 0, src_now->get_size());
+      dnnl::reorder primitive(pd);
+      const double time = TimeBestOf3([&] {
+        primitive.execute(stream_, {{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, to}});
+      });
+      reorder_times.emplace_back(wanted, time);
+      return time;
+    };
     for (std::size_t d = 0; d < proxies.size(); ++d) {
       dnnl::convolution_forward::primitive_desc candidate;
       try {
@@ -575,7 +630,7 @@ class Compiler {
       do {
         const std::string impl = ImplName(candidate);
         if (impl.find("ref") == std::string::npos) {
-          const double time = TimeConv(candidate);
+          const double time = TimeConv(candidate) + reorder_time(candidate.src_desc());
           if (d > best_desc ? time <= best_time * 1.03 : time < best_time) {
             best_time = time;
             best_desc = d;
@@ -629,12 +684,18 @@ class Compiler {
       args[DNNL_ARG_BIAS] = bias;
     }
     dnnl::convolution_forward primitive(pd);
-    primitive.execute(stream_, args);  // warm-up
+    return TimeBestOf3([&] { primitive.execute(stream_, args); });
+  }
+
+  // Seconds of one `run` on the stream: a warm-up, then the best of 3.
+  template <typename Run>
+  double TimeBestOf3(Run run) {
+    run();
     stream_.wait();
     double time = 1e300;
-    for (int run = 0; run < 3; ++run) {
+    for (int k = 0; k < 3; ++k) {
       const auto start = std::chrono::steady_clock::now();
-      primitive.execute(stream_, args);
+      run();
       stream_.wait();
       time = std::min(
           time, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
@@ -769,7 +830,9 @@ class Compiler {
         return descs;
       };
       const auto descs = candidates(x[0]);
-      pd = FastestConv(descs, x[0] == 1 ? descs : candidates(1), attr);
+      const Md src_now = program_->value(Current(i, 0)).md;
+      pd = FastestConv(descs, x[0] == 1 ? descs : candidates(1), attr,
+                       x[0] == 1 ? std::optional<Md>(src_now) : WithBatch(src_now, 1));
     }
 
     // Weights: constant ones (scaled by a folded BatchNormalization) reordered now.
@@ -1235,22 +1298,34 @@ class Compiler {
     return last + 1;
   }
 
+  // Concat as one reorder per input into its slice of the output (a submemory), in channels-last
+  // layout when every input already has it (what convolutions choose on this CPU), else plain: no
+  // round trip out of the convolutions' layout and back around it. oneDNN 2.6's own concat ran a
+  // scalar copy loop here (SqueezeNet-like b1: 98 of 265 us a request).
   std::size_t LowerConcat(std::size_t i) {
     const OperatorDesc& op = layers_[i];
     const Shape& y = op.outputs[0].shape;
-    const int axis =
-        static_cast<int>(*NormalizedAxis(IntAttr(op, "axis", 0), static_cast<int64_t>(y.size())));
-    std::vector<Md> srcs;
-    std::vector<std::pair<int, int>> args;
-    for (std::size_t k = 0; k < op.inputs.size(); ++k) {
-      srcs.push_back(PlainMd(op.inputs[k].shape));
-      args.push_back({DNNL_ARG_MULTIPLE_SRC + static_cast<int>(k), InputPlain(i, k)});
+    const auto axis = static_cast<std::size_t>(
+        *NormalizedAxis(IntAttr(op, "axis", 0), static_cast<int64_t>(y.size())));
+    bool channels_last = ChannelsLastMd(y).has_value();
+    for (std::size_t k = 0; k < op.inputs.size() && channels_last; ++k) {
+      channels_last = !IsConstant(op, k) &&
+                      program_->value(Current(i, k)).md == *ChannelsLastMd(op.inputs[k].shape);
     }
-    const Md y_md = PlainMd(y);
-    dnnl::concat::primitive_desc pd(y_md, axis, srcs, engine_, UserScratchpad());
-    args.push_back({DNNL_ARG_DST, Define(OutputName(i), y_md)});
-    AddStep(dnnl::concat(pd), std::move(args), pd.scratchpad_desc());
-    Note(i, i, ImplName(pd));
+    const Md y_md = channels_last ? *ChannelsLastMd(y) : PlainMd(y);
+    const int dst = Define(OutputName(i), y_md);
+    memory::dims offsets(y.size(), 0);
+    for (std::size_t k = 0; k < op.inputs.size(); ++k) {
+      const Shape& x = op.inputs[k].shape;
+      if (ElementCount(x) == 0)
+        continue;
+      const int src = channels_last ? Current(i, k) : InputPlain(i, k);
+      const int slice =
+          program_->AddValue(y_md.submemory_desc(Dims(x), offsets), program_->value(dst).storage);
+      Reorder(src, slice);
+      offsets[axis] += x[axis];
+    }
+    Note(i, i, channels_last ? "reorders into channels-last slices" : "reorders into slices");
     return i + 1;
   }
 

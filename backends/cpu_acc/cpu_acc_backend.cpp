@@ -20,13 +20,13 @@
 // Threading (option intra_op_threads, default 1): oneDNN here runs on OpenMP, and every primitive
 // runs on the thread that calls Execute, with that thread's OpenMP thread count set for the call
 // (a per-thread setting, restored after). The count is per step: intra_op_threads for a layer
-// with enough work, 1 below the thresholds of compiler.cpp (kParallelMinFlops,
-// kParallelMinElements; measured by bench/cpu_acc_threads_bench.cpp), so that a second thread
-// never slows a small layer down. The host runs up to max_in_flight requests at once, so
-// requests x intra_op_threads threads may compute at once: keep that product within the cores
-// (1, the default, never oversubscribes). The value is read when a workload is created (oneDNN
-// sizes some kernels' work split at creation); the host's runtime re-prepares loaded networks
-// when an option changes and switches them as a swap does, so an update reaches them too.
+// with enough work, 1 below the thresholds of compiler.cpp (kParallelMinConvFlops,
+// kParallelMinMatMulFlops, kParallelMinElements; measured by bench/cpu_acc_threads_bench.cpp), so
+// that a second thread never slows a small layer down. The host runs up to max_in_flight requests
+// at once, so requests x intra_op_threads threads may compute at once: keep that product within the
+// cores (1, the default, never oversubscribes). The value is read when a workload is created
+// (oneDNN sizes some kernels' work split at creation); the host's runtime re-prepares loaded
+// networks when an option changes and switches them as a swap does, so an update reaches them too.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
