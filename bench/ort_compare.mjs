@@ -5,24 +5,26 @@
 // ORT_DIR holds node_modules/onnxruntime-node. Two CPU sessions with the same options
 // (intraOpNumThreads THREADS, interOpNumThreads 1, sequential execution, default graph
 // optimisations, ORT's default spinning of its pool threads: what a user of the binding gets): the
-// 1-element IDENTITY model first, then MODEL. Each gets 20 warm-up calls, then timed
+// 1-element IDENTITY model, then MODEL, then IDENTITY again. Each gets 20 warm-up calls, then timed
 // `session.run` calls until SECONDS have passed (at least 20, at most 20000). MODEL's one input is
 // INPUT_STEM.f32 (raw little-endian float32) with the name and shape of INPUT_STEM.json, both
 // written by bench/make_compare_models.py --input beside the INPUT_STEM.pb that Backplane reads:
 // the two sides compute on the same float32 values, no generator to keep in step across
 // languages. The outputs of the first call go to OUT_DIR/output_I.f32 (raw float32) and
-// OUT_DIR/output_I.json ({"name", "dims"}), I in the model's output order. Prints two lines:
+// OUT_DIR/output_I.json ({"name", "dims"}), I in the model's output order. Prints three lines:
 //
 //   ort model=IDENTITY threads=THREADS calls=N median_us=M p90_us=P threads_added=T
 //   ort model=MODEL threads=THREADS calls=N median_us=M p90_us=P threads_added=T
+//   ort model=IDENTITY threads=THREADS calls=N median_us=M p90_us=P threads_added=T
 //
 // T: threads the process gained while that session was created and run. The first session shows
 // 1 (a thread the binding starts once) plus its pool's; a session with an intra-op pool of 2 adds
 // 1 thread (the caller is the other): 0 on the second line means no pool of its own.
 //
 // The times include the Node binding's per-call cost (a promise, N-API, tensor objects). The
-// IDENTITY median, measured in the same process with the same options just before, is that cost
-// alone: the script subtracts it from MODEL's median.
+// IDENTITY median, measured in the same process with the same options just before and just after,
+// is that cost alone: the script subtracts the smaller of the two from MODEL's median (noise only
+// adds to a median; one identity run that caught a busy moment had doubled it).
 import fs from 'node:fs';
 import { createRequire } from 'node:module';
 import path from 'node:path';
@@ -104,3 +106,4 @@ async function timeSession(modelPath, feeds, writeOutputs) {
 const identityFeeds = { x: new ort.Tensor('float32', new Float32Array([0.5]), [1]) };
 await timeSession(identityModel, identityFeeds, false);
 await timeSession(model, readInput(inputStem), true);
+await timeSession(identityModel, identityFeeds, false);

@@ -26,8 +26,9 @@
 # one round: sessions with intraOpNumThreads T, interOpNumThreads 1, sequential execution; 20
 # warm-up calls, then calls for the round's seconds (20 to 20000). The binding's per-call cost
 # (promise, N-API, tensor objects) is the median of the same call on a 1-element Identity model,
-# same process, same session options, just before the model; it is subtracted:
-# "ORT µs" = median(model) - median(identity), per round.
+# same process, same session options; it is subtracted:
+# "ORT µs" = median(model) - median(identity), per round, identity timed just before and just after
+# the model and the smaller median taken (noise only adds to a median).
 #
 # Backplane: `backplane run MODEL --input X.pb --prefer CpuAcc,CpuRef --option
 # CpuAcc.intra_op_threads=T --repeat K --output-dir DIR` (Runtime::Execute on the calling thread:
@@ -175,11 +176,12 @@ ort_round() { # ort_round MODEL STEM THREADS OUT_DIR
     return
   fi
   local identity model
-  identity=$(field median_us "$(head -1 <<<"$out")")
-  model=$(field median_us "$(tail -1 <<<"$out")")
+  identity=$(min_of "$(field median_us "$(sed -n 1p <<<"$out")")" \
+    "$(field median_us "$(sed -n 3p <<<"$out")")")
+  model=$(field median_us "$(sed -n 2p <<<"$out")")
   ort_us=$(awk -v m="$model" -v i="$identity" 'BEGIN { printf "%.1f", m - i }')
   overheads+=("$identity")
-  details+=("  ort: $(tail -1 <<<"$out" | sed "s|$root/||") identity_median_us=$identity → $ort_us µs")
+  details+=("  ort: $(sed -n 2p <<<"$out" | sed "s|$root/||") identity_median_us=$identity → $ort_us µs")
 }
 
 # One Backplane round; sets acc_us and acc_out (its whole output).
@@ -194,10 +196,14 @@ acc_round() { # acc_round MODEL STEM THREADS REPEAT OUT_DIR
   [[ -n $acc_us ]] || acc_us=failed
 }
 
-# "on CpuAcc/total, compiled" from `backplane run`'s placement lines.
+# "on CpuAcc/total, compiled" from `backplane run`'s placement lines; for a symbolic-batch model,
+# the layers its shape program compiled at the request's shape ("shape program [..]: N layers
+# compiled"), said as "N compiled at the request's shape".
 placement_of() {
   awk '/^layer / { total++; if ($0 ~ / on CpuAcc/) { acc++; if ($0 ~ / on CpuAcc[^[]*\[/) compiled++ } }
-       END { printf "%d/%d on CpuAcc, %d compiled", acc, total, compiled }' <<<"$1"
+       /^shape program \[/ && match($0, /: [0-9]+ layers compiled/) { per_shape = substr($0, RSTART + 2, RLENGTH - 18) }
+       END { if (per_shape != "") printf "%d/%d on CpuAcc, %d compiled at the request'"'"'s shape", acc, total, per_shape
+             else printf "%d/%d on CpuAcc, %d compiled", acc, total, compiled }' <<<"$1"
 }
 
 # The "why not" lines of `backplane run`'s placement, one per reason (a trailing "(node '...')"
@@ -283,7 +289,7 @@ echo
 if ((${#overheads[@]} > 0)); then
   echo "ORT µs has the Node binding's per-call cost subtracted: in every round, the median" \
     "session.run of identity.onnx (1 element in, 1 out) in the same process with the same session" \
-    "options, just before the model: $(min_of "${overheads[@]}")–$(max_of "${overheads[@]}") µs here. Not subtracted: copying a larger input into the binding's" \
+    "options, the smaller of its medians just before and just after the model: $(min_of "${overheads[@]}")–$(max_of "${overheads[@]}") µs here. Not subtracted: copying a larger input into the binding's" \
     "tensor and the output out of it, which the Backplane side pays too (its output copy)."
 fi
 ((failed_checks == 0)) || echo "**$failed_checks row(s) FAIL the output check** (max |CpuAcc - ORT| > 1e-4 of the output's range)."
