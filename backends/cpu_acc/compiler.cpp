@@ -1299,18 +1299,19 @@ class Compiler {
   }
 
   // Concat as one reorder per input into its slice of the output (a submemory), in channels-last
-  // layout when every input already has it (what convolutions choose on this CPU), else plain: no
-  // round trip out of the convolutions' layout and back around it. oneDNN 2.6's own concat ran a
-  // scalar copy loop here (SqueezeNet-like b1: 98 of 265 us a request).
+  // layout when any input already has it (what most convolutions choose on this CPU; the others'
+  // blocked outputs take one reorder either way), else plain: no round trip out of the
+  // convolutions' layout and back around it. oneDNN 2.6's own concat ran a scalar copy loop here
+  // (SqueezeNet-like b1: 98 of 265 us a request).
   std::size_t LowerConcat(std::size_t i) {
     const OperatorDesc& op = layers_[i];
     const Shape& y = op.outputs[0].shape;
     const auto axis = static_cast<std::size_t>(
         *NormalizedAxis(IntAttr(op, "axis", 0), static_cast<int64_t>(y.size())));
-    bool channels_last = ChannelsLastMd(y).has_value();
-    for (std::size_t k = 0; k < op.inputs.size() && channels_last; ++k) {
-      channels_last = !IsConstant(op, k) &&
-                      program_->value(Current(i, k)).md == *ChannelsLastMd(op.inputs[k].shape);
+    bool channels_last = false;
+    for (std::size_t k = 0; k < op.inputs.size() && ChannelsLastMd(y); ++k) {
+      channels_last |= !IsConstant(op, k) &&
+                       program_->value(Current(i, k)).md == *ChannelsLastMd(op.inputs[k].shape);
     }
     const Md y_md = channels_last ? *ChannelsLastMd(y) : PlainMd(y);
     const int dst = Define(OutputName(i), y_md);
