@@ -51,7 +51,7 @@ struct ShapeProgramOptions {
 //    builder gets to it (after the builds queued before it): docs/performance.md measures both;
 //  - the build holds only a weak_ptr to its LoadedNetwork: a network unloaded or swapped out
 //    before its build starts is not built for; a build running holds it, and its last
-//    reference, dropped on the builder thread, hands it to the reaper like any other (rule 6);
+//    reference, dropped on the build's thread, hands it to the reaper like any other (rule 6);
 //  - a client that sends a new shape per request makes every request pay a compile and evict a
 //    program: the capacity bounds memory, not that cost;
 //  - programs live in a bounded LRU cache; an evicted program lives on while requests run it

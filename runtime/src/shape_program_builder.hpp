@@ -18,10 +18,11 @@ namespace backplane {
 //
 // Why one thread: a compile is CPU-bound backend work (CpuAcc times convolution candidates), and
 // requests must keep the cores; one thread bounds what compiles take from them to one core, and
-// builds of different networks simply take turns. Not a TBB worker: those serve requests, and a
-// compile parked on one would hold a request's slot. Why a bounded queue: a client that sends a
-// new shape per request must not pile up unbounded work (and memory: each build holds its
-// shapes); a build that does not fit is refused, the request releases its claim and a later
+// builds of different networks simply take turns (each build runs on a thread of its own that
+// ends with it, joined by this one: see Loop for the OpenMP trap). Not a TBB worker: those serve
+// requests, and a compile parked on one would hold a request's slot. Why a bounded queue: a client
+// that sends a new shape per request must not pile up unbounded work (and memory: each build holds
+// its shapes); a build that does not fit is refused, the request releases its claim and a later
 // request of that shape queues it again.
 //
 // Thread-safe. Shutdown (also the destructor) drops the builds not started (destroying them on
