@@ -50,9 +50,10 @@ struct BackendState {
   OptionSet options{std::string(kId),
                     {{std::string(kIntraOpThreads), OptionType::kInt64, int64_t{1},
                       "OpenMP threads each request's primitives use (>= 1); requests in flight x "
-                      "this should not exceed the cores. Only layers of at least 1 MFLOP "
-                      "(Conv, Gemm, MatMul) or 64K output elements (other ops) use more than "
-                      "one: below that a second thread was measured to slow them down. Read when "
+                      "this should not exceed the cores. Only convolutions of at least 1 MFLOP, "
+                      "matrix products (Gemm, MatMul) of at least 0.5 MFLOP and other layers of "
+                      "at least 64K output elements use more than one: below that a second "
+                      "thread was measured to slow them down. Read when "
                       "a network is prepared; an update re-prepares loaded networks"}}};
   std::atomic<int> executing{0};  // Execute calls inside this instance's code
 };
@@ -198,6 +199,16 @@ bool HasDynamicShape(const OperatorDesc& op) {
 // Thread-safe: the state's option set locks; dnnl engines are safe to share.
 class CpuAccBackend final : public IBackend {
  public:
+  // Trap: oneDNN's primitive cache (process-wide, in the resident libdnnl) hands a compile the
+  // very primitive objects that requests are executing when the descriptors match, and tuning a
+  // convolution executes its candidates (compiler.cpp, FastestConv). A compile running beside
+  // requests (a shape program's build, a network re-prepared for a swap or an option update)
+  // then executed primitives that requests were executing, and oneDNN 2.6 crashed in them
+  // (DenseNet-like model, symbolic batch: a SIGSEGV or "double free" in 1 run of 2; none in 16
+  // with the cache off). Without the cache every compile owns its primitives; what it costs is
+  // JIT time at compile, off the request path.
+  CpuAccBackend() { dnnl::set_primitive_cache_capacity(0); }
+
   std::string_view GetId() const override { return kId; }
 
   Status IsSupported(const OperatorDesc& op) const override { return CheckOp(op); }

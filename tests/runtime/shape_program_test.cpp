@@ -19,6 +19,7 @@
 #include "backplane/loader/loader.hpp"
 #include "backplane/registry/backend_registry.hpp"
 #include "backplane/runtime/runtime.hpp"
+#include "onnx/model_builder.hpp"
 #include "runtime/swap_test_util.hpp"
 #include "test_util.hpp"
 
@@ -463,6 +464,102 @@ TEST(ShapeProgramCpuAccTest, OutputsEqualCpuRefsAtEveryBatchSize) {
   for (const auto& program : stats.programs) {
     EXPECT_EQ(program.compiled_layers, placement.size())
         << "at " << ToString(program.input_shapes[0]) << ": " << program.failures;
+  }
+}
+
+// DenseNet-like on CpuAcc with a symbolic batch: 3x3 convolutions large enough to be tuned
+// (CpuAcc times their candidates while compiling), each after BatchNormalization and Relu and
+// followed by a Concat with what came before. While a shape program builds, requests at that
+// shape run the load-time per-layer primitives, and the build tunes (executes) identical ones.
+// With oneDNN's primitive cache on, both were the same objects and oneDNN 2.6 crashed in them
+// (this test: 5 runs of 6 ended in SIGSEGV or "double free"); CpuAcc turns the cache off. A
+// crash fails the test binary.
+TEST(ShapeProgramCpuAccTest, RequestsBesideABuildThatTunesConvolutionsRunCorrectly) {
+  const char* env = std::getenv("BACKPLANE_CPU_ACC_BACKEND");
+  const fs::path cpu_acc =
+      env != nullptr && *env != '\0' ? fs::path(env) : fs::path(BACKPLANE_CPU_ACC);
+  BACKPLANE_REQUIRE_PATH(cpu_acc);
+  TempDir dir;
+  fs::create_symlink(cpu_acc, dir / "Backplane_CpuAcc_backend.so");
+  fs::create_symlink(testing::CpuRefBackend(), dir / "Backplane_CpuRef_backend.so");
+  std::mt19937 random(97);
+  std::normal_distribution<float> normal(0.0f, 0.1f);
+  auto values = [&](std::size_t count) {
+    std::vector<float> v(count);
+    for (float& x : v)
+      x = normal(random);
+    return v;
+  };
+  // torchvision's DenseNet order: a stem convolution, then per layer BatchNormalization, Relu,
+  // Conv 3x3 and a Concat of the layer's input with its output; a classifier at the end.
+  testing::ModelBuilder builder;
+  constexpr int kLayers = 4;
+  builder.Input("x", {-1, 3, 32, 32}).Output("y", {-1, 10});
+  auto conv = [&](const std::string& name, const std::string& in, int64_t cin, int64_t cout) {
+    builder.FloatInitializer(name + "_w", {cout, cin, 3, 3},
+                             values(static_cast<std::size_t>(cout * cin * 9)));
+    builder.FloatInitializer(name + "_b", {cout}, values(static_cast<std::size_t>(cout)));
+    auto& node = builder.Node("Conv", {in, name + "_w", name + "_b"}, {name});
+    testing::SetInts(node, "kernel_shape", {3, 3});
+    testing::SetInts(node, "pads", {1, 1, 1, 1});
+    return name;
+  };
+  auto batch_norm = [&](const std::string& name, const std::string& in, int64_t channels) {
+    const auto c = static_cast<std::size_t>(channels);
+    std::vector<float> scale(c, 1.0f), variance(c, 1.0f);
+    builder.FloatInitializer(name + "_scale", {channels}, scale);
+    builder.FloatInitializer(name + "_bias", {channels}, values(c));
+    builder.FloatInitializer(name + "_mean", {channels}, values(c));
+    builder.FloatInitializer(name + "_var", {channels}, variance);
+    builder.Node("BatchNormalization",
+                 {in, name + "_scale", name + "_bias", name + "_mean", name + "_var"}, {name});
+    builder.Node("Relu", {name}, {name + "_relu"});
+    return name + "_relu";
+  };
+  std::string previous = conv("stem", "x", 3, 24);
+  int64_t channels = 24;
+  for (int layer = 0; layer < kLayers; ++layer) {
+    const std::string name = "l" + std::to_string(layer);
+    const std::string grown =
+        conv(name + "_conv", batch_norm(name + "_bn", previous, channels), channels, 12);
+    testing::SetInt(builder.Node("Concat", {previous, grown}, {name + "_cat"}), "axis", 1);
+    previous = name + "_cat";
+    channels += 12;
+  }
+  builder.Node("GlobalAveragePool", {batch_norm("final_bn", previous, channels)}, {"pooled"});
+  builder.Node("Flatten", {"pooled"}, {"flat"});
+  builder.FloatInitializer("fc_w", {channels, 10}, values(static_cast<std::size_t>(channels * 10)));
+  builder.FloatInitializer("fc_b", {10}, values(10));
+  builder.Node("Gemm", {"flat", "fc_w", "fc_b"}, {"y"});
+  auto network = builder.Import();
+  ASSERT_TRUE(network.ok()) << network.error().ToString();
+  auto runtime = Runtime::Create({.backend_paths = std::vector{dir.path()}});
+  ASSERT_TRUE(runtime.ok()) << runtime.error().ToString();
+  auto acc = runtime.value()->LoadNetwork(network.value(), {.backend_preferences = {"CpuAcc"}});
+  auto ref = runtime.value()->LoadNetwork(network.value(), {.backend_preferences = {"CpuRef"}});
+  ASSERT_TRUE(acc.ok()) << acc.error().ToString();
+  ASSERT_TRUE(ref.ok()) << ref.error().ToString();
+  for (int64_t batch = 1; batch <= 6; ++batch) {
+    SCOPED_TRACE("batch " + std::to_string(batch));
+    const std::vector<float> x = values(static_cast<std::size_t>(batch * 3 * 32 * 32));
+    const ConstTensorView view{{DataType::kFloat32, {batch, 3, 32, 32}}, x.data()};
+    auto want = runtime.value()->Execute(ref.value(), {&view, 1});
+    ASSERT_TRUE(want.ok()) << want.error().ToString();
+    const auto b = want.value()[0].Elements<float>();
+    // Requests until the program is ready, then a few on it: the build ran beside them.
+    int after_ready = 0;
+    for (int request = 0; request < 5000 && after_ready < 20; ++request) {
+      auto got = runtime.value()->Execute(acc.value(), {&view, 1});
+      ASSERT_TRUE(got.ok()) << got.error().ToString();
+      const auto a = got.value()[0].Elements<float>();
+      ASSERT_EQ(a.size(), b.size());
+      for (std::size_t i = 0; i < b.size(); ++i)
+        ASSERT_NEAR(a[i], b[i], 1e-4f) << "request " << request << " element " << i;
+      const auto stats = runtime.value()->GetShapePrograms(acc.value()).value();
+      if (stats.compiles >= static_cast<uint64_t>(batch))
+        ++after_ready;
+    }
+    EXPECT_EQ(after_ready, 20) << "the program at this batch never became ready";
   }
 }
 
