@@ -28,11 +28,8 @@
 
 #include "backplane/onnx/network.hpp"
 #include "backplane/runtime/runtime.hpp"
+#include "runtime/cpu_acc_backend_path.hpp"
 #include "test_util.hpp"
-
-#ifndef BACKPLANE_CPU_ACC
-#error "BACKPLANE_CPU_ACC (the path of the built Backplane_CpuAcc_backend.so) comes from CMake"
-#endif
 
 namespace backplane {
 namespace {
@@ -47,11 +44,6 @@ using testing::TempDir;
 constexpr int kSwaps = 200;
 constexpr std::string_view kFileName = "Backplane_CpuAcc_backend.so";
 
-fs::path CpuAccBackend() {
-  const char* path = std::getenv("BACKPLANE_CPU_ACC_BACKEND");
-  return path != nullptr && *path != '\0' ? fs::path(path) : fs::path(BACKPLANE_CPU_ACC);
-}
-
 long ResidentKiB() {
   std::ifstream statm("/proc/self/statm");
   long size = 0, resident = 0;
@@ -64,7 +56,7 @@ std::size_t ArgMax(std::span<const float> values) {
 }
 
 TEST(CpuAccSwapTest, SwapsUnderLoadFailNoRequestAndUnmapEveryReplacedGeneration) {
-  const fs::path cpu_acc = CpuAccBackend();
+  const fs::path cpu_acc = testing::CpuAccBackend();
   BACKPLANE_REQUIRE_PATH(cpu_acc);
   const fs::path mnist = BACKPLANE_SHARED_DATA "/models/mnist";
   BACKPLANE_REQUIRE_PATH(mnist / "model.onnx");

@@ -18,12 +18,9 @@
 
 #include "backplane/onnx/network.hpp"
 #include "backplane/runtime/runtime.hpp"
+#include "runtime/cpu_acc_backend_path.hpp"
 #include "runtime/swap_test_util.hpp"
 #include "test_util.hpp"
-
-#ifndef BACKPLANE_CPU_ACC
-#error "BACKPLANE_CPU_ACC (the path of the built Backplane_CpuAcc_backend.so) comes from CMake"
-#endif
 
 namespace backplane {
 namespace {
@@ -234,10 +231,7 @@ int ProcessThreads() {
 // until that thread exits, so a fresh thread that runs one request shows the team: itself alone
 // with 1, itself and one OpenMP worker with 2.
 TEST(CpuAccOptionUpdateTest, IntraOpThreadsReachALoadedNetworkUnderLoad) {
-  const char* override_path = std::getenv("BACKPLANE_CPU_ACC_BACKEND");
-  const fs::path cpu_acc = override_path != nullptr && *override_path != '\0'
-                               ? fs::path(override_path)
-                               : fs::path(BACKPLANE_CPU_ACC);
+  const fs::path cpu_acc = testing::CpuAccBackend();
   BACKPLANE_REQUIRE_PATH(cpu_acc);
   const fs::path mnist = BACKPLANE_SHARED_DATA "/models/mnist";
   BACKPLANE_REQUIRE_PATH(mnist / "model.onnx");

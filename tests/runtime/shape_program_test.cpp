@@ -20,6 +20,7 @@
 #include "backplane/registry/backend_registry.hpp"
 #include "backplane/runtime/runtime.hpp"
 #include "onnx/model_builder.hpp"
+#include "runtime/cpu_acc_backend_path.hpp"
 #include "runtime/swap_test_util.hpp"
 #include "test_util.hpp"
 
@@ -411,9 +412,7 @@ TEST(ShapeProgramBuilderTest, DestroyingTheRuntimeWithBuildsPendingIsClean) {
 // The example MLP (features [N, 4], Gemm, Relu, Gemm, Softmax) on CpuAcc, against CpuRef, at
 // batch sizes in a seeded random order, each seen twice (a compile, then a hit).
 TEST(ShapeProgramCpuAccTest, OutputsEqualCpuRefsAtEveryBatchSize) {
-  const char* env = std::getenv("BACKPLANE_CPU_ACC_BACKEND");
-  const fs::path cpu_acc =
-      env != nullptr && *env != '\0' ? fs::path(env) : fs::path(BACKPLANE_CPU_ACC);
+  const fs::path cpu_acc = testing::CpuAccBackend();
   BACKPLANE_REQUIRE_PATH(cpu_acc);
   const fs::path model = fs::path(BACKPLANE_SOURCE_DIR) / "models/mlp/1/model.onnx";
   BACKPLANE_REQUIRE_PATH(model);
@@ -475,9 +474,7 @@ TEST(ShapeProgramCpuAccTest, OutputsEqualCpuRefsAtEveryBatchSize) {
 // (this test: 5 runs of 6 ended in SIGSEGV or "double free"); CpuAcc turns the cache off. A
 // crash fails the test binary.
 TEST(ShapeProgramCpuAccTest, RequestsBesideABuildThatTunesConvolutionsRunCorrectly) {
-  const char* env = std::getenv("BACKPLANE_CPU_ACC_BACKEND");
-  const fs::path cpu_acc =
-      env != nullptr && *env != '\0' ? fs::path(env) : fs::path(BACKPLANE_CPU_ACC);
+  const fs::path cpu_acc = testing::CpuAccBackend();
   BACKPLANE_REQUIRE_PATH(cpu_acc);
   TempDir dir;
   fs::create_symlink(cpu_acc, dir / "Backplane_CpuAcc_backend.so");
