@@ -49,6 +49,23 @@ the MLP and the LeNet, so that a fixed and a symbolic file compute the same func
                                 (Fire(s, e1, e3): squeeze 1x1 + Relu, expand 1x1 + Relu and expand
                                 3x3 pad 1 + Relu, Concat on channels), Dropout 0.5, Conv 1x1
                                 256->10 + Relu, GlobalAveragePool, Flatten. 66 layers.
+  resnet_bottleneck_n.onnx      ResNet-50-like, torchvision's Bottleneck (v1.5: the stride on the
+                                3x3) [N,3,64,64]: the stem above (32 channels); bottlenecks
+                                (width 16, out 64) x2, the first with a projection shortcut;
+                                (width 32, out 128, stride 2) x2; GlobalAveragePool, Gemm 128->10.
+  mobilenetv3_n.onnx            MobileNetV3-like, torchvision's mobilenet_v3_small's first five
+                                blocks [N,3,96,96] (opset 14 for HardSwish): expand 1x1, depthwise
+                                3x3/5x5, squeeze-and-excite (GlobalAveragePool, 1x1 + Relu, 1x1 +
+                                HardSigmoid, broadcast Mul), project 1x1, residual Add; Relu or
+                                HardSwish; last Conv 1x1 + HardSwish, Gemm + HardSwish, Gemm.
+  inception_n.onnx              Inception-like, torchvision's InceptionA with a quarter of the
+                                channels [N,3,64,64]: two stem convolutions and a max pool, then 2
+                                blocks of four branches (1x1 | 1x1 -> 5x5 | 1x1 -> 3x3 -> 3x3 |
+                                AveragePool 3x3 count_include_pad=0 -> 1x1) joined by Concat.
+  densenet_n.onnx               DenseNet-like, torchvision's dense layers (growth 12) [N,3,64,64]:
+                                stem 7x7 + max pool; 2 dense blocks of 4 layers (BN, Relu, 1x1,
+                                BN, Relu, 3x3, Concat with everything before) with a transition
+                                (BN, Relu, 1x1 halving the channels, AveragePool 2x2) between.
 
 Why these input sizes rather than ImageNet's 3x224x224: on the 2 shared cores one run of a
 224x224 model takes tens of milliseconds, so a benchmark of a few seconds per case would time a
@@ -81,11 +98,11 @@ IR_VERSION, OPSET = 8, 13
 BATCH = "N"  # the symbolic batch dimension's name
 
 
-def save(graph: onnx.GraphProto, path: pathlib.Path) -> None:
+def save(graph: onnx.GraphProto, path: pathlib.Path, opset: int = OPSET) -> None:
     model = helper.make_model(
         graph,
         producer_name="backplane bench/make_compare_models.py",
-        opset_imports=[helper.make_opsetid("", OPSET)],
+        opset_imports=[helper.make_opsetid("", opset)],
     )
     model.ir_version = IR_VERSION
     # full_check runs shape inference too: a wrong attribute (a pad, a channel count) fails here,
@@ -150,6 +167,13 @@ class Graph:
             self.constant("relu6_min", np.array(0.0))
             self.constant("relu6_max", np.array(6.0))
         return self.node("Clip", [x, "relu6_min", "relu6_max"], name)
+
+    def relu(self, x: str, name: str) -> str:
+        return self.node("Relu", [x], name)
+
+    def global_pool_flatten(self, x: str) -> str:
+        return self.node("Flatten", [self.node("GlobalAveragePool", [x], "avgpool")], "flatten",
+                         axis=1)
 
     def make(self, name: str, x_shape: list, y_shape: list) -> onnx.GraphProto:
         """The graph x -> ... -> y, where the last node added computes y."""
@@ -265,6 +289,126 @@ def squeezenet() -> onnx.GraphProto:
     return g.make("squeezenet_n", [BATCH, 3, 66, 66], [BATCH, 10])
 
 
+def resnet_bottleneck() -> onnx.GraphProto:
+    g = Graph(SEED + 6)
+    h = g.relu(g.conv_bn("x", "stem", 3, 32, 7, stride=2), "stem_relu")
+    h = g.node("MaxPool", [h], "stem_pool", kernel_shape=[3, 3], strides=[2, 2], pads=[1] * 4)
+
+    def bottleneck(x: str, name: str, cin: int, width: int, stride: int) -> str:
+        # torchvision's ResNet v1.5: the stride is on the 3x3 convolution; expansion 4.
+        cout = 4 * width
+        b = g.relu(g.conv_bn(x, f"{name}_conv1", cin, width, 1), f"{name}_relu1")
+        b = g.relu(g.conv_bn(b, f"{name}_conv2", width, width, 3, stride), f"{name}_relu2")
+        b = g.conv_bn(b, f"{name}_conv3", width, cout, 1)
+        shortcut = x if stride == 1 and cin == cout else \
+            g.conv_bn(x, f"{name}_downsample", cin, cout, 1, stride)
+        return g.relu(g.node("Add", [b, shortcut], f"{name}_add"), f"{name}_relu3")
+
+    h = bottleneck(h, "layer1_0", 32, 16, 1)
+    h = bottleneck(h, "layer1_1", 64, 16, 1)
+    h = bottleneck(h, "layer2_0", 64, 32, 2)
+    h = bottleneck(h, "layer2_1", 128, 32, 1)
+    g.gemm(g.global_pool_flatten(h), "fc", 128, 10)
+    return g.make("resnet_bottleneck_n", [BATCH, 3, 64, 64], [BATCH, 10])
+
+
+def mobilenetv3() -> onnx.GraphProto:
+    g = Graph(SEED + 7)
+
+    def activation(x: str, name: str, kind: str) -> str:
+        return g.relu(x, name) if kind == "RE" else g.node("HardSwish", [x], name)
+
+    def squeeze_excite(x: str, name: str, channels: int) -> str:
+        squeezed = max(8, channels // 4)
+        s = g.node("GlobalAveragePool", [x], f"{name}_pool")
+        s = g.relu(g.conv(s, f"{name}_fc1", channels, squeezed, 1), f"{name}_relu")
+        s = g.node("HardSigmoid", [g.conv(s, f"{name}_fc2", squeezed, channels, 1)],
+                   f"{name}_gate", alpha=1 / 6, beta=0.5)  # torch's Hardsigmoid
+        return g.node("Mul", [x, s], f"{name}_scale")
+
+    h = g.node("HardSwish", [g.conv_bn("x", "stem", 3, 16, 3, stride=2)], "stem_hswish")
+    channels = 16
+    # (kernel, expanded, out, squeeze-excite, activation, stride): torchvision's
+    # mobilenet_v3_small, its first five blocks.
+    for index, (k, expanded, out, se, kind, stride) in enumerate(
+            [(3, 16, 16, True, "RE", 2), (3, 64, 24, False, "RE", 2), (3, 72, 24, False, "RE", 1),
+             (5, 96, 40, True, "HS", 2), (5, 240, 40, True, "HS", 1)]):
+        name = f"block{index}"
+        b = h
+        if expanded != channels:
+            b = activation(g.conv_bn(b, f"{name}_expand", channels, expanded, 1),
+                           f"{name}_act_a", kind)
+        b = activation(g.conv_bn(b, f"{name}_dw", expanded, expanded, k, stride, group=expanded),
+                       f"{name}_act_b", kind)
+        if se:
+            b = squeeze_excite(b, f"{name}_se", expanded)
+        b = g.conv_bn(b, f"{name}_project", expanded, out, 1)
+        h = g.node("Add", [h, b], f"{name}_add") if stride == 1 and channels == out else b
+        channels = out
+    h = g.node("HardSwish", [g.conv_bn(h, "last", channels, 240, 1)], "last_hswish")
+    h = g.node("HardSwish", [g.gemm(g.global_pool_flatten(h), "fc1", 240, 128)], "fc1_hswish")
+    g.gemm(h, "classifier", 128, 10)
+    return g.make("mobilenetv3_n", [BATCH, 3, 96, 96], [BATCH, 10])
+
+
+def inception() -> onnx.GraphProto:
+    g = Graph(SEED + 8)
+
+    def conv_relu(x: str, name: str, cin: int, cout: int, k: int, stride: int = 1) -> str:
+        return g.relu(g.conv_bn(x, name, cin, cout, k, stride), f"{name}_relu")
+
+    def inception_a(x: str, name: str, cin: int, pool_features: int) -> str:
+        # torchvision's InceptionA, channels quartered: 1x1 | 1x1 -> 5x5 | 1x1 -> 3x3 -> 3x3 |
+        # average pool (count_include_pad=False, as torchvision exports it) -> 1x1.
+        b1 = conv_relu(x, f"{name}_b1", cin, 16, 1)
+        b5 = conv_relu(conv_relu(x, f"{name}_b5_1", cin, 12, 1), f"{name}_b5_2", 12, 16, 5)
+        b3 = conv_relu(x, f"{name}_b3_1", cin, 16, 1)
+        b3 = conv_relu(conv_relu(b3, f"{name}_b3_2", 16, 24, 3), f"{name}_b3_3", 24, 24, 3)
+        bp = g.node("AveragePool", [x], f"{name}_pool", kernel_shape=[3, 3], strides=[1, 1],
+                    pads=[1] * 4, count_include_pad=0)
+        bp = conv_relu(bp, f"{name}_bp", cin, pool_features, 1)
+        return g.node("Concat", [b1, b5, b3, bp], f"{name}_concat", axis=1)
+
+    h = conv_relu("x", "stem1", 3, 16, 3, stride=2)
+    h = conv_relu(h, "stem2", 16, 32, 3)
+    h = g.node("MaxPool", [h], "stem_pool", kernel_shape=[3, 3], strides=[2, 2])
+    h = inception_a(h, "mixed_5b", 32, 8)   # 16 + 16 + 24 + 8 = 64 channels
+    h = inception_a(h, "mixed_5c", 64, 16)  # 72 channels
+    g.gemm(g.global_pool_flatten(h), "fc", 72, 10)
+    return g.make("inception_n", [BATCH, 3, 64, 64], [BATCH, 10])
+
+
+def densenet() -> onnx.GraphProto:
+    g = Graph(SEED + 9)
+    growth = 12
+
+    def dense_layer(x: str, name: str, cin: int) -> str:
+        # torchvision's DenseNet: pre-activation BN -> Relu -> Conv 1x1 (4 x growth) -> BN ->
+        # Relu -> Conv 3x3 (growth), concatenated to everything before it.
+        b = g.relu(g.batch_norm(x, f"{name}_bn1", cin), f"{name}_relu1")
+        b = g.conv(b, f"{name}_conv1", cin, 4 * growth, 1, bias=False)
+        b = g.relu(g.batch_norm(b, f"{name}_bn2", 4 * growth), f"{name}_relu2")
+        b = g.conv(b, f"{name}_conv2", 4 * growth, growth, 3, pad=1, bias=False)
+        return g.node("Concat", [x, b], f"{name}_concat", axis=1)
+
+    h = g.relu(g.conv_bn("x", "stem", 3, 24, 7, stride=2), "stem_relu")
+    h = g.node("MaxPool", [h], "stem_pool", kernel_shape=[3, 3], strides=[2, 2], pads=[1] * 4)
+    channels = 24
+    for block in range(2):
+        for layer in range(4):
+            h = dense_layer(h, f"block{block}_layer{layer}", channels)
+            channels += growth
+        if block == 0:  # the transition: BN, Relu, Conv 1x1 halving the channels, AveragePool
+            h = g.relu(g.batch_norm(h, "transition_bn", channels), "transition_relu")
+            h = g.conv(h, "transition_conv", channels, channels // 2, 1, bias=False)
+            h = g.node("AveragePool", [h], "transition_pool", kernel_shape=[2, 2],
+                       strides=[2, 2])
+            channels //= 2
+    h = g.relu(g.batch_norm(h, "final_bn", channels), "final_relu")
+    g.gemm(g.global_pool_flatten(h), "classifier", channels, 10)
+    return g.make("densenet_n", [BATCH, 3, 64, 64], [BATCH, 10])
+
+
 def identity() -> onnx.GraphProto:
     return helper.make_graph(
         [helper.make_node("Identity", ["x"], ["y"], name="identity")],
@@ -285,6 +429,10 @@ def write_models(out: pathlib.Path) -> None:
     save(resnet(), out / "resnet_n.onnx")
     save(mobilenetv2(), out / "mobilenetv2_n.onnx")
     save(squeezenet(), out / "squeezenet_n.onnx")
+    save(resnet_bottleneck(), out / "resnet_bottleneck_n.onnx")
+    save(mobilenetv3(), out / "mobilenetv3_n.onnx", opset=14)  # HardSwish is opset 14
+    save(inception(), out / "inception_n.onnx")
+    save(densenet(), out / "densenet_n.onnx")
     save(identity(), out / "identity.onnx")
     print(f"wrote the models of bench/ort_compare.sh into {out}")
 
