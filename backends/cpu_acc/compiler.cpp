@@ -74,6 +74,29 @@ std::optional<Md> ChannelsLastMd(const Shape& shape) {
   return Md(Dims(shape), memory::data_type::f32, kTags[shape.size() - 3]);
 }
 
+// `md` when it is a channel-blocked layout (nChw8c, nChw16c and their 3-D and 5-D kin: one inner
+// block, over dim 1, outer dims in plain order), as the format tag that gives it for other dims;
+// nullopt otherwise.
+std::optional<memory::format_tag> ChannelBlockedTag(const Md& md) {
+  using tag = memory::format_tag;
+  const int rank = md.data.ndims;
+  if (rank < 3 || rank > 5)
+    return std::nullopt;
+  for (int block : {8, 16}) {
+    static constexpr tag kBlock8[] = {tag::aBc8b, tag::aBcd8b, tag::aBcde8b};
+    static constexpr tag kBlock16[] = {tag::aBc16b, tag::aBcd16b, tag::aBcde16b};
+    const tag candidate = (block == 8 ? kBlock8 : kBlock16)[rank - 3];
+    if (md == Md(md.dims(), memory::data_type::f32, candidate))
+      return candidate;
+  }
+  return std::nullopt;
+}
+
+// A oneDNN implementation that is its scalar reference code ("ref:any", "simple_nchw:any", ...).
+bool IsReferenceImpl(const std::string& name) {
+  return name.starts_with("ref") || name.starts_with("simple");
+}
+
 // Pads `shape` with leading 1s to `rank`.
 Shape PadTo(const Shape& shape, std::size_t rank) {
   Shape padded(rank - shape.size(), 1);
@@ -1067,7 +1090,51 @@ class Compiler {
         throw CompileError{NodeUnimplemented(op, "ceil_mode with count_include_pad past the pads")};
       kind = algorithm::pooling_avg_include_padding;
     }
+    if (x.size() == 4)
+      return LowerPool2d(i, window.value(), kind);
     return LowerPooling(i, window.value(), kind);
+  }
+
+  // A 2-D MaxPool or AveragePool by CpuAcc's own kernel (pool_kernel.hpp says why) on the
+  // channels-last layout: one reorder in when the input has another.
+  std::size_t LowerPool2d(std::size_t i, const Window& window, algorithm kind) {
+    const OperatorDesc& op = layers_[i];
+    const Shape& x = op.inputs[0].shape;
+    const Shape& y = op.outputs[0].shape;
+    const Shape expected{x[0], x[1], window.out[0], window.out[1]};
+    if (expected != y) {
+      throw CompileError{
+          NodeInvalid(op, "output " + ToString(y) + ", the window gives " + ToString(expected))};
+    }
+    PoolGeometry geometry;
+    geometry.kind = kind == algorithm::pooling_max ? PoolGeometry::Kind::kMax
+                    : kind == algorithm::pooling_avg_include_padding
+                        ? PoolGeometry::Kind::kAverageIncludingPadding
+                        : PoolGeometry::Kind::kAverageExcludingPadding;
+    geometry.outer = x[0];
+    geometry.lanes = x[1];
+    geometry.in_h = x[2];
+    geometry.in_w = x[3];
+    geometry.out_h = y[2];
+    geometry.out_w = y[3];
+    geometry.kernel_h = window.kernel[0];
+    geometry.kernel_w = window.kernel[1];
+    geometry.stride_h = window.strides[0];
+    geometry.stride_w = window.strides[1];
+    geometry.dilation_h = window.dilations[0];
+    geometry.dilation_w = window.dilations[1];
+    geometry.pad_top = window.pad_begin[0];
+    geometry.pad_left = window.pad_begin[1];
+    // Include-padding averages count the ONNX padding only: CheckPool refuses a ceil_mode window
+    // past it, so oneDNN's pad_end is the ONNX one there.
+    geometry.pad_bottom = window.pad_end[0];
+    geometry.pad_right = window.pad_end[1];
+    geometry.Prepare();
+    const int src = InputAs(i, 0, *ChannelsLastMd(x));
+    const int dst = Define(OutputName(i), *ChannelsLastMd(y));
+    program_->AddPool(src, dst, std::move(geometry));
+    Note(i, i, "CpuAcc's channels-last pooling");
+    return i + 1;
   }
 
   // GlobalAveragePool, GlobalMaxPool: one window over all spatial dims.
@@ -1099,20 +1166,41 @@ class Compiler {
     memory::dims dilation;
     for (int64_t d : window.dilations)
       dilation.push_back(d - 1);
-    // The input stays in whatever layout it has (blocked after a convolution).
-    const int src = Current(i, 0);
-    const Md src_md = program_->value(src).md;
-    const Md dst_any(Dims(expected), memory::data_type::f32, memory::format_tag::any);
-    dnnl::pooling_v2_forward::desc desc(
-        dnnl::prop_kind::forward_inference, kind, src_md, dst_any,
-        memory::dims(window.strides.begin(), window.strides.end()),
-        memory::dims(window.kernel.begin(), window.kernel.end()), dilation,
-        memory::dims(window.pad_begin.begin(), window.pad_begin.end()),
-        memory::dims(window.pad_end.begin(), window.pad_end.end()));
+    // Without padding the two averages agree, and oneDNN 2.6's include-padding kernel is the
+    // fast one (on AVX2, 8x: a 64-channel 15x15 global pool).
+    const auto zero = [](int64_t pad) { return pad == 0; };
+    if (kind == algorithm::pooling_avg_exclude_padding &&
+        std::all_of(window.pad_begin.begin(), window.pad_begin.end(), zero) &&
+        std::all_of(window.pad_end.begin(), window.pad_end.end(), zero)) {
+      kind = algorithm::pooling_avg_include_padding;
+    }
+    // The input stays in whatever layout it has (blocked after a convolution), unless oneDNN
+    // has only its scalar reference for that layout (plain NCHW for most pools): then the input
+    // goes to channels-last first, one fast reorder against a pool up to 10x slower.
+    auto pool_desc = [&](const Md& src_md) {
+      const Md dst_any(Dims(expected), memory::data_type::f32, memory::format_tag::any);
+      return dnnl::pooling_v2_forward::desc(
+          dnnl::prop_kind::forward_inference, kind, src_md, dst_any,
+          memory::dims(window.strides.begin(), window.strides.end()),
+          memory::dims(window.kernel.begin(), window.kernel.end()), dilation,
+          memory::dims(window.pad_begin.begin(), window.pad_begin.end()),
+          memory::dims(window.pad_end.begin(), window.pad_end.end()));
+    };
     // No post-ops here: oneDNN 2.6 takes them reliably on convolutions and matmuls only.
     const std::size_t last = i;
     const dnnl::primitive_attr attr = UserScratchpad();
-    dnnl::pooling_v2_forward::primitive_desc pd(desc, attr, engine_);
+    int src = Current(i, 0);
+    dnnl::pooling_v2_forward::primitive_desc pd(pool_desc(program_->value(src).md), attr, engine_);
+    const std::optional<Md> channels_last = ChannelsLastMd(x);
+    if (IsReferenceImpl(ImplName(pd)) && channels_last &&
+        program_->value(src).md != *channels_last) {
+      dnnl::pooling_v2_forward::primitive_desc on_channels_last(pool_desc(*channels_last), attr,
+                                                                engine_);
+      if (!IsReferenceImpl(ImplName(on_channels_last))) {
+        pd = on_channels_last;
+        src = InputAs(i, 0, *channels_last);
+      }
+    }
     const int dst = Define(OutputName(last), pd.dst_desc());
     AddStep(dnnl::pooling_v2_forward(pd), {{DNNL_ARG_SRC, src}, {DNNL_ARG_DST, dst}},
             pd.scratchpad_desc());
@@ -1302,35 +1390,59 @@ class Compiler {
     return last + 1;
   }
 
-  // Concat as one reorder per input into its slice of the output (a submemory), in channels-last
-  // layout when any input already has it (what most convolutions choose on this CPU; the others'
-  // blocked outputs take one reorder either way), else plain: no round trip out of the
-  // convolutions' layout and back around it. oneDNN 2.6's own concat ran a scalar copy loop here
-  // (SqueezeNet-like b1: 98 of 265 us a request).
+  // Concat as one reorder per input into its slice of the output (a submemory); oneDNN 2.6's own
+  // concat ran a scalar copy loop here (SqueezeNet-like b1: 98 of 265 us a request). The output's
+  // layout keeps the convolutions' out of a round trip to plain and back:
+  //  - the inputs' channel-blocked layout, when they all share it and a channel concat's slices
+  //    start on block boundaries (an Inception block: every branch a convolution);
+  //  - else channels-last, when any input has it or a channel concat has any input that is not
+  //    plain (DenseNet's growth of 12 channels in 8-channel blocks): blocked inputs take one
+  //    reorder either way, and what reads the output (a pool, a batch norm, a convolution) has
+  //    fast kernels on channels-last; on plain NCHW, oneDNN 2.6 pools with its scalar reference
+  //    (an Inception-like block's 3x3 average pool at batch 1: 320 us, the rest of it 400);
+  //  - else plain.
   std::size_t LowerConcat(std::size_t i) {
     const OperatorDesc& op = layers_[i];
     const Shape& y = op.outputs[0].shape;
     const auto axis = static_cast<std::size_t>(
         *NormalizedAxis(IntAttr(op, "axis", 0), static_cast<int64_t>(y.size())));
-    bool channels_last = false;
-    for (std::size_t k = 0; k < op.inputs.size() && ChannelsLastMd(y); ++k) {
-      channels_last |= !IsConstant(op, k) &&
-                       program_->value(Current(i, k)).md == *ChannelsLastMd(op.inputs[k].shape);
+    std::optional<memory::format_tag> shared_block;
+    bool blocks_align = axis == 1, any_channels_last = false, any_laid_out = false;
+    for (std::size_t k = 0; k < op.inputs.size(); ++k) {
+      if (ElementCount(op.inputs[k].shape) == 0)
+        continue;
+      const Md md = program_->value(Current(i, k)).md;
+      const std::optional<memory::format_tag> block = ChannelBlockedTag(md);
+      blocks_align = blocks_align && block && (!shared_block || *block == *shared_block) &&
+                     op.inputs[k].shape[1] % md.data.format_desc.blocking.inner_blks[0] == 0;
+      if (block)
+        shared_block = block;
+      any_channels_last |= ChannelsLastMd(y) && md == *ChannelsLastMd(op.inputs[k].shape);
+      any_laid_out |= !IsPlain(md);
     }
-    const Md y_md = channels_last ? *ChannelsLastMd(y) : PlainMd(y);
+    Md y_md = PlainMd(y);
+    const char* how = "reorders into slices";
+    if (blocks_align && shared_block) {
+      y_md = Md(Dims(y), memory::data_type::f32, *shared_block);
+      how = "reorders into channel-blocked slices";
+    } else if (ChannelsLastMd(y) && (any_channels_last || (axis == 1 && any_laid_out))) {
+      y_md = *ChannelsLastMd(y);
+      how = "reorders into channels-last slices";
+    }
+    const bool keep_layouts = !IsPlain(y_md);
     const int dst = Define(OutputName(i), y_md);
     memory::dims offsets(y.size(), 0);
     for (std::size_t k = 0; k < op.inputs.size(); ++k) {
       const Shape& x = op.inputs[k].shape;
       if (ElementCount(x) == 0)
         continue;
-      const int src = channels_last ? Current(i, k) : InputPlain(i, k);
+      const int src = keep_layouts ? Current(i, k) : InputPlain(i, k);
       const int slice =
           program_->AddValue(y_md.submemory_desc(Dims(x), offsets), program_->value(dst).storage);
       Reorder(src, slice);
       offsets[axis] += x[axis];
     }
-    Note(i, i, channels_last ? "reorders into channels-last slices" : "reorders into slices");
+    Note(i, i, how);
     return i + 1;
   }
 

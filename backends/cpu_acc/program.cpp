@@ -96,6 +96,16 @@ void Program::AddFill(int to, float value) {
   steps_.push_back(std::move(step));
 }
 
+void Program::AddPool(int from, int to, PoolGeometry geometry) {
+  ProgramStep step;
+  step.kind = ProgramStep::Kind::kPool;
+  step.copy_from = from;
+  step.copy_to = to;
+  step.pool = std::move(geometry);
+  step.pool_function = BestPoolFunction();
+  steps_.push_back(std::move(step));
+}
+
 std::size_t Program::parallel_step_count() const {
   return static_cast<std::size_t>(std::count_if(steps_.begin(), steps_.end(), [](const auto& step) {
     return step.kind == ProgramStep::Kind::kPrimitive && step.threads > 1;
@@ -248,6 +258,13 @@ Status Program::Run(std::span<const ConstTensorView> all_inputs,
       if (step.kind == ProgramStep::Kind::kFill) {
         auto* to = static_cast<float*>(context->memories[step.copy_to].get_data_handle());
         std::fill(to, to + step.copy_bytes / sizeof(float), step.fill_value);
+        continue;
+      }
+      if (step.kind == ProgramStep::Kind::kPool) {
+        step.pool_function(
+            step.pool,
+            static_cast<const float*>(context->memories[step.copy_from].get_data_handle()),
+            static_cast<float*>(context->memories[step.copy_to].get_data_handle()));
         continue;
       }
       if (step.threads != current_threads) {

@@ -24,6 +24,7 @@
 
 #include "backplane/sdk/backend.hpp"
 #include "oneapi/dnnl/dnnl.hpp"
+#include "pool_kernel.hpp"
 
 namespace backplane::cpu_acc {
 
@@ -54,7 +55,7 @@ struct ProgramValue {
 };
 
 struct ProgramStep {
-  enum class Kind { kPrimitive, kCopy, kFill };
+  enum class Kind { kPrimitive, kCopy, kFill, kPool };
   Kind kind = Kind::kPrimitive;
   // OpenMP threads this step runs with: the program's count, or 1 for a step too small to gain
   // from a second thread (compiler.cpp, StepThreads). It must be the count the primitive was
@@ -68,6 +69,9 @@ struct ProgramStep {
   std::size_t copy_bytes = 0;
   // kFill: every float of value `copy_to` set to `fill_value` (Pad's border).
   float fill_value = 0.0f;
+  // kPool: CpuAcc's own pooling (pool_kernel.hpp) from value `copy_from` into `copy_to`.
+  PoolGeometry pool;
+  PoolFunction pool_function = nullptr;
 };
 
 // Immutable after Finish(); Run is thread-safe. Building is single-threaded.
@@ -89,6 +93,8 @@ class Program {
   void AddCopy(int from, int to);
   // Sets every element of FP32 value `to` (dense, any dims) to `value`.
   void AddFill(int to, float value);
+  // Pools value `from` into value `to` (both channels-last, `geometry` prepared), one thread.
+  void AddPool(int from, int to, PoolGeometry geometry);
   // Boundary shapes the host passes, checked on every request.
   void SetBoundary(std::vector<Shape> inputs, std::vector<Shape> outputs);
   void Finish();
