@@ -1095,8 +1095,8 @@ class Compiler {
     return LowerPooling(i, window.value(), kind);
   }
 
-  // A 2-D MaxPool or AveragePool by CpuAcc's own kernel (pool_kernel.hpp says why) on the
-  // channels-last layout: one reorder in when the input has another.
+  // A 2-D MaxPool or AveragePool by CpuAcc's own kernel (pool_kernel.hpp says why), on the
+  // input's channel-blocked layout or channels-last (one reorder in when it has neither).
   std::size_t LowerPool2d(std::size_t i, const Window& window, algorithm kind) {
     const OperatorDesc& op = layers_[i];
     const Shape& x = op.inputs[0].shape;
@@ -1111,8 +1111,23 @@ class Compiler {
                     : kind == algorithm::pooling_avg_include_padding
                         ? PoolGeometry::Kind::kAverageIncludingPadding
                         : PoolGeometry::Kind::kAverageExcludingPadding;
+    // Channel-blocked input (a convolution's nChw8c) pools as it is: [N * C/8][H][W][8], the
+    // padding channels of the last block zeros in and out; anything else goes channels-last.
+    int src = Current(i, 0);
+    const Md src_md = program_->value(src).md;
+    Md dst_md = *ChannelsLastMd(y);
+    const char* how = "CpuAcc's pooling, channels-last";
     geometry.outer = x[0];
     geometry.lanes = x[1];
+    if (const std::optional<memory::format_tag> blocked = ChannelBlockedTag(src_md)) {
+      const int64_t block = src_md.data.format_desc.blocking.inner_blks[0];
+      geometry.outer = x[0] * (src_md.data.padded_dims[1] / block);
+      geometry.lanes = block;
+      dst_md = Md(Dims(y), memory::data_type::f32, *blocked);
+      how = "CpuAcc's pooling, channel-blocked";
+    } else {
+      src = InputAs(i, 0, *ChannelsLastMd(x));
+    }
     geometry.in_h = x[2];
     geometry.in_w = x[3];
     geometry.out_h = y[2];
@@ -1130,10 +1145,11 @@ class Compiler {
     geometry.pad_bottom = window.pad_end[0];
     geometry.pad_right = window.pad_end[1];
     geometry.Prepare();
-    const int src = InputAs(i, 0, *ChannelsLastMd(x));
-    const int dst = Define(OutputName(i), *ChannelsLastMd(y));
+XX
+                                             : "CpuAcc's pooling, channel-blocked";
+    const int dst = Define(OutputName(i), dst_md);
     program_->AddPool(src, dst, std::move(geometry));
-    Note(i, i, "CpuAcc's channels-last pooling");
+    Note(i, i, how);
     return i + 1;
   }
 

@@ -400,6 +400,54 @@ TEST_F(CpuAccFusionTest, ConcatOfConvolutionOutputsMatchesCpuRef) {
   }
 }
 
+// Pools after convolutions (channel-blocked outputs, channel counts that do not fill the blocks)
+// and after a Concat of them (Inception's average-pool branch) run on CpuAcc's pooling kernel in
+// the layout they get, and agree with CpuRef: max and both averages, padding, strides, ceil_mode.
+TEST_F(CpuAccFusionTest, PoolsAfterConvolutionsAndConcatsMatchCpuRef) {
+  for (unsigned seed = 41; seed < 53; ++seed) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    Rng rng(seed);
+    TestGraph g;
+    const int64_t n = DrawInt(rng, 1, 3), c = DrawInt(rng, 3, 16), side = DrawInt(rng, 5, 14);
+    g.SetInput("x", DrawTensor({n, c, side, side}, rng, -1.0f, 1.0f));
+    AddConvBn(g, rng, "x", "a", DrawInt(rng, 3, 40), 1, 3);
+    std::string pooled = "a";
+    if (DrawChance(rng, 0.5)) {
+      AddConvBn(g, rng, "x", "b",
+                DrawChance(rng, 0.5) ? 8 * DrawInt(rng, 1, 3) : DrawInt(rng, 3, 20), 1, 1);
+      Shape y = g.ShapeOf("a");
+      y[1] += g.ShapeOf("b")[1];
+      g.AddLayer("Concat", "concat", {"a", "b"}, {"ab"}, {y}, {{"axis", int64_t{1}}});
+      pooled = "ab";
+    }
+    const Shape x = g.ShapeOf(pooled);
+    const int64_t kernel = DrawInt(rng, 2, 3), stride = DrawInt(rng, 1, 2);
+    const int64_t pad = DrawInt(rng, 0, kernel - 1), ceil_mode = DrawChance(rng, 0.3) ? 1 : 0;
+    const bool max = DrawChance(rng, 0.5);
+    const int64_t span = side + 2 * pad - kernel;
+    int64_t out = (ceil_mode ? (span + stride - 1) / stride : span / stride) + 1;
+    if (ceil_mode && (out - 1) * stride >= side + pad)  // ONNX: the last window starts inside
+      --out;
+    AttributeMap attributes{{"kernel_shape", Ints{kernel, kernel}},
+                            {"strides", Ints{stride, stride}},
+                            {"pads", Ints(4, pad)},
+                            {"ceil_mode", ceil_mode}};
+    if (!max && !ceil_mode)
+      attributes["count_include_pad"] = int64_t{DrawChance(rng, 0.5) ? 1 : 0};
+    g.AddLayer(max ? "MaxPool" : "AveragePool", "pool", {pooled}, {"pooled"},
+               {{x[0], x[1], out, out}}, attributes);
+    AddConvBn(g, rng, "pooled", "next", 8, 1, 1);
+    g.MarkOutput("pooled");
+    g.MarkOutput("next");
+    const auto notes = ExpectFusedUnfusedAndReferenceAgree(g, cpu_ref(), cpu_acc());
+    ASSERT_EQ(notes.size(), g.layers().size());
+    for (std::size_t k = 0; k < g.layers().size(); ++k) {
+      if (g.layers()[k].op.name == "pool")
+        EXPECT_THAT(notes[k], HasSubstr("CpuAcc's pooling")) << g.Describe();
+    }
+  }
+}
+
 // MobileNetV2's Conv+BN+Relu6 (Clip), and the other new activations after a convolution, as
 // post-ops of the convolution; the result equals the unfused one and CpuRef's.
 TEST_F(CpuAccFusionTest, NewActivationsFuseIntoTheConvolution) {
