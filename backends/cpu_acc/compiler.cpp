@@ -420,21 +420,25 @@ class Compiler {
     Reorder(from, to);
   }
 
-  void Note(std::size_t first, std::size_t last, const std::string& given) {
+  // `given`: a oneDNN implementation's name, or (own_kernel) what CpuAcc runs itself.
+  void Note(std::size_t first, std::size_t last, const std::string& given,
+            bool own_kernel = false) {
     // The two-thread policy made visible in placement (and checked by the tests through it).
-    std::string impl = given;
-    if (threads_ > 1) {
+    std::string impl = (own_kernel ? "" : "oneDNN ") + given;
+    if (threads_ > 1 && own_kernel) {
+      impl += " on 1 thread";
+    } else if (threads_ > 1) {
       impl += step_threads_ > 1 ? " on " + std::to_string(step_threads_) + " threads"
                                 : " on 1 thread (too little work for more)";
     }
     if (first == last) {
-      notes_[first] = "oneDNN " + impl;
+      notes_[first] = impl;
       return;
     }
     std::string chain;
     for (std::size_t k = first; k <= last; ++k)
       chain += (k == first ? "" : "+") + layers_[k].op_type;
-    notes_[first] = "oneDNN " + impl + ", fused " + chain;
+    notes_[first] = impl + ", fused " + chain;
     for (std::size_t k = first + 1; k <= last; ++k)
       notes_[k] = "fused into " + layers_[first].name + " (" + chain + ")";
   }
@@ -1145,11 +1149,9 @@ class Compiler {
     geometry.pad_bottom = window.pad_end[0];
     geometry.pad_right = window.pad_end[1];
     geometry.Prepare();
-XX
-                                             : "CpuAcc's pooling, channel-blocked";
     const int dst = Define(OutputName(i), dst_md);
     program_->AddPool(src, dst, std::move(geometry));
-    Note(i, i, how);
+    Note(i, i, how, /*own_kernel=*/true);
     return i + 1;
   }
 
