@@ -145,4 +145,15 @@ Status CheckBatchable(const Network& network, std::string_view what) {
                          "and dynamic_batching from its config.json");
 }
 
+std::vector<int64_t> ExecutionBatchSizes(int64_t max_batch_size,
+                                         std::span<const int64_t> preferred_batch_sizes) {
+  std::vector<int64_t> sizes(preferred_batch_sizes.begin(), preferred_batch_sizes.end());
+  for (int64_t size = 1; size < max_batch_size; size *= 2)
+    sizes.push_back(size);
+  sizes.push_back(max_batch_size);
+  std::sort(sizes.begin(), sizes.end());
+  sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
+  return sizes;
+}
+
 }  // namespace backplane::server

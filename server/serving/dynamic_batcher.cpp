@@ -114,17 +114,17 @@ struct DynamicBatcher::Batch {
 
 namespace {
 
-// Every request's inputs joined along the first dimension, in request order. One request's are
-// moved, not copied.
+// Every request's inputs joined along the first dimension, in request order, then zero rows up
+// to `execution_rows`. One request's are moved, not copied, when they need no padding.
 template <typename BatchType>
-std::vector<Tensor> JoinInputs(BatchType& batch) {
-  if (batch.requests.size() == 1)
+std::vector<Tensor> JoinInputs(BatchType& batch, int64_t execution_rows) {
+  if (batch.requests.size() == 1 && batch.rows == execution_rows)
     return std::move(batch.requests.front().inputs);
   std::vector<Tensor> joined;
   const std::size_t input_count = batch.requests.front().inputs.size();
   for (std::size_t i = 0; i < input_count; ++i) {
     TensorInfo info = batch.requests.front().inputs[i].info();
-    info.shape[0] = batch.rows;
+    info.shape[0] = execution_rows;
     Tensor tensor(info);
     std::byte* out = tensor.bytes().data();
     for (auto& request : batch.requests) {
@@ -134,18 +134,19 @@ std::vector<Tensor> JoinInputs(BatchType& batch) {
       out += bytes.size();
       request.inputs[i] = Tensor();  // its memory back as soon as it is copied
     }
+    std::fill(out, tensor.bytes().data() + tensor.bytes().size(), std::byte{0});
     joined.push_back(std::move(tensor));
   }
   return joined;
 }
 
-// Each request's rows of every output, in request order; kInternal naming the output when one
-// does not carry the batch along its first dimension.
+// Each request's rows of every output, in request order (rows past theirs are padding, dropped);
+// kInternal naming the output when one does not carry the batch along its first dimension.
 std::vector<Result<std::vector<Tensor>>> SplitOutputs(std::vector<Tensor> outputs,
                                                       std::span<const int64_t> rows,
                                                       int64_t total_rows, const std::string& what) {
   std::vector<Result<std::vector<Tensor>>> answers;
-  if (rows.size() == 1) {
+  if (rows.size() == 1 && rows[0] == total_rows) {
     answers.emplace_back(std::move(outputs));
     return answers;
   }
@@ -184,6 +185,8 @@ std::vector<Result<std::vector<Tensor>>> SplitOutputs(std::vector<Tensor> output
 DynamicBatcher::DynamicBatcher(Runtime& runtime, Options options)
     : runtime_(runtime),
       options_(std::move(options)),
+      execution_sizes_(
+          ExecutionBatchSizes(options_.max_batch_size, options_.batching.preferred_batch_sizes)),
       shared_(std::make_shared<Shared>()),
       dispatcher_([this] { Dispatch(); }) {}
 
@@ -402,30 +405,35 @@ void DynamicBatcher::Execute(std::shared_ptr<Batch> batch, Clock::time_point now
   std::vector<int64_t> rows;
   for (const auto& request : batch->requests)
     rows.push_back(request.rows);
-  std::vector<Tensor> inputs = JoinInputs(*batch);
+  // The batch never exceeds max_batch_size, the last execution size.
+  const int64_t execution_rows =
+      batch->rows == 0
+          ? 0
+          : *std::lower_bound(execution_sizes_.begin(), execution_sizes_.end(), batch->rows);
+  std::vector<Tensor> inputs = JoinInputs(*batch, execution_rows);
   const bool answer_before_freeing = options_.batching.preserve_ordering;
   // The callback holds the shared state and the batch, never `this` (see the header's traps).
-  runtime_.ExecuteAsync(options_.network, std::move(inputs),
-                        [shared = shared_, batch, rows = std::move(rows), what = options_.what,
-                         answer_before_freeing](Result<std::vector<Tensor>> outputs) {
-                          std::vector<Result<std::vector<Tensor>>> answers;
-                          if (outputs.ok()) {
-                            answers =
-                                SplitOutputs(std::move(outputs).value(), rows, batch->rows, what);
-                          } else {
-                            answers.assign(batch->requests.size(), outputs.error());
-                          }
-                          // With preserve_ordering the next batch may not start answering before
-                          // this one has.
-                          if (!answer_before_freeing)
-                            shared->FinishBatch();
-                          for (std::size_t i = 0; i < batch->requests.size(); ++i) {
-                            auto done = std::move(batch->requests[i].done);
-                            done(std::move(answers[i]));
-                          }
-                          if (answer_before_freeing)
-                            shared->FinishBatch();
-                        });
+  runtime_.ExecuteAsync(
+      options_.network, std::move(inputs),
+      [shared = shared_, batch, rows = std::move(rows), what = options_.what, answer_before_freeing,
+       execution_rows](Result<std::vector<Tensor>> outputs) {
+        std::vector<Result<std::vector<Tensor>>> answers;
+        if (outputs.ok()) {
+          answers = SplitOutputs(std::move(outputs).value(), rows, execution_rows, what);
+        } else {
+          answers.assign(batch->requests.size(), outputs.error());
+        }
+        // With preserve_ordering the next batch may not start answering before
+        // this one has.
+        if (!answer_before_freeing)
+          shared->FinishBatch();
+        for (std::size_t i = 0; i < batch->requests.size(); ++i) {
+          auto done = std::move(batch->requests[i].done);
+          done(std::move(answers[i]));
+        }
+        if (answer_before_freeing)
+          shared->FinishBatch();
+      });
 }
 
 }  // namespace backplane::server

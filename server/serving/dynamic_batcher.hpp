@@ -7,6 +7,9 @@
 // - A batch is one Runtime::ExecuteAsync call, so it runs wholly on one generation of each
 //   backend, and a swap while requests wait loses none: they wait on the network id, which the
 //   runtime migrates under them.
+// - A batch executes at one of a few sizes (ExecutionBatchSizes), padded with zero rows: every
+//   size is a shape program the network compiles and keeps, so arbitrary sizes would evict and
+//   recompile them without end. The padding rows' outputs are dropped.
 // - Requests are joined only when every input agrees in datatype and in every dimension but the
 //   first: the key of a request is exactly that, and groups of different keys never mix.
 // - A request that fails its parse, or whose deadline passes while it waits, is answered alone
@@ -27,6 +30,7 @@
 #include <span>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "backplane/runtime/runtime.hpp"
 #include "serving/batching_config.hpp"
@@ -100,6 +104,8 @@ class DynamicBatcher {
 
   Runtime& runtime_;
   const Options options_;
+  // ExecutionBatchSizes: a batch runs at the smallest of these that holds its rows.
+  const std::vector<int64_t> execution_sizes_;
   const std::shared_ptr<Shared> shared_;
   std::thread dispatcher_;  // last: started when everything it uses exists
 };

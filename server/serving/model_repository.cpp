@@ -401,8 +401,17 @@ Result<std::shared_ptr<const ServingModel>> ModelRepository::Prepare(const std::
       if (Status batchable = CheckBatchable(network.value(), what); !batchable.ok())
         return batchable;
     }
-    auto id = runtime_.LoadNetwork(std::move(network).value(),
-                                   {.backend_preferences = model->config.backends});
+    NetworkOptions network_options{.backend_preferences = model->config.backends};
+    // A batched model executes at each of its execution batch sizes: a shape program for every
+    // one, so that none is evicted by the others (dynamic_batcher.hpp).
+    if (model->config.dynamic_batching) {
+      network_options.shape_program_capacity =
+          std::max(network_options.shape_program_capacity,
+                   ExecutionBatchSizes(model->config.max_batch_size,
+                                       model->config.dynamic_batching->preferred_batch_sizes)
+                       .size());
+    }
+    auto id = runtime_.LoadNetwork(std::move(network).value(), network_options);
     if (!id.ok()) {
       // The runtime's kNotFound is about backends (none the config prefers is registered), not
       // about the model: a client must not read "no such model" (404) for one that exists.

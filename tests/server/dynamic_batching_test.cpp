@@ -10,6 +10,7 @@
 #include <numeric>
 #include <random>
 #include <regex>
+#include <set>
 
 #include "cli/serve_command.hpp"
 #include "grpc_service.grpc.pb.h"
@@ -162,6 +163,40 @@ TEST(BatchingPolicyTest, TheDispatchRuleHoldsOnSeededRandomQueues) {
                                << ::testing::PrintToString(preferred) << ", delay passed "
                                << delay_passed;
     ASSERT_LE(taken, max_batch_size) << "round " << round;
+  }
+}
+
+// The execution sizes (a batch's rows rounded up to one of them) on seeded random configs: exactly
+// the powers of two below max_batch_size, the preferred sizes and max_batch_size, ascending, and
+// so a size for every batch of 1..max_batch_size rows.
+TEST(BatchingPolicyTest, ExecutionBatchSizesArePowersOfTwoPreferredSizesAndTheMaximum) {
+  const uint64_t seed = BatchingTestSeed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 random(seed);
+  for (int round = 0; round < 500; ++round) {
+    const int64_t max_batch_size = std::uniform_int_distribution<int64_t>(1, 300)(random);
+    std::set<int64_t> preferred;
+    for (int64_t size = 1; size <= max_batch_size; ++size) {
+      if (std::uniform_int_distribution<int>(0, 9)(random) == 0)
+        preferred.insert(size);
+    }
+    const std::vector<int64_t> preferred_sizes(preferred.begin(), preferred.end());
+    const auto sizes = server::ExecutionBatchSizes(max_batch_size, preferred_sizes);
+    const auto trace = [&] {
+      return "round " + std::to_string(round) + ", max " + std::to_string(max_batch_size) +
+             ", preferred " + ::testing::PrintToString(preferred_sizes) + ", got " +
+             ::testing::PrintToString(sizes);
+    };
+    std::set<int64_t> expected(preferred);
+    expected.insert(max_batch_size);
+    for (int64_t power = 1; power < max_batch_size; power *= 2)
+      expected.insert(power);
+    ASSERT_EQ(sizes, std::vector<int64_t>(expected.begin(), expected.end())) << trace();
+    for (int64_t rows = 1; rows <= max_batch_size; ++rows) {
+      const auto fits = std::lower_bound(sizes.begin(), sizes.end(), rows);
+      ASSERT_NE(fits, sizes.end()) << trace() << ", rows " << rows;
+      ASSERT_LT(*fits, 2 * rows) << trace() << ": padding of at most rows - 1";
+    }
   }
 }
 
@@ -357,6 +392,55 @@ TEST(DynamicBatchingTest, BatchedAnswersEqualTheSameRequestsRunAlone) {
   EXPECT_EQ(sizes.count, batching.executions.load());
   EXPECT_EQ(sizes.cumulative_counts[3], sizes.count) << "a batch of more than 8 rows";  // le=8
   EXPECT_GT(sizes.sum, 0);
+}
+
+// Batches of every size from 1 to max_batch_size execute at a few padded sizes, so the network
+// compiles one shape program per execution size and never evicts one (it compiled and evicted
+// them without end when every batch size was its own shape); the answers stay each request's own.
+TEST(DynamicBatchingTest, BatchesOfEverySizeCompileOneProgramPerExecutionSize) {
+  const uint64_t seed = BatchingTestSeed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  ServeHome home;
+  AddBatchingModels(home);
+  home.Write("models/mlp/config.json",
+             R"({"backends": ["CpuRef"], "max_batch_size": 16, "dynamic_batching":
+                 {"max_queue_delay_us": 2000}})");
+  auto running = StartBatchingServer(BatchingServeConfig(home));
+  const auto& context = running.core->context();
+  std::mt19937_64 random(seed);
+  std::vector<Tensor> inputs;
+  std::vector<std::future<Result<std::vector<Tensor>>>> answers;
+  for (int wave = 0; wave < 40; ++wave) {
+    // A wave of 1-6 requests of 1-3 rows each: batches of 1 to 16 rows.
+    const int requests = static_cast<int>(std::uniform_int_distribution<int>(1, 6)(random));
+    for (int r = 0; r < requests; ++r) {
+      inputs.push_back(RandomRows(random, std::uniform_int_distribution<int64_t>(1, 3)(random), 4));
+      answers.push_back(StartBatchedInference(context, "mlp", ParserOf({inputs.back()})));
+    }
+    answers.back().wait();
+  }
+  for (std::size_t i = 0; i < answers.size(); ++i) {
+    auto answer = answers[i].get();
+    ASSERT_TRUE(answer.ok()) << "request " << i << ": " << answer.error().ToString();
+    auto alone = server::RunInference(context, "mlp_alone", "", ParserOf({inputs[i]}));
+    ASSERT_TRUE(alone.ok()) << alone.error().ToString();
+    ASSERT_EQ(answer->front().info(), alone->outputs.front().info()) << "request " << i;
+    EXPECT_EQ(Floats(answer->front()), Floats(alone->outputs.front())) << "request " << i;
+  }
+  const auto sizes = context.metrics.ForModel("mlp").batching.batch_size.Read();
+  EXPECT_GT(sizes.sum / static_cast<double>(sizes.count), 1.5) << "requests were not joined";
+  auto resolved = server::ResolveModel(context.repository, "mlp", "");
+  ASSERT_TRUE(resolved.ok()) << resolved.error().ToString();
+  auto programs = context.runtime.GetShapePrograms(resolved->version->network_id());
+  ASSERT_TRUE(programs.ok()) << programs.error().ToString();
+  const std::size_t execution_sizes = server::ExecutionBatchSizes(16, {}).size();  // 1 2 4 8 16
+  EXPECT_LE(programs->compiles, execution_sizes);
+  EXPECT_EQ(programs->evictions, 0u);
+  for (const auto& program : programs->programs) {
+    const int64_t rows = program.input_shapes.front().front();
+    EXPECT_TRUE(rows == 1 || rows == 2 || rows == 4 || rows == 8 || rows == 16)
+        << "a program for a batch of " << rows << " rows";
+  }
 }
 
 TEST(DynamicBatchingTest, AnExecutionErrorFailsExactlyTheRequestsOfItsBatch) {
