@@ -66,29 +66,6 @@ Status DeadlinePassed() {
 
 }  // namespace
 
-// The state the dispatcher and the batches' callbacks share; a callback keeps it alive past the
-// batcher (see the traps in the header).
-struct DynamicBatcher::Shared {
-  Mutex mutex;
-  std::condition_variable_any changed;  // waits on `mutex` itself: analysed as held
-  std::deque<Arrival> arrivals BACKPLANE_GUARDED_BY(mutex);
-  // Requests taken and not yet handed to a batch or answered: arrivals and grouped.
-  std::size_t waiting BACKPLANE_GUARDED_BY(mutex) = 0;
-  int executing BACKPLANE_GUARDED_BY(mutex) = 0;      // batches handed to the runtime
-  uint64_t finished BACKPLANE_GUARDED_BY(mutex) = 0;  // batches done: a slot came free
-  bool stopping BACKPLANE_GUARDED_BY(mutex) = false;
-  uint64_t next_sequence BACKPLANE_GUARDED_BY(mutex) = 0;  // arrival order (preserve_ordering)
-
-  void FinishBatch() BACKPLANE_EXCLUDES(mutex) {
-    {
-      MutexLock lock(mutex);
-      --executing;
-      ++finished;
-    }
-    changed.notify_all();
-  }
-};
-
 struct DynamicBatcher::Arrival {
   uint64_t sequence = 0;
   Clock::time_point arrived;
@@ -103,7 +80,34 @@ struct DynamicBatcher::Waiting {
   std::optional<Clock::time_point> deadline;
   std::vector<Tensor> inputs;
   int64_t rows = 0;
+  std::string key;  // JoinKey(inputs)
   Runtime::ExecuteCallback done;
+};
+
+// The state the dispatcher and the batches' callbacks share; a callback keeps it alive past the
+// batcher (see the traps in the header).
+struct DynamicBatcher::Shared {
+  Mutex mutex;
+  std::condition_variable_any changed;  // waits on `mutex` itself: analysed as held
+  std::deque<Arrival> arrivals BACKPLANE_GUARDED_BY(mutex);  // to parse
+  std::deque<Waiting> parsed BACKPLANE_GUARDED_BY(mutex);    // to group, by the dispatcher
+  // Requests taken and not yet handed to a batch or answered: arrivals and grouped.
+  std::size_t waiting BACKPLANE_GUARDED_BY(mutex) = 0;
+  int executing BACKPLANE_GUARDED_BY(mutex) = 0;              // batches handed to the runtime
+  uint64_t finished BACKPLANE_GUARDED_BY(mutex) = 0;          // batches done: a slot came free
+  bool stopping BACKPLANE_GUARDED_BY(mutex) = false;          // the dispatcher's
+  bool parsers_stopping BACKPLANE_GUARDED_BY(mutex) = false;  // set and joined first
+  uint64_t next_sequence BACKPLANE_GUARDED_BY(mutex) = 0;     // arrival order (preserve_ordering)
+  std::condition_variable_any arrived;  // for the parsers: an arrival, or stopping
+
+  void FinishBatch() BACKPLANE_EXCLUDES(mutex) {
+    {
+      MutexLock lock(mutex);
+      --executing;
+      ++finished;
+    }
+    changed.notify_all();
+  }
 };
 
 // One batch's requests, oldest first, and its rows.
@@ -187,10 +191,24 @@ DynamicBatcher::DynamicBatcher(Runtime& runtime, Options options)
       options_(std::move(options)),
       execution_sizes_(
           ExecutionBatchSizes(options_.max_batch_size, options_.batching.preferred_batch_sizes)),
-      shared_(std::make_shared<Shared>()),
-      dispatcher_([this] { Dispatch(); }) {}
+      shared_(std::make_shared<Shared>()) {
+  // One parser with preserve_ordering: requests reach their groups in arrival order.
+  const int parsers =
+      options_.batching.preserve_ordering ? 1 : std::max(1, options_.limits.max_concurrent_batches);
+  for (int i = 0; i < parsers; ++i)
+    parsers_.emplace_back([this] { Parse(); });
+  dispatcher_ = std::thread([this] { Dispatch(); });
+}
 
 DynamicBatcher::~DynamicBatcher() {
+  // Parsers first: what one is parsing reaches `parsed`, which the dispatcher then drains.
+  {
+    MutexLock lock(shared_->mutex);
+    shared_->parsers_stopping = true;
+  }
+  shared_->arrived.notify_all();
+  for (auto& parser : parsers_)
+    parser.join();
   {
     MutexLock lock(shared_->mutex);
     shared_->stopping = true;
@@ -214,12 +232,65 @@ void DynamicBatcher::Submit(Runtime::InputsFactory make_inputs, Runtime::Execute
     }
   }
   if (make_inputs == nullptr) {
-    shared_->changed.notify_all();
+    shared_->arrived.notify_one();
     return;
   }
   done(Status(StatusCode::kResourceExhausted,
               options_.what + " has " + std::to_string(options_.limits.max_waiting_requests) +
                   " requests waiting for a batch, the server's max_in_flight; retry later"));
+}
+
+void DynamicBatcher::Parse() {
+  while (true) {
+    Arrival arrival;
+    {
+      MutexLock lock(shared_->mutex);
+      shared_->arrived.wait(shared_->mutex, [&] {
+        shared_->mutex.AssertHeld();
+        return shared_->parsers_stopping || !shared_->arrivals.empty();
+      });
+      if (shared_->parsers_stopping)
+        return;  // the dispatcher answers what is left
+      arrival = std::move(shared_->arrivals.front());
+      shared_->arrivals.pop_front();
+    }
+    // A failure is answered here, alone, and never reaches a batch.
+    const auto answer_alone = [&](Status status) {
+      arrival.done(std::move(status));
+      MutexLock lock(shared_->mutex);
+      --shared_->waiting;
+    };
+    if (arrival.deadline && Clock::now() > *arrival.deadline) {
+      answer_alone(DeadlinePassed());
+      continue;
+    }
+    auto inputs = arrival.make_inputs();
+    arrival.make_inputs = nullptr;  // what it refers to (the body) goes as soon as it is parsed
+    if (!inputs.ok()) {
+      answer_alone(std::move(inputs).error());
+      continue;
+    }
+    // The parse (ModelCall::Parse) applies the same check; checked here again so that the
+    // batcher never joins what it could not split back.
+    auto rows = BatchRows(*inputs, Network{}, options_.max_batch_size, options_.what);
+    if (!rows.ok()) {
+      answer_alone(std::move(rows).error());
+      continue;
+    }
+    Waiting parsed{.sequence = arrival.sequence,
+                   .arrived = arrival.arrived,
+                   .deadline = arrival.deadline,
+                   .inputs = std::move(inputs).value(),
+                   .rows = rows.value(),
+                   .key = {},
+                   .done = std::move(arrival.done)};
+    parsed.key = JoinKey(parsed.inputs);
+    {
+      MutexLock lock(shared_->mutex);
+      shared_->parsed.push_back(std::move(parsed));
+    }
+    shared_->changed.notify_all();
+  }
 }
 
 void DynamicBatcher::Dispatch() {
@@ -233,7 +304,7 @@ void DynamicBatcher::Dispatch() {
   uint64_t finished_seen = 0;
   bool stopping = false;
   while (!stopping) {
-    std::deque<Arrival> arrivals;
+    std::deque<Waiting> parsed;
     int free_slots = 0;
     {
       MutexLock lock(shared_->mutex);
@@ -262,8 +333,7 @@ void DynamicBatcher::Dispatch() {
       }
       const auto news = [&] {
         shared_->mutex.AssertHeld();
-        return shared_->stopping || !shared_->arrivals.empty() ||
-               shared_->finished != finished_seen;
+        return shared_->stopping || !shared_->parsed.empty() || shared_->finished != finished_seen;
       };
       if (due)
         shared_->changed.wait_until(shared_->mutex, *due, news);
@@ -271,40 +341,15 @@ void DynamicBatcher::Dispatch() {
         shared_->changed.wait(shared_->mutex, news);
       stopping = shared_->stopping;
       finished_seen = shared_->finished;
-      arrivals.swap(shared_->arrivals);
+      parsed.swap(shared_->parsed);
       free_slots = max_executing - shared_->executing;
     }
     const auto now = Clock::now();
 
-    // Arrivals: parsed here, off the transports' threads; a failure is answered alone.
-    for (auto& arrival : arrivals) {
-      if (arrival.deadline && now > *arrival.deadline) {
-        arrival.done(DeadlinePassed());
-        ++released;
-        continue;
-      }
-      auto inputs = arrival.make_inputs();
-      arrival.make_inputs = nullptr;  // what it refers to (the body) goes as soon as it is parsed
-      if (!inputs.ok()) {
-        arrival.done(std::move(inputs).error());
-        ++released;
-        continue;
-      }
-      // The parse (ModelCall::Parse) applies the same check; checked here again so that the
-      // batcher never joins what it could not split back.
-      auto rows = BatchRows(*inputs, Network{}, options_.max_batch_size, options_.what);
-      if (!rows.ok()) {
-        arrival.done(std::move(rows).error());
-        ++released;
-        continue;
-      }
-      const std::string key = JoinKey(*inputs);
-      groups[key].push_back(Waiting{.sequence = arrival.sequence,
-                                    .arrived = arrival.arrived,
-                                    .deadline = arrival.deadline,
-                                    .inputs = std::move(inputs).value(),
-                                    .rows = rows.value(),
-                                    .done = std::move(arrival.done)});
+    // Parsed requests (the parsers answered those that failed) join their groups.
+    for (auto& request : parsed) {
+      std::string key = std::move(request.key);
+      groups[key].push_back(std::move(request));
     }
 
     // Deadlines that passed while waiting: answered, and out of their group.
@@ -374,15 +419,20 @@ void DynamicBatcher::Dispatch() {
       Execute(std::move(batch), now);
     }
   }
-  // Stopping: nothing should wait (each request holds the version that owns this batcher).
+  // Stopping (the parsers have stopped): nothing should wait, each request holding the version
+  // that owns this batcher.
   std::deque<Arrival> arrivals;
+  std::deque<Waiting> parsed;
   {
     MutexLock lock(shared_->mutex);
     arrivals.swap(shared_->arrivals);
+    parsed.swap(shared_->parsed);
   }
   const Status stopped(StatusCode::kUnavailable, options_.what + " stopped serving");
   for (auto& arrival : arrivals)
     arrival.done(stopped);
+  for (auto& request : parsed)
+    request.done(stopped);
   for (auto& [key, waiting] : groups) {
     for (auto& request : waiting)
       request.done(stopped);

@@ -61,9 +61,12 @@ struct BatcherLimits {
 std::size_t RequestsToDispatch(std::span<const int64_t> rows, int64_t max_batch_size,
                                std::span<const int64_t> preferred_batch_sizes, bool delay_passed);
 
-// Thread-safe. Owns one dispatcher thread, which parses arrivals (off the transports' threads),
-// groups them by key, answers expired deadlines, and dispatches batches to the runtime; the
-// runtime's TBB workers execute them and answer the requests.
+// Thread-safe. Owns parser threads (one per execution slot; one with preserve_ordering), which
+// parse arrivals off the transports' threads, and one dispatcher thread, which groups them by
+// key, answers expired deadlines, and dispatches batches to the runtime; the runtime's TBB workers
+// execute them and answer the requests. One thread parsed everything before: REST's JSON of a
+// 784-float row cost more than its share of a batched execution, and that thread capped the
+// batched wide MLP at about one core's worth of parsing.
 class DynamicBatcher {
  public:
   using Clock = std::chrono::steady_clock;
@@ -83,9 +86,9 @@ class DynamicBatcher {
   DynamicBatcher(const DynamicBatcher&) = delete;
   DynamicBatcher& operator=(const DynamicBatcher&) = delete;
 
-  // Queues one request as Runtime::ExecuteAsync does: `make_inputs` runs first (on the
-  // dispatcher thread); `done` gets this request's rows of every output, or its error, on a TBB
-  // worker or the dispatcher thread. Refused at once on the caller's thread with
+  // Queues one request as Runtime::ExecuteAsync does: `make_inputs` runs first (on a parser
+  // thread); `done` gets this request's rows of every output, or its error, on a TBB
+  // worker, a parser or the dispatcher thread. Refused at once on the caller's thread with
   // kResourceExhausted when max_waiting_requests wait already. kInvalidArgument for inputs whose
   // first dimensions differ or exceed max_batch_size; kDeadlineExceeded when `deadline` passes
   // before the request's batch leaves.
@@ -97,6 +100,7 @@ class DynamicBatcher {
   struct Arrival;
   struct Waiting;
   struct Batch;
+  void Parse();     // a parser thread's loop
   void Dispatch();  // the dispatcher thread's loop
   // Hands `batch` to the runtime (one execution slot is taken for it); its callback answers
   // every request of it and frees the slot.
@@ -107,7 +111,9 @@ class DynamicBatcher {
   // ExecutionBatchSizes: a batch runs at the smallest of these that holds its rows.
   const std::vector<int64_t> execution_sizes_;
   const std::shared_ptr<Shared> shared_;
-  std::thread dispatcher_;  // last: started when everything it uses exists
+  // Started in the constructor's body, when everything they use exists.
+  std::vector<std::thread> parsers_;  // parse arrivals (JSON costs more than batching saves)
+  std::thread dispatcher_;
 };
 
 }  // namespace backplane::server
