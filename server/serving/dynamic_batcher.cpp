@@ -82,6 +82,9 @@ struct DynamicBatcher::Waiting {
   int64_t rows = 0;
   std::string key;  // JoinKey(inputs)
   Runtime::ExecuteCallback done;
+  // A parser answered it (its parse failed, or its deadline had passed): it only marks its place
+  // in the arrival order.
+  bool answered = false;
 };
 
 // The state the dispatcher and the batches' callbacks share; a callback keeps it alive past the
@@ -254,11 +257,15 @@ void DynamicBatcher::Parse() {
       arrival = std::move(shared_->arrivals.front());
       shared_->arrivals.pop_front();
     }
-    // A failure is answered here, alone, and never reaches a batch.
+    // A failure is answered here, alone, and never reaches a batch; the dispatcher still hears
+    // of it, to keep the arrival order (and to count it as no longer waiting).
     const auto answer_alone = [&](Status status) {
       arrival.done(std::move(status));
-      MutexLock lock(shared_->mutex);
-      --shared_->waiting;
+      {
+        MutexLock lock(shared_->mutex);
+        shared_->parsed.push_back(Waiting{.sequence = arrival.sequence, .answered = true});
+      }
+      shared_->changed.notify_all();
     };
     if (arrival.deadline && Clock::now() > *arrival.deadline) {
       answer_alone(DeadlinePassed());
@@ -301,6 +308,8 @@ void DynamicBatcher::Dispatch() {
   // Only this thread touches the groups: key → waiting requests, oldest first.
   std::map<std::string, std::deque<Waiting>> groups;
   std::size_t released = 0;  // requests answered or batched since the last look at `waiting`
+  std::map<uint64_t, Waiting> out_of_order;  // parsed, behind an arrival still being parsed
+  uint64_t next_to_group = 0;                // the sequence number to group next
   uint64_t finished_seen = 0;
   bool stopping = false;
   while (!stopping) {
@@ -346,8 +355,21 @@ void DynamicBatcher::Dispatch() {
     }
     const auto now = Clock::now();
 
-    // Parsed requests (the parsers answered those that failed) join their groups.
+    // Parsed requests join their groups in arrival order: parsers finish out of order, and a
+    // batch is the oldest requests of its group. One parsed ahead of an earlier arrival waits
+    // here until that one is parsed (or answered by its parser).
     for (auto& request : parsed) {
+      const uint64_t sequence = request.sequence;
+      out_of_order.emplace(sequence, std::move(request));
+    }
+    while (!out_of_order.empty() && out_of_order.begin()->first == next_to_group) {
+      Waiting request = std::move(out_of_order.begin()->second);
+      out_of_order.erase(out_of_order.begin());
+      ++next_to_group;
+      if (request.answered) {
+        ++released;
+        continue;
+      }
       std::string key = std::move(request.key);
       groups[key].push_back(std::move(request));
     }
@@ -431,8 +453,14 @@ void DynamicBatcher::Dispatch() {
   const Status stopped(StatusCode::kUnavailable, options_.what + " stopped serving");
   for (auto& arrival : arrivals)
     arrival.done(stopped);
-  for (auto& request : parsed)
-    request.done(stopped);
+  for (auto& request : parsed) {
+    if (!request.answered)
+      request.done(stopped);
+  }
+  for (auto& [sequence, request] : out_of_order) {
+    if (!request.answered)
+      request.done(stopped);
+  }
   for (auto& [key, waiting] : groups) {
     for (auto& request : waiting)
       request.done(stopped);
