@@ -44,31 +44,36 @@ BACKPLANE_POOL_INLINE T Accumulate(T acc, T x) {
     return acc + x;
 }
 
-// One output pixel, lanes [0, 8 * kVectors), from the same lanes of every window pixel: kept in
-// registers over the whole window (accumulating through `out` serialised the loop on store
-// forwarding, 3x slower). `corner`: the window's first pixel inside the input. The positions
-// inside form a rectangle (an axis' valid positions are an interval, and a window's positions are
-// monotonic), so the loop has no checks.
-template <bool kMax, int kVectors>
-BACKPLANE_POOL_INLINE void PoolVectors(const PoolGeometry& g, const float* __restrict corner,
-                                       float* __restrict out, const PoolSpan& rows,
-                                       const PoolSpan& cols) {
-  Lanes8 acc[kVectors];
-  for (int v = 0; v < kVectors; ++v)
-    acc[v] = Lanes8{} + (kMax ? -std::numeric_limits<float>::infinity() : 0.0f);
+// kCount runs of 8 lanes at once, run i read at `corner + i * in_step` of every window pixel and
+// written at `out + i * out_step`: the 8-lane chunks of one output pixel (in_step = out_step =
+// 8), or the same chunk of kCount output pixels side by side in a row whose windows have the same
+// span (in_step = stride * lanes, out_step = lanes; with few lanes a pixel, one pixel at a time
+// left too little work per window position: 2 to 3x slower). The sums or maxima stay in registers
+// over the whole window (accumulating through `out` serialised the loop on store forwarding: 3x
+// slower). `corner`: the window's first pixel inside the input. The positions inside form a
+// rectangle (an axis' valid positions are an interval, a window's positions are monotonic), so
+// the loop has no checks.
+template <bool kMax, int kCount>
+BACKPLANE_POOL_INLINE void PoolRuns(const PoolGeometry& g, const float* __restrict corner,
+                                    float* __restrict out, const PoolSpan& rows,
+                                    const PoolSpan& cols, int64_t in_step, int64_t out_step) {
+  Lanes8 acc[kCount];
+  for (int i = 0; i < kCount; ++i)
+    acc[i] = Lanes8{} + (kMax ? -std::numeric_limits<float>::infinity() : 0.0f);
   const int64_t row_step = g.dilation_h * g.in_w * g.lanes, col_step = g.dilation_w * g.lanes;
   for (int64_t kh = rows.first; kh < rows.last; ++kh, corner += row_step) {
     const float* pixel = corner;
     for (int64_t kw = cols.first; kw < cols.last; ++kw, pixel += col_step) {
 #pragma GCC unroll 4
-      for (int v = 0; v < kVectors; ++v)
-        acc[v] = Accumulate<kMax>(acc[v], Load8(pixel + 8 * v));
+      for (int i = 0; i < kCount; ++i)
+        acc[i] = Accumulate<kMax>(acc[i], Load8(pixel + i * in_step));
     }
   }
-  if constexpr (!kMax)
-    for (int v = 0; v < kVectors; ++v)
-      acc[v] /= static_cast<float>(Divisor(g, rows, cols));
-  std::memcpy(out, acc, sizeof acc);
+  for (int i = 0; i < kCount; ++i) {
+    if constexpr (!kMax)
+      acc[i] /= static_cast<float>(Divisor(g, rows, cols));
+    std::memcpy(out + i * out_step, &acc[i], sizeof acc[i]);
+  }
 }
 
 // The same for lanes [0, width), width < 8: scalar.
@@ -83,33 +88,6 @@ BACKPLANE_POOL_INLINE void PoolTail(const PoolGeometry& g, const float* corner, 
         acc = Accumulate<kMax>(acc, row[(kw - cols.first) * g.dilation_w * g.lanes]);
     }
     out[c] = kMax ? acc : acc / static_cast<float>(Divisor(g, rows, cols));
-  }
-}
-
-// Lanes [0, 8) of kPixels output pixels side by side in a row, whose windows have the same
-// span: few lanes per pixel (8-channel blocks, narrow layers) gave the one-pixel loop too little
-// work per window position (2 to 3x slower than this).
-template <bool kMax, int kPixels>
-BACKPLANE_POOL_INLINE void PoolPixels(const PoolGeometry& g, const float* __restrict corner,
-                                      float* __restrict out, const PoolSpan& rows,
-                                      const PoolSpan& cols) {
-  Lanes8 acc[kPixels];
-  for (int p = 0; p < kPixels; ++p)
-    acc[p] = Lanes8{} + (kMax ? -std::numeric_limits<float>::infinity() : 0.0f);
-  const int64_t row_step = g.dilation_h * g.in_w * g.lanes, col_step = g.dilation_w * g.lanes;
-  const int64_t pixel_step = g.stride_w * g.lanes;
-  for (int64_t kh = rows.first; kh < rows.last; ++kh, corner += row_step) {
-    const float* pixel = corner;
-    for (int64_t kw = cols.first; kw < cols.last; ++kw, pixel += col_step) {
-#pragma GCC unroll 4
-      for (int p = 0; p < kPixels; ++p)
-        acc[p] = Accumulate<kMax>(acc[p], Load8(pixel + p * pixel_step));
-    }
-  }
-  for (int p = 0; p < kPixels; ++p) {
-    if constexpr (!kMax)
-      acc[p] /= static_cast<float>(Divisor(g, rows, cols));
-    std::memcpy(out + p * g.lanes, &acc[p], sizeof acc[p]);
   }
 }
 
@@ -134,16 +112,16 @@ BACKPLANE_POOL_INLINE void Pool(const PoolGeometry& g, const float* in, float* o
             SameSpan(cols, g.cols[ow + kPixels - 1]) && SameSpan(cols, g.cols[ow + 1]) &&
             SameSpan(cols, g.cols[ow + 2])) {
           for (int64_t c = 0; c < lanes; c += 8)
-            PoolPixels<kMax, kPixels>(g, corner + c, out + c, rows, cols);
+            PoolRuns<kMax, kPixels>(g, corner + c, out + c, rows, cols, g.stride_w * lanes, lanes);
           ow += kPixels - 1;
           out += (kPixels - 1) * lanes;
           continue;
         }
         int64_t c = 0;
         for (; c + 32 <= lanes; c += 32)
-          PoolVectors<kMax, 4>(g, corner + c, out + c, rows, cols);
+          PoolRuns<kMax, 4>(g, corner + c, out + c, rows, cols, 8, 8);
         for (; c + 8 <= lanes; c += 8)
-          PoolVectors<kMax, 1>(g, corner + c, out + c, rows, cols);
+          PoolRuns<kMax, 1>(g, corner + c, out + c, rows, cols, 8, 8);
         PoolTail<kMax>(g, corner + c, out + c, rows, cols, lanes - c);
       }
     }
