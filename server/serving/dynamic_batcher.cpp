@@ -195,9 +195,8 @@ DynamicBatcher::DynamicBatcher(Runtime& runtime, Options options)
       execution_sizes_(
           ExecutionBatchSizes(options_.max_batch_size, options_.batching.preferred_batch_sizes)),
       shared_(std::make_shared<Shared>()) {
-  // One parser with preserve_ordering: requests reach their groups in arrival order.
-  const int parsers =
-      options_.batching.preserve_ordering ? 1 : std::max(1, options_.limits.max_concurrent_batches);
+  // Parsers finish out of order; the dispatcher groups in arrival order (preserve_ordering too).
+  const int parsers = std::max(1, options_.limits.max_concurrent_batches);
   for (int i = 0; i < parsers; ++i)
     parsers_.emplace_back([this] { Parse(); });
   dispatcher_ = std::thread([this] { Dispatch(); });

@@ -61,9 +61,9 @@ struct BatcherLimits {
 std::size_t RequestsToDispatch(std::span<const int64_t> rows, int64_t max_batch_size,
                                std::span<const int64_t> preferred_batch_sizes, bool delay_passed);
 
-// Thread-safe. Owns parser threads (one per execution slot; one with preserve_ordering), which
-// parse arrivals off the transports' threads, and one dispatcher thread, which groups them by
-// key, answers expired deadlines, and dispatches batches to the runtime; the runtime's TBB workers
+// Thread-safe. Owns parser threads (one per execution slot), which parse arrivals off the
+// transports' threads, and one dispatcher thread, which groups them by key in arrival order,
+// answers expired deadlines, and dispatches batches to the runtime; the runtime's TBB workers
 // execute them and answer the requests. One thread parsed everything before: REST's JSON of a
 // 784-float row cost more than its share of a batched execution, and that thread capped the
 // batched wide MLP at about one core's worth of parsing.
