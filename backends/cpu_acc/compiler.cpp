@@ -82,12 +82,12 @@ std::optional<memory::format_tag> ChannelBlockedTag(const Md& md) {
   const int rank = md.data.ndims;
   if (rank < 3 || rank > 5)
     return std::nullopt;
-  for (int block : {8, 16}) {
-    static constexpr tag kBlock8[] = {tag::aBc8b, tag::aBcd8b, tag::aBcde8b};
-    static constexpr tag kBlock16[] = {tag::aBc16b, tag::aBcd16b, tag::aBcde16b};
-    const tag candidate = (block == 8 ? kBlock8 : kBlock16)[rank - 3];
-    if (md == Md(md.dims(), memory::data_type::f32, candidate))
-      return candidate;
+  // Rows: 8- and 16-channel blocks; columns: ranks 3, 4, 5.
+  static constexpr tag kTags[2][3] = {{tag::aBc8b, tag::aBcd8b, tag::aBcde8b},
+                                      {tag::aBc16b, tag::aBcd16b, tag::aBcde16b}};
+  for (const auto& by_rank : kTags) {
+    if (md == Md(md.dims(), memory::data_type::f32, by_rank[rank - 3]))
+      return by_rank[rank - 3];
   }
   return std::nullopt;
 }
