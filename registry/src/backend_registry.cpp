@@ -96,6 +96,8 @@ std::string_view ToString(GenerationState state) {
       return "loading";
     case GenerationState::kActive:
       return "active";
+    case GenerationState::kCandidate:
+      return "candidate";
     case GenerationState::kDraining:
       return "draining";
     case GenerationState::kUnloaded:
@@ -115,6 +117,8 @@ std::string_view ToString(DeployOutcome::Action action) {
       return "unchanged";
     case Action::kActivated:
       return "activated";
+    case Action::kCandidate:
+      return "candidate";
     case Action::kRejected:
       return "rejected";
     case Action::kDeferred:
@@ -134,6 +138,8 @@ std::string_view ToString(GenerationEvent::Kind kind) {
       return "loaded";
     case Kind::kActivated:
       return "activated";
+    case Kind::kCandidate:
+      return "candidate";
     case Kind::kRejected:
       return "rejected";
     case Kind::kDraining:
@@ -175,7 +181,7 @@ Result<std::shared_ptr<BackendRegistry>> BackendRegistry::Create(BackendRegistry
   }
   std::shared_ptr<BackendRegistry> registry(
       new BackendRegistry(std::move(shared_loader), std::move(directories), options.settle_time,
-                          std::move(options.trust)));
+                          std::move(options.trust), options.deploy_policy));
   // The reaper tells when a drained generation has left the process (or leaked).
   registry->unload_listener_ = registry->loader_->stats().unload_listeners.Add(
       [raw = registry.get()](const loader::GenerationInfo& generation, bool leaked) {
@@ -205,11 +211,13 @@ Result<std::shared_ptr<BackendRegistry>> BackendRegistry::Create(BackendRegistry
 BackendRegistry::BackendRegistry(std::shared_ptr<loader::Loader> loader,
                                  std::vector<fs::path> directories,
                                  std::chrono::milliseconds settle_time,
-                                 std::shared_ptr<const loader::TrustPolicy> trust)
+                                 std::shared_ptr<const loader::TrustPolicy> trust,
+                                 DeployPolicy deploy_policy)
     : loader_(std::move(loader)),
       directories_(std::move(directories)),
       settle_time_(settle_time),
       trust_(std::move(trust)),
+      deploy_policy_(deploy_policy),
       scanner_(std::make_unique<registry_detail::BackendScanner>(directories_,
                                                                  loader_->options().file_policy)),
       coordinator_(std::make_unique<registry_detail::ChangeCoordinator>()),
@@ -314,6 +322,11 @@ DeployOutcome BackendRegistry::DeployIfChanged(const Candidate& candidate,
   if (!identity)  // gone since the listing: the next scan sees what replaced it
     return {DeployOutcome::Action::kUnchanged, known_id, candidate.path};
   if (lineage && lineage->active != nullptr) {
+    if (lineage->candidate != nullptr && lineage->candidate_identity == identity) {
+      return {DeployOutcome::Action::kUnchanged, known_id, candidate.path,
+              lineage->candidate->info().number,
+              candidate.path.string() + " is the candidate of a rollout under way"};
+    }
     // Device and inode pin down the real file, so a retargeted symlink counts as a change.
     if (lineage->identity == identity) {
       return {DeployOutcome::Action::kUnchanged, known_id, candidate.path,
@@ -402,7 +415,128 @@ DeployOutcome BackendRegistry::Deploy(const Candidate& candidate, bool registeri
     trace->Add({"register", true, "backend id " + info.backend_id});
   const std::string id = info.backend_id;
   const loader::FileIdentity identity = info.identity;
+  // A deploy over a generation that serves is rolled out progressively when so configured; a
+  // new id, or one coming back after its file was deleted, has nothing to compare with.
+  if (deploy_policy_ == DeployPolicy::kProgressive && !registering && by_id &&
+      by_id->active != nullptr)
+    return Propose(id, std::move(next), candidate, identity, events);
+  // A deploy designating the active file again ends a rollout under way: it is rolled back.
+  if (by_id && by_id->candidate != nullptr) {
+    DropCandidateLocked(id, {LoadReason::kRolledBack, file.string() + " was deployed instead"},
+                        events);
+  }
   return Activate(id, std::move(next), candidate, identity, events);
+}
+
+DeployOutcome BackendRegistry::Propose(const std::string& id, loader::GenerationLease next,
+                                       const Candidate& candidate,
+                                       const loader::FileIdentity& identity, Events& events) {
+  const auto& info = next->info();
+  if (lineages_->ById(id)->candidate != nullptr) {
+    DropCandidateLocked(id,
+                        {LoadReason::kRolledBack, "superseded: the directory designates " +
+                                                      candidate.path.string() + " (generation " +
+                                                      std::to_string(info.number) + ") now"},
+                        events);
+  }
+  loader::GenerationLease active = lineages_->BeginLoading(id, candidate.family, next);
+  events.Add(
+      spdlog::level::debug,
+      fmt::format("backend {} generation {} loaded from {}", id, info.number, info.file.string()),
+      GenerationEvent{GenerationEvent::Kind::kLoaded, id, info.number, info.file});
+  Status applied = coordinator_->Apply({id, next, active, BackendChange::Target::kCandidate});
+  if (!applied.ok())
+    return RejectDeploy(candidate, std::move(applied), id, info.number, events);
+  lineages_->Propose(id, next, identity);
+  candidate_files_.insert_or_assign(id, std::make_unique<Candidate>(candidate));
+  const std::string message = "candidate beside generation " +
+                              std::to_string(active->info().number) + " (progressive deploy)";
+  events.Add(spdlog::level::info,
+             fmt::format("backend {} generation {} is a {} from {}{}, sha256 {}{}", id, info.number,
+                         message, info.file.string(),
+                         info.real_path == info.file ? "" : " -> " + info.real_path.string(),
+                         info.sha256, info.release.empty() ? "" : ", release " + info.release),
+             GenerationEvent{GenerationEvent::Kind::kCandidate, id, info.number, info.file,
+                             Status::Ok(), message});
+  return {DeployOutcome::Action::kCandidate, id, candidate.path, info.number, message};
+}
+
+uint64_t BackendRegistry::DropCandidateLocked(const std::string& id, Status why, Events& events) {
+  const auto lineage = lineages_->ById(id);
+  if (!lineage || lineage->candidate == nullptr)
+    return 0;
+  // Cannot be refused: runtimes only let go of their bindings on it.
+  coordinator_->ApplyRegardless(
+      {id, nullptr, lineage->candidate, BackendChange::Target::kCandidate});
+  const loader::GenerationLease dropped = lineages_->DropCandidate(id);
+  const uint64_t number = dropped->info().number;
+  auto file = candidate_files_.extract(id);
+  const Candidate remembered =
+      file ? *file.mapped()
+           : Candidate{lineage->file, dropped->info().file, Status::Ok(),
+                       registry_detail::FileFingerprint(dropped->info().file)};
+  RejectDeploy(remembered, std::move(why), id, number, events);
+  return number;
+}
+
+namespace {
+
+Status CheckCandidate(std::string_view id, const loader::GenerationLease& candidate,
+                      uint64_t generation, std::string_view verb) {
+  if (candidate == nullptr) {
+    return FailedPrecondition("backend " + std::string(id) + " has no candidate generation to " +
+                              std::string(verb));
+  }
+  if (generation != 0 && candidate->info().number != generation) {
+    return FailedPrecondition("backend " + std::string(id) + ": generation " +
+                              std::to_string(generation) + " is no longer its candidate (" +
+                              std::to_string(candidate->info().number) + " is)");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<DeployOutcome> BackendRegistry::Promote(std::string_view id, uint64_t generation) {
+  Events events;
+  auto outcome = [&]() -> Result<DeployOutcome> {
+    MutexLock change(change_mutex_);
+    const auto lineage = lineages_->ById(id);
+    if (!lineage)
+      return NotFound("no backend with id " + std::string(id) + " is registered");
+    BACKPLANE_RETURN_IF_ERROR(CheckCandidate(id, lineage->candidate, generation, "promote"));
+    auto file = candidate_files_.extract(lineage->id);
+    const Candidate candidate =
+        file ? *file.mapped()
+             : Candidate{lineage->file, lineage->candidate->info().file, Status::Ok(),
+                         registry_detail::FileFingerprint(lineage->candidate->info().file)};
+    DeployOutcome promoted =
+        Activate(lineage->id, lineage->candidate, candidate, lineage->candidate_identity, events);
+    if (promoted.action != DeployOutcome::Action::kActivated) {
+      // Refused by a runtime: the rollout is over, and RejectDeploy recorded why.
+      coordinator_->ApplyRegardless(
+          {lineage->id, nullptr, lineage->candidate, BackendChange::Target::kCandidate});
+      (void)lineages_->DropCandidate(lineage->id);
+    }
+    return promoted;
+  }();
+  Deliver(events);
+  return outcome;
+}
+
+Result<uint64_t> BackendRegistry::DropCandidate(std::string_view id, const std::string& why,
+                                                uint64_t generation) {
+  Events events;
+  auto dropped = [&]() -> Result<uint64_t> {
+    MutexLock change(change_mutex_);
+    const auto lineage = lineages_->ById(id);
+    if (!lineage)
+      return NotFound("no backend with id " + std::string(id) + " is registered");
+    BACKPLANE_RETURN_IF_ERROR(CheckCandidate(id, lineage->candidate, generation, "roll back"));
+    return DropCandidateLocked(lineage->id, {LoadReason::kRolledBack, why}, events);
+  }();
+  Deliver(events);
+  return dropped;
 }
 
 DeployOutcome BackendRegistry::Activate(const std::string& id, loader::GenerationLease next,
@@ -478,6 +612,7 @@ uint64_t BackendRegistry::TrustRevision() const {
 }
 
 DeployOutcome BackendRegistry::Withdraw(const std::string& id, Events& events) {
+  DropCandidateLocked(id, {LoadReason::kRolledBack, "the backend's file was deleted"}, events);
   const auto lineage = lineages_->ById(id);
   // Withdrawing cannot be refused: the file is gone. Runtimes move what they can.
   coordinator_->ApplyRegardless({id, nullptr, lineage->active});
@@ -550,6 +685,9 @@ Result<uint64_t> BackendRegistry::Rollback(std::string_view id) {
                       retained->resolved_file.string() + " (sha256 " + retained->sha256 +
                       "); nothing was changed");
     }
+    DropCandidateLocked(
+        lineage->id,
+        {LoadReason::kRolledBack, "the backend was rolled back to its previous version"}, events);
     // The lineage keeps following its file: the version on disk is still the one it rolled
     // back from, and is not loaded again until it changes.
     DeployOutcome outcome = Activate(lineage->id, std::move(loaded).value(),

@@ -31,12 +31,16 @@ class LineageTable::Lineage {
   std::optional<loader::FileIdentity> identity;
   bool pinned = false;
   std::optional<loader::FileIdentity> pinned_seen;
+  loader::GenerationLease candidate;  // a progressive rollout's; null: none
+  std::optional<loader::FileIdentity> candidate_identity;
   std::deque<Record> history;  // newest first, bounded
 
   bool is_static() const { return factory != nullptr; }
   bool offered() const { return is_static() || active != nullptr; }
 
-  LineageView View() const { return {id, is_static(), active, file, identity, pinned}; }
+  LineageView View() const {
+    return {id, is_static(), active, file, identity, pinned, candidate, candidate_identity};
+  }
 
   const Record* Find(uint64_t number) const {
     for (const auto& record : history) {
@@ -174,6 +178,8 @@ loader::GenerationLease LineageTable::BeginLoading(const std::string& id, const 
     lineage->id = id;
     lineage->file = family;
   }
+  if (lineage->Find(info.number) != nullptr)  // a candidate being promoted
+    return lineage->active;
   lineage->Add({.status = {.generation = info.number,
                            .state = GenerationState::kLoading,
                            .file = info.file,
@@ -196,6 +202,10 @@ void LineageTable::Activate(const std::string& id, const loader::GenerationLease
   if (identity)
     lineage->identity = identity;
   lineage->pinned_seen.reset();
+  if (lineage->candidate == next) {  // promoted
+    lineage->candidate = nullptr;
+    lineage->candidate_identity.reset();
+  }
   if (Lineage::Record* record = lineage->Find(next->info().number))
     record->status.state = GenerationState::kActive;
 }
@@ -208,6 +218,25 @@ void LineageTable::Reject(const std::string& id, uint64_t generation, const Stat
       record->status.rejection = why;
     }
   }
+}
+
+void LineageTable::Propose(const std::string& id, const loader::GenerationLease& next,
+                           const loader::FileIdentity& identity) {
+  MutexLock lock(mutex_);
+  Lineage* lineage = Find(id);
+  lineage->candidate = next;
+  lineage->candidate_identity = identity;
+  if (Lineage::Record* record = lineage->Find(next->info().number))
+    record->status.state = GenerationState::kCandidate;
+}
+
+loader::GenerationLease LineageTable::DropCandidate(const std::string& id) {
+  MutexLock lock(mutex_);
+  Lineage* lineage = Find(id);
+  if (lineage == nullptr)
+    return nullptr;
+  lineage->candidate_identity.reset();
+  return std::exchange(lineage->candidate, nullptr);
 }
 
 loader::GenerationLease LineageTable::Withdraw(const std::string& id) {
@@ -285,6 +314,7 @@ BackendStatus LineageTable::DescribeLocked(const Lineage& lineage) const {
       .id = lineage.id,
       .is_static = lineage.is_static(),
       .active_generation = lineage.active ? lineage.active->info().number : 0,
+      .candidate_generation = lineage.candidate ? lineage.candidate->info().number : 0,
       .pinned = lineage.pinned,
       .withdrawn = !lineage.offered() && !lineage.history.empty() &&
                    lineage.history.front().status.state != GenerationState::kRejected,

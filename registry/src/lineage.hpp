@@ -27,6 +27,9 @@ struct LineageView {
   std::filesystem::path file;      // the backend file family its generations come from
   std::optional<loader::FileIdentity> identity;  // of the file `active` was loaded from
   bool pinned = false;
+  // A progressive rollout's candidate (null: none) and the identity of its file.
+  loader::GenerationLease candidate;
+  std::optional<loader::FileIdentity> candidate_identity;
 
   bool offered() const { return is_static || active != nullptr; }
 };
@@ -39,7 +42,8 @@ struct Offer {
 
 // Thread-safe: one short lock around every lineage; it is never held while backend code, file
 // copies, logging or observers run. The transitions are the generation state machine:
-//   loading -> active -> draining -> unloaded | leaked;  loading -> rejected.
+//   loading -> active -> draining -> unloaded | leaked;  loading -> rejected;
+//   loading -> candidate -> active (promoted) | rejected (rolled back).
 class LineageTable {
  public:
   LineageTable();
@@ -59,8 +63,8 @@ class LineageTable {
   std::vector<std::string> ActiveIdsMissingFrom(
       const std::vector<std::filesystem::path>& present) const BACKPLANE_EXCLUDES(mutex_);
 
-  // A new generation of `id` (a new id when unknown, following `family`) starts loading.
-  // Returns the generation active now, null when none.
+  // A new generation of `id` (a new id when unknown, following `family`) starts loading; a
+  // candidate being promoted keeps its record. Returns the generation active now, null when none.
   loader::GenerationLease BeginLoading(const std::string& id, const std::filesystem::path& family,
                                        const loader::GenerationLease& next)
       BACKPLANE_EXCLUDES(mutex_);
@@ -70,6 +74,11 @@ class LineageTable {
                 std::optional<loader::FileIdentity> identity) BACKPLANE_EXCLUDES(mutex_);
   void Reject(const std::string& id, uint64_t generation, const Status& why)
       BACKPLANE_EXCLUDES(mutex_);
+  // `next` (loading) becomes the id's candidate beside its active generation.
+  void Propose(const std::string& id, const loader::GenerationLease& next,
+               const loader::FileIdentity& identity) BACKPLANE_EXCLUDES(mutex_);
+  // The id has no candidate any more (the caller records why with Reject). Returns the one it had.
+  loader::GenerationLease DropCandidate(const std::string& id) BACKPLANE_EXCLUDES(mutex_);
   // The id's file was deleted: no generation is offered any more. Returns the one that was.
   loader::GenerationLease Withdraw(const std::string& id) BACKPLANE_EXCLUDES(mutex_);
   // The reaper closed `generation`. nullopt when the registry never recorded it (a duplicate, an

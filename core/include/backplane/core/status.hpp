@@ -80,7 +80,8 @@ enum class LoadReason {
   kValidationFailed,   // its outputs on a probe differ from the active generation's
   kBundledDependency,  // needs a library that sits in a backend directory (shared by all versions)
   kUntrusted,          // its content's digest is not on the host's trusted list (never mapped)
-  kLastReason = kUntrusted,
+  kRolledBack,  // a progressive rollout rolled the candidate back (its numbers, or an operator)
+  kLastReason = kRolledBack,
 };
 
 constexpr std::string_view ToString(LoadReason reason) {
@@ -127,6 +128,8 @@ constexpr std::string_view ToString(LoadReason reason) {
       return "BUNDLED_DEPENDENCY";
     case LoadReason::kUntrusted:
       return "UNTRUSTED";
+    case LoadReason::kRolledBack:
+      return "ROLLED_BACK";
   }
   return "UNKNOWN";
 }

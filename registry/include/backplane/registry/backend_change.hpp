@@ -17,9 +17,17 @@ namespace backplane {
 // A change to what an id offers, proposed to every subscriber (each Runtime) before it takes
 // effect, so that any of them can refuse it (e.g. a network fails to prepare on the new code).
 struct BackendChange {
+  enum class Target {
+    kActive,  // `next` becomes what the id offers (null: the id is withdrawn)
+    // A progressive rollout: `next` becomes the id's candidate beside the active generation
+    // `previous`, which stays what the id offers; null: the candidate is dropped (promoted ones
+    // arrive as kActive instead). A dropped candidate cannot be refused.
+    kCandidate,
+  };
   std::string backend_id;
   loader::GenerationLease next;      // null: the id is withdrawn (its file was deleted)
   loader::GenerationLease previous;  // null: a new id
+  Target target = Target::kActive;
 };
 
 // One subscriber's prepared side of a change. It owns no lock: it holds what was prepared (new

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -32,6 +33,16 @@ bool RegisterStaticBackend(std::string id, StaticBackendFactory factory);
 // set but empty disables dynamic loading) if set, else the compile-time default list.
 std::vector<std::filesystem::path> DefaultBackendPaths();
 
+// What a deploy (a new file for a registered id) does (docs/hot-reload.md, "Progressive
+// rollout").
+enum class DeployPolicy {
+  kImmediate,  // the new generation becomes active at once, once every runtime has prepared it
+  // It becomes the id's candidate beside the active generation: runtimes bind their networks on
+  // both and route the share of requests they are told to (Runtime::SetRolloutTraffic) until
+  // Promote makes it active or DropCandidate rolls it back.
+  kProgressive,
+};
+
 struct BackendRegistryOptions {
   // Directories searched for backend files; nullopt means DefaultBackendPaths(). An empty list
   // disables dynamic loading, as does dynamic_backends = false.
@@ -49,6 +60,7 @@ struct BackendRegistryOptions {
   // deploys, LoadFile, Rollback. A file refused as UNTRUSTED is reported once, and looked at
   // again when it changes or when the policy's Revision() does (checked at every rescan).
   std::shared_ptr<const loader::TrustPolicy> trust;
+  DeployPolicy deploy_policy = DeployPolicy::kImmediate;
 };
 
 // One registered backend id and the generation it offers now.
@@ -141,6 +153,21 @@ class BackendRegistry : public std::enable_shared_from_this<BackendRegistry> {
   Status Pin(std::string_view id);
   Result<DeployOutcome> Unpin(std::string_view id);
 
+  // ---- Progressive rollout (DeployPolicy::kProgressive) ------------------------------------
+  // Makes the candidate of `id` active as any deploy does (every runtime prepares it anew, the
+  // old generation drains). kFailedPrecondition when `id` has no candidate; a refusal (a runtime
+  // cannot prepare it) drops the candidate, rejected with that reason.
+  // `generation` (0: whichever): the candidate meant, so that a decision taken about one candidate
+  // never applies to a newer one deployed meanwhile (kFailedPrecondition then).
+  Result<DeployOutcome> Promote(std::string_view id, uint64_t generation = 0);
+  // Rolls the candidate of `id` back: runtimes drop their bindings on it, it is recorded as
+  // rejected (LoadReason::kRolledBack, `why` in the message) and unloads once its last request
+  // ends; its file is not deployed again until the directory designates another one. Returns
+  // the candidate's number; kFailedPrecondition when there is none.
+  Result<uint64_t> DropCandidate(std::string_view id, const std::string& why,
+                                 uint64_t generation = 0);
+  DeployPolicy deploy_policy() const { return deploy_policy_; }
+
   std::vector<BackendStatus> Describe() const;  // every id, in registration order
   std::optional<BackendStatus> Describe(std::string_view id) const;
 
@@ -165,7 +192,7 @@ class BackendRegistry : public std::enable_shared_from_this<BackendRegistry> {
   BackendRegistry(std::shared_ptr<loader::Loader> loader,
                   std::vector<std::filesystem::path> directories,
                   std::chrono::milliseconds settle_time,
-                  std::shared_ptr<const loader::TrustPolicy> trust);
+                  std::shared_ptr<const loader::TrustPolicy> trust, DeployPolicy deploy_policy);
   void Unsubscribe(uint64_t subscriber_id);
 
   // The change sequence: each of these runs with change_mutex_ held and reports what it did
@@ -188,6 +215,14 @@ class BackendRegistry : public std::enable_shared_from_this<BackendRegistry> {
                          registry_detail::Events& events) BACKPLANE_REQUIRES(change_mutex_);
   DeployOutcome Withdraw(const std::string& id, registry_detail::Events& events)
       BACKPLANE_REQUIRES(change_mutex_);
+  // DeployPolicy::kProgressive: `next` becomes the candidate of `id` (replacing one under way).
+  DeployOutcome Propose(const std::string& id, loader::GenerationLease next,
+                        const Candidate& candidate, const loader::FileIdentity& identity,
+                        registry_detail::Events& events) BACKPLANE_REQUIRES(change_mutex_);
+  // The candidate of `id`, if any, leaves every runtime and is recorded as rejected with `why`.
+  // Returns its number, 0 when there was none.
+  uint64_t DropCandidateLocked(const std::string& id, Status why, registry_detail::Events& events)
+      BACKPLANE_REQUIRES(change_mutex_);
   // `trust_revision`: the trust policy's revision read before the load that failed, remembered
   // with an UNTRUSTED refusal.
   DeployOutcome RejectDeploy(const Candidate& candidate, Status error, std::string backend_id,
@@ -206,6 +241,7 @@ class BackendRegistry : public std::enable_shared_from_this<BackendRegistry> {
   const std::vector<std::filesystem::path> directories_;
   const std::chrono::milliseconds settle_time_;
   const std::shared_ptr<const loader::TrustPolicy> trust_;
+  const DeployPolicy deploy_policy_;
   uint64_t unload_listener_ = 0;
 
   // Orders changes: taken first, held across a whole change (backend code runs in it, observers
@@ -216,6 +252,9 @@ class BackendRegistry : public std::enable_shared_from_this<BackendRegistry> {
   const std::unique_ptr<registry_detail::ChangeCoordinator> coordinator_
       BACKPLANE_GUARDED_BY(change_mutex_);
   const std::unique_ptr<registry_detail::RollbackStore> rollback_store_
+      BACKPLANE_GUARDED_BY(change_mutex_);
+  // The file each candidate was deployed from, remembered as rejected when it is rolled back.
+  std::map<std::string, std::unique_ptr<Candidate>, std::less<>> candidate_files_
       BACKPLANE_GUARDED_BY(change_mutex_);
   // Thread-safe on its own (one short lock): read by queries, written by changes.
   const std::unique_ptr<registry_detail::LineageTable> lineages_;

@@ -18,8 +18,11 @@ namespace backplane {
 
 // Where one generation of a backend id is in its life (docs/hot-reload.md).
 enum class GenerationState {
-  kLoading,   // being copied, inspected, loaded, or prepared by the runtimes
-  kActive,    // what new work of this id runs on
+  kLoading,  // being copied, inspected, loaded, or prepared by the runtimes
+  kActive,   // what new work of this id runs on
+  // Loaded beside the active one during a progressive rollout (DeployPolicy::kProgressive): the
+  // runtimes bind their networks on it and send it the share of requests they are told to.
+  kCandidate,
   kDraining,  // replaced; still mapped while networks or requests hold leases on it
   kUnloaded,  // dlclosed and verified gone from the process
   kLeaked,    // dlclosed but still mapped (docs/loading-rules.md rule 3); counted and warned
@@ -46,7 +49,8 @@ struct GenerationStatus {
 struct BackendStatus {
   std::string id;
   bool is_static = false;
-  uint64_t active_generation = 0;  // 0 for a static backend or when withdrawn
+  uint64_t active_generation = 0;     // 0 for a static backend or when withdrawn
+  uint64_t candidate_generation = 0;  // 0 unless a progressive rollout is under way
   bool pinned = false;
   bool withdrawn = false;                      // its file was deleted: offered to no new load
   std::filesystem::path file;                  // the file its generations come from
@@ -59,6 +63,7 @@ struct DeployOutcome {
   enum class Action {
     kUnchanged,  // same file identity as the active generation
     kActivated,  // a new generation (or a new id) is active
+    kCandidate,  // a new generation is loaded beside the active one: a progressive rollout starts
     kRejected,   // the new file failed a step; the old generation keeps serving
     kDeferred,   // a writer is still at work on the file: look again soon
     kPinned,     // a new file was seen but the id is pinned
@@ -88,6 +93,7 @@ struct GenerationEvent {
   enum class Kind {
     kLoaded,
     kActivated,
+    kCandidate,  // a generation became the candidate of a progressive rollout
     kRejected,
     kDraining,
     kUnloaded,
