@@ -8,6 +8,7 @@
 #include "backplane/core/backend_call.hpp"
 #include "backplane/core/logging.hpp"
 #include "loaded_network.hpp"
+#include "rollout_meter.hpp"
 
 namespace backplane {
 
@@ -71,37 +72,6 @@ std::vector<Tensor> ProbeInputs(const Network& network) {
     inputs.push_back(std::move(tensor));
   }
   return inputs;
-}
-
-// The largest difference between two outputs of the same type and shape.
-double MaxDifference(const Tensor& a, const Tensor& b) {
-  auto diff = [](auto x, auto y) {
-    const double dx = static_cast<double>(x), dy = static_cast<double>(y);
-    if (std::isnan(dx) && std::isnan(dy))
-      return 0.0;
-    return std::isnan(dx) || std::isnan(dy) ? INFINITY : std::abs(dx - dy);
-  };
-  auto max_of = [&](auto tag) {
-    using T = decltype(tag);
-    double worst = 0;
-    const auto xs = a.Elements<T>();
-    const auto ys = b.Elements<T>();
-    for (std::size_t i = 0; i < xs.size(); ++i)
-      worst = std::max(worst, diff(xs[i], ys[i]));
-    return worst;
-  };
-  switch (a.info().type) {
-    case DataType::kFloat32:
-      return max_of(float{});
-    case DataType::kFloat64:
-      return max_of(double{});
-    case DataType::kInt32:
-      return max_of(int32_t{});
-    case DataType::kInt64:
-      return max_of(int64_t{});
-    default:
-      return max_of(uint8_t{});
-  }
 }
 
 // The instances for `preferences`, in order, from `instances`. Ids missing from it are appended
@@ -572,6 +542,15 @@ class Runtime::SwapChange final : public PreparedChange {
       replaced_ = std::move(it->second);
       runtime_.backends_.erase(it);
     }
+    // A new active generation (a promoted candidate among them) ends the id's rollout here.
+    if (auto it = runtime_.candidate_backends_.find(id_);
+        it != runtime_.candidate_backends_.end()) {
+      replaced_candidate_ = std::move(it->second);
+      runtime_.candidate_backends_.erase(it);
+      auto routes = std::make_shared<CandidateRoutes>(*runtime_.candidate_routes_.Load());
+      routes->erase(id_);
+      runtime_.candidate_routes_.Publish(std::move(routes));
+    }
     if (slot_) {
       auto& placed = runtime_.backends_.emplace(id_, *std::move(slot_)).first->second;
       slot_.reset();
@@ -618,6 +597,7 @@ class Runtime::SwapChange final : public PreparedChange {
   const uint64_t generation_;
   const uint64_t previous_generation_;
   std::optional<BackendSlot> replaced_;
+  std::optional<BackendSlot> replaced_candidate_;
   IBackendContext* placed_context_ = nullptr;  // the new slot's, once committed
   std::vector<NetworkId> loaded_;              // what it hears AfterLoadNetwork of
   // Declared last, released first: what the change replaced is unreachable by then.
@@ -625,6 +605,8 @@ class Runtime::SwapChange final : public PreparedChange {
 };
 
 Result<std::unique_ptr<PreparedChange>> Runtime::PrepareChange(const BackendChange& change) {
+  if (change.target == BackendChange::Target::kCandidate)
+    return PrepareCandidateChange(change);
   const std::string& id = change.backend_id;
   // What the change is prepared against, read under the lock. Everything that calls backend
   // code runs after it is released.
@@ -741,17 +723,17 @@ Result<std::shared_ptr<const Network>> Runtime::GetNetwork(NetworkId id) const {
   return network->shared_network();
 }
 
-Result<std::vector<Tensor>> Runtime::Execute(NetworkId id,
-                                             std::span<const ConstTensorView> inputs) {
-  auto network = FindNetwork(id);
-  if (!network.ok())
-    return std::move(network).error();
+Result<std::vector<Tensor>> Runtime::Execute(NetworkId id, std::span<const ConstTensorView> inputs,
+                                             std::string_view routing_key) {
+  auto routed = Route(id, routing_key);
+  if (!routed.ok())
+    return std::move(routed).error();
   auto admission = scheduler_.Admit();
   if (!admission.ok())
     return std::move(admission).error();
   std::optional<Result<std::vector<Tensor>>> result;
   Status ran = scheduler_.RunOnCallerThread([&] {
-    result.emplace(network->Execute(inputs));
+    result.emplace(ExecuteRouted(*routed, inputs, nullptr));
     return Status::Ok();
   });
   if (!ran.ok())
@@ -798,7 +780,8 @@ void Runtime::ExecuteAsync(NetworkId id, std::vector<Tensor> inputs, ExecuteCall
 }
 
 void Runtime::ExecuteAsync(NetworkId id, InputsFactory make_inputs, ExecuteCallback done,
-                           std::optional<scheduler::Clock::time_point> deadline) {
+                           std::optional<scheduler::Clock::time_point> deadline,
+                           std::function<std::string()> routing_key) {
   auto network = FindNetwork(id);
   if (!network.ok())
     return done(std::move(network).error());
@@ -809,17 +792,19 @@ void Runtime::ExecuteAsync(NetworkId id, InputsFactory make_inputs, ExecuteCallb
   auto result = std::make_shared<std::optional<Result<std::vector<Tensor>>>>();
   scheduler_.Enqueue(
       std::move(admission).value(),
-      [result, make_inputs = std::move(make_inputs), loaded = std::move(network).value()] {
+      [this, id, result, make_inputs = std::move(make_inputs), routing_key = std::move(routing_key),
+       loaded = std::move(network).value()] {
         auto inputs = make_inputs();
         if (!inputs.ok()) {
           result->emplace(std::move(inputs).error());
           return Status::Ok();
         }
+        const Routed routed = Route(id, loaded, routing_key ? routing_key() : std::string());
         std::vector<ConstTensorView> views;
         views.reserve(inputs->size());
         for (const auto& tensor : *inputs)
           views.push_back(tensor.View());
-        result->emplace(loaded->Execute(views));
+        result->emplace(ExecuteRouted(routed, views, &*inputs));
         return Status::Ok();
       },
       [result, done = std::move(done)](Status status) {

@@ -3,6 +3,7 @@
 #include <ctime>
 
 #include "metrics/metrics.hpp"
+#include "rollout/rollout_controller.hpp"
 #include "serving/model_repository.hpp"
 #include "serving/serving_log.hpp"
 
@@ -215,6 +216,68 @@ HttpResponse Placement(const ServeContext& context, const HttpRequest& request) 
                              {"batching", BatchingJson(*resolved->model)}});
 }
 
+json ArmJson(const RolloutArmStats& arm) {
+  return {{"generation", arm.generation},
+          {"requests", arm.requests},
+          {"errors", arm.errors},
+          {"p50_us", arm.latency.QuantileMicros(0.5)},
+          {"p99_us", arm.latency.QuantileMicros(0.99)}};
+}
+
+json RolloutStatsJson(const RolloutStats& stats) {
+  const ShadowStats& shadow = stats.shadow;
+  return {{"stable", ArmJson(stats.stable)},
+          {"candidate", ArmJson(stats.candidate)},
+          {"shadow",
+           {{"samples", shadow.samples},
+            {"errors", shadow.errors},
+            {"skipped", shadow.skipped},
+            {"diverged", shadow.diverged},
+            {"argmax_disagreements", shadow.argmax_disagreements},
+            {"max_abs_difference", shadow.max_abs_difference},
+            {"max_relative_difference", shadow.max_relative_difference}}}};
+}
+
+json RolloutJson(const RolloutView& view) {
+  json history = json::array();
+  for (const auto& transition : view.history) {
+    history.push_back({{"at", Rfc3339(transition.at)},
+                       {"phase", ToString(transition.to)},
+                       {"weight_percent", transition.weight_percent},
+                       {"why", transition.why}});
+  }
+  json body = {{"backend", view.backend_id},
+               {"phase", ToString(view.phase)},
+               {"stable_generation", view.stable_generation},
+               {"candidate_generation", view.candidate_generation},
+               {"weight_percent", view.weight_percent},
+               {"step", view.step},
+               {"samples", view.samples},
+               {"decided_by", view.decided_by},
+               {"reason", view.reason},
+               {"policy", RolloutPolicyJson(view.policy)},
+               {"window", RolloutStatsJson(view.window)},
+               {"totals", view.totals ? RolloutStatsJson(*view.totals) : json(nullptr)},
+               {"history", history},
+               {"rejected", nullptr}};
+  if (view.phase == RolloutPhase::kPaused)
+    body["paused_in"] = ToString(view.paused_in);
+  if (view.rejected) {
+    body["rejected"] = {{"generation", view.rejected->generation},
+                        {"file", view.rejected->resolved_file.string()},
+                        {"sha256", view.rejected->sha256},
+                        {"reason", view.rejected->rejection.ToString()}};
+  }
+  return body;
+}
+
+HttpResponse RolloutResponse(const ServeContext& context, std::string_view id) {
+  auto view = context.rollouts.View(id);
+  if (!view.ok())
+    return UnknownBackend(context.registry, id);
+  return HttpResponse::Json(RolloutJson(view.value()));
+}
+
 }  // namespace
 
 json RejectedFileJson(const loader::RejectedFile& rejected) {
@@ -248,6 +311,7 @@ json BackendStatusJson(const BackendStatus& status) {
   return {{"id", status.id},
           {"static", status.is_static},
           {"active_generation", status.active_generation},
+          {"candidate_generation", status.candidate_generation},
           {"pinned", status.pinned},
           {"withdrawn", status.withdrawn},
           {"file", status.file.string()},
@@ -293,7 +357,8 @@ void AddAdminRoutes(HttpServer& http, const ServeContext& context) {
     HttpResponse response;
     response.content_type = "text/plain; version=0.0.4; charset=utf-8";
     response.body = context.metrics.Render(&context.registry, context.loader_stats,
-                                           ShapeProgramSamples(context));
+                                           ShapeProgramSamples(context)) +
+                    context.rollouts.RenderMetrics();
     return response;
   });
 
@@ -356,6 +421,52 @@ void AddAdminRoutes(HttpServer& http, const ServeContext& context) {
                          ToString(outcome->action));
               return DeployOutcomeResponse(context.registry, outcome.value());
             });
+
+  // Progressive rollouts (docs/hot-reload.md, "Progressive rollout").
+  http.Get(std::string(kBackendPath) + "/rollout", [context](const HttpRequest& request) {
+    return RolloutResponse(context, request.params[0]);
+  });
+  http.Post(std::string(kBackendPath) + "/rollout/{}", Access::kAdmin,
+            [context](const HttpRequest& request) {
+              const std::string& id = request.params[0];
+              const std::string& verb = request.params[1];
+              if (!context.registry.Describe(id))
+                return UnknownBackend(context.registry, id);
+              Status done;
+              if (verb == "advance") {
+                done = context.rollouts.Advance(id);
+              } else if (verb == "pause") {
+                done = context.rollouts.Pause(id);
+              } else if (verb == "resume") {
+                done = context.rollouts.Resume(id);
+              } else if (verb == "abort") {
+                done = context.rollouts.Abort(id);
+              } else {
+                return HttpResponse::Error(404, "unknown rollout action '" + verb +
+                                                    "' (known: advance, pause, resume, abort)");
+              }
+              if (!done.ok())
+                return HttpResponse::FromStatus(done);
+              Log().info("rollout of backend {}: {} asked through the admin API", id, verb);
+              return RolloutResponse(context, id);
+            });
+  http.Put(std::string(kBackendPath) + "/rollout/policy", Access::kAdmin,
+           [context](const HttpRequest& request) {
+             const std::string& id = request.params[0];
+             auto view = context.rollouts.View(id);
+             if (!view.ok())
+               return UnknownBackend(context.registry, id);
+             auto body = ParseJsonBody(request.body, context.max_json_depth);
+             if (!body.ok())
+               return HttpResponse::FromStatus(body.error());
+             RolloutPolicy policy = view->policy;
+             Status applied = ApplyRolloutPolicy(body.value(), "the request body", policy);
+             if (applied.ok())
+               applied = context.rollouts.SetPolicy(id, policy);
+             if (!applied.ok())
+               return HttpResponse::FromStatus(applied);
+             return RolloutResponse(context, id);
+           });
 
   http.Get(std::string(kBackendPath) + "/options", [context](const HttpRequest& request) {
     return DescribeBackendOptions(context.runtime, request.params[0]);

@@ -1,6 +1,7 @@
 #include "config/server_config.hpp"
 
 #include "config/config_json.hpp"
+#include "config/rollout_policy.hpp"
 
 #include <charconv>
 #include <fstream>
@@ -220,6 +221,13 @@ const std::vector<ConfigKey>& ConfigKeys() {
        [](const ServeConfig& defaults) { return json(defaults.watch_backends); }},
       DurationKey("watch_debounce_ms", &ServeConfig::watch_debounce, 0, 60000),
       DurationKey("rescan_interval_ms", &ServeConfig::rescan_interval, 0, 86400000),
+      StringKey("deploy_policy", &ServeConfig::deploy_policy,
+                [](const std::string& policy) { return CheckDeployPolicy(policy); }),
+      {"rollout",
+       [](const json& value, const fs::path&, ServeConfig& config) -> Status {
+         return ApplyRolloutPolicy(value, "'rollout'", config.rollout);
+       },
+       [](const ServeConfig& defaults) { return RolloutPolicyJson(defaults.rollout); }},
       {"trusted_backends",
        [](const json& value, const fs::path&, ServeConfig& config) -> Status {
          auto digests = ReadStrings(value, "trusted_backends");

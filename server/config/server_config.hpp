@@ -14,6 +14,7 @@
 
 #include "backplane/core/status.hpp"
 #include "backplane/loader/trust.hpp"
+#include "config/rollout_policy.hpp"
 
 namespace backplane::server {
 
@@ -68,6 +69,11 @@ struct ServeConfig {
   bool watch_backends = true;  // apply backend files dropped into the backend directories
   std::chrono::milliseconds watch_debounce{200};
   std::chrono::milliseconds rescan_interval{30000};
+  // What a new file of a registered backend does: "immediate" (it takes every request once every
+  // network is prepared on it) or "progressive" (a rollout: shadow, canary steps, then promoted
+  // or rolled back by the numbers of `rollout`; docs/hot-reload.md, "Progressive rollout").
+  std::string deploy_policy = "immediate";
+  RolloutPolicy rollout;  // the default policy of every progressive rollout
 
   // ---- Trust (docs/operators.md, "Securing the backend directory")
   // SHA-256 digests (lowercase hex) of the only backend content that may load; nullopt: any.

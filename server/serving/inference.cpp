@@ -141,8 +141,10 @@ void Start(const ServeContext& context, std::unique_ptr<ModelCall> admitted,
     batcher->Submit(std::move(make_inputs), std::move(finish), deadline);
     return;
   }
+  // During a backend rollout, a request id keeps its client's requests on one generation.
   context.runtime.ExecuteAsync(pending->call->version().network_id(), std::move(make_inputs),
-                               std::move(finish), deadline);
+                               std::move(finish), deadline,
+                               [pending] { return pending->request.id.value_or(""); });
 }
 
 }  // namespace
@@ -170,7 +172,8 @@ Result<InferenceOutcome> RunInference(const ServeContext& context, std::string_v
   views.reserve(request->inputs.size());
   for (const auto& tensor : request->inputs)
     views.push_back(tensor.View());
-  auto outputs = context.runtime.Execute((*call)->version().network_id(), views);
+  auto outputs =
+      context.runtime.Execute((*call)->version().network_id(), views, request->id.value_or(""));
   return (*call)->Finish(std::move(request).value(), std::move(outputs));
 }
 

@@ -12,6 +12,7 @@
 namespace backplane::server {
 
 class ModelRepository;
+class RolloutController;
 class ServerMetrics;
 
 struct ServeContext {
@@ -19,6 +20,7 @@ struct ServeContext {
   BackendRegistry& registry;
   ModelRepository& repository;
   ServerMetrics& metrics;
+  RolloutController& rollouts;
   const loader::LoaderStats* loader_stats = nullptr;
   // False until the serving core is told it is ready, and again from the moment it stops.
   const std::atomic<bool>& ready;

@@ -42,8 +42,12 @@ Result<std::unique_ptr<ServingCore>> ServingCore::Start(const ServeConfig& confi
   std::shared_ptr<const loader::TrustPolicy> trust_policy = std::move(trust).value();
   if (trust_policy != nullptr)
     Log().info("only trusted backend content loads: {}", trust_policy->Describe());
-  auto registry = BackendRegistry::Create(
-      {.backend_paths = config.backends, .loader = core->loader_, .trust = trust_policy});
+  auto registry = BackendRegistry::Create({.backend_paths = config.backends,
+                                           .loader = core->loader_,
+                                           .trust = trust_policy,
+                                           .deploy_policy = config.deploy_policy == "progressive"
+                                                                ? DeployPolicy::kProgressive
+                                                                : DeployPolicy::kImmediate});
   if (!registry.ok())
     return Status(registry.error().code(), "backend registry: " + registry.error().message());
   // Moved out: a copy left in the Result would keep the registry (and its leases) alive past
@@ -66,6 +70,11 @@ Result<std::unique_ptr<ServingCore>> ServingCore::Start(const ServeConfig& confi
     return runtime.error();
   core->runtime_ = std::move(runtime).value();
   Log().info("backends: {}", DescribeBackends(*core->runtime_));
+  // Before the reloader: a deploy it applies may start a rollout at once.
+  core->rollouts_ =
+      std::make_unique<RolloutController>(*core->runtime_, *core->registry_, config.rollout);
+  if (config.deploy_policy == "progressive")
+    Log().info("deploys of new backend versions are rolled out progressively");
 
   // Hot reload: files published into the backend directories become new generations.
   if (config.watch_backends) {
@@ -99,6 +108,7 @@ Result<std::unique_ptr<ServingCore>> ServingCore::Start(const ServeConfig& confi
                                       .registry = *core->registry_,
                                       .repository = *core->repository_,
                                       .metrics = core->metrics_,
+                                      .rollouts = *core->rollouts_,
                                       .loader_stats = &core->loader_->stats(),
                                       .ready = core->ready_,
                                       .max_json_depth = config.max_json_depth});
@@ -120,6 +130,7 @@ void ServingCore::Stop() {
   context_.reset();
   // 2. No more backend files applied while tearing down.
   reloader_.reset();
+  rollouts_.reset();
   // 3. Every model's networks, then every backend instance, then the registry's leases.
   repository_.reset();
   runtime_.reset();

@@ -17,6 +17,7 @@
 #include "backplane/runtime/runtime.hpp"
 #include "config/server_config.hpp"
 #include "metrics/metrics.hpp"
+#include "rollout/rollout_controller.hpp"
 #include "serving/model_repository.hpp"
 #include "serving/serving_context.hpp"
 
@@ -26,10 +27,10 @@ namespace backplane::server {
 class ServingCore {
  public:
   // Starts, in order: the loader, the backend registry (observed by the metrics from before its
-  // first event), the runtime, hot reload of the backend directories (when watch_backends; a
-  // watcher that cannot start is a warning, not a failure), and the model repository with every
-  // model loaded (a model that fails is recorded, not fatal). Not ready yet. The error names the
-  // part that could not start.
+  // first event), the runtime, the rollout controller, hot reload of the backend directories (when
+  // watch_backends; a watcher that cannot start is a warning, not a failure), and the model
+  // repository with every model loaded (a model that fails is recorded, not fatal). Not ready yet.
+  // The error names the part that could not start.
   static Result<std::unique_ptr<ServingCore>> Start(const ServeConfig& config);
   ~ServingCore();  // Stop()
   ServingCore(const ServingCore&) = delete;
@@ -66,6 +67,7 @@ class ServingCore {
   std::shared_ptr<BackendRegistry> registry_;
   std::optional<uint64_t> metrics_observer_;
   std::unique_ptr<Runtime> runtime_;
+  std::unique_ptr<RolloutController> rollouts_;
   std::unique_ptr<BackendReloader> reloader_;
   std::unique_ptr<ModelRepository> repository_;
   std::optional<ServeContext> context_;

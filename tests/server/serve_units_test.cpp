@@ -127,7 +127,8 @@ TEST(ServeConfigTest, RelativePathsAreRelativeToTheFileAndEveryKeyApplies) {
     "read_timeout_ms": 100, "write_timeout_ms": 200, "keep_alive_timeout_s": 3,
     "keep_alive_max_requests": 10, "inference_threads": 2, "max_in_flight": 7,
     "swap_policy": "pin", "watch_backends": false, "watch_debounce_ms": 10,
-    "rescan_interval_ms": 0, "grpc_listen": "off"})");
+    "rescan_interval_ms": 0, "grpc_listen": "off", "deploy_policy": "progressive",
+    "rollout": {"steps": [50, 100]}})");
   ServeConfig config = DefaultServeConfig();
   ASSERT_TRUE(ApplyConfigFile(dir / "serve.json", config).ok());
   EXPECT_EQ(config.models, dir.path() / "repo");
@@ -142,9 +143,11 @@ TEST(ServeConfigTest, RelativePathsAreRelativeToTheFileAndEveryKeyApplies) {
   EXPECT_FALSE(config.watch_backends);
   EXPECT_EQ(config.rescan_interval, std::chrono::milliseconds(0));
   EXPECT_EQ(config.grpc_listen, "off");
+  EXPECT_EQ(config.deploy_policy, "progressive");
+  EXPECT_EQ(config.rollout.steps, (std::vector<double>{50, 100}));
   // Every key of the table is documented with its default.
-  // 20 + the transport's five + grpc_listen + trust + max_buffered_body_bytes
-  EXPECT_EQ(DescribeConfigKeys().size(), 30u);
+  // 20 + the transport's five + grpc_listen + trust + max_buffered_body_bytes + rollout's two
+  EXPECT_EQ(DescribeConfigKeys().size(), 32u);
 }
 
 TEST(ServeConfigTest, TrustedBackendsAreDigestsFromOneSource) {

@@ -20,6 +20,7 @@
 #include "backplane/loader/backend_instance.hpp"
 #include "backplane/onnx/network.hpp"
 #include "backplane/registry/backend_registry.hpp"
+#include "backplane/runtime/rollout.hpp"
 #include "backplane/scheduler/request_scheduler.hpp"
 
 namespace backplane {
@@ -128,6 +129,8 @@ struct ShapeProgramStats {
 
 class LoadedNetwork;
 class ShapeProgramBuilder;
+struct CandidateRoute;
+using CandidateRoutes = std::map<std::string, std::shared_ptr<const CandidateRoute>, std::less<>>;
 
 // Thread-safe. Follows the registry's generations: when a backend id gets a new generation (or
 // loses its file), the runtime prepares its side off the request path and switches atomically
@@ -155,6 +158,16 @@ class Runtime : private BackendSubscriber {
   Status UpdateBackendOptions(std::string_view id, const BackendOptions& changes);
 
   const BackendRegistry& registry() const { return *registry_; }
+  BackendRegistry& registry() { return *registry_; }
+
+  // ---- Progressive rollout (docs/hot-reload.md) ---------------------------------------------
+  // While backend `id` has a candidate generation (DeployPolicy::kProgressive), every network
+  // loaded before it arrived that runs on the id's active generation is bound on both; a request
+  // runs wholly on one of them, chosen when it starts by `traffic` (nothing goes to the
+  // candidate until this is called). kNotFound when this runtime has no candidate of `id`.
+  Status SetRolloutTraffic(std::string_view id, const RolloutTraffic& traffic);
+  // The counters of the rollout of `id` since its candidate arrived; nullopt when none.
+  std::optional<RolloutStats> GetRolloutStats(std::string_view id) const;
 
   // Binds every layer of `network` to a backend (ArmNN's Optimize + LoadNetwork), calling each
   // backend context's BeforeLoadNetwork / AfterLoadNetwork (without the runtime's state lock, so
@@ -182,7 +195,10 @@ class Runtime : private BackendSubscriber {
   // request (kResourceExhausted when full, at once). Inputs in the order of the network's inputs;
   // outputs in the order of its outputs. The network's bindings are held for the call, so a swap
   // during it never unmaps the code it runs, and their last release goes to the reaper.
-  Result<std::vector<Tensor>> Execute(NetworkId id, std::span<const ConstTensorView> inputs);
+  // `routing_key` (a request id): during a rollout, requests with the same key run on the same
+  // generation while its share stays or grows; empty, each request is drawn afresh.
+  Result<std::vector<Tensor>> Execute(NetworkId id, std::span<const ConstTensorView> inputs,
+                                      std::string_view routing_key = {});
   // The same with inputs by name (as an inference API receives them): an unknown or missing
   // name is kInvalidArgument naming it and the network's inputs.
   using NamedInputs = std::map<std::string, ConstTensorView, std::less<>>;
@@ -203,8 +219,10 @@ class Runtime : private BackendSubscriber {
   // (admitted, bounded, off the caller's thread); its error goes to `done` as the request's.
   // The inputs are released before `done` runs.
   using InputsFactory = std::function<Result<std::vector<Tensor>>()>;
+  // `routing_key`, when given, is asked after `make_inputs` (a request id is in the body).
   void ExecuteAsync(NetworkId id, InputsFactory make_inputs, ExecuteCallback done,
-                    std::optional<scheduler::Clock::time_point> deadline = std::nullopt);
+                    std::optional<scheduler::Clock::time_point> deadline = std::nullopt,
+                    std::function<std::string()> routing_key = {});
 
  private:
   struct BackendSlot {
@@ -218,6 +236,16 @@ class Runtime : private BackendSubscriber {
   // Backend ids and their contexts, for calling hooks with backend_mutex_ held but not mutex_.
   using ContextList = std::vector<std::pair<std::string, IBackendContext*>>;
   class SwapChange;
+  class CandidateChange;
+  // Which binding a request runs on (rollout.cpp): the network's, or a rollout's candidate's,
+  // and the one it is also run on in shadow (null: none).
+  struct Routed {
+    NetworkId id = 0;
+    std::shared_ptr<const LoadedNetwork> network;
+    std::shared_ptr<const CandidateRoute> route;  // null: no rollout concerns this network
+    bool on_candidate = false;
+    bool shadow = false;
+  };
   // A network that a change re-prepares, and the preference list it is prepared with.
   struct Affected {
     NetworkId id;
@@ -256,6 +284,19 @@ class Runtime : private BackendSubscriber {
                          std::string_view backend_id, double tolerance);
 
   Result<std::unique_ptr<PreparedChange>> PrepareChange(const BackendChange& change) override;
+  Result<std::unique_ptr<PreparedChange>> PrepareCandidateChange(const BackendChange& change);
+
+  Result<Routed> Route(NetworkId id, std::string_view routing_key) const;
+  Routed Route(NetworkId id, std::shared_ptr<const LoadedNetwork> network,
+               std::string_view routing_key) const;
+  // Runs one request's inputs on the routed binding and counts it for its rollout. `inputs`
+  // owned by the caller (`owned` null) are copied only when a shadow run needs them.
+  Result<std::vector<Tensor>> ExecuteRouted(const Routed& routed,
+                                            std::span<const ConstTensorView> inputs,
+                                            std::vector<Tensor>* owned);
+  // Queues the shadow run of a stable request on its candidate, as a request of its own.
+  void StartShadow(std::shared_ptr<const CandidateRoute> route, NetworkId id,
+                   std::vector<Tensor> inputs, std::vector<Tensor> stable_outputs);
 
   const std::shared_ptr<BackendRegistry> registry_;
   const std::vector<std::string> default_preferences_;
@@ -282,6 +323,9 @@ class Runtime : private BackendSubscriber {
   // can tell at commit time whether it still applies.
   uint64_t state_version_ BACKPLANE_GUARDED_BY(mutex_) = 0;
   Published<NetworkMap> networks_;
+  // Progressive rollouts: each candidate's slot, and the routes requests read without a lock.
+  BackendMap candidate_backends_ BACKPLANE_GUARDED_BY(mutex_);
+  Published<CandidateRoutes> candidate_routes_;
 
   // Builds shape programs off the request path; networks hold it by weak_ptr. The destructor
   // shuts it down first (queued builds dropped, the running one waited for).

@@ -1,0 +1,75 @@
+// What a runtime measures of the two generations of a backend id during a progressive rollout
+// (BackendRegistry with DeployPolicy::kProgressive), and how it splits requests between them.
+// The policy (when to move on, when to roll back) is the caller's; the server's is in
+// server/rollout/.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace backplane {
+
+// How a runtime routes the requests of the networks bound on a backend id's candidate.
+struct RolloutTraffic {
+  // The share of requests that run on the candidate instead of the stable generation, 0 to 100.
+  double candidate_percent = 0;
+  // Of the requests that run on the stable generation, the share also run on the candidate off
+  // the response path (after the response is made, as a request of their own, skipped when no
+  // slot is free); its outputs are compared with the stable ones and never returned.
+  double shadow_fraction = 0;
+  // A shadow sample whose outputs differ from the stable ones by more than this (largest
+  // absolute difference of any element) counts as diverged.
+  double shadow_tolerance = 0;
+};
+
+// Latencies in log-spaced buckets, eight per octave from 1 µs (about 9 % wide): fine enough to
+// compare two generations' p99, and mergeable by subtraction, so that a caller can look at a
+// window between two snapshots.
+struct LatencyHistogram {
+  static constexpr std::size_t kBuckets = 256;  // up to 2^32 µs
+  static std::size_t BucketOf(double micros);
+  static double UpperBoundMicros(std::size_t bucket);
+
+  std::array<uint64_t, kBuckets> counts{};
+
+  uint64_t total() const;
+  // The upper bound of the bucket holding the q-quantile (0 < q ≤ 1); 0 when empty.
+  double QuantileMicros(double q) const;
+  LatencyHistogram operator-(const LatencyHistogram& earlier) const;
+};
+
+struct RolloutArmStats {
+  uint64_t generation = 0;
+  uint64_t requests = 0;  // executions that ran on it (shadow runs not included)
+  // Of them, the ones that failed (a refusal before the request ran is neither). A client's bad
+  // input fails on both generations alike: compare the two rates, not one alone.
+  uint64_t errors = 0;
+  LatencyHistogram latency;  // of the network's execution alone (not the parse of a request)
+};
+
+struct ShadowStats {
+  uint64_t samples = 0;   // shadow runs compared (or failed on the candidate)
+  uint64_t errors = 0;    // shadow runs the candidate failed (the stable run had succeeded)
+  uint64_t skipped = 0;   // sampled but not run: no request slot was free
+  uint64_t diverged = 0;  // differed by more than RolloutTraffic::shadow_tolerance, or in shape
+  // Outputs whose argmax over the last axis differs in some row (classification changed).
+  uint64_t argmax_disagreements = 0;
+  double max_abs_difference = 0;  // over every sample so far
+  // The largest absolute difference over the largest magnitude of the stable output.
+  double max_relative_difference = 0;
+  ShadowStats operator-(const ShadowStats& earlier) const;  // the maxima are kept, not subtracted
+};
+
+// Counters are cumulative since the candidate arrived: subtract two snapshots for a window.
+struct RolloutStats {
+  std::string backend_id;
+  RolloutTraffic traffic;
+  RolloutArmStats stable;
+  RolloutArmStats candidate;
+  ShadowStats shadow;
+  uint64_t networks = 0;  // networks bound on the candidate (loaded before it arrived)
+};
+
+}  // namespace backplane

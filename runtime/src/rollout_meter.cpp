@@ -1,0 +1,270 @@
+#include "rollout_meter.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <random>
+
+namespace backplane {
+
+namespace {
+
+constexpr uint32_t kBasisPoints = 10000;
+
+uint32_t ToBasisPoints(double fraction) {
+  return static_cast<uint32_t>(std::lround(std::clamp(fraction, 0.0, 1.0) * kBasisPoints));
+}
+
+// One draw in [0, 10000): a thread's own generator, so that requests never share one.
+uint32_t Draw() {
+  thread_local std::minstd_rand generator(std::random_device{}());
+  return static_cast<uint32_t>(generator() % kBasisPoints);
+}
+
+// The same key lands on the same point, spread evenly (std::hash of a string is not well mixed
+// in its low bits: splitmix64's finaliser mixes it).
+uint32_t PointOf(std::string_view key) {
+  uint64_t x = std::hash<std::string_view>{}(key);
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  x ^= x >> 31;
+  return static_cast<uint32_t>(x % kBasisPoints);
+}
+
+template <typename T>
+double AsDouble(T value) {
+  return static_cast<double>(value);
+}
+
+// Visits the elements of a tensor as doubles.
+template <typename Visit>
+void ForEachElement(const Tensor& tensor, Visit&& visit) {
+  auto each = [&](auto tag) {
+    using T = decltype(tag);
+    const auto values = tensor.Elements<T>();
+    for (std::size_t i = 0; i < values.size(); ++i)
+      visit(i, AsDouble(values[i]));
+  };
+  switch (tensor.info().type) {
+    case DataType::kFloat32:
+      return each(float{});
+    case DataType::kFloat64:
+      return each(double{});
+    case DataType::kInt32:
+      return each(int32_t{});
+    case DataType::kInt64:
+      return each(int64_t{});
+    default:
+      return each(uint8_t{});
+  }
+}
+
+// Whether the argmax over the last axis differs in any row.
+bool ArgmaxDiffers(const Tensor& expected, const Tensor& actual) {
+  const auto& shape = expected.info().shape;
+  if (shape.empty() || shape.back() <= 1)
+    return false;
+  const auto row = static_cast<std::size_t>(shape.back());
+  std::vector<double> a, b;
+  ForEachElement(expected, [&](std::size_t, double v) { a.push_back(v); });
+  ForEachElement(actual, [&](std::size_t, double v) { b.push_back(v); });
+  for (std::size_t start = 0; start + row <= a.size(); start += row) {
+    const auto first_a = a.begin() + static_cast<std::ptrdiff_t>(start);
+    const auto first_b = b.begin() + static_cast<std::ptrdiff_t>(start);
+    if (std::max_element(first_a, first_a + static_cast<std::ptrdiff_t>(row)) - first_a !=
+        std::max_element(first_b, first_b + static_cast<std::ptrdiff_t>(row)) - first_b)
+      return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+double MaxDifference(const Tensor& a, const Tensor& b) {
+  std::vector<double> expected;
+  ForEachElement(a, [&](std::size_t, double v) { expected.push_back(v); });
+  double worst = 0;
+  ForEachElement(b, [&](std::size_t i, double y) {
+    const double x = expected[i];
+    if (std::isnan(x) && std::isnan(y))
+      return;
+    worst = std::max(worst, std::isnan(x) || std::isnan(y) ? INFINITY : std::abs(x - y));
+  });
+  return worst;
+}
+
+OutputDivergence CompareOutputs(std::span<const Tensor> expected, std::span<const Tensor> actual) {
+  OutputDivergence divergence;
+  if (expected.size() != actual.size()) {
+    divergence.shapes_differ = true;
+    return divergence;
+  }
+  double magnitude = 0;
+  for (std::size_t i = 0; i < expected.size(); ++i) {
+    if (expected[i].info() != actual[i].info()) {
+      divergence.shapes_differ = true;
+      return divergence;
+    }
+    divergence.max_abs = std::max(divergence.max_abs, MaxDifference(expected[i], actual[i]));
+    ForEachElement(expected[i], [&](std::size_t, double v) {
+      if (std::isfinite(v))
+        magnitude = std::max(magnitude, std::abs(v));
+    });
+    divergence.argmax_differs |= ArgmaxDiffers(expected[i], actual[i]);
+  }
+  divergence.max_relative =
+      divergence.max_abs == 0 ? 0 : divergence.max_abs / std::max(magnitude, 1e-30);
+  return divergence;
+}
+
+std::size_t LatencyHistogram::BucketOf(double micros) {
+  if (!(micros > 1.0))
+    return 0;
+  const auto bucket = static_cast<std::size_t>(std::log2(micros) * 8.0);
+  return std::min(bucket, kBuckets - 1);
+}
+
+double LatencyHistogram::UpperBoundMicros(std::size_t bucket) {
+  return std::exp2(static_cast<double>(bucket + 1) / 8.0);
+}
+
+uint64_t LatencyHistogram::total() const {
+  uint64_t sum = 0;
+  for (uint64_t count : counts)
+    sum += count;
+  return sum;
+}
+
+double LatencyHistogram::QuantileMicros(double q) const {
+  const uint64_t all = total();
+  if (all == 0)
+    return 0;
+  const auto rank = static_cast<uint64_t>(std::ceil(q * static_cast<double>(all)));
+  uint64_t seen = 0;
+  for (std::size_t bucket = 0; bucket < kBuckets; ++bucket) {
+    seen += counts[bucket];
+    if (seen >= std::max<uint64_t>(rank, 1))
+      return UpperBoundMicros(bucket);
+  }
+  return UpperBoundMicros(kBuckets - 1);
+}
+
+LatencyHistogram LatencyHistogram::operator-(const LatencyHistogram& earlier) const {
+  LatencyHistogram window;
+  for (std::size_t bucket = 0; bucket < kBuckets; ++bucket)
+    window.counts[bucket] = counts[bucket] - earlier.counts[bucket];
+  return window;
+}
+
+ShadowStats ShadowStats::operator-(const ShadowStats& earlier) const {
+  ShadowStats window = *this;
+  window.samples -= earlier.samples;
+  window.errors -= earlier.errors;
+  window.skipped -= earlier.skipped;
+  window.diverged -= earlier.diverged;
+  window.argmax_disagreements -= earlier.argmax_disagreements;
+  return window;
+}
+
+RolloutMeter::RolloutMeter(uint64_t stable_generation, uint64_t candidate_generation)
+    : stable_(stable_generation), candidate_(candidate_generation) {}
+
+void RolloutMeter::SetTraffic(const RolloutTraffic& traffic) {
+  shadow_tolerance_.store(traffic.shadow_tolerance, std::memory_order_relaxed);
+  shadow_basis_points_.store(ToBasisPoints(traffic.shadow_fraction), std::memory_order_relaxed);
+  candidate_basis_points_.store(ToBasisPoints(traffic.candidate_percent / 100.0),
+                                std::memory_order_relaxed);
+}
+
+RolloutTraffic RolloutMeter::traffic() const {
+  return {
+      .candidate_percent =
+          candidate_basis_points_.load(std::memory_order_relaxed) * 100.0 / kBasisPoints,
+      .shadow_fraction = shadow_basis_points_.load(std::memory_order_relaxed) * 1.0 / kBasisPoints,
+      .shadow_tolerance = shadow_tolerance_.load(std::memory_order_relaxed)};
+}
+
+bool RolloutMeter::ChooseCandidate(std::string_view key) const {
+  const uint32_t share = candidate_basis_points_.load(std::memory_order_relaxed);
+  if (share == 0)
+    return false;
+  return (key.empty() ? Draw() : PointOf(key)) < share;
+}
+
+bool RolloutMeter::SampleShadow() const {
+  const uint32_t share = shadow_basis_points_.load(std::memory_order_relaxed);
+  return share != 0 && Draw() < share;
+}
+
+void RolloutMeter::RecordExecution(bool on_candidate, double micros, const Status& status) {
+  Arm& arm = on_candidate ? candidate_ : stable_;
+  arm.latency[LatencyHistogram::BucketOf(micros)].fetch_add(1, std::memory_order_relaxed);
+  if (!status.ok())
+    arm.errors.fetch_add(1, std::memory_order_relaxed);
+  // Last: a snapshot that sees the request counted sees its error too (it reads requests first).
+  arm.requests.fetch_add(1, std::memory_order_release);
+}
+
+void RolloutMeter::RecordShadowSkipped() {
+  shadow_skipped_.fetch_add(1, std::memory_order_relaxed);
+}
+
+bool RolloutMeter::BeginShadow(int limit) {
+  if (shadows_in_flight_.fetch_add(1, std::memory_order_relaxed) < limit)
+    return true;
+  shadows_in_flight_.fetch_sub(1, std::memory_order_relaxed);
+  return false;
+}
+
+void RolloutMeter::EndShadow() {
+  shadows_in_flight_.fetch_sub(1, std::memory_order_relaxed);
+}
+
+void RolloutMeter::RaiseTo(std::atomic<double>& maximum, double value) {
+  double seen = maximum.load(std::memory_order_relaxed);
+  while (value > seen && !maximum.compare_exchange_weak(seen, value, std::memory_order_relaxed)) {
+  }
+}
+
+void RolloutMeter::RecordShadow(const Result<std::vector<Tensor>>& candidate,
+                                const std::vector<Tensor>& stable) {
+  if (!candidate.ok()) {
+    shadow_errors_.fetch_add(1, std::memory_order_relaxed);
+  } else {
+    const OutputDivergence divergence = CompareOutputs(stable, candidate.value());
+    if (divergence.shapes_differ) {
+      shadow_diverged_.fetch_add(1, std::memory_order_relaxed);
+      RaiseTo(shadow_max_abs_, INFINITY);
+    } else {
+      if (divergence.max_abs > shadow_tolerance_.load(std::memory_order_relaxed))
+        shadow_diverged_.fetch_add(1, std::memory_order_relaxed);
+      if (divergence.argmax_differs)
+        shadow_argmax_.fetch_add(1, std::memory_order_relaxed);
+      RaiseTo(shadow_max_abs_, divergence.max_abs);
+      RaiseTo(shadow_max_relative_, divergence.max_relative);
+    }
+  }
+  shadow_samples_.fetch_add(1, std::memory_order_release);
+}
+
+RolloutStats RolloutMeter::Snapshot() const {
+  auto arm = [](const Arm& from) {
+    RolloutArmStats stats{.generation = from.generation};
+    stats.requests = from.requests.load(std::memory_order_acquire);
+    stats.errors = from.errors.load(std::memory_order_relaxed);
+    for (std::size_t bucket = 0; bucket < LatencyHistogram::kBuckets; ++bucket)
+      stats.latency.counts[bucket] = from.latency[bucket].load(std::memory_order_relaxed);
+    return stats;
+  };
+  RolloutStats stats{.traffic = traffic(), .stable = arm(stable_), .candidate = arm(candidate_)};
+  stats.shadow.samples = shadow_samples_.load(std::memory_order_acquire);
+  stats.shadow.errors = shadow_errors_.load(std::memory_order_relaxed);
+  stats.shadow.skipped = shadow_skipped_.load(std::memory_order_relaxed);
+  stats.shadow.diverged = shadow_diverged_.load(std::memory_order_relaxed);
+  stats.shadow.argmax_disagreements = shadow_argmax_.load(std::memory_order_relaxed);
+  stats.shadow.max_abs_difference = shadow_max_abs_.load(std::memory_order_relaxed);
+  stats.shadow.max_relative_difference = shadow_max_relative_.load(std::memory_order_relaxed);
+  return stats;
+}
+
+}  // namespace backplane

@@ -1,0 +1,575 @@
+#include "rollout/rollout_controller.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "backplane/core/logging.hpp"
+#include "metrics/metrics.hpp"
+
+namespace backplane::server {
+
+namespace {
+
+spdlog::logger& Log() {
+  static spdlog::logger& logger = ModuleLogger("backplane.rollout");
+  return logger;
+}
+
+constexpr RolloutPhase kPhases[] = {RolloutPhase::kNone,     RolloutPhase::kShadow,
+                                    RolloutPhase::kCanary,   RolloutPhase::kPaused,
+                                    RolloutPhase::kPromoted, RolloutPhase::kRolledBack};
+
+bool UnderWay(RolloutPhase phase) {
+  return phase == RolloutPhase::kShadow || phase == RolloutPhase::kCanary ||
+         phase == RolloutPhase::kPaused;
+}
+
+RolloutArmStats Minus(const RolloutArmStats& now, const RolloutArmStats& then) {
+  RolloutArmStats window = now;
+  window.requests -= then.requests;
+  window.errors -= then.errors;
+  window.latency = now.latency - then.latency;
+  return window;
+}
+
+RolloutStats Minus(const RolloutStats& now, const RolloutStats& then) {
+  RolloutStats window = now;
+  window.stable = Minus(now.stable, then.stable);
+  window.candidate = Minus(now.candidate, then.candidate);
+  window.shadow = now.shadow - then.shadow;
+  return window;
+}
+
+std::string Percent(double value) {
+  return fmt::format("{:g} %", value);
+}
+
+}  // namespace
+
+std::string_view ToString(RolloutPhase phase) {
+  switch (phase) {
+    case RolloutPhase::kNone:
+      return "none";
+    case RolloutPhase::kShadow:
+      return "shadow";
+    case RolloutPhase::kCanary:
+      return "canary";
+    case RolloutPhase::kPaused:
+      return "paused";
+    case RolloutPhase::kPromoted:
+      return "promoted";
+    case RolloutPhase::kRolledBack:
+      return "rolled_back";
+  }
+  return "unknown";
+}
+
+struct RolloutController::Rollout {
+  std::string backend_id;
+  RolloutPhase phase = RolloutPhase::kNone;
+  RolloutPhase paused_in = RolloutPhase::kNone;
+  uint64_t stable = 0;
+  uint64_t candidate = 0;
+  std::size_t step = 0;
+  RolloutPolicy policy;
+  RolloutStats window_start;  // the runtime's counters when the current window began
+  RolloutStats totals;        // the latest counters read (kept after the rollout ends)
+  std::string decided_by;
+  std::string reason;
+  // A promotion or rollback handed to the registry: who decided and why, until its event.
+  bool deciding = false;
+  std::string pending_decided_by;
+  std::string pending_reason;
+  std::optional<GenerationStatus> rejected;
+  std::vector<RolloutView::Transition> history;
+
+  double weight() const {
+    if (phase == RolloutPhase::kCanary ||
+        (phase == RolloutPhase::kPaused && paused_in == RolloutPhase::kCanary))
+      return policy.steps[step];
+    return phase == RolloutPhase::kPromoted ? 100 : 0;
+  }
+  // The phase whose rules apply (a paused rollout keeps its phase's numbers).
+  RolloutPhase effective() const { return phase == RolloutPhase::kPaused ? paused_in : phase; }
+};
+
+RolloutController::RolloutController(Runtime& runtime, BackendRegistry& registry,
+                                     RolloutPolicy policy, std::chrono::milliseconds tick)
+    : runtime_(runtime), registry_(registry), default_policy_(std::move(policy)), tick_(tick) {
+  observer_ = registry_.AddObserver([this](const GenerationEvent& event) {
+    if (event.kind == GenerationEvent::Kind::kCandidate ||
+        event.kind == GenerationEvent::Kind::kActivated ||
+        event.kind == GenerationEvent::Kind::kRejected)
+      OnGenerationEvent(event);
+  });
+  thread_ = std::thread([this] { Run(); });
+}
+
+RolloutController::~RolloutController() {
+  registry_.RemoveObserver(observer_);  // waits for a call in progress
+  {
+    MutexLock lock(mutex_);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  thread_.join();
+}
+
+RolloutController::Rollout* RolloutController::Find(std::string_view backend_id) {
+  auto it = rollouts_.find(backend_id);
+  return it == rollouts_.end() ? nullptr : it->second.get();
+}
+
+RolloutController::Rollout* RolloutController::FindUnderWay(std::string_view backend_id,
+                                                            Status* error) {
+  Rollout* rollout = Find(backend_id);
+  if (rollout == nullptr || !UnderWay(rollout->phase) || rollout->deciding) {
+    *error = FailedPrecondition("backend " + std::string(backend_id) + " has no rollout under way" +
+                                (rollout == nullptr
+                                     ? std::string()
+                                     : " (last one: " + std::string(ToString(rollout->phase)) +
+                                           (rollout->deciding ? ", being decided" : "") + ")"));
+    return nullptr;
+  }
+  return rollout;
+}
+
+void RolloutController::ApplyTraffic(const Rollout& rollout) {
+  const bool shadowing = UnderWay(rollout.phase);
+  Status applied = runtime_.SetRolloutTraffic(
+      rollout.backend_id,
+      {.candidate_percent = rollout.deciding ? 0 : rollout.weight(),
+       .shadow_fraction = shadowing && !rollout.deciding ? rollout.policy.shadow_fraction : 0,
+       .shadow_tolerance = rollout.policy.max_abs_divergence});
+  if (!applied.ok() && UnderWay(rollout.phase))
+    Log().warn("rollout of backend {}: {}", rollout.backend_id, applied.message());
+}
+
+void RolloutController::EnterPhase(Rollout& rollout, RolloutPhase phase, std::size_t step,
+                                   std::string why) {
+  rollout.phase = phase;
+  rollout.step = step;
+  if (auto totals = runtime_.GetRolloutStats(rollout.backend_id))
+    rollout.totals = *totals;
+  if (UnderWay(phase))  // an ended rollout keeps the window that decided it
+    rollout.window_start = rollout.totals;
+  ApplyTraffic(rollout);
+  rollout.history.push_back({std::chrono::system_clock::now(), phase, rollout.weight(), why});
+  ++transitions_[{rollout.backend_id, phase}];
+  Log().info("rollout of backend {} generation {}: {}{} ({})", rollout.backend_id,
+             rollout.candidate, ToString(phase),
+             phase == RolloutPhase::kCanary ? " at " + Percent(rollout.weight()) : "", why);
+}
+
+RolloutController::Decision RolloutController::Decide(Rollout& rollout, Decision::Kind kind,
+                                                      std::string decided_by, std::string why) {
+  rollout.deciding = true;
+  rollout.pending_decided_by = std::move(decided_by);
+  rollout.pending_reason = std::move(why);
+  ApplyTraffic(rollout);  // nothing more for the candidate while the registry acts
+  Log().info("rollout of backend {} generation {}: {} ({}: {})", rollout.backend_id,
+             rollout.candidate, kind == Decision::Kind::kPromote ? "promoting" : "rolling back",
+             rollout.pending_decided_by, rollout.pending_reason);
+  return {kind, rollout.backend_id, rollout.candidate};
+}
+
+void RolloutController::Carry(const Decision& decision) {
+  if (decision.kind == Decision::Kind::kNone)
+    return;
+  Status carried;
+  {
+    MutexLock one_at_a_time(decision_mutex_);
+    if (decision.kind == Decision::Kind::kPromote) {
+      auto promoted = registry_.Promote(decision.backend_id, decision.candidate);
+      if (!promoted.ok())
+        carried = promoted.error();
+    } else {
+      std::string why;
+      {
+        MutexLock lock(mutex_);
+        if (Rollout* rollout = Find(decision.backend_id))
+          why = rollout->pending_decided_by + ": " + rollout->pending_reason;
+      }
+      auto dropped = registry_.DropCandidate(decision.backend_id, why, decision.candidate);
+      if (!dropped.ok())
+        carried = dropped.error();
+    }
+  }
+  // The registry's event (activated or rejected) ended the rollout; without one (the candidate
+  // had gone meanwhile), it is over anyway.
+  MutexLock lock(mutex_);
+  Rollout* rollout = Find(decision.backend_id);
+  if (rollout != nullptr && rollout->candidate == decision.candidate && rollout->deciding) {
+    Log().warn("rollout of backend {} generation {}: the registry did not act: {}",
+               decision.backend_id, decision.candidate, carried.message());
+    rollout->deciding = false;
+    rollout->phase = RolloutPhase::kRolledBack;
+    rollout->decided_by = "registry";
+    rollout->reason = carried.message();
+  }
+}
+
+void RolloutController::OnGenerationEvent(const GenerationEvent& event) {
+  MutexLock lock(mutex_);
+  if (event.kind == GenerationEvent::Kind::kCandidate) {
+    auto rollout = std::make_unique<Rollout>();
+    rollout->backend_id = event.backend_id;
+    rollout->candidate = event.generation;
+    if (auto status = registry_.Describe(event.backend_id))
+      rollout->stable = status->active_generation;
+    rollout->policy = default_policy_;
+    Rollout& started = *rollout;
+    rollouts_.insert_or_assign(event.backend_id, std::move(rollout));
+    if (started.policy.shadow_fraction > 0) {
+      EnterPhase(started, RolloutPhase::kShadow, 0,
+                 "new candidate beside generation " + std::to_string(started.stable));
+    } else {
+      EnterPhase(started, RolloutPhase::kCanary, 0,
+                 "new candidate beside generation " + std::to_string(started.stable) +
+                     "; shadow_fraction 0: no shadow phase");
+    }
+    return;
+  }
+  Rollout* rollout = Find(event.backend_id);
+  if (rollout == nullptr || rollout->candidate != event.generation || !UnderWay(rollout->phase))
+    return;
+  const bool promoted = event.kind == GenerationEvent::Kind::kActivated;
+  rollout->decided_by = rollout->deciding ? rollout->pending_decided_by
+                        : promoted        ? "registry"
+                                          : "deploy";
+  rollout->reason = rollout->deciding ? rollout->pending_reason : event.message;
+  rollout->deciding = false;
+  if (!promoted) {
+    if (auto status = registry_.Describe(event.backend_id)) {
+      for (const auto& generation : status->generations) {
+        if (generation.generation == event.generation)
+          rollout->rejected = generation;
+      }
+    }
+  }
+  EnterPhase(*rollout, promoted ? RolloutPhase::kPromoted : RolloutPhase::kRolledBack,
+             rollout->step, rollout->decided_by + ": " + rollout->reason);
+}
+
+RolloutController::Decision RolloutController::Evaluate(Rollout& rollout) {
+  if (!UnderWay(rollout.phase) || rollout.deciding)
+    return {};
+  auto totals = runtime_.GetRolloutStats(rollout.backend_id);
+  if (!totals)
+    return {};  // the runtime's side is not there (yet, or any more): its event will tell
+  rollout.totals = *totals;
+  const RolloutStats window = Minus(*totals, rollout.window_start);
+  const RolloutPolicy& policy = rollout.policy;
+  const auto min_samples = static_cast<double>(policy.min_samples);
+  auto roll_back = [&](std::string why) {
+    return Decide(rollout, Decision::Kind::kRollBack, "policy", std::move(why));
+  };
+
+  // Roll back, in any phase (paused too): the first number out of bounds. An error count is
+  // judged early once it already exceeds what a whole window of min_samples allows.
+  const ShadowStats& shadow = window.shadow;
+  if (shadow.diverged > 0) {
+    return roll_back(fmt::format(
+        "shadow: {} of {} samples differ from the stable outputs by more than max_abs_divergence "
+        "{:g} (largest difference {:g}, {} with another argmax)",
+        shadow.diverged, shadow.samples, policy.max_abs_divergence, shadow.max_abs_difference,
+        shadow.argmax_disagreements));
+  }
+  const double shadow_runs = static_cast<double>(shadow.samples);
+  if (static_cast<double>(shadow.errors) >
+      policy.max_error_rate * std::max(min_samples, shadow_runs)) {
+    return roll_back(fmt::format("shadow: the candidate failed {} of {} runs (max_error_rate {:g})",
+                                 shadow.errors, shadow.samples, policy.max_error_rate));
+  }
+  // A client's bad input fails on both generations: the candidate answers for the errors beyond
+  // the stable generation's rate in the same window.
+  const RolloutArmStats& candidate = window.candidate;
+  const double requests = static_cast<double>(candidate.requests);
+  const double stable_rate =
+      window.stable.requests == 0
+          ? 0
+          : static_cast<double>(window.stable.errors) / static_cast<double>(window.stable.requests);
+  const double excess_errors = static_cast<double>(candidate.errors) - stable_rate * requests;
+  if (excess_errors > policy.max_error_rate * std::max(min_samples, requests)) {
+    return roll_back(fmt::format(
+        "canary at {}: the candidate failed {} of {} requests, the stable generation {:.2g} % of "
+        "its own (max_error_rate {:g} beyond it)",
+        Percent(rollout.weight()), candidate.errors, candidate.requests, stable_rate * 100,
+        policy.max_error_rate));
+  }
+  const bool canary = rollout.effective() == RolloutPhase::kCanary;
+  std::string latency;
+  if (canary && requests >= min_samples && totals->stable.requests > 0) {
+    const double candidate_p99 = candidate.latency.QuantileMicros(0.99);
+    // The stable generation in the same window when it had enough requests there (the same load
+    // on the machine), else over the whole rollout (at 100 % it has none in the window).
+    const LatencyHistogram& reference = window.stable.requests >= policy.min_samples
+                                            ? window.stable.latency
+                                            : totals->stable.latency;
+    const double stable_p99 = reference.QuantileMicros(0.99);
+    const double ratio = candidate_p99 / stable_p99;
+    latency = fmt::format("p99 {:.0f} µs against the stable generation's {:.0f} µs ({:.2f}×)",
+                          candidate_p99, stable_p99, ratio);
+    if (ratio > policy.max_p99_ratio) {
+      return roll_back(fmt::format("canary at {}: {}, above max_p99_ratio {:g}",
+                                   Percent(rollout.weight()), latency, policy.max_p99_ratio));
+    }
+  }
+  if (rollout.phase == RolloutPhase::kPaused)
+    return {};
+
+  // Move on once the window has its samples.
+  if (rollout.phase == RolloutPhase::kShadow && shadow_runs >= min_samples) {
+    EnterPhase(rollout, RolloutPhase::kCanary, 0,
+               fmt::format("shadow: {} samples within max_abs_divergence {:g} (largest {:g})",
+                           shadow.samples, policy.max_abs_divergence, shadow.max_abs_difference));
+  } else if (canary && requests >= min_samples) {
+    const std::string passed = fmt::format(
+        "{} requests at {}, {} failed, {}", candidate.requests, Percent(rollout.weight()),
+        candidate.errors, latency.empty() ? "no stable latency to compare with" : latency);
+    if (rollout.step + 1 < policy.steps.size())
+      EnterPhase(rollout, RolloutPhase::kCanary, rollout.step + 1, passed);
+    else
+      return Decide(rollout, Decision::Kind::kPromote, "policy", passed);
+  }
+  return {};
+}
+
+void RolloutController::Run() {
+  while (true) {
+    std::vector<Decision> decisions;
+    {
+      MutexLock lock(mutex_);
+      if (stopping_)
+        return;
+      wake_.wait_for(mutex_, tick_);
+      if (stopping_)
+        return;
+      for (auto& [id, rollout] : rollouts_) {
+        Decision decision = Evaluate(*rollout);
+        if (decision.kind != Decision::Kind::kNone)
+          decisions.push_back(std::move(decision));
+      }
+    }
+    for (const auto& decision : decisions)
+      Carry(decision);
+  }
+}
+
+Status RolloutController::Advance(std::string_view backend_id) {
+  Decision decision;
+  {
+    MutexLock lock(mutex_);
+    Status error;
+    Rollout* rollout = FindUnderWay(backend_id, &error);
+    if (rollout == nullptr)
+      return error;
+    const RolloutPhase phase = rollout->effective();
+    if (phase == RolloutPhase::kShadow) {
+      EnterPhase(*rollout, RolloutPhase::kCanary, 0, "advanced by an operator");
+    } else if (rollout->step + 1 < rollout->policy.steps.size()) {
+      EnterPhase(*rollout, RolloutPhase::kCanary, rollout->step + 1, "advanced by an operator");
+    } else {
+      decision = Decide(*rollout, Decision::Kind::kPromote, "operator",
+                        "advanced past the last canary step");
+    }
+  }
+  Carry(decision);
+  return Status::Ok();
+}
+
+Status RolloutController::Pause(std::string_view backend_id) {
+  MutexLock lock(mutex_);
+  Status error;
+  Rollout* rollout = FindUnderWay(backend_id, &error);
+  if (rollout == nullptr)
+    return error;
+  if (rollout->phase == RolloutPhase::kPaused)
+    return Status::Ok();
+  rollout->paused_in = rollout->phase;
+  rollout->phase = RolloutPhase::kPaused;
+  rollout->history.push_back({std::chrono::system_clock::now(), RolloutPhase::kPaused,
+                              rollout->weight(), "paused by an operator"});
+  ++transitions_[{rollout->backend_id, RolloutPhase::kPaused}];
+  Log().info("rollout of backend {} generation {}: paused at {}", rollout->backend_id,
+             rollout->candidate, Percent(rollout->weight()));
+  return Status::Ok();
+}
+
+Status RolloutController::Resume(std::string_view backend_id) {
+  MutexLock lock(mutex_);
+  Status error;
+  Rollout* rollout = FindUnderWay(backend_id, &error);
+  if (rollout == nullptr)
+    return error;
+  if (rollout->phase != RolloutPhase::kPaused)
+    return FailedPrecondition("the rollout of backend " + std::string(backend_id) +
+                              " is not paused (" + std::string(ToString(rollout->phase)) + ")");
+  rollout->phase = rollout->paused_in;
+  rollout->paused_in = RolloutPhase::kNone;
+  rollout->history.push_back({std::chrono::system_clock::now(), rollout->phase, rollout->weight(),
+                              "resumed by an operator"});
+  ++transitions_[{rollout->backend_id, rollout->phase}];
+  Log().info("rollout of backend {} generation {}: resumed ({})", rollout->backend_id,
+             rollout->candidate, ToString(rollout->phase));
+  return Status::Ok();
+}
+
+Status RolloutController::Abort(std::string_view backend_id) {
+  Decision decision;
+  {
+    MutexLock lock(mutex_);
+    Status error;
+    Rollout* rollout = FindUnderWay(backend_id, &error);
+    if (rollout == nullptr)
+      return error;
+    decision =
+        Decide(*rollout, Decision::Kind::kRollBack, "operator", "aborted through the admin API");
+  }
+  Carry(decision);
+  return Status::Ok();
+}
+
+Status RolloutController::SetPolicy(std::string_view backend_id, const RolloutPolicy& policy) {
+  MutexLock lock(mutex_);
+  Status error;
+  Rollout* rollout = FindUnderWay(backend_id, &error);
+  if (rollout == nullptr)
+    return error;
+  rollout->policy = policy;
+  rollout->step = std::min(rollout->step, policy.steps.size() - 1);
+  ApplyTraffic(*rollout);
+  Log().info("rollout of backend {} generation {}: policy replaced by an operator",
+             rollout->backend_id, rollout->candidate);
+  return Status::Ok();
+}
+
+RolloutView RolloutController::ViewOf(const Rollout& rollout) const {
+  RolloutView view{.backend_id = rollout.backend_id,
+                   .phase = rollout.phase,
+                   .paused_in = rollout.paused_in,
+                   .stable_generation = rollout.stable,
+                   .candidate_generation = rollout.candidate,
+                   .weight_percent = rollout.deciding ? 0 : rollout.weight(),
+                   .step = rollout.step,
+                   .decided_by = rollout.decided_by,
+                   .reason = rollout.reason,
+                   .policy = rollout.policy,
+                   .rejected = rollout.rejected,
+                   .history = rollout.history};
+  RolloutStats totals = rollout.totals;
+  if (UnderWay(rollout.phase)) {
+    if (auto now = runtime_.GetRolloutStats(rollout.backend_id))
+      totals = *now;
+  }
+  view.window = Minus(totals, rollout.window_start);
+  view.totals = totals;
+  view.samples = rollout.effective() == RolloutPhase::kShadow ? view.window.shadow.samples
+                                                              : view.window.candidate.requests;
+  if (rollout.deciding)
+    view.reason = rollout.pending_decided_by + " is deciding: " + rollout.pending_reason;
+  return view;
+}
+
+Result<RolloutView> RolloutController::View(std::string_view backend_id) const {
+  {
+    MutexLock lock(mutex_);
+    if (auto it = rollouts_.find(backend_id); it != rollouts_.end())
+      return ViewOf(*it->second);
+  }
+  auto status = registry_.Describe(backend_id);
+  if (!status)
+    return NotFound("unknown backend '" + std::string(backend_id) + "'");
+  return RolloutView{.backend_id = std::string(backend_id),
+                     .stable_generation = status->active_generation,
+                     .policy = default_policy_};
+}
+
+std::vector<RolloutView> RolloutController::Views() const {
+  MutexLock lock(mutex_);
+  std::vector<RolloutView> views;
+  for (const auto& [id, rollout] : rollouts_)
+    views.push_back(ViewOf(*rollout));
+  return views;
+}
+
+std::string RolloutController::RenderMetrics() const {
+  const std::vector<RolloutView> views = Views();
+  std::map<std::pair<std::string, RolloutPhase>, uint64_t> transitions;
+  {
+    MutexLock lock(mutex_);
+    transitions = transitions_;
+  }
+  std::string text;
+  auto family = [&](std::string_view name, std::string_view type, std::string_view help) {
+    text += fmt::format("# HELP {} {}\n# TYPE {} {}\n", name, help, name, type);
+  };
+  auto backend = [](const RolloutView& view) {
+    return "backend=\"" + EscapeLabelValue(view.backend_id) + "\"";
+  };
+  family("backplane_rollout_phase", "gauge",
+         "1 for the phase of the latest rollout of each backend, 0 for the others");
+  for (const auto& view : views) {
+    for (RolloutPhase phase : kPhases) {
+      text += fmt::format("backplane_rollout_phase{{{},phase=\"{}\"}} {}\n", backend(view),
+                          ToString(phase), view.phase == phase ? 1 : 0);
+    }
+  }
+  family("backplane_rollout_weight_percent", "gauge",
+         "The candidate generation's share of requests, in percent");
+  for (const auto& view : views)
+    text += fmt::format("backplane_rollout_weight_percent{{{}}} {:g}\n", backend(view),
+                        view.weight_percent);
+  family("backplane_rollout_transitions_total", "counter",
+         "Rollout phase transitions, by backend and the phase entered");
+  for (const auto& [key, count] : transitions) {
+    text += fmt::format("backplane_rollout_transitions_total{{backend=\"{}\",to=\"{}\"}} {}\n",
+                        EscapeLabelValue(key.first), ToString(key.second), count);
+  }
+  auto arms = [&](std::string_view name, std::string_view help, auto value) {
+    family(name, "counter", help);
+    for (const auto& view : views) {
+      if (!view.totals)
+        continue;
+      for (const auto* arm : {&view.totals->stable, &view.totals->candidate}) {
+        text += fmt::format("{}{{{},generation=\"{}\",role=\"{}\"}} {}\n", name, backend(view),
+                            arm->generation, arm == &view.totals->stable ? "stable" : "candidate",
+                            value(*arm));
+      }
+    }
+  };
+  arms("backplane_rollout_requests_total",
+       "Requests run on each generation of a rollout (shadow runs not included)",
+       [](const RolloutArmStats& arm) { return arm.requests; });
+  arms("backplane_rollout_errors_total", "Of them, the ones the backend failed",
+       [](const RolloutArmStats& arm) { return arm.errors; });
+  family("backplane_rollout_p99_seconds", "gauge",
+         "p99 execution latency of each generation in the rollout's current window");
+  for (const auto& view : views) {
+    for (const auto* arm : {&view.window.stable, &view.window.candidate}) {
+      text += fmt::format(
+          "backplane_rollout_p99_seconds{{{},generation=\"{}\",role=\"{}\"}} {:g}\n", backend(view),
+          arm->generation, arm == &view.window.stable ? "stable" : "candidate",
+          arm->latency.QuantileMicros(0.99) / 1e6);
+    }
+  }
+  family("backplane_rollout_shadow_samples_total", "counter",
+         "Shadow runs of the candidate compared with the stable outputs");
+  for (const auto& view : views) {
+    if (view.totals)
+      text += fmt::format("backplane_rollout_shadow_samples_total{{{},generation=\"{}\"}} {}\n",
+                          backend(view), view.candidate_generation, view.totals->shadow.samples);
+  }
+  family("backplane_rollout_shadow_diverged_total", "counter",
+         "Shadow runs whose outputs differed beyond max_abs_divergence");
+  for (const auto& view : views) {
+    if (view.totals)
+      text += fmt::format("backplane_rollout_shadow_diverged_total{{{},generation=\"{}\"}} {}\n",
+                          backend(view), view.candidate_generation, view.totals->shadow.diverged);
+  }
+  return text;
+}
+
+}  // namespace backplane::server
