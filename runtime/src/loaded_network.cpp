@@ -3,16 +3,11 @@
 #include <algorithm>
 #include <cstring>
 
-#include "backplane/core/logging.hpp"
+#include "runtime_log.hpp"
 
 namespace backplane {
 
 namespace {
-
-spdlog::logger& ShapeProgramLog() {
-  static spdlog::logger& logger = ModuleLogger("backplane.runtime");
-  return logger;
-}
 
 std::string DescribeInputShapes(const InputShapes& shapes) {
   std::string text;
@@ -69,6 +64,14 @@ Status CheckShapes(const Network& network) {
 }
 
 }  // namespace
+
+uint64_t LoadedNetwork::GenerationOn(std::string_view id) const {
+  for (const auto& layer : placement_) {
+    if (layer.backend_id == id)
+      return layer.generation;
+  }
+  return 0;
+}
 
 bool LoadedNetwork::Uses(std::string_view id) const {
   for (const auto& layer : placement_) {
@@ -536,8 +539,8 @@ std::shared_ptr<const LoadedNetwork::ShapeProgram> LoadedNetwork::BuildShapeProg
                               std::to_string(run.layers) + " layers '" + first.name + "' to '" +
                               last.name + "' at input shapes " + DescribeInputShapes(shapes) +
                               ": " + compiled.error().message();
-      ShapeProgramLog().warn("network {}: {}; they run layer by layer at these shapes",
-                             network_->name, why);
+      RuntimeLog().warn("network {}: {}; they run layer by layer at these shapes", network_->name,
+                        why);
       program->failures += (program->failures.empty() ? "" : "; ") + why;
       continue;
     }

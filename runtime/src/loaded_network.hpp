@@ -78,6 +78,8 @@ class LoadedNetwork : public std::enable_shared_from_this<LoadedNetwork> {
   const std::shared_ptr<const Network>& shared_network() const { return network_; }
   // Whether any layer runs on backend `id`.
   bool Uses(std::string_view id) const;
+  // The generation of backend `id` its layers run on; 0 when none does (or the backend is static).
+  uint64_t GenerationOn(std::string_view id) const;
   const std::vector<LayerPlacement>& placement() const { return placement_; }
   // What a binding that replaces this one is created with.
   const ShapeProgramOptions& shape_program_options() const { return shape_program_options_; }

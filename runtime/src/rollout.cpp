@@ -5,31 +5,18 @@
 #include <thread>
 
 #include "backplane/core/backend_call.hpp"
-#include "backplane/core/logging.hpp"
 #include "backplane/runtime/runtime.hpp"
 #include "loaded_network.hpp"
 #include "rollout_meter.hpp"
+#include "runtime_log.hpp"
 
 namespace backplane {
 
 namespace {
 
-spdlog::logger& Log() {
-  static spdlog::logger& logger = ModuleLogger("backplane.runtime");
-  return logger;
-}
-
 Tensor CopyOf(const ConstTensorView& view) {
   const auto* bytes = static_cast<const std::byte*>(view.data);
   return Tensor(view.info, std::vector<std::byte>(bytes, bytes + view.info.ByteSize()));
-}
-
-uint64_t GenerationOn(const LoadedNetwork& network, std::string_view backend_id) {
-  for (const auto& layer : network.placement()) {
-    if (layer.backend_id == backend_id)
-      return layer.generation;
-  }
-  return 0;
 }
 
 }  // namespace
@@ -86,17 +73,19 @@ class Runtime::CandidateChange final : public PreparedChange {
         Status after = GuardBackendCall(
             id_, "AfterLoadNetwork", [&] { return placed_context_->AfterLoadNetwork(network_id); });
         if (!after.ok()) {
-          Log().warn("backend {} candidate: AfterLoadNetwork({}) failed: {}", id_, network_id,
-                     after.message());
+          RuntimeLog().warn("backend {} candidate: AfterLoadNetwork({}) failed: {}", id_,
+                            network_id, after.message());
         }
       }
     }
     turn_ = {};
     if (generation_ != 0) {
-      Log().info("backend {}: generation {} is a candidate beside {}; {} network(s) bound on it",
-                 id_, generation_, stable_generation_, bound_);
+      RuntimeLog().info(
+          "backend {}: generation {} is a candidate beside {}; {} network(s) bound on it", id_,
+          generation_, stable_generation_, bound_);
     } else if (replaced_) {
-      Log().info("backend {}: candidate dropped; its networks' bindings on it are released", id_);
+      RuntimeLog().info("backend {}: candidate dropped; its networks' bindings on it are released",
+                        id_);
     }
   }
 
@@ -132,7 +121,7 @@ Result<std::unique_ptr<PreparedChange>> Runtime::PrepareCandidateChange(
     // Only networks on the active generation take part: one pinned to an older one stays there.
     if (change.next != nullptr && change.previous != nullptr) {
       for (auto& network : NetworksUsing(id)) {
-        if (GenerationOn(*network.network, id) == change.previous->info().number)
+        if (network.network->GenerationOn(id) == change.previous->info().number)
           affected.push_back(std::move(network));
       }
     }
@@ -210,7 +199,7 @@ Runtime::Routed Runtime::Route(NetworkId id, std::shared_ptr<const LoadedNetwork
     const auto bound = route->networks.find(id);
     // Still on the generation the candidate was bound beside (not moved off it since).
     if (bound == route->networks.end() ||
-        GenerationOn(*routed.network, backend_id) != route->stable_generation)
+        routed.network->GenerationOn(backend_id) != route->stable_generation)
       continue;
     routed.route = route;
     if (route->meter->ChooseCandidate(routing_key)) {

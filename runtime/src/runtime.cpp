@@ -6,32 +6,19 @@
 #include <thread>
 
 #include "backplane/core/backend_call.hpp"
-#include "backplane/core/logging.hpp"
 #include "loaded_network.hpp"
 #include "rollout_meter.hpp"
+#include "runtime_log.hpp"
 
 namespace backplane {
 
 namespace {
-
-spdlog::logger& Log() {
-  static spdlog::logger& logger = ModuleLogger("backplane.runtime");
-  return logger;
-}
 
 std::string Join(const std::vector<std::string>& items) {
   std::string joined;
   for (const auto& item : items)
     joined += (joined.empty() ? "" : ", ") + item;
   return joined;
-}
-
-uint64_t GenerationOn(const LoadedNetwork& network, std::string_view backend_id) {
-  for (const auto& layer : network.placement()) {
-    if (layer.backend_id == backend_id)
-      return layer.generation;
-  }
-  return 0;
 }
 
 // A deterministic input for every network input (dynamic dimensions taken as 1), spread over
@@ -180,12 +167,14 @@ void Runtime::AttachBackends() {
   for (const auto& id : registry_->BackendIds()) {
     auto instance = registry_->CreateInstance(id);
     if (!instance.ok()) {
-      Log().error("backend {} not available to this runtime: {}", id, instance.error().message());
+      RuntimeLog().error("backend {} not available to this runtime: {}", id,
+                         instance.error().message());
       continue;
     }
     auto slot = CreateSlot(std::move(instance).value(), nullptr);
     if (!slot.ok()) {
-      Log().error("backend {} not available to this runtime: {}", id, slot.error().message());
+      RuntimeLog().error("backend {} not available to this runtime: {}", id,
+                         slot.error().message());
       continue;
     }
     backends_.emplace(id, std::move(slot).value());
@@ -237,7 +226,7 @@ Status Runtime::UpdateBackendOptions(std::string_view id, const BackendOptions& 
     // Only networks bound to this very instance: under kPin a network may still run on an older
     // generation, whose instance this update does not reach (and must not move it).
     for (auto& network : NetworksUsing(id)) {
-      if (GenerationOn(*network.network, id) == instance->generation_number())
+      if (network.network->GenerationOn(id) == instance->generation_number())
         affected.push_back(std::move(network));
     }
   }
@@ -260,8 +249,8 @@ Status Runtime::UpdateBackendOptions(std::string_view id, const BackendOptions& 
     if (!reprepared.ok()) {
       Status restored = instance->UpdateOptions(previous);
       if (!restored.ok()) {
-        Log().error("backend {}: restoring its options after a failed update failed: {}", id,
-                    restored.message());
+        RuntimeLog().error("backend {}: restoring its options after a failed update failed: {}", id,
+                           restored.message());
       }
       return FailedPrecondition("backend " + std::string(id) + ": options not applied: network " +
                                 network.network->network().name +
@@ -278,8 +267,8 @@ Status Runtime::UpdateBackendOptions(std::string_view id, const BackendOptions& 
     ++state_version_;  // a new generation being prepared must get these options too
   }
   if (!moved.empty())
-    Log().info("backend {}: options updated; {} network(s) re-prepared with them", id,
-               moved.size());
+    RuntimeLog().info("backend {}: options updated; {} network(s) re-prepared with them", id,
+                      moved.size());
   return Status::Ok();
 }
 
@@ -378,8 +367,8 @@ Result<NetworkId> Runtime::LoadNetwork(Network network, NetworkOptions options) 
                       " names no backend of this runtime (have: " + Join(have) + ")");
     }
     if (!missing.empty()) {
-      Log().warn("network {}: skipping preferred backend(s) this runtime does not have: {}",
-                 network.name, missing);
+      RuntimeLog().warn("network {}: skipping preferred backend(s) this runtime does not have: {}",
+                        network.name, missing);
     }
     contexts = CurrentContexts();
   }
@@ -410,7 +399,8 @@ Result<NetworkId> Runtime::LoadNetwork(Network network, NetworkOptions options) 
       return context->AfterLoadNetwork(id);
     });
     if (!after.ok())
-      Log().warn("backend {}: AfterLoadNetwork({}) failed: {}", backend_id, id, after.message());
+      RuntimeLog().warn("backend {}: AfterLoadNetwork({}) failed: {}", backend_id, id,
+                        after.message());
   }
   const std::size_t layers = loaded.value()->placement().size();
   const auto compiled =
@@ -427,7 +417,7 @@ Result<NetworkId> Runtime::LoadNetwork(Network network, NetworkOptions options) 
     updated->emplace(id, Reaped(std::move(loaded).value()));
     networks_.Publish(std::move(updated));
   }
-  Log().info(
+  RuntimeLog().info(
       "loaded network {} ({}) with {} layer(s), {} of them in compiled subgraphs, {} offered for "
       "compiling per input shape on first use",
       id, name, layers, compiled, per_shape);
@@ -465,7 +455,8 @@ Status Runtime::UnloadNetwork(NetworkId id) {
       return context->AfterUnloadNetwork(id);
     });
     if (!after.ok())
-      Log().warn("backend {}: AfterUnloadNetwork({}) failed: {}", backend_id, id, after.message());
+      RuntimeLog().warn("backend {}: AfterUnloadNetwork({}) failed: {}", backend_id, id,
+                        after.message());
   }
   return Status::Ok();
 }
@@ -570,19 +561,20 @@ class Runtime::SwapChange final : public PreparedChange {
         Status after = GuardBackendCall(
             id_, "AfterLoadNetwork", [&] { return placed_context_->AfterLoadNetwork(network_id); });
         if (!after.ok()) {
-          Log().warn("backend {}: AfterLoadNetwork({}) failed: {}", id_, network_id,
-                     after.message());
+          RuntimeLog().warn("backend {}: AfterLoadNetwork({}) failed: {}", id_, network_id,
+                            after.message());
         }
       }
     }
     turn_ = {};
     if (generation_ == 0) {
       for (const auto& [network_id, network] : moved_)
-        Log().info("network {} moved off withdrawn backend {}", network->network().name, id_);
+        RuntimeLog().info("network {} moved off withdrawn backend {}", network->network().name,
+                          id_);
     } else if (previous_generation_ != 0) {
-      Log().info("backend {}: generation {} replaces {}; {} network(s) moved ({})", id_,
-                 generation_, previous_generation_, moved_.size(),
-                 runtime_.swap_policy_ == SwapPolicy::kMigrate ? "migrate" : "pin");
+      RuntimeLog().info("backend {}: generation {} replaces {}; {} network(s) moved ({})", id_,
+                        generation_, previous_generation_, moved_.size(),
+                        runtime_.swap_policy_ == SwapPolicy::kMigrate ? "migrate" : "pin");
     }
   }
 
@@ -636,9 +628,9 @@ Result<std::unique_ptr<PreparedChange>> Runtime::PrepareChange(const BackendChan
     for (const auto& network : affected) {
       auto moved = Reprepare(network, instances);
       if (!moved.ok()) {
-        Log().warn("network {} keeps running on withdrawn backend {} (generation {}): {}",
-                   network.network->network().name, id, GenerationOn(*network.network, id),
-                   moved.error().message());
+        RuntimeLog().warn("network {} keeps running on withdrawn backend {} (generation {}): {}",
+                          network.network->network().name, id, network.network->GenerationOn(id),
+                          moved.error().message());
         continue;
       }
       prepared->moved_.emplace(network.id, std::move(moved).value());

@@ -242,12 +242,12 @@ json RolloutJson(const RolloutView& view) {
   json history = json::array();
   for (const auto& transition : view.history) {
     history.push_back({{"at", Rfc3339(transition.at)},
-                       {"phase", ToString(transition.to)},
+                       {"phase", PhaseName(transition.to)},
                        {"weight_percent", transition.weight_percent},
                        {"why", transition.why}});
   }
   json body = {{"backend", view.backend_id},
-               {"phase", ToString(view.phase)},
+               {"phase", PhaseName(view.phase)},
                {"stable_generation", view.stable_generation},
                {"candidate_generation", view.candidate_generation},
                {"weight_percent", view.weight_percent},
@@ -261,7 +261,7 @@ json RolloutJson(const RolloutView& view) {
                {"history", history},
                {"rejected", nullptr}};
   if (view.phase == RolloutPhase::kPaused)
-    body["paused_in"] = ToString(view.paused_in);
+    body["paused_in"] = PhaseName(view.paused_in);
   if (view.rejected) {
     body["rejected"] = {{"generation", view.rejected->generation},
                         {"file", view.rejected->resolved_file.string()},

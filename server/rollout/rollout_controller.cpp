@@ -48,7 +48,7 @@ std::string Percent(double value) {
 
 }  // namespace
 
-std::string_view ToString(RolloutPhase phase) {
+std::string_view PhaseName(RolloutPhase phase) {
   switch (phase) {
     case RolloutPhase::kNone:
       return "none";
@@ -129,7 +129,7 @@ RolloutController::Rollout* RolloutController::FindUnderWay(std::string_view bac
     *error = FailedPrecondition("backend " + std::string(backend_id) + " has no rollout under way" +
                                 (rollout == nullptr
                                      ? std::string()
-                                     : " (last one: " + std::string(ToString(rollout->phase)) +
+                                     : " (last one: " + std::string(PhaseName(rollout->phase)) +
                                            (rollout->deciding ? ", being decided" : "") + ")"));
     return nullptr;
   }
@@ -159,7 +159,7 @@ void RolloutController::EnterPhase(Rollout& rollout, RolloutPhase phase, std::si
   rollout.history.push_back({std::chrono::system_clock::now(), phase, rollout.weight(), why});
   ++transitions_[{rollout.backend_id, phase}];
   Log().info("rollout of backend {} generation {}: {}{} ({})", rollout.backend_id,
-             rollout.candidate, ToString(phase),
+             rollout.candidate, PhaseName(phase),
              phase == RolloutPhase::kCanary ? " at " + Percent(rollout.weight()) : "", why);
 }
 
@@ -303,12 +303,14 @@ RolloutController::Decision RolloutController::Evaluate(Rollout& rollout) {
   std::string latency;
   if (canary && requests >= min_samples && totals->stable.requests > 0) {
     const double candidate_p99 = candidate.latency.QuantileMicros(0.99);
-    // The stable generation in the same window when it had enough requests there (the same load
-    // on the machine), else over the whole rollout (at 100 % it has none in the window).
-    const LatencyHistogram& reference = window.stable.requests >= policy.min_samples
-                                            ? window.stable.latency
-                                            : totals->stable.latency;
-    const double stable_p99 = reference.QuantileMicros(0.99);
+    // The larger of the stable generation's p99 in the same window (the same load on the
+    // machine; at 100 % it has none there) and over the whole rollout (more samples): one noisy
+    // window of a fast model must not roll a good build back, and a slow build is slower than
+    // both.
+    const double window_p99 = window.stable.requests >= policy.min_samples
+                                  ? window.stable.latency.QuantileMicros(0.99)
+                                  : 0;
+    const double stable_p99 = std::max(window_p99, totals->stable.latency.QuantileMicros(0.99));
     const double ratio = candidate_p99 / stable_p99;
     latency = fmt::format("p99 {:.0f} µs against the stable generation's {:.0f} µs ({:.2f}×)",
                           candidate_p99, stable_p99, ratio);
@@ -406,14 +408,14 @@ Status RolloutController::Resume(std::string_view backend_id) {
     return error;
   if (rollout->phase != RolloutPhase::kPaused)
     return FailedPrecondition("the rollout of backend " + std::string(backend_id) +
-                              " is not paused (" + std::string(ToString(rollout->phase)) + ")");
+                              " is not paused (" + std::string(PhaseName(rollout->phase)) + ")");
   rollout->phase = rollout->paused_in;
   rollout->paused_in = RolloutPhase::kNone;
   rollout->history.push_back({std::chrono::system_clock::now(), rollout->phase, rollout->weight(),
                               "resumed by an operator"});
   ++transitions_[{rollout->backend_id, rollout->phase}];
   Log().info("rollout of backend {} generation {}: resumed ({})", rollout->backend_id,
-             rollout->candidate, ToString(rollout->phase));
+             rollout->candidate, PhaseName(rollout->phase));
   return Status::Ok();
 }
 
@@ -514,7 +516,7 @@ std::string RolloutController::RenderMetrics() const {
   for (const auto& view : views) {
     for (RolloutPhase phase : kPhases) {
       text += fmt::format("backplane_rollout_phase{{{},phase=\"{}\"}} {}\n", backend(view),
-                          ToString(phase), view.phase == phase ? 1 : 0);
+                          PhaseName(phase), view.phase == phase ? 1 : 0);
     }
   }
   family("backplane_rollout_weight_percent", "gauge",
@@ -526,7 +528,7 @@ std::string RolloutController::RenderMetrics() const {
          "Rollout phase transitions, by backend and the phase entered");
   for (const auto& [key, count] : transitions) {
     text += fmt::format("backplane_rollout_transitions_total{{backend=\"{}\",to=\"{}\"}} {}\n",
-                        EscapeLabelValue(key.first), ToString(key.second), count);
+                        EscapeLabelValue(key.first), PhaseName(key.second), count);
   }
   auto arms = [&](std::string_view name, std::string_view help, auto value) {
     family(name, "counter", help);

@@ -24,7 +24,9 @@
 namespace backplane::server {
 
 enum class RolloutPhase { kNone, kShadow, kCanary, kPaused, kPromoted, kRolledBack };
-std::string_view ToString(RolloutPhase phase);  // "none", "shadow", "canary", ...
+// Named so, not ToString: a server::ToString would hide backplane::ToString(Shape) and the
+// others in every file of the server that includes this.
+std::string_view PhaseName(RolloutPhase phase);  // "none", "shadow", "canary", ...
 
 // One backend id's rollout as the admin API shows it.
 struct RolloutView {
