@@ -2,6 +2,8 @@
 # Rolls a new version of one backend out to a fleet of `backplane serve` replicas, canary first,
 # through each replica's admin API; stops at the first replica whose rejected-deploy or failure
 # counters move, rolls back what took the new version, restores the previous file and unpins.
+# With --progressive, each replica's own rollout controller (deploy_policy "progressive") judges
+# the new version instead, and the first rollback it decides stops the fleet's rollout.
 # docs/deploy.md ("Rolling a backend out") explains the procedure and shows a run.
 set -euo pipefail
 
@@ -15,6 +17,14 @@ Every replica is pinned, the file is published, then the replicas are unpinned o
 the first (the canary) soaks for --soak seconds and its /metrics are compared with the others';
 each next one must take the new version without its counters moving. The admin token comes from
 $BACKPLANE_ADMIN_TOKEN or --token-file.
+
+With --progressive (servers with "deploy_policy": "progressive"), each unpinned replica makes the
+file a candidate and its rollout controller walks it through shadow and canary steps on live
+traffic; the script follows GET /v2/backends/ID/rollout and unpins the next replica once the
+candidate is promoted. The first rollback a replica decides (or a rollout that does not end within
+--rollout-timeout, which is aborted) stops the fleet's rollout as above. The replicas need traffic
+for their rollouts to advance. --soak, --step-soak, --max-failures and --max-latency-ratio do not
+apply: the servers' rollout policy judges.
 
   --backend ID            backend id, as in GET /v2/backends (e.g. CpuRef)
   --file FILE             the new backend file
@@ -33,6 +43,10 @@ $BACKPLANE_ADMIN_TOKEN or --token-file.
   --max-failures N        server-side inference failures (REST 5xx) allowed per replica during its soak (default 0)
   --max-latency-ratio R   stop when the canary's mean latency exceeds R times the others' (0: off,
                           the default)
+  --progressive           let each replica's rollout controller judge the new version (see above)
+  --rollout-timeout SECONDS
+                          with --progressive: how long a replica's rollout may take from the
+                          moment its candidate appears until it is promoted (default 600)
 
 Exit status: 0 rolled out everywhere; 1 stopped, and the fleet is back on the previous version
 and unpinned; 2 usage; 3 stopped, and something needs a hand (the message says what).
@@ -47,6 +61,7 @@ die_usage() {
 
 backend="" file="" name="" publish_command="" restore_command="" token_file=""
 soak=60 step_soak=10 wait_seconds=30 max_failures=0 max_latency_ratio=0
+progressive=0 rollout_timeout=600
 publish_dirs=() servers=()
 while (($# > 0)); do
   case "$1" in
@@ -67,6 +82,8 @@ while (($# > 0)); do
     --wait) wait_seconds="${2:?}"; shift 2 ;;
     --max-failures) max_failures="${2:?}"; shift 2 ;;
     --max-latency-ratio) max_latency_ratio="${2:?}"; shift 2 ;;
+    --progressive) progressive=1; shift ;;
+    --rollout-timeout) rollout_timeout="${2:?}"; shift 2 ;;
     -h | --help) usage; exit 0 ;;
     --*) die_usage "unknown option $1" ;;
     *) servers+=("${1%/}"); shift ;;
@@ -89,7 +106,7 @@ for dir in "${publish_dirs[@]}"; do
   [[ -d "$dir" ]] || die_usage "--publish-dir $dir is not a directory"
 done
 ((${#servers[@]} > 0)) || die_usage "no server URL given"
-for number in "$soak" "$step_soak" "$wait_seconds" "$max_failures"; do
+for number in "$soak" "$step_soak" "$wait_seconds" "$max_failures" "$rollout_timeout"; do
   [[ "$number" =~ ^[0-9]+$ ]] || die_usage "'$number' is not a whole number"
 done
 [[ "$max_latency_ratio" =~ ^[0-9]+(\.[0-9]+)?$ ]] || die_usage "bad --max-latency-ratio"
@@ -120,9 +137,10 @@ request() {
 body() { cat "$work/body"; }
 why() { jq -r '.error // empty' "$work/body" 2>/dev/null || body; }
 
-is_static="" is_pinned="" active="" rejected=""
-# describe SERVER: sets is_static, is_pinned, active (generation) and rejected (how many
-# rejected deploys are listed) from GET /v2/backends/ID; fails loudly when unreachable.
+is_static="" is_pinned="" active="" rejected="" load_rejected=""
+# describe SERVER: sets is_static, is_pinned, active (generation), rejected (how many rejected
+# deploys are listed) and load_rejected (of them, those not rolled back by a progressive rollout)
+# from GET /v2/backends/ID; fails loudly when unreachable.
 describe() {
   local status
   status="$(request GET "$1/v2/backends/$backend")"
@@ -130,9 +148,41 @@ describe() {
     log "$1: GET /v2/backends/$backend answered $status: $(why) $(cat "$work/curl-error")"
     return 1
   fi
-  read -r is_static is_pinned active rejected < <(jq -r \
-    '[.static, .pinned, .active_generation, (.rejected | length)] | @tsv' "$work/body")
+  read -r is_static is_pinned active rejected load_rejected < <(jq -r \
+    '[.static, .pinned, .active_generation, (.rejected | length),
+      ([.rejected[] | select(.reason != "ROLLED_BACK")] | length)] | @tsv' "$work/body")
   cp "$work/body" "$work/backend"
+}
+
+rollout_phase="" rollout_candidate="" rollout_weight="" rollout_samples=""
+rollout_decided_by="" rollout_reason=""
+# rollout_state SERVER: sets rollout_phase, rollout_candidate (generation), rollout_weight (%),
+# rollout_samples, rollout_decided_by and rollout_reason from GET /v2/backends/ID/rollout
+# (--progressive).
+rollout_state() {
+  local status
+  status="$(request GET "$1/v2/backends/$backend/rollout")"
+  if [[ "$status" != 200 ]]; then
+    log "$1: GET /v2/backends/$backend/rollout answered $status: $(why) $(cat "$work/curl-error")"
+    return 1
+  fi
+  # Unit separators, not tabs: read would merge the empty fields (decided_by, reason) that tabs
+  # leave.
+  IFS=$'\x1f' read -r rollout_phase rollout_candidate rollout_weight rollout_samples \
+    rollout_decided_by rollout_reason < <(jq -r '[.phase, .candidate_generation,
+      .weight_percent, .samples, .decided_by, (.reason | gsub("\n"; " "))]
+      | map(tostring) | join("\u001f")' "$work/body")
+  cp "$work/body" "$work/rollout"
+}
+under_way() {
+  [[ "$rollout_phase" == shadow || "$rollout_phase" == canary || "$rollout_phase" == paused ]]
+}
+# same_build GENERATION: whether the generation (in $work/backend) has the active one's digest.
+same_build() {
+  jq -e --argjson a "$active" --argjson c "$1" '
+    ([.generations[] | select(.generation == $a) | .sha256][0]) as $x
+    | ([.generations[] | select(.generation == $c) | .sha256][0]) as $y
+    | $x != null and $x == $y' "$work/backend" >/dev/null
 }
 
 # counters SERVER: "rejected failures requests duration_sum duration_count" from /metrics.
@@ -160,6 +210,10 @@ counters() {
 # State per replica (index into servers). counters_before is taken just before the replica is
 # given the new version, so that only what happened on the new version counts.
 declare -a generation_before=() rejected_before=() counters_before=() pinned_by_us=() took_new=()
+# --progressive: the rollout's candidate before the file was published, and the new file's
+# candidate on each replica (0: none yet). load_rejected_before: like rejected_before, without
+# the rollouts' own rollbacks.
+declare -a rollout_before=() candidate_of=() load_rejected_before=()
 
 # ---- Before anything changes: every replica answers, none is pinned by someone else.
 log "backend $backend, file $file as $name, ${#servers[@]} replica(s), canary ${servers[0]}"
@@ -177,10 +231,31 @@ for i in "${!servers[@]}"; do
   fi
   generation_before[i]="$active"
   rejected_before[i]="$rejected"
+  load_rejected_before[i]="$load_rejected"
   counters "$server" >/dev/null || exit 3
   pinned_by_us[i]=0
   took_new[i]=0
+  candidate_of[i]=0
   log "$server: generation ${generation_before[i]} active"
+  if ((progressive)); then
+    if ! rollout_state "$server"; then
+      echo "rollout: $server has no GET /v2/backends/$backend/rollout (a server without" \
+        "progressive rollouts?); nothing changed" >&2
+      exit 3
+    fi
+    if under_way; then
+      if ! same_build "$rollout_candidate"; then
+        echo "rollout: a rollout of $backend generation $rollout_candidate is under way on" \
+          "$server ($rollout_phase): let it end, or abort it (POST" \
+          "/v2/backends/$backend/rollout/abort); nothing changed" >&2
+        exit 3
+      fi
+      # What an earlier stop leaves when its replicas have no traffic: harmless to replace.
+      log "$server: a rollout of generation $rollout_candidate, the build it runs already (a" \
+        "restored file), is under way; the new file will replace it"
+    fi
+    rollout_before[i]="$rollout_candidate"
+  fi
 done
 
 # ---- Stopping: roll back what took the new version, restore the file, unpin. Sets the exit.
@@ -208,11 +283,46 @@ restore_file() {
   return 1
 }
 
+# abort_rollout INDEX (--progressive): ends the new file's rollout on the replica if it is still
+# under way; marks the replica took_new when its candidate was promoted meanwhile. Fails when the
+# replica does not answer or its rollout stays under way.
+abort_rollout() {
+  local i="$1" server="${servers[$1]}" status attempt
+  for attempt in 1 2 3 4 5 6 7 8 9 10; do
+    rollout_state "$server" || return 1
+    if ((rollout_candidate != candidate_of[i])) || ! under_way; then break; fi
+    status="$(request POST "$server/v2/backends/$backend/rollout/abort")"
+    if [[ "$status" == 200 ]]; then
+      log "$server: aborted the rollout of generation ${candidate_of[i]}" \
+        "($(jq -r '.phase' "$work/body"))"
+      return 0
+    fi
+    # 409 while the server's own decision is being carried out: look again.
+    log "$server: rollout/abort answered $status (attempt $attempt): $(why)"
+    sleep 0.5
+  done
+  describe "$server" || return 1
+  if [[ "$active" == "${candidate_of[i]}" ]]; then
+    took_new[i]=1  # promoted: rolled back below like any replica that took the new version
+  elif ((rollout_candidate == candidate_of[i])) && under_way; then
+    return 1
+  fi
+}
+
 stop_rollout() {
   local reason="$*" i server status needs_hand=0
   # A second Ctrl-C while stopping ends the script at once; the log says how far it got.
   trap - INT TERM
   log "STOP: $reason"
+  if ((progressive)); then
+    for i in "${!servers[@]}"; do
+      ((candidate_of[i] != 0 && took_new[i] == 0)) || continue
+      abort_rollout "$i" || {
+        log "${servers[i]}: the rollout of generation ${candidate_of[i]} could not be ended"
+        needs_hand=1
+      }
+    done
+  fi
   for i in "${!servers[@]}"; do
     ((took_new[i] == 1)) || continue
     server="${servers[i]}"
@@ -248,6 +358,10 @@ stop_rollout() {
       needs_hand=1
     fi
   done
+  if ((progressive)); then
+    log "a restored file is a new file to each replica: a progressive one makes it a candidate (the" \
+      "build it runs already), and its rollout controller promotes it once it has seen traffic"
+  fi
   if ((needs_hand)); then
     echo "rollout: stopped; some replicas need a hand (see above)" >&2
     exit 3
@@ -358,6 +472,106 @@ mean_latency() {
     'BEGIN { if (c - d > 0) printf "%.6f %d\n", (s - t) / (c - d), c - d; else print "- 0" }'
 }
 
+# roll_out_to INDEX (--progressive): unpin the replica, wait for the new file's candidate, and
+# follow the replica's rollout of it until the replica promotes it; anything else stops.
+roll_out_to() {
+  local i="$1" server="${servers[$1]}" status action deadline shown="" now
+  status="$(request POST "$server/v2/backends/$backend/unpin")"
+  pinned_by_us[i]=0
+  action="$(jq -r '.action // empty' "$work/body" 2>/dev/null || true)"
+  if [[ "$status" == 422 ]]; then
+    stop_rollout "$server rejected the new file: $(why)"
+  elif [[ "$status" != 200 ]]; then
+    stop_rollout "$server: unpin answered $status: $(why)"
+  fi
+  if [[ "$action" == candidate ]]; then
+    candidate_of[i]="$(jq -r '.generation' "$work/body")"
+  elif [[ "$action" == activated ]]; then
+    took_new[i]=1
+    stop_rollout "$server activated the new file at once, without a rollout: is its" \
+      "deploy_policy \"progressive\"?"
+  fi
+  # "unchanged" or "deferred": the file has not reached this replica yet (a sync still on its
+  # way) or is still being written; the watcher takes it when it is complete. The rollout is
+  # read after the backend, so that a candidate promoted in between is seen as ours.
+  deadline=$((SECONDS + wait_seconds))
+  while ((candidate_of[i] == 0)); do
+    describe "$server" || stop_rollout "$server stopped answering"
+    rollout_state "$server" || stop_rollout "$server stopped answering"
+    if ((rollout_candidate != rollout_before[i])); then
+      candidate_of[i]="$rollout_candidate"
+    elif [[ "$active" != "${generation_before[i]}" ]]; then
+      took_new[i]=1
+      stop_rollout "$server activated the new file at once (generation $active), without a" \
+        "rollout: is its deploy_policy \"progressive\"?"
+    elif ((load_rejected > load_rejected_before[i])); then
+      stop_rollout "$server rejected the new file: $(jq -r \
+        '[.rejected[] | select(.reason != "ROLLED_BACK")][0] | "\(.reason): \(.message)"' \
+        "$work/backend")"
+    elif ((SECONDS >= deadline)); then
+      stop_rollout "$server did not take the new file within ${wait_seconds} s" \
+        "(last answer: ${action:-none})"
+    else
+      sleep 0.5
+    fi
+  done
+  log "$server: generation ${candidate_of[i]} is a candidate beside ${generation_before[i]};" \
+    "following its rollout (up to ${rollout_timeout} s)"
+  deadline=$((SECONDS + rollout_timeout))
+  while :; do
+    rollout_state "$server" || stop_rollout "$server stopped answering"
+    if ((rollout_candidate != candidate_of[i])); then
+      stop_rollout "$server: generation $rollout_candidate replaced the candidate" \
+        "${candidate_of[i]} (another file was deployed)"
+    fi
+    case "$rollout_phase" in
+      promoted)
+        took_new[i]=1
+        log "$server: generation ${candidate_of[i]} promoted ($rollout_decided_by: $rollout_reason)"
+        return 0
+        ;;
+      rolled_back)
+        stop_rollout "$server rolled generation ${candidate_of[i]} back (decided_by" \
+          "$rollout_decided_by): $rollout_reason"
+        ;;
+      shadow | canary | paused) ;;
+      *) stop_rollout "$server: the rollout of generation ${candidate_of[i]} is '$rollout_phase'" ;;
+    esac
+    now="$rollout_phase at ${rollout_weight} %"
+    if [[ "$now" != "$shown" ]]; then
+      log "$server: $now"
+      shown="$now"
+    fi
+    ((SECONDS < deadline)) || stop_rollout "$server: the rollout of generation" \
+      "${candidate_of[i]} did not end within ${rollout_timeout} s ($now," \
+      "$rollout_samples sample(s) in this step)"
+    sleep 0.5
+  done
+}
+
+# finish: every replica runs the new version.
+finish() {
+  trap - INT TERM
+  log "rolled out: every replica runs the new $backend"
+  for dir in "${publish_dirs[@]}"; do
+    if [[ -f "$dir/.$name.rollout-previous" ]]; then
+      log "the previous file stays in $dir/.$name.rollout-previous"
+    fi
+  done
+  for i in "${!servers[@]}"; do
+    describe "${servers[i]}" && log "${servers[i]}: generation ${generation_before[i]} -> $active"
+  done
+  exit 0
+}
+
+# ---- 3p. --progressive: one replica at a time, canary first, each replica's rollout judging.
+if ((progressive)); then
+  for i in "${!servers[@]}"; do
+    roll_out_to "$i"
+  done
+  finish
+fi
+
 # ---- 3. The canary: take it, soak, compare with the replicas still on the previous version.
 deploy_to 0
 declare -a soak_start=()
@@ -397,15 +611,4 @@ for ((i = 1; i < ${#servers[@]}; i++)); do
   if ((step_soak > 0)); then sleep "$step_soak"; fi
   check "$i"
 done
-trap - INT TERM
-
-log "rolled out: every replica runs the new $backend"
-for dir in "${publish_dirs[@]}"; do
-  if [[ -f "$dir/.$name.rollout-previous" ]]; then
-    log "the previous file stays in $dir/.$name.rollout-previous"
-  fi
-done
-for i in "${!servers[@]}"; do
-  describe "${servers[i]}" && log "${servers[i]}: generation ${generation_before[i]} -> $active"
-done
-exit 0
+finish

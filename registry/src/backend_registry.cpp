@@ -329,6 +329,18 @@ DeployOutcome BackendRegistry::DeployIfChanged(const Candidate& candidate,
     }
     // Device and inode pin down the real file, so a retargeted symlink counts as a change.
     if (lineage->identity == identity) {
+      // The directory designates the stable generation's file again (a link re-pointed back):
+      // the rollout under way is over.
+      if (lineage->candidate != nullptr) {
+        const uint64_t dropped = DropCandidateLocked(
+            known_id,
+            {LoadReason::kRolledBack, "the directory designates the stable generation's file " +
+                                          candidate.path.string() + " again"},
+            events);
+        return {DeployOutcome::Action::kRejected, known_id, candidate.path, dropped,
+                "rollout ended: " + candidate.path.string() +
+                    " designates the stable generation again"};
+      }
       return {DeployOutcome::Action::kUnchanged, known_id, candidate.path,
               lineage->active->info().number,
               candidate.path.string() + " is unchanged since its generation was loaded"};
@@ -416,14 +428,18 @@ DeployOutcome BackendRegistry::Deploy(const Candidate& candidate, bool registeri
   const std::string id = info.backend_id;
   const loader::FileIdentity identity = info.identity;
   // A deploy over a generation that serves is rolled out progressively when so configured; a
-  // new id, or one coming back after its file was deleted, has nothing to compare with.
+  // new id, or one coming back after its file was deleted, has nothing to compare with, and
+  // content identical to the active generation's (the previous file restored after a stopped
+  // fleet rollout) has nothing to roll out: it is activated at once, ending a rollout under way.
   if (deploy_policy_ == DeployPolicy::kProgressive && !registering && by_id &&
-      by_id->active != nullptr)
-    return Propose(id, std::move(next), candidate, identity, events);
-  // A deploy designating the active file again ends a rollout under way: it is rolled back.
-  if (by_id && by_id->candidate != nullptr) {
-    DropCandidateLocked(id, {LoadReason::kRolledBack, file.string() + " was deployed instead"},
-                        events);
+      by_id->active != nullptr) {
+    if (next->info().sha256 != by_id->active->info().sha256)
+      return Propose(id, std::move(next), candidate, identity, events);
+    DropCandidateLocked(
+        id,
+        {LoadReason::kRolledBack,
+         "the directory designates the stable generation's content again (" + file.string() + ")"},
+        events);
   }
   return Activate(id, std::move(next), candidate, identity, events);
 }

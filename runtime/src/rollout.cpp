@@ -4,11 +4,11 @@
 #include <chrono>
 #include <thread>
 
-#include "backplane/core/backend_call.hpp"
 #include "backplane/runtime/runtime.hpp"
 #include "loaded_network.hpp"
 #include "rollout_meter.hpp"
 #include "runtime_log.hpp"
+#include "slot_change.hpp"
 
 namespace backplane {
 
@@ -23,21 +23,13 @@ Tensor CopyOf(const ConstTensorView& view) {
 
 // One runtime's side of a candidate arriving (its slot, and the networks bound on it, prepared
 // without the runtime's lock) or leaving (a rollback: nothing to prepare).
-class Runtime::CandidateChange final : public PreparedChange {
+class Runtime::CandidateChange final : public SlotChange {
  public:
   CandidateChange(Runtime& runtime, uint64_t version, const BackendChange& change)
-      : runtime_(runtime),
-        version_(version),
-        id_(change.backend_id),
+      : SlotChange(runtime, version, change.backend_id),
         generation_(change.next ? change.next->info().number : 0),
         stable_generation_(change.previous ? change.previous->info().number : 0) {}
-
-  void BeginCommit() override { turn_ = std::unique_lock<Mutex>(runtime_.backend_mutex_); }
-  std::unique_lock<Mutex> LockState() override { return std::unique_lock<Mutex>(runtime_.mutex_); }
-  bool IsCurrent() const override {
-    runtime_.mutex_.AssertHeld();
-    return runtime_.state_version_ == version_;
-  }
+  ~CandidateChange() override { ReleaseTurn(); }
 
   void Commit() override {
     runtime_.mutex_.AssertHeld();
@@ -68,17 +60,7 @@ class Runtime::CandidateChange final : public PreparedChange {
   }
 
   void AfterCommit() override {
-    if (placed_context_ != nullptr) {
-      for (NetworkId network_id : hooked_) {
-        Status after = GuardBackendCall(
-            id_, "AfterLoadNetwork", [&] { return placed_context_->AfterLoadNetwork(network_id); });
-        if (!after.ok()) {
-          RuntimeLog().warn("backend {} candidate: AfterLoadNetwork({}) failed: {}", id_,
-                            network_id, after.message());
-        }
-      }
-    }
-    turn_ = {};
+    TellLoadedAndReleaseTurn(placed_context_, hooked_, " candidate");
     if (generation_ != 0) {
       RuntimeLog().info(
           "backend {}: generation {} is a candidate beside {}; {} network(s) bound on it", id_,
@@ -94,15 +76,11 @@ class Runtime::CandidateChange final : public PreparedChange {
   std::vector<NetworkId> hooked_;  // networks the candidate's context heard BeforeLoadNetwork of
 
  private:
-  Runtime& runtime_;
-  const uint64_t version_;
-  const std::string id_;
   const uint64_t generation_;  // 0: the candidate leaves
   const uint64_t stable_generation_;
   std::size_t bound_ = 0;
   std::optional<BackendSlot> replaced_;
   IBackendContext* placed_context_ = nullptr;
-  std::unique_lock<Mutex> turn_;  // declared last, released first
 };
 
 Result<std::unique_ptr<PreparedChange>> Runtime::PrepareCandidateChange(

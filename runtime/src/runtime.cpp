@@ -9,6 +9,7 @@
 #include "loaded_network.hpp"
 #include "rollout_meter.hpp"
 #include "runtime_log.hpp"
+#include "slot_change.hpp"
 
 namespace backplane {
 
@@ -504,25 +505,13 @@ Status Runtime::ValidateOnProbe(const LoadedNetwork& current, const LoadedNetwor
 
 // One runtime's side of a backend change: the new slot (instance and context) and the networks
 // re-prepared on it, built without the runtime's lock and switched under it.
-class Runtime::SwapChange final : public PreparedChange {
+class Runtime::SwapChange final : public SlotChange {
  public:
   SwapChange(Runtime& runtime, uint64_t version, const BackendChange& change)
-      : runtime_(runtime),
-        version_(version),
-        id_(change.backend_id),
+      : SlotChange(runtime, version, change.backend_id),
         generation_(change.next ? change.next->info().number : 0),
         previous_generation_(change.previous ? change.previous->info().number : 0) {}
-
-  // The runtime's turn to call its backends, kept until AfterCommit has called the new context's
-  // AfterLoadNetwork hooks: no load or unload runs in between, and no hook runs under mutex_.
-  void BeginCommit() override { turn_ = std::unique_lock<Mutex>(runtime_.backend_mutex_); }
-
-  std::unique_lock<Mutex> LockState() override { return std::unique_lock<Mutex>(runtime_.mutex_); }
-
-  bool IsCurrent() const override {
-    runtime_.mutex_.AssertHeld();
-    return runtime_.state_version_ == version_;
-  }
+  ~SwapChange() override { ReleaseTurn(); }
 
   void Commit() override {
     runtime_.mutex_.AssertHeld();
@@ -556,17 +545,7 @@ class Runtime::SwapChange final : public PreparedChange {
   void AfterCommit() override {
     // The new context heard BeforeLoadNetwork of every network while this change was prepared;
     // now that they are committed it hears AfterLoadNetwork, outside every state lock.
-    if (placed_context_ != nullptr) {
-      for (NetworkId network_id : loaded_) {
-        Status after = GuardBackendCall(
-            id_, "AfterLoadNetwork", [&] { return placed_context_->AfterLoadNetwork(network_id); });
-        if (!after.ok()) {
-          RuntimeLog().warn("backend {}: AfterLoadNetwork({}) failed: {}", id_, network_id,
-                            after.message());
-        }
-      }
-    }
-    turn_ = {};
+    TellLoadedAndReleaseTurn(placed_context_, loaded_, "");
     if (generation_ == 0) {
       for (const auto& [network_id, network] : moved_)
         RuntimeLog().info("network {} moved off withdrawn backend {}", network->network().name,
@@ -583,17 +562,12 @@ class Runtime::SwapChange final : public PreparedChange {
   MovedNetworks moved_;
 
  private:
-  Runtime& runtime_;
-  const uint64_t version_;
-  const std::string id_;
   const uint64_t generation_;
   const uint64_t previous_generation_;
   std::optional<BackendSlot> replaced_;
   std::optional<BackendSlot> replaced_candidate_;
   IBackendContext* placed_context_ = nullptr;  // the new slot's, once committed
   std::vector<NetworkId> loaded_;              // what it hears AfterLoadNetwork of
-  // Declared last, released first: what the change replaced is unreachable by then.
-  std::unique_lock<Mutex> turn_;
 };
 
 Result<std::unique_ptr<PreparedChange>> Runtime::PrepareChange(const BackendChange& change) {

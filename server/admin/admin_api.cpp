@@ -275,7 +275,11 @@ HttpResponse RolloutResponse(const ServeContext& context, std::string_view id) {
   auto view = context.rollouts.View(id);
   if (!view.ok())
     return UnknownBackend(context.registry, id);
-  return HttpResponse::Json(RolloutJson(view.value()));
+  json body = RolloutJson(view.value());
+  // What a deploy does on this server, so that fleet tooling can check before it publishes.
+  body["deploy_policy"] =
+      context.registry.deploy_policy() == DeployPolicy::kProgressive ? "progressive" : "immediate";
+  return HttpResponse::Json(body);
 }
 
 }  // namespace

@@ -7,10 +7,18 @@ against all three throughout. In turn: a wrong token (nothing may change), a goo
 never load it, and everyone is unpinned on the restored file), and a canary that takes the file
 but whose failure counter moves (the script rolls it back).
 
+Then `--progressive` against three other replicas with "deploy_policy": "progressive", serving a
+one-node Identity model on the fixture backend TestValid with requests to each throughout: a good
+new build (every replica's rollout promotes it, canary first), a build whose outputs differ (the
+canary's shadow comparison rolls it back; the others never load it), and a replica whose rollout
+has no traffic (it times out and is aborted; the canary, promoted already, is rolled back).
+
 usage: rollout_test.py BACKPLANE_EXECUTABLE SOURCE_DIR BUILD_BACKENDS_DIR
 """
 
 import filecmp
+import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -28,10 +36,10 @@ NAME = "Backplane_CpuRef_backend.so"
 TOKEN = "rollout-test-token"
 
 
-def backend(server):
-    status, body = http("GET", server.url + "/v2/backends/CpuRef")
+def backend(server, backend_id="CpuRef"):
+    status, body = http("GET", f"{server.url}/v2/backends/{backend_id}")
     if status != 200:
-        fail(f"GET /v2/backends/CpuRef on {server.url}: {status} {body}")
+        fail(f"GET /v2/backends/{backend_id} on {server.url}: {status} {body}")
     return body
 
 
@@ -44,8 +52,9 @@ def wait_for_generation(server, generation, timeout=10.0):
     return False
 
 
-def run_rollout(new_file, servers, directories, token=TOKEN, soak=1, extra=()):
-    argv = [rollout, "--backend", "CpuRef", "--file", new_file, "--name", NAME,
+def run_rollout(new_file, servers, directories, token=TOKEN, soak=1, extra=(),
+                backend_id="CpuRef", name=NAME):
+    argv = [rollout, "--backend", backend_id, "--file", new_file, "--name", name,
             "--soak", str(soak), "--step-soak", "0", "--wait", "10", *extra]
     for directory in directories:
         argv += ["--publish-dir", directory]
@@ -221,4 +230,225 @@ with tempfile.TemporaryDirectory() as work:
     check(traffic.sent > 0 and traffic.failed == [],
           f"{traffic.sent} MNIST requests during the rollouts, none failed "
           f"(except the canary's own, on purpose)")
-print("PASS: rollout.sh stops at a bad canary and rolls back")
+
+# ---- --progressive: each replica's own rollout controller judges the new build.
+VALID = "Test_Valid_backend.so"
+FIXTURES = os.path.join(os.path.dirname(build_backends), "tests", "fixtures", "lib")
+# Decided within seconds at this traffic: 20 samples per phase and step. The p99 rule is left to
+# RolloutTest: on a loaded machine two identical builds' p99 can differ several times over.
+POLICY = {"shadow_fraction": 0.5, "min_samples": 20, "steps": [50, 100], "max_p99_ratio": 1000}
+IDENTITY_INPUT = [0.5, -1.0, 2.0, 8.25]
+IDENTITY_REQUEST = {"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32",
+                                "data": IDENTITY_INPUT}]}
+
+
+def identity_model():
+    """The bytes of an ONNX model y = Identity(x), FP32 [1, 4] (IR 8, opset 13), in protobuf's
+    wire format by hand: the deploy tests need no onnx package."""
+    def varint(value):
+        out = bytearray()
+        while value > 0x7F:
+            out.append(value & 0x7F | 0x80)
+            value >>= 7
+        return bytes(out + bytes([value]))
+
+    def field(number, value):  # an integer (varint) or a length-delimited string or message
+        if isinstance(value, int):
+            return varint(number << 3) + varint(value)
+        value = value.encode() if isinstance(value, str) else value
+        return varint(number << 3 | 2) + varint(len(value)) + value
+
+    def tensor(name):  # ValueInfoProto: name, TypeProto.tensor_type {FLOAT, shape [1, 4]}
+        shape = field(1, field(1, 1)) + field(1, field(1, 4))
+        return field(1, name) + field(2, field(1, field(1, 1) + field(2, shape)))
+
+    node = field(1, "x") + field(2, "y") + field(4, "Identity")
+    graph = field(1, node) + field(2, "identity") + field(11, tensor("x")) + field(12, tensor("y"))
+    return field(1, 8) + field(8, field(1, "") + field(2, 13)) + field(7, graph)
+
+
+def sha256_of(path):
+    with open(path, "rb") as stream:
+        return hashlib.sha256(stream.read()).hexdigest()
+
+
+def rollout_of(server):
+    status, body = http("GET", server.url + "/v2/backends/TestValid/rollout")
+    if status != 200:
+        fail(f"GET /v2/backends/TestValid/rollout on {server.url}: {status} {body}")
+    return body
+
+
+def generation_with(state, sha256):
+    """The newest record of `state` (GET /v2/backends/ID) whose code has this digest, or None."""
+    return next((g for g in state["generations"] if g["sha256"] == sha256), None)
+
+
+def runs(server, sha256):
+    """Whether the replica serves that build, unpinned, with no rollout under way."""
+    state = backend(server, "TestValid")
+    active = next(g for g in state["generations"] if g["generation"] == state["active_generation"])
+    return active["sha256"] == sha256 and not state["pinned"] and state["candidate_generation"] == 0
+
+
+def wait_for_build(servers, sha256, timeout=30.0):
+    """After a stop, each replica rolls the restored file out (the build it runs already) once it
+    has seen enough traffic: wait until that is over everywhere."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if all(runs(server, sha256) for server in servers):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def said_before_stop(result, server, words):
+    """Whether a line of the script's output before its STOP names `server` and has `words`."""
+    return any(server.url in line and words in line
+               for line in result.stdout.split("STOP")[0].splitlines())
+
+
+class Requests:
+    """Identity requests against one replica, one after another, until stopped. Keeps every
+    answer but a 200 with the input as output: no client may see a failure, nor the outputs of a
+    candidate that runs in shadow."""
+
+    def __init__(self, server):
+        self.server = server
+        self.sent, self.wrong, self.paused = 0, [], False
+        self.running = True
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        while self.running:
+            if self.paused:
+                time.sleep(0.02)
+                continue
+            try:
+                status, body = http("POST", self.server.url + "/v2/models/identity/infer",
+                                    IDENTITY_REQUEST)
+            except OSError as error:  # no answer at all
+                status, body = None, str(error)
+            self.sent += 1
+            outputs = body.get("outputs") if isinstance(body, dict) else None
+            if status != 200 or not outputs or outputs[0].get("data") != IDENTITY_INPUT:
+                self.wrong.append((status, body))
+            time.sleep(0.005)
+
+    def stop(self):
+        self.running = False
+        self.thread.join()
+
+
+with tempfile.TemporaryDirectory() as work:
+    os.chmod(work, 0o755)
+    original = os.path.realpath(os.path.join(FIXTURES, VALID))
+    if not os.path.isfile(original):
+        fail(f"no {VALID} in {FIXTURES}: build the test fixtures (target backplane_fixtures)")
+    # TestValid's other builds: the same outputs (a good fix), and outputs 1000 higher.
+    good = os.path.realpath(os.path.join(FIXTURES, "Test_ValidGoodFix_backend.so"))
+    diverging = os.path.realpath(os.path.join(FIXTURES, "Test_ValidNext_backend.so"))
+    models = os.path.join(work, "models")
+    os.makedirs(os.path.join(models, "identity", "1"))
+    with open(os.path.join(models, "identity", "1", "model.onnx"), "wb") as stream:
+        stream.write(identity_model())
+    with open(os.path.join(models, "identity", "config.json"), "w") as stream:
+        json.dump({"backends": ["TestValid"]}, stream)
+    config = os.path.join(work, "serve.json")
+    with open(config, "w") as stream:
+        json.dump({"deploy_policy": "progressive", "rollout": POLICY}, stream)
+
+    directories, servers = [], []
+    for replica in range(3):
+        directory = os.path.join(work, f"replica{replica}", "backends")
+        copy_backends(FIXTURES, directory, prefix=VALID)
+        directories.append(directory)
+        servers.append(Server([backplane, "serve", "--config", config, "--listen", "127.0.0.1:0",
+                               "--grpc-listen", "off", "--models", models,
+                               "--backends", directory, "--admin-token", TOKEN],
+                              os.path.join(work, f"progressive{replica}.log")))
+    canary, others = servers[0], servers[1:]
+    loads = [Requests(server) for server in servers]
+    progressive = ["--progressive", "--rollout-timeout", "30"]
+    try:
+        check(all(runs(s, sha256_of(original)) for s in servers),
+              "three progressive replicas serve TestValid's first build")
+
+        # ---- A good build: each replica's rollout promotes it, the canary's before the others.
+        result = run_rollout(good, servers, directories, backend_id="TestValid", name=VALID,
+                             extra=progressive)
+        check(result.returncode == 0, "--progressive, a good new build: exit 0")
+        rollouts = [rollout_of(s) for s in servers]
+        states = [backend(s, "TestValid") for s in servers]
+        check(all(r["phase"] == "promoted" and r["decided_by"] == "policy" and
+                  r["candidate_generation"] == b["active_generation"] != r["stable_generation"]
+                  for r, b in zip(rollouts, states)),
+              "every replica's rollout promoted its candidate by the numbers: it is active")
+        check([(h["phase"], h["weight_percent"]) for h in rollouts[0]["history"]] ==
+              [("shadow", 0), ("canary", 50), ("canary", 100), ("promoted", 100)],
+              "the canary's went through shadow, canary at 50 % and 100 %, promoted")
+        order = [result.stdout.find(f"{s.url}: generation {r['candidate_generation']} {what}")
+                 for s, r in zip(servers, rollouts) for what in ("is a candidate", "promoted")]
+        check(0 <= order[0] and order == sorted(order),
+              "the canary promoted it before the next replica was given it, and so on")
+        check(all(runs(s, sha256_of(good)) for s in servers),
+              "every replica runs the new build, unpinned, no rollout under way")
+
+        # ---- Outputs that differ: the canary's shadow comparison rolls it back; stop there.
+        noticed = [o.log_text().count("is pinned to generation") for o in others]
+        result = run_rollout(diverging, servers, directories, backend_id="TestValid", name=VALID,
+                             extra=progressive)
+        check(result.returncode == 1, "--progressive, a build whose outputs differ: exit 1")
+        check(f"STOP: {canary.url} rolled generation" in result.stdout and
+              "back (decided_by policy): shadow: " in result.stdout and
+              "samples differ from the stable outputs" in result.stdout,
+              "the canary's rollout rolled it back by its shadow comparison; the script stopped")
+        rolled_back = generation_with(backend(canary, "TestValid"), sha256_of(diverging))
+        check(rolled_back is not None and rolled_back["state"] == "rejected" and
+              rolled_back["reason"].startswith("ROLLED_BACK: policy: shadow:"),
+              f"the canary keeps the record: rejected, ROLLED_BACK by the policy ({rolled_back})")
+        for other, before in zip(others, noticed):
+            check(not said_before_stop(result, other, "candidate") and
+                  generation_with(backend(other, "TestValid"), sha256_of(diverging)) is None,
+                  f"{other.url} never loaded the diverging build")
+            check(other.log_text().count("is pinned to generation") > before,
+                  f"{other.url} noticed the file while pinned and left it alone")
+        check(all(filecmp.cmp(os.path.join(d, VALID), good, shallow=False) for d in directories),
+              "the previous file is back in every backend directory")
+        check(wait_for_build(servers, sha256_of(good)),
+              "every replica serves the previous build, unpinned, once the restored file's own "
+              "rollout is over")
+
+        # ---- A replica without traffic: its rollout times out and is aborted; the canary,
+        # promoted already, is rolled back.
+        loads[1].paused = True
+        result = run_rollout(original, servers, directories, backend_id="TestValid", name=VALID,
+                             extra=["--progressive", "--rollout-timeout", "8"])
+        loads[1].paused = False
+        check(result.returncode == 1 and
+              f"STOP: {others[0].url}: the rollout of generation" in result.stdout and
+              "did not end within 8 s (shadow at 0 %" in result.stdout,
+              "a rollout that does not end within --rollout-timeout stops the rollout: exit 1")
+        check(f"{others[0].url}: aborted the rollout of generation" in result.stdout,
+              "that replica's rollout was aborted")
+        aborted = generation_with(backend(others[0], "TestValid"), sha256_of(original))
+        check(aborted is not None and aborted["state"] == "rejected" and
+              aborted["reason"].startswith("ROLLED_BACK: operator: aborted"),
+              f"its candidate is recorded as rolled back by the operator ({aborted})")
+        check(said_before_stop(result, canary, "promoted") and
+              f"{canary.url}: rolled back to the previous version" in result.stdout,
+              "the canary had promoted the build, and was rolled back")
+        check(not said_before_stop(result, others[1], "candidate"),
+              f"{others[1].url} never got the build")
+        check(wait_for_build(servers, sha256_of(good)),
+              "every replica serves the previous build again, unpinned, nothing under way")
+    finally:
+        for load in loads:
+            load.stop()
+        for server in servers:
+            server.stop()
+    check(all(load.sent > 100 for load in loads) and not any(load.wrong for load in loads),
+          f"{[load.sent for load in loads]} Identity requests to the replicas, each answered 200 "
+          f"with its input ({[load.wrong[:3] for load in loads if load.wrong]})")
+print("PASS: rollout.sh stops at a bad canary and rolls back, by its own numbers or the servers'")

@@ -248,5 +248,52 @@ TEST_F(RolloutRoutingTest, ARolledBackCandidateLeavesAndItsFileIsNotDeployedAgai
   EXPECT_EQ(registry_->DropCandidate(kId, "again").error().code(), StatusCode::kFailedPrecondition);
 }
 
+TEST_F(RolloutRoutingTest, TheStableFileDesignatedAgainEndsTheRollout) {
+  // Versions side by side, the unversioned name a link: re-pointing it is a deploy either way.
+  testing::CopyFile(testing::Fixture("Valid"), dir_ / "Test_Valid_backend.so.1.2.3");
+  testing::CopyFile(testing::Fixture("ValidNext"), dir_ / "Test_Valid_backend.so.1.2.4");
+  auto relink = [&](const char* target) {
+    fs::create_symlink(target, dir_ / ".link");
+    fs::rename(dir_ / ".link", dir_ / "Test_Valid_backend.so");
+  };
+  relink("Test_Valid_backend.so.1.2.3");
+  // Another file, the same content: nothing to roll out, activated at once.
+  ASSERT_EQ(registry_->Reload(kId)->action, DeployOutcome::Action::kActivated);
+  const uint64_t stable = registry_->Describe(kId)->active_generation;
+
+  relink("Test_Valid_backend.so.1.2.4");
+  const auto proposed = registry_->Reload(kId);
+  ASSERT_EQ(proposed->action, DeployOutcome::Action::kCandidate) << proposed->message;
+  relink("Test_Valid_backend.so.1.2.3");  // back to the file that serves
+  const auto back = registry_->Reload(kId);
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(back->action, DeployOutcome::Action::kRejected) << back->message;
+  EXPECT_THAT(back->message, HasSubstr("designates the stable generation again"));
+  EXPECT_EQ(registry_->Describe(kId)->candidate_generation, 0u);
+  EXPECT_EQ(registry_->Describe(kId)->active_generation, stable);
+  EXPECT_FALSE(runtime_->GetRolloutStats(kId).has_value());
+  EXPECT_EQ(Run(), 0.0f);
+}
+
+TEST_F(RolloutRoutingTest, TheStableContentPublishedAgainIsActivatedAtOnceEndingTheRollout) {
+  const uint64_t candidate = DeployCandidate();
+  Publish("Valid");  // a new file (another inode) with the stable generation's content
+  const auto outcome = registry_->Reload(kId);
+  ASSERT_TRUE(outcome.ok());
+  EXPECT_EQ(outcome->action, DeployOutcome::Action::kActivated) << outcome->message;
+  const auto status = registry_->Describe(kId);
+  EXPECT_EQ(status->candidate_generation, 0u);
+  EXPECT_NE(status->active_generation, stable_);
+  EXPECT_FALSE(runtime_->GetRolloutStats(kId).has_value());
+  ASSERT_FALSE(status->rejected.empty());
+  EXPECT_THAT(status->rejected.front().error.message(),
+              HasSubstr("designates the stable generation's content again"));
+  for (const auto& generation : status->generations) {
+    if (generation.generation == candidate)
+      EXPECT_EQ(generation.state, GenerationState::kRejected);
+  }
+  EXPECT_EQ(Run(), 0.0f);
+}
+
 }  // namespace
 }  // namespace backplane

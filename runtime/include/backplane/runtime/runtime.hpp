@@ -235,6 +235,7 @@ class Runtime : private BackendSubscriber {
   using InstanceMap = std::map<std::string, std::shared_ptr<loader::BackendInstance>, std::less<>>;
   // Backend ids and their contexts, for calling hooks with backend_mutex_ held but not mutex_.
   using ContextList = std::vector<std::pair<std::string, IBackendContext*>>;
+  class SlotChange;  // slot_change.hpp: what the two below share
   class SwapChange;
   class CandidateChange;
   // Which binding a request runs on (rollout.cpp): the network's, or a rollout's candidate's,
