@@ -156,11 +156,20 @@ void RolloutController::EnterPhase(Rollout& rollout, RolloutPhase phase, std::si
   if (UnderWay(phase))  // an ended rollout keeps the window that decided it
     rollout.window_start = rollout.totals;
   ApplyTraffic(rollout);
-  rollout.history.push_back({std::chrono::system_clock::now(), phase, rollout.weight(), why});
-  ++transitions_[{rollout.backend_id, phase}];
+  Record(rollout, std::move(why));
+}
+
+void RolloutController::Record(Rollout& rollout, std::string why) {
+  const RolloutPhase phase = rollout.phase;
   Log().info("rollout of backend {} generation {}: {}{} ({})", rollout.backend_id,
              rollout.candidate, PhaseName(phase),
-             phase == RolloutPhase::kCanary ? " at " + Percent(rollout.weight()) : "", why);
+             phase == RolloutPhase::kCanary || phase == RolloutPhase::kPaused
+                 ? " at " + Percent(rollout.weight())
+                 : "",
+             why);
+  rollout.history.push_back(
+      {std::chrono::system_clock::now(), phase, rollout.weight(), std::move(why)});
+  ++transitions_[{rollout.backend_id, phase}];
 }
 
 RolloutController::Decision RolloutController::Decide(Rollout& rollout, Decision::Kind kind,
@@ -392,11 +401,7 @@ Status RolloutController::Pause(std::string_view backend_id) {
     return Status::Ok();
   rollout->paused_in = rollout->phase;
   rollout->phase = RolloutPhase::kPaused;
-  rollout->history.push_back({std::chrono::system_clock::now(), RolloutPhase::kPaused,
-                              rollout->weight(), "paused by an operator"});
-  ++transitions_[{rollout->backend_id, RolloutPhase::kPaused}];
-  Log().info("rollout of backend {} generation {}: paused at {}", rollout->backend_id,
-             rollout->candidate, Percent(rollout->weight()));
+  Record(*rollout, "paused by an operator");
   return Status::Ok();
 }
 
@@ -411,11 +416,7 @@ Status RolloutController::Resume(std::string_view backend_id) {
                               " is not paused (" + std::string(PhaseName(rollout->phase)) + ")");
   rollout->phase = rollout->paused_in;
   rollout->paused_in = RolloutPhase::kNone;
-  rollout->history.push_back({std::chrono::system_clock::now(), rollout->phase, rollout->weight(),
-                              "resumed by an operator"});
-  ++transitions_[{rollout->backend_id, rollout->phase}];
-  Log().info("rollout of backend {} generation {}: resumed ({})", rollout->backend_id,
-             rollout->candidate, PhaseName(rollout->phase));
+  Record(*rollout, "resumed by an operator");
   return Status::Ok();
 }
 

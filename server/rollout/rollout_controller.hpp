@@ -104,6 +104,8 @@ class RolloutController {
   // Moves `rollout` to `phase` (and `step`), applies its traffic and starts a new window.
   void EnterPhase(Rollout& rollout, RolloutPhase phase, std::size_t step, std::string why)
       BACKPLANE_REQUIRES(mutex_);
+  // The rollout's phase now, on record: its history, the transition counter and the log.
+  void Record(Rollout& rollout, std::string why) BACKPLANE_REQUIRES(mutex_);
   Decision Decide(Rollout& rollout, Decision::Kind kind, std::string decided_by, std::string why)
       BACKPLANE_REQUIRES(mutex_);
   void Carry(const Decision& decision) BACKPLANE_EXCLUDES(mutex_, decision_mutex_);
