@@ -273,6 +273,7 @@ RolloutController::Decision RolloutController::Evaluate(Rollout& rollout) {
   const RolloutPolicy& policy = rollout.policy;
   const auto min_samples = static_cast<double>(policy.min_samples);
   auto roll_back = [&](std::string why) {
+    mutex_.AssertHeld();  // the analysis does not follow the enclosing function into a lambda
     return Decide(rollout, Decision::Kind::kRollBack, "policy", std::move(why));
   };
 

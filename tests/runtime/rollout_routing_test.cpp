@@ -128,8 +128,9 @@ TEST_F(RolloutRoutingTest, RequestsSplitByTheShareAndAKeyKeepsItsGenerationAsThe
       ASSERT_TRUE(first == 0.0f || first == kCandidateOffset) << first;
       EXPECT_EQ(Run(key), first) << key << " moved between two requests at one share";
       const bool candidate = first == kCandidateOffset;
-      if (on_candidate[key])
+      if (on_candidate[key]) {
         EXPECT_TRUE(candidate) << key << " left the candidate as its share grew";
+      }
       on_candidate[key] = candidate;
       candidates += candidate;
     }
@@ -289,8 +290,9 @@ TEST_F(RolloutRoutingTest, TheStableContentPublishedAgainIsActivatedAtOnceEnding
   EXPECT_THAT(status->rejected.front().error.message(),
               HasSubstr("designates the stable generation's content again"));
   for (const auto& generation : status->generations) {
-    if (generation.generation == candidate)
+    if (generation.generation == candidate) {
       EXPECT_EQ(generation.state, GenerationState::kRejected);
+    }
   }
   EXPECT_EQ(Run(), 0.0f);
 }

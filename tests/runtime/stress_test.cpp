@@ -147,6 +147,7 @@ bool Legitimate(const DeployOutcome& outcome) {
     case Action::kRejected:
       return KeptChanging(outcome.error);
     case Action::kWithdrawn:
+    case Action::kCandidate:  // the immediate policy never makes one
       return false;
   }
   return false;
