@@ -31,48 +31,46 @@ uint32_t PointOf(std::string_view key) {
   return static_cast<uint32_t>(x % kBasisPoints);
 }
 
-template <typename T>
-double AsDouble(T value) {
-  return static_cast<double>(value);
-}
-
-// Visits the elements of a tensor as doubles.
-template <typename Visit>
-void ForEachElement(const Tensor& tensor, Visit&& visit) {
-  auto each = [&](auto tag) {
+// A tensor's elements as doubles, converted once for every comparison made of them.
+std::vector<double> Values(const Tensor& tensor) {
+  auto convert = [&](auto tag) {
     using T = decltype(tag);
     const auto values = tensor.Elements<T>();
-    for (std::size_t i = 0; i < values.size(); ++i)
-      visit(i, AsDouble(values[i]));
+    return std::vector<double>(values.begin(), values.end());
   };
   switch (tensor.info().type) {
     case DataType::kFloat32:
-      return each(float{});
+      return convert(float{});
     case DataType::kFloat64:
-      return each(double{});
+      return convert(double{});
     case DataType::kInt32:
-      return each(int32_t{});
+      return convert(int32_t{});
     case DataType::kInt64:
-      return each(int64_t{});
+      return convert(int64_t{});
     default:
-      return each(uint8_t{});
+      return convert(uint8_t{});
   }
 }
 
-// Whether the argmax over the last axis differs in any row.
-bool ArgmaxDiffers(const Tensor& expected, const Tensor& actual) {
-  const auto& shape = expected.info().shape;
-  if (shape.empty() || shape.back() <= 1)
-    return false;
-  const auto row = static_cast<std::size_t>(shape.back());
-  std::vector<double> a, b;
-  ForEachElement(expected, [&](std::size_t, double v) { a.push_back(v); });
-  ForEachElement(actual, [&](std::size_t, double v) { b.push_back(v); });
-  for (std::size_t start = 0; start + row <= a.size(); start += row) {
-    const auto first_a = a.begin() + static_cast<std::ptrdiff_t>(start);
-    const auto first_b = b.begin() + static_cast<std::ptrdiff_t>(start);
-    if (std::max_element(first_a, first_a + static_cast<std::ptrdiff_t>(row)) - first_a !=
-        std::max_element(first_b, first_b + static_cast<std::ptrdiff_t>(row)) - first_b)
+double MaxDifference(std::span<const double> expected, std::span<const double> actual) {
+  double worst = 0;
+  for (std::size_t i = 0; i < expected.size(); ++i) {
+    const double x = expected[i], y = actual[i];
+    if (std::isnan(x) && std::isnan(y))
+      continue;
+    worst = std::max(worst, std::isnan(x) || std::isnan(y) ? INFINITY : std::abs(x - y));
+  }
+  return worst;
+}
+
+// Whether the argmax over rows of `row` elements differs in any row.
+bool ArgmaxDiffers(std::span<const double> expected, std::span<const double> actual,
+                   std::size_t row) {
+  for (std::size_t start = 0; start + row <= expected.size(); start += row) {
+    const auto a = expected.subspan(start, row);
+    const auto b = actual.subspan(start, row);
+    if (std::max_element(a.begin(), a.end()) - a.begin() !=
+        std::max_element(b.begin(), b.end()) - b.begin())
       return true;
   }
   return false;
@@ -81,16 +79,7 @@ bool ArgmaxDiffers(const Tensor& expected, const Tensor& actual) {
 }  // namespace
 
 double MaxDifference(const Tensor& a, const Tensor& b) {
-  std::vector<double> expected;
-  ForEachElement(a, [&](std::size_t, double v) { expected.push_back(v); });
-  double worst = 0;
-  ForEachElement(b, [&](std::size_t i, double y) {
-    const double x = expected[i];
-    if (std::isnan(x) && std::isnan(y))
-      return;
-    worst = std::max(worst, std::isnan(x) || std::isnan(y) ? INFINITY : std::abs(x - y));
-  });
-  return worst;
+  return MaxDifference(Values(a), Values(b));
 }
 
 OutputDivergence CompareOutputs(std::span<const Tensor> expected, std::span<const Tensor> actual) {
@@ -105,12 +94,16 @@ OutputDivergence CompareOutputs(std::span<const Tensor> expected, std::span<cons
       divergence.shapes_differ = true;
       return divergence;
     }
-    divergence.max_abs = std::max(divergence.max_abs, MaxDifference(expected[i], actual[i]));
-    ForEachElement(expected[i], [&](std::size_t, double v) {
-      if (std::isfinite(v))
-        magnitude = std::max(magnitude, std::abs(v));
-    });
-    divergence.argmax_differs |= ArgmaxDiffers(expected[i], actual[i]);
+    const std::vector<double> want = Values(expected[i]);
+    const std::vector<double> got = Values(actual[i]);
+    divergence.max_abs = std::max(divergence.max_abs, MaxDifference(want, got));
+    for (double value : want) {
+      if (std::isfinite(value))
+        magnitude = std::max(magnitude, std::abs(value));
+    }
+    const auto& shape = expected[i].info().shape;
+    if (!shape.empty() && shape.back() > 1)
+      divergence.argmax_differs |= ArgmaxDiffers(want, got, static_cast<std::size_t>(shape.back()));
   }
   divergence.max_relative =
       divergence.max_abs == 0 ? 0 : divergence.max_abs / std::max(magnitude, 1e-30);
