@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <random>
 #include <set>
 #include <sstream>
 #include <stdexcept>
@@ -98,6 +99,12 @@ bool HasCommand(const std::string& command) {
 bool RunningInCi() {
   const char* ci = std::getenv("CI");
   return ci != nullptr && std::string_view(ci) == "true";
+}
+
+uint64_t TestSeed() {
+  if (const char* fixed = std::getenv("BACKPLANE_TEST_SEED"))
+    return std::stoull(fixed);
+  return std::random_device()();
 }
 
 }  // namespace backplane::testing

@@ -3,6 +3,8 @@
 
 #include <sys/types.h>
 
+#include <cstdint>
+
 #include <filesystem>
 #include <set>
 #include <string>
@@ -74,5 +76,9 @@ bool RunningInCi();
     }                                                                                             \
   } while (false)
 bool HasCommand(const std::string& command);  // `command -v <command>` succeeds
+
+// The seed of a randomised test: BACKPLANE_TEST_SEED when set (to replay a failure), else fresh.
+// Every such test prints it with its failures.
+uint64_t TestSeed();
 
 }  // namespace backplane::testing

@@ -25,12 +25,6 @@ constexpr char kId[] = "TestValid";
 // TwoLayerIdentityNetwork adds the build's offset twice: 0 on Valid, this on ValidNext.
 constexpr float kCandidateOffset = 2 * kNextOffset;
 
-uint64_t RoutingTestSeed() {
-  if (const char* fixed = std::getenv("BACKPLANE_TEST_SEED"))
-    return std::stoull(fixed);
-  return std::random_device()();
-}
-
 class RolloutRoutingTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -104,7 +98,7 @@ TEST_F(RolloutRoutingTest, NothingGoesToACandidateUntilToldAndOnlyWhileThereIsOn
 }
 
 TEST_F(RolloutRoutingTest, RequestsSplitByTheShareAndAKeyKeepsItsGenerationAsTheShareGrows) {
-  const uint64_t seed = RoutingTestSeed();
+  const uint64_t seed = testing::TestSeed();
   SCOPED_TRACE("seed " + std::to_string(seed) + " (BACKPLANE_TEST_SEED replays it)");
   std::mt19937_64 random(seed);
   DeployCandidate();

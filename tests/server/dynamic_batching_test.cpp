@@ -27,14 +27,6 @@ using nlohmann::json;
 using server::ServeConfig;
 using ::testing::HasSubstr;
 
-// The seed of a randomised test: BACKPLANE_TEST_SEED when set (to replay a failure), else fresh.
-// Every such test prints it with its failures.
-uint64_t BatchingTestSeed() {
-  if (const char* fixed = std::getenv("BACKPLANE_TEST_SEED"))
-    return std::stoull(fixed);
-  return std::random_device()();
-}
-
 // ---- Config ---------------------------------------------------------------------------------
 
 TEST(BatchingConfigTest, ParsesTritonsKeys) {
@@ -133,7 +125,7 @@ std::size_t ExpectedDispatch(const std::vector<int64_t>& rows, int64_t max_batch
 }
 
 TEST(BatchingPolicyTest, TheDispatchRuleHoldsOnSeededRandomQueues) {
-  const uint64_t seed = BatchingTestSeed();
+  const uint64_t seed = TestSeed();
   SCOPED_TRACE("seed " + std::to_string(seed) + " (BACKPLANE_TEST_SEED=" + std::to_string(seed) +
                " replays it)");
   std::mt19937_64 random(seed);
@@ -170,7 +162,7 @@ TEST(BatchingPolicyTest, TheDispatchRuleHoldsOnSeededRandomQueues) {
 // the powers of two below max_batch_size, the preferred sizes and max_batch_size, ascending, and
 // so a size for every batch of 1..max_batch_size rows.
 TEST(BatchingPolicyTest, ExecutionBatchSizesArePowersOfTwoPreferredSizesAndTheMaximum) {
-  const uint64_t seed = BatchingTestSeed();
+  const uint64_t seed = TestSeed();
   SCOPED_TRACE("seed " + std::to_string(seed));
   std::mt19937_64 random(seed);
   for (int round = 0; round < 500; ++round) {
@@ -308,7 +300,7 @@ std::vector<float> Floats(const Tensor& tensor) {
 }
 
 TEST(DynamicBatchingTest, BatchedAnswersEqualTheSameRequestsRunAlone) {
-  const uint64_t seed = BatchingTestSeed();
+  const uint64_t seed = TestSeed();
   SCOPED_TRACE("seed " + std::to_string(seed));
   ServeHome home;
   AddBatchingModels(home);
@@ -398,7 +390,7 @@ TEST(DynamicBatchingTest, BatchedAnswersEqualTheSameRequestsRunAlone) {
 // compiles one shape program per execution size and never evicts one (it compiled and evicted
 // them without end when every batch size was its own shape); the answers stay each request's own.
 TEST(DynamicBatchingTest, BatchesOfEverySizeCompileOneProgramPerExecutionSize) {
-  const uint64_t seed = BatchingTestSeed();
+  const uint64_t seed = TestSeed();
   SCOPED_TRACE("seed " + std::to_string(seed));
   ServeHome home;
   AddBatchingModels(home);
@@ -530,7 +522,7 @@ TEST(DynamicBatchingTest, OverloadIsRefusedNotQueued) {
 }
 
 TEST(DynamicBatchingTest, PreserveOrderingAnswersInArrivalOrder) {
-  const uint64_t seed = BatchingTestSeed();
+  const uint64_t seed = TestSeed();
   SCOPED_TRACE("seed " + std::to_string(seed));
   ServeHome home;
   AddBatchingModels(home);
@@ -645,7 +637,7 @@ void ExpectNear(const std::vector<float>& batched, const std::vector<float>& alo
 }
 
 TEST(DynamicBatchingTest, RestAndGrpcClientsGetWhatTheSameRequestsGetAlone) {
-  const uint64_t seed = BatchingTestSeed();
+  const uint64_t seed = TestSeed();
   SCOPED_TRACE("seed " + std::to_string(seed));
   ServeHome home;
   AddBatchingModels(home);

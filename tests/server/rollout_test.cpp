@@ -246,14 +246,8 @@ std::string GenerationState(const RolloutServer& server, uint64_t generation) {
   return "";
 }
 
-uint64_t RolloutTestSeed() {
-  if (const char* fixed = std::getenv("BACKPLANE_TEST_SEED"))
-    return std::stoull(fixed);
-  return std::random_device()();
-}
-
 TEST(RolloutTest, AGoodFixGoesThroughShadowAndEveryStepAndIsPromoted) {
-  const uint64_t seed = RolloutTestSeed();
+  const uint64_t seed = TestSeed();
   SCOPED_TRACE("seed " + std::to_string(seed));
   auto server = StartRolloutServer(
       R"({"shadow_fraction": 0.5, "min_samples": 30, "steps": [10, 50, 100],
@@ -288,7 +282,7 @@ TEST(RolloutTest, AGoodFixGoesThroughShadowAndEveryStepAndIsPromoted) {
 }
 
 TEST(RolloutTest, AFixThatChangesOutputsIsStoppedInShadowBeforeAnsweringAnyClient) {
-  const uint64_t seed = RolloutTestSeed();
+  const uint64_t seed = TestSeed();
   SCOPED_TRACE("seed " + std::to_string(seed));
   auto server = StartRolloutServer(R"({"shadow_fraction": 0.5, "min_samples": 30})");
   RolloutClients clients(*server, 4, seed);
@@ -325,7 +319,7 @@ TEST(RolloutTest, AFixThatChangesOutputsIsStoppedInShadowBeforeAnsweringAnyClien
 }
 
 TEST(RolloutTest, AFixThatFailsOnSomeInputsIsRolledBackInCanaryAndOnlyItsRequestsFail) {
-  const uint64_t seed = RolloutTestSeed();
+  const uint64_t seed = TestSeed();
   SCOPED_TRACE("seed " + std::to_string(seed));
   // No shadow phase: the errors must be caught among the canary's requests.
   auto server = StartRolloutServer(
@@ -353,7 +347,7 @@ TEST(RolloutTest, AFixThatFailsOnSomeInputsIsRolledBackInCanaryAndOnlyItsRequest
 }
 
 TEST(RolloutTest, ASlowFixIsRolledBackInCanaryByItsP99) {
-  const uint64_t seed = RolloutTestSeed();
+  const uint64_t seed = TestSeed();
   SCOPED_TRACE("seed " + std::to_string(seed));
   auto server = StartRolloutServer(
       R"({"shadow_fraction": 0.2, "min_samples": 30, "steps": [25, 100], "max_p99_ratio": 1.5})");
