@@ -413,18 +413,27 @@ else
   fi
 fi
 
-# deploy_to INDEX: unpin the replica and wait until it took the file or rejected it.
-deploy_to() {
-  local i="$1" server="${servers[$1]}" status action deadline
-  counters_before[i]="$(counters "$server")" || stop_rollout "$server: /metrics did not answer"
+# unpin_replica INDEX: unpins the replica (it looks at the file at once) and sets
+# unpinned_action to what its registry did; a refusal or an error stops the rollout. Not run in
+# $(...): stop_rollout must end this shell, and pinned_by_us must change in it.
+unpin_replica() {
+  local i="$1" server="${servers[$1]}" status
   status="$(request POST "$server/v2/backends/$backend/unpin")"
   pinned_by_us[i]=0
-  action="$(jq -r '.action // empty' "$work/body" 2>/dev/null || true)"
+  unpinned_action="$(jq -r '.action // empty' "$work/body" 2>/dev/null || true)"
   if [[ "$status" == 422 ]]; then
     stop_rollout "$server rejected the new file: $(why)"
   elif [[ "$status" != 200 ]]; then
     stop_rollout "$server: unpin answered $status: $(why)"
   fi
+}
+
+# deploy_to INDEX: unpin the replica and wait until it took the file or rejected it.
+deploy_to() {
+  local i="$1" server="${servers[$1]}" action deadline
+  counters_before[i]="$(counters "$server")" || stop_rollout "$server: /metrics did not answer"
+  unpin_replica "$i"
+  action="$unpinned_action"
   # "unchanged" or "deferred": the file has not reached this replica yet (a sync still on its
   # way) or is still being written; the watcher takes it when it is complete.
   deadline=$((SECONDS + wait_seconds))
@@ -475,15 +484,9 @@ mean_latency() {
 # roll_out_to INDEX (--progressive): unpin the replica, wait for the new file's candidate, and
 # follow the replica's rollout of it until the replica promotes it; anything else stops.
 roll_out_to() {
-  local i="$1" server="${servers[$1]}" status action deadline shown="" now
-  status="$(request POST "$server/v2/backends/$backend/unpin")"
-  pinned_by_us[i]=0
-  action="$(jq -r '.action // empty' "$work/body" 2>/dev/null || true)"
-  if [[ "$status" == 422 ]]; then
-    stop_rollout "$server rejected the new file: $(why)"
-  elif [[ "$status" != 200 ]]; then
-    stop_rollout "$server: unpin answered $status: $(why)"
-  fi
+  local i="$1" server="${servers[$1]}" action deadline shown="" now
+  unpin_replica "$i"
+  action="$unpinned_action"
   if [[ "$action" == candidate ]]; then
     candidate_of[i]="$(jq -r '.generation' "$work/body")"
   elif [[ "$action" == activated ]]; then
