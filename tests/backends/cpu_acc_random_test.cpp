@@ -2,6 +2,7 @@
 // workload per layer on each backend; and random chains compiled whole by CpuAcc
 // (CompileSubgraph, called directly: the host does not call it yet) against CpuRef layer by layer.
 #include <algorithm>
+#include <iostream>
 #include <numeric>
 
 #include "cpu_acc_test_util.hpp"
@@ -705,6 +706,76 @@ TEST_F(CpuAccCompiledRunTest, RandomCnnRunsMatchCpuRefLayerByLayer) {
 
 TEST_F(CpuAccCompiledRunTest, RandomMlpRunsMatchCpuRefLayerByLayer) {
   CheckChains(false);
+}
+
+// Products of at least 4 MFLOP (kTuneFlops) with constant weights: CpuAcc times its weights in
+// both layouts when it compiles them and keeps the faster (placement says "weights
+// K-contiguous" when that one won). Whichever wins, the answer is CpuRef's: Gemm with transB,
+// alpha and a bias, MatMul of rank 2 and 3 with weights of either rank, shapes at random.
+TEST_F(CpuAccCompiledRunTest, LargeProductsMatchCpuRefInTheirTunedWeightLayout) {
+  const uint64_t seed = backplane::testing::TestSeed();
+  SCOPED_TRACE("seed " + std::to_string(seed) + " (BACKPLANE_TEST_SEED replays it)");
+  Rng rng(static_cast<Rng::result_type>(seed));
+  int k_contiguous = 0;
+  const int cases = Iterations(12);
+  for (int c = 0; c < cases; ++c) {
+    TestGraph g;
+    const int64_t k = Uniform(rng, 400, 800), n = Uniform(rng, 200, 520);
+    // Small weights: sums over 800 products stay near 1, within the comparison's tolerance.
+    auto weights = [&](const Shape& shape) { return RandomTensor(shape, rng, -0.1f, 0.1f); };
+    std::string current;
+    Shape out;
+    switch (Uniform(rng, 0, 2)) {
+      case 0: {  // Gemm, as an exported Linear layer: transB = 1, bias
+        const int64_t m = Pick<int64_t>(rng, {32, 64, 96});
+        const bool tb = Chance(rng, 0.5);
+        g.AddInput("x", {m, k}, rng);
+        g.AddConstant("W", weights(tb ? Shape{n, k} : Shape{k, n}));
+        g.AddConstant("C", weights({n}));
+        AttributeMap attributes{{"transB", int64_t{tb}}};
+        if (Chance(rng, 0.3))
+          attributes["alpha"] = 0.5f;
+        out = {m, n};
+        g.AddLayer("Gemm", "gemm", {"x", "W", "C"}, {"y"}, {out}, attributes);
+        current = "y";
+        break;
+      }
+      case 1: {  // MatMul, rank 2
+        const int64_t m = Pick<int64_t>(rng, {32, 64});
+        g.AddInput("x", {m, k}, rng);
+        g.AddConstant("W", weights({k, n}));
+        out = {m, n};
+        g.AddLayer("MatMul", "matmul", {"x", "W"}, {"y"}, {out});
+        current = "y";
+        break;
+      }
+      default: {  // MatMul, rank 3, weights per batch or shared
+        const int64_t batch = Uniform(rng, 2, 3), m = Uniform(rng, 16, 48);
+        g.AddInput("x", {batch, m, k}, rng);
+        g.AddConstant("W", weights(Chance(rng, 0.5) ? Shape{batch, k, n} : Shape{k, n}));
+        out = {batch, m, n};
+        g.AddLayer("MatMul", "matmul", {"x", "W"}, {"y"}, {out});
+        current = "y";
+        break;
+      }
+    }
+    if (Chance(rng, 0.5)) {
+      g.AddLayer("Relu", "relu", {current}, {"r"}, {out});
+      current = "r";
+    }
+    g.MarkOutput(current);
+    auto expected = g.RunPerLayer(cpu_ref());
+    ASSERT_TRUE(expected.ok()) << expected.error().ToString() << g.Describe();
+    std::vector<std::string> notes;
+    auto actual = g.RunCompiled(cpu_acc(), &notes);
+    ASSERT_TRUE(actual.ok()) << "case " << c << ": " << actual.error().ToString() << g.Describe();
+    std::string mismatch;
+    ASSERT_TRUE(AllClose(actual->at(current).values, expected->at(current).values, &mismatch))
+        << "case " << c << " (" << notes.front() << "): " << mismatch << g.Describe();
+    k_contiguous += notes.front().find("weights K-contiguous") != std::string::npos;
+  }
+  // Which layout wins is the machine's: said, not asserted.
+  std::cout << k_contiguous << " of " << cases << " products chose K-contiguous weights\n";
 }
 
 }  // namespace
