@@ -33,7 +33,9 @@
 #include <mutex>
 #include <optional>
 #include <thread>
+#include <type_traits>
 
+#include "batch_split.hpp"
 #include "compiler.hpp"
 #include "op_support.hpp"
 #include "program.hpp"
@@ -42,6 +44,7 @@ namespace backplane::cpu_acc {
 namespace {
 
 constexpr std::string_view kIntraOpThreads = "intra_op_threads";
+constexpr std::string_view kBatchSplit = "batch_split";
 constexpr std::size_t kShapeCacheSize = 8;
 
 // What the workloads of one backend instance share. Thread-safe.
@@ -54,8 +57,17 @@ struct BackendState {
                       "matrix products (Gemm, MatMul) of at least 0.5 MFLOP and other layers of "
                       "at least 64K output elements use more than one: below that a second "
                       "thread was measured to slow them down. Read when "
-                      "a network is prepared; an update re-prepares loaded networks"}}};
+                      "a network is prepared; an update re-prepares loaded networks"},
+                     {std::string(kBatchSplit), OptionType::kString, std::string("auto"),
+                      "With intra_op_threads > 1: run a compiled run's batch as parts at once, "
+                      "one thread each, instead of splitting each layer's work. 'auto': when the "
+                      "layers keep samples apart, the run has the work for it and the split "
+                      "timed faster at compile; 'always': whenever the layers keep samples "
+                      "apart; 'never'. Read when a network is prepared"}}};
   std::atomic<int> executing{0};  // Execute calls inside this instance's code
+  // The host's parallel work (SDK 1.2), set once by SetHost before any workload is created; null
+  // on an older host, which then never gets a batch split.
+  IHost* host = nullptr;
 };
 
 // Counts an Execute in progress, for Shutdown.
@@ -72,6 +84,10 @@ class ExecutingScope {
 
 int ThreadsOf(const BackendState& state) {
   return static_cast<int>(state.options.GetAs<int64_t>(kIntraOpThreads));
+}
+
+std::string BatchSplitOf(const BackendState& state) {
+  return state.options.GetAs<std::string>(kBatchSplit);
 }
 
 // One compiled program for a whole run of layers (or one layer with static shapes).
@@ -104,6 +120,99 @@ class ProgramWorkload final : public IWorkload {
   // Per layer: boundary input -> index in Execute's inputs (all of the op's inputs). A compiled
   // run gets exactly its boundary inputs (nullopt).
   const std::optional<std::vector<std::size_t>> input_map_;
+};
+
+// A compiled run executed as parts of its batch at once (batch_split.hpp), each part a program
+// compiled for its rows on one thread. Thread-safe like ProgramWorkload: the programs are
+// immutable, each call's views and statuses are its own.
+class BatchSplitWorkload final : public IWorkload {
+ public:
+  struct Part {
+    int64_t first_row = 0;
+    int64_t rows = 0;
+    std::shared_ptr<const Program> program;
+  };
+
+  BatchSplitWorkload(BackendState& state, int64_t batch, std::vector<Part> parts, std::string label)
+      : state_(state), batch_(batch), parts_(std::move(parts)), label_(std::move(label)) {}
+
+  Status Execute(std::span<const ConstTensorView> inputs,
+                 std::span<const TensorView> outputs) override {
+    ExecutingScope scope(state_.executing);
+    auto batched = [&](const TensorInfo& info) {
+      return !info.shape.empty() && info.shape[0] == batch_;
+    };
+    for (const auto& input : inputs) {
+      if (!batched(input.info)) {
+        return InvalidArgument("CpuAcc: " + label_ + ": input " + ToString(input.info.shape) +
+                               ", compiled for a batch of " + std::to_string(batch_));
+      }
+    }
+    for (const auto& output : outputs) {
+      if (!batched(output.info))
+        return InvalidArgument("CpuAcc: " + label_ + ": an output is not of the batch");
+    }
+    Call call{this, inputs, outputs, std::vector<Status>(parts_.size())};
+    Status status = state_.host->ParallelFor(parts_.size(), 1, &RunParts, &call);
+    for (Status& part : call.statuses) {
+      if (status.ok() && !part.ok())
+        status = std::move(part);
+    }
+    return status;
+  }
+
+ private:
+  struct Call {
+    const BatchSplitWorkload* self;
+    std::span<const ConstTensorView> inputs;
+    std::span<const TensorView> outputs;
+    std::vector<Status> statuses;  // per part, each written by its own call only
+  };
+
+  // Runs on a host thread; returns into host code (rule 5). Nothing may escape it.
+  static void RunParts(void* context, std::size_t begin, std::size_t end) {
+    auto& call = *static_cast<Call*>(context);
+    for (std::size_t p = begin; p < end; ++p) {
+      try {
+        call.statuses[p] = call.self->RunPart(call.self->parts_[p], call.inputs, call.outputs);
+      } catch (const std::exception& error) {
+        call.statuses[p] = Internal("CpuAcc: " + call.self->label_ + ": " + error.what());
+      } catch (...) {
+        call.statuses[p] = Internal("CpuAcc: " + call.self->label_ + ": unknown exception");
+      }
+    }
+  }
+
+  // The part's rows of every tensor: the batch is the first dimension of dense row-major data,
+  // so they are one contiguous block.
+  template <typename View>
+  static View Rows(View view, const Part& part, int64_t batch) {
+    const std::size_t row_bytes = view.info.ByteSize() / static_cast<std::size_t>(batch);
+    using Byte = std::conditional_t<std::is_const_v<std::remove_pointer_t<decltype(view.data)>>,
+                                    const std::byte, std::byte>;
+    view.data =
+        static_cast<Byte*>(view.data) + static_cast<std::size_t>(part.first_row) * row_bytes;
+    view.info.shape[0] = part.rows;
+    return view;
+  }
+
+  Status RunPart(const Part& part, std::span<const ConstTensorView> inputs,
+                 std::span<const TensorView> outputs) const {
+    std::vector<ConstTensorView> part_inputs;
+    std::vector<TensorView> part_outputs;
+    part_inputs.reserve(inputs.size());
+    part_outputs.reserve(outputs.size());
+    for (const auto& input : inputs)
+      part_inputs.push_back(Rows(input, part, batch_));
+    for (const auto& output : outputs)
+      part_outputs.push_back(Rows(output, part, batch_));
+    return part.program->Run(part_inputs, nullptr, part_outputs, label_);
+  }
+
+  BackendState& state_;
+  const int64_t batch_;
+  const std::vector<Part> parts_;
+  const std::string label_;
 };
 
 // A layer whose description has dynamic dims: a program per concrete shape, made on first use.
@@ -245,16 +354,31 @@ class CpuAccBackend final : public IBackend {
       if (!IsStatic(info.shape))
         return Unimplemented("CpuAcc compiles runs with static shapes only");
     }
-    auto compiled = Compile(subgraph, state_.engine, ThreadsOf(state_));
+    std::string label = "run " + subgraph.layers.front().name + ".." + subgraph.layers.back().name;
+    const int threads = ThreadsOf(state_);
+    const std::string mode = BatchSplitOf(state_);
+    if (mode == "always") {
+      if (auto split = CompileBatchSplit(subgraph, threads, label, /*any_work=*/true))
+        return std::move(*split);
+    }
+    auto compiled = Compile(subgraph, state_.engine, threads);
     if (!compiled.ok())
       return compiled.error();
-    std::string label = "run " + subgraph.layers.front().name + ".." + subgraph.layers.back().name;
     CompiledSubgraph result;
-    result.workload = std::unique_ptr<IWorkload>(new ProgramWorkload(
-        state_, std::move(compiled.value().program), std::move(label), std::nullopt));
+    result.workload = std::unique_ptr<IWorkload>(
+        new ProgramWorkload(state_, std::move(compiled.value().program), label, std::nullopt));
     result.layer_notes = std::move(compiled.value().layer_notes);
+    if (mode != "auto")
+      return result;
+    if (auto split = CompileBatchSplit(subgraph, threads, label, /*any_work=*/false)) {
+      // Neither wins everywhere (batch_split.hpp): time both, as convolutions are tuned.
+      if (FasterOf(*result.workload, *split->workload, subgraph) == split->workload.get())
+        return std::move(*split);
+    }
     return result;
   }
+
+  void SetHost(IHost* host) override { state_.host = host; }
 
   std::vector<OptionDescriptor> DescribeOptions() const override {
     return state_.options.descriptors();
@@ -263,6 +387,15 @@ class CpuAccBackend final : public IBackend {
   // All-or-nothing: the range is checked before OptionSet applies anything.
   Status UpdateOptions(const BackendOptions& changes) override {
     BACKPLANE_RETURN_IF_ERROR(ValidateOptions(changes, state_.options.descriptors(), kId));
+    auto split = changes.find(kBatchSplit);
+    if (split != changes.end()) {
+      const std::string& value = std::get<std::string>(split->second);
+      if (value != "auto" && value != "always" && value != "never") {
+        return InvalidArgument(
+            "backend CpuAcc option 'batch_split' must be auto, always or never, got '" + value +
+            "'");
+      }
+    }
     auto threads = changes.find(kIntraOpThreads);
     if (threads != changes.end()) {
       const int64_t value = std::get<int64_t>(threads->second);
@@ -290,6 +423,91 @@ class CpuAccBackend final : public IBackend {
   }
 
  private:
+  // The run as parts of its batch, one per thread (batch_split.hpp), when its layers allow it and
+  // (unless `any_work`) it has the work to pay for the hand-off; nullopt otherwise, and when a
+  // part fails to compile (the whole-batch program, compiled first, serves).
+  std::optional<CompiledSubgraph> CompileBatchSplit(const SubgraphDesc& subgraph, int threads,
+                                                    const std::string& label, bool any_work) {
+    if (threads < 2 || state_.host == nullptr)
+      return std::nullopt;
+    const std::optional<int64_t> batch = SplittableBatch(subgraph);
+    if (!batch)
+      return std::nullopt;
+    const std::vector<int64_t> rows = PartRows(*batch, threads);
+    const double flops = RunFlops(subgraph);
+    const auto parts_count = static_cast<double>(rows.size());
+    if (!any_work && (flops < kBatchSplitMinFlops ||
+                      flops / parts_count < kBatchSplitMinFlopsPerWeight * RunWeights(subgraph))) {
+      return std::nullopt;
+    }
+    std::vector<BatchSplitWorkload::Part> parts;
+    parts.reserve(rows.size());
+    std::vector<std::string> notes;
+    int64_t first_row = 0;
+    for (const int64_t part_rows : rows) {
+      BatchSplitWorkload::Part part{first_row, part_rows, nullptr};
+      first_row += part_rows;
+      if (!parts.empty() && parts.back().rows == part_rows) {
+        part.program = parts.back().program;  // the same shape: one program for both
+        parts.push_back(std::move(part));
+        continue;
+      }
+      auto compiled = Compile(WithBatch(subgraph, part_rows), state_.engine, 1);
+      if (!compiled.ok())
+        return std::nullopt;
+      part.program = std::move(compiled.value().program);
+      if (notes.empty())
+        notes = std::move(compiled.value().layer_notes);
+      parts.push_back(std::move(part));
+    }
+    std::string sizes;
+    for (const int64_t part_rows : rows)
+      sizes += (sizes.empty() ? "" : "+") + std::to_string(part_rows);
+    for (std::string& note : notes) {
+      note += (note.empty() ? "" : "; ") + std::string("batch of ") + std::to_string(*batch) +
+              " split into " + std::to_string(rows.size()) + " parts (" + sizes +
+              " rows) run at once, 1 thread each";
+    }
+    CompiledSubgraph result;
+    result.workload =
+        std::unique_ptr<IWorkload>(new BatchSplitWorkload(state_, *batch, std::move(parts), label));
+    result.layer_notes = std::move(notes);
+    return result;
+  }
+
+  // Of two workloads of `run`, the one that executes it faster on zeros: the best of 5 rounds,
+  // alternating (so that a load that rises or falls weighs on both), after a warm-up; a round
+  // times 3 runs back to back, as requests come (threads already awake, caches warm). The first
+  // wins ties within 3%. A failing run loses.
+  static const IWorkload* FasterOf(IWorkload& first, IWorkload& second, const SubgraphDesc& run) {
+    std::vector<std::vector<float>> buffers;
+    std::vector<ConstTensorView> inputs;
+    std::vector<TensorView> outputs;
+    buffers.reserve(run.input_infos.size() + run.output_infos.size());
+    for (const TensorInfo& info : run.input_infos) {
+      buffers.emplace_back(static_cast<std::size_t>(info.ElementCount()), 0.0f);
+      inputs.push_back({info, buffers.back().data()});
+    }
+    for (const TensorInfo& info : run.output_infos) {
+      buffers.emplace_back(static_cast<std::size_t>(info.ElementCount()), 0.0f);
+      outputs.push_back({info, buffers.back().data()});
+    }
+    auto time = [&](IWorkload& workload) {
+      const auto start = std::chrono::steady_clock::now();
+      for (int run = 0; run < 3; ++run) {
+        if (!workload.Execute(inputs, outputs).ok())
+          return 1e300;
+      }
+      return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    };
+    double best_first = time(first), best_second = time(second);
+    for (int round = 0; round < 5; ++round) {
+      best_first = std::min(best_first, time(first));
+      best_second = std::min(best_second, time(second));
+    }
+    return best_second * 1.03 < best_first ? &second : &first;
+  }
+
   BackendState state_;
 };
 

@@ -21,10 +21,20 @@ using CpuAccBackendTest = CpuAccTest;
 
 TEST_F(CpuAccBackendTest, DescribesAndValidatesIntraOpThreads) {
   const auto options = cpu_acc().DescribeOptions();
-  ASSERT_EQ(options.size(), 1u);
+  ASSERT_EQ(options.size(), 2u);
   EXPECT_EQ(options[0].name, "intra_op_threads");
   EXPECT_EQ(options[0].type, OptionType::kInt64);
   EXPECT_EQ(std::get<int64_t>(options[0].default_value), 1);
+  EXPECT_EQ(options[1].name, "batch_split");
+  EXPECT_EQ(options[1].type, OptionType::kString);
+  EXPECT_EQ(std::get<std::string>(options[1].default_value), "auto");
+  Status split = cpu_acc().UpdateOptions({{"batch_split", std::string("sometimes")}});
+  EXPECT_EQ(split.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(split.message(), HasSubstr("'batch_split' must be auto, always or never, got "
+                                         "'sometimes'"));
+  EXPECT_EQ(cpu_acc().UpdateOptions({{"batch_split", int64_t{1}}}).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(std::get<std::string>(cpu_acc().GetOption("batch_split").value()), "auto");
 
   Status zero = cpu_acc().UpdateOptions({{"intra_op_threads", int64_t{0}}});
   EXPECT_EQ(zero.code(), StatusCode::kInvalidArgument);

@@ -553,7 +553,11 @@ TEST_F(CpuAccFusionTest, SmallLayersRunOnOneThreadLargeOnesOnTwo) {
 #if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
   GTEST_SKIP() << "libgomp threads under a sanitizer";
 #else
-  ASSERT_TRUE(cpu_acc().UpdateOptions({{"intra_op_threads", int64_t{2}}}).ok());
+  // The per-layer rule, without the batch split that may replace it (batch_split.hpp).
+  ASSERT_TRUE(
+      cpu_acc()
+          .UpdateOptions({{"intra_op_threads", int64_t{2}}, {"batch_split", std::string("never")}})
+          .ok());
   Rng rng(61);
   TestGraph g;
   g.SetInput("small", DrawTensor({1, 4, 6, 6}, rng, -1.0f, 1.0f));
@@ -563,7 +567,10 @@ TEST_F(CpuAccFusionTest, SmallLayersRunOnOneThreadLargeOnesOnTwo) {
   g.MarkOutput("s");
   g.MarkOutput("l");
   const auto notes = ExpectFusedUnfusedAndReferenceAgree(g, cpu_ref(), cpu_acc());
-  ASSERT_TRUE(cpu_acc().UpdateOptions({{"intra_op_threads", int64_t{1}}}).ok());
+  ASSERT_TRUE(
+      cpu_acc()
+          .UpdateOptions({{"intra_op_threads", int64_t{1}}, {"batch_split", std::string("auto")}})
+          .ok());
   ASSERT_EQ(notes.size(), 4u);
   EXPECT_THAT(notes[0], HasSubstr("on 1 thread (too little work for more)"));
   EXPECT_THAT(notes[2], HasSubstr("on 2 threads"));
@@ -581,7 +588,11 @@ TEST_F(CpuAccFusionTest, TwoThreadPolicyFollowsTheDocumentedThresholds) {
   const unsigned seed = 71;
   SCOPED_TRACE("seed " + std::to_string(seed));
   Rng rng(seed);
-  ASSERT_TRUE(cpu_acc().UpdateOptions({{"intra_op_threads", int64_t{2}}}).ok());
+  // The per-layer rule, without the batch split that may replace it (batch_split.hpp).
+  ASSERT_TRUE(
+      cpu_acc()
+          .UpdateOptions({{"intra_op_threads", int64_t{2}}, {"batch_split", std::string("never")}})
+          .ok());
   for (int iteration = 0; iteration < 40; ++iteration) {
     TestGraph g;
     double work = 0, threshold = 0;
@@ -618,7 +629,10 @@ TEST_F(CpuAccFusionTest, TwoThreadPolicyFollowsTheDocumentedThresholds) {
     EXPECT_THAT(notes[0], HasSubstr(work >= threshold ? "on 2 threads" : "on 1 thread"))
         << "case " << iteration << ", work " << work << g.Describe();
   }
-  ASSERT_TRUE(cpu_acc().UpdateOptions({{"intra_op_threads", int64_t{1}}}).ok());
+  ASSERT_TRUE(
+      cpu_acc()
+          .UpdateOptions({{"intra_op_threads", int64_t{1}}, {"batch_split", std::string("auto")}})
+          .ok());
 #endif
 }
 

@@ -2,6 +2,7 @@
 // workload per layer on each backend; and random chains compiled whole by CpuAcc
 // (CompileSubgraph, called directly: the host does not call it yet) against CpuRef layer by layer.
 #include <algorithm>
+#include <functional>
 #include <iostream>
 #include <numeric>
 
@@ -663,11 +664,14 @@ void MakeMlpChain(TestGraph& g, Rng& rng, bool* expect_fusion) {
 
 class CpuAccCompiledRunTest : public CpuAccTest {
  protected:
-  static void CheckChains(bool cnn);
+  // Returns how many chains ran as parts of their batch at once (cpu_acc/batch_split.hpp; with
+  // intra_op_threads 2 and batch_split "always", every chain with a batch does).
+  static int CheckChains(bool cnn);
 };
 
-void CpuAccCompiledRunTest::CheckChains(bool cnn) {
+int CpuAccCompiledRunTest::CheckChains(bool cnn) {
   Rng rng(cnn ? 424242 : 777);
+  int split_runs = 0;
   const int iterations = Iterations(200);
   int fused_notes = 0;
   for (int iteration = 0; iteration < iterations; ++iteration) {
@@ -678,17 +682,22 @@ void CpuAccCompiledRunTest::CheckChains(bool cnn) {
     else
       MakeMlpChain(graph, rng, &expect_fusion);
     auto expected = graph.RunPerLayer(cpu_ref());
-    ASSERT_TRUE(expected.ok()) << expected.error().ToString() << graph.Describe();
+    EXPECT_TRUE(expected.ok()) << expected.error().ToString() << graph.Describe();
+    if (!expected.ok())
+      return split_runs;
     std::vector<std::string> notes;
     auto actual = graph.RunCompiled(cpu_acc(), &notes);
-    ASSERT_TRUE(actual.ok()) << "chain " << iteration << ": " << actual.error().ToString()
+    EXPECT_TRUE(actual.ok()) << "chain " << iteration << ": " << actual.error().ToString()
                              << graph.Describe();
-    ASSERT_EQ(notes.size(), graph.layers().size());
+    if (!actual.ok())
+      return split_runs;
+    EXPECT_EQ(notes.size(), graph.layers().size());
     for (const auto& name : graph.outputs()) {
       std::string mismatch;
-      ASSERT_TRUE(AllClose(actual->at(name).values, expected->at(name).values, &mismatch))
+      EXPECT_TRUE(AllClose(actual->at(name).values, expected->at(name).values, &mismatch))
           << "chain " << iteration << ", output " << name << ": " << mismatch << graph.Describe();
     }
+    split_runs += notes.front().find("run at once, 1 thread each") != std::string::npos;
     const bool fused = std::any_of(notes.begin(), notes.end(), [](const std::string& note) {
       return note.starts_with("fused into");
     });
@@ -698,6 +707,7 @@ void CpuAccCompiledRunTest::CheckChains(bool cnn) {
     }
   }
   EXPECT_GT(fused_notes, iterations / 3);
+  return split_runs;
 }
 
 TEST_F(CpuAccCompiledRunTest, RandomCnnRunsMatchCpuRefLayerByLayer) {
@@ -706,6 +716,105 @@ TEST_F(CpuAccCompiledRunTest, RandomCnnRunsMatchCpuRefLayerByLayer) {
 
 TEST_F(CpuAccCompiledRunTest, RandomMlpRunsMatchCpuRefLayerByLayer) {
   CheckChains(false);
+}
+
+// The same chains with their batch split into parts run at once (half of them have a batch of
+// 2 to 9 rows, odd ones in parts of unequal size): the answer is CpuRef's, and the split happened.
+TEST_F(CpuAccCompiledRunTest, RandomRunsSplitAlongTheirBatchMatchCpuRef) {
+  ASSERT_TRUE(
+      cpu_acc()
+          .UpdateOptions({{"intra_op_threads", int64_t{2}}, {"batch_split", std::string("always")}})
+          .ok());
+  const int cnn_splits = CheckChains(true);
+  const int mlp_splits = CheckChains(false);
+  ASSERT_TRUE(
+      cpu_acc()
+          .UpdateOptions({{"intra_op_threads", int64_t{1}}, {"batch_split", std::string("auto")}})
+          .ok());
+  const int iterations = Iterations(200);
+  EXPECT_GT(cnn_splits, iterations / 4) << "of " << iterations << " CNN chains";
+  EXPECT_GT(mlp_splits, iterations / 4) << "of " << iterations << " MLP chains";
+}
+
+// Runs whose layers combine samples are never split, even when told to always split: each
+// still answers as CpuRef does, on the whole batch.
+TEST_F(CpuAccCompiledRunTest, RunsThatMixSamplesAreNotSplit) {
+  Rng rng(91);
+  struct Case {
+    std::string what;
+    std::function<void(TestGraph&)> build;
+  };
+  const std::vector<Case> cases{
+      {"Softmax over the batch",
+       [&](TestGraph& g) {
+         g.AddInput("x", {4, 6}, rng);
+         g.AddLayer("Relu", "relu", {"x"}, {"r"}, {{4, 6}});
+         g.AddLayer("Softmax", "softmax", {"r"}, {"y"}, {{4, 6}}, {{"axis", int64_t{0}}});
+       }},
+      {"Gemm with transA",
+       [&](TestGraph& g) {
+         g.AddInput("x", {4, 6}, rng);
+         g.AddConstant("w", RandomTensor({4, 5}, rng));
+         g.AddLayer("Gemm", "gemm", {"x", "w"}, {"g"}, {{6, 5}}, {{"transA", int64_t{1}}});
+         g.AddLayer("Relu", "relu", {"g"}, {"y"}, {{6, 5}});
+       }},
+      {"Concat along the batch",
+       [&](TestGraph& g) {
+         g.AddInput("x", {4, 6}, rng);
+         g.AddLayer("Relu", "relu", {"x"}, {"r"}, {{4, 6}});
+         g.AddLayer("Concat", "concat", {"x", "r"}, {"y"}, {{8, 6}}, {{"axis", int64_t{0}}});
+       }},
+      {"Transpose moving the batch",
+       [&](TestGraph& g) {
+         g.AddInput("x", {4, 6}, rng);
+         g.AddLayer("Relu", "relu", {"x"}, {"r"}, {{4, 6}});
+         g.AddLayer("Transpose", "transpose", {"r"}, {"y"}, {{6, 4}});
+       }},
+      {"a constant per sample",
+       [&](TestGraph& g) {
+         g.AddInput("x", {4, 6}, rng);
+         g.AddConstant("c", RandomTensor({4, 6}, rng));
+         g.AddLayer("Add", "add", {"x", "c"}, {"a"}, {{4, 6}});
+         g.AddLayer("Relu", "relu", {"a"}, {"y"}, {{4, 6}});
+       }},
+      {"MatMul with weights per sample",
+       [&](TestGraph& g) {
+         g.AddInput("x", {4, 3, 6}, rng);
+         g.AddConstant("w", RandomTensor({4, 6, 5}, rng));
+         g.AddLayer("MatMul", "matmul", {"x", "w"}, {"m"}, {{4, 3, 5}});
+         g.AddLayer("Relu", "relu", {"m"}, {"y"}, {{4, 3, 5}});
+       }},
+      {"a reshape that moves samples",
+       [&](TestGraph& g) {
+         g.AddInput("x", {4, 6}, rng);
+         g.AddLayer("Relu", "relu", {"x"}, {"r"}, {{4, 6}});
+         g.AddInt64Constant("shape", {2, 12});
+         g.AddLayer("Reshape", "reshape", {"r", "shape"}, {"y"}, {{2, 12}});
+       }},
+  };
+  ASSERT_TRUE(
+      cpu_acc()
+          .UpdateOptions({{"intra_op_threads", int64_t{2}}, {"batch_split", std::string("always")}})
+          .ok());
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    TestGraph g;
+    c.build(g);
+    g.MarkOutput("y");
+    auto expected = g.RunPerLayer(cpu_ref());
+    ASSERT_TRUE(expected.ok()) << expected.error().ToString() << g.Describe();
+    std::vector<std::string> notes;
+    auto actual = g.RunCompiled(cpu_acc(), &notes);
+    ASSERT_TRUE(actual.ok()) << actual.error().ToString() << g.Describe();
+    std::string mismatch;
+    EXPECT_TRUE(AllClose(actual->at("y").values, expected->at("y").values, &mismatch)) << mismatch;
+    for (const std::string& note : notes)
+      EXPECT_THAT(note, ::testing::Not(::testing::HasSubstr("split"))) << g.Describe();
+  }
+  ASSERT_TRUE(
+      cpu_acc()
+          .UpdateOptions({{"intra_op_threads", int64_t{1}}, {"batch_split", std::string("auto")}})
+          .ok());
 }
 
 // Products of at least 4 MFLOP (kTuneFlops) with constant weights: CpuAcc times its weights in

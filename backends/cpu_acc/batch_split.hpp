@@ -1,0 +1,54 @@
+// A compiled run executed as parts of its batch at once, each part on one thread.
+//
+// Why: with intra_op_threads 2, oneDNN splits each primitive's work over an OpenMP team, and on
+// this kind of machine (AVX2, 2 cores) the mid-size convolutions of zoo-like models at batch 4
+// gain only 1.2-1.3x from the second thread, the layers below the two-thread thresholds nothing
+// at all, and every layer pays a barrier. A batch of independent samples needs none of that: two
+// halves of the batch run the whole run side by side, each on one thread, with no
+// synchronisation until both end (SqueezeNet-like b4: ~1.1 ms on 2 OpenMP threads, ~0.42 ms for
+// one b2 half on 1 thread). The parts run through the host's IHost::ParallelFor, so they take the
+// request's arena's threads when free and run one after the other when not: never more threads
+// than the host allows, and no OpenMP team at all.
+//
+// Only runs whose every layer treats the samples of the batch independently are split: the ops
+// and attributes that keep the first dimension a batch are listed in batch_split.cpp
+// (SplittableBatch); anything else keeps the whole-batch program.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "backplane/sdk/backend.hpp"
+
+namespace backplane::cpu_acc {
+
+// A run split pays a hand-off to another thread per request; below this many FLOPs in the run's
+// convolutions and matrix products, that costs more than half the run saves.
+inline constexpr double kBatchSplitMinFlops = 2e6;
+
+// The run's batch when it can be split: every boundary value and every value a layer reads or
+// writes (but constants) has the same first dimension B >= 2, and every layer computes each
+// sample from that sample alone. Else nullopt.
+std::optional<int64_t> SplittableBatch(const SubgraphDesc& run);
+
+// A part streams every weight of the run once, where oneDNN's own threads split the weights
+// between them: a run with fewer FLOPs than this per weight element and part is bound by weight
+// traffic, and a split makes it slower (MLP 784-512-512-10 at batch 64: 64 FLOPs per weight in
+// each half, 4-8% slower split; LeNet-like at batch 64: ~310, ~30% faster).
+inline constexpr double kBatchSplitMinFlopsPerWeight = 256;
+
+// The FLOPs of the run's convolutions and matrix products (the work a split shares out).
+double RunFlops(const SubgraphDesc& run);
+// The elements of their constant weights.
+double RunWeights(const SubgraphDesc& run);
+
+// `run` with batch `rows` instead of its own: the first dimension of every non-constant value.
+// Only for a run SplittableBatch accepted.
+SubgraphDesc WithBatch(const SubgraphDesc& run, int64_t rows);
+
+// `batch` rows in `parts` parts as even as possible, larger parts first (5 in 2: 3 and 2).
+std::vector<int64_t> PartRows(int64_t batch, int64_t parts);
+
+}  // namespace backplane::cpu_acc
