@@ -27,6 +27,8 @@
 // cores (1, the default, never oversubscribes). The value is read when a workload is created
 // (oneDNN sizes some kernels' work split at creation); the host's runtime re-prepares loaded
 // networks when an option changes and switches them as a swap does, so an update reaches them too.
+// A compiled run with a batch may instead run as parts of its batch at once, one thread each,
+// through the host's ParallelFor (batch_split.hpp; option batch_split).
 #include <algorithm>
 #include <atomic>
 #include <chrono>
