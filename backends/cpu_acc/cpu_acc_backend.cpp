@@ -427,7 +427,7 @@ class CpuAccBackend final : public IBackend {
  private:
   // The run as parts of its batch, one per thread (batch_split.hpp), when its layers allow it and
   // (unless `any_work`) it has the work to pay for the hand-off; nullopt otherwise, and when a
-  // part fails to compile (the whole-batch program, compiled first, serves).
+  // part fails to compile (the whole-batch program then serves).
   std::optional<CompiledSubgraph> CompileBatchSplit(const SubgraphDesc& subgraph, int threads,
                                                     const std::string& label, bool any_work) {
     if (threads < 2 || state_.host == nullptr)
