@@ -1,7 +1,6 @@
 #include "batch_split.hpp"
 
 #include <algorithm>
-#include <set>
 #include <string_view>
 
 #include "op_support.hpp"
@@ -11,7 +10,9 @@ namespace {
 
 // Ops that compute each sample from that sample alone whatever their attributes, with the batch
 // in input 0 only (their other inputs, when present, must be constants: weights, bounds).
-const std::set<std::string_view, std::less<>> kPerSample = {
+// constexpr, not a std::set: a backend's namespace-scope object with a constructor runs at every
+// dlopen and its destructor at every dlclose, writing into pages a later generation reuses.
+constexpr std::string_view kPerSample[] = {
     "Conv", "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "Relu", "LeakyRelu",
     "HardSigmoid", "HardSwish", "Clip", "Sigmoid", "Tanh", "Dropout", "Identity",
     "BatchNormalization",
@@ -34,7 +35,7 @@ std::optional<std::vector<bool>> BatchInputs(const OperatorDesc& op) {
     return std::nullopt;
   carries[0] = true;
   const std::string_view type = op.op_type;
-  if (kPerSample.contains(type))
+  if (std::ranges::find(kPerSample, type) != std::end(kPerSample))
     return carries;
   if (type == "Softmax" || type == "Concat") {
     const auto axis = NormalizedAxis(IntAttr(op, "axis", type == "Softmax" ? -1 : 0), rank);
