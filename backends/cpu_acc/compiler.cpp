@@ -603,18 +603,22 @@ class Compiler {
   // try each implementation once at compile time and keep the fastest; smaller ones are not worth
   // the compile time.
   static constexpr double kTuneFlops = 4e6;
+  // Candidates are timed at the largest batch (up to the run's) whose convolution is within this
+  // many FLOPs: the full batch where it is affordable, since the batch can change the winner (a
+  // residual block's 3x3, 16 channels at 32x32, AVX-512: jit:avx512_core 42 us at batch 1 against
+  // brgconv's 44, and 112 us at batch 2 against 88; the block 160 -> 130 us a request).
+  static constexpr double kTuneProxyFlops = 32e6;
 
   // The fastest implementation over `descs` (the same convolution with other layouts), chosen by
-  // timing `proxies` (the same descs at batch 1, or `descs` itself when the batch is 1): each
-  // non-reference implementation is timed on zeros, best of 3. A later desc wins a near tie
+  // timing `proxies` (the same descs at a smaller batch, or `descs` itself): each non-reference
+  // implementation is timed on zeros, best of 3. A later desc wins a near tie
   // (within 3%): the caller puts channels-last after format any, because the pools and
   // activations that follow run faster on nhwc than on 16-channel blocks when the channels do not
   // fill the blocks (measured: LeNet's first max pool, 6 channels at batch 64, 41 us on nhwc,
   // 58 us on nChw16c).
   //
-  // Why batch 1: timing at the full batch made a LeNet's first request at batch 64 cost 1.7 s
-  // (some candidates are slow there, and each runs 4 times); the layout and implementation
-  // choice rarely depends on the batch, which only multiplies the work. The winner is then
+  // Why not always the full batch: timing at it once made a LeNet's first request at batch 64
+  // cost 1.7 s (some candidates are slow there, and each runs 4 times). The winner is then
   // created at the full shape by its implementation name; if the full shape does not offer that
   // implementation, its first non-reference one (oneDNN's own first choice).
   //
@@ -867,8 +871,11 @@ class Compiler {
       };
       const auto descs = candidates(x[0]);
       const Md src_now = program_->value(Current(i, 0)).md;
-      pd = FastestConv(descs, x[0] == 1 ? descs : candidates(1), attr,
-                       x[0] == 1 ? std::optional<Md>(src_now) : WithBatch(src_now, 1));
+      const int64_t proxy_batch = std::clamp<int64_t>(
+          static_cast<int64_t>(kTuneProxyFlops / (flops / static_cast<double>(x[0]))), 1, x[0]);
+      pd = proxy_batch == x[0]
+               ? FastestConv(descs, descs, attr, src_now)
+               : FastestConv(descs, candidates(proxy_batch), attr, WithBatch(src_now, proxy_batch));
     }
 
     // Weights: constant ones (scaled by a folded BatchNormalization) reordered now.
