@@ -600,9 +600,12 @@ class Compiler {
   // oneDNN's first implementation is not always its fastest: on this machine (AVX-512, 1 thread)
   // LeNet's convolutions at batch 64 run in 379 and 218 us on brgconv, its first choice, and in
   // 219 and 167 us on jit:avx512_core (blocked layouts). Convolutions of at least this many FLOPs
-  // try each implementation once at compile time and keep the fastest; smaller ones are not worth
-  // the compile time.
-  static constexpr double kTuneFlops = 4e6;
+  // try each implementation once at compile time and keep the fastest. Small ones too: at batch 1
+  // LeNet's second (6 -> 16 channels, 0.48 MFLOP) ran 6.1 us on brgconv and 4.2 on jit, the whole
+  // model 24.2 -> 20.4 us a request; what it costs is compile time (MobileNetV3-like at batch 1:
+  // its program ready 8 -> 36 ms after the first request, off the request path).
+  static constexpr double kTuneFlops = 1e5;
+  static constexpr double kTuneMatMulFlops = 4e6;  // FasterWeightsLayout
   // Candidates are timed at the largest batch (up to the run's) whose convolution is within this
   // many FLOPs: the full batch where it is affordable, since the batch can change the winner (a
   // residual block's 3x3, 16 channels at 32x32, AVX-512: jit:avx512_core 42 us at batch 1 against
@@ -968,8 +971,8 @@ class Compiler {
   // MLP's 784x512 Gemm at batch 64 runs in 1043 us with the weights as they are ([K,N], N
   // contiguous) and in 781 us transposed (K contiguous), its 512x512 in 689 and 503 us; but the
   // 784x512 at batch 4 is slower transposed (86 -> 117 us), and LeNet's 400x120 at batch 64 too
-  // (73 -> 95 us). So a product of at least kTuneFlops times both layouts at its own shape, on
-  // zeros, and keeps the faster (format any on a tie within 3%).
+  // (73 -> 95 us). So a product of at least kTuneMatMulFlops times both layouts at its own shape,
+  // on zeros, and keeps the faster (format any on a tie within 3%).
   dnnl::matmul::primitive_desc FasterWeightsLayout(const dnnl::matmul::primitive_desc& chosen,
                                                    const Md& a_md, const memory::dims& b_dims,
                                                    const std::optional<Md>& bias_md, const Md& y_md,
@@ -1096,7 +1099,7 @@ class Compiler {
     dnnl::matmul::primitive_desc pd(desc, attr, engine_);
     const double flops =
         2.0 * static_cast<double>(ElementCount(y)) * static_cast<double>(a_dims[rank - 1]);
-    if (b_constant && args.empty() && flops >= kTuneFlops)
+    if (b_constant && args.empty() && flops >= kTuneMatMulFlops)
       pd = FasterWeightsLayout(pd, a_md, b_dims, bias_md, y_md, attr);
 
     int weights;
