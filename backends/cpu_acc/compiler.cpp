@@ -199,7 +199,8 @@ const OpRow* FindOpRow(std::string_view op_type);
 
 class Compiler {
  public:
-  Compiler(const SubgraphDesc& graph, const dnnl::engine& engine, int threads, bool fuse)
+  Compiler(const SubgraphDesc& graph, const dnnl::engine& engine, int threads,
+           CompileOptions options)
       : g_(graph),
         layers_(graph.layers),
         layer_inputs_(graph.layer_inputs),
@@ -207,7 +208,7 @@ class Compiler {
         stream_(engine),
         program_(std::make_shared<Program>(engine, threads)),
         threads_(threads),
-        fuse_(fuse) {}
+        options_(options) {}
 
   Result<CompileResult> Run() {
     notes_.assign(layers_.size(), "");
@@ -391,7 +392,7 @@ class Compiler {
 
   // The layer after `i` when it only consumes `value`, which nothing else reads (fusable).
   std::optional<std::size_t> SoleConsumer(std::size_t i, const std::string& value) {
-    if (!fuse_ || i + 1 >= layers_.size() || output_index_.contains(value))
+    if (!options_.fuse || i + 1 >= layers_.size() || output_index_.contains(value))
       return std::nullopt;
     auto uses = uses_.find(value);
     if (uses == uses_.end() || uses->second != 1)
@@ -854,7 +855,7 @@ class Compiler {
     dnnl::convolution_forward::primitive_desc pd(desc, attr, engine_);
     const double flops = 2.0 * static_cast<double>(ElementCount(expected)) *
                          static_cast<double>(ElementCount(w) / maps);
-    if (flops >= kTuneFlops) {
+    if (options_.tune && flops >= kTuneFlops) {
       // The same candidates at `batch`. A residual's branch layout is for the full batch: its
       // proxy is format any (the implementation is matched by name on the real desc).
       auto candidates = [&](int64_t batch) {
@@ -1099,7 +1100,7 @@ class Compiler {
     dnnl::matmul::primitive_desc pd(desc, attr, engine_);
     const double flops =
         2.0 * static_cast<double>(ElementCount(y)) * static_cast<double>(a_dims[rank - 1]);
-    if (b_constant && args.empty() && flops >= kTuneMatMulFlops)
+    if (options_.tune && b_constant && args.empty() && flops >= kTuneMatMulFlops)
       pd = FasterWeightsLayout(pd, a_md, b_dims, bias_md, y_md, attr);
 
     int weights;
@@ -1561,7 +1562,7 @@ class Compiler {
   std::shared_ptr<Program> program_;
   const int threads_;
   int step_threads_ = 1;  // for the primitives of the layer being lowered
-  const bool fuse_;
+  const CompileOptions options_;
   std::map<std::string, std::vector<int>, std::less<>> reps_;  // value -> its layouts in program
   std::map<std::string, Shape, std::less<>> shapes_;
   std::map<std::string, int, std::less<>> uses_;              // consumers inside the run
@@ -1620,12 +1621,12 @@ Status CheckOp(const OperatorDesc& op) {
 }
 
 Result<CompileResult> Compile(const SubgraphDesc& subgraph, const dnnl::engine& engine, int threads,
-                              bool fuse) {
+                              CompileOptions options) {
   // Primitives are created with the thread count they will run with: oneDNN sizes some kernels'
   // work split at creation (omp_get_max_threads of the creating thread).
   ScopedOmpThreads scoped(threads);
   try {
-    return Compiler(subgraph, engine, threads, fuse).Run();
+    return Compiler(subgraph, engine, threads, options).Run();
   } catch (const dnnl::error& error) {
     return Unimplemented(std::string("CpuAcc: oneDNN: ") + error.what());
   } catch (const std::exception& error) {

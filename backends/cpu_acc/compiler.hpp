@@ -31,11 +31,18 @@ struct CompileResult {
   std::vector<std::string> layer_notes;  // per layer
 };
 
+struct CompileOptions {
+  bool fuse = true;  // false: one primitive per layer
+  // Time the candidate implementations of convolutions and matrix products' weight layouts and
+  // keep the fastest (milliseconds per layer); false: oneDNN's first choice, for a compile on a
+  // request's path (a layer met at a new shape).
+  bool tune = true;
+};
+
 // kUnimplemented when oneDNN has no primitive for a layer as described (the message names it),
-// kInvalidArgument for an inconsistent description. Every shape must be static. `fuse` false:
-// one primitive per layer (the tests compare both).
+// kInvalidArgument for an inconsistent description. Every shape must be static.
 Result<CompileResult> Compile(const SubgraphDesc& subgraph, const dnnl::engine& engine, int threads,
-                              bool fuse = true);
+                              CompileOptions options = {});
 
 // `op` as a run of one layer: its non-constant inputs in order are the boundary inputs (their
 // indices in op.inputs in `input_indices`), all its outputs the boundary outputs.

@@ -252,7 +252,9 @@ class DynamicLayerWorkload final : public IWorkload {
           concrete.outputs[k].shape = outputs[k].info.shape;
         }
         BACKPLANE_RETURN_IF_ERROR(CheckOp(concrete));
-        auto compiled = Compile(SingleLayer(concrete, &made->input_map), state_.engine, threads_);
+        // On this request's path: untuned (the shape program, built in the background, tunes).
+        auto compiled = Compile(SingleLayer(concrete, &made->input_map), state_.engine, threads_,
+                                {.tune = false});
         if (!compiled.ok())
           return compiled.error();
         made->program = compiled.value().program;

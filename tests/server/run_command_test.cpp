@@ -264,6 +264,38 @@ TEST_F(RunCommandTest, CpuAccThreadsOptionIsCheckedByTheBackendAndApplied) {
   EXPECT_THAT(taken.output, HasSubstr("test_data_set_0 output 0 (y): pass"));
 }
 
+// A symbolic batch: the first run at a shape runs before its shape program is built, so with
+// --repeat it is timed apart and the program awaited: every repeated run hits the program. With
+// one run there is nothing to wait for.
+TEST_F(RunCommandTest, RepeatedRunsOfASymbolicShapeAreTimedOnItsShapeProgram) {
+  testing::TempDir dir;
+  testing::ModelBuilder model;  // y = Relu(x) + x over FP32[N,4]
+  model.Input("x", {-1, 4}).Output("y", {-1, 4});
+  model.Node("Relu", {"x"}, {"h"}, "relu");
+  model.Node("Add", {"h", "x"}, {"y"}, "add");
+  testing::WriteFile(dir / "model.onnx", model.Serialize());
+  Tensor x(TensorInfo{DataType::kFloat32, {2, 4}});
+  const float values[] = {-2, -1, 1, 2, 3, -4, 5, -6};
+  std::memcpy(x.data(), values, sizeof(values));
+  ASSERT_TRUE(WriteTensorProtoFile(dir / "x.pb", x, "x").ok());
+  const std::string run = "run " + (dir / "model.onnx").string() + " --input " +
+                          (dir / "x.pb").string() + " " + Backends();
+
+  testing::CommandResult repeated = RunBackplane(run + " --repeat 5");
+  ASSERT_EQ(repeated.exit_code, 0) << repeated.output;
+  EXPECT_THAT(repeated.output,
+              ContainsRegex("first run: [0-9]+\\.[0-9] µs, before its input shape's program was "
+                            "built; the program was ready [0-9]+\\.[0-9] ms after it began\n"
+                            "time per run: median [^\n]* over 5 run\\(s\\)\n"));
+  EXPECT_THAT(repeated.output, HasSubstr("hits 5, misses 1, compiles 1"));
+
+  testing::CommandResult once = RunBackplane(run);
+  ASSERT_EQ(once.exit_code, 0) << once.output;
+  EXPECT_THAT(once.output, Not(HasSubstr("first run")));
+  EXPECT_THAT(once.output, HasSubstr("over 1 run(s)"));
+  EXPECT_THAT(once.output, HasSubstr("hits 0, misses 1"));
+}
+
 TEST_F(RunCommandTest, UsageErrorsExitTwo) {
   EXPECT_EQ(RunBackplane("run").exit_code, 2);
   EXPECT_EQ(RunBackplane("run model.onnx --repeat 0").exit_code, 2);

@@ -396,7 +396,7 @@ TEST(MetricsTest, ShapeProgramsPerModelVersion) {
                                          .capacity = 8}};
   const std::string text = metrics.Render(nullptr, nullptr, samples);
   const std::string labels = "{model=\"mlp\",version=\"1\"";
-  for (const std::string line :
+  for (const std::string& line :
        {"backplane_network_shape_program_requests_total" + labels + ",result=\"hit\"} 7\n",
         "backplane_network_shape_program_requests_total" + labels + ",result=\"miss\"} 3\n",
         "backplane_network_shape_program_compiles_total" + labels + "} 2\n",
