@@ -95,9 +95,27 @@ BACKPLANE_POOL_INLINE bool SameSpan(const PoolSpan& a, const PoolSpan& b) {
   return a.first == b.first && a.last == b.last && a.with_padding == b.with_padding;
 }
 
+// Whether `pixels` windows side by side from `corner` (`in_step` apart), read as 8 lanes each,
+// and their outputs from `out` (`out_step` apart), written as 8 lanes each, stay inside the
+// buffers that end at `in_end` and `out_end`.
+BACKPLANE_POOL_INLINE bool EightLanesFit(const PoolGeometry& g, const float* corner,
+                                         const float* in_end, const float* out,
+                                         const float* out_end, const PoolSpan& rows,
+                                         const PoolSpan& cols, int64_t pixels, int64_t in_step,
+                                         int64_t out_step) {
+  if (rows.last <= rows.first || cols.last <= cols.first)
+    return false;
+  const float* last_read = corner + (rows.last - 1 - rows.first) * g.dilation_h * g.in_w * g.lanes +
+                           (cols.last - 1 - cols.first) * g.dilation_w * g.lanes +
+                           (pixels - 1) * in_step;
+  return in_end - last_read >= 8 && out_end - (out + (pixels - 1) * out_step) >= 8;
+}
+
 template <bool kMax>
 BACKPLANE_POOL_INLINE void Pool(const PoolGeometry& g, const float* in, float* out) {
   const int64_t lanes = g.lanes;
+  const float* in_end = in + g.outer * g.in_h * g.in_w * lanes;
+  const float* out_end = out + g.outer * g.out_h * g.out_w * lanes;
   for (int64_t o = 0; o < g.outer; ++o) {
     const float* plane = in + o * g.in_h * g.in_w * lanes;
     for (int64_t oh = 0; oh < g.out_h; ++oh) {
@@ -117,12 +135,29 @@ BACKPLANE_POOL_INLINE void Pool(const PoolGeometry& g, const float* in, float* o
           out += (kPixels - 1) * lanes;
           continue;
         }
+        // Fewer than 8 lanes (LeNet's 6 channels, channels-last): 8 at once anyway, the ones
+        // past a pixel's being the next pixel's, read for nothing and written before that pixel
+        // is computed, which overwrites them (so the writes go in order). 4 pixels of a row at
+        // once when their windows have the same span, as above; not near the buffers' ends.
+        if (lanes < 8 && ow + kPixels <= g.out_w && SameSpan(cols, g.cols[ow + kPixels - 1]) &&
+            SameSpan(cols, g.cols[ow + 1]) && SameSpan(cols, g.cols[ow + 2]) &&
+            EightLanesFit(g, corner, in_end, out, out_end, rows, cols, kPixels, g.stride_w * lanes,
+                          lanes)) {
+          PoolRuns<kMax, kPixels>(g, corner, out, rows, cols, g.stride_w * lanes, lanes);
+          ow += kPixels - 1;
+          out += (kPixels - 1) * lanes;
+          continue;
+        }
         int64_t c = 0;
         for (; c + 32 <= lanes; c += 32)
           PoolRuns<kMax, 4>(g, corner + c, out + c, rows, cols, 8, 8);
         for (; c + 8 <= lanes; c += 8)
           PoolRuns<kMax, 1>(g, corner + c, out + c, rows, cols, 8, 8);
-        PoolTail<kMax>(g, corner + c, out + c, rows, cols, lanes - c);
+        if (c < lanes &&
+            EightLanesFit(g, corner + c, in_end, out + c, out_end, rows, cols, 1, 8, 8))
+          PoolRuns<kMax, 1>(g, corner + c, out + c, rows, cols, 8, 8);  // as above
+        else
+          PoolTail<kMax>(g, corner + c, out + c, rows, cols, lanes - c);
       }
     }
   }

@@ -442,8 +442,9 @@ TEST_F(CpuAccFusionTest, PoolsAfterConvolutionsAndConcatsMatchCpuRef) {
     const auto notes = ExpectFusedUnfusedAndReferenceAgree(g, cpu_ref(), cpu_acc());
     ASSERT_EQ(notes.size(), g.layers().size());
     for (std::size_t k = 0; k < g.layers().size(); ++k) {
-      if (g.layers()[k].op.name == "pool")
+      if (g.layers()[k].op.name == "pool") {
         EXPECT_THAT(notes[k], HasSubstr("CpuAcc's pooling")) << g.Describe();
+      }
     }
   }
 }
