@@ -125,25 +125,20 @@ BACKPLANE_POOL_INLINE void Pool(const PoolGeometry& g, const float* in, float* o
         const PoolSpan& cols = g.cols[ow];
         const int64_t iw = ow * g.stride_w - g.pad_left + cols.first * g.dilation_w;
         const float* corner = plane + (ih * g.in_w + iw) * lanes;
+        // 4 pixels of a row at once when their windows have the same span, in 8-lane runs.
+        // Fewer than 8 lanes (LeNet's 6 channels, channels-last) run as 8 all the same: the
+        // lanes past a pixel's are the next pixel's, read for nothing and written before that
+        // pixel is computed, which overwrites them (so the writes go in order); not near the
+        // buffers' ends.
         constexpr int kPixels = 4;
-        if (lanes < 32 && lanes % 8 == 0 && ow + kPixels <= g.out_w &&
-            SameSpan(cols, g.cols[ow + kPixels - 1]) && SameSpan(cols, g.cols[ow + 1]) &&
-            SameSpan(cols, g.cols[ow + 2])) {
-          for (int64_t c = 0; c < lanes; c += 8)
-            PoolRuns<kMax, kPixels>(g, corner + c, out + c, rows, cols, g.stride_w * lanes, lanes);
-          ow += kPixels - 1;
-          out += (kPixels - 1) * lanes;
-          continue;
-        }
-        // Fewer than 8 lanes (LeNet's 6 channels, channels-last): 8 at once anyway, the ones
-        // past a pixel's being the next pixel's, read for nothing and written before that pixel
-        // is computed, which overwrites them (so the writes go in order). 4 pixels of a row at
-        // once when their windows have the same span, as above; not near the buffers' ends.
-        if (lanes < 8 && ow + kPixels <= g.out_w && SameSpan(cols, g.cols[ow + kPixels - 1]) &&
+        const int64_t in_step = g.stride_w * lanes;
+        if (ow + kPixels <= g.out_w && SameSpan(cols, g.cols[ow + kPixels - 1]) &&
             SameSpan(cols, g.cols[ow + 1]) && SameSpan(cols, g.cols[ow + 2]) &&
-            EightLanesFit(g, corner, in_end, out, out_end, rows, cols, kPixels, g.stride_w * lanes,
-                          lanes)) {
-          PoolRuns<kMax, kPixels>(g, corner, out, rows, cols, g.stride_w * lanes, lanes);
+            ((lanes < 32 && lanes % 8 == 0) ||
+             (lanes < 8 && EightLanesFit(g, corner, in_end, out, out_end, rows, cols, kPixels,
+                                         in_step, lanes)))) {
+          for (int64_t c = 0; c < lanes; c += 8)
+            PoolRuns<kMax, kPixels>(g, corner + c, out + c, rows, cols, in_step, lanes);
           ow += kPixels - 1;
           out += (kPixels - 1) * lanes;
           continue;
