@@ -5,7 +5,7 @@
 // json_response_writer.cpp; the rules gRPC shares are serving/inference_request.cpp.
 #include "kserve_rest/kserve_json.hpp"
 
-#include "http/json_depth.hpp"
+#include "http/json_events.hpp"
 
 #include <algorithm>
 #include <bit>
@@ -624,49 +624,39 @@ const ValueInfo* FindInput(const Network& network, std::string_view name) {
 // The structure it knows is fixed (root object → "inputs" array → input objects); every other
 // value is built as a small document, streamed into a DataSink or DataLog ("data"), or skipped
 // (unknown keys: refused later by name).
-class RequestReader {
+class RequestReader final : public JsonEventHandler {
  public:
   RequestReader(const Network& network, std::size_t json_bytes, RequestDraft& draft)
       : network_(network), json_bytes_(json_bytes), draft_(draft) {}
 
-  // nlohmann's SAX interface.
-  bool null() { return OnScalar(Scalar{.kind = ScalarKind::kNull}); }
-  bool boolean(bool value) {
+  bool Null() override { return OnScalar(Scalar{.kind = ScalarKind::kNull}); }
+  bool Bool(bool value) override {
     return OnScalar(Scalar{.kind = value ? ScalarKind::kTrue : ScalarKind::kFalse});
   }
-  bool number_integer(json::number_integer_t value) {
+  bool Int64(int64_t value) override {
     return OnScalar(Scalar{.kind = ScalarKind::kInt64, .i = value});
   }
-  bool number_unsigned(json::number_unsigned_t value) {
+  bool Uint64(uint64_t value) override {
     return OnScalar(Scalar{.kind = ScalarKind::kUint64, .u = value});
   }
-  bool number_float(json::number_float_t value, const json::string_t&) {
+  bool Double(double value) override {
     return OnScalar(Scalar{.kind = ScalarKind::kDouble, .d = value});
   }
-  bool string(json::string_t& value) {
+  bool String(std::string_view value) override {
     return OnScalar(Scalar{.kind = ScalarKind::kString, .text = value});
   }
-  bool binary(json::binary_t&) { return true; }  // not produced by the text parser
-  bool start_object(std::size_t) { return OnBegin(/*is_array=*/false); }
-  bool end_object() { return OnEnd(/*is_array=*/false); }
-  bool start_array(std::size_t) { return OnBegin(/*is_array=*/true); }
-  bool end_array() { return OnEnd(/*is_array=*/true); }
-  bool key(json::string_t& name) { return OnKey(name); }
-  bool parse_error(std::size_t, const std::string& token, const nlohmann::detail::exception& e) {
-    // 406: a number a double cannot hold (1e400). The parser stops there, so name the place.
-    if (e.id == 406) {
-      error_ = InvalidArgument(OverflowWhere() + token + " is out of " + OverflowRange());
-      return false;
-    }
-    // "[json.exception.parse_error.101] parse error at line 1, column 2: ..." → from "parse".
-    std::string what = e.what();
-    const auto start = what.find("] ");
-    error_ = InvalidArgument("malformed JSON: " +
-                             (start == std::string::npos ? what : what.substr(start + 2)));
+  bool BeginObject() override { return OnBegin(/*is_array=*/false); }
+  bool EndObject() override { return OnEnd(/*is_array=*/false); }
+  bool BeginArray() override { return OnBegin(/*is_array=*/true); }
+  bool EndArray() override { return OnEnd(/*is_array=*/true); }
+  bool Key(std::string_view name) override { return OnKey(name); }
+  // A number a double cannot hold (1e400): the reader stops there, so name the place.
+  bool NumberOutOfRange(std::string_view token) override {
+    error_ =
+        InvalidArgument(OverflowWhere() + std::string(token) + " is out of " + OverflowRange());
     return false;
   }
-
-  const Status& error() const { return error_; }
+  Status StopReason() const override { return error_; }
 
  private:
   enum class Place { kStart, kRoot, kInputs, kInput, kEnd };
@@ -801,20 +791,20 @@ class RequestReader {
     return true;
   }
 
-  bool OnKey(const std::string& name) {
+  bool OnKey(std::string_view name) {
     if (consumer_ == Consumer::kDocument) {
-      builder_.Key(name);
+      builder_.Key(std::string(name));
       return true;
     }
     if (consumer_ != Consumer::kNone)
       return true;  // inside a skipped value or an object among the data
     key_ = name;
     if (place_ == Place::kRoot) {
-      if (!seen_root_keys_.insert(name).second)
-        draft_.repeated_keys.push_back(name);
+      if (!seen_root_keys_.emplace(name).second)
+        draft_.repeated_keys.emplace_back(name);
     } else if (place_ == Place::kInput) {
-      if (!seen_input_keys_.insert(name).second)
-        draft_.inputs.back().repeated_keys.push_back(name);
+      if (!seen_input_keys_.emplace(name).second)
+        draft_.inputs.back().repeated_keys.emplace_back(name);
     }
     return true;
   }
@@ -1120,16 +1110,11 @@ Result<InferenceBody> SplitInferenceBody(std::string_view body, std::string_view
 
 Result<InferenceRequest> ParseInferenceRequest(const InferenceBody& body, const Network& network,
                                                const ParseLimits& limits) {
-  BACKPLANE_RETURN_IF_ERROR(CheckJsonDepth(body.json, limits.max_json_depth));
   if (body.json.empty())
     return InvalidArgument("malformed JSON: the request body is empty");
   RequestDraft draft;
   RequestReader reader(network, body.json.size(), draft);
-  if (!json::sax_parse(body.json, &reader)) {
-    if (!reader.error().ok())
-      return reader.error();
-    return InvalidArgument("malformed JSON");
-  }
+  BACKPLANE_RETURN_IF_ERROR(ReadJsonEvents(body.json, limits.max_json_depth, reader));
 
   if (draft.not_object)
     return InvalidArgument("the request body must be a JSON object, got " + *draft.not_object);
