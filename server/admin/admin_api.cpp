@@ -180,6 +180,7 @@ json BatchingJson(const ServingModel& model) {
   body["batched_rows"] = batch_size.sum;
   body["queue_delay_seconds_sum"] = queue_delay.sum;
   body["queue_delay_count"] = queue_delay.count;
+  body["waits_skipped"] = metrics.batching.waits_skipped.load(std::memory_order_relaxed);
   return body;
 }
 

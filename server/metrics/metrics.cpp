@@ -126,6 +126,13 @@ void RenderBatchingMetrics(Exposition& out, const ModelList& models) {
     out.HistogramSamples("backplane_inference_queue_delay_seconds", {{"model", name}},
                          metrics->batching.queue_delay_seconds.Read());
   }
+  out.Family("backplane_inference_batch_waits_skipped_total", "counter",
+             "Requests that found no company and left without waiting max_queue_delay_us, "
+             "because the waits before them had gathered none.");
+  for (const auto& [name, metrics] : models) {
+    out.Sample("backplane_inference_batch_waits_skipped_total", {{"model", name}},
+               metrics->batching.waits_skipped.load(std::memory_order_relaxed));
+  }
 }
 
 }  // namespace

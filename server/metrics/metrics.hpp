@@ -47,9 +47,11 @@ class Histogram {
 // long each request waited for its batch. Thread-safe.
 struct BatchingMetrics {
   BatchingMetrics();
-  std::atomic<uint64_t> executions{0};  // runtime executions, batched or not
-  Histogram batch_size;                 // rows per batched execution
-  Histogram queue_delay_seconds;        // arrival to its batch leaving, per batched request
+  std::atomic<uint64_t> executions{0};     // runtime executions, batched or not
+  Histogram batch_size;                    // rows per batched execution
+  Histogram queue_delay_seconds;           // arrival to its batch leaving, per batched request
+  std::atomic<uint64_t> waits_skipped{0};  // lone requests that left without waiting (waits
+                                           // had gathered no company: CompanyOutlook)
 };
 
 // The request metrics of one model, across its versions and reloads. Thread-safe.

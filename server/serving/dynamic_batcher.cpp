@@ -42,6 +42,24 @@ std::size_t RequestsToDispatch(std::span<const int64_t> rows, int64_t max_batch_
   return delay_passed ? rows.size() : 0;
 }
 
+bool CompanyOutlook::SkipWait() {
+  if (vain_waits_in_a_row_ < kVainWaits)
+    return false;
+  if (++skipped_since_probe_ < kProbeEvery)
+    return true;
+  skipped_since_probe_ = 0;
+  return false;  // the probe
+}
+
+void CompanyOutlook::Record(std::size_t requests, bool waited) {
+  if (requests > 1) {
+    vain_waits_in_a_row_ = 0;
+    skipped_since_probe_ = 0;
+  } else if (waited) {
+    vain_waits_in_a_row_ = std::min(vain_waits_in_a_row_ + 1, kVainWaits);
+  }
+}
+
 namespace {
 
 // The datatype and every dimension but the first of each input: requests with equal keys can be
@@ -85,6 +103,9 @@ struct DynamicBatcher::Waiting {
   // A parser answered it (its parse failed, or its deadline had passed): it only marks its place
   // in the arrival order.
   bool answered = false;
+  // It found its group empty when waiting had not paid lately: it leaves without waiting
+  // (CompanyOutlook).
+  bool skips_wait = false;
 };
 
 // The state the dispatcher and the batches' callbacks share; a callback keeps it alive past the
@@ -310,6 +331,11 @@ void DynamicBatcher::Dispatch() {
   std::map<uint64_t, Waiting> out_of_order;  // parsed, behind an arrival still being parsed
   uint64_t next_to_group = 0;                // the sequence number to group next
   uint64_t finished_seen = 0;
+  CompanyOutlook outlook;
+  // When the oldest request of a group may leave without more company.
+  const auto delay_ends = [delay](const Waiting& oldest) {
+    return oldest.skips_wait ? oldest.arrived : oldest.arrived + delay;
+  };
   bool stopping = false;
   while (!stopping) {
     std::deque<Waiting> parsed;
@@ -333,7 +359,7 @@ void DynamicBatcher::Dispatch() {
       }
       for (const auto& [key, waiting] : groups) {
         if (shared_->executing < max_executing && (!preserve_ordering || &waiting == oldest_group))
-          consider(waiting.front().arrived + delay);
+          consider(delay_ends(waiting.front()));
         for (const auto& request : waiting) {
           if (request.deadline)
             consider(*request.deadline);
@@ -369,8 +395,13 @@ void DynamicBatcher::Dispatch() {
         ++released;
         continue;
       }
-      std::string key = std::move(request.key);
-      groups[key].push_back(std::move(request));
+      std::deque<Waiting>& group = groups[std::move(request.key)];
+      if (group.empty()) {
+        request.skips_wait = outlook.SkipWait();
+        if (request.skips_wait && options_.metrics != nullptr)
+          options_.metrics->batching.waits_skipped.fetch_add(1, std::memory_order_relaxed);
+      }
+      group.push_back(std::move(request));
     }
 
     // Deadlines that passed while waiting: answered, and out of their group.
@@ -416,7 +447,7 @@ void DynamicBatcher::Dispatch() {
           rows.push_back(request.rows);
         }
         // A run cut short by another group's request cannot grow: it leaves now.
-        const bool delay_passed = now - waiting.front().arrived >= delay ||
+        const bool delay_passed = now >= delay_ends(waiting.front()) ||
                                   (preserve_ordering && rows.size() < waiting.size());
         const std::size_t count = RequestsToDispatch(
             rows, options_.max_batch_size, options_.batching.preferred_batch_sizes, delay_passed);
@@ -428,6 +459,8 @@ void DynamicBatcher::Dispatch() {
       }
       if (chosen == nullptr)
         break;
+      const Waiting& oldest = chosen->front();
+      outlook.Record(take, !oldest.skips_wait && now - oldest.arrived >= delay);
       auto batch = std::make_shared<Batch>();
       for (std::size_t i = 0; i < take; ++i) {
         batch->rows += chosen->front().rows;

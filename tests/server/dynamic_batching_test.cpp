@@ -192,6 +192,43 @@ TEST(BatchingPolicyTest, ExecutionBatchSizesArePowersOfTwoPreferredSizesAndTheMa
   }
 }
 
+// The rule of skipped waits (docs/operators.md, "Dynamic batching"), restated from the docs
+// and held against CompanyOutlook on seeded random histories: after 8 waits in a row that
+// gathered no company, a lone request skips its wait except every 16th; a batch of two or more
+// requests restores waiting; a lone request that did not wait (it filled a batch) changes
+// nothing.
+TEST(BatchingPolicyTest, LoneRequestsSkipWaitsOnlyAfterEightVainOnesOnSeededHistories) {
+  const uint64_t seed = TestSeed();
+  SCOPED_TRACE("seed " + std::to_string(seed) + " (BACKPLANE_TEST_SEED=" + std::to_string(seed) +
+               " replays it)");
+  std::mt19937_64 random(seed);
+  for (int history = 0; history < 200; ++history) {
+    server::CompanyOutlook outlook;
+    int vain_since_company = 0;   // uncapped
+    int asks_while_skipping = 0;  // SkipWait calls since company, once 8 waits were vain
+    for (int step = 0; step < 400; ++step) {
+      const int event = std::uniform_int_distribution<int>(0, 99)(random);
+      // Company is rare, as under one client: long vain runs happen.
+      if (event < 3) {
+        outlook.Record(std::uniform_int_distribution<std::size_t>(2, 64)(random), event == 0);
+        vain_since_company = asks_while_skipping = 0;
+      } else if (event < 10) {
+        outlook.Record(1, /*waited=*/false);
+      } else if (event < 50) {
+        outlook.Record(1, /*waited=*/true);
+        ++vain_since_company;
+      } else {
+        bool expected = false;
+        if (vain_since_company >= 8)
+          expected = ++asks_while_skipping % 16 != 0;
+        ASSERT_EQ(outlook.SkipWait(), expected)
+            << "history " << history << " step " << step << ": " << vain_since_company
+            << " vain waits since company, ask " << asks_while_skipping << " while skipping";
+      }
+    }
+  }
+}
+
 // ---- Servers in this process ----------------------------------------------------------------
 
 // Relu over x [N, M] (both symbolic): requests of different M must never share a batch.
@@ -493,6 +530,49 @@ TEST(DynamicBatchingTest, ARequestWhoseDeadlinePassesWhileItWaitsLeavesTheBatch)
   const auto sizes = context.metrics.ForModel("relu").batching.batch_size.Read();
   EXPECT_EQ(sizes.count, 1u);
   EXPECT_EQ(sizes.sum, 1.0);
+}
+
+// One client that waits for each answer never brings company: after eight vain waits its
+// requests leave at once, but for a probe every sixteenth; company that joins a probe restores
+// the wait. Whole server, serving core, a 100 ms delay so that a wait is unmistakable.
+TEST(DynamicBatchingTest, ALoneClientStopsWaitingAfterEightVainWaitsAndCompanyRestoresIt) {
+  ServeHome home;
+  AddBatchingModels(home);
+  home.Write("models/relu/config.json",
+             R"({"backends": ["CpuRef"], "max_batch_size": 8,
+                 "dynamic_batching": {"max_queue_delay_us": 100000}})");
+  auto running = StartBatchingServer(BatchingServeConfig(home));
+  const auto& context = running.core->context();
+  std::mt19937_64 random(7);
+  const auto timed_request = [&] {
+    const auto start = std::chrono::steady_clock::now();
+    auto answer = StartBatchedInference(context, "relu", ParserOf({RandomRows(random, 1, 3)}));
+    EXPECT_TRUE(answer.get().ok());
+    return std::chrono::steady_clock::now() - start;
+  };
+  for (int i = 0; i < server::CompanyOutlook::kVainWaits; ++i)
+    EXPECT_GE(timed_request(), 100ms) << "request " << i << " waits: waits have not proved vain";
+  const auto& batching = context.metrics.ForModel("relu").batching;
+  EXPECT_EQ(batching.waits_skipped.load(), 0u);
+  for (int i = 1; i < server::CompanyOutlook::kProbeEvery; ++i)
+    EXPECT_LT(timed_request(), 80ms) << "lone request " << i << " after eight vain waits";
+  EXPECT_EQ(batching.waits_skipped.load(),
+            static_cast<uint64_t>(server::CompanyOutlook::kProbeEvery - 1));
+
+  // The probe waits; a second request joins it, and the two leave together at its delay.
+  const auto start = std::chrono::steady_clock::now();
+  auto probe = StartBatchedInference(context, "relu", ParserOf({RandomRows(random, 1, 3)}));
+  std::this_thread::sleep_for(20ms);
+  auto company = StartBatchedInference(context, "relu", ParserOf({RandomRows(random, 1, 3)}));
+  EXPECT_TRUE(probe.get().ok());
+  EXPECT_TRUE(company.get().ok());
+  EXPECT_GE(std::chrono::steady_clock::now() - start, 100ms);
+  const auto sizes = batching.batch_size.Read();
+  EXPECT_EQ(sizes.sum - sizes.count, 1.0) << "one batch of two rows, the rest of one";
+  // Waiting paid: the next lone request waits again.
+  EXPECT_GE(timed_request(), 100ms);
+  EXPECT_EQ(batching.waits_skipped.load(),
+            static_cast<uint64_t>(server::CompanyOutlook::kProbeEvery - 1));
 }
 
 TEST(DynamicBatchingTest, OverloadIsRefusedNotQueued) {
