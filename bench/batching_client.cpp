@@ -1,19 +1,25 @@
 // The client of bench/batching_bench.sh: many keep-alive clients, each sending one request after
 // another to one running `backplane serve`, against several models side by side (the same network
-// with dynamic batching off and on), the models alternating within each run so that the machine's
-// noise falls on all of them alike.
+// with dynamic batching off and on). A run of S seconds per model is cut into --slices slices
+// (default 5) that alternate between the models (A B A B ...), so that the machine's noise, which
+// drifts over seconds on a shared machine, falls on all of them alike.
 //   backplane_bench_batching --http HOST:PORT --grpc HOST:PORT --models "wide wide_batched"
-//       [--features 784] [--seconds S] [--runs "rest:64 grpc:16 rest:1 grpc:1:64"]
+//       [--features 784] [--seconds S] [--slices N] [--runs "rest:64 grpc:16 rest:1 grpc:1:64"]
 // A run is transport:clients[:rows] (rows per request, default 1). Every client sends its own
-// seeded random rows (REST as JSON, gRPC as raw FP32). Prints one line per run and model:
-// requests/s, rows/s, p50 and p99 latency, failures.
+// seeded random rows (REST as JSON, gRPC as raw FP32) and checks every answer: the same rows must
+// get the same outputs every time and from every model (within 1e-4: a batched row may run at
+// another batch size, on other kernels). A wrong answer counts as failed. Prints one line per run
+// and model: requests/s, rows/s, p50 and p99 latency, failures, and the largest difference of an
+// answer from that client's first answer of the first model.
 #include <grpcpp/grpcpp.h>
 #include <httplib.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -34,9 +40,52 @@ struct RunResult {
   int failures = 0;
 };
 
-// Runs `clients` threads, each with the call `make_caller(c)` returns, for `seconds`.
+// One client's expected answer: its first answer (of the first model), and how far any later one
+// strayed from it.
+struct Reference {
+  std::vector<float> outputs;
+  double largest_difference = 0;
+};
+
+// Whether `outputs` matches the client's reference (the first answer becomes it).
+bool Matches(Reference& reference, const std::vector<float>& outputs) {
+  if (reference.outputs.empty()) {
+    reference.outputs = outputs;
+    return !outputs.empty();
+  }
+  if (outputs.size() != reference.outputs.size())
+    return false;
+  double largest = 0;
+  for (std::size_t i = 0; i < outputs.size(); ++i)
+    largest = std::max(largest, static_cast<double>(std::abs(outputs[i] - reference.outputs[i])));
+  reference.largest_difference = std::max(reference.largest_difference, largest);
+  return largest <= 1e-4;
+}
+
+// What the slices of one model add up to.
+struct Tally {
+  std::vector<double> latencies_ms;
+  double seconds = 0;
+  int failures = 0;
+
+  RunResult Result() {
+    std::sort(latencies_ms.begin(), latencies_ms.end());
+    RunResult result;
+    result.failures = failures;
+    if (latencies_ms.empty())
+      return result;
+    result.requests_per_second = latencies_ms.size() / seconds;
+    result.p50_ms = latencies_ms[latencies_ms.size() / 2];
+    result.p99_ms = latencies_ms[std::min(latencies_ms.size() - 1, latencies_ms.size() * 99 / 100)];
+    return result;
+  }
+};
+
+// Runs `clients` threads for `seconds`, each with the call `make_caller(c)` returns (a call gives
+// its outputs, empty on failure), into `tally`.
 template <typename MakeCaller>
-RunResult RunClients(int clients, double seconds, MakeCaller make_caller) {
+void RunClients(int clients, double seconds, MakeCaller make_caller,
+                std::vector<Reference>& references, Tally& tally) {
   std::vector<std::vector<double>> latencies(clients);
   std::atomic<int> failures{0};
   std::vector<std::thread> threads;
@@ -44,11 +93,12 @@ RunResult RunClients(int clients, double seconds, MakeCaller make_caller) {
   for (int c = 0; c < clients; ++c) {
     threads.emplace_back([&, c] {
       auto call = make_caller(c);
-      if (!call())  // warm-up: connection open, first inference done
+      // Warm-up, not timed: connection open, first inference done.
+      if (!Matches(references[c], call()))
         failures.fetch_add(1);
       while (Clock::now() < end) {
         const auto start = Clock::now();
-        if (!call())
+        if (!Matches(references[c], call()))
           failures.fetch_add(1);
         latencies[c].push_back(
             std::chrono::duration<double, std::milli>(Clock::now() - start).count());
@@ -57,18 +107,10 @@ RunResult RunClients(int clients, double seconds, MakeCaller make_caller) {
   }
   for (auto& thread : threads)
     thread.join();
-  std::vector<double> all;
   for (auto& each : latencies)
-    all.insert(all.end(), each.begin(), each.end());
-  std::sort(all.begin(), all.end());
-  RunResult result;
-  result.failures = failures.load();
-  if (all.empty())
-    return result;
-  result.requests_per_second = all.size() / seconds;
-  result.p50_ms = all[all.size() / 2];
-  result.p99_ms = all[std::min(all.size() - 1, all.size() * 99 / 100)];
-  return result;
+    tally.latencies_ms.insert(tally.latencies_ms.end(), each.begin(), each.end());
+  tally.seconds += seconds;
+  tally.failures += failures.load();
 }
 
 std::vector<float> SeededRows(int client, int rows, int features) {
@@ -85,6 +127,7 @@ std::vector<float> SeededRows(int client, int rows, int features) {
 int main(int argc, char** argv) {
   std::string http_address, grpc_address, models_text, runs_text = "rest:64 grpc:16 rest:1";
   double seconds = 5;
+  int slices = 5;
   int features = 784;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
@@ -100,6 +143,8 @@ int main(int argc, char** argv) {
       seconds = std::stod(argv[i + 1]);
     else if (flag == "--features")
       features = std::stoi(argv[i + 1]);
+    else if (flag == "--slices")
+      slices = std::max(1, std::stoi(argv[i + 1]));
   }
   std::vector<std::string> models;
   std::istringstream model_words(models_text);
@@ -107,7 +152,8 @@ int main(int argc, char** argv) {
     models.push_back(model);
   if (http_address.empty() || grpc_address.empty() || models.empty()) {
     std::cerr << "usage: backplane_bench_batching --http HOST:PORT --grpc HOST:PORT --models "
-                 "\"a b\" [--features 784] [--seconds S] [--runs \"rest:64 grpc:16 rest:1\"]\n";
+                 "\"a b\" [--features 784] [--seconds S] [--slices N] [--runs \"rest:64 grpc:16 "
+                 "rest:1\"]\n";
     return 2;
   }
   const auto colon = http_address.rfind(':');
@@ -115,8 +161,8 @@ int main(int argc, char** argv) {
   const int http_port = std::stoi(http_address.substr(colon + 1));
   int connection = 0;
 
-  std::printf("%-5s %7s %4s  %-22s %10s %10s %8s %8s %6s\n", "proto", "clients", "rows", "model",
-              "requests/s", "rows/s", "p50 ms", "p99 ms", "failed");
+  std::printf("%-5s %7s %4s  %-22s %10s %10s %8s %8s %6s %9s\n", "proto", "clients", "rows",
+              "model", "requests/s", "rows/s", "p50 ms", "p99 ms", "failed", "max diff");
   std::istringstream run_words(runs_text);
   for (std::string run; run_words >> run;) {
     std::istringstream parts(run);
@@ -126,53 +172,79 @@ int main(int argc, char** argv) {
     std::getline(parts, rows_text, ':');
     const int clients = std::stoi(clients_text);
     const int rows = std::stoi(rows_text);
-    for (const auto& model : models) {
-      const auto rest_caller = [&](int c) {
-        auto client = std::make_shared<httplib::Client>(http_host, http_port);
-        client->set_keep_alive(true);
-        client->set_tcp_nodelay(true);  // as curl does: headers and body are two writes
-        const std::string body = nlohmann::json({{"inputs",
-                                                  {{{"name", "x"},
-                                                    {"shape", {rows, features}},
-                                                    {"datatype", "FP32"},
-                                                    {"data", SeededRows(c, rows, features)}}}}})
-                                     .dump();
-        const std::string path = "/v2/models/" + model + "/infer";
-        return [client, body, path] {
-          auto response = client->Post(path, body, "application/json");
-          return response && response->status == 200;
+    // Every model's clients compare with the same references: one model's answers against
+    // another's.
+    std::vector<Reference> references(clients);
+    std::vector<Tally> tallies(models.size());
+    for (int slice = 0; slice < slices; ++slice) {
+      for (std::size_t m = 0; m < models.size(); ++m) {
+        const std::string& model = models[m];
+        const auto rest_caller = [&](int c) {
+          auto client = std::make_shared<httplib::Client>(http_host, http_port);
+          client->set_keep_alive(true);
+          client->set_tcp_nodelay(true);  // as curl does: headers and body are two writes
+          const std::string body = nlohmann::json({{"inputs",
+                                                    {{{"name", "x"},
+                                                      {"shape", {rows, features}},
+                                                      {"datatype", "FP32"},
+                                                      {"data", SeededRows(c, rows, features)}}}}})
+                                       .dump();
+          const std::string path = "/v2/models/" + model + "/infer";
+          return [client, body, path]() -> std::vector<float> {
+            auto response = client->Post(path, body, "application/json");
+            if (!response || response->status != 200)
+              return {};
+            const auto answer = nlohmann::json::parse(response->body, nullptr, false);
+            if (!answer.is_object() || !answer.contains("outputs"))
+              return {};
+            return answer["outputs"][0]["data"].get<std::vector<float>>();
+          };
         };
-      };
-      const auto grpc_caller = [&](int c) {
-        grpc::ChannelArguments arguments;  // each client its own connection
-        arguments.SetInt("backplane.bench.connection", ++connection);
-        auto stub = std::shared_ptr<inference::GRPCInferenceService::Stub>(
-            inference::GRPCInferenceService::NewStub(grpc::CreateCustomChannel(
-                grpc_address, grpc::InsecureChannelCredentials(), arguments)));
-        auto request = std::make_shared<inference::ModelInferRequest>();
-        request->set_model_name(model);
-        auto* input = request->add_inputs();
-        input->set_name("x");
-        input->set_datatype("FP32");
-        input->add_shape(rows);
-        input->add_shape(features);
-        const auto data = SeededRows(c, rows, features);
-        request->add_raw_input_contents(reinterpret_cast<const char*>(data.data()),
-                                        data.size() * sizeof(float));
-        return [stub, request] {
-          grpc::ClientContext context;
-          inference::ModelInferResponse response;
-          return stub->ModelInfer(&context, *request, &response).ok() &&
-                 response.raw_output_contents_size() == 1;
+        const auto grpc_caller = [&](int c) {
+          grpc::ChannelArguments arguments;  // each client its own connection
+          arguments.SetInt("backplane.bench.connection", ++connection);
+          auto stub = std::shared_ptr<inference::GRPCInferenceService::Stub>(
+              inference::GRPCInferenceService::NewStub(grpc::CreateCustomChannel(
+                  grpc_address, grpc::InsecureChannelCredentials(), arguments)));
+          auto request = std::make_shared<inference::ModelInferRequest>();
+          request->set_model_name(model);
+          auto* input = request->add_inputs();
+          input->set_name("x");
+          input->set_datatype("FP32");
+          input->add_shape(rows);
+          input->add_shape(features);
+          const auto data = SeededRows(c, rows, features);
+          request->add_raw_input_contents(reinterpret_cast<const char*>(data.data()),
+                                          data.size() * sizeof(float));
+          return [stub, request]() -> std::vector<float> {
+            grpc::ClientContext context;
+            inference::ModelInferResponse response;
+            if (!stub->ModelInfer(&context, *request, &response).ok() ||
+                response.raw_output_contents_size() != 1)
+              return {};
+            const std::string& bytes = response.raw_output_contents(0);
+            std::vector<float> outputs(bytes.size() / sizeof(float));
+            std::memcpy(outputs.data(), bytes.data(), outputs.size() * sizeof(float));
+            return outputs;
+          };
         };
-      };
-      const RunResult result = transport == "grpc" ? RunClients(clients, seconds, grpc_caller)
-                                                   : RunClients(clients, seconds, rest_caller);
-      std::printf("%-5s %7d %4d  %-22s %10.0f %10.0f %8.3f %8.3f %6d\n", transport.c_str(), clients,
-                  rows, model.c_str(), result.requests_per_second,
-                  result.requests_per_second * rows, result.p50_ms, result.p99_ms, result.failures);
-      std::fflush(stdout);
+        if (transport == "grpc")
+          RunClients(clients, seconds / slices, grpc_caller, references, tallies[m]);
+        else
+          RunClients(clients, seconds / slices, rest_caller, references, tallies[m]);
+      }
     }
+    double largest_difference = 0;
+    for (const auto& reference : references)
+      largest_difference = std::max(largest_difference, reference.largest_difference);
+    for (std::size_t m = 0; m < models.size(); ++m) {
+      const RunResult result = tallies[m].Result();
+      std::printf("%-5s %7d %4d  %-22s %10.0f %10.0f %8.3f %8.3f %6d %9.2g\n", transport.c_str(),
+                  clients, rows, models[m].c_str(), result.requests_per_second,
+                  result.requests_per_second * rows, result.p50_ms, result.p99_ms, result.failures,
+                  largest_difference);
+    }
+    std::fflush(stdout);
   }
   return 0;
 }
