@@ -21,6 +21,7 @@
 #include <cstdio>
 #include <cstring>
 #include <iostream>
+#include <latch>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
@@ -89,13 +90,18 @@ void RunClients(int clients, double seconds, MakeCaller make_caller,
   std::vector<std::vector<double>> latencies(clients);
   std::atomic<int> failures{0};
   std::vector<std::thread> threads;
-  const auto end = Clock::now() + std::chrono::duration<double>(seconds);
+  // The clock starts when every client has warmed up (connection open, first answer in): a
+  // slow model's warm-up is not counted against its throughput.
+  std::latch warmed(clients + 1);
+  std::latch go(1);
+  Clock::time_point end;
   for (int c = 0; c < clients; ++c) {
     threads.emplace_back([&, c] {
       auto call = make_caller(c);
-      // Warm-up, not timed: connection open, first inference done.
       if (!Matches(references[c], call()))
         failures.fetch_add(1);
+      warmed.count_down();
+      go.wait();
       while (Clock::now() < end) {
         const auto start = Clock::now();
         if (!Matches(references[c], call()))
@@ -105,6 +111,10 @@ void RunClients(int clients, double seconds, MakeCaller make_caller,
       }
     });
   }
+  warmed.arrive_and_wait();
+  end = Clock::now() +
+        std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+  go.count_down();
   for (auto& thread : threads)
     thread.join();
   for (auto& each : latencies)
