@@ -3,9 +3,10 @@
 # wide MLP 784-2048-2048-10 (21 MB of weights, symbolic batch "N", seeded weights, generated here
 # with Debian's python3-onnx) served on CpuAcc as `wide` (no batching) and as `wide_batched`
 # (max_batch_size 64, preferred [16, 64], max_queue_delay_us DELAY), driven by
-# bench/batching_client.cpp: 64 keep-alive REST clients and 16 gRPC clients sending one row each,
-# then 1 client; then one client sending 64-row requests over gRPC (the largest batch's execution
-# time, for the p99 bound); then the max_queue_delay_us curve (DELAYS) at 64 and 1 REST clients.
+# bench/batching_client.cpp (the models alternating in slices, every answer checked): 64
+# keep-alive REST clients and 16 gRPC clients sending one row each, then 1 client; then one
+# client sending 64-row requests over gRPC (the largest batch's execution time, for the p99
+# bound); then the max_queue_delay_us curve (DELAYS) at 64, 16 and 1 REST clients.
 # MNIST is configured with batching too: the log shows it refused at load (fixed batch 1).
 #
 #   bench/batching_bench.sh                       # 5 s per run
@@ -108,6 +109,6 @@ for m in wide wide_batched $models; do
 import json, sys
 b = json.load(sys.stdin)["batching"]
 mean = b["batched_rows"] / b["batches"] if b["batches"] else 0
-print("%-18s requests %8d executions %8d mean batch %5.1f rows"
-      % (sys.argv[1], b["requests"], b["executions"], mean))' "$m"
+print("%-18s requests %8d executions %8d mean batch %5.1f rows, waits skipped %6d"
+      % (sys.argv[1], b["requests"], b["executions"], mean, b["waits_skipped"]))' "$m"
 done
