@@ -56,7 +56,8 @@ struct BatcherLimits {
 //   max_batch_size;
 // - else the longest run from the oldest whose rows add up exactly to a preferred batch size,
 //   when there is one;
-// - else, when the oldest has waited max_queue_delay_us (`delay_passed`): every waiting request;
+// - else, when the oldest has waited max_queue_delay_us or skips its wait (`delay_passed`; see
+//   CompanyOutlook): every waiting request;
 // - else 0.
 std::size_t RequestsToDispatch(std::span<const int64_t> rows, int64_t max_batch_size,
                                std::span<const int64_t> preferred_batch_sizes, bool delay_passed);
