@@ -4,10 +4,12 @@
 // (default 5) that alternate between the models (A B A B ...), so that the machine's noise, which
 // drifts over seconds on a shared machine, falls on all of them alike.
 //   backplane_bench_batching --http HOST:PORT --grpc HOST:PORT --models "wide wide_batched"
-//       [--features 784] [--seconds S] [--slices N] [--runs "rest:64 grpc:16 rest:1 grpc:1:64"]
-// A run is transport:clients[:rows] (rows per request, default 1). Every client sends its own
-// seeded random rows (REST as JSON, gRPC as raw FP32) and checks every answer: the same rows must
-// get the same outputs every time and from every model (within 1e-4: a batched row may run at
+//       [--features 784] [--seconds S] [--slices N] [--think-us T]
+//       [--runs "rest:64 grpc:16 rest:1 grpc:1:64"]
+// A run is transport:clients[:rows] (rows per request, default 1). --think-us: each client idles
+// that long after each answer (what an idle machine costs the next request). Every client sends its
+// own seeded random rows (REST as JSON, gRPC as raw FP32) and checks every answer: the same rows
+// must get the same outputs every time and from every model (within 1e-4: a batched row may run at
 // another batch size, on other kernels). A wrong answer counts as failed. Prints one line per run
 // and model: requests/s, rows/s, p50 and p99 latency, failures, and the largest difference of an
 // answer from that client's first answer of the first model.
@@ -85,8 +87,8 @@ struct Tally {
 // Runs `clients` threads for `seconds`, each with the call `make_caller(c)` returns (a call gives
 // its outputs, empty on failure), into `tally`.
 template <typename MakeCaller>
-void RunClients(int clients, double seconds, MakeCaller make_caller,
-                std::vector<Reference>& references, Tally& tally) {
+void RunClients(int clients, double seconds, std::chrono::microseconds think,
+                MakeCaller make_caller, std::vector<Reference>& references, Tally& tally) {
   std::vector<std::vector<double>> latencies(clients);
   std::atomic<int> failures{0};
   std::vector<std::thread> threads;
@@ -108,6 +110,8 @@ void RunClients(int clients, double seconds, MakeCaller make_caller,
           failures.fetch_add(1);
         latencies[c].push_back(
             std::chrono::duration<double, std::milli>(Clock::now() - start).count());
+        if (think.count() > 0)
+          std::this_thread::sleep_for(think);
       }
     });
   }
@@ -138,6 +142,7 @@ int main(int argc, char** argv) {
   std::string http_address, grpc_address, models_text, runs_text = "rest:64 grpc:16 rest:1";
   double seconds = 5;
   int slices = 5;
+  std::chrono::microseconds think{0};
   int features = 784;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
@@ -155,6 +160,8 @@ int main(int argc, char** argv) {
       features = std::stoi(argv[i + 1]);
     else if (flag == "--slices")
       slices = std::max(1, std::stoi(argv[i + 1]));
+    else if (flag == "--think-us")
+      think = std::chrono::microseconds(std::stoll(argv[i + 1]));
   }
   std::vector<std::string> models;
   std::istringstream model_words(models_text);
@@ -162,8 +169,8 @@ int main(int argc, char** argv) {
     models.push_back(model);
   if (http_address.empty() || grpc_address.empty() || models.empty()) {
     std::cerr << "usage: backplane_bench_batching --http HOST:PORT --grpc HOST:PORT --models "
-                 "\"a b\" [--features 784] [--seconds S] [--slices N] [--runs \"rest:64 grpc:16 "
-                 "rest:1\"]\n";
+                 "\"a b\" [--features 784] [--seconds S] [--slices N] [--think-us T] [--runs "
+                 "\"rest:64 grpc:16 rest:1\"]\n";
     return 2;
   }
   const auto colon = http_address.rfind(':');
@@ -239,9 +246,9 @@ int main(int argc, char** argv) {
           };
         };
         if (transport == "grpc")
-          RunClients(clients, seconds / slices, grpc_caller, references, tallies[m]);
+          RunClients(clients, seconds / slices, think, grpc_caller, references, tallies[m]);
         else
-          RunClients(clients, seconds / slices, rest_caller, references, tallies[m]);
+          RunClients(clients, seconds / slices, think, rest_caller, references, tallies[m]);
       }
     }
     double largest_difference = 0;
