@@ -108,33 +108,36 @@ bool ReadString(Cursor& in, std::string& scratch, std::string_view& value) {
 bool ScanNumber(Cursor& in, std::string_view& token, bool& integral) {
   const std::string_view rest = in.Rest();
   std::size_t i = 0;
-  if (i < rest.size() && rest[i] == '-')
-    ++i;
-  if (i < rest.size() && rest[i] == '0') {
-    ++i;
-  } else if (i < rest.size() && IsDigit(rest[i])) {
-    while (i < rest.size() && IsDigit(rest[i]))
-      ++i;
-  } else {
-    return false;
-  }
-  integral = true;
-  if (i < rest.size() && rest[i] == '.') {
-    ++i;
+  const auto next_is = [&](std::string_view any_of) {
+    return i < rest.size() && any_of.find(rest[i]) != std::string_view::npos;
+  };
+  // One digit or more; false when there is none.
+  const auto digits = [&] {
     if (i >= rest.size() || !IsDigit(rest[i]))
       return false;
     while (i < rest.size() && IsDigit(rest[i]))
       ++i;
+    return true;
+  };
+  if (next_is("-"))
+    ++i;
+  if (next_is("0"))
+    ++i;
+  else if (!digits())
+    return false;
+  integral = true;
+  if (next_is(".")) {
+    ++i;
+    if (!digits())
+      return false;
     integral = false;
   }
-  if (i < rest.size() && (rest[i] == 'e' || rest[i] == 'E')) {
+  if (next_is("eE")) {
     ++i;
-    if (i < rest.size() && (rest[i] == '+' || rest[i] == '-'))
+    if (next_is("+-"))
       ++i;
-    if (i >= rest.size() || !IsDigit(rest[i]))
+    if (!digits())
       return false;
-    while (i < rest.size() && IsDigit(rest[i]))
-      ++i;
     integral = false;
   }
   token = rest.substr(0, i);

@@ -55,37 +55,28 @@ class EventLog final : public server::JsonEventHandler {
   }
 };
 
-// nlohmann's SAX events in the same notation.
-struct NlohmannLog {
+// nlohmann's SAX events, handed to an EventLog: one notation for both parsers.
+struct NlohmannToEventLog {
   using json = nlohmann::json;
-  bool null() { return Add("null"); }
-  bool boolean(bool value) { return Add(value ? "true" : "false"); }
-  bool number_integer(json::number_integer_t value) { return Add("i" + std::to_string(value)); }
-  bool number_unsigned(json::number_unsigned_t value) { return Add("u" + std::to_string(value)); }
-  bool number_float(json::number_float_t value, const json::string_t&) {
-    return Add("d" + std::to_string(std::bit_cast<uint64_t>(value)));
-  }
-  bool string(json::string_t& value) { return Add("s\"" + value + "\""); }
-  bool binary(json::binary_t&) { return Add("binary"); }
-  bool start_object(std::size_t) { return Add("{"); }
-  bool key(json::string_t& name) { return Add("k\"" + name + "\""); }
-  bool end_object() { return Add("}"); }
-  bool start_array(std::size_t) { return Add("["); }
-  bool end_array() { return Add("]"); }
+  bool null() { return log.Null(); }
+  bool boolean(bool value) { return log.Bool(value); }
+  bool number_integer(json::number_integer_t value) { return log.Int64(value); }
+  bool number_unsigned(json::number_unsigned_t value) { return log.Uint64(value); }
+  bool number_float(json::number_float_t value, const json::string_t&) { return log.Double(value); }
+  bool string(json::string_t& value) { return log.String(value); }
+  bool binary(json::binary_t&) { return false; }  // the text parser makes none
+  bool start_object(std::size_t) { return log.BeginObject(); }
+  bool key(json::string_t& name) { return log.Key(name); }
+  bool end_object() { return log.EndObject(); }
+  bool start_array(std::size_t) { return log.BeginArray(); }
+  bool end_array() { return log.EndArray(); }
   bool parse_error(std::size_t, const std::string& token, const nlohmann::detail::exception& e) {
     if (e.id == 406)  // a number out of range
-      Add("out of range " + token);
+      log.NumberOutOfRange(token);
     return false;
   }
 
-  std::string events;
-
- private:
-  bool Add(const std::string& event) {
-    events += event;
-    events += ' ';
-    return true;
-  }
+  EventLog log;
 };
 
 struct Reading {
@@ -101,9 +92,10 @@ Reading ReadOurs(std::string_view text) {
 }
 
 Reading ReadNlohmann(std::string_view text) {
-  NlohmannLog log;
-  const bool accepted = nlohmann::json::sax_parse(text, &log);
-  return {accepted, log.events.find("out of range") != std::string::npos, log.events};
+  NlohmannToEventLog adapter;
+  const bool accepted = nlohmann::json::sax_parse(text, &adapter);
+  const std::string& events = adapter.log.events;
+  return {accepted, events.find("out of range") != std::string::npos, events};
 }
 
 // Random JSON, valid by construction: every number form (integers past 64 bits, exponents,
