@@ -254,12 +254,18 @@ class OnceAnswer {
   void Answer(HttpResponse response) {
     if (answered_.exchange(true))
       return;
-    respond_(std::move(response));
+    // Trap: the responder holds the connection, whose timer belongs to the io_context; freeing
+    // the slot lets a stopping server destroy that io_context. So the responder goes first: a
+    // copy of this answer kept past the server (a runtime task drops its callback only after
+    // calling it) must hold nothing of the connection.
+    HttpServer::Responder respond = std::move(respond_);
+    respond(std::move(response));
+    respond = nullptr;
     slot_.reset();
   }
 
  private:
-  const HttpServer::Responder respond_;
+  HttpServer::Responder respond_;                      // moved out by the one Answer that runs
   std::shared_ptr<HttpServer::Core::AsyncSlot> slot_;  // reset by the one Answer that runs
   std::atomic<bool> answered_{false};
 };
@@ -301,14 +307,14 @@ void HttpServer::Core::InvokeAsync(const Route& route, HttpRequest request,
 class Connection : public std::enable_shared_from_this<Connection> {
  public:
   Connection(HttpServer::Core& core, tcp::socket socket, std::uint64_t id)
-      : core_(core), socket_(std::move(socket)), timer_(socket_.get_executor()), id_(id) {
+      : counted_(core, id),
+        core_(core),
+        socket_(std::move(socket)),
+        timer_(socket_.get_executor()),
+        id_(id) {
     beast::error_code error;
     const auto remote = socket_.remote_endpoint(error);
     client_ = error ? "unknown" : remote.address().to_string();
-    core_.open_connections.fetch_add(1);
-  }
-  ~Connection() {
-    core_.Unregister(id_);  // wakes Stop when it is the last
   }
 
   void Start() {
@@ -692,6 +698,24 @@ class Connection : public std::enable_shared_from_this<Connection> {
     phase_ = Phase::kClosed;
   }
 
+  // Counts the connection open while it lives, and unregisters it when it is destroyed, which
+  // wakes Stop when it is the last. Trap: Stop then destroys the io_context that socket_ and
+  // timer_ belong to, and the budget body_reservation_ gives back to, so this member is declared
+  // first and destroyed last: the connection's last reference may drop on another thread (a
+  // runtime worker that answered it) while Stop waits.
+  class Counted {
+   public:
+    Counted(HttpServer::Core& core, std::uint64_t id) : core_(core), id_(id) {
+      core_.open_connections.fetch_add(1);
+    }
+    ~Counted() { core_.Unregister(id_); }
+    Counted(const Counted&) = delete;
+    Counted& operator=(const Counted&) = delete;
+
+   private:
+    HttpServer::Core& core_;
+    const std::uint64_t id_;
+  } counted_;
   HttpServer::Core& core_;
   tcp::socket socket_;
   asio::steady_timer timer_;
