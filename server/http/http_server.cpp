@@ -254,18 +254,14 @@ class OnceAnswer {
   void Answer(HttpResponse response) {
     if (answered_.exchange(true))
       return;
-    // Trap: the responder holds the connection, whose timer belongs to the io_context; freeing
-    // the slot lets a stopping server destroy that io_context. So the responder goes first: a
-    // copy of this answer kept past the server (a runtime task drops its callback only after
-    // calling it) must hold nothing of the connection.
-    HttpServer::Responder respond = std::move(respond_);
-    respond(std::move(response));
-    respond = nullptr;
+    respond_(std::move(response));
     slot_.reset();
   }
 
  private:
-  HttpServer::Responder respond_;                      // moved out by the one Answer that runs
+  // Trap: released with this object, after the slot. The responder holds the connection, and
+  // Stop destroys the core (which the slot's release locks) once the last connection is gone.
+  const HttpServer::Responder respond_;
   std::shared_ptr<HttpServer::Core::AsyncSlot> slot_;  // reset by the one Answer that runs
   std::atomic<bool> answered_{false};
 };
