@@ -9,6 +9,13 @@
 
 namespace backplane::server {
 
+// The refusal of a container opened at `byte` past `max_depth` levels: one message for this
+// check and for the infer body's reader (json_events.cpp), which counts as it reads.
+inline Status NestedTooDeep(int max_depth, std::size_t byte) {
+  return InvalidArgument("malformed JSON: nested deeper than " + std::to_string(max_depth) +
+                         " levels at byte " + std::to_string(byte) + " (max_json_depth)");
+}
+
 // Refuses nesting deeper than `max_depth` before anything is parsed: counted outside strings
 // (a string's brackets do not count, escaped quotes do not end it). Invalid JSON is left to the
 // parser.
@@ -28,10 +35,8 @@ inline Status CheckJsonDepth(std::string_view text, int max_depth) {
     } else if (c == '"') {
       in_string = true;
     } else if (c == '[' || c == '{') {
-      if (++depth > max_depth) {
-        return InvalidArgument("malformed JSON: nested deeper than " + std::to_string(max_depth) +
-                               " levels at byte " + std::to_string(i) + " (max_json_depth)");
-      }
+      if (++depth > max_depth)
+        return NestedTooDeep(max_depth, i);
     } else if (c == ']' || c == '}') {
       --depth;
     }

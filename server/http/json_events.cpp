@@ -1,5 +1,7 @@
 #include "http/json_events.hpp"
 
+#include "http/json_depth.hpp"
+
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
@@ -210,11 +212,8 @@ Status ReadJsonEvents(std::string_view text, int max_depth, JsonEventHandler& ha
       case '{':
       case '[': {
         const bool is_object = in.Peek() == '{';
-        if (static_cast<int>(open_is_object.size()) >= max_depth) {
-          return InvalidArgument("malformed JSON: nested deeper than " + std::to_string(max_depth) +
-                                 " levels at byte " + std::to_string(in.pos()) +
-                                 " (max_json_depth)");
-        }
+        if (static_cast<int>(open_is_object.size()) >= max_depth)
+          return NestedTooDeep(max_depth, in.pos());
         in.Advance();
         if (!(is_object ? handler.BeginObject() : handler.BeginArray()))
           return stopped();
