@@ -5,8 +5,8 @@
 # (max_batch_size 64, preferred [16, 64], max_queue_delay_us DELAY), driven by
 # bench/batching_client.cpp (the models alternating in slices, every answer checked): 64
 # keep-alive REST clients and 16 gRPC clients sending one row each, then 1 client; then one
-# client sending 64-row requests over gRPC (the largest batch's execution time, for the p99
-# bound); then the max_queue_delay_us curve (DELAYS) at 64, 16 and 1 REST clients.
+# client sending 64-row requests over gRPC (the largest batch's execution time alone, for the
+# p99 bound; each batched run also prints what its batches took under its own load); then the max_queue_delay_us curve (DELAYS) at 64, 16 and 1 REST clients.
 # MNIST is configured with batching too: the log shows it refused at load (fixed batch 1).
 #
 #   bench/batching_bench.sh                       # 5 s per run
@@ -89,9 +89,34 @@ echo "# bench/batching_bench.sh, $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) core
 grep -o "backends: .*" "$log" | head -1
 echo "MNIST with batching configured: $(grep -o "cannot batch.*fixed at 1" "$log" | head -1)"
 echo
+# The admin view of wide_batched's batches: before and after a run, the difference is that run's.
+batches_view() { curl -s "http://$http/v2/models/wide_batched/placement"; }
+# What the run's batches cost, by the size they executed at, and the p99 bound measured in the
+# run itself: max_queue_delay_us + 2 x the mean execution time of the largest size that ran.
+print_batches() {
+  /usr/bin/python3 -c '
+import json, sys
+before, after = (json.loads(text)["batching"]["batch_executions"] for text in sys.argv[1:3])
+seen = {size["batch_size"]: size for size in before}
+rows = []
+for size in after:
+    old = seen.get(size["batch_size"], {"count": 0, "seconds_sum": 0})
+    count = size["count"] - old["count"]
+    if count:
+        rows.append((size["batch_size"], count, (size["seconds_sum"] - old["seconds_sum"]) / count))
+print("   batches by execution size: " + ", ".join("%d rows %d x %.2f ms" % (b, n, t * 1e3) for b, n, t in rows))
+if rows:
+    print("   p99 bound in this run: %.1f ms (%d us + 2 x %.2f ms, the %d-row batches)"
+          % (int(sys.argv[3]) / 1e3 + 2 * rows[-1][2] * 1e3, int(sys.argv[3]), rows[-1][2] * 1e3, rows[-1][0]))
+' "$1" "$2" "$delay"
+}
 echo "## Batching off (wide) against on (wide_batched, max_queue_delay_us $delay), one row a request"
-"$client" --http "$http" --grpc "$grpc" --models "wide wide_batched" --seconds "${DURATION:-5}" \
-  --runs "rest:64 grpc:16 rest:1 grpc:1"
+for run in rest:64 grpc:16 rest:1 grpc:1; do
+  before=$(batches_view)
+  "$client" --http "$http" --grpc "$grpc" --models "wide wide_batched" \
+    --seconds "${DURATION:-5}" --runs "$run" | { [[ $run == rest:64 ]] && cat || tail -n +2; }
+  print_batches "$before" "$(batches_view)"
+done
 echo
 echo "## The largest batch alone: one client, 64-row requests over gRPC (raw tensors)"
 "$client" --http "$http" --grpc "$grpc" --models "wide" --seconds "${DURATION:-5}" \

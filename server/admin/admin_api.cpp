@@ -160,8 +160,8 @@ std::vector<ShapeProgramSample> ShapeProgramSamples(const ServeContext& context)
 }
 
 // A model's batching configuration and how its requests were executed: requests against
-// executions, and the batch-size and queue-delay histograms' counts and sums (the buckets are in
-// /metrics).
+// executions, the batch-size and queue-delay histograms' counts and sums, and batches' execution
+// times by size (the buckets are in /metrics).
 json BatchingJson(const ServingModel& model) {
   json body = {{"max_batch_size", model.config.max_batch_size}};
   if (const auto& batching = model.config.dynamic_batching) {
@@ -181,6 +181,13 @@ json BatchingJson(const ServingModel& model) {
   body["queue_delay_seconds_sum"] = queue_delay.sum;
   body["queue_delay_count"] = queue_delay.count;
   body["waits_skipped"] = metrics.batching.waits_skipped.load(std::memory_order_relaxed);
+  // Triton's batch_stats: per execution size, how many batches ran at it and their time.
+  json executions = json::array();
+  for (const auto& [rows, seconds] : metrics.batching.ExecutionSeconds()) {
+    executions.push_back(
+        {{"batch_size", rows}, {"count", seconds.count}, {"seconds_sum", seconds.sum}});
+  }
+  body["batch_executions"] = std::move(executions);
   return body;
 }
 

@@ -18,6 +18,10 @@ constexpr double kBatchSizeBounds[] = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 10
 constexpr double kQueueDelayBounds[] = {0.00005, 0.0001, 0.00025, 0.0005, 0.001,
                                         0.002,   0.0025, 0.005,   0.01,   0.025,
                                         0.05,    0.1,    0.25,    0.5,    1};
+// A batch's execution: 50 µs (a small model's few rows) to 10 s.
+constexpr double kBatchExecutionBounds[] = {0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.002,
+                                            0.004,   0.008,  0.016,   0.032,  0.064, 0.128,
+                                            0.25,    0.5,    1,       2.5,    10};
 // Time from switch to unload: immediate (no request held the old code) to minutes (a network
 // pinned to it until unloaded).
 constexpr double kDrainBounds[] = {0.001, 0.01, 0.1, 0.5, 1, 5, 30, 120, 600};
@@ -126,6 +130,15 @@ void RenderBatchingMetrics(Exposition& out, const ModelList& models) {
     out.HistogramSamples("backplane_inference_queue_delay_seconds", {{"model", name}},
                          metrics->batching.queue_delay_seconds.Read());
   }
+  out.Family("backplane_inference_batch_execution_seconds", "histogram",
+             "Time from a batch leaving to its outputs, by the batch size it executed at (its "
+             "rows padded up to an execution size), for models with dynamic_batching.");
+  for (const auto& [name, metrics] : models) {
+    for (const auto& [rows, snapshot] : metrics->batching.ExecutionSeconds()) {
+      out.HistogramSamples("backplane_inference_batch_execution_seconds",
+                           {{"model", name}, {"batch_size", std::to_string(rows)}}, snapshot);
+    }
+  }
   out.Family("backplane_inference_batch_waits_skipped_total", "counter",
              "Requests that found no company and left without waiting max_queue_delay_us, "
              "because the waits before them had gathered none.");
@@ -184,6 +197,22 @@ Histogram::Snapshot Histogram::Read() const {
 
 BatchingMetrics::BatchingMetrics()
     : batch_size(kBatchSizeBounds), queue_delay_seconds(kQueueDelayBounds) {}
+
+void BatchingMetrics::ObserveExecution(int64_t execution_rows, double seconds) {
+  MutexLock lock(mutex_);
+  auto& histogram = execution_seconds_[execution_rows];
+  if (histogram == nullptr)
+    histogram = std::make_unique<Histogram>(kBatchExecutionBounds);
+  histogram->Observe(seconds);
+}
+
+std::map<int64_t, Histogram::Snapshot> BatchingMetrics::ExecutionSeconds() const {
+  std::map<int64_t, Histogram::Snapshot> snapshots;
+  MutexLock lock(mutex_);
+  for (const auto& [rows, histogram] : execution_seconds_)
+    snapshots.emplace(rows, histogram->Read());
+  return snapshots;
+}
 
 ModelMetrics::ModelMetrics() : latency_seconds(kLatencyBounds) {}
 

@@ -43,8 +43,9 @@ class Histogram {
 };
 
 // How a model's requests were executed: executions against requests (a batched model runs many
-// requests per execution), and for a model with dynamic_batching the rows of each batch and how
-// long each request waited for its batch. Thread-safe.
+// requests per execution), and for a model with dynamic_batching the rows of each batch, how
+// long each request waited for its batch and how long batches took by the size they executed at.
+// Thread-safe.
 struct BatchingMetrics {
   BatchingMetrics();
   std::atomic<uint64_t> executions{0};     // runtime executions, batched or not
@@ -52,6 +53,17 @@ struct BatchingMetrics {
   Histogram queue_delay_seconds;           // arrival to its batch leaving, per batched request
   std::atomic<uint64_t> waits_skipped{0};  // lone requests that left without waiting (waits
                                            // had gathered no company: CompanyOutlook)
+
+  // A batch that executed at `execution_rows` (its rows padded to an execution size) took
+  // `seconds` from leaving to its outputs. The sizes are few (ExecutionBatchSizes), so each gets
+  // its own histogram: what a batch of each size costs is what max_queue_delay_us and
+  // preferred_batch_sizes are chosen from.
+  void ObserveExecution(int64_t execution_rows, double seconds) BACKPLANE_EXCLUDES(mutex_);
+  std::map<int64_t, Histogram::Snapshot> ExecutionSeconds() const BACKPLANE_EXCLUDES(mutex_);
+
+ private:
+  mutable Mutex mutex_;
+  std::map<int64_t, std::unique_ptr<Histogram>> execution_seconds_ BACKPLANE_GUARDED_BY(mutex_);
 };
 
 // The request metrics of one model, across its versions and reloads. Thread-safe.

@@ -523,10 +523,17 @@ void DynamicBatcher::Execute(std::shared_ptr<Batch> batch, Clock::time_point now
   std::vector<Tensor> inputs = JoinInputs(*batch, execution_rows);
   const bool answer_before_freeing = options_.batching.preserve_ordering;
   // The callback holds the shared state and the batch, never `this` (see the header's traps).
+  // The metrics outlive this batcher, which outlives the batch's requests: it may use them until
+  // it answers the first request.
   runtime_.ExecuteAsync(
       options_.network, std::move(inputs),
       [shared = shared_, batch, rows = std::move(rows), what = options_.what, answer_before_freeing,
-       execution_rows](Result<std::vector<Tensor>> outputs) {
+       execution_rows, metrics = options_.metrics,
+       left = Clock::now()](Result<std::vector<Tensor>> outputs) {
+        if (metrics != nullptr && outputs.ok()) {
+          metrics->batching.ObserveExecution(
+              execution_rows, std::chrono::duration<double>(Clock::now() - left).count());
+        }
         std::vector<Result<std::vector<Tensor>>> answers;
         if (outputs.ok()) {
           answers = SplitOutputs(std::move(outputs).value(), rows, execution_rows, what);

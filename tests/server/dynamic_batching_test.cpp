@@ -456,8 +456,26 @@ TEST(DynamicBatchingTest, BatchesOfEverySizeCompileOneProgramPerExecutionSize) {
     ASSERT_EQ(answer->front().info(), alone->outputs.front().info()) << "request " << i;
     EXPECT_EQ(Floats(answer->front()), Floats(alone->outputs.front())) << "request " << i;
   }
-  const auto sizes = context.metrics.ForModel("mlp").batching.batch_size.Read();
+  const auto& batching = context.metrics.ForModel("mlp").batching;
+  const auto sizes = batching.batch_size.Read();
   EXPECT_GT(sizes.sum / static_cast<double>(sizes.count), 1.5) << "requests were not joined";
+  // Every batch is timed at the size it executed at: here the powers of two, which are also the
+  // batch-size histogram's bounds, so each size's count is the batches of rows in (size/2, size].
+  const auto executions = batching.ExecutionSeconds();
+  uint64_t timed = 0;
+  for (const auto& [rows, seconds] : executions) {
+    SCOPED_TRACE("execution size " + std::to_string(rows));
+    const auto bound =
+        std::find(sizes.upper_bounds.begin(), sizes.upper_bounds.end(), static_cast<double>(rows));
+    ASSERT_NE(bound, sizes.upper_bounds.end()) << "not an execution size";
+    const auto i = static_cast<std::size_t>(bound - sizes.upper_bounds.begin());
+    EXPECT_EQ(seconds.count,
+              sizes.cumulative_counts[i] - (i == 0 ? 0 : sizes.cumulative_counts[i - 1]));
+    EXPECT_GT(seconds.sum, 0.0);
+    timed += seconds.count;
+  }
+  EXPECT_EQ(timed, sizes.count);
+  EXPECT_GE(executions.size(), 3u) << "waves of 1-18 rows ran at only a size or two";
   auto resolved = server::ResolveModel(context.repository, "mlp", "");
   ASSERT_TRUE(resolved.ok()) << resolved.error().ToString();
   auto programs = context.runtime.GetShapePrograms(resolved->version->network_id());
@@ -796,6 +814,22 @@ TEST(DynamicBatchingTest, RestAndGrpcClientsGetWhatTheSameRequestsGetAlone) {
   EXPECT_THAT(metrics->body,
               HasSubstr("backplane_inference_executions_total{model=\"mlp\"} " +
                         std::to_string(batching["executions"].get<uint64_t>()) + "\n"));
+  // Batches' execution times by the size they ran at (4 or 8 here, 1 and 2 for stragglers), in
+  // the admin view and in /metrics alike.
+  uint64_t timed = 0;
+  for (const auto& size : batching["batch_executions"]) {
+    const auto rows = size["batch_size"].get<int64_t>();
+    EXPECT_TRUE(rows == 1 || rows == 2 || rows == 4 || rows == 8) << size;
+    EXPECT_GT(size["seconds_sum"].get<double>(), 0.0) << size;
+    timed += size["count"].get<uint64_t>();
+    EXPECT_THAT(metrics->body,
+                HasSubstr("backplane_inference_batch_execution_seconds_count{model=\"mlp\","
+                          "batch_size=\"" +
+                          std::to_string(rows) + "\"} " + size["count"].dump() + "\n"));
+  }
+  EXPECT_EQ(timed, batching["executions"].get<uint64_t>());
+  EXPECT_THAT(metrics->body,
+              HasSubstr("# TYPE backplane_inference_batch_execution_seconds histogram\n"));
 }
 
 }  // namespace
