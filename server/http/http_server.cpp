@@ -318,7 +318,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
   }
   asio::any_io_executor executor() { return socket_.get_executor(); }
 
-  // Posted by Stop: an idle connection closes now, one in a request finishes it first.
+  // Posted by Stop: an idle connection closes now, one in a request finishes it first. A request
+  // begins with its first byte: Close while its header is being read would free the parser under
+  // the pending read (a use-after-free that HttpAsyncRouteTest's stop test found under TSan).
   void OnStop() {
     if (phase_ == Phase::kIdle)
       Close();  // the pending read ends with operation_aborted
@@ -398,12 +400,15 @@ class Connection : public std::enable_shared_from_this<Connection> {
                                                        beast::error_code error, std::size_t bytes) {
       if (self->Outcome(error))
         return self->Close();  // idle timeout, client gone, or Stop: nothing to answer
+      if (self->phase_ == Phase::kClosed)
+        return;  // Stop closed it while this completion was already queued
       self->buffer_.commit(bytes);
       self->ReadHeader();
     });
   }
 
   void ReadHeader() {
+    phase_ = Phase::kInRequest;  // Stop lets it finish (OnStop)
     request_started_ = Clock::now();
     deadline_ = request_started_ + limits().request_timeout;
     parser_.emplace();

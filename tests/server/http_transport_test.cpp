@@ -13,9 +13,12 @@
 #include <netinet/tcp.h>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <memory>
 #include <mutex>
+#include <random>
 #include <regex>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -651,9 +654,9 @@ class HttpAsyncRouteTest : public ::testing::Test {
  protected:
   // `threads` 1: one asynchronous request handled at a time, the rest wait.
   void Start(server::HttpServer::AsyncHandler handler,
-             std::chrono::milliseconds request_timeout = 60s) {
+             std::chrono::milliseconds request_timeout = 60s, int threads = 1) {
     server::HttpLimits limits;
-    limits.threads = 1;
+    limits.threads = threads;
     limits.request_timeout = request_timeout;
     http_ = std::make_unique<server::HttpServer>(limits, "", metrics_);
     http_->PostAsync("/work", server::HttpServer::Access::kPublic, std::move(handler));
@@ -799,6 +802,102 @@ TEST_F(HttpAsyncRouteTest, AHandlerThatThrowsIs500AndTheConnectionCarriesOn) {
   EXPECT_THAT(failed.body, HasSubstr("internal error: a bug in the handler"));
   ASSERT_TRUE(connection.Send(PostWork("b")));
   EXPECT_EQ(connection.Read().status, 200);
+}
+
+// A stop while other threads answer (as the batcher's TBB workers and gRPC-less REST answers do):
+// the last reference to a connection may drop on an answering thread while Stop tears the server
+// down. That window once freed a connection's timer under its own destructor (found by
+// AddressSanitizer in one CI run of ServeLifecycleTest); this test opens it on purpose, many times
+// at seeded timings, so that the ASan and TSan builds see it on every run. Whatever the timing,
+// every request whose handler ran gets its own answer (or the 500 of a dropped responder), and the
+// others see their connection closed with nothing.
+TEST_F(HttpAsyncRouteTest, StoppingWhileOtherThreadsAnswerLosesNoAnswerOnSeededTimings) {
+  const uint64_t seed = TestSeed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 random(seed);
+  constexpr int kRounds = 40;
+  constexpr int kConnections = 6;
+  for (int round = 0; round < kRounds; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    // Two answering threads take held responders and answer each after 0-1000 µs; one in eight is
+    // dropped unanswered instead.
+    std::mutex mutex;
+    std::condition_variable held_changed;
+    std::vector<std::pair<std::string, server::HttpServer::Responder>> held;  // guarded
+    bool done = false;                                                        // guarded
+    std::set<std::string> answered, dropped;                                  // guarded
+    std::vector<std::thread> answerers;
+    for (int a = 0; a < 2; ++a) {
+      answerers.emplace_back([&, answerer_seed = random()] {
+        std::mt19937_64 timing(answerer_seed);
+        std::unique_lock lock(mutex);
+        while (true) {
+          held_changed.wait(lock, [&] { return done || !held.empty(); });
+          if (held.empty())
+            return;
+          auto [body, respond] = std::move(held.back());
+          held.pop_back();
+          const bool drop = timing() % 8 == 0;
+          (drop ? dropped : answered).insert(body);
+          lock.unlock();
+          std::this_thread::sleep_for(std::chrono::microseconds(timing() % 1000));
+          if (!drop) {
+            respond(server::HttpResponse::Json({{"echo", body}}));
+            // The answer is written meanwhile: this thread may then hold the connection's last
+            // reference, and destroy it while Stop waits for it.
+            std::this_thread::sleep_for(std::chrono::microseconds(timing() % 500));
+          }
+          respond = nullptr;  // a dropped responder answers 500 as it goes, on this thread
+          lock.lock();
+        }
+      });
+    }
+    Start(
+        [&](server::HttpRequest request, server::HttpServer::Responder respond) {
+          {
+            std::lock_guard lock(mutex);
+            held.emplace_back(request.body, std::move(respond));
+          }
+          held_changed.notify_one();
+        },
+        60s, /*threads=*/4);
+    std::vector<std::unique_ptr<RawConnection>> connections;
+    for (int c = 0; c < kConnections; ++c) {
+      connections.push_back(std::make_unique<RawConnection>(port_));
+      ASSERT_TRUE(connections.back()->Send(
+          PostWork("r" + std::to_string(round) + "c" + std::to_string(c))));
+    }
+    // A third of the stops come at once, before the server has read every request.
+    if (random() % 3 != 0)
+      std::this_thread::sleep_for(std::chrono::microseconds(random() % 2000));
+    // Stops (waiting for every connection, so for every held responder), then frees the server
+    // at once, as `backplane serve` does, while an answering thread may still be destroying the
+    // connection it answered last.
+    http_.reset();
+    {
+      std::lock_guard lock(mutex);
+      done = true;
+    }
+    held_changed.notify_all();
+    for (auto& answerer : answerers)
+      answerer.join();
+
+    for (int c = 0; c < kConnections; ++c) {
+      const std::string body = "r" + std::to_string(round) + "c" + std::to_string(c);
+      const Response response = connections[c]->Read(5s);
+      if (answered.contains(body)) {
+        EXPECT_EQ(response.status, 200) << body << ": " << response.head;
+        EXPECT_EQ(response.body, R"({"echo":")" + body + R"("})");
+      } else if (dropped.contains(body)) {
+        EXPECT_EQ(response.status, 500) << body << ": " << response.head;
+        EXPECT_THAT(response.body, HasSubstr("the request was dropped unanswered"));
+      } else {
+        // Never handled: the stop closed its connection (before or after reading the request).
+        EXPECT_EQ(response.status, 0)
+            << body << " got an answer its handler never gave: " << response.head << response.body;
+      }
+    }
+  }
 }
 
 // Routes are segment patterns: "{}" captures one non-empty segment, "[...]" may be absent (its
