@@ -318,16 +318,18 @@ class Connection : public std::enable_shared_from_this<Connection> {
   }
   asio::any_io_executor executor() { return socket_.get_executor(); }
 
-  // Posted by Stop: an idle connection closes now, one in a request finishes it first. A request
-  // begins with its first byte: Close while its header is being read would free the parser under
-  // the pending read (a use-after-free that HttpAsyncRouteTest's stop test found under TSan).
+  // Posted by Stop: an idle connection, or one still receiving a request's header, closes now;
+  // one in a request finishes it first. Trap: only the socket closes here, since the pending
+  // read may still use the parser (its completion can already be queued); Close, which frees
+  // the parser, runs when that read completes (a use-after-free that HttpAsyncRouteTest's stop
+  // test found under TSan).
   void OnStop() {
-    if (phase_ == Phase::kIdle)
-      Close();  // the pending read ends with operation_aborted
+    if (phase_ == Phase::kIdle || phase_ == Phase::kReadingHeader)
+      CloseSocket();  // the pending read ends with an error, and then closes the rest
   }
 
  private:
-  enum class Phase { kIdle, kInRequest, kClosing, kClosed };
+  enum class Phase { kIdle, kReadingHeader, kInRequest, kClosing, kClosed };
   static constexpr std::chrono::milliseconds kCancelRetry{10};
 
   const HttpLimits& limits() const { return core_.limits; }
@@ -401,14 +403,14 @@ class Connection : public std::enable_shared_from_this<Connection> {
       if (self->Outcome(error))
         return self->Close();  // idle timeout, client gone, or Stop: nothing to answer
       if (self->phase_ == Phase::kClosed)
-        return;  // Stop closed it while this completion was already queued
+        return self->Close();  // Stop closed the socket while this completion was queued
       self->buffer_.commit(bytes);
       self->ReadHeader();
     });
   }
 
   void ReadHeader() {
-    phase_ = Phase::kInRequest;  // Stop lets it finish (OnStop)
+    phase_ = Phase::kReadingHeader;
     request_started_ = Clock::now();
     deadline_ = request_started_ + limits().request_timeout;
     parser_.emplace();
@@ -421,6 +423,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   }
 
   void OnHeader(beast::error_code error) {
+    if (phase_ == Phase::kClosed)
+      return Close();  // Stop closed the socket: nobody to answer, even if the header arrived
     if (error == beast::error::timeout) {
       return Fail(408, "request header not received within " +
                            Milliseconds(limits().header_timeout) + " (header_timeout_ms)");
@@ -691,6 +695,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
       core_.metrics.http_in_flight.fetch_sub(1);
       in_flight_ = false;
     }
+    CloseSocket();
+  }
+  // The socket and the timer, not what a pending read refers to (the buffer, the parser).
+  void CloseSocket() {
     DisarmTimer();
     beast::error_code ignored;
     timer_.cancel();  // the pending wait holds this connection alive

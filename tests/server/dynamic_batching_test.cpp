@@ -832,5 +832,80 @@ TEST(DynamicBatchingTest, RestAndGrpcClientsGetWhatTheSameRequestsGetAlone) {
               HasSubstr("# TYPE backplane_inference_batch_execution_seconds histogram\n"));
 }
 
+// A whole server stopped while REST and gRPC clients keep batches executing, at seeded moments:
+// every answer a client gets is its own request's (checked against the same row run alone before
+// the stop), the others fail as a stopped server fails them (no response, 503, UNAVAILABLE or
+// CANCELLED), and the sanitizer builds see the stop's every order of teardown (the transports
+// while batches answer them, the batcher while requests wait in it).
+TEST(DynamicBatchingTest, AStopWhileBatchesRunAnswersOnlyWithEachRequestsOwnAnswer) {
+  const uint64_t seed = TestSeed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 random(seed);
+  constexpr int kRounds = 5;
+  for (int round = 0; round < kRounds; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    ServeHome home;
+    AddBatchingModels(home);
+    home.Write("models/mlp/config.json",
+               R"({"backends": ["CpuRef"], "max_batch_size": 8, "dynamic_batching":
+                   {"max_queue_delay_us": 1000, "preferred_batch_sizes": [4, 8]}})");
+    auto running = StartBatchingServer(BatchingServeConfig(home));
+    const auto& context = running.core->context();
+    // Each client's rows and what they give alone.
+    constexpr int kClients = 6;
+    std::vector<Tensor> rows;
+    std::vector<std::vector<float>> alone;
+    for (int c = 0; c < kClients; ++c) {
+      rows.push_back(RandomRows(random, 1 + static_cast<int64_t>(random() % 2), 4));
+      auto outcome = server::RunInference(context, "mlp_alone", "", ParserOf({rows.back()}));
+      ASSERT_TRUE(outcome.ok()) << outcome.error().ToString();
+      alone.push_back(Floats(outcome->outputs.front()));
+    }
+    std::atomic<bool> stop{false};
+    std::atomic<int> answered{0};
+    std::vector<std::thread> clients;
+    JoinAll join{stop, clients};
+    auto channel =
+        grpc::CreateChannel(running.grpc->ToString(), grpc::InsecureChannelCredentials());
+    for (int c = 0; c < kClients; ++c) {
+      clients.emplace_back([&, c] {
+        const std::string what = "client " + std::to_string(c);
+        if (c % 3 == 2) {
+          auto stub = inference::GRPCInferenceService::NewStub(channel);
+          while (!stop.load()) {
+            const auto [code, outputs] = GrpcInfer(*stub, "mlp", rows[c]);
+            if (code != grpc::StatusCode::OK) {
+              EXPECT_TRUE(code == grpc::StatusCode::UNAVAILABLE ||
+                          code == grpc::StatusCode::CANCELLED)
+                  << what << ": gRPC code " << code;
+              return;
+            }
+            ExpectNear(outputs, alone[c], what);
+            ++answered;
+          }
+          return;
+        }
+        httplib::Client rest("127.0.0.1", running.http.port);
+        while (!stop.load()) {
+          const auto reply = Post(rest, "/v2/models/mlp/infer", MlpJsonBody(rows[c]));
+          if (reply.status != 200) {
+            EXPECT_TRUE(reply.status == 0 || reply.status == 503)
+                << what << ": " << reply.status << " " << reply.text;
+            return;
+          }
+          ExpectNear(RestOutput(reply), alone[c], what);
+          ++answered;
+        }
+      });
+    }
+    ASSERT_TRUE(Eventually([&] { return answered.load() >= 20; }, 30s));
+    std::this_thread::sleep_for(std::chrono::microseconds(random() % 20000));
+    running.core->Stop();  // while the clients still send
+    stop.store(true);
+    for (auto& client : clients)
+      client.join();
+  }
+}
+
 }  // namespace
 }  // namespace backplane::testing
