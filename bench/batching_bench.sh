@@ -4,7 +4,8 @@
 # with Debian's python3-onnx) served on CpuAcc as `wide` (no batching) and as `wide_batched`
 # (max_batch_size 64, preferred [16, 64], max_queue_delay_us DELAY), driven by
 # bench/batching_client.cpp (the models alternating in slices, every answer checked): 64
-# keep-alive REST clients and 16 gRPC clients sending one row each, then 1 client; then one
+# keep-alive REST clients and 16 gRPC clients sending one row each, then 1 client; then 64 REST
+# connections from wrk (one thread: the lightest client, for the latency goal); then one
 # client sending 64-row requests over gRPC (the largest batch's execution time alone, for the
 # p99 bound; each batched run also prints what its batches took under its own load); then the max_queue_delay_us curve (DELAYS) at 64, 16 and 1 REST clients.
 # MNIST is configured with batching too: the log shows it refused at load (fixed batch 1).
@@ -111,11 +112,47 @@ if rows:
 ' "$1" "$2" "$delay"
 }
 echo "## Batching off (wide) against on (wide_batched, max_queue_delay_us $delay), one row a request"
-for run in rest:64 grpc:16 rest:1 grpc:1; do
+for run in rest:64 grpc:16 grpc-async:16 rest:1 grpc:1; do
   before=$(batches_view)
   "$client" --http "$http" --grpc "$grpc" --models "wide wide_batched" \
     --seconds "${DURATION:-5}" --runs "$run" | { [[ $run == rest:64 ]] && cat || tail -n +2; }
   print_batches "$before" "$(batches_view)"
+done
+echo
+echo "## REST, 64 connections from wrk, off against on, 3 rounds"
+# wrk drives 64 keep-alive connections from one thread (an event loop), where the client above
+# runs 64 threads on the server's 2 cores: the lightest load generator this machine has, for the
+# latency goal. It checks no answers (the runs above do). A 1 s warm-up follows each switch of
+# model: the unbatched model's last executions are still running when its run ends.
+if ! command -v wrk >/dev/null; then
+  sudo=""; if [[ $(id -u) -ne 0 ]]; then sudo="sudo"; fi
+  $sudo apt-get install -y -qq --no-install-recommends wrk >/dev/null
+fi
+/usr/bin/python3 - "$work/row.json" <<'PY'
+import json, random, sys
+random.seed(20261203)
+row = [round(random.uniform(-1, 1), 6) for _ in range(784)]
+json.dump({"inputs": [{"name": "x", "shape": [1, 784], "datatype": "FP32", "data": row}]},
+          open(sys.argv[1], "w"))
+PY
+cat >"$work/row.lua" <<LUA
+wrk.method = "POST"
+wrk.headers["Content-Type"] = "application/json"
+local file = io.open("$work/row.json", "rb")
+wrk.body = file:read("*a")
+file:close()
+LUA
+printf "%-5s %7s  %-22s %10s %8s %8s %8s\n" proto clients model requests/s "p50 ms" "p99 ms" non-2xx
+for _ in 1 2 3; do
+  for m in wide wide_batched; do
+    wrk -t1 -c64 -d1s -s "$work/row.lua" "http://$http/v2/models/$m/infer" >/dev/null
+    output=$(wrk -t1 -c64 -d"${DURATION:-5}s" --latency -s "$work/row.lua" \
+      "http://$http/v2/models/$m/infer")
+    printf "%-5s %7s  %-22s %10s %8s %8s %8s\n" wrk 64 "$m" \
+      "$(awk '/^Requests\/sec:/ {printf "%.0f", $2}' <<<"$output")" \
+      "$(awk '$1 == "50%" {print $2}' <<<"$output")" "$(awk '$1 == "99%" {print $2}' <<<"$output")" \
+      "$(awk '/Non-2xx or 3xx responses:/ {print $5}' <<<"$output" | grep . || echo 0)"
+  done
 done
 echo
 echo "## The largest batch alone: one client, 64-row requests over gRPC (raw tensors)"

@@ -6,7 +6,9 @@
 //   backplane_bench_batching --http HOST:PORT --grpc HOST:PORT --models "wide wide_batched"
 //       [--features 784] [--seconds S] [--slices N] [--think-us T]
 //       [--runs "rest:64 grpc:16 rest:1 grpc:1:64"]
-// A run is transport:clients[:rows] (rows per request, default 1). --think-us: each client idles
+// A run is transport:clients[:rows] (rows per request, default 1); transport rest, grpc (a thread
+// per client, blocking calls) or grpc-async (calls kept in flight by their completions on gRPC's
+// own threads: a lighter load generator on the server's cores). --think-us: each client idles
 // that long after each answer (what an idle machine costs the next request). Every client sends its
 // own seeded random rows (REST as JSON, gRPC as raw FP32) and checks every answer: the same rows
 // must get the same outputs every time and from every model (within 1e-4: a batched row may run at
@@ -20,10 +22,14 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <iostream>
 #include <latch>
+#include <memory>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
@@ -127,6 +133,97 @@ void RunClients(int clients, double seconds, std::chrono::microseconds think,
   tally.failures += failures.load();
 }
 
+// As RunClients, but the `clients` calls are kept in flight from no thread of ours: each call's
+// completion (on gRPC's own threads) checks its answer and starts that client's next call. So the
+// load generator is a few threads, not one per client (transport "grpc-async").
+template <typename MakeAsyncCaller>
+void RunAsyncClients(int clients, double seconds, MakeAsyncCaller make_caller,
+                     std::vector<Reference>& references, Tally& tally) {
+  using Outputs = std::vector<float>;
+  // Shared with the completions, which may still be returning when the last one has reported.
+  struct Run {
+    std::vector<std::function<void(std::function<void(Outputs)>)>> calls;
+    std::vector<Reference>* references = nullptr;
+    std::vector<std::vector<double>> latencies;
+    Clock::time_point end;
+    std::mutex mutex;
+    std::condition_variable changed;
+    int failures = 0;  // guarded by mutex
+    int running = 0;   // chains still calling, guarded by mutex
+    std::function<void(int)> next;
+    void Report(bool ok, bool done) {
+      std::lock_guard lock(mutex);
+      failures += ok ? 0 : 1;
+      running -= done ? 1 : 0;
+      changed.notify_all();
+    }
+  };
+  auto run = std::make_shared<Run>();
+  run->references = &references;
+  run->latencies.resize(clients);
+  for (int c = 0; c < clients; ++c) {
+    run->calls.push_back(make_caller(c));
+    // Warm-up, one call at a time: the connection, the first answer (the reference).
+    {
+      std::lock_guard lock(run->mutex);
+      run->running = 1;
+    }
+    run->calls[c]([run, c](Outputs outputs) {
+      run->Report(Matches((*run->references)[c], outputs), /*done=*/true);
+    });
+    std::unique_lock lock(run->mutex);
+    run->changed.wait(lock, [&] { return run->running == 0; });
+  }
+  run->end = Clock::now() +
+             std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+  // One chain per client: a completion records its call and starts the next, or ends the chain.
+  std::weak_ptr<Run> weak = run;
+  run->next = [weak](int c) {
+    const auto run = weak.lock();
+    const auto start = Clock::now();
+    run->calls[c]([run, c, start](Outputs outputs) {
+      const bool ok = Matches((*run->references)[c], outputs);
+      const auto now = Clock::now();
+      run->latencies[c].push_back(std::chrono::duration<double, std::milli>(now - start).count());
+      if (now < run->end) {
+        if (!ok)
+          run->Report(ok, /*done=*/false);
+        run->next(c);
+      } else {
+        run->Report(ok, /*done=*/true);
+      }
+    });
+  };
+  {
+    std::lock_guard lock(run->mutex);
+    run->running = clients;
+  }
+  for (int c = 0; c < clients; ++c)
+    run->next(c);
+  {
+    std::unique_lock lock(run->mutex);
+    run->changed.wait(lock, [&] { return run->running == 0; });
+  }
+  // The completions have reported but may still be returning: the stubs and channels go here,
+  // after gRPC has released every completion, never inside one.
+  while (run.use_count() > 1)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  for (auto& each : run->latencies)
+    tally.latencies_ms.insert(tally.latencies_ms.end(), each.begin(), each.end());
+  tally.seconds += seconds;
+  tally.failures += run->failures;
+}
+
+// The one output of a gRPC answer, raw FP32; empty when it has not exactly one.
+std::vector<float> RawOutputs(const inference::ModelInferResponse& response) {
+  if (response.raw_output_contents_size() != 1)
+    return {};
+  const std::string& bytes = response.raw_output_contents(0);
+  std::vector<float> outputs(bytes.size() / sizeof(float));
+  std::memcpy(outputs.data(), bytes.data(), outputs.size() * sizeof(float));
+  return outputs;
+}
+
 std::vector<float> SeededRows(int client, int rows, int features) {
   std::mt19937 random(20261202 + client);
   std::uniform_real_distribution<float> value(0.0f, 1.0f);
@@ -217,7 +314,8 @@ int main(int argc, char** argv) {
             return answer["outputs"][0]["data"].get<std::vector<float>>();
           };
         };
-        const auto grpc_caller = [&](int c) {
+        // A client's own connection (stub) and its request, for either gRPC caller.
+        const auto grpc_client = [&](int c) {
           grpc::ChannelArguments arguments;  // each client its own connection
           arguments.SetInt("backplane.bench.connection", ++connection);
           auto stub = std::shared_ptr<inference::GRPCInferenceService::Stub>(
@@ -233,19 +331,34 @@ int main(int argc, char** argv) {
           const auto data = SeededRows(c, rows, features);
           request->add_raw_input_contents(reinterpret_cast<const char*>(data.data()),
                                           data.size() * sizeof(float));
-          return [stub, request]() -> std::vector<float> {
+          return std::pair{stub, request};
+        };
+        const auto grpc_caller = [&](int c) {
+          return [client = grpc_client(c)]() -> std::vector<float> {
             grpc::ClientContext context;
             inference::ModelInferResponse response;
-            if (!stub->ModelInfer(&context, *request, &response).ok() ||
-                response.raw_output_contents_size() != 1)
+            if (!client.first->ModelInfer(&context, *client.second, &response).ok())
               return {};
-            const std::string& bytes = response.raw_output_contents(0);
-            std::vector<float> outputs(bytes.size() / sizeof(float));
-            std::memcpy(outputs.data(), bytes.data(), outputs.size() * sizeof(float));
-            return outputs;
+            return RawOutputs(response);
           };
         };
-        if (transport == "grpc")
+        const auto grpc_async_caller = [&](int c) {
+          return [client = grpc_client(c)](std::function<void(std::vector<float>)> done) {
+            struct InFlight {
+              grpc::ClientContext context;
+              inference::ModelInferResponse response;
+            };
+            auto call = std::make_shared<InFlight>();
+            client.first->async()->ModelInfer(
+                &call->context, client.second.get(), &call->response,
+                [call, done = std::move(done)](grpc::Status status) {
+                  done(status.ok() ? RawOutputs(call->response) : std::vector<float>{});
+                });
+          };
+        };
+        if (transport == "grpc-async")
+          RunAsyncClients(clients, seconds / slices, grpc_async_caller, references, tallies[m]);
+        else if (transport == "grpc")
           RunClients(clients, seconds / slices, think, grpc_caller, references, tallies[m]);
         else
           RunClients(clients, seconds / slices, think, rest_caller, references, tallies[m]);
