@@ -77,6 +77,14 @@ struct Tally {
   double seconds = 0;
   int failures = 0;
 
+  // One run's clients: their latencies, its length, its failed answers.
+  void Add(const std::vector<std::vector<double>>& latencies, double run_seconds, int failed) {
+    for (const auto& each : latencies)
+      latencies_ms.insert(latencies_ms.end(), each.begin(), each.end());
+    seconds += run_seconds;
+    failures += failed;
+  }
+
   RunResult Result() {
     std::sort(latencies_ms.begin(), latencies_ms.end());
     RunResult result;
@@ -127,10 +135,7 @@ void RunClients(int clients, double seconds, std::chrono::microseconds think,
   go.count_down();
   for (auto& thread : threads)
     thread.join();
-  for (auto& each : latencies)
-    tally.latencies_ms.insert(tally.latencies_ms.end(), each.begin(), each.end());
-  tally.seconds += seconds;
-  tally.failures += failures.load();
+  tally.Add(latencies, seconds, failures.load());
 }
 
 // As RunClients, but the `clients` calls are kept in flight from no thread of ours: each call's
@@ -208,10 +213,7 @@ void RunAsyncClients(int clients, double seconds, MakeAsyncCaller make_caller,
   // after gRPC has released every completion, never inside one.
   while (run.use_count() > 1)
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  for (auto& each : run->latencies)
-    tally.latencies_ms.insert(tally.latencies_ms.end(), each.begin(), each.end());
-  tally.seconds += seconds;
-  tally.failures += run->failures;
+  tally.Add(run->latencies, seconds, run->failures);
 }
 
 // The one output of a gRPC answer, raw FP32; empty when it has not exactly one.

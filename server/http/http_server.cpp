@@ -400,10 +400,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
                                        limits().keep_alive_timeout)));
     socket_.async_read_some(buffer_.prepare(4096), [self = shared_from_this()](
                                                        beast::error_code error, std::size_t bytes) {
-      if (self->Outcome(error))
-        return self->Close();  // idle timeout, client gone, or Stop: nothing to answer
-      if (self->phase_ == Phase::kClosed)
-        return self->Close();  // Stop closed the socket while this completion was queued
+      // Idle timeout, client gone, or Stop (which may have closed the socket while this
+      // completion was already queued, with bytes): nothing to answer.
+      if (self->Outcome(error) || self->phase_ == Phase::kClosed)
+        return self->Close();
       self->buffer_.commit(bytes);
       self->ReadHeader();
     });
