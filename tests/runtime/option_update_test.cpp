@@ -61,6 +61,11 @@ class Load {
   }
   int64_t served() const { return served_.load(); }
   int64_t failed() const { return failed_.load(); }
+  // Returns once `count` requests were served: on a busy machine the threads may not have run yet.
+  void AwaitServed(int64_t count) const {
+    while (served_.load() < count)
+      std::this_thread::yield();
+  }
 
  private:
   std::atomic<bool> stop_{false};
@@ -108,6 +113,7 @@ TEST_F(OptionUpdateTest, PreparedAndExecutedOptionsReachLoadedNetworksUnderLoadA
   auto network = runtime->LoadNetwork(testing::TwoLayerIdentityNetwork());
   ASSERT_TRUE(network.ok()) << network.error().ToString();
   Load load(*runtime, network.value());
+  load.AwaitServed(3);  // the updates and the swap below happen under load
 
   // Two layers: every offset counts twice.
   ASSERT_TRUE(runtime->UpdateBackendOptions("TestValid", {{"prepared_offset", 10.0}}).ok());
