@@ -199,12 +199,13 @@ const OpRow* FindOpRow(std::string_view op_type);
 
 class Compiler {
  public:
-  Compiler(const SubgraphDesc& graph, const dnnl::engine& engine, int threads,
-           CompileOptions options)
+  Compiler(const SubgraphDesc& graph, const dnnl::engine& engine, ConstantCache& constants,
+           int threads, CompileOptions options)
       : g_(graph),
         layers_(graph.layers),
         layer_inputs_(graph.layer_inputs),
         engine_(engine),
+        constants_(constants),
         stream_(engine),
         program_(std::make_shared<Program>(engine, threads)),
         threads_(threads),
@@ -347,18 +348,30 @@ class Compiler {
   }
 
   // Owned constant memory, filled from `values` laid out as plain `md`, then reordered into
-  // `wanted` (e.g. oneDNN's blocked weights) once, now.
+  // `wanted` (e.g. oneDNN's blocked weights) once, now. For values derived from the network's
+  // constants (scaled weights, a folded bias); its own constants go through NetworkConstant.
   int OwnedConstant(const float* values, const Md& md, const Md& wanted) {
-    memory source(md, engine_, const_cast<float*>(values));
-    if (md == wanted) {
-      memory copy(md, engine_);
-      std::memcpy(copy.get_data_handle(), values, md.get_size());
-      return program_->AddConstant(copy);
-    }
+    return program_->AddConstant(LaidOut(values, md, wanted));
+  }
+
+  // The network's own constant `values` (laid out as plain `md`) in layout `wanted`, shared with
+  // every other program of this backend instance that wants them so (constant_cache.hpp).
+  int NetworkConstant(const float* values, const Md& md, const Md& wanted) {
+    return program_->AddSharedConstant(
+        constants_.Get(values, md, wanted, [&] { return LaidOut(values, md, wanted); }));
+  }
+
+  // New memory in layout `wanted` holding `values` (plain `md`): a copy, or a reorder.
+  memory LaidOut(const float* values, const Md& md, const Md& wanted) {
     memory target(wanted, engine_);
+    if (md == wanted) {
+      std::memcpy(target.get_data_handle(), values, md.get_size());
+      return target;
+    }
+    memory source(md, engine_, const_cast<float*>(values));
     dnnl::reorder(source, target).execute(stream_, source, target);
     stream_.wait();
-    return program_->AddConstant(target);
+    return target;
   }
 
   // Input `index` of layer `i`: its value name ("" when omitted).
@@ -377,8 +390,8 @@ class Compiler {
   int InputAs(std::size_t i, std::size_t index, const Md& md) {
     const OperatorDesc& op = layers_[i];
     if (IsConstant(op, index)) {
-      return OwnedConstant(static_cast<const float*>(op.constant_inputs[index]),
-                           PlainMd(op.inputs[index].shape), md);
+      return NetworkConstant(static_cast<const float*>(op.constant_inputs[index]),
+                             PlainMd(op.inputs[index].shape), md);
     }
     return Get(InputName(i, index), md);
   }
@@ -887,7 +900,7 @@ class Compiler {
     if (w_constant) {
       const auto* data = static_cast<const float*>(op.constant_inputs[1]);
       if (scale.empty()) {
-        weights = OwnedConstant(data, PlainMd(w_dims), pd.weights_desc());
+        weights = NetworkConstant(data, PlainMd(w_dims), pd.weights_desc());
       } else {
         std::vector<float> scaled(data, data + ElementCount(w));
         const int64_t per_map = ElementCount(w) / maps;
@@ -1112,7 +1125,7 @@ class Compiler {
           v *= alpha;
         weights = OwnedConstant(scaled.data(), b_plain, pd.weights_desc());
       } else {
-        weights = OwnedConstant(data, b_plain, pd.weights_desc());
+        weights = NetworkConstant(data, b_plain, pd.weights_desc());
       }
     } else {
       weights = View(InputPlain(i, 1), b_plain);
@@ -1558,6 +1571,7 @@ class Compiler {
   std::vector<OperatorDesc> layers_;
   std::vector<std::vector<std::string>> layer_inputs_;
   dnnl::engine engine_;
+  ConstantCache& constants_;
   dnnl::stream stream_;
   std::shared_ptr<Program> program_;
   const int threads_;
@@ -1620,13 +1634,13 @@ Status CheckOp(const OperatorDesc& op) {
   return Unimplemented("CpuAcc does not implement op " + op.op_type + " (node '" + op.name + "')");
 }
 
-Result<CompileResult> Compile(const SubgraphDesc& subgraph, const dnnl::engine& engine, int threads,
-                              CompileOptions options) {
+Result<CompileResult> Compile(const SubgraphDesc& subgraph, const dnnl::engine& engine,
+                              ConstantCache& constants, int threads, CompileOptions options) {
   // Primitives are created with the thread count they will run with: oneDNN sizes some kernels'
   // work split at creation (omp_get_max_threads of the creating thread).
   ScopedOmpThreads scoped(threads);
   try {
-    return Compiler(subgraph, engine, threads, options).Run();
+    return Compiler(subgraph, engine, constants, threads, options).Run();
   } catch (const dnnl::error& error) {
     return Unimplemented(std::string("CpuAcc: oneDNN: ") + error.what());
   } catch (const std::exception& error) {

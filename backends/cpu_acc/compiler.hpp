@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "backplane/sdk/backend.hpp"
+#include "constant_cache.hpp"
 #include "oneapi/dnnl/dnnl.hpp"
 #include "program.hpp"
 
@@ -40,9 +41,10 @@ struct CompileOptions {
 };
 
 // kUnimplemented when oneDNN has no primitive for a layer as described (the message names it),
-// kInvalidArgument for an inconsistent description. Every shape must be static.
-Result<CompileResult> Compile(const SubgraphDesc& subgraph, const dnnl::engine& engine, int threads,
-                              CompileOptions options = {});
+// kInvalidArgument for an inconsistent description. Every shape must be static. The network's
+// constants are laid out through `constants`, shared with the backend instance's other programs.
+Result<CompileResult> Compile(const SubgraphDesc& subgraph, const dnnl::engine& engine,
+                              ConstantCache& constants, int threads, CompileOptions options = {});
 
 // `op` as a run of one layer: its non-constant inputs in order are the boundary inputs (their
 // indices in op.inputs in `input_indices`), all its outputs the boundary outputs.

@@ -52,6 +52,8 @@ constexpr std::size_t kShapeCacheSize = 8;
 // What the workloads of one backend instance share. Thread-safe.
 struct BackendState {
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
+  // The networks' weights as the programs want them, one copy however many programs share them.
+  ConstantCache constants;
   OptionSet options{std::string(kId),
                     {{std::string(kIntraOpThreads), OptionType::kInt64, int64_t{1},
                       "OpenMP threads each request's primitives use (>= 1); requests in flight x "
@@ -253,8 +255,8 @@ class DynamicLayerWorkload final : public IWorkload {
         }
         BACKPLANE_RETURN_IF_ERROR(CheckOp(concrete));
         // On this request's path: untuned (the shape program, built in the background, tunes).
-        auto compiled = Compile(SingleLayer(concrete, &made->input_map), state_.engine, threads_,
-                                {.tune = false});
+        auto compiled = Compile(SingleLayer(concrete, &made->input_map), state_.engine,
+                                state_.constants, threads_, {.tune = false});
         if (!compiled.ok())
           return compiled.error();
         made->program = compiled.value().program;
@@ -332,7 +334,7 @@ class CpuAccBackend final : public IBackend {
     if (HasDynamicShape(op))
       return std::unique_ptr<IWorkload>(new DynamicLayerWorkload(state_, op, threads));
     std::vector<std::size_t> input_map;
-    auto compiled = Compile(SingleLayer(op, &input_map), state_.engine, threads);
+    auto compiled = Compile(SingleLayer(op, &input_map), state_.engine, state_.constants, threads);
     if (!compiled.ok())
       return compiled.error();
     return std::unique_ptr<IWorkload>(new ProgramWorkload(
@@ -365,7 +367,7 @@ class CpuAccBackend final : public IBackend {
       if (auto split = CompileBatchSplit(subgraph, threads, label, /*any_work=*/true))
         return std::move(*split);
     }
-    auto compiled = Compile(subgraph, state_.engine, threads);
+    auto compiled = Compile(subgraph, state_.engine, state_.constants, threads);
     if (!compiled.ok())
       return compiled.error();
     CompiledSubgraph result;
@@ -456,7 +458,7 @@ class CpuAccBackend final : public IBackend {
         parts.push_back(std::move(part));
         continue;
       }
-      auto compiled = Compile(WithBatch(subgraph, part_rows), state_.engine, 1);
+      auto compiled = Compile(WithBatch(subgraph, part_rows), state_.engine, state_.constants, 1);
       if (!compiled.ok())
         return std::nullopt;
       part.program = std::move(compiled.value().program);

@@ -61,6 +61,12 @@ int Program::AddConstant(dnnl::memory memory) {
   return static_cast<int>(values_.size() - 1);
 }
 
+int Program::AddSharedConstant(std::shared_ptr<const dnnl::memory> memory) {
+  const int index = AddConstant(*memory);
+  shared_constants_.push_back(std::move(memory));
+  return index;
+}
+
 int Program::AddTemporary(const dnnl::memory::desc& md) {
   const std::size_t offset = workspace_bytes_;
   workspace_bytes_ += AlignUp(md.get_size());

@@ -86,6 +86,8 @@ class Program {
   // ---- building (single-threaded, before Finish) ----
   int AddValue(dnnl::memory::desc md, ValueStorage storage);
   int AddConstant(dnnl::memory memory);
+  // A constant other programs share (ConstantCache): this program keeps it alive.
+  int AddSharedConstant(std::shared_ptr<const dnnl::memory> memory);
   int AddTemporary(const dnnl::memory::desc& md);
   // `threads`: what the primitive was created with (at most the program's count).
   void AddPrimitive(dnnl::primitive primitive, std::vector<std::pair<int, int>> args,
@@ -120,6 +122,7 @@ class Program {
   dnnl::engine engine_;
   const int threads_;
   std::vector<ProgramValue> values_;
+  std::vector<std::shared_ptr<const dnnl::memory>> shared_constants_;  // see AddSharedConstant
   std::vector<ProgramStep> steps_;
   std::vector<Shape> input_shapes_, output_shapes_;
   std::size_t workspace_bytes_ = 0;   // temporaries

@@ -2,8 +2,12 @@
 // an MLP, a LeNet) with their layer notes, concurrency, dynamic shapes.
 #include <gmock/gmock.h>
 
+#include <malloc.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
+#include <fstream>
 #include <thread>
 
 #include "backplane/onnx/network.hpp"
@@ -357,6 +361,124 @@ TEST_F(CpuAccBackendTest, CompiledMlpAndLeNetMatchCpuRefLayerByLayer) {
         }
       }
     }
+  }
+}
+
+// ---- Weights laid out once per backend instance (backends/cpu_acc/constant_cache.hpp) ----
+
+// Gemm Y = X W, W the constant `w` ([k, n]), X [-1, k]: the per-layer workload compiles a
+// program for each batch it meets (RunsALayerWithADynamicBatchPerShape).
+OperatorDesc SymbolicBatchGemm(const std::vector<float>& w, int64_t k, int64_t n) {
+  OperatorDesc op{.op_type = "Gemm", .name = "gemm"};
+  op.inputs = {{DataType::kFloat32, {-1, k}}, {DataType::kFloat32, {k, n}}};
+  op.outputs = {{DataType::kFloat32, {-1, n}}};
+  op.constant_inputs = {nullptr, w.data()};
+  return op;
+}
+
+std::vector<float> Ramp(std::size_t count, float step, float offset) {
+  std::vector<float> values(count);
+  for (std::size_t i = 0; i < count; ++i)
+    values[i] = offset + step * static_cast<float>(i % 97);
+  return values;
+}
+
+// Runs the Gemm of `op` on `batch` rows (fixed values); its output, and in `want` X W computed
+// here.
+std::vector<float> RunGemm(loader::Workload& workload, const OperatorDesc& op, int64_t batch,
+                           std::vector<float>* want) {
+  const int64_t k = op.inputs[1].shape[0], n = op.inputs[1].shape[1];
+  const std::vector<float> x = Ramp(static_cast<std::size_t>(batch * k), 0.01f, -0.4f);
+  const auto* w = static_cast<const float*>(op.constant_inputs[1]);
+  want->assign(static_cast<std::size_t>(batch * n), 0.0f);
+  for (int64_t r = 0; r < batch; ++r) {
+    for (int64_t j = 0; j < n; ++j) {
+      double sum = 0;
+      for (int64_t i = 0; i < k; ++i)
+        sum += static_cast<double>(x[r * k + i]) * w[i * n + j];
+      (*want)[r * n + j] = static_cast<float>(sum);
+    }
+  }
+  std::vector<float> got(want->size());
+  const std::vector<ConstTensorView> inputs{{{DataType::kFloat32, {batch, k}}, x.data()},
+                                            {op.inputs[1], op.constant_inputs[1]}};
+  const TensorView output{{DataType::kFloat32, {batch, n}}, got.data()};
+  if (Status status = workload.Execute(inputs, {&output, 1}); !status.ok())
+    ADD_FAILURE() << "batch " << batch << ": " << status.ToString();
+  return got;
+}
+
+int64_t ResidentBytes() {
+  std::ifstream statm("/proc/self/statm");
+  int64_t size_pages = 0, resident_pages = 0;
+  statm >> size_pages >> resident_pages;
+  return resident_pages * sysconf(_SC_PAGESIZE);
+}
+
+// A layer met at six more batch sizes keeps six more programs, not six more copies of its 8 MB
+// of weights laid out for oneDNN (before: 56 MB of resident memory a program for the wide MLP).
+TEST_F(CpuAccBackendTest, ProgramsOfManyBatchSizesShareOneCopyOfTheWeights) {
+  constexpr int64_t k = 1024, n = 2048;
+  const std::vector<float> w = Ramp(static_cast<std::size_t>(k * n), 0.001f, -0.05f);
+  const OperatorDesc op = SymbolicBatchGemm(w, k, n);
+  auto workload = cpu_acc().CreateWorkload(op);
+  ASSERT_TRUE(workload.ok()) << workload.error().ToString();
+  std::vector<std::vector<float>> got(9), want(9);
+  // Batch 1 and 2 first: oneDNN may want other layouts for one or two rows.
+  for (int64_t batch : {1, 2})
+    got[batch] = RunGemm(**workload, op, batch, &want[batch]);
+  malloc_trim(0);  // so that new programs cannot hide in memory freed before
+  const int64_t before = ResidentBytes();
+  for (int64_t batch = 3; batch <= 8; ++batch) {
+    std::vector<float> x = Ramp(static_cast<std::size_t>(batch * k), 0.01f, -0.4f);
+    std::vector<float> y(static_cast<std::size_t>(batch * n));
+    const std::vector<ConstTensorView> inputs{{{DataType::kFloat32, {batch, k}}, x.data()},
+                                              {op.inputs[1], op.constant_inputs[1]}};
+    const TensorView output{{DataType::kFloat32, {batch, n}}, y.data()};
+    ASSERT_TRUE((*workload)->Execute(inputs, {&output, 1}).ok());
+  }
+  const int64_t grown = ResidentBytes() - before;
+  const int64_t weight_bytes = k * n * static_cast<int64_t>(sizeof(float));
+  EXPECT_LT(grown, weight_bytes / 2) << "6 programs grew the resident set by " << grown
+                                     << " bytes; the weights are " << weight_bytes;
+  // And every batch size computes with them.
+  for (int64_t batch = 1; batch <= 8; ++batch) {
+    if (batch > 2)
+      got[batch] = RunGemm(**workload, op, batch, &want[batch]);
+    std::string mismatch;
+    EXPECT_TRUE(AllClose(got[batch], want[batch], &mismatch))
+        << "batch " << batch << ": " << mismatch;
+  }
+}
+
+// Weights are found by their address, which is sound only while a program holds them: once the
+// last is gone, new bytes at the same address (the next network's) are laid out anew, and two
+// networks alive at once each compute with their own.
+TEST_F(CpuAccBackendTest, WeightsAtAnAddressReusedAfterTheirProgramsAreGoneAreLaidOutAnew) {
+  constexpr int64_t k = 64, n = 48;
+  std::vector<float> w = Ramp(static_cast<std::size_t>(k * n), 0.01f, -0.3f);
+  const OperatorDesc op = SymbolicBatchGemm(w, k, n);
+  std::vector<float> want;
+  std::string mismatch;
+  {
+    auto first = cpu_acc().CreateWorkload(op);
+    ASSERT_TRUE(first.ok()) << first.error().ToString();
+    for (int64_t batch : {4, 1})
+      EXPECT_TRUE(AllClose(RunGemm(**first, op, batch, &want), want, &mismatch)) << mismatch;
+  }
+  // The same address, other bytes: what a network loaded where an unloaded one lived sees.
+  std::ranges::copy(Ramp(w.size(), -0.02f, 0.5f), w.begin());
+  auto second = cpu_acc().CreateWorkload(op);
+  ASSERT_TRUE(second.ok()) << second.error().ToString();
+  const std::vector<float> other_w = Ramp(w.size(), 0.03f, -1.0f);
+  const OperatorDesc other_op = SymbolicBatchGemm(other_w, k, n);
+  auto other = cpu_acc().CreateWorkload(other_op);
+  ASSERT_TRUE(other.ok()) << other.error().ToString();
+  for (int64_t batch : {4, 1, 3}) {
+    EXPECT_TRUE(AllClose(RunGemm(**second, op, batch, &want), want, &mismatch))
+        << "batch " << batch << ": " << mismatch;
+    EXPECT_TRUE(AllClose(RunGemm(**other, other_op, batch, &want), want, &mismatch))
+        << "the other network, batch " << batch << ": " << mismatch;
   }
 }
 

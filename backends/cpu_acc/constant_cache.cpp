@@ -1,0 +1,45 @@
+#include "constant_cache.hpp"
+
+#include <algorithm>
+
+namespace backplane::cpu_acc {
+
+std::shared_ptr<const dnnl::memory> ConstantCache::FindLocked(const void* values,
+                                                              const dnnl::memory::desc& plain,
+                                                              const dnnl::memory::desc& wanted) {
+  std::erase_if(entries_, [](const Entry& entry) { return entry.memory.expired(); });
+  for (const Entry& entry : entries_) {
+    if (entry.values != values || entry.plain != plain || entry.wanted != wanted)
+      continue;
+    // Null when the last holder let go since the sweep above: then it is made anew.
+    return entry.memory.lock();
+  }
+  return nullptr;
+}
+
+std::shared_ptr<const dnnl::memory> ConstantCache::Get(const void* values,
+                                                       const dnnl::memory::desc& plain,
+                                                       const dnnl::memory::desc& wanted,
+                                                       const std::function<dnnl::memory()>& make) {
+  {
+    std::lock_guard lock(mutex_);
+    if (auto found = FindLocked(values, plain, wanted))
+      return found;
+  }
+  // Laying out 21 MB of weights takes milliseconds: not under the lock other compiles need.
+  auto made = std::make_shared<const dnnl::memory>(make());
+  std::lock_guard lock(mutex_);
+  if (auto found = FindLocked(values, plain, wanted))
+    return found;
+  entries_.push_back({values, plain, wanted, made});
+  return made;
+}
+
+std::size_t ConstantCache::live_entries() const {
+  std::lock_guard lock(mutex_);
+  return static_cast<std::size_t>(
+      std::count_if(entries_.begin(), entries_.end(),
+                    [](const Entry& entry) { return !entry.memory.expired(); }));
+}
+
+}  // namespace backplane::cpu_acc

@@ -1,0 +1,58 @@
+// A network's constants in the layouts oneDNN's primitives want them (blocked weights), laid out
+// once per backend instance and shared by every program that wants the same bytes in the same
+// layout.
+//
+// Why: each compiled program laid out its own copy. A network compiled at several batch sizes
+// (shape programs; a batched model runs at up to seven execution sizes) held the wide MLP
+// 784-2048-2048-10's 21 MB of weights once per program (56 MB of resident memory each), and a
+// batch at one size streamed from memory weights that the batch before it, at another size, had
+// just brought into the caches under another address.
+//
+// Trap kept in mind here: entries are keyed by the address of the network's bytes. That is sound
+// only because an entry lives exactly as long as some program holds it (the cache keeps weak
+// references), no program outlives the network's constants (the SDK's contract on
+// OperatorDesc::constant_inputs), and constants never change: while an entry can be found, its
+// address still holds the bytes it was made from. Values derived from constants (weights scaled
+// by Gemm's alpha or a folded BatchNormalization) live at no such address: never cache them.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "oneapi/dnnl/dnnl.hpp"
+
+namespace backplane::cpu_acc {
+
+// Thread-safe: programs are compiled concurrently (loads, the runtime's shape-program builder,
+// layers met at a new shape on a request's thread).
+class ConstantCache {
+ public:
+  // The network's constant `values` (laid out as `plain`) in layout `wanted`: the memory made
+  // for them earlier while a program still holds it, else `make()`'s, which is kept for the next
+  // caller. `make` runs without the cache's lock; two callers racing for one entry may both make
+  // it, and the later one takes the first one's.
+  std::shared_ptr<const dnnl::memory> Get(const void* values, const dnnl::memory::desc& plain,
+                                          const dnnl::memory::desc& wanted,
+                                          const std::function<dnnl::memory()>& make);
+
+  // Entries some program still holds (tests).
+  std::size_t live_entries() const;
+
+ private:
+  struct Entry {
+    const void* values;
+    dnnl::memory::desc plain, wanted;
+    std::weak_ptr<const dnnl::memory> memory;
+  };
+  // The live memory of the entry for this key, or null; drops the expired entries it passes.
+  std::shared_ptr<const dnnl::memory> FindLocked(const void* values,
+                                                 const dnnl::memory::desc& plain,
+                                                 const dnnl::memory::desc& wanted);
+
+  mutable std::mutex mutex_;
+  std::vector<Entry> entries_;  // guarded by mutex_; a few per weight tensor at most
+};
+
+}  // namespace backplane::cpu_acc
