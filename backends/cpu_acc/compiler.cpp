@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <optional>
 #include <unordered_map>
@@ -33,6 +35,13 @@ memory::dims RowMajorStrides(const memory::dims& dims) {
   for (std::size_t i = dims.size(); i-- > 1;)
     strides[i - 1] = strides[i] * dims[i];
   return strides;
+}
+
+// `value` exactly ("%a"), for the recipes that key derived constants (constant_cache.hpp).
+std::string HexFloat(float value) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%a", static_cast<double>(value));
+  return text;
 }
 
 // Dense row-major; an ONNX scalar (no dims) is [1]. (Shape and memory::dims are one type.)
@@ -348,8 +357,8 @@ class Compiler {
   }
 
   // Owned constant memory, filled from `values` laid out as plain `md`, then reordered into
-  // `wanted` (e.g. oneDNN's blocked weights) once, now. For values derived from the network's
-  // constants (scaled weights, a folded bias); its own constants go through NetworkConstant.
+  // `wanted` (e.g. oneDNN's blocked weights) once, now. For small values computed here (a folded
+  // bias); weights go through NetworkConstant or DerivedConstant.
   int OwnedConstant(const float* values, const Md& md, const Md& wanted) {
     return program_->AddConstant(LaidOut(values, md, wanted));
   }
@@ -358,7 +367,17 @@ class Compiler {
   // every other program of this backend instance that wants them so (constant_cache.hpp).
   int NetworkConstant(const float* values, const Md& md, const Md& wanted) {
     return program_->AddSharedConstant(
-        constants_.Get(values, md, wanted, [&] { return LaidOut(values, md, wanted); }));
+        constants_.Get({{values}, ""}, md, wanted, [&] { return LaidOut(values, md, wanted); }));
+  }
+
+  // A constant computed by `compute` (plain `md`) from the network's constants as `origin` says,
+  // in layout `wanted`, shared like NetworkConstant's: computed only when no program has it.
+  int DerivedConstant(const ConstantOrigin& origin, const Md& md, const Md& wanted,
+                      const std::function<std::vector<float>()>& compute) {
+    return program_->AddSharedConstant(constants_.Get(origin, md, wanted, [&] {
+      const std::vector<float> values = compute();
+      return LaidOut(values.data(), md, wanted);
+    }));
   }
 
   // New memory in layout `wanted` holding `values` (plain `md`): a copy, or a reorder.
@@ -784,7 +803,8 @@ class Compiler {
     Bias bias;
     if (b_constant)
       bias.Add(static_cast<const float*>(op.constant_inputs[2]), {maps}, 1.0f);
-    std::vector<float> scale;  // per output map, from a folded BatchNormalization
+    std::vector<float> scale;      // per output map, from a folded BatchNormalization
+    ConstantOrigin scaled_origin;  // of the weights times `scale`
 
     // Fusion: BatchNormalization into the weights, then constant Adds into the bias, then
     // activations as post-ops. A non-constant bias input only takes activations.
@@ -809,6 +829,9 @@ class Compiler {
             const double b = bias.present ? bias.values[m] : 0.0;
             shift[m] = static_cast<float>((b - mean[m]) * s + beta[m]);
           }
+          // The scale reads gamma, var and epsilon; the weights' key names all three.
+          scaled_origin = {{op.constant_inputs[1], gamma, var},
+                           "x gamma/sqrt(var+eps), eps " + HexFloat(epsilon)};
           bias = Bias{};
           bias.Add(shift.data(), {maps}, 1.0f);
           shapes_[OutputName(*next)] = bn.outputs[0].shape;
@@ -902,13 +925,15 @@ class Compiler {
       if (scale.empty()) {
         weights = NetworkConstant(data, PlainMd(w_dims), pd.weights_desc());
       } else {
-        std::vector<float> scaled(data, data + ElementCount(w));
-        const int64_t per_map = ElementCount(w) / maps;
-        for (int64_t m = 0; m < maps; ++m) {
-          for (int64_t k = 0; k < per_map; ++k)
-            scaled[m * per_map + k] *= scale[m];
-        }
-        weights = OwnedConstant(scaled.data(), PlainMd(w_dims), pd.weights_desc());
+        weights = DerivedConstant(scaled_origin, PlainMd(w_dims), pd.weights_desc(), [&] {
+          std::vector<float> scaled(data, data + ElementCount(w));
+          const int64_t per_map = ElementCount(w) / maps;
+          for (int64_t m = 0; m < maps; ++m) {
+            for (int64_t k = 0; k < per_map; ++k)
+              scaled[m * per_map + k] *= scale[m];
+          }
+          return scaled;
+        });
       }
     } else {
       const int plain = View(InputPlain(i, 1), PlainMd(w_dims));
@@ -1120,10 +1145,13 @@ class Compiler {
     if (b_constant) {
       const auto* data = static_cast<const float*>(op.constant_inputs[1]);
       if (alpha != 1.0f) {
-        std::vector<float> scaled(data, data + ElementCount(b));
-        for (float& v : scaled)
-          v *= alpha;
-        weights = OwnedConstant(scaled.data(), b_plain, pd.weights_desc());
+        weights = DerivedConstant({{data}, "x alpha " + HexFloat(alpha)}, b_plain,
+                                  pd.weights_desc(), [&] {
+                                    std::vector<float> scaled(data, data + ElementCount(b));
+                                    for (float& v : scaled)
+                                      v *= alpha;
+                                    return scaled;
+                                  });
       } else {
         weights = NetworkConstant(data, b_plain, pd.weights_desc());
       }

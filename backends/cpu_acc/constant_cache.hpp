@@ -12,28 +12,41 @@
 // only because an entry lives exactly as long as some program holds it (the cache keeps weak
 // references), no program outlives the network's constants (the SDK's contract on
 // OperatorDesc::constant_inputs), and constants never change: while an entry can be found, its
-// address still holds the bytes it was made from. Values derived from constants (weights scaled
-// by Gemm's alpha or a folded BatchNormalization) live at no such address: never cache them.
+// address still holds the bytes it was made from. A value computed from constants (weights
+// scaled by Gemm's alpha or a folded BatchNormalization) is keyed by every constant it reads and a
+// recipe that names the computation with each of its parameters: a key that leaves one out hands
+// one network's weights to another.
 #pragma once
 
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "oneapi/dnnl/dnnl.hpp"
 
 namespace backplane::cpu_acc {
 
+// What a shared constant is made from: the network's constants at `sources` (each one it reads),
+// as they are (`recipe` empty) or computed as `recipe` says, parameters included
+// ("x gamma/sqrt(var+eps), eps 0x1.4f8b58p-17"). Value type.
+struct ConstantOrigin {
+  std::vector<const void*> sources;
+  std::string recipe;
+  friend bool operator==(const ConstantOrigin&, const ConstantOrigin&) = default;
+};
+
 // Thread-safe: programs are compiled concurrently (loads, the runtime's shape-program builder,
 // layers met at a new shape on a request's thread).
 class ConstantCache {
  public:
-  // The network's constant `values` (laid out as `plain`) in layout `wanted`: the memory made
-  // for them earlier while a program still holds it, else `make()`'s, which is kept for the next
+  // The constant made from `origin` (laid out as `plain`) in layout `wanted`: the memory made for
+  // it earlier while a program still holds it, else `make()`'s, which is kept for the next
   // caller. `make` runs without the cache's lock; two callers racing for one entry may both make
   // it, and the later one takes the first one's.
-  std::shared_ptr<const dnnl::memory> Get(const void* values, const dnnl::memory::desc& plain,
+  std::shared_ptr<const dnnl::memory> Get(const ConstantOrigin& origin,
+                                          const dnnl::memory::desc& plain,
                                           const dnnl::memory::desc& wanted,
                                           const std::function<dnnl::memory()>& make);
 
@@ -42,12 +55,12 @@ class ConstantCache {
 
  private:
   struct Entry {
-    const void* values;
+    ConstantOrigin origin;
     dnnl::memory::desc plain, wanted;
     std::weak_ptr<const dnnl::memory> memory;
   };
   // The live memory of the entry for this key, or null; drops the expired entries it passes.
-  std::shared_ptr<const dnnl::memory> FindLocked(const void* values,
+  std::shared_ptr<const dnnl::memory> FindLocked(const ConstantOrigin& origin,
                                                  const dnnl::memory::desc& plain,
                                                  const dnnl::memory::desc& wanted);
 

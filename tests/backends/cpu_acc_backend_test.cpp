@@ -2,12 +2,8 @@
 // an MLP, a LeNet) with their layer notes, concurrency, dynamic shapes.
 #include <gmock/gmock.h>
 
-#include <malloc.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <chrono>
-#include <fstream>
 #include <thread>
 
 #include "backplane/onnx/network.hpp"
@@ -408,13 +404,6 @@ std::vector<float> RunGemm(loader::Workload& workload, const OperatorDesc& op, i
   return got;
 }
 
-int64_t ResidentBytes() {
-  std::ifstream statm("/proc/self/statm");
-  int64_t size_pages = 0, resident_pages = 0;
-  statm >> size_pages >> resident_pages;
-  return resident_pages * sysconf(_SC_PAGESIZE);
-}
-
 // A layer met at six more batch sizes keeps six more programs, not six more copies of its 8 MB
 // of weights laid out for oneDNN (before: 56 MB of resident memory a program for the wide MLP).
 TEST_F(CpuAccBackendTest, ProgramsOfManyBatchSizesShareOneCopyOfTheWeights) {
@@ -427,7 +416,7 @@ TEST_F(CpuAccBackendTest, ProgramsOfManyBatchSizesShareOneCopyOfTheWeights) {
   // Batch 1 and 2 first: oneDNN may want other layouts for one or two rows.
   for (int64_t batch : {1, 2})
     got[batch] = RunGemm(**workload, op, batch, &want[batch]);
-  malloc_trim(0);  // so that new programs cannot hide in memory freed before
+  ReleaseFreedMemory();  // so that new programs cannot hide in memory freed before
   const int64_t before = ResidentBytes();
   for (int64_t batch = 3; batch <= 8; ++batch) {
     std::vector<float> x = Ramp(static_cast<std::size_t>(batch * k), 0.01f, -0.4f);
@@ -437,6 +426,7 @@ TEST_F(CpuAccBackendTest, ProgramsOfManyBatchSizesShareOneCopyOfTheWeights) {
     const TensorView output{{DataType::kFloat32, {batch, n}}, y.data()};
     ASSERT_TRUE((*workload)->Execute(inputs, {&output, 1}).ok());
   }
+  ReleaseFreedMemory();  // what compiling used and freed is not a program's
   const int64_t grown = ResidentBytes() - before;
   const int64_t weight_bytes = k * n * static_cast<int64_t>(sizeof(float));
   EXPECT_LT(grown, weight_bytes / 2) << "6 programs grew the resident set by " << grown

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
 
 #include "cpu_acc_test_util.hpp"
 
@@ -263,9 +264,10 @@ std::vector<std::string> ExpectFusedUnfusedAndReferenceAgree(const TestGraph& gr
   return notes;
 }
 
-// Conv 3x3 (pads 1) + BatchNormalization on `in` [n, c, h, w] -> `out` [n, maps, h/stride...].
+// Conv 3x3 (pads 1) + BatchNormalization on `in` [n, c, h, w] -> `out` [n, maps, h/stride...];
+// the BatchNormalization's epsilon its default unless given.
 Shape AddConvBn(TestGraph& g, Rng& rng, const std::string& in, const std::string& out, int64_t maps,
-                int64_t stride, int64_t kernel = 3) {
+                int64_t stride, int64_t kernel = 3, std::optional<float> epsilon = std::nullopt) {
   const Shape& x = g.ShapeOf(in);
   const int64_t pad = kernel / 2;
   const Shape y{x[0], maps, (x[2] + 2 * pad - kernel) / stride + 1,
@@ -280,8 +282,12 @@ Shape AddConvBn(TestGraph& g, Rng& rng, const std::string& in, const std::string
   g.AddConstant(out + "_beta", DrawTensor({maps}, rng, -0.5f, 0.5f));
   g.AddConstant(out + "_mean", DrawTensor({maps}, rng, -0.5f, 0.5f));
   g.AddConstant(out + "_var", DrawTensor({maps}, rng, 0.5f, 1.5f));
+  AttributeMap bn_attributes;
+  if (epsilon)
+    bn_attributes["epsilon"] = *epsilon;
   g.AddLayer("BatchNormalization", out + "_bn",
-             {out + "_c", out + "_gamma", out + "_beta", out + "_mean", out + "_var"}, {out}, {y});
+             {out + "_c", out + "_gamma", out + "_beta", out + "_mean", out + "_var"}, {out}, {y},
+             std::move(bn_attributes));
   return y;
 }
 
@@ -350,6 +356,129 @@ TEST_F(CpuAccFusionTest, ResidualBranchReadAfterTheAddIsNotOverwritten) {
   const auto notes = ExpectFusedUnfusedAndReferenceAgree(g, cpu_ref(), cpu_acc());
   ASSERT_EQ(notes.size(), g.layers().size());
   EXPECT_THAT(notes[3], HasSubstr("as a sum post-op"));
+}
+
+// ---- Folded weights shared between programs (backends/cpu_acc/constant_cache.hpp) ----
+
+// `run` at batch `batch`: the first dimension of every value but the constants.
+SubgraphDesc Rebatched(SubgraphDesc run, int64_t batch) {
+  const auto rebatch = [batch](TensorInfo& info) {
+    if (!info.shape.empty())
+      info.shape[0] = batch;
+  };
+  for (OperatorDesc& layer : run.layers) {
+    for (std::size_t k = 0; k < layer.inputs.size(); ++k) {
+      if (k >= layer.constant_inputs.size() || layer.constant_inputs[k] == nullptr)
+        rebatch(layer.inputs[k]);
+    }
+    for (TensorInfo& output : layer.outputs)
+      rebatch(output);
+  }
+  for (TensorInfo& info : run.input_infos)
+    rebatch(info);
+  for (TensorInfo& info : run.output_infos)
+    rebatch(info);
+  return run;
+}
+
+std::vector<float> FirstInput(const TestGraph& g) {
+  const std::span<const float> values = g.InputViews().at(0).Elements<float>();
+  return {values.begin(), values.end()};
+}
+
+// Runs `workload` on `x` (shape `x_shape`); its single output, of shape `y_shape`.
+std::vector<float> RunOne(loader::Workload& workload, const Shape& x_shape,
+                          const std::vector<float>& x, const Shape& y_shape) {
+  std::vector<float> y(static_cast<std::size_t>(ElementCount(y_shape)), NAN);
+  const ConstTensorView input{{DataType::kFloat32, x_shape}, x.data()};
+  const TensorView output{{DataType::kFloat32, y_shape}, y.data()};
+  if (Status status = workload.Execute({&input, 1}, {&output, 1}); !status.ok())
+    ADD_FAILURE() << status.ToString();
+  return y;
+}
+
+// A convolution with a BatchNormalization folded into its 9.4 MB of weights, compiled at six
+// more batch sizes: a copy of the folded weights per layout the convolutions want, not one per
+// program; and every size computes with them (each row of a batch equals the row alone, which
+// equals CpuRef). Trap: CpuAcc times oneDNN's implementations per batch size and keeps the
+// fastest, and each wants its own layout (jit and brgconv here), so which sizes share a copy
+// changes from run to run; what cannot change is that six programs hold at most a few copies.
+TEST_F(CpuAccFusionTest, FoldedWeightsAreSharedByTheProgramsOfEveryBatchSize) {
+  Rng rng(31);
+  TestGraph g;
+  g.SetInput("x", DrawTensor({1, 512, 4, 4}, rng, -1.0f, 1.0f));
+  const Shape y1 = AddConvBn(g, rng, "x", "y", 512, 1);
+  g.MarkOutput("y");
+  std::vector<std::unique_ptr<loader::Workload>> programs;
+  const auto compile = [&](int64_t batch) -> loader::Workload& {
+    auto compiled = cpu_acc().CompileSubgraph(Rebatched(g.Subgraph(), batch));
+    EXPECT_TRUE(compiled.ok()) << "batch " << batch << ": " << compiled.error().ToString();
+    programs.push_back(std::move(compiled.value().workload));
+    return *programs.back();
+  };
+  loader::Workload& alone = compile(1);
+  compile(2);  // oneDNN may want other layouts for one or two samples
+  ReleaseFreedMemory();
+  const int64_t before = ResidentBytes();
+  for (int64_t batch = 3; batch <= 8; ++batch)
+    compile(batch);
+  ReleaseFreedMemory();  // what compiling used and freed (tuning's buffers) is not a program's
+  const int64_t grown = ResidentBytes() - before;
+  const int64_t weight_bytes = 512 * 512 * 9 * static_cast<int64_t>(sizeof(float));
+  EXPECT_LT(grown, 3 * weight_bytes) << "6 programs grew the resident set by " << grown
+                                     << " bytes; the folded weights are " << weight_bytes;
+
+  auto want = g.RunPerLayer(cpu_ref());
+  ASSERT_TRUE(want.ok()) << want.error().ToString();
+  const std::vector<float> x = FirstInput(g);
+  const std::vector<float> got_alone = RunOne(alone, g.ShapeOf("x"), x, y1);
+  std::string mismatch;
+  EXPECT_TRUE(AllClose(got_alone, want->at("y").values, &mismatch)) << mismatch;
+  for (std::size_t p = 1; p < programs.size(); ++p) {
+    const int64_t batch = static_cast<int64_t>(p) + 1;
+    std::vector<float> xs;
+    for (int64_t r = 0; r < batch; ++r)
+      xs.insert(xs.end(), x.begin(), x.end());
+    const std::vector<float> ys =
+        RunOne(*programs[p], {batch, 512, 4, 4}, xs, {batch, y1[1], y1[2], y1[3]});
+    for (int64_t r = 0; r < batch; ++r) {
+      const std::vector<float> row(ys.begin() + r * ElementCount(y1),
+                                   ys.begin() + (r + 1) * ElementCount(y1));
+      EXPECT_TRUE(AllClose(row, got_alone, &mismatch))
+          << "batch " << batch << " row " << r << ": " << mismatch;
+    }
+  }
+}
+
+// Folded weights depend on the BatchNormalization's epsilon as much as on its bytes: the same
+// weights, gamma and var under another epsilon are folded anew, while the first program lives.
+TEST_F(CpuAccFusionTest, FoldedWeightsUnderAnotherEpsilonAreFoldedAnew) {
+  const auto make = [](TestGraph& g, std::optional<float> epsilon) {
+    Rng rng(41);  // the same values in both graphs
+    g.SetInput("x", DrawTensor({2, 16, 6, 6}, rng, -1.0f, 1.0f));
+    AddConvBn(g, rng, "x", "y", 16, 1, 3, epsilon);
+    g.MarkOutput("y");
+  };
+  TestGraph small_epsilon, large_epsilon;
+  make(small_epsilon, std::nullopt);
+  make(large_epsilon, 0.5f);
+  auto first = small_epsilon.RunCompiled(cpu_acc(), nullptr);
+  ASSERT_TRUE(first.ok()) << first.error().ToString();
+  // The run of the first graph's constants (their addresses) with the second graph's epsilon.
+  SubgraphDesc other = small_epsilon.Subgraph();
+  other.layers[1].attributes = large_epsilon.Subgraph().layers[1].attributes;
+  auto kept = cpu_acc().CompileSubgraph(small_epsilon.Subgraph());  // holds the first folding
+  auto compiled = cpu_acc().CompileSubgraph(other);
+  ASSERT_TRUE(kept.ok() && compiled.ok());
+  const std::vector<float> x = FirstInput(small_epsilon);
+  const std::vector<float> got = RunOne(*compiled->workload, {2, 16, 6, 6}, x, {2, 16, 6, 6});
+  auto want = large_epsilon.RunPerLayer(cpu_ref());
+  auto want_small = small_epsilon.RunPerLayer(cpu_ref());
+  ASSERT_TRUE(want.ok() && want_small.ok());
+  std::string mismatch;
+  EXPECT_TRUE(AllClose(got, want->at("y").values, &mismatch)) << mismatch;
+  EXPECT_FALSE(AllClose(want_small->at("y").values, want->at("y").values, &mismatch))
+      << "the two epsilons must give different answers for this test to mean anything";
 }
 
 // SqueezeNet's Fire module: squeeze 1x1, two expand convolutions (1x1 and 3x3), Concat along the

@@ -1,7 +1,16 @@
 #include "cpu_acc_test_util.hpp"
 
+#include <malloc.h>
+#include <unistd.h>
+
+#if defined(__SANITIZE_ADDRESS__)
+// From ASan's runtime (<sanitizer/allocator_interface.h>, which only clang installs here).
+extern "C" void __sanitizer_purge_allocator();
+#endif
+
 #include <cmath>
 #include <cstdlib>
+#include <fstream>
 #include <sstream>
 #include <stdexcept>
 
@@ -152,6 +161,20 @@ Result<std::map<std::string, FloatTensor>> TestGraph::RunCompiled(
   const auto inputs = InputViews();
   BACKPLANE_RETURN_IF_ERROR(compiled.value().workload->Execute(inputs, outputs));
   return results;
+}
+
+void ReleaseFreedMemory() {
+#if defined(__SANITIZE_ADDRESS__)
+  __sanitizer_purge_allocator();  // ASan's quarantine holds freed memory back from malloc_trim
+#endif
+  malloc_trim(0);
+}
+
+int64_t ResidentBytes() {
+  std::ifstream statm("/proc/self/statm");
+  int64_t size_pages = 0, resident_pages = 0;
+  statm >> size_pages >> resident_pages;
+  return resident_pages * sysconf(_SC_PAGESIZE);
 }
 
 std::string Describe(const OperatorDesc& op) {

@@ -101,6 +101,12 @@ class CpuAccTest : public ::testing::Test {
   static Shared* shared_;
 };
 
+// This process's resident set, in bytes (/proc/self/statm).
+int64_t ResidentBytes();
+// Hands freed heap memory back to the system (malloc_trim; under ASan its quarantine first), so
+// that ResidentBytes counts what is held.
+void ReleaseFreedMemory();
+
 // Every element within atol 1e-4 + rtol 1e-3 (the tolerance); the first mismatch in
 // `mismatch` when not.
 bool AllClose(const std::vector<float>& actual, const std::vector<float>& expected,
