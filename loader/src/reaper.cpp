@@ -7,6 +7,7 @@
 
 #include "backplane/core/backend_call.hpp"
 #include "backplane/core/thread_annotations.hpp"
+#include "backplane/core/thread_name.hpp"
 
 namespace backplane::loader {
 
@@ -21,7 +22,11 @@ struct Reaper::State {
   std::thread::id thread_id;  // set before the first Post
 };
 
-Reaper::Reaper() : state_(std::make_shared<State>()), thread_([state = state_] { Run(state); }) {
+Reaper::Reaper()
+    : state_(std::make_shared<State>()), thread_([state = state_] {
+        NameThisThread("bp-reaper");
+        Run(state);
+      }) {
   state_->thread_id = thread_.get_id();
 }
 

@@ -39,6 +39,7 @@
 
 #include "backplane/core/logging.hpp"
 #include "backplane/core/thread_annotations.hpp"
+#include "backplane/core/thread_name.hpp"
 #include "http/body_budget.hpp"
 #include "http/path_pattern.hpp"
 #include "http/request_framing.hpp"
@@ -979,7 +980,10 @@ Result<ListenAddress> HttpServer::Core::Start(const ListenAddress& address) {
   work_.emplace(loop.get_executor());
   asio::dispatch(*accept_strand_, [this] { Accept(); });
   for (int i = 0; i < limits.io_threads; ++i)
-    io_threads_.emplace_back([this] { loop.run(); });
+    io_threads_.emplace_back([this] {
+      NameThisThread("bp-http-io");
+      loop.run();
+    });
   started_.store(true);
   return bound;
 }

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "backplane/core/logging.hpp"
+#include "backplane/core/thread_name.hpp"
 #include "metrics/metrics.hpp"
 
 namespace backplane::server {
@@ -104,7 +105,10 @@ RolloutController::RolloutController(Runtime& runtime, BackendRegistry& registry
         event.kind == GenerationEvent::Kind::kRejected)
       OnGenerationEvent(event);
   });
-  thread_ = std::thread([this] { Run(); });
+  thread_ = std::thread([this] {
+    NameThisThread("bp-rollout");
+    Run();
+  });
 }
 
 RolloutController::~RolloutController() {

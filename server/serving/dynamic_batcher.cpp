@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "backplane/core/thread_annotations.hpp"
+#include "backplane/core/thread_name.hpp"
 #include "metrics/metrics.hpp"
 
 namespace backplane::server {
@@ -219,8 +220,14 @@ DynamicBatcher::DynamicBatcher(Runtime& runtime, Options options)
   // Parsers finish out of order; the dispatcher groups in arrival order (preserve_ordering too).
   const int parsers = std::max(1, options_.limits.max_concurrent_batches);
   for (int i = 0; i < parsers; ++i)
-    parsers_.emplace_back([this] { Parse(); });
-  dispatcher_ = std::thread([this] { Dispatch(); });
+    parsers_.emplace_back([this] {
+      NameThisThread("bp-batch-parse");
+      Parse();
+    });
+  dispatcher_ = std::thread([this] {
+    NameThisThread("bp-batch-disp");
+    Dispatch();
+  });
 }
 
 DynamicBatcher::~DynamicBatcher() {

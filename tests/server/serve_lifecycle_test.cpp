@@ -462,5 +462,29 @@ TEST(ServeLifecycleTest, CurlClassifiesTheExampleDigit) {
   EXPECT_THAT(load.output, ::testing::EndsWith(" 200")) << load.output;
 }
 
+// Operators and profilers tell the server's threads apart by name (top -H, perf, gdb), not as
+// a hundred threads called "backplane".
+TEST(ServeLifecycleTest, TheServersThreadsAreNamedAfterTheirRoles) {
+  ServeHome home;
+  home.Write("models/mlp/config.json",
+             R"({"backends": ["CpuRef"], "max_batch_size": 8, "dynamic_batching": {}})");
+  auto server = ServeProcess::Start(
+      {"--models", home.models().string(), "--backends", home.backends().string()});
+  std::multiset<std::string> names;
+  for (const auto& task :
+       fs::directory_iterator("/proc/" + std::to_string(server->pid()) + "/task")) {
+    std::ifstream comm(task.path() / "comm");
+    std::string name;
+    std::getline(comm, name);
+    names.insert(name);
+  }
+  std::string all;
+  for (const auto& name : names)
+    all += name + " ";
+  for (const char* role : {"bp-http-io", "bp-reaper", "bp-watcher", "bp-shape-queue",
+                           "bp-batch-parse", "bp-batch-disp"})
+    EXPECT_TRUE(names.contains(role)) << role << " among: " << all;
+}
+
 }  // namespace
 }  // namespace backplane::testing

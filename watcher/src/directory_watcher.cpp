@@ -19,6 +19,7 @@
 #include <utility>
 
 #include "backplane/core/logging.hpp"
+#include "backplane/core/thread_name.hpp"
 
 namespace backplane::watcher {
 namespace {
@@ -188,7 +189,7 @@ struct DirectoryWatcher::Loop {
 
   // The watcher thread's body.
   void Run(std::vector<fs::path> initial_directories, std::promise<void> armed) {
-    pthread_setname_np(pthread_self(), "bp-watcher");
+    NameThisThread("bp-watcher");
     SetWatchedDirectories(initial_directories);
     RequestScan(milliseconds(0));  // the initial scan, run by the loop like every other one
     armed.set_value();             // from here on no event on an existing directory is missed
