@@ -35,11 +35,4 @@ std::shared_ptr<const dnnl::memory> ConstantCache::Get(const ConstantOrigin& ori
   return made;
 }
 
-std::size_t ConstantCache::live_entries() const {
-  std::lock_guard lock(mutex_);
-  return static_cast<std::size_t>(
-      std::count_if(entries_.begin(), entries_.end(),
-                    [](const Entry& entry) { return !entry.memory.expired(); }));
-}
-
 }  // namespace backplane::cpu_acc

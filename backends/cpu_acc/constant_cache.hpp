@@ -4,9 +4,7 @@
 //
 // Why: each compiled program laid out its own copy. A network compiled at several batch sizes
 // (shape programs; a batched model runs at up to seven execution sizes) held the wide MLP
-// 784-2048-2048-10's 21 MB of weights once per program (56 MB of resident memory each), and a
-// batch at one size streamed from memory weights that the batch before it, at another size, had
-// just brought into the caches under another address.
+// 784-2048-2048-10's 21 MB of weights once per program (56 MB of resident memory each).
 //
 // Trap kept in mind here: entries are keyed by the address of the network's bytes. That is sound
 // only because an entry lives exactly as long as some program holds it (the cache keeps weak
@@ -50,9 +48,6 @@ class ConstantCache {
                                           const dnnl::memory::desc& wanted,
                                           const std::function<dnnl::memory()>& make);
 
-  // Entries some program still holds (tests).
-  std::size_t live_entries() const;
-
  private:
   struct Entry {
     ConstantOrigin origin;
@@ -64,7 +59,7 @@ class ConstantCache {
                                                  const dnnl::memory::desc& plain,
                                                  const dnnl::memory::desc& wanted);
 
-  mutable std::mutex mutex_;
+  std::mutex mutex_;
   std::vector<Entry> entries_;  // guarded by mutex_; a few per weight tensor at most
 };
 
