@@ -8,6 +8,8 @@
 
 #include <tbb/info.h>
 
+#include "backplane/core/thread_name.hpp"
+
 namespace backplane::scheduler {
 
 namespace {
@@ -24,6 +26,26 @@ Status Guarded(const char* what, Call&& call) {
     return Internal(std::string(what) + " threw a non-standard exception");
   }
 }
+
+// A TBB worker is otherwise called after whichever thread made TBB start it (a batcher's
+// dispatcher, an HTTP thread), and a profile then charges that thread with the requests the
+// worker executes. Named once per thread: a worker joins and leaves arenas all the time. An
+// embedder's arenas share the workers, which keep the name after they leave this one.
+class WorkerNames final : public tbb::task_scheduler_observer {
+ public:
+  explicit WorkerNames(tbb::task_arena& arena) : tbb::task_scheduler_observer(arena) {
+    observe(true);
+  }
+  ~WorkerNames() override { observe(false); }
+
+  void on_scheduler_entry(bool is_worker) override {
+    thread_local bool named = false;
+    if (is_worker && !named) {
+      NameThisThread("bp-exec");
+      named = true;
+    }
+  }
+};
 
 int ArenaSize(const SchedulerOptions& options) {
   return options.max_threads > 0 ? options.max_threads : tbb::info::default_concurrency();
@@ -42,6 +64,7 @@ RequestScheduler::RequestScheduler(SchedulerOptions options)
   // No slot reserved for callers: with the default one, workers could fill all slots but one,
   // and requests queued by I/O threads (which never join) would run on one core fewer.
   arena_.initialize(static_cast<int>(size), /*reserved_for_masters=*/0);
+  worker_names_ = std::make_unique<WorkerNames>(arena_);
 }
 
 RequestScheduler::~RequestScheduler() {

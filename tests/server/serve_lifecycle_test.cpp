@@ -470,6 +470,9 @@ TEST(ServeLifecycleTest, TheServersThreadsAreNamedAfterTheirRoles) {
              R"({"backends": ["CpuRef"], "max_batch_size": 8, "dynamic_batching": {}})");
   auto server = ServeProcess::Start(
       {"--models", home.models().string(), "--backends", home.backends().string()});
+  // A request, so that TBB's workers join the runtime's arena (they do so on demand).
+  auto client = server->Client();
+  ASSERT_EQ(Post(*client, "/v2/models/mlp/infer", MlpRowsBody(0, 1)).status, 200);
   std::multiset<std::string> names;
   for (const auto& task :
        fs::directory_iterator("/proc/" + std::to_string(server->pid()) + "/task")) {
@@ -482,7 +485,7 @@ TEST(ServeLifecycleTest, TheServersThreadsAreNamedAfterTheirRoles) {
   for (const auto& name : names)
     all += name + " ";
   for (const char* role : {"bp-http-io", "bp-reaper", "bp-watcher", "bp-shape-queue",
-                           "bp-batch-parse", "bp-batch-disp"})
+                           "bp-batch-parse", "bp-batch-disp", "bp-exec"})
     EXPECT_TRUE(names.contains(role)) << role << " among: " << all;
 }
 

@@ -4,12 +4,14 @@
 
 #include <tbb/global_control.h>
 #include <tbb/task_arena.h>
+#include <tbb/task_scheduler_observer.h>
 
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <utility>
 
@@ -86,6 +88,8 @@ class RequestScheduler {
   // Process-wide, and the smallest active value wins: an embedder's own lower limit still holds.
   std::optional<tbb::global_control> workers_;
   tbb::task_arena arena_;
+  // Names TBB's workers "bp-exec" as they join arena_ (after it: detached before it goes).
+  std::unique_ptr<tbb::task_scheduler_observer> worker_names_;
   const int arena_slots_;
   // Raised before a caller joins the arena and lowered after it left; a caller that finds it at
   // arena_slots_ runs beside the arena instead (RunOnCallerThread).
