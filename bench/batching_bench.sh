@@ -16,6 +16,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
+source scripts/deps.sh  # backplane_install_packages, for wrk
 delay=${DELAY:-2000}
 delays=${DELAYS:-0 500 1000 2000 4000}
 if [[ ${BUILD:-1} != 0 ]]; then
@@ -124,10 +125,7 @@ echo "## REST, 64 connections from wrk, off against on, 3 rounds"
 # runs 64 threads on the server's 2 cores: the lightest load generator this machine has, for the
 # latency goal. It checks no answers (the runs above do). A 1 s warm-up follows each switch of
 # model: the unbatched model's last executions are still running when its run ends.
-if ! command -v wrk >/dev/null; then
-  sudo=""; if [[ $(id -u) -ne 0 ]]; then sudo="sudo"; fi
-  $sudo apt-get install -y -qq --no-install-recommends wrk >/dev/null
-fi
+backplane_install_packages wrk
 /usr/bin/python3 - "$work/row.json" <<'PY'
 import json, random, sys
 random.seed(20261203)
@@ -135,18 +133,12 @@ row = [round(random.uniform(-1, 1), 6) for _ in range(784)]
 json.dump({"inputs": [{"name": "x", "shape": [1, 784], "datatype": "FP32", "data": row}]},
           open(sys.argv[1], "w"))
 PY
-cat >"$work/row.lua" <<LUA
-wrk.method = "POST"
-wrk.headers["Content-Type"] = "application/json"
-local file = io.open("$work/row.json", "rb")
-wrk.body = file:read("*a")
-file:close()
-LUA
+export WRK_BODY=$work/row.json  # for bench/wrk_post.lua
 printf "%-5s %7s  %-22s %10s %8s %8s %8s\n" proto clients model requests/s "p50 ms" "p99 ms" non-2xx
 for _ in 1 2 3; do
   for m in wide wide_batched; do
-    wrk -t1 -c64 -d1s -s "$work/row.lua" "http://$http/v2/models/$m/infer" >/dev/null
-    output=$(wrk -t1 -c64 -d"${DURATION:-5}s" --latency -s "$work/row.lua" \
+    wrk -t1 -c64 -d1s -s bench/wrk_post.lua "http://$http/v2/models/$m/infer" >/dev/null
+    output=$(wrk -t1 -c64 -d"${DURATION:-5}s" --latency -s bench/wrk_post.lua \
       "http://$http/v2/models/$m/infer")
     printf "%-5s %7s  %-22s %10s %8s %8s %8s\n" wrk 64 "$m" \
       "$(awk '/^Requests\/sec:/ {printf "%.0f", $2}' <<<"$output")" \

@@ -22,11 +22,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/deps.sh
 backplane_install_deps
-if ! command -v wrk >/dev/null; then
-  echo "installing wrk"
-  sudo=""; if [[ $(id -u) -ne 0 ]]; then sudo="sudo"; fi
-  $sudo apt-get install -y -qq --no-install-recommends wrk
-fi
+backplane_install_packages wrk
 ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 
 DURATION=${DURATION:-5}
@@ -79,18 +75,10 @@ cat >"$work/serve.json" <<JSON
 {"models": "$root/models", "backends": ["$work/backends"], "listen": "127.0.0.1:0",
  "log_level": "warn", "watch_debounce_ms": 50, "backend_preferences": $preferences}
 JSON
-cat >"$work/mnist.lua" <<LUA
-wrk.method = "POST"
-wrk.headers["Content-Type"] = "application/json"
-local file = io.open("$root/models/mnist/example_request.json", "rb")
-wrk.body = file:read("*a")
-file:close()
-LUA
-cat >"$work/mlp.lua" <<'LUA'
-wrk.method = "POST"
-wrk.headers["Content-Type"] = "application/json"
-wrk.body = '{"inputs": [{"name":"features","shape":[1,4],"datatype":"FP32","data":[1,2,3,4]}]}'
-LUA
+# Each model's request body, POSTed by bench/wrk_post.lua.
+cp "$root/models/mnist/example_request.json" "$work/mnist.json"
+echo '{"inputs": [{"name":"features","shape":[1,4],"datatype":"FP32","data":[1,2,3,4]}]}' \
+  >"$work/mlp.json"
 
 url=""
 start_server() {  # start_server BINARY
@@ -109,7 +97,8 @@ start_server() {  # start_server BINARY
   if [[ -z "$url" ]]; then cat "$work/serve.log"; exit 1; fi
   # Warm-up: TBB starts its threads on the first request.
   for model in mlp mnist; do
-    wrk -t1 -c1 -d1s -s "$work/$model.lua" "$url/v2/models/$model/infer" >/dev/null
+    WRK_BODY="$work/$model.json" wrk -t1 -c1 -d1s -s "$root/bench/wrk_post.lua" \
+      "$url/v2/models/$model/infer" >/dev/null
   done
 }
 
@@ -117,8 +106,8 @@ row() {  # row FRONT MODEL CONNECTIONS
   local front=$1 model=$2 connections=$3 threads=$WRK_THREADS
   if ((connections < threads)); then threads=$connections; fi
   local output
-  output=$(wrk -t"$threads" -c"$connections" -d"${DURATION}s" --latency -s "$work/$model.lua" \
-    "$url/v2/models/$model/infer" 2>&1)
+  output=$(WRK_BODY="$work/$model.json" wrk -t"$threads" -c"$connections" -d"${DURATION}s" \
+    --latency -s "$root/bench/wrk_post.lua" "$url/v2/models/$model/infer" 2>&1)
   local rps p50 p99 non2xx timeouts errors
   rps=$(awk '/^Requests\/sec:/ {print $2}' <<<"$output")
   p50=$(awk '$1 == "50%" {print $2}' <<<"$output")
@@ -180,7 +169,8 @@ run() {  # run MODE CONNECTIONS
   if ((connections < threads)); then threads=$connections; fi
   local before after output
   before=$(swaps_so_far)
-  output=$(wrk -t"$threads" -c"$connections" -d"${DURATION}s" --latency -s "$work/mnist.lua" "$infer")
+  output=$(WRK_BODY="$work/mnist.json" wrk -t"$threads" -c"$connections" -d"${DURATION}s" \
+    --latency -s "$root/bench/wrk_post.lua" "$infer")
   after=$(swaps_so_far)
   local rps p50 p99 non2xx errors
   rps=$(awk '/^Requests\/sec:/ {print $2}' <<<"$output")

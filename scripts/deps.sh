@@ -27,9 +27,10 @@ if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
   BACKPLANE_PACKAGES+=(nodejs npm)
 fi
 
-backplane_install_deps() {
+# Installs each of the given packages that is missing (the benchmarks add their tools: wrk).
+backplane_install_packages() {
   local missing=()
-  for package in "${BACKPLANE_PACKAGES[@]}"; do
+  for package in "$@"; do
     if ! dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed"; then
       missing+=("$package")
     fi
@@ -42,6 +43,10 @@ backplane_install_deps() {
   if [[ $(id -u) -ne 0 ]]; then sudo="sudo"; fi
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+}
+
+backplane_install_deps() {
+  backplane_install_packages "${BACKPLANE_PACKAGES[@]}"
 }
 
 if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then
