@@ -101,6 +101,16 @@ bool RunningInCi() {
   return ci != nullptr && std::string_view(ci) == "true";
 }
 
+std::optional<int64_t> ProcStatusBytes(pid_t pid, const std::string& field) {
+  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.starts_with(field + ":"))
+      return std::stoll(line.substr(field.size() + 1)) * 1024;
+  }
+  return std::nullopt;
+}
+
 uint64_t TestSeed() {
   if (const char* fixed = std::getenv("BACKPLANE_TEST_SEED"))
     return std::stoull(fixed);

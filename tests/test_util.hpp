@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include <filesystem>
+#include <optional>
 #include <set>
 #include <string>
 #include <string_view>
@@ -76,6 +77,11 @@ bool RunningInCi();
     }                                                                                             \
   } while (false)
 bool HasCommand(const std::string& command);  // `command -v <command>` succeeds
+
+// A process's resident set (field "VmRSS") or its peak ("VmHWM") from /proc/<pid>/status, in
+// bytes; nullopt when it cannot be read (a memory bound checked against nothing must fail the
+// test, not pass it).
+std::optional<int64_t> ProcStatusBytes(pid_t pid, const std::string& field);
 
 // The seed of a randomised test: BACKPLANE_TEST_SEED when set (to replay a failure), else fresh.
 // Every such test prints it with its failures.

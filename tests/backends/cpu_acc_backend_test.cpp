@@ -1,6 +1,7 @@
 // CpuAcc as a backend: options, refusals with reasons, compiled runs of real networks (MNIST,
 // an MLP, a LeNet) with their layer notes, concurrency, dynamic shapes.
 #include <gmock/gmock.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -417,11 +418,11 @@ TEST_F(CpuAccBackendTest, ProgramsOfManyBatchSizesShareOneCopyOfTheWeights) {
   for (int64_t batch : {1, 2})
     got[batch] = RunGemm(**workload, op, batch, &want[batch]);
   ReleaseFreedMemory();  // so that new programs cannot hide in memory freed before
-  const int64_t before = ResidentBytes();
+  const int64_t before = testing::ProcStatusBytes(getpid(), "VmRSS").value();
   for (int64_t batch = 3; batch <= 8; ++batch)
     got[batch] = RunGemm(**workload, op, batch, &want[batch]);  // 6 x 128 KB of answers kept
   ReleaseFreedMemory();  // what compiling used and freed is not a program's
-  const int64_t grown = ResidentBytes() - before;
+  const int64_t grown = testing::ProcStatusBytes(getpid(), "VmRSS").value() - before;
   const int64_t weight_bytes = k * n * static_cast<int64_t>(sizeof(float));
   EXPECT_LT(grown, weight_bytes / 2) << "6 programs grew the resident set by " << grown
                                      << " bytes; the weights are " << weight_bytes;

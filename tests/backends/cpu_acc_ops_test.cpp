@@ -7,6 +7,7 @@
 // two-thread policy as placement notes show it.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -14,6 +15,7 @@
 #include <optional>
 
 #include "cpu_acc_test_util.hpp"
+#include "test_util.hpp"
 
 namespace backplane::cpu_acc_test {
 namespace {
@@ -419,11 +421,11 @@ TEST_F(CpuAccFusionTest, FoldedWeightsAreSharedByTheProgramsOfEveryBatchSize) {
   loader::Workload& alone = compile(1);
   compile(2);  // oneDNN may want other layouts for one or two samples
   ReleaseFreedMemory();
-  const int64_t before = ResidentBytes();
+  const int64_t before = testing::ProcStatusBytes(getpid(), "VmRSS").value();
   for (int64_t batch = 3; batch <= 8; ++batch)
     compile(batch);
   ReleaseFreedMemory();  // what compiling used and freed (tuning's buffers) is not a program's
-  const int64_t grown = ResidentBytes() - before;
+  const int64_t grown = testing::ProcStatusBytes(getpid(), "VmRSS").value() - before;
   const int64_t weight_bytes = 512 * 512 * 9 * static_cast<int64_t>(sizeof(float));
   EXPECT_LT(grown, 3 * weight_bytes) << "6 programs grew the resident set by " << grown
                                      << " bytes; the folded weights are " << weight_bytes;

@@ -1,7 +1,6 @@
 #include "cpu_acc_test_util.hpp"
 
 #include <malloc.h>
-#include <unistd.h>
 
 #if defined(__SANITIZE_ADDRESS__)
 // From ASan's runtime (<sanitizer/allocator_interface.h>, which only clang installs here).
@@ -10,7 +9,6 @@ extern "C" void __sanitizer_purge_allocator();
 
 #include <cmath>
 #include <cstdlib>
-#include <fstream>
 #include <sstream>
 #include <stdexcept>
 
@@ -168,13 +166,6 @@ void ReleaseFreedMemory() {
   __sanitizer_purge_allocator();  // ASan's quarantine holds freed memory back from malloc_trim
 #endif
   malloc_trim(0);
-}
-
-int64_t ResidentBytes() {
-  std::ifstream statm("/proc/self/statm");
-  int64_t size_pages = 0, resident_pages = 0;
-  statm >> size_pages >> resident_pages;
-  return resident_pages * sysconf(_SC_PAGESIZE);
 }
 
 std::string Describe(const OperatorDesc& op) {

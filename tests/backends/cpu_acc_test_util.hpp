@@ -101,8 +101,6 @@ class CpuAccTest : public ::testing::Test {
   static Shared* shared_;
 };
 
-// This process's resident set, in bytes (/proc/self/statm).
-int64_t ResidentBytes();
 // Hands freed heap memory back to the system (malloc_trim; under ASan its quarantine first), so
 // that ResidentBytes counts what is held.
 void ReleaseFreedMemory();

@@ -19,7 +19,6 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <map>
 #include <mutex>
 #include <string>
@@ -43,13 +42,6 @@ using testing::TempDir;
 // timeout of the runtime tests.
 constexpr int kSwaps = 200;
 constexpr std::string_view kFileName = "Backplane_CpuAcc_backend.so";
-
-long ResidentKiB() {
-  std::ifstream statm("/proc/self/statm");
-  long size = 0, resident = 0;
-  statm >> size >> resident;
-  return resident * (sysconf(_SC_PAGESIZE) / 1024);
-}
 
 std::size_t ArgMax(std::span<const float> values) {
   return static_cast<std::size_t>(std::max_element(values.begin(), values.end()) - values.begin());
@@ -146,7 +138,8 @@ TEST(CpuAccSwapTest, SwapsUnderLoadFailNoRequestAndUnmapEveryReplacedGeneration)
     while (executing > 0)
       std::this_thread::yield();
     loader->WaitForUnloads();
-    const long resident = ResidentKiB();
+    const long resident =
+        static_cast<long>(testing::ProcStatusBytes(getpid(), "VmRSS").value() / 1024);
     hold = false;
     return resident;
   };

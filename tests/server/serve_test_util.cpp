@@ -278,14 +278,4 @@ JsonReply Put(httplib::Client& client, const std::string& path, const std::strin
   return ToReply(client.Put(path.c_str(), headers, body, "application/json"));
 }
 
-std::optional<int64_t> ProcStatusBytes(pid_t pid, const std::string& field) {
-  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
-  std::string line;
-  while (std::getline(status, line)) {
-    if (line.starts_with(field + ":"))
-      return std::stoll(line.substr(field.size() + 1)) * 1024;
-  }
-  return std::nullopt;
-}
-
 }  // namespace backplane::testing

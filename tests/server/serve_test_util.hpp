@@ -82,11 +82,6 @@ class ServeProcess {
   std::optional<int> exit_code_;
 };
 
-// A process's resident set (field "VmRSS") or its peak ("VmHWM") from /proc/<pid>/status, in
-// bytes; nullopt when it cannot be read (a memory bound checked against nothing must fail the
-// test, not pass it).
-std::optional<int64_t> ProcStatusBytes(pid_t pid, const std::string& field);
-
 // Polls `condition` every 10 ms until it holds or `timeout` passes.
 template <typename Condition>
 bool Eventually(Condition condition, std::chrono::milliseconds timeout) {
