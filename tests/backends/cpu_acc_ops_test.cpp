@@ -14,6 +14,7 @@
 #include <limits>
 #include <optional>
 
+#include "batch_split.hpp"
 #include "cpu_acc_test_util.hpp"
 #include "test_util.hpp"
 
@@ -362,27 +363,6 @@ TEST_F(CpuAccFusionTest, ResidualBranchReadAfterTheAddIsNotOverwritten) {
 
 // ---- Folded weights shared between programs (backends/cpu_acc/constant_cache.hpp) ----
 
-// `run` at batch `batch`: the first dimension of every value but the constants.
-SubgraphDesc Rebatched(SubgraphDesc run, int64_t batch) {
-  const auto rebatch = [batch](TensorInfo& info) {
-    if (!info.shape.empty())
-      info.shape[0] = batch;
-  };
-  for (OperatorDesc& layer : run.layers) {
-    for (std::size_t k = 0; k < layer.inputs.size(); ++k) {
-      if (k >= layer.constant_inputs.size() || layer.constant_inputs[k] == nullptr)
-        rebatch(layer.inputs[k]);
-    }
-    for (TensorInfo& output : layer.outputs)
-      rebatch(output);
-  }
-  for (TensorInfo& info : run.input_infos)
-    rebatch(info);
-  for (TensorInfo& info : run.output_infos)
-    rebatch(info);
-  return run;
-}
-
 std::vector<float> FirstInput(const TestGraph& g) {
   const std::span<const float> values = g.InputViews().at(0).Elements<float>();
   return {values.begin(), values.end()};
@@ -413,7 +393,7 @@ TEST_F(CpuAccFusionTest, FoldedWeightsAreSharedByTheProgramsOfEveryBatchSize) {
   g.MarkOutput("y");
   std::vector<std::unique_ptr<loader::Workload>> programs;
   const auto compile = [&](int64_t batch) -> loader::Workload& {
-    auto compiled = cpu_acc().CompileSubgraph(Rebatched(g.Subgraph(), batch));
+    auto compiled = cpu_acc().CompileSubgraph(cpu_acc::WithBatch(g.Subgraph(), batch));
     EXPECT_TRUE(compiled.ok()) << "batch " << batch << ": " << compiled.error().ToString();
     programs.push_back(std::move(compiled.value().workload));
     return *programs.back();
