@@ -152,6 +152,12 @@ double RunWeights(const SubgraphDesc& run) {
   return weights;
 }
 
+bool SplitPays(const SubgraphDesc& run, int64_t parts) {
+  const double flops = RunFlops(run);
+  return flops >= kBatchSplitMinFlops &&
+         flops / static_cast<double>(parts) >= kBatchSplitMinFlopsPerWeight * RunWeights(run);
+}
+
 SubgraphDesc WithBatch(const SubgraphDesc& run, int64_t rows) {
   SubgraphDesc part = run;
   auto resize = [rows](TensorInfo& info) {

@@ -1,4 +1,5 @@
-// A compiled run executed as parts of its batch at once, each part on one thread.
+// A compiled run executed as parts of its batch, each part on one thread: at once, or one after
+// the other.
 //
 // Why: with intra_op_threads 2, oneDNN splits each primitive's work over an OpenMP team, and on
 // this kind of machine (AVX2, 2 cores) the mid-size convolutions of zoo-like models at batch 4
@@ -9,6 +10,13 @@
 // one b2 half on 1 thread). The parts run through the host's IHost::ParallelFor, so they take the
 // request's arena's threads when free and run one after the other when not: never more threads
 // than the host allows, and no OpenMP team at all.
+//
+// Parts help on one thread too: a CNN's activations for a few samples stay in the core's caches
+// from one layer to the next, a large batch's do not. MobileNetV2-like [N,3,96,96], one thread,
+// per sample: ~200 µs at batches 1-4, 400-590 µs at 8-64; SqueezeNet-like ~135 µs at 4, 210-250
+// at 16-64; ResNet-like and DenseNet-like flat (bench/make_compare_models.py's models,
+// `backplane run --repeat`). So a run with a batch is also compiled as parts of kCachePartRows
+// rows run one after the other (at once with intra_op_threads > 1), and the fastest is kept.
 //
 // Only runs whose every layer treats the samples of the batch independently are split: the ops
 // and attributes that keep the first dimension a batch are listed in batch_split.cpp
@@ -38,6 +46,15 @@ std::optional<int64_t> SplittableBatch(const SubgraphDesc& run);
 // traffic, and a split makes it slower (MLP 784-512-512-10 at batch 64: 64 FLOPs per weight in
 // each half, 4-8% slower split; LeNet-like at batch 64: ~310, ~30% faster).
 inline constexpr double kBatchSplitMinFlopsPerWeight = 256;
+
+// The part sizes timed against the whole batch (and against a part per thread), when smaller
+// than the batch: few, since each is a compile and a timing of its own.
+inline constexpr int64_t kCachePartRows[] = {8, 4, 2};
+
+// Whether the run split in `parts` parts has the work to pay for it: at least
+// kBatchSplitMinFlops, and at least kBatchSplitMinFlopsPerWeight FLOPs per weight element and
+// part.
+bool SplitPays(const SubgraphDesc& run, int64_t parts);
 
 // The FLOPs of the run's convolutions and matrix products (the work a split shares out).
 double RunFlops(const SubgraphDesc& run);

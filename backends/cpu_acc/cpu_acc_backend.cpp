@@ -27,8 +27,9 @@
 // cores (1, the default, never oversubscribes). The value is read when a workload is created
 // (oneDNN sizes some kernels' work split at creation); the host's runtime re-prepares loaded
 // networks when an option changes and switches them as a swap does, so an update reaches them too.
-// A compiled run with a batch may instead run as parts of its batch at once, one thread each,
-// through the host's ParallelFor (batch_split.hpp; option batch_split).
+// A compiled run with a batch may instead run as parts of its batch, one thread each: at once
+// through the host's ParallelFor, or one after the other on the calling thread when the parts'
+// activations stay in cache where the whole batch's do not (batch_split.hpp; option batch_split).
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -63,11 +64,13 @@ struct BackendState {
                       "thread was measured to slow them down. Read when "
                       "a network is prepared; an update re-prepares loaded networks"},
                      {std::string(kBatchSplit), OptionType::kString, std::string("auto"),
-                      "With intra_op_threads > 1: run a compiled run's batch as parts at once, "
-                      "one thread each, instead of splitting each layer's work. 'auto': when the "
-                      "layers keep samples apart, the run has the work for it and the split "
+                      "Run a compiled run's batch as parts, one thread each: at once with "
+                      "intra_op_threads > 1 (instead of splitting each layer's work), else one "
+                      "after the other (a few samples' activations stay in cache). 'auto': when "
+                      "the layers keep samples apart, the run has the work for it and the parts "
                       "timed faster at compile; 'always': whenever the layers keep samples "
-                      "apart; 'never'. Read when a network is prepared"}}};
+                      "apart (a part per thread, or two); 'never'. Read when a network is "
+                      "prepared"}}};
   std::atomic<int> executing{0};  // Execute calls inside this instance's code
   // The host's parallel work (SDK 1.2), set once by SetHost before any workload is created; null
   // on an older host, which then never gets a batch split.
@@ -126,9 +129,10 @@ class ProgramWorkload final : public IWorkload {
   const std::optional<std::vector<std::size_t>> input_map_;
 };
 
-// A compiled run executed as parts of its batch at once (batch_split.hpp), each part a program
-// compiled for its rows on one thread. Thread-safe like ProgramWorkload: the programs are
-// immutable, each call's views and statuses are its own.
+// A compiled run executed as parts of its batch (batch_split.hpp), each part a program compiled
+// for its rows on one thread: at once through the host's ParallelFor, or one after the other on
+// the calling thread. Thread-safe like ProgramWorkload: the programs are immutable, each call's
+// views and statuses are its own.
 class BatchSplitWorkload final : public IWorkload {
  public:
   struct Part {
@@ -137,8 +141,13 @@ class BatchSplitWorkload final : public IWorkload {
     std::shared_ptr<const Program> program;
   };
 
-  BatchSplitWorkload(BackendState& state, int64_t batch, std::vector<Part> parts, std::string label)
-      : state_(state), batch_(batch), parts_(std::move(parts)), label_(std::move(label)) {}
+  BatchSplitWorkload(BackendState& state, int64_t batch, std::vector<Part> parts, bool at_once,
+                     std::string label)
+      : state_(state),
+        batch_(batch),
+        parts_(std::move(parts)),
+        at_once_(at_once),
+        label_(std::move(label)) {}
 
   Status Execute(std::span<const ConstTensorView> inputs,
                  std::span<const TensorView> outputs) override {
@@ -157,7 +166,11 @@ class BatchSplitWorkload final : public IWorkload {
         return InvalidArgument("CpuAcc: " + label_ + ": an output is not of the batch");
     }
     Call call{this, inputs, outputs, std::vector<Status>(parts_.size())};
-    Status status = state_.host->ParallelFor(parts_.size(), 1, &RunParts, &call);
+    Status status;
+    if (at_once_)
+      status = state_.host->ParallelFor(parts_.size(), 1, &RunParts, &call);
+    else
+      RunParts(&call, 0, parts_.size());
     for (Status& part : call.statuses) {
       if (status.ok() && !part.ok())
         status = std::move(part);
@@ -216,6 +229,7 @@ class BatchSplitWorkload final : public IWorkload {
   BackendState& state_;
   const int64_t batch_;
   const std::vector<Part> parts_;
+  const bool at_once_;  // else one after the other, on the calling thread
   const std::string label_;
 };
 
@@ -363,8 +377,11 @@ class CpuAccBackend final : public IBackend {
     std::string label = "run " + subgraph.layers.front().name + ".." + subgraph.layers.back().name;
     const int threads = ThreadsOf(state_);
     const std::string mode = BatchSplitOf(state_);
-    if (mode == "always") {
-      if (auto split = CompileBatchSplit(subgraph, threads, label, /*any_work=*/true))
+    const std::optional<int64_t> batch = SplittableBatch(subgraph);
+    const bool at_once = threads >= 2 && state_.host != nullptr;
+    if (mode == "always" && batch) {
+      // Testing's mode: a part per thread at once, or two parts one after the other.
+      if (auto split = CompileParts(subgraph, *batch, at_once ? threads : 2, at_once, label))
         return std::move(*split);
     }
     auto compiled = Compile(subgraph, state_.engine, state_.constants, threads);
@@ -374,14 +391,35 @@ class CpuAccBackend final : public IBackend {
     result.workload = std::unique_ptr<IWorkload>(
         new ProgramWorkload(state_, std::move(compiled.value().program), label, std::nullopt));
     result.layer_notes = std::move(compiled.value().layer_notes);
-    if (mode != "auto")
+    if (mode != "auto" || !batch)
       return result;
-    if (auto split = CompileBatchSplit(subgraph, threads, label, /*any_work=*/false)) {
-      // Neither wins everywhere (batch_split.hpp): time both, as convolutions are tuned.
-      if (FasterOf(*result.workload, *split->workload, subgraph) == split->workload.get())
-        return std::move(*split);
+    // Neither the whole batch nor any split wins everywhere (batch_split.hpp): time them, as
+    // convolutions are tuned. The candidates: a part per thread at once; parts of a few rows
+    // (kCachePartRows), whose activations stay in cache, at once or one after the other.
+    std::vector<CompiledSubgraph> candidates;
+    std::vector<int64_t> part_counts;
+    const auto consider = [&](int64_t parts) {
+      if (parts < 2 || parts >= *batch + 1 || std::ranges::count(part_counts, parts) != 0 ||
+          !SplitPays(subgraph, parts)) {
+        return;
+      }
+      part_counts.push_back(parts);
+      if (auto split = CompileParts(subgraph, *batch, parts, at_once, label))
+        candidates.push_back(std::move(*split));
+    };
+    if (at_once)
+      consider(threads);
+    for (const int64_t rows : kCachePartRows) {
+      if (rows < *batch)
+        consider((*batch + rows - 1) / rows);
     }
-    return result;
+    if (candidates.empty())
+      return result;
+    std::vector<IWorkload*> workloads{result.workload.get()};
+    for (auto& candidate : candidates)
+      workloads.push_back(candidate.workload.get());
+    const std::size_t fastest = Fastest(workloads, subgraph);
+    return fastest == 0 ? std::move(result) : std::move(candidates[fastest - 1]);
   }
 
   void SetHost(IHost* host) override { state_.host = host; }
@@ -429,23 +467,13 @@ class CpuAccBackend final : public IBackend {
   }
 
  private:
-  // The run as parts of its batch, one per thread (batch_split.hpp), when its layers allow it and
-  // (unless `any_work`) it has the work to pay for the hand-off; nullopt otherwise, and when a
-  // part fails to compile (the whole-batch program then serves).
-  std::optional<CompiledSubgraph> CompileBatchSplit(const SubgraphDesc& subgraph, int threads,
-                                                    const std::string& label, bool any_work) {
-    if (threads < 2 || state_.host == nullptr)
-      return std::nullopt;
-    const std::optional<int64_t> batch = SplittableBatch(subgraph);
-    if (!batch)
-      return std::nullopt;
-    const std::vector<int64_t> rows = PartRows(*batch, threads);
-    const double flops = RunFlops(subgraph);
-    const auto parts_count = static_cast<double>(rows.size());
-    if (!any_work && (flops < kBatchSplitMinFlops ||
-                      flops / parts_count < kBatchSplitMinFlopsPerWeight * RunWeights(subgraph))) {
-      return std::nullopt;
-    }
+  // The run (whose layers SplittableBatch accepted, with batch `batch`) as `parts` parts of its
+  // batch, as even as possible, at once or one after the other; nullopt when a part fails to
+  // compile (the whole-batch program then serves).
+  std::optional<CompiledSubgraph> CompileParts(const SubgraphDesc& subgraph, int64_t batch,
+                                               int64_t parts_count, bool at_once,
+                                               const std::string& label) {
+    const std::vector<int64_t> rows = PartRows(batch, parts_count);
     std::vector<BatchSplitWorkload::Part> parts;
     parts.reserve(rows.size());
     std::vector<std::string> notes;
@@ -453,8 +481,9 @@ class CpuAccBackend final : public IBackend {
     for (const int64_t part_rows : rows) {
       BatchSplitWorkload::Part part{first_row, part_rows, nullptr};
       first_row += part_rows;
+      // Parts of one size share one program (PartRows puts the larger ones first).
       if (!parts.empty() && parts.back().rows == part_rows) {
-        part.program = parts.back().program;  // the same shape: one program for both
+        part.program = parts.back().program;
         parts.push_back(std::move(part));
         continue;
       }
@@ -467,26 +496,29 @@ class CpuAccBackend final : public IBackend {
       parts.push_back(std::move(part));
     }
     std::string sizes;
-    for (const int64_t part_rows : rows)
-      sizes += (sizes.empty() ? "" : "+") + std::to_string(part_rows);
+    for (const int64_t part_rows : rows) {
+      if (!sizes.empty())
+        sizes += '+';
+      sizes += std::to_string(part_rows);
+    }
     for (std::string& note : notes) {
-      note += (note.empty() ? "" : "; ") + std::string("batch of ") + std::to_string(*batch) +
-              " split into " + std::to_string(rows.size()) + " parts (" + sizes +
-              " rows) run at once, 1 thread each";
+      note += (note.empty() ? "" : "; ") + std::string("batch of ") + std::to_string(batch) +
+              " split into " + std::to_string(rows.size()) + " parts (" + sizes + " rows) " +
+              (at_once ? "run at once, 1 thread each" : "run one after the other");
     }
     CompiledSubgraph result;
-    result.workload =
-        std::unique_ptr<IWorkload>(new BatchSplitWorkload(state_, *batch, std::move(parts), label));
+    result.workload = std::unique_ptr<IWorkload>(
+        new BatchSplitWorkload(state_, batch, std::move(parts), at_once, label));
     result.layer_notes = std::move(notes);
     return result;
   }
 
-  // Of two workloads of `run`, the one that executes it faster on zeros: the best of 3 rounds,
-  // alternating (so that a load that rises or falls weighs on both), after a warm-up; a round
-  // times 2 runs back to back, as requests come (threads awake, caches warm). 16 executions in
-  // all, at compile (off the request path: a shape program's build). The first wins ties within
-  // 3%. A failing run loses.
-  static const IWorkload* FasterOf(IWorkload& first, IWorkload& second, const SubgraphDesc& run) {
+  // Of workloads of `run`, the index of the one that executes it fastest on zeros: the best of 3
+  // rounds, alternating (so that a load that rises or falls weighs on all), after a warm-up; a
+  // round times 2 runs back to back, as requests come (threads awake, caches warm). 8 executions
+  // each, at compile (off the request path: a shape program's build). An earlier one wins ties
+  // within 3%. A failing run loses.
+  static std::size_t Fastest(std::span<IWorkload* const> workloads, const SubgraphDesc& run) {
     std::vector<std::vector<float>> buffers;
     std::vector<ConstTensorView> inputs;
     std::vector<TensorView> outputs;
@@ -507,12 +539,19 @@ class CpuAccBackend final : public IBackend {
       }
       return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     };
-    double best_first = time(first), best_second = time(second);
+    std::vector<double> best;
+    for (IWorkload* workload : workloads)
+      best.push_back(time(*workload));
     for (int round = 0; round < 3; ++round) {
-      best_first = std::min(best_first, time(first));
-      best_second = std::min(best_second, time(second));
+      for (std::size_t w = 0; w < workloads.size(); ++w)
+        best[w] = std::min(best[w], time(*workloads[w]));
     }
-    return best_second * 1.03 < best_first ? &second : &first;
+    std::size_t fastest = 0;
+    for (std::size_t w = 1; w < workloads.size(); ++w) {
+      if (best[w] * 1.03 < best[fastest])
+        fastest = w;
+    }
+    return fastest;
   }
 
   BackendState state_;

@@ -6,6 +6,7 @@
 #include <iostream>
 #include <numeric>
 
+#include "batch_split.hpp"
 #include "cpu_acc_test_util.hpp"
 
 namespace backplane::cpu_acc_test {
@@ -664,12 +665,12 @@ void MakeMlpChain(TestGraph& g, Rng& rng, bool* expect_fusion) {
 
 class CpuAccCompiledRunTest : public CpuAccTest {
  protected:
-  // Returns how many chains ran as parts of their batch at once (cpu_acc/batch_split.hpp; with
-  // intra_op_threads 2 and batch_split "always", every chain with a batch does).
-  static int CheckChains(bool cnn);
+  // Returns how many chains ran as parts of their batch (cpu_acc/batch_split.hpp; with
+  // batch_split "always", every chain with a batch does) in the way `split_note` says.
+  static int CheckChains(bool cnn, std::string_view split_note = "run at once, 1 thread each");
 };
 
-int CpuAccCompiledRunTest::CheckChains(bool cnn) {
+int CpuAccCompiledRunTest::CheckChains(bool cnn, std::string_view split_note) {
   Rng rng(cnn ? 424242 : 777);
   int split_runs = 0;
   const int iterations = Iterations(200);
@@ -697,7 +698,7 @@ int CpuAccCompiledRunTest::CheckChains(bool cnn) {
       EXPECT_TRUE(AllClose(actual->at(name).values, expected->at(name).values, &mismatch))
           << "chain " << iteration << ", output " << name << ": " << mismatch << graph.Describe();
     }
-    split_runs += notes.front().find("run at once, 1 thread each") != std::string::npos;
+    split_runs += notes.front().find(split_note) != std::string::npos;
     const bool fused = std::any_of(notes.begin(), notes.end(), [](const std::string& note) {
       return note.starts_with("fused into");
     });
@@ -734,6 +735,58 @@ TEST_F(CpuAccCompiledRunTest, RandomRunsSplitAlongTheirBatchMatchCpuRef) {
   const int iterations = Iterations(200);
   EXPECT_GT(cnn_splits, iterations / 4) << "of " << iterations << " CNN chains";
   EXPECT_GT(mlp_splits, iterations / 4) << "of " << iterations << " MLP chains";
+}
+
+// With one thread the parts run one after the other, on the calling thread: the answer is still
+// CpuRef's, and the split happened.
+TEST_F(CpuAccCompiledRunTest, RandomRunsSplitIntoPartsRunOneAfterTheOtherMatchCpuRef) {
+  ASSERT_TRUE(cpu_acc().UpdateOptions({{"batch_split", std::string("always")}}).ok());
+  const int cnn_splits = CheckChains(true, "run one after the other");
+  const int mlp_splits = CheckChains(false, "run one after the other");
+  ASSERT_TRUE(cpu_acc().UpdateOptions({{"batch_split", std::string("auto")}}).ok());
+  const int iterations = Iterations(200);
+  EXPECT_GT(cnn_splits, iterations / 4) << "of " << iterations << " CNN chains";
+  EXPECT_GT(mlp_splits, iterations / 4) << "of " << iterations << " MLP chains";
+}
+
+// A run bound by its weights is never split on its own: every part would stream every weight
+// (the wide MLPs that dynamic batching serves; parts of 8 rows made one at batch 64 several times
+// slower). With one thread and with two.
+TEST_F(CpuAccCompiledRunTest, AutoNeverSplitsARunBoundByItsWeights) {
+  Rng rng(5);
+  TestGraph g;
+  g.AddInput("x", {64, 784}, rng);
+  g.AddConstant("w0", RandomTensor({784, 512}, rng));
+  g.AddConstant("w1", RandomTensor({512, 10}, rng));
+  g.AddLayer("Gemm", "gemm0", {"x", "w0"}, {"g0"}, {{64, 512}});
+  g.AddLayer("Relu", "relu", {"g0"}, {"r"}, {{64, 512}});
+  g.AddLayer("Gemm", "gemm1", {"r", "w1"}, {"y"}, {{64, 10}});
+  g.MarkOutput("y");
+  for (const int64_t parts : {2, 4, 8, 32})
+    EXPECT_FALSE(cpu_acc::SplitPays(g.Subgraph(), parts)) << parts << " parts";
+  // Where a convolution of the same batch, 512 FLOPs a weight and sample, pays in every part.
+  TestGraph conv;
+  conv.AddInput("x", {64, 16, 16, 16}, rng);
+  conv.AddConstant("w", RandomTensor({16, 16, 3, 3}, rng));
+  conv.AddLayer("Conv", "conv", {"x", "w"}, {"y"}, {{64, 16, 16, 16}},
+                {{"pads", std::vector<int64_t>{1, 1, 1, 1}}});
+  conv.MarkOutput("y");
+  for (const int64_t parts : {2, 4, 8, 32})
+    EXPECT_TRUE(cpu_acc::SplitPays(conv.Subgraph(), parts)) << parts << " parts";
+  auto expected = g.RunPerLayer(cpu_ref());
+  ASSERT_TRUE(expected.ok()) << expected.error().ToString();
+  for (const int64_t threads : {1, 2}) {
+    SCOPED_TRACE("intra_op_threads " + std::to_string(threads));
+    ASSERT_TRUE(cpu_acc().UpdateOptions({{"intra_op_threads", threads}}).ok());
+    std::vector<std::string> notes;
+    auto actual = g.RunCompiled(cpu_acc(), &notes);
+    ASSERT_TRUE(actual.ok()) << actual.error().ToString();
+    std::string mismatch;
+    EXPECT_TRUE(AllClose(actual->at("y").values, expected->at("y").values, &mismatch)) << mismatch;
+    for (const std::string& note : notes)
+      EXPECT_THAT(note, ::testing::Not(::testing::HasSubstr("split")));
+  }
+  ASSERT_TRUE(cpu_acc().UpdateOptions({{"intra_op_threads", int64_t{1}}}).ok());
 }
 
 // Runs whose layers combine samples are never split, even when told to always split: each
