@@ -45,7 +45,8 @@
 # The models (bench/make_compare_models.py, written to build/release/bench/models; its header
 # describes each): MLP and LeNet-like with fixed shapes (batch in the file) and with a symbolic
 # batch N at batch 1 and 64; a fixed-shape residual block [2,16,32,32]; ResNet-, MobileNetV2- and
-# SqueezeNet-like models with a symbolic batch at batch 1 and 4; the same for ResNet-50-like
+# SqueezeNet-like models with a symbolic batch at batch 1, 4 and 64 (a dynamic batcher's
+# largest); the same for ResNet-50-like
 # bottleneck blocks, MobileNetV3-like (HardSwish, squeeze-and-excite), Inception-like and
 # DenseNet-like models; and the real MNIST model
 # (../shared/data/models/mnist/model.onnx, batch 1).
@@ -139,18 +140,25 @@ cases=("MLP 784-512-512-10 b1|$models/mlp_b1.onnx|1"
   "residual block [2,16,32,32]|$models/residual_block.onnx|2"
   "ResNet-like, batch N, b1|$models/resnet_n.onnx|1"
   "ResNet-like, batch N, b4|$models/resnet_n.onnx|4"
+  "ResNet-like, batch N, b64|$models/resnet_n.onnx|64"
   "MobileNetV2-like, batch N, b1|$models/mobilenetv2_n.onnx|1"
   "MobileNetV2-like, batch N, b4|$models/mobilenetv2_n.onnx|4"
+  "MobileNetV2-like, batch N, b64|$models/mobilenetv2_n.onnx|64"
   "SqueezeNet-like, batch N, b1|$models/squeezenet_n.onnx|1"
   "SqueezeNet-like, batch N, b4|$models/squeezenet_n.onnx|4"
+  "SqueezeNet-like, batch N, b64|$models/squeezenet_n.onnx|64"
   "ResNet-50-like bottlenecks, batch N, b1|$models/resnet_bottleneck_n.onnx|1"
   "ResNet-50-like bottlenecks, batch N, b4|$models/resnet_bottleneck_n.onnx|4"
+  "ResNet-50-like bottlenecks, batch N, b64|$models/resnet_bottleneck_n.onnx|64"
   "MobileNetV3-like, batch N, b1|$models/mobilenetv3_n.onnx|1"
   "MobileNetV3-like, batch N, b4|$models/mobilenetv3_n.onnx|4"
+  "MobileNetV3-like, batch N, b64|$models/mobilenetv3_n.onnx|64"
   "Inception-like, batch N, b1|$models/inception_n.onnx|1"
   "Inception-like, batch N, b4|$models/inception_n.onnx|4"
+  "Inception-like, batch N, b64|$models/inception_n.onnx|64"
   "DenseNet-like, batch N, b1|$models/densenet_n.onnx|1"
-  "DenseNet-like, batch N, b4|$models/densenet_n.onnx|4")
+  "DenseNet-like, batch N, b4|$models/densenet_n.onnx|4"
+  "DenseNet-like, batch N, b64|$models/densenet_n.onnx|64")
 if [[ -f $mnist ]]; then
   cases+=("MNIST (real model) b1|$mnist|1")
 else
