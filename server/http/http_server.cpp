@@ -30,6 +30,7 @@
 #include <condition_variable>
 #include <deque>
 #include <future>
+#include <latch>
 #include <limits>
 #include <mutex>
 #include <optional>
@@ -175,6 +176,7 @@ class HttpServer::Core {
 
  private:
   bool ShouldLogRefusal(const std::string& client);
+  void NameHandlerThreads();
 
   std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work_;
   std::optional<tcp::acceptor> acceptor_;  // on its own strand
@@ -974,6 +976,7 @@ Result<ListenAddress> HttpServer::Core::Start(const ListenAddress& address) {
   ListenAddress bound = address;
   bound.port = acceptor_->local_endpoint().port();
 
+  NameHandlerThreads();                  // before the first accept: nothing else is in the pool yet
   acceptor_->non_blocking(true, error);  // for the draining accepts of OnAccepted
   accept_strand_.emplace(asio::make_strand(loop));
   accept_retry_.emplace(*accept_strand_);
@@ -986,6 +989,21 @@ Result<ListenAddress> HttpServer::Core::Start(const ListenAddress& address) {
     });
   started_.store(true);
   return bound;
+}
+
+// asio's pool has no hook for its threads' start: one task per thread names it, each waiting
+// until all have run, so that no thread takes two (the pool has exactly limits.threads threads,
+// and nothing else is queued yet: Start calls this before the first accept).
+void HttpServer::Core::NameHandlerThreads() {
+  const auto threads = static_cast<std::ptrdiff_t>(limits.threads);
+  auto all_named = std::make_shared<std::latch>(threads);
+  for (std::ptrdiff_t i = 0; i < threads; ++i) {
+    asio::post(handler_pool, [all_named] {
+      NameThisThread("bp-http-handler");
+      all_named->arrive_and_wait();
+    });
+  }
+  all_named->wait();
 }
 
 void HttpServer::Core::Stop() {

@@ -16,6 +16,7 @@
 #include <set>
 #include <thread>
 
+#include "config/server_config.hpp"
 #include "serve_test_util.hpp"
 
 namespace backplane::testing {
@@ -484,9 +485,13 @@ TEST(ServeLifecycleTest, TheServersThreadsAreNamedAfterTheirRoles) {
   std::string all;
   for (const auto& name : names)
     all += name + " ";
-  for (const char* role : {"bp-http-io", "bp-reaper", "bp-watcher", "bp-shape-queue",
-                           "bp-batch-parse", "bp-batch-disp", "bp-exec"})
+  for (const char* role : {"bp-http-io", "bp-http-handler", "bp-reaper", "bp-watcher",
+                           "bp-shape-queue", "bp-batch-parse", "bp-batch-disp", "bp-exec"})
     EXPECT_TRUE(names.contains(role)) << role << " among: " << all;
+  // Every thread of the REST handler pool, not most of them.
+  EXPECT_EQ(names.count("bp-http-handler"),
+            static_cast<std::size_t>(server::ServeConfig{}.http_threads))
+      << all;
 }
 
 }  // namespace
