@@ -9,6 +9,7 @@
 
 #include "backplane/onnx/network.hpp"
 #include "cpu_acc_test_util.hpp"
+#include "sanitizer_build.hpp"
 #include "test_util.hpp"
 
 namespace backplane::cpu_acc_test {
@@ -49,7 +50,7 @@ TEST_F(CpuAccBackendTest, DescribesAndValidatesIntraOpThreads) {
   // Under sanitizers, 1. TSan: libgomp is not instrumented, its worker threads' hand-offs look
   // like races. ASan: LeakSanitizer's exit-time tracer crashes (signal 11, "LeakSanitizer has
   // encountered a fatal error") when libgomp's idle worker threads are still alive (measured).
-#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+#if defined(BACKPLANE_TSAN_BUILD) || defined(BACKPLANE_ASAN_BUILD)
   constexpr int64_t kThreads = 1;
 #else
   constexpr int64_t kThreads = 2;

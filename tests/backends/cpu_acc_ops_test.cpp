@@ -16,6 +16,7 @@
 
 #include "batch_split.hpp"
 #include "cpu_acc_test_util.hpp"
+#include "sanitizer_build.hpp"
 #include "test_util.hpp"
 
 namespace backplane::cpu_acc_test {
@@ -662,7 +663,7 @@ TEST_F(CpuAccFusionTest, DropoutKeepsItsInputsLayoutInsideARun) {
 // on two; placement notes say which. (Release only: under sanitizers libgomp's worker threads
 // are not instrumented (TSan) or crash LeakSanitizer at exit (ASan), see cpu_acc_backend_test.)
 TEST_F(CpuAccFusionTest, SmallLayersRunOnOneThreadLargeOnesOnTwo) {
-#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+#if defined(BACKPLANE_TSAN_BUILD) || defined(BACKPLANE_ASAN_BUILD)
   GTEST_SKIP() << "libgomp threads under a sanitizer";
 #else
   // The per-layer rule, without the batch split that may replace it (batch_split.hpp).
@@ -694,7 +695,7 @@ TEST_F(CpuAccFusionTest, SmallLayersRunOnOneThreadLargeOnesOnTwo) {
 // intra_op_threads threads; anything smaller on one. The work is computed here, independently of
 // the compiler.
 TEST_F(CpuAccFusionTest, TwoThreadPolicyFollowsTheDocumentedThresholds) {
-#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+#if defined(BACKPLANE_TSAN_BUILD) || defined(BACKPLANE_ASAN_BUILD)
   GTEST_SKIP() << "libgomp threads under a sanitizer";
 #else
   const unsigned seed = 71;

@@ -2,7 +2,9 @@
 
 #include <malloc.h>
 
-#if defined(__SANITIZE_ADDRESS__)
+#include "sanitizer_build.hpp"
+
+#if defined(BACKPLANE_ASAN_BUILD)
 // From ASan's runtime (<sanitizer/allocator_interface.h>, which only clang installs here).
 extern "C" void __sanitizer_purge_allocator();
 #endif
@@ -18,7 +20,7 @@ namespace backplane::cpu_acc_test {
 namespace fs = std::filesystem;
 
 int Iterations(int release_count) {
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#if defined(BACKPLANE_ASAN_BUILD) || defined(BACKPLANE_TSAN_BUILD)
   return std::max(release_count / 8, 10);
 #else
   return release_count;
@@ -162,7 +164,7 @@ Result<std::map<std::string, FloatTensor>> TestGraph::RunCompiled(
 }
 
 void ReleaseFreedMemory() {
-#if defined(__SANITIZE_ADDRESS__)
+#if defined(BACKPLANE_ASAN_BUILD)
   __sanitizer_purge_allocator();  // ASan's quarantine holds freed memory back from malloc_trim
 #endif
   malloc_trim(0);

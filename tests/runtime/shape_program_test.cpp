@@ -22,6 +22,7 @@
 #include "onnx/model_builder.hpp"
 #include "runtime/cpu_acc_backend_path.hpp"
 #include "runtime/swap_test_util.hpp"
+#include "sanitizer_build.hpp"
 #include "test_util.hpp"
 
 namespace backplane::shape_program_test {
@@ -539,7 +540,7 @@ TEST(ShapeProgramCpuAccTest, RequestsBesideABuildThatTunesConvolutionsRunCorrect
   // Six builds beside requests in release; three under the sanitizers, where each batch's
   // requests and build take ten times as long (the crash this guards showed in 5 of 6 release
   // runs).
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#if defined(BACKPLANE_ASAN_BUILD) || defined(BACKPLANE_TSAN_BUILD)
   constexpr int64_t kLastBatch = 3;
 #else
   constexpr int64_t kLastBatch = 6;

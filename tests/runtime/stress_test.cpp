@@ -30,6 +30,7 @@
 
 #include "backplane/runtime/runtime.hpp"
 #include "runtime/swap_test_util.hpp"
+#include "sanitizer_build.hpp"
 #include "test_util.hpp"
 
 namespace backplane {
@@ -80,9 +81,9 @@ std::chrono::seconds StressDuration() {
   // release build sees only a failed request or a leftover generation, which the sanitizer runs
   // of the same operations would show too. CI's time goes mostly to TSan, then; for hours of it,
   // BACKPLANE_STRESS_SECONDS=3600 build/tsan/bin/backplane_runtime_stress_tests.
-#if defined(__SANITIZE_THREAD__)
+#if defined(BACKPLANE_TSAN_BUILD)
   return std::chrono::seconds(40);
-#elif defined(__SANITIZE_ADDRESS__)
+#elif defined(BACKPLANE_ASAN_BUILD)
   return std::chrono::seconds(15);
 #else
   return std::chrono::seconds(5);

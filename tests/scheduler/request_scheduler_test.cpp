@@ -14,6 +14,8 @@
 #include <thread>
 #include <vector>
 
+#include "sanitizer_build.hpp"
+
 namespace backplane::scheduler {
 namespace {
 
@@ -188,7 +190,7 @@ TEST(RequestSchedulerTest, DestroyedRightAfterAsynchronousResults) {
   // The use-after-free this guards against (commit 1f9d7bf) was found by ThreadSanitizer alone,
   // in 10,000 rounds: release and ASan builds passed with the bug, the freed mutex not reused in
   // time. Elsewhere a tenth of the rounds checks the results, not the race (24 s in release).
-#if defined(__SANITIZE_THREAD__)
+#if defined(BACKPLANE_TSAN_BUILD)
   constexpr int kRounds = 10'000;
 #else
   constexpr int kRounds = 1'000;

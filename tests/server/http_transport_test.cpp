@@ -26,6 +26,7 @@
 
 #include "http/http_server.hpp"
 #include "metrics/metrics.hpp"
+#include "sanitizer_build.hpp"
 #include "serve_test_util.hpp"
 
 namespace backplane::testing {
@@ -39,7 +40,7 @@ using Clock = std::chrono::steady_clock;
 // behind them answers only once their 1.5 s header timeout has passed; the bound stays well below
 // that and leaves room for a noisy 2-core CI machine running another test beside this one (a
 // sanitizer build runs 5-15 times slower there).
-#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+#if defined(BACKPLANE_TSAN_BUILD) || defined(BACKPLANE_ASAN_BUILD)
 constexpr auto kPromptAnswer = 1000ms;
 #else
 constexpr auto kPromptAnswer = 500ms;

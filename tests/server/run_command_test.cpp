@@ -6,6 +6,7 @@
 
 #include "backplane/onnx/network.hpp"
 #include "onnx/model_builder.hpp"
+#include "sanitizer_build.hpp"
 #include "test_util.hpp"
 
 namespace backplane {
@@ -252,7 +253,7 @@ TEST_F(RunCommandTest, CpuAccThreadsOptionIsCheckedByTheBackendAndApplied) {
   // 2, but 1 under the sanitizers: LeakSanitizer's tracer crashes at exit ("LeakSanitizer has
   // encountered a fatal error") while libgomp's idle worker threads are alive (as in
   // CpuAccBackendTest).
-#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+#if defined(BACKPLANE_TSAN_BUILD) || defined(BACKPLANE_ASAN_BUILD)
   const std::string threads = "1";
 #else
   const std::string threads = "2";

@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "../onnx/model_builder.hpp"
+#include "sanitizer_build.hpp"
 #include "serve_test_util.hpp"
 
 namespace backplane::testing {
@@ -274,7 +275,7 @@ std::optional<int64_t> PeakGrowth(const ServeProcess& server, httplib::Client& c
 // (the body, the input and output tensors and the response), where a JSON document of the body
 // cost about 16x.
 TEST_F(ServeBinaryTest, LargeJsonRequestPeakMemoryIsProportionalToTheBody) {
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#if defined(BACKPLANE_ASAN_BUILD) || defined(BACKPLANE_TSAN_BUILD)
   // The server is built like this test: ASan's quarantine and redzones make its peak no measure
   // of the parser's (3.7x and 6.1x here, against 2.2x and 3.4x in release).
   GTEST_SKIP() << "peak memory is measured in release builds only";

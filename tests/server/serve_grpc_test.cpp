@@ -9,6 +9,7 @@
 
 #include "backplane/onnx/network.hpp"
 #include "grpc_service.grpc.pb.h"
+#include "sanitizer_build.hpp"
 #include "serve_test_util.hpp"
 
 namespace backplane::testing {
@@ -306,7 +307,7 @@ TEST_F(ServeGrpcTest, TypedContentsAreCountedBeforeTheTensorIsAllocated) {
 // checked (1.1 GB of resident memory per message, not given back). The server accepts no
 // compressed message: it cannot bound what one inflates to before inflating it.
 TEST_F(ServeGrpcTest, ACompressedMessageIsRefusedBeforeItIsInflated) {
-#if defined(__SANITIZE_THREAD__)
+#if defined(BACKPLANE_TSAN_BUILD)
   // Tens of MiB through gRPC's uninstrumented zlib and protobuf take minutes under TSan; this is
   // a test of memory and messages, not of threads (release and ASan run it).
   GTEST_SKIP() << "too slow under ThreadSanitizer";
@@ -335,7 +336,7 @@ TEST_F(ServeGrpcTest, ACompressedMessageIsRefusedBeforeItIsInflated) {
 // its deadline) and a 4 MiB model name came back as a 4 MiB trailer. What a message quotes from
 // the request is bounded.
 TEST_F(ServeGrpcTest, ErrorsQuoteABoundedPartOfTheRequest) {
-#if defined(__SANITIZE_THREAD__)
+#if defined(BACKPLANE_TSAN_BUILD)
   // Tens of MiB through gRPC's uninstrumented zlib and protobuf take minutes under TSan; this is
   // a test of memory and messages, not of threads (release and ASan run it).
   GTEST_SKIP() << "too slow under ThreadSanitizer";
