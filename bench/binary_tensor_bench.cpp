@@ -51,8 +51,11 @@ Case MakeCase(const std::string& label, const std::string& model, const std::str
     value = uniform(random);
 
   std::string shape_text = "[";
-  for (std::size_t i = 0; i < shape.size(); ++i)
-    shape_text += (i ? "," : "") + std::to_string(shape[i]);
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    if (i > 0)
+      shape_text += ',';
+    shape_text += std::to_string(shape[i]);
+  }
   shape_text += "]";
   std::string data;
   char buffer[32];

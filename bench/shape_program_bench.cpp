@@ -148,7 +148,8 @@ int RunModel(const fs::path& model, const fs::path& backends,
     const long before = ResidentKiB();
     execute(fresh, input);
     await_program(fresh, input);
-    growth += " " + std::to_string(ResidentKiB() - before);
+    growth += ' ';
+    growth += std::to_string(ResidentKiB() - before);
   }
   const auto stats = runtime.value()->GetShapePrograms(fresh).value();
   std::printf("rss_kib_per_new_program=%s (programs=%zu, compiled layers of the first=%zu)\n",

@@ -105,8 +105,8 @@ Result<int64_t> BatchRows(std::span<const Tensor> inputs, const Network& network
   std::optional<int64_t> rows;
   std::string first_name;
   for (std::size_t i = 0; i < inputs.size(); ++i) {
-    const std::string name =
-        i < network.inputs.size() ? network.inputs[i].name : "#" + std::to_string(i);
+    const std::string name = i < network.inputs.size() ? network.inputs[i].name
+                                                       : std::string("#").append(std::to_string(i));
     const Shape& shape = inputs[i].info().shape;
     if (shape.empty()) {
       return InvalidArgument(std::string(what) + ": input '" + name +
