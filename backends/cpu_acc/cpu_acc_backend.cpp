@@ -73,7 +73,7 @@ struct BackendState {
                       "prepared"}}};
   std::atomic<int> executing{0};  // Execute calls inside this instance's code
   // The host's parallel work (SDK 1.2), set once by SetHost before any workload is created; null
-  // on an older host, which then never gets a batch split.
+  // on an older host, whose batch parts then only run one after the other.
   IHost* host = nullptr;
 };
 
@@ -399,7 +399,7 @@ class CpuAccBackend final : public IBackend {
     std::vector<CompiledSubgraph> candidates;
     std::vector<int64_t> part_counts;
     const auto consider = [&](int64_t parts) {
-      if (parts < 2 || parts >= *batch + 1 || std::ranges::count(part_counts, parts) != 0 ||
+      if (parts < 2 || parts > *batch || std::ranges::count(part_counts, parts) != 0 ||
           !SplitPays(subgraph, parts)) {
         return;
       }
