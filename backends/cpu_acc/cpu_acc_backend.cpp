@@ -408,7 +408,7 @@ class CpuAccBackend final : public IBackend {
         candidates.push_back(std::move(*split));
     };
     if (at_once)
-      consider(threads);
+      consider(std::min<int64_t>(threads, *batch));  // a batch of 2 on 4 threads: 2 parts
     for (const int64_t rows : kCachePartRows) {
       if (rows < *batch)
         consider((*batch + rows - 1) / rows);
