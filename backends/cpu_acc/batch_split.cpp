@@ -93,6 +93,36 @@ std::optional<std::vector<bool>> BatchInputs(const OperatorDesc& op) {
   return std::nullopt;
 }
 
+// The FLOPs of the run's convolutions and matrix products (the work a split shares out).
+double RunFlops(const SubgraphDesc& run) {
+  double flops = 0;
+  for (const OperatorDesc& op : run.layers) {
+    if (op.outputs.empty() || op.inputs.size() < 2)
+      continue;
+    const auto out = static_cast<double>(ElementCount(op.outputs[0].shape));
+    if (op.op_type == "Conv") {
+      const Shape& w = op.inputs[1].shape;
+      flops += 2.0 * out * static_cast<double>(ElementCount(w) / std::max<int64_t>(w[0], 1));
+    } else if (op.op_type == "Gemm" || op.op_type == "MatMul") {
+      const Shape& a = op.inputs[0].shape;
+      const bool ta = op.op_type == "Gemm" && IntAttr(op, "transA", 0) != 0;
+      flops += 2.0 * out * static_cast<double>(a.empty() ? 1 : (ta ? a.front() : a.back()));
+    }
+  }
+  return flops;
+}
+
+// The elements of their constant weights.
+double RunWeights(const SubgraphDesc& run) {
+  double weights = 0;
+  for (const OperatorDesc& op : run.layers) {
+    const bool product = op.op_type == "Conv" || op.op_type == "Gemm" || op.op_type == "MatMul";
+    if (product && op.inputs.size() >= 2 && IsConstant(op, 1))
+      weights += static_cast<double>(ElementCount(op.inputs[1].shape));
+  }
+  return weights;
+}
+
 }  // namespace
 
 std::optional<int64_t> SplittableBatch(const SubgraphDesc& run) {
@@ -122,34 +152,6 @@ std::optional<int64_t> SplittableBatch(const SubgraphDesc& run) {
       return std::nullopt;
   }
   return batch;
-}
-
-double RunFlops(const SubgraphDesc& run) {
-  double flops = 0;
-  for (const OperatorDesc& op : run.layers) {
-    if (op.outputs.empty() || op.inputs.size() < 2)
-      continue;
-    const auto out = static_cast<double>(ElementCount(op.outputs[0].shape));
-    if (op.op_type == "Conv") {
-      const Shape& w = op.inputs[1].shape;
-      flops += 2.0 * out * static_cast<double>(ElementCount(w) / std::max<int64_t>(w[0], 1));
-    } else if (op.op_type == "Gemm" || op.op_type == "MatMul") {
-      const Shape& a = op.inputs[0].shape;
-      const bool ta = op.op_type == "Gemm" && IntAttr(op, "transA", 0) != 0;
-      flops += 2.0 * out * static_cast<double>(a.empty() ? 1 : (ta ? a.front() : a.back()));
-    }
-  }
-  return flops;
-}
-
-double RunWeights(const SubgraphDesc& run) {
-  double weights = 0;
-  for (const OperatorDesc& op : run.layers) {
-    const bool product = op.op_type == "Conv" || op.op_type == "Gemm" || op.op_type == "MatMul";
-    if (product && op.inputs.size() >= 2 && IsConstant(op, 1))
-      weights += static_cast<double>(ElementCount(op.inputs[1].shape));
-  }
-  return weights;
 }
 
 bool SplitPays(const SubgraphDesc& run, int64_t parts) {

@@ -56,11 +56,6 @@ inline constexpr int64_t kCachePartRows[] = {8, 4, 2};
 // part.
 bool SplitPays(const SubgraphDesc& run, int64_t parts);
 
-// The FLOPs of the run's convolutions and matrix products (the work a split shares out).
-double RunFlops(const SubgraphDesc& run);
-// The elements of their constant weights.
-double RunWeights(const SubgraphDesc& run);
-
 // `run` with batch `rows` instead of its own: the first dimension of every non-constant value.
 // Only for a run SplittableBatch accepted.
 SubgraphDesc WithBatch(const SubgraphDesc& run, int64_t rows);
