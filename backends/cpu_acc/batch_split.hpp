@@ -33,7 +33,9 @@
 namespace backplane::cpu_acc {
 
 // A run split pays a hand-off to another thread per request; below this many FLOPs in the run's
-// convolutions and matrix products, that costs more than half the run saves.
+// convolutions and matrix products, that costs more than half the run saves. Parts one after the
+// other pay no hand-off, but each is a compile and a timing at compile, for a run too small to
+// leave the caches anyway.
 inline constexpr double kBatchSplitMinFlops = 2e6;
 
 // The run's batch when it can be split: every boundary value and every value a layer reads or
