@@ -386,10 +386,11 @@ std::vector<float> RunOne(loader::Workload& workload, const Shape& x_shape,
 // more batch sizes: a copy of the folded weights per layout the convolutions want, not one per
 // program; and every size computes with them (each row of a batch equals the row alone, which
 // equals CpuRef). Trap: CpuAcc times oneDNN's implementations per batch size and keeps the
-// fastest, and each wants its own layout (jit, brgconv and gemm here), so which sizes share a
-// copy changes from run to run (CI once saw three implementations new at sizes 3 to 8): the bound
-// is a copy per implementation the six programs chose that the first two had not, plus one for
-// the programs themselves and a sanitizer's shadow; without the sharing, six copies.
+// fastest, and each wants its own layout (four here: jit avx512 and avx2, brgconv, gemm), so
+// which sizes share a copy changes from run to run (CI once grew 30.6 MB, three copies' worth,
+// against a fixed bound of three): the bound is a copy per implementation the six programs chose
+// that the first two had not, plus one for the programs themselves and a sanitizer's shadow;
+// without the sharing, six copies.
 TEST_F(CpuAccFusionTest, FoldedWeightsAreSharedByTheProgramsOfEveryBatchSize) {
   Rng rng(31);
   TestGraph g;
