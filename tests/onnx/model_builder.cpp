@@ -43,6 +43,22 @@ ModelBuilder& ModelBuilder::Output(const std::string& name, std::vector<int64_t>
   return *this;
 }
 
+ModelBuilder& ModelBuilder::NameDimension(const std::string& value, int dim,
+                                          const std::string& param) {
+  auto* graph = model_.mutable_graph();
+  for (auto* values : {graph->mutable_input(), graph->mutable_output()}) {
+    for (auto& info : *values) {
+      if (info.name() == value)
+        info.mutable_type()
+            ->mutable_tensor_type()
+            ->mutable_shape()
+            ->mutable_dim(dim)
+            ->set_dim_param(param);
+    }
+  }
+  return *this;
+}
+
 ModelBuilder& ModelBuilder::OutputNoShape(const std::string& name) {
   auto* output = model_.mutable_graph()->add_output();
   output->set_name(name);

@@ -23,6 +23,9 @@ class ModelBuilder {
                       int32_t type = onnx::TensorProto::FLOAT);
   ModelBuilder& Output(const std::string& name, std::vector<int64_t> dims,
                        int32_t type = onnx::TensorProto::FLOAT);
+  // Dimension `dim` of graph input or output `value` becomes dim_param `param` (Input and Output
+  // name every symbolic dimension "N").
+  ModelBuilder& NameDimension(const std::string& value, int dim, const std::string& param);
   // An output without declared shape.
   ModelBuilder& OutputNoShape(const std::string& name);
   ModelBuilder& FloatInitializer(const std::string& name, std::vector<int64_t> dims);

@@ -236,20 +236,8 @@ TEST(BatchingPolicyTest, LoneRequestsSkipWaitsOnlyAfterEightVainOnesOnSeededHist
 std::string ReluModel() {
   ModelBuilder builder;
   builder.Input("x", {-1, -1}).Output("y", {-1, -1});
+  builder.NameDimension("x", 1, "M").NameDimension("y", 1, "M");
   builder.Node("Relu", {"x"}, {"y"});
-  auto& graph = *builder.proto().mutable_graph();
-  graph.mutable_input(0)
-      ->mutable_type()
-      ->mutable_tensor_type()
-      ->mutable_shape()
-      ->mutable_dim(1)
-      ->set_dim_param("M");
-  graph.mutable_output(0)
-      ->mutable_type()
-      ->mutable_tensor_type()
-      ->mutable_shape()
-      ->mutable_dim(1)
-      ->set_dim_param("M");
   return builder.Serialize();
 }
 
@@ -290,12 +278,17 @@ server::RunningServer StartBatchingServer(const ServeConfig& config) {
   return std::move(started).value();
 }
 
-Tensor RandomRows(std::mt19937_64& random, int64_t rows, int64_t columns) {
-  Tensor tensor(TensorInfo{DataType::kFloat32, {rows, columns}});
+// FP32 values in [-1, 1).
+Tensor RandomTensor(std::mt19937_64& random, Shape shape) {
+  Tensor tensor(TensorInfo{DataType::kFloat32, std::move(shape)});
   std::uniform_real_distribution<float> value(-1.0f, 1.0f);
   for (float& element : tensor.Elements<float>())
     element = value(random);
   return tensor;
+}
+
+Tensor RandomRows(std::mt19937_64& random, int64_t rows, int64_t columns) {
+  return RandomTensor(random, {rows, columns});
 }
 
 // A parser that hands over `inputs` as the request (every output asked for), or fails with
@@ -928,6 +921,7 @@ std::string ConvModel(std::mt19937_64& random) {
   };
   ModelBuilder builder;
   builder.Input("x", {-1, 3, -1, -1}).Output("y", {-1, 5});
+  builder.NameDimension("x", 2, "H").NameDimension("x", 3, "W");
   builder.FloatInitializer("w", {8, 3, 3, 3}, draw(8 * 3 * 3 * 3));
   builder.FloatInitializer("b", {8}, draw(8));
   builder.FloatInitializer("fc", {8, 5}, draw(8 * 5));
@@ -937,23 +931,7 @@ std::string ConvModel(std::mt19937_64& random) {
   builder.Node("GlobalAveragePool", {"relu"}, {"pooled"});
   builder.Node("Flatten", {"pooled"}, {"flat"});
   builder.Node("Gemm", {"flat", "fc", "fc_bias"}, {"y"});
-  auto* dims = builder.proto()
-                   .mutable_graph()
-                   ->mutable_input(0)
-                   ->mutable_type()
-                   ->mutable_tensor_type()
-                   ->mutable_shape();
-  dims->mutable_dim(2)->set_dim_param("H");
-  dims->mutable_dim(3)->set_dim_param("W");
   return builder.Serialize();
-}
-
-// Publishes a fresh copy of CpuAcc into `backends` the safe way (a temporary file, then rename):
-// a hot deploy of a new build.
-void PublishCpuAcc(const fs::path& backends, int copy) {
-  const fs::path temporary = backends / (".cpu-acc-" + std::to_string(copy) + ".tmp");
-  CopyFile(BACKPLANE_CPU_ACC, temporary);
-  fs::rename(temporary, backends / "Backplane_CpuAcc_backend.so");
 }
 
 // Issue 21 the way it is checked: a model outside the repository batched on CpuAcc, REST and
@@ -1011,10 +989,7 @@ TEST(DynamicBatchingTest, MixedShapesAndDeadlinesWhileCpuAccIsSwappedAnswerAsAlo
                                  (grpc_client ? " (gRPC)" : " (REST)");
         const int64_t rows = 1 + static_cast<int64_t>(own() % 3);
         const int64_t height = own() % 2 == 0 ? 4 : 6, width = own() % 2 == 0 ? 5 : 7;
-        Tensor x(TensorInfo{DataType::kFloat32, {rows, 3, height, width}});
-        std::uniform_real_distribution<float> value(-1.0f, 1.0f);
-        for (float& element : x.Elements<float>())
-          element = value(own);
+        const Tensor x = RandomTensor(own, {rows, 3, height, width});
         if (i % 9 == 4) {  // a wrong request: 4 channels where the model takes 3
           Tensor wrong(TensorInfo{DataType::kFloat32, {rows, 4, height, width}});
           const auto reply = Post(rest, "/v2/models/conv/infer", JsonBody(wrong, "x"));
@@ -1051,7 +1026,7 @@ TEST(DynamicBatchingTest, MixedShapesAndDeadlinesWhileCpuAccIsSwappedAnswerAsAlo
   uint64_t generation = initial;
   for (int swap = 0; swap < kSwaps; ++swap) {
     const int compared_before = compared.load();
-    PublishCpuAcc(home.backends(), swap);
+    home.Publish(BACKPLANE_CPU_ACC, "Backplane_CpuAcc_backend.so");
     ASSERT_TRUE(Eventually([&] { return active_generation() > generation; }, 30s))
         << "swap " << swap << " never became active";
     generation = active_generation();

@@ -133,9 +133,7 @@ std::unique_ptr<RolloutServer> StartRolloutServer(const std::string& rollout_pol
 // server look at it, as the watcher would.
 json Deploy(const RolloutServer& server, std::string_view name,
             const httplib::Headers& token = {}) {
-  const fs::path temporary = server.home.backends() / ".deploy.tmp";
-  CopyFile(Fixture(name), temporary);
-  fs::rename(temporary, server.backend_file());
+  server.home.Publish(Fixture(name), server.backend_file().filename());
   auto client = server.Client();
   return Post(*client, std::string("/v2/backends/") + kRolloutBackend + "/reload", "", token).body;
 }

@@ -31,16 +31,20 @@ ServeHome::ServeHome() {
   fs::copy(fs::path(BACKPLANE_SOURCE_DIR) / "models", models(), fs::copy_options::recursive);
 }
 
-void ServeHome::PublishBackendCopy() const {
+void ServeHome::Publish(const fs::path& built, const std::string& file_name) const {
   static std::atomic<int> counter{0};
   const fs::path temporary = backends() / (".publish-" + std::to_string(counter++) + ".tmp");
-  CopyFile(CpuRefBackend(), temporary);
+  CopyFile(built, temporary);
   const int fd = open(temporary.c_str(), O_RDONLY);
   if (fd >= 0) {
     fsync(fd);
     close(fd);
   }
-  fs::rename(temporary, backend_file());
+  fs::rename(temporary, backends() / file_name);
+}
+
+void ServeHome::PublishBackendCopy() const {
+  Publish(CpuRefBackend(), backend_file().filename());
 }
 
 void ServeHome::Write(const fs::path& relative, std::string_view text) const {

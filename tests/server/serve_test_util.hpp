@@ -34,9 +34,11 @@ class ServeHome {
   std::filesystem::path backends() const { return dir_ / "backends"; }
   std::filesystem::path models() const { return dir_ / "models"; }
   std::filesystem::path backend_file() const { return backends() / "Backplane_CpuRef_backend.so"; }
-  // Publishes a fresh copy of CpuRef over backend_file() the safe way: write a temporary file
+  // Publishes a copy of `built` as backends()/`file_name` the safe way: write a temporary file
   // in the same directory, fsync, rename over (docs/loading-rules.md rule 7). Each call is a new
-  // file identity.
+  // file identity: a hot deploy.
+  void Publish(const std::filesystem::path& built, const std::string& file_name) const;
+  // Publish of CpuRef over backend_file().
   void PublishBackendCopy() const;
   // Writes `text` to `relative` under path().
   void Write(const std::filesystem::path& relative, std::string_view text) const;
