@@ -159,6 +159,7 @@ class InferenceService final : public inference::GRPCInferenceService::CallbackS
     StartInference(
         context_, request->model_name(), request->model_version(),
         [request](const Network& network) { return ParseGrpcInferRequest(*request, network); },
+        ParseOn::kCaller,  // as ModelInfer parses: here, one hand-off less
         deadline,
         [reactor, request, response](Result<InferenceOutcome> outcome) {
           if (!outcome.ok()) {

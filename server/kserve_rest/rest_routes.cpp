@@ -46,6 +46,7 @@ void Infer(const ServeContext& context, HttpRequest request, HttpServer::Respond
           return body.error();
         return ParseInferenceRequest(*body, network, ParseLimits{.max_json_depth = max_json_depth});
       },
+      ParseOn::kQueue,  // never on the I/O thread: a large body parses for milliseconds
       shared->deadline,
       [respond = std::move(respond)](Result<InferenceOutcome> outcome) {
         respond(InferenceResponse(std::move(outcome)));

@@ -216,6 +216,9 @@ DynamicBatcher::DynamicBatcher(Runtime& runtime, Options options)
       options_(std::move(options)),
       execution_sizes_(
           ExecutionBatchSizes(options_.max_batch_size, options_.batching.preferred_batch_sizes)),
+      max_executing_(options_.batching.preserve_ordering
+                         ? 1
+                         : std::max(1, options_.limits.max_concurrent_batches)),
       shared_(std::make_shared<Shared>()) {
   // Parsers finish out of order; the dispatcher groups in arrival order (preserve_ordering too).
   const int parsers = std::max(1, options_.limits.max_concurrent_batches);
@@ -248,26 +251,34 @@ DynamicBatcher::~DynamicBatcher() {
 }
 
 void DynamicBatcher::Submit(Runtime::InputsFactory make_inputs, Runtime::ExecuteCallback done,
-                            std::optional<Clock::time_point> deadline) {
+                            std::optional<Clock::time_point> deadline, ParseOn parse_on) {
+  std::optional<Arrival> parse_here;
+  bool taken = false;
   {
     MutexLock lock(shared_->mutex);
     if (shared_->waiting < options_.limits.max_waiting_requests && !shared_->stopping) {
+      taken = true;
       ++shared_->waiting;
-      shared_->arrivals.push_back(Arrival{.sequence = shared_->next_sequence++,
-                                          .arrived = Clock::now(),
-                                          .deadline = deadline,
-                                          .make_inputs = std::move(make_inputs),
-                                          .done = std::move(done)});
-      make_inputs = nullptr;
+      Arrival arrival{.sequence = shared_->next_sequence++,
+                      .arrived = Clock::now(),
+                      .deadline = deadline,
+                      .make_inputs = std::move(make_inputs),
+                      .done = std::move(done)};
+      if (parse_on == ParseOn::kCaller)
+        parse_here = std::move(arrival);
+      else
+        shared_->arrivals.push_back(std::move(arrival));
     }
   }
-  if (make_inputs == nullptr) {
+  if (parse_here) {
+    ParseArrival(std::move(*parse_here));
+  } else if (taken) {
     shared_->arrived.notify_one();
-    return;
+  } else {
+    done(Status(StatusCode::kResourceExhausted,
+                options_.what + " has " + std::to_string(options_.limits.max_waiting_requests) +
+                    " requests waiting for a batch, the server's max_in_flight; retry later"));
   }
-  done(Status(StatusCode::kResourceExhausted,
-              options_.what + " has " + std::to_string(options_.limits.max_waiting_requests) +
-                  " requests waiting for a batch, the server's max_in_flight; retry later"));
 }
 
 void DynamicBatcher::Parse() {
@@ -284,54 +295,56 @@ void DynamicBatcher::Parse() {
       arrival = std::move(shared_->arrivals.front());
       shared_->arrivals.pop_front();
     }
-    // A failure is answered here, alone, and never reaches a batch; the dispatcher still hears
-    // of it, to keep the arrival order (and to count it as no longer waiting).
-    const auto answer_alone = [&](Status status) {
-      arrival.done(std::move(status));
-      {
-        MutexLock lock(shared_->mutex);
-        shared_->parsed.push_back(Waiting{.sequence = arrival.sequence, .answered = true});
-      }
-      shared_->changed.notify_all();
-    };
-    if (arrival.deadline && Clock::now() > *arrival.deadline) {
-      answer_alone(DeadlinePassed());
-      continue;
-    }
-    auto inputs = arrival.make_inputs();
-    arrival.make_inputs = nullptr;  // what it refers to (the body) goes as soon as it is parsed
-    if (!inputs.ok()) {
-      answer_alone(std::move(inputs).error());
-      continue;
-    }
-    // The parse (ModelCall::Parse) applies the same check; checked here again so that the
-    // batcher never joins what it could not split back.
-    auto rows = BatchRows(*inputs, Network{}, options_.max_batch_size, options_.what);
-    if (!rows.ok()) {
-      answer_alone(std::move(rows).error());
-      continue;
-    }
-    Waiting parsed{.sequence = arrival.sequence,
-                   .arrived = arrival.arrived,
-                   .deadline = arrival.deadline,
-                   .inputs = std::move(inputs).value(),
-                   .rows = rows.value(),
-                   .key = {},
-                   .done = std::move(arrival.done)};
-    parsed.key = JoinKey(parsed.inputs);
+    ParseArrival(std::move(arrival));
+  }
+}
+
+void DynamicBatcher::ParseArrival(Arrival arrival) {
+  // The dispatcher is woken only when it could act (see the class comment): a parsed request
+  // waits in `parsed` until the next wake-up otherwise, which a batch's end brings.
+  const auto hand_to_dispatcher = [&](Waiting parsed) {
+    const bool has_deadline = parsed.deadline.has_value();
+    bool wake = false;
     {
       MutexLock lock(shared_->mutex);
       shared_->parsed.push_back(std::move(parsed));
+      wake = has_deadline || shared_->executing < max_executing_;
     }
-    shared_->changed.notify_all();
-  }
+    if (wake)
+      shared_->changed.notify_all();
+  };
+  // A failure is answered here, alone, and never reaches a batch; the dispatcher still hears
+  // of it, to keep the arrival order (and to count it as no longer waiting).
+  const auto answer_alone = [&](Status status) {
+    arrival.done(std::move(status));
+    hand_to_dispatcher(Waiting{.sequence = arrival.sequence, .answered = true});
+  };
+  if (arrival.deadline && Clock::now() > *arrival.deadline)
+    return answer_alone(DeadlinePassed());
+  auto inputs = arrival.make_inputs();
+  arrival.make_inputs = nullptr;  // what it refers to (the body) goes as soon as it is parsed
+  if (!inputs.ok())
+    return answer_alone(std::move(inputs).error());
+  // The parse (ModelCall::Parse) applies the same check; checked here again so that the
+  // batcher never joins what it could not split back.
+  auto rows = BatchRows(*inputs, Network{}, options_.max_batch_size, options_.what);
+  if (!rows.ok())
+    return answer_alone(std::move(rows).error());
+  Waiting parsed{.sequence = arrival.sequence,
+                 .arrived = arrival.arrived,
+                 .deadline = arrival.deadline,
+                 .inputs = std::move(inputs).value(),
+                 .rows = rows.value(),
+                 .key = {},
+                 .done = std::move(arrival.done)};
+  parsed.key = JoinKey(parsed.inputs);
+  hand_to_dispatcher(std::move(parsed));
 }
 
 void DynamicBatcher::Dispatch() {
   const auto delay = std::chrono::microseconds(options_.batching.max_queue_delay_us);
   const bool preserve_ordering = options_.batching.preserve_ordering;
-  const int max_executing =
-      preserve_ordering ? 1 : std::max(1, options_.limits.max_concurrent_batches);
+  const int max_executing = max_executing_;
   // Only this thread touches the groups: key → waiting requests, oldest first.
   std::map<std::string, std::deque<Waiting>> groups;
   std::size_t released = 0;  // requests answered or batched since the last look at `waiting`

@@ -39,6 +39,18 @@ namespace backplane::server {
 
 struct ModelMetrics;
 
+// Where a request's parse runs.
+enum class ParseOn {
+  // Where the request is queued: a TBB worker, or a batcher's parser thread. For transports whose
+  // threads must stay free (REST's few I/O threads hold every connection; a large JSON body
+  // parses for milliseconds).
+  kQueue,
+  // On the thread that starts the request, before the call returns: one hand-off less, which
+  // costs more than the parse of raw tensors (gRPC's callback thread parses its unbatched
+  // requests there too).
+  kCaller,
+};
+
 // What the server allows every batcher, from its own configuration.
 struct BatcherLimits {
   // Batches of one model version executing at once (the runtime's threads: more only queue in
@@ -85,11 +97,13 @@ class CompanyOutlook {
 };
 
 // Thread-safe. Owns parser threads (one per execution slot), which parse arrivals off the
-// transports' threads, and one dispatcher thread, which groups them by key in arrival order,
-// answers expired deadlines, and dispatches batches to the runtime; the runtime's TBB workers
-// execute them and answer the requests. One thread parsed everything before: REST's JSON of a
-// 784-float row cost more than its share of a batched execution, and that thread capped the
-// batched wide MLP at about one core's worth of parsing.
+// transports' threads (ParseOn::kQueue), and one dispatcher thread, which groups them by key in
+// arrival order, answers expired deadlines, and dispatches batches to the runtime; the runtime's
+// TBB workers execute them and answer the requests. One thread parsed everything before: REST's
+// JSON of a 784-float row cost more than its share of a batched execution, and that thread capped
+// the batched wide MLP at about one core's worth of parsing. Every hand-off costs a wake-up, so
+// the dispatcher hears of a parsed request only when it could act on it: when an execution slot
+// is free (all busy, a batch's end wakes it) or the request has a deadline to watch.
 class DynamicBatcher {
  public:
   using Clock = std::chrono::steady_clock;
@@ -110,20 +124,22 @@ class DynamicBatcher {
   DynamicBatcher& operator=(const DynamicBatcher&) = delete;
 
   // Queues one request as Runtime::ExecuteAsync does: `make_inputs` runs first (on a parser
-  // thread); `done` gets this request's rows of every output, or its error, on a TBB
-  // worker, a parser or the dispatcher thread. Refused at once on the caller's thread with
-  // kResourceExhausted when max_waiting_requests wait already. kInvalidArgument for inputs whose
-  // first dimensions differ or exceed max_batch_size; kDeadlineExceeded when `deadline` passes
-  // before the request's batch leaves.
+  // thread, or before Submit returns with ParseOn::kCaller); `done` gets this request's rows of
+  // every output, or its error, on a TBB worker, a parser or the dispatcher thread. Refused at once
+  // on the caller's thread with kResourceExhausted when max_waiting_requests wait already.
+  // kInvalidArgument for inputs whose first dimensions differ or exceed max_batch_size;
+  // kDeadlineExceeded when `deadline` passes before the request's batch leaves.
   void Submit(Runtime::InputsFactory make_inputs, Runtime::ExecuteCallback done,
-              std::optional<Clock::time_point> deadline);
+              std::optional<Clock::time_point> deadline, ParseOn parse_on);
 
  private:
   struct Shared;
   struct Arrival;
   struct Waiting;
   struct Batch;
-  void Parse();     // a parser thread's loop
+  void Parse();  // a parser thread's loop
+  // Parses one arrival and hands it to the dispatcher (or answers it alone when it fails).
+  void ParseArrival(Arrival arrival);
   void Dispatch();  // the dispatcher thread's loop
   // Hands `batch` to the runtime (one execution slot is taken for it); its callback answers
   // every request of it and frees the slot.
@@ -133,6 +149,8 @@ class DynamicBatcher {
   const Options options_;
   // ExecutionBatchSizes: a batch runs at the smallest of these that holds its rows.
   const std::vector<int64_t> execution_sizes_;
+  // Batches executing at once: one with preserve_ordering, else max_concurrent_batches.
+  const int max_executing_;
   const std::shared_ptr<Shared> shared_;
   // Started in the constructor's body, when everything they use exists.
   std::vector<std::thread> parsers_;  // parse arrivals (JSON costs more than batching saves)

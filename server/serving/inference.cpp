@@ -109,8 +109,8 @@ class ModelCall {
 // An admitted request queued on the runtime's scheduler, or on its model version's batcher (the
 // same two closures either way): the parse, the execution and `done` happen there.
 void Start(const ServeContext& context, std::unique_ptr<ModelCall> admitted,
-           InferenceRequestParser parse, std::optional<Clock::time_point> deadline,
-           InferenceDone done) {
+           InferenceRequestParser parse, ParseOn parse_on,
+           std::optional<Clock::time_point> deadline, InferenceDone done) {
   // Shared by the two closures: the parse fills the request, the completion renders from it.
   struct Pending {
     std::unique_ptr<ModelCall> call;
@@ -138,11 +138,17 @@ void Start(const ServeContext& context, std::unique_ptr<ModelCall> admitted,
     done(std::move(outcome));
   };
   if (batcher != nullptr) {
-    batcher->Submit(std::move(make_inputs), std::move(finish), deadline);
+    batcher->Submit(std::move(make_inputs), std::move(finish), deadline, parse_on);
     return;
   }
+  Runtime::InputsFactory inputs = std::move(make_inputs);
+  if (parse_on == ParseOn::kCaller) {
+    inputs = [parsed = std::make_shared<Result<std::vector<Tensor>>>(inputs())] {
+      return std::move(*parsed);
+    };
+  }
   // During a backend rollout, a request id keeps its client's requests on one generation.
-  context.runtime.ExecuteAsync(pending->call->version().network_id(), std::move(make_inputs),
+  context.runtime.ExecuteAsync(pending->call->version().network_id(), std::move(inputs),
                                std::move(finish), deadline,
                                [pending] { return pending->request.id.value_or(""); });
 }
@@ -160,7 +166,7 @@ Result<InferenceOutcome> RunInference(const ServeContext& context, std::string_v
     // in Execute).
     std::promise<Result<InferenceOutcome>> answered;
     auto outcome = answered.get_future();
-    Start(context, std::move(call).value(), parse, std::nullopt,
+    Start(context, std::move(call).value(), parse, ParseOn::kCaller, std::nullopt,
           [&answered](Result<InferenceOutcome> result) { answered.set_value(std::move(result)); });
     return outcome.get();
   }
@@ -178,12 +184,12 @@ Result<InferenceOutcome> RunInference(const ServeContext& context, std::string_v
 }
 
 void StartInference(const ServeContext& context, std::string_view model_name,
-                    std::string_view version_text, InferenceRequestParser parse,
+                    std::string_view version_text, InferenceRequestParser parse, ParseOn parse_on,
                     std::optional<Clock::time_point> deadline, InferenceDone done) {
   auto call = ModelCall::Begin(context, model_name, version_text);
   if (!call.ok())
     return done(std::move(call).error());
-  Start(context, std::move(call).value(), std::move(parse), deadline, std::move(done));
+  Start(context, std::move(call).value(), std::move(parse), parse_on, deadline, std::move(done));
 }
 
 }  // namespace backplane::server

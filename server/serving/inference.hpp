@@ -47,15 +47,17 @@ Result<InferenceOutcome> RunInference(const ServeContext& context, std::string_v
                                       std::string_view version_text,
                                       const InferenceRequestParser& parse);
 
-// The same as a request of the runtime's scheduler: the parse, the execution and `done` run on a
-// TBB worker, within the scheduler's limit of requests in flight (beyond it kResourceExhausted),
-// and kDeadlineExceeded when `deadline` passes before it starts (for a batched model: before its
-// batch leaves; the parse then runs on the batcher's thread). A request refused before it is
-// queued (unknown model, max_in_flight) calls `done` at once on the caller's thread. `parse` and
-// what it refers to must live until it has run.
+// The same as a request of the runtime's scheduler: the execution and `done` run on a TBB
+// worker, within the scheduler's limit of requests in flight (beyond it kResourceExhausted), and
+// kDeadlineExceeded when `deadline` passes before it starts (for a batched model: before its
+// batch leaves). The parse runs where `parse_on` says: on the calling thread before this returns,
+// or where the request is queued (a TBB worker, or the batcher's parser thread). A request
+// refused before it is queued (unknown model, max_in_flight) calls `done` at once on the caller's
+// thread, and so does a batched one whose parse fails there. `parse` and what it refers to must
+// live until it has run.
 using InferenceDone = std::function<void(Result<InferenceOutcome>)>;
 void StartInference(const ServeContext& context, std::string_view model,
-                    std::string_view version_text, InferenceRequestParser parse,
+                    std::string_view version_text, InferenceRequestParser parse, ParseOn parse_on,
                     std::optional<std::chrono::steady_clock::time_point> deadline,
                     InferenceDone done);
 

@@ -312,10 +312,11 @@ server::InferenceRequestParser ParserOf(std::vector<Tensor> inputs, std::string 
 std::future<Result<std::vector<Tensor>>> StartBatchedInference(
     const server::ServeContext& context, const std::string& model,
     server::InferenceRequestParser parse,
-    std::optional<std::chrono::steady_clock::time_point> deadline = std::nullopt) {
+    std::optional<std::chrono::steady_clock::time_point> deadline = std::nullopt,
+    server::ParseOn parse_on = server::ParseOn::kQueue) {
   auto answer = std::make_shared<std::promise<Result<std::vector<Tensor>>>>();
   auto future = answer->get_future();
-  server::StartInference(context, model, "", std::move(parse), deadline,
+  server::StartInference(context, model, "", std::move(parse), parse_on, deadline,
                          [answer](Result<server::InferenceOutcome> outcome) {
                            if (!outcome.ok())
                              answer->set_value(outcome.error());
@@ -360,10 +361,12 @@ TEST(DynamicBatchingTest, BatchedAnswersEqualTheSameRequestsRunAlone) {
     request.kind =
         kind == 0 ? Sent::Kind::kInvalid : (kind == 1 ? Sent::Kind::kExpired : Sent::Kind::kValid);
   }
-  // From four threads at once, as many clients would.
+  // From four threads at once, as many clients would; two parse on their own thread (as gRPC
+  // does), two on the batcher's parser threads (as REST does), into the same batches.
   std::vector<std::thread> clients;
   for (int c = 0; c < 4; ++c) {
-    clients.emplace_back([&, c] {
+    const auto parse_on = c % 2 == 0 ? server::ParseOn::kCaller : server::ParseOn::kQueue;
+    clients.emplace_back([&, c, parse_on] {
       for (std::size_t i = c; i < sent.size(); i += 4) {
         Sent& request = sent[i];
         std::optional<std::chrono::steady_clock::time_point> deadline;
@@ -374,7 +377,7 @@ TEST(DynamicBatchingTest, BatchedAnswersEqualTheSameRequestsRunAlone) {
             ParserOf({request.input}, request.kind == Sent::Kind::kInvalid
                                           ? "request " + std::to_string(i) + " is invalid"
                                           : ""),
-            deadline);
+            deadline, parse_on);
       }
     });
   }
@@ -415,6 +418,53 @@ TEST(DynamicBatchingTest, BatchedAnswersEqualTheSameRequestsRunAlone) {
   EXPECT_EQ(sizes.count, batching.executions.load());
   EXPECT_EQ(sizes.cumulative_counts[3], sizes.count) << "a batch of more than 8 rows";  // le=8
   EXPECT_GT(sizes.sum, 0);
+}
+
+// ParseOn is a promise about threads: kCaller parses before StartInference returns, on the
+// caller's thread (a failed parse is answered there too), kQueue never on the caller's thread
+// (REST's I/O threads must not parse). Batched and unbatched models alike.
+TEST(DynamicBatchingTest, ParseOnSaysWhichThreadParses) {
+  ServeHome home;
+  AddBatchingModels(home);
+  home.Write("models/relu/config.json",
+             R"({"backends": ["CpuRef"], "max_batch_size": 8,
+                 "dynamic_batching": {"max_queue_delay_us": 1000}})");
+  auto running = StartBatchingServer(BatchingServeConfig(home));
+  const auto& context = running.core->context();
+  std::mt19937_64 random(3);
+  for (const std::string model : {"relu", "relu_alone"}) {
+    for (const auto parse_on : {server::ParseOn::kCaller, server::ParseOn::kQueue}) {
+      const bool on_caller = parse_on == server::ParseOn::kCaller;
+      SCOPED_TRACE(model + (on_caller ? ", kCaller" : ", kQueue"));
+      for (const bool valid : {true, false}) {
+        auto parsed_on = std::make_shared<std::promise<std::thread::id>>();
+        auto thread = parsed_on->get_future();
+        server::InferenceRequestParser inner =
+            ParserOf({RandomRows(random, 1, 3)}, valid ? "" : "this request is invalid");
+        auto answer = StartBatchedInference(
+            context, model,
+            [parsed_on, inner](const Network& network) {
+              parsed_on->set_value(std::this_thread::get_id());
+              return inner(network);
+            },
+            std::nullopt, parse_on);
+        if (on_caller) {
+          ASSERT_EQ(thread.wait_for(0s), std::future_status::ready) << "parsed after the return";
+          EXPECT_EQ(thread.get(), std::this_thread::get_id());
+        } else {
+          EXPECT_NE(thread.get(), std::this_thread::get_id());
+        }
+        if (!valid && on_caller && model == "relu") {
+          EXPECT_EQ(answer.wait_for(0s), std::future_status::ready)
+              << "a batched request that fails its parse on the caller is answered there";
+        }
+        auto result = answer.get();
+        EXPECT_EQ(result.ok(), valid) << (result.ok() ? "" : result.error().ToString());
+        if (!valid)
+          EXPECT_THAT(result.error().message(), HasSubstr("this request is invalid"));
+      }
+    }
+  }
 }
 
 // Batches of every size from 1 to max_batch_size execute at a few padded sizes, so the network
@@ -632,7 +682,7 @@ TEST(DynamicBatchingTest, PreserveOrderingAnswersInArrivalOrder) {
     done.push_back(answered->get_future());
     const int64_t columns = 2 + static_cast<int64_t>(random() % 2);  // two groups, interleaved
     server::StartInference(context, "relu", "", ParserOf({RandomRows(random, 1, columns)}),
-                           std::nullopt,
+                           server::ParseOn::kQueue, std::nullopt,
                            [&, i, answered](Result<server::InferenceOutcome> outcome) {
                              EXPECT_TRUE(outcome.ok()) << outcome.error().ToString();
                              {
