@@ -266,14 +266,16 @@ TEST(ShapeOverflowTest, RefusesRequestWhoseConcatOverflows) {
 
 // The exact product of `dims` without overflow, saturated at 2^62 (above the bound either way).
 int64_t SaturatedProduct(const std::vector<int64_t>& dims) {
-  __int128 product = 1;
+  constexpr int64_t kSaturation = int64_t{1} << 62;
+  int64_t product = 1;
   for (int64_t dim : dims) {
-    if (dim > 0)
-      product *= dim;
-    if (product > (__int128{1} << 62))
-      return int64_t{1} << 62;
+    if (dim <= 0)
+      continue;
+    if (product > kSaturation / dim)  // product * dim > 2^62, checked without computing it
+      return kSaturation;
+    product *= dim;
   }
-  return static_cast<int64_t>(product);
+  return product;
 }
 
 // Random shapes with large dimensions through Reshape, Flatten and Transpose: each model is

@@ -460,8 +460,9 @@ TEST(DynamicBatchingTest, ParseOnSaysWhichThreadParses) {
         }
         auto result = answer.get();
         EXPECT_EQ(result.ok(), valid) << (result.ok() ? "" : result.error().ToString());
-        if (!valid)
+        if (!valid) {
           EXPECT_THAT(result.error().message(), HasSubstr("this request is invalid"));
+        }
       }
     }
   }
