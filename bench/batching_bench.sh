@@ -4,7 +4,9 @@
 # with Debian's python3-onnx) served on CpuAcc as `wide` (no batching) and as `wide_batched`
 # (max_batch_size 64, preferred [16, 64], max_queue_delay_us DELAY), driven by
 # bench/batching_client.cpp (the models alternating in slices, every answer checked): 64
-# keep-alive REST clients and 16 gRPC clients sending one row each, then 1 client; then 64 REST
+# keep-alive REST clients and 16 gRPC clients sending one row each, then 1 client; then the same
+# against `tiny`, a Gemm 784x10 with the same request and answer (what the transport allows a
+# batched model, the ceiling of those ratios); then 64 REST
 # connections from wrk (one thread: the lightest client, for the latency goal); then one
 # client sending 64-row requests over gRPC (the largest batch's execution time alone, for the
 # p99 bound; each batched run also prints what its batches took under its own load); then the max_queue_delay_us curve (DELAYS) at 64, 16 and 1 REST clients.
@@ -30,15 +32,18 @@ log=$work/serve.log
 server_pid=
 trap '[[ -z $server_pid ]] || { kill -TERM $server_pid 2>/dev/null; wait $server_pid 2>/dev/null; }; rm -rf "$work"' EXIT
 
-# The model, from the script: Gemm+Relu, Gemm+Relu, Gemm, batch dimension symbolic.
-mkdir -p "$work/models/wide/1"
-/usr/bin/python3 - "$work/models/wide/1/model.onnx" <<'PY'
+# The models, from the script: Gemm+Relu, Gemm+Relu, Gemm, batch dimension symbolic (`wide`);
+# and one Gemm 784x10 (`tiny`: the same request and answer, nearly no execution, so what it
+# reaches is what the transport and the batcher's path allow).
+mkdir -p "$work/models/wide/1" "$work/models/tiny/1"
+make_mlp() {
+  /usr/bin/python3 - "$@" <<'PY'
 import sys
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 rng = np.random.default_rng(20261202)
-sizes = [784, 2048, 2048, 10]
+sizes = [int(size) for size in sys.argv[2:]]
 nodes, inits, last = [], [], "x"
 for i, (n_in, n_out) in enumerate(zip(sizes, sizes[1:])):
     w = (rng.standard_normal((n_in, n_out)) / np.sqrt(n_in)).astype(np.float32)
@@ -58,13 +63,18 @@ model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
 model.ir_version = 8
 onnx.save(model, sys.argv[1])
 PY
+}
+make_mlp "$work/models/wide/1/model.onnx" 784 2048 2048 10
+make_mlp "$work/models/tiny/1/model.onnx" 784 10
 batched_config() {
   echo "{\"backends\": [\"CpuAcc\"], \"max_batch_size\": 64, \"dynamic_batching\": {\"max_queue_delay_us\": $1, \"preferred_batch_sizes\": [16, 64]}}"
 }
-echo '{"backends": ["CpuAcc"]}' >"$work/models/wide/config.json"
-mkdir -p "$work/models/wide_batched/1"
-cp "$work/models/wide/1/model.onnx" "$work/models/wide_batched/1/"
-batched_config "$delay" >"$work/models/wide_batched/config.json"
+for m in wide tiny; do
+  echo '{"backends": ["CpuAcc"]}' >"$work/models/$m/config.json"
+  mkdir -p "$work/models/${m}_batched/1"
+  cp "$work/models/$m/1/model.onnx" "$work/models/${m}_batched/1/"
+  batched_config "$delay" >"$work/models/${m}_batched/config.json"
+done
 for d in $delays; do
   mkdir -p "$work/models/wide_delay_$d/1"
   cp "$work/models/wide/1/model.onnx" "$work/models/wide_delay_$d/1/"
@@ -119,6 +129,12 @@ for run in rest:64 grpc:16 grpc-async:16 rest:1 grpc:1; do
     --seconds "${DURATION:-5}" --runs "$run" | { [[ $run == rest:64 ]] && cat || tail -n +2; }
   print_batches "$before" "$(batches_view)"
 done
+echo
+echo "## What the transport allows: tiny (Gemm 784x10, nearly no execution), off against on"
+# A batched model can answer no faster than this path, whatever its execution costs: the ceiling
+# of the ratios above (docs/performance.md).
+"$client" --http "$http" --grpc "$grpc" --models "tiny tiny_batched" \
+  --seconds "${DURATION:-5}" --runs "rest:64 grpc:16 grpc-async:16" | tail -n +2
 echo
 echo "## REST, 64 connections from wrk, off against on, 3 rounds"
 # wrk drives 64 keep-alive connections from one thread (an event loop), where the client above
