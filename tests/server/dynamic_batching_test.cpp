@@ -278,6 +278,22 @@ server::RunningServer StartBatchingServer(const ServeConfig& config) {
   return std::move(started).value();
 }
 
+// A server with AddBatchingModels' models and `relu` configured by `relu_config` (its
+// config.json), not watching the backend directory.
+class ReluBatchingServer {
+ public:
+  explicit ReluBatchingServer(const std::string& relu_config) {
+    AddBatchingModels(home_);
+    home_.Write("models/relu/config.json", relu_config);
+    running_.emplace(StartBatchingServer(BatchingServeConfig(home_)));
+  }
+  const server::ServeContext& context() const { return running_->core->context(); }
+
+ private:
+  ServeHome home_;  // outlives the server
+  std::optional<server::RunningServer> running_;
+};
+
 // FP32 values in [-1, 1).
 Tensor RandomTensor(std::mt19937_64& random, Shape shape) {
   Tensor tensor(TensorInfo{DataType::kFloat32, std::move(shape)});
@@ -334,13 +350,10 @@ std::vector<float> Floats(const Tensor& tensor) {
 TEST(DynamicBatchingTest, BatchedAnswersEqualTheSameRequestsRunAlone) {
   const uint64_t seed = TestSeed();
   SCOPED_TRACE("seed " + std::to_string(seed));
-  ServeHome home;
-  AddBatchingModels(home);
-  home.Write("models/relu/config.json",
-             R"({"backends": ["CpuRef"], "max_batch_size": 8, "dynamic_batching":
+  const ReluBatchingServer served(
+      R"({"backends": ["CpuRef"], "max_batch_size": 8, "dynamic_batching":
                  {"max_queue_delay_us": 3000, "preferred_batch_sizes": [4, 8]}})");
-  auto running = StartBatchingServer(BatchingServeConfig(home));
-  const auto& context = running.core->context();
+  const auto& context = served.context();
 
   // Mixed shapes (M of 2, 3 or 5: never joined), 1-3 rows each; a tenth fail their parse and a
   // tenth come with a deadline that has passed: neither may reach a batch or spoil one.
@@ -424,13 +437,9 @@ TEST(DynamicBatchingTest, BatchedAnswersEqualTheSameRequestsRunAlone) {
 // caller's thread (a failed parse is answered there too), kQueue never on the caller's thread
 // (REST's I/O threads must not parse). Batched and unbatched models alike.
 TEST(DynamicBatchingTest, ParseOnSaysWhichThreadParses) {
-  ServeHome home;
-  AddBatchingModels(home);
-  home.Write("models/relu/config.json",
-             R"({"backends": ["CpuRef"], "max_batch_size": 8,
+  const ReluBatchingServer served(R"({"backends": ["CpuRef"], "max_batch_size": 8,
                  "dynamic_batching": {"max_queue_delay_us": 1000}})");
-  auto running = StartBatchingServer(BatchingServeConfig(home));
-  const auto& context = running.core->context();
+  const auto& context = served.context();
   std::mt19937_64 random(3);
   for (const std::string model : {"relu", "relu_alone"}) {
     for (const auto parse_on : {server::ParseOn::kCaller, server::ParseOn::kQueue}) {
@@ -567,13 +576,9 @@ TEST(DynamicBatchingTest, AnExecutionErrorFailsExactlyTheRequestsOfItsBatch) {
 }
 
 TEST(DynamicBatchingTest, ARequestWhoseDeadlinePassesWhileItWaitsLeavesTheBatch) {
-  ServeHome home;
-  AddBatchingModels(home);
-  home.Write("models/relu/config.json",
-             R"({"backends": ["CpuRef"], "max_batch_size": 8,
+  const ReluBatchingServer served(R"({"backends": ["CpuRef"], "max_batch_size": 8,
                  "dynamic_batching": {"max_queue_delay_us": 400000}})");
-  auto running = StartBatchingServer(BatchingServeConfig(home));
-  const auto& context = running.core->context();
+  const auto& context = served.context();
   std::mt19937_64 random(1);
   const auto start = std::chrono::steady_clock::now();
   auto hurried =
@@ -599,13 +604,9 @@ TEST(DynamicBatchingTest, ARequestWhoseDeadlinePassesWhileItWaitsLeavesTheBatch)
 // requests leave at once, but for a probe every sixteenth; company that joins a probe restores
 // the wait. Whole server, serving core, a 100 ms delay so that a wait is unmistakable.
 TEST(DynamicBatchingTest, ALoneClientStopsWaitingAfterEightVainWaitsAndCompanyRestoresIt) {
-  ServeHome home;
-  AddBatchingModels(home);
-  home.Write("models/relu/config.json",
-             R"({"backends": ["CpuRef"], "max_batch_size": 8,
+  const ReluBatchingServer served(R"({"backends": ["CpuRef"], "max_batch_size": 8,
                  "dynamic_batching": {"max_queue_delay_us": 100000}})");
-  auto running = StartBatchingServer(BatchingServeConfig(home));
-  const auto& context = running.core->context();
+  const auto& context = served.context();
   std::mt19937_64 random(7);
   const auto timed_request = [&] {
     const auto start = std::chrono::steady_clock::now();
@@ -667,13 +668,10 @@ TEST(DynamicBatchingTest, OverloadIsRefusedNotQueued) {
 TEST(DynamicBatchingTest, PreserveOrderingAnswersInArrivalOrder) {
   const uint64_t seed = TestSeed();
   SCOPED_TRACE("seed " + std::to_string(seed));
-  ServeHome home;
-  AddBatchingModels(home);
-  home.Write("models/relu/config.json",
-             R"({"backends": ["CpuRef"], "max_batch_size": 4, "dynamic_batching":
+  const ReluBatchingServer served(
+      R"({"backends": ["CpuRef"], "max_batch_size": 4, "dynamic_batching":
                  {"max_queue_delay_us": 2000, "preserve_ordering": true}})");
-  auto running = StartBatchingServer(BatchingServeConfig(home));
-  const auto& context = running.core->context();
+  const auto& context = served.context();
   std::mt19937_64 random(seed);
   std::mutex order_mutex;
   std::vector<int> order;
