@@ -107,7 +107,8 @@ class ModelCall {
 };
 
 // An admitted request queued on the runtime's scheduler, or on its model version's batcher (the
-// same two closures either way): the parse, the execution and `done` happen there.
+// same two closures either way): the execution and `done` happen there, and the parse too unless
+// `parse_on` says the caller.
 void Start(const ServeContext& context, std::unique_ptr<ModelCall> admitted,
            InferenceRequestParser parse, ParseOn parse_on,
            std::optional<Clock::time_point> deadline, InferenceDone done) {
@@ -119,14 +120,12 @@ void Start(const ServeContext& context, std::unique_ptr<ModelCall> admitted,
   };
   auto pending = std::make_shared<Pending>(Pending{std::move(admitted), std::move(parse), {}});
   DynamicBatcher* batcher = pending->call->version().batcher();
-  auto make_inputs = [pending, batched = batcher != nullptr]() -> Result<std::vector<Tensor>> {
+  auto make_inputs = [pending]() -> Result<std::vector<Tensor>> {
     auto request = pending->call->Parse(pending->parse);
     pending->parse = nullptr;  // what it refers to (the body) goes as soon as it is parsed
     if (!request.ok())
       return std::move(request).error();
     pending->request = std::move(request).value();
-    if (!batched)
-      pending->call->CountExecution();  // the batcher counts its batches
     return std::move(pending->request.inputs);
   };
   auto finish = [pending, done = std::move(done)](Result<std::vector<Tensor>> outputs) {
@@ -147,8 +146,16 @@ void Start(const ServeContext& context, std::unique_ptr<ModelCall> admitted,
       return std::move(*parsed);
     };
   }
+  // Counted as an execution when a worker takes the inputs (the batcher counts its batches): a
+  // request refused or expired in the scheduler's queue never executed, wherever it was parsed.
+  auto counted = [pending, inputs = std::move(inputs)]() -> Result<std::vector<Tensor>> {
+    auto taken = inputs();
+    if (taken.ok())
+      pending->call->CountExecution();
+    return taken;
+  };
   // During a backend rollout, a request id keeps its client's requests on one generation.
-  context.runtime.ExecuteAsync(pending->call->version().network_id(), std::move(inputs),
+  context.runtime.ExecuteAsync(pending->call->version().network_id(), std::move(counted),
                                std::move(finish), deadline,
                                [pending] { return pending->request.id.value_or(""); });
 }

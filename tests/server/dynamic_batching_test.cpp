@@ -475,6 +475,9 @@ TEST(DynamicBatchingTest, ParseOnSaysWhichThreadParses) {
       }
     }
   }
+  // Unbatched, a request counts as an execution when it runs, wherever it was parsed: the two
+  // valid ones, not the two that failed their parse.
+  EXPECT_EQ(context.metrics.ForModel("relu_alone").batching.executions.load(), 2u);
 }
 
 // Batches of every size from 1 to max_batch_size execute at a few padded sizes, so the network
