@@ -389,8 +389,8 @@ std::vector<float> RunOne(loader::Workload& workload, const Shape& x_shape,
 // fastest, and each wants its own layout (four here: jit avx512 and avx2, brgconv, gemm), so
 // which sizes share a copy changes from run to run (CI once grew 30.6 MB, three copies' worth,
 // against a fixed bound of three): the bound is a copy per implementation the six programs chose
-// that the first two had not, plus one for the programs themselves and a sanitizer's shadow;
-// without the sharing, six copies.
+// that the first two had not, plus one for the programs themselves and ASan's shadow (TSan's
+// shadow is too large to bound this way); without the sharing, six copies.
 TEST_F(CpuAccFusionTest, FoldedWeightsAreSharedByTheProgramsOfEveryBatchSize) {
   Rng rng(31);
   TestGraph g;
@@ -425,10 +425,17 @@ TEST_F(CpuAccFusionTest, FoldedWeightsAreSharedByTheProgramsOfEveryBatchSize) {
   const int64_t weight_bytes = 512 * 512 * 9 * static_cast<int64_t>(sizeof(float));
   const auto copies = static_cast<int64_t>(new_implementations.size());
   ASSERT_LT(copies, 5) << "too many implementations for the bound to tell sharing apart:" << chosen;
+#if defined(BACKPLANE_TSAN_BUILD)
+  // Not asserted under TSan: its shadow and metadata of everything the programs write are resident
+  // too and drown the copies counted here (one new implementation grew 48.4 MB, two 59.3 MB: five
+  // and six copies' bytes). Release and ASan hold the bound; TSan still checks the answers below.
+  RecordProperty("resident_growth_bytes", std::to_string(grown));
+#else
   EXPECT_LT(grown, (copies + 1) * weight_bytes)
       << "6 programs grew the resident set by " << grown << " bytes; the folded weights are "
       << weight_bytes << ", and " << copies
       << " implementations are new at batch 3 to 8:" << chosen;
+#endif
 
   auto want = g.RunPerLayer(cpu_ref());
   ASSERT_TRUE(want.ok()) << want.error().ToString();
