@@ -26,7 +26,7 @@
 //     swaps. R counts the requests of a second client executing throughout; F counts failed
 //     requests of both clients (any failure is a bug: a swap must never fail a request).
 //
-//   after 10 swaps: K KiB resident, M mappings, S shadow(s) mapped; after N swaps: ...; live
+//   after 10 swaps: K KiB resident, M mappings, S generation(s) mapped; after N swaps: ...; live
 //   generations L, leaked X
 //     Taken during the same run, after swap 10 and after swap N, with both clients paused, the
 //     replaced generation destroyed and the reaper idle: VmRSS of the process, lines of
@@ -139,19 +139,6 @@ int MappingCount() {
   return lines;
 }
 
-// Distinct files under `shadows` (the loader's shadow directory) that are mapped: one per
-// generation whose code is still in the process (a library has several mapping lines).
-int MappedShadowCount(const fs::path& shadows) {
-  std::ifstream maps("/proc/self/maps");
-  std::set<std::string> files;
-  const std::string prefix = shadows.string() + "/";
-  for (std::string line; std::getline(maps, line);) {
-    if (const auto at = line.find(prefix); at != std::string::npos)
-      files.insert(line.substr(at));
-  }
-  return static_cast<int>(files.size());
-}
-
 // RssAnon, RssFile and RssShmem of /proc/self/status (KiB): which kind of memory a growth is.
 struct ResidentKinds {
   long anon = 0, file = 0, shmem = 0;
@@ -174,7 +161,7 @@ struct MemorySample {
   long resident_kib = 0;
   ResidentKinds kinds;
   int mappings = 0;
-  int shadows = 0;
+  int generations = 0;  // distinct backend generations with code mapped
   uint64_t live = 0;    // the loader's generations not yet destroyed
   uint64_t leaked = 0;  // still mapped after dlclose
 };
@@ -191,7 +178,6 @@ void RenameToServed(int swaps, std::optional<std::chrono::milliseconds> debounce
     watch.debounce = *debounce;
   auto reloader = BackendReloader::Start(registry, watch).value();
   const NetworkId network = runtime->LoadNetwork(testing::TwoLayerIdentityNetwork()).value();
-  const fs::path shadows = registry->loader().shadow_directory().path();
 
   std::atomic<bool> stop{false};
   std::atomic<long> served{0}, failed{0};
@@ -215,7 +201,7 @@ void RenameToServed(int swaps, std::optional<std::chrono::milliseconds> debounce
     return MemorySample{ResidentKiB(),
                         ResidentByKind(),
                         MappingCount(),
-                        MappedShadowCount(shadows),
+                        static_cast<int>(testing::MappedGenerations().size()),
                         registry->loader().stats().live.load(),
                         registry->loader().stats().leaked.load()};
   };
@@ -254,10 +240,10 @@ void RenameToServed(int swaps, std::optional<std::chrono::milliseconds> debounce
       Percentile(latencies, 0.5), Percentile(latencies, 0.99), Percentile(latencies, 1.0),
       served.load(), failed.load());
   std::printf(
-      "after 10 swaps: %ld KiB resident, %d mappings, %d shadow(s) mapped; after %d swaps: %ld KiB "
-      "resident, %d mappings, %d shadow(s) mapped; live generations %llu, leaked %llu\n",
-      at_10.resident_kib, at_10.mappings, at_10.shadows, swaps, at_end.resident_kib,
-      at_end.mappings, at_end.shadows, static_cast<unsigned long long>(at_end.live),
+      "after 10 swaps: %ld KiB resident, %d mappings, %d generation(s) mapped; after %d swaps: %ld KiB "
+      "resident, %d mappings, %d generation(s) mapped; live generations %llu, leaked %llu\n",
+      at_10.resident_kib, at_10.mappings, at_10.generations, swaps, at_end.resident_kib,
+      at_end.mappings, at_end.generations, static_cast<unsigned long long>(at_end.live),
       static_cast<unsigned long long>(at_end.leaked));
 }
 
@@ -437,7 +423,6 @@ bool SwapServedBackend(Served& served, int swaps,
   }
   const NetworkId network = loaded.value();
   const std::vector<ConstTensorView> views = Views(served.inputs);
-  const fs::path shadows = registry->loader().shadow_directory().path();
 
   // Which replaced generations the registry reported unloaded (verified gone) or leaked.
   std::mutex events_mutex;
@@ -468,7 +453,7 @@ bool SwapServedBackend(Served& served, int swaps,
     return MemorySample{ResidentKiB(),
                         ResidentByKind(),
                         MappingCount(),
-                        MappedShadowCount(shadows),
+                        static_cast<int>(testing::MappedGenerations().size()),
                         registry->loader().stats().live.load(),
                         registry->loader().stats().leaked.load()};
   };
@@ -554,10 +539,10 @@ bool SwapServedBackend(Served& served, int swaps,
       Percentile(latencies, 0.5), Percentile(latencies, 0.99), Percentile(latencies, 1.0),
       served_requests.load(), failed.load());
   std::printf(
-      "%s: after 10 swaps: %ld KiB resident, %d mappings, %d shadow(s) mapped; after %d swaps: "
-      "%ld KiB resident, %d mappings, %d shadow(s) mapped; live generations %llu, leaked %llu\n",
-      id, at_10.resident_kib, at_10.mappings, at_10.shadows, swaps, at_end.resident_kib,
-      at_end.mappings, at_end.shadows, static_cast<unsigned long long>(at_end.live),
+      "%s: after 10 swaps: %ld KiB resident, %d mappings, %d generation(s) mapped; after %d swaps: "
+      "%ld KiB resident, %d mappings, %d generation(s) mapped; live generations %llu, leaked %llu\n",
+      id, at_10.resident_kib, at_10.mappings, at_10.generations, swaps, at_end.resident_kib,
+      at_end.mappings, at_end.generations, static_cast<unsigned long long>(at_end.live),
       static_cast<unsigned long long>(at_end.leaked));
   // Diagnostic, after every number above was taken: how much of the growth is memory malloc
   // holds free (returned by malloc_trim) rather than memory still in use.

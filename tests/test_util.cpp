@@ -92,6 +92,23 @@ bool IsCodeMapped(std::string_view needle) {
   return !MappedCode(needle).empty();
 }
 
+std::string GenerationMapping(uint64_t number, std::string_view file_name) {
+  std::string name = "/memfd:backplane:";  // appended: GCC 12 warns on "..." + std::string&&
+  name += std::to_string(number);
+  name += ':';
+  name += file_name;
+  return name;
+}
+
+std::set<std::string> MappedGenerations(std::string_view file_name) {
+  std::set<std::string> generations;
+  for (const std::string& mapped : MappedCode("/memfd:backplane:")) {
+    if (file_name.empty() || mapped.ends_with(":" + std::string(file_name)))
+      generations.insert(mapped);
+  }
+  return generations;
+}
+
 bool HasCommand(const std::string& command) {
   return RunCommand("command -v '" + command + "' >/dev/null 2>&1").exit_code == 0;
 }

@@ -53,6 +53,13 @@ CommandResult RunCommand(const std::string& command_line);
 std::set<std::string> MappedCode(std::string_view needle, pid_t pid = 0);
 bool IsCodeMapped(std::string_view needle);  // !MappedCode(needle).empty()
 
+// How /proc/<pid>/maps names the code of generation `number` of the backend file `file_name`:
+// the loader maps a sealed memory copy, "/memfd:backplane:<number>:<file name>".
+std::string GenerationMapping(uint64_t number, std::string_view file_name);
+// The generations of backend files named `file_name` whose code is mapped in this process
+// (their GenerationMapping names); every backend file when `file_name` is empty.
+std::set<std::string> MappedGenerations(std::string_view file_name = {});
+
 // Tests that need ../shared/data (or another path outside the build) call this first: without
 // it they skip locally, and fail under CI (CI=true), where every test must run.
 #define BACKPLANE_REQUIRE_PATH(path)                                                    \

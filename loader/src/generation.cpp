@@ -25,9 +25,10 @@ void LibraryHandle::Close() {
     dlclose(std::exchange(handle_, nullptr));
 }
 
-Generation::Generation(GenerationInfo info, LibraryHandle library, EntryPoints entry_points,
-                       std::shared_ptr<LoaderStats> stats)
+Generation::Generation(GenerationInfo info, SealedImage image, LibraryHandle library,
+                       EntryPoints entry_points, std::shared_ptr<LoaderStats> stats)
     : info_(std::move(info)),
+      image_(std::move(image)),
       library_(std::move(library)),
       entry_points_(entry_points),
       stats_(std::move(stats)) {
@@ -55,10 +56,11 @@ Generation::~Generation() {
     confinement_.reset();
   }
   library_.Close();
-  // dlclose does not say whether the library left the process. Asking for the shadow path with
-  // RTLD_NOLOAD does: glibc only answers with a handle while the library is still mapped.
+  // dlclose does not say whether the library left the process. Asking for the name it was mapped
+  // by with RTLD_NOLOAD does: glibc only answers with a handle while the library is still mapped.
+  // The sealed copy's descriptor is still open, so that name is still this library's alone.
   const bool leaked = [&] {
-    void* still_mapped = dlopen(info_.shadow_path.c_str(), RTLD_NOW | RTLD_NOLOAD);
+    void* still_mapped = dlopen(image_.ProcPath().c_str(), RTLD_NOW | RTLD_NOLOAD);
     if (still_mapped != nullptr)
       dlclose(still_mapped);
     return still_mapped != nullptr;
@@ -74,7 +76,8 @@ Generation::~Generation() {
     Log().debug("backend {} generation {} unloaded ({})", info_.backend_id, info_.number,
                 info_.file.string());
   }
-  unlink(info_.shadow_path.c_str());  // a leaked mapping stays valid without its file
+  if (leaked)
+    image_.Abandon();  // its name must never be given to another library (SealedImage)
 #ifdef __GLIBC__
   // What the generation's instances and workloads allocated was freed above, but glibc keeps
   // freed memory in the arena of the thread that allocated it (a backend compiles on the watcher

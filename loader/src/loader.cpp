@@ -16,6 +16,7 @@
 #include "backplane/loader/dependencies.hpp"
 #include "backplane/loader/digest.hpp"
 #include "backplane/loader/elf_inspector.hpp"
+#include "backplane/loader/sealed_image.hpp"
 #include "loader_log.hpp"
 
 namespace backplane::loader {
@@ -23,7 +24,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// Never reused within the process, so a shadow path never names two libraries (rule 1).
+// Never reused within the process: names one generation in records, logs and /proc/<pid>/maps.
 std::atomic<uint64_t> next_generation{1};
 
 // Records stages into an optional trace; the trace is for `backplane check` and debugging.
@@ -46,22 +47,6 @@ class Tracer {
 
  private:
   LoadTrace* trace_;
-};
-
-// Deletes a shadow file on scope exit unless released to a Generation.
-class ShadowFileGuard {
- public:
-  explicit ShadowFileGuard(fs::path path) : path_(std::move(path)) {}
-  ~ShadowFileGuard() {
-    if (!path_.empty())
-      unlink(path_.c_str());
-  }
-  ShadowFileGuard(const ShadowFileGuard&) = delete;
-  ShadowFileGuard& operator=(const ShadowFileGuard&) = delete;
-  void Release() { path_.clear(); }
-
- private:
-  fs::path path_;
 };
 
 // What a backend built with backplane_add_backend() would not have: loadable, but a sign that
@@ -101,10 +86,11 @@ std::string BuildAdvice(const ElfFacts& facts) {
   return advice;
 }
 
-// dlerror() names the shadow copy, which the operator never sees; name the deployed file.
-std::string NameTheDeployedFile(std::string message, const ShadowCopy& shadow,
+// dlerror() names the sealed copy (/proc/self/fd/N), which the operator never sees; name the
+// deployed file.
+std::string NameTheDeployedFile(std::string message, const fs::path& mapped_path,
                                 const fs::path& real_path) {
-  const std::string from = shadow.path.string();
+  const std::string from = mapped_path.string();
   const std::string to = real_path.string();
   for (auto at = message.find(from); at != std::string::npos;
        at = message.find(from, at + to.size())) {
@@ -113,14 +99,14 @@ std::string NameTheDeployedFile(std::string message, const ShadowCopy& shadow,
   return message;
 }
 
-// The one dlopen failure whose cause is ours, not the backend's: the shadow directory's file
-// system refuses to map code.
-std::string ExplainMapFailure(const std::string& message, const ShadowCopy& shadow) {
+// The one dlopen failure whose cause is the machine's, not the backend's: the kernel refuses to
+// map memory files executable.
+std::string ExplainMapFailure(const std::string& message) {
   if (message.find("failed to map segment") == std::string::npos)
     return message;
-  return message + " (the shadow copy " + shadow.path.string() +
-         " could not be mapped executable: is its file system mounted noexec? set "
-         "BACKPLANE_SHADOW_DIR to a directory on one that is not)";
+  return message +
+         " (the sealed memory copy could not be mapped executable: is the sysctl "
+         "vm.memfd_noexec set to 2, or does a security module forbid executable memory files?)";
 }
 
 std::string DlError() {
@@ -171,7 +157,7 @@ Status CallEntryPoint(const fs::path& file, std::string_view name, LoadReason re
 }
 
 // The trust stage: nothing to say without a policy (every content loads, as before trust existed).
-Status CheckTrust(const TrustPolicy* trust, const BackendFile& file, const fs::path& content,
+Status CheckTrust(const TrustPolicy* trust, const BackendFile& file, std::span<const std::byte> content,
                   const std::string& sha256, Tracer& tracer) {
   if (trust == nullptr)
     return Status::Ok();
@@ -242,9 +228,12 @@ Result<GenerationLease> Loader::Load(const fs::path& file, LoadTrace* trace, Reu
     }
     if (existing && ReadFileIdentity(resolved->real_path) == existing->info().identity) {
       // Mapped for a caller whose policy may differ from this one's: ask this one too (about
-      // the content mapped, the shadow copy, which has not changed since it was digested).
+      // the content mapped, the sealed copy, which cannot have changed since it was digested).
       const GenerationInfo& info = existing->info();
-      if (Status trusted = CheckTrust(trust, *resolved, info.shadow_path, info.sha256, tracer);
+      auto content = existing->image().Map();
+      if (!content.ok())
+        return tracer.Fail("trust", std::move(content).error());
+      if (Status trusted = CheckTrust(trust, *resolved, content->span(), info.sha256, tracer);
           !trusted.ok()) {
         return trusted;
       }
@@ -266,25 +255,30 @@ Result<GenerationLease> Loader::LoadNew(const BackendFile& file, LoadTrace* trac
   Tracer tracer(trace);
   const uint64_t number = next_generation.fetch_add(1, std::memory_order_relaxed);
 
-  auto shadow = shadows_->Copy(file.real_path, number);
-  if (!shadow.ok())
-    return tracer.Fail("copy", std::move(shadow).error());
-  ShadowFileGuard shadow_guard(shadow->path);
-  tracer.Pass("copy", shadow->path.string());
-  // The digest of the copy, not of the path: what is named is exactly what runs.
-  auto sha256 = Sha256OfFile(shadow->path);
-  if (!sha256.ok())
-    return tracer.Fail("digest", std::move(sha256).error());
-  tracer.Pass("digest", "sha256 " + sha256.value());
+  // Rule 1, and the trust list's promise: the file is read once, into a sealed memory copy, and
+  // every stage below reads that copy. No path is opened again after the digest, so whoever can
+  // rename files in a directory cannot swap what was judged for something that was not.
+  // Labelled so that /proc/<pid>/maps, gdb and perf name the generation and its file.
+  std::string label = "backplane:";
+  label += std::to_string(number);
+  label += ':';
+  label += file.real_path.filename().string();
+  auto image =
+      SealedImage::Read(file.real_path, label, options_.max_file_bytes, options_.read_timeout);
+  if (!image.ok())
+    return tracer.Fail("copy", std::move(image).error());
+  tracer.Pass("copy", "sealed memory copy, " + std::to_string(image->size()) + " bytes");
+  auto content = image->Map();
+  if (!content.ok())
+    return tracer.Fail("copy", std::move(content).error());
+  const std::string sha256 = Sha256Of(content->span());
+  tracer.Pass("digest", "sha256 " + sha256);
   // Before anything reads the copy as ELF or maps it: no byte of untrusted content is
-  // interpreted, and no code of it runs, not even its static constructors. The digest is the
-  // copy's, so a file swapped after it was copied cannot pass on the old content's digest.
-  BACKPLANE_RETURN_IF_ERROR(CheckTrust(trust, file, shadow->path, sha256.value(), tracer));
+  // interpreted, and no code of it runs, not even its static constructors.
+  BACKPLANE_RETURN_IF_ERROR(CheckTrust(trust, file, content->span(), sha256, tracer));
 
-  // What is inspected is exactly what is dlopened: the shadow copy.
-  auto facts = ReadElfFile(shadow->path, file.path.string());
-  if (facts.ok())
-    facts = CheckUnloadable(std::move(facts).value(), file.path.string());
+  auto facts = InspectElf(content->span(), file.path.string());
+  content = ImageBytes();  // dlopen maps what it needs itself
   if (!facts.ok())
     return tracer.Fail("elf", std::move(facts).error());
   tracer.Pass("elf", facts->build_id.empty()
@@ -312,13 +306,15 @@ Result<GenerationLease> Loader::LoadNew(const BackendFile& file, LoadTrace* trac
 
   // Rule 2: RTLD_NOW turns a missing symbol into a load error instead of a later process kill;
   // RTLD_LOCAL keeps two versions of one backend from binding to each other's symbols.
-  LibraryHandle library(dlopen(shadow->path.c_str(), RTLD_NOW | RTLD_LOCAL));
+  // The sealed copy by its descriptor: a name that reaches those bytes and nothing else.
+  const fs::path mapped_path = image->ProcPath();
+  LibraryHandle library(dlopen(mapped_path.c_str(), RTLD_NOW | RTLD_LOCAL));
   if (library.get() == nullptr) {
     return tracer.Fail(
         "dlopen",
         {LoadReason::kDlopenFailed,
          file.path.string() + ": the dynamic linker refused it: " +
-             ExplainMapFailure(NameTheDeployedFile(DlError(), *shadow, file.real_path), *shadow)});
+             ExplainMapFailure(NameTheDeployedFile(DlError(), mapped_path, file.real_path))});
   }
   tracer.Pass("dlopen", "RTLD_NOW | RTLD_LOCAL");
 
@@ -401,16 +397,16 @@ Result<GenerationLease> Loader::LoadNew(const BackendFile& file, LoadTrace* trac
                       .release = release,
                       .file = file.path,
                       .real_path = file.real_path,
-                      .shadow_path = shadow->path,
-                      .identity = shadow->source_identity,
-                      .sha256 = std::move(sha256).value(),
+                      .mapped_as = image->maps_name(),
+                      .identity = image->source_identity(),
+                      .sha256 = sha256,
                       .build_id = facts->build_id,
                       .loaded_at = std::chrono::system_clock::now(),
                       .submits_tbb_tasks = !facts->tbb_task_imports.empty()};
-  shadow_guard.Release();  // the generation deletes its shadow after unloading
-  GenerationLease generation = MakeReaped(
-      std::make_unique<const Generation>(std::move(info), std::move(library), entry_points, stats_),
-      reaper_);
+  GenerationLease generation =
+      MakeReaped(std::make_unique<const Generation>(std::move(info), std::move(image).value(),
+                                                    std::move(library), entry_points, stats_),
+                 reaper_);
 
   auto probe = CreateInstance(generation);
   if (!probe.ok())

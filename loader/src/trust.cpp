@@ -7,12 +7,14 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <optional>
 
 #include "backplane/core/quoted.hpp"
 #include "file_descriptor.hpp"
 #include "loader_log.hpp"
+#include "read_deadline.hpp"
 
 namespace backplane::loader {
 namespace fs = std::filesystem;
@@ -59,15 +61,12 @@ Result<ReadList> ReadListFile(const fs::path& file) {
                                                     " trusted backend list " + file.string() +
                                                     ": " + std::strerror(errno)};
   };
-  const FileDescriptor fd(open(file.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY));
-  if (fd.get() < 0)
-    return io_error("open");
+  // Followed through symlinks (a ConfigMap mounts every file as one), but never blocked on.
   struct ::stat st {};
-  if (fstat(fd.get(), &st) != 0)
-    return io_error("stat");
-  if (!S_ISREG(st.st_mode)) {
-    return InvalidArgument("trusted backend list " + file.string() + " is not a regular file");
-  }
+  auto opened = OpenRegularFile(file, "trusted backend list", FinalSymlink::kFollow, &st);
+  if (!opened.ok())
+    return Status{StatusCode::kInvalidArgument, opened.error().message()};
+  const FileDescriptor fd = std::move(opened).value();
   // Whoever can write the list can trust their own build: the list is held to the rule backend
   // files are (owner root or this user, not writable by group or others), and so is its folder.
   const FilePolicy strict;
@@ -248,20 +247,28 @@ namespace backplane::loader {
 namespace {
 
 constexpr std::size_t kEd25519SignatureBytes = 64;
-// Ed25519 signs the message itself, so the content is read whole; no backend is this large.
-constexpr std::size_t kMaxSignedBytes = std::size_t{1} << 30;
+// A signature sits in the backend directory, which may be on a file system that stalls.
+constexpr std::chrono::milliseconds kSignatureReadTimeout{10'000};
 
 using PublicKey = std::unique_ptr<EVP_PKEY, void (*)(EVP_PKEY*)>;
 
-// Reads at most `limit` bytes of `file`; nullopt with errno set when it cannot be opened or read.
-std::optional<std::string> ReadAtMost(const fs::path& file, std::size_t limit) {
-  const FileDescriptor fd(open(file.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY));
-  if (fd.get() < 0)
-    return std::nullopt;
-  return ReadAtMost(fd.get(), limit);
+// Reads at most `limit` bytes of the regular file `file`, opened without blocking (`what` names it
+// in errors).
+Result<std::string> ReadAtMost(const fs::path& file, std::string_view what, FinalSymlink symlinks,
+                               std::size_t limit) {
+  struct ::stat st {};
+  auto fd = OpenRegularFile(file, what, symlinks, &st);
+  if (!fd.ok())
+    return std::move(fd).error();
+  auto bytes = ReadAtMost(fd->get(), limit);
+  if (!bytes) {
+    return Status{LoadReason::kIoError, "cannot read " + std::string(what) + " " + file.string() +
+                                            ": " + std::strerror(errno)};
+  }
+  return std::move(*bytes);
 }
 
-bool Verifies(EVP_PKEY* key, const std::string& signature, const std::string& message) {
+bool Verifies(EVP_PKEY* key, const std::string& signature, std::span<const std::byte> message) {
   const std::unique_ptr<EVP_MD_CTX, void (*)(EVP_MD_CTX*)> context(EVP_MD_CTX_new(),
                                                                    EVP_MD_CTX_free);
   if (context == nullptr ||
@@ -290,11 +297,9 @@ Result<std::shared_ptr<SignaturePolicy>> SignaturePolicy::FromKeyFiles(
       if (auto unsafe = CheckOwnership(file, st.st_uid, st.st_mode, FilePolicy{}))
         return InvalidArgument("signing key: " + unsafe->message());
     }
-    const auto pem = ReadAtMost(file, 1 << 16);
-    if (!pem) {
-      return InvalidArgument("cannot read signing key " + file.string() + ": " +
-                             std::strerror(errno));
-    }
+    const auto pem = ReadAtMost(file, "signing key", FinalSymlink::kFollow, 1 << 16);
+    if (!pem.ok())
+      return InvalidArgument(pem.error().message());
     const std::unique_ptr<BIO, int (*)(BIO*)> bio(
         BIO_new_mem_buf(pem->data(), static_cast<int>(pem->size())), BIO_free);
     PublicKey key(bio ? PEM_read_bio_PUBKEY(bio.get(), nullptr, nullptr, nullptr) : nullptr,
@@ -341,25 +346,26 @@ Status SignaturePolicy::Check(const TrustSubject& subject) const {
 Status SignaturePolicy::CheckSignatureFile(const TrustSubject& subject,
                                            const fs::path& signature_file) const {
   const std::string what = subject.file.string() + ": its content (sha256 " + subject.sha256 + ") ";
-  const auto signature = ReadAtMost(signature_file, kEd25519SignatureBytes);
-  if (!signature) {
+  auto read = ReadWithDeadline(kSignatureReadTimeout, [signature_file] {
+    return ReadAtMost(signature_file, "signature", FinalSymlink::kRefuse, kEd25519SignatureBytes);
+  });
+  const Result<std::string> signature =
+      read ? std::move(*read)
+           : Status{LoadReason::kIoError, "signature " + signature_file.string() +
+                                              " was not read within 10 s (a stalled file system?)"};
+  if (!signature.ok()) {
     return {LoadReason::kUntrusted,
-            what + "has no signature: " + signature_file.string() + " cannot be read (" +
-                std::strerror(errno) +
-                "); publish the signature before the library (openssl pkeyutl -sign -rawin "
-                "-inkey KEY -in FILE -out FILE.sig)"};
+            what + "has no signature: " + signature.error().message() +
+                "; publish the signature, a regular file, before the library (openssl pkeyutl "
+                "-sign -rawin -inkey KEY -in FILE -out FILE.sig)"};
   }
   if (signature->size() != kEd25519SignatureBytes) {
     return {LoadReason::kUntrusted, what + "has no valid signature: " + signature_file.string() +
                                         " is not an Ed25519 signature (64 bytes)"};
   }
   // The bytes that would be mapped, never the published file, which may have changed since.
-  const auto content = ReadAtMost(subject.content, kMaxSignedBytes);
-  if (!content || content->size() > kMaxSignedBytes) {
-    return {LoadReason::kUntrusted, what + "cannot be read to check its signature"};
-  }
   for (const Key& key : keys_) {
-    if (Verifies(key.key.get(), *signature, *content))
+    if (Verifies(key.key.get(), *signature, subject.content))
       return Status::Ok();
   }
   return {LoadReason::kUntrusted, what + "has a signature, " + signature_file.string() +

@@ -574,7 +574,7 @@ DeployOutcome BackendRegistry::Activate(const std::string& id, loader::Generatio
   // Keep the outgoing version's code for Rollback, so that the generation itself can leave the
   // process once it drains.
   if (previous != nullptr)
-    (void)rollback_store_->Retain(id, previous->info());
+    (void)rollback_store_->Retain(id, *previous);
   lineages_->Activate(id, next, identity);
 
   std::string message = previous == nullptr

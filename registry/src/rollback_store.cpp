@@ -14,16 +14,21 @@ RollbackStore::~RollbackStore() {
   fs::remove_all(directory_, ignored);
 }
 
-bool RollbackStore::Retain(const std::string& id, const loader::GenerationInfo& generation) {
-  // Named like a backend file (the loader checks the scheme), one directory per id.
+bool RollbackStore::Retain(const std::string& id, const loader::Generation& outgoing) {
+  const loader::GenerationInfo& generation = outgoing.info();
+  // Named like a backend file (the loader checks the scheme), one directory per id. The bytes are
+  // the sealed copy that ran; loading them again digests and judges them again.
   const fs::path copy = directory_ / id / generation.real_path.filename();
   std::error_code error;
   fs::create_directories(copy.parent_path(), error);
-  if (!error)
-    fs::copy_file(generation.shadow_path, copy, fs::copy_options::overwrite_existing, error);
-  if (error) {
+  Status written = error ? Status{StatusCode::kInternal, error.message()} : Status::Ok();
+  if (written.ok()) {
+    unlink(copy.c_str());  // a new file: the kept one's inode may be open in a load
+    written = outgoing.image().WriteTo(copy);
+  }
+  if (!written.ok()) {
     Log().warn("backend {}: cannot keep generation {} for rollback ({}): {}", id, generation.number,
-               copy.string(), error.message());
+               copy.string(), written.message());
     return false;
   }
   Retained retained{copy, generation.real_path, generation.sha256};

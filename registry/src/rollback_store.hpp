@@ -22,10 +22,9 @@ class RollbackStore {
   RollbackStore(const RollbackStore&) = delete;
   RollbackStore& operator=(const RollbackStore&) = delete;
 
-  // Copies `generation`'s code as the version to roll `id` back to, replacing the one kept
-  // before. A copy, not a hard link: unlinking the shadow later would change a shared inode's
-  // ctime, which the loader takes for a writer at work. False (and logged) when it fails.
-  bool Retain(const std::string& id, const loader::GenerationInfo& generation);
+  // Writes `outgoing`'s code (its sealed copy: the bytes that ran) as the version to roll `id`
+  // back to, replacing the one kept before. False (and logged) when it fails.
+  bool Retain(const std::string& id, const loader::Generation& outgoing);
   // A version kept for rollback: the copy, where its code came from, and its digest (checked
   // against the generation loaded from the copy, so a rollback runs exactly what ran before).
   struct Retained {

@@ -127,7 +127,7 @@ void CheckStages(const std::string& file, bool allow_unsafe, const loader::Trust
     stage("unload", false, message);
     return verdict_error("NOT_UNLOADABLE", message);
   }
-  stage("unload", true, "unmapped after dlclose, shadow copy deleted");
+  stage("unload", true, "unmapped after dlclose, sealed copy closed");
   emit({{"result", true},
         {"id", info.backend_id},
         {"api_version",

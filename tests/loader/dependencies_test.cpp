@@ -68,7 +68,7 @@ TEST(DependencyTest, ALibraryGlibcCannotUnloadIsMadeResidentSoEveryCopyUnloads) 
       auto instance = loader->CreateInstance(generation);  // runs the library's code
       ASSERT_TRUE(instance.ok()) << instance.error().ToString();
     }
-    shadows.push_back(generation->info().shadow_path);
+    shadows.push_back(generation->info().mapped_as);
     generation.reset();  // the last lease
     loader->WaitForUnloads();
   }

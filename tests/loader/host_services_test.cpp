@@ -113,7 +113,7 @@ TEST(HostServicesTest, BackendUsingTheHostLoadsRunsAndUnloads1000Times) {
     {
       auto generation = loader->Load(Fixture("HostParallel")).value();
       ASSERT_FALSE(generation->info().submits_tbb_tasks);
-      shadow = generation->info().shadow_path;
+      shadow = generation->info().mapped_as;
       auto instance = loader->CreateInstance(generation).value();
       auto workload = instance->CreateWorkload(IdentityOp(kElements)).value();
       const auto out = RunIdentity(*workload, kElements);

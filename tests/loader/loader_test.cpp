@@ -55,32 +55,33 @@ TEST(LoaderTest, LoadsValidBackend) {
                                      "dlopen", "entry points", "id", "version", "factory"));
 }
 
-TEST(LoaderTest, MapsTheShadowCopyNeverTheWatchedPath) {
+TEST(LoaderTest, MapsTheSealedCopyNeverTheWatchedPath) {
   auto loader = MakeLoader();
   auto loaded = loader->Load(Fixture("Valid"));
   ASSERT_TRUE(loaded.ok());
-  const auto shadow = loaded->info().shadow_path;
-  EXPECT_TRUE(shadow.string().starts_with(loader->shadow_directory().path().string()));
-  EXPECT_TRUE(IsCodeMapped(shadow.string()));
+  const std::string mapped_as = loaded->info().mapped_as;
+  EXPECT_TRUE(mapped_as.starts_with("/memfd:backplane:")) << mapped_as;
+  EXPECT_TRUE(IsCodeMapped(mapped_as));
   EXPECT_FALSE(IsCodeMapped(BACKPLANE_FIXTURE_DIR));  // rule 1: never the path that may be replaced
+  // Nothing of it on disk: the private directory holds no copy.
+  EXPECT_TRUE(std::filesystem::is_empty(loader->shadow_directory().path()));
 }
 
-TEST(LoaderTest, UnloadsAndDeletesShadowWhenTheLastLeaseGoes) {
+TEST(LoaderTest, UnloadsWhenTheLastLeaseGoes) {
   auto loader = MakeLoader();
   auto loaded = loader->Load(Fixture("Valid"));
   ASSERT_TRUE(loaded.ok());
   GenerationLease lease = loaded.share();
-  const auto shadow = lease->info().shadow_path;
+  const auto shadow = lease->info().mapped_as;
   auto instance = loader->CreateInstance(lease);
   ASSERT_TRUE(instance.ok());
   loaded = Status{LoadReason::kIoError, "released"};
   lease.reset();
   loader->WaitForUnloads();
-  EXPECT_TRUE(IsCodeMapped(shadow.string())) << "the instance still holds the generation";
+  EXPECT_TRUE(IsCodeMapped(shadow)) << "the instance still holds the generation";
   instance = Status{LoadReason::kIoError, "released"};
   loader->WaitForUnloads();
-  EXPECT_FALSE(IsCodeMapped(shadow.string()));
-  EXPECT_FALSE(std::filesystem::exists(shadow));
+  EXPECT_FALSE(IsCodeMapped(shadow));
   EXPECT_EQ(loader->stats().unloaded.load(), 1u);
   EXPECT_EQ(loader->stats().leaked.load(), 0u);
   EXPECT_EQ(loader->stats().live.load(), 0u);
@@ -103,7 +104,7 @@ TEST(LoaderTest, ReuseNeverMapsTheSameFileAsANewGeneration) {
   auto second = loader->Load(Fixture("Valid"), nullptr, Loader::Reuse::kNever);
   ASSERT_TRUE(first.ok() && second.ok());
   EXPECT_NE(first->info().number, second->info().number);
-  EXPECT_NE(first->info().shadow_path, second->info().shadow_path);
+  EXPECT_NE(first->info().mapped_as, second->info().mapped_as);
   EXPECT_EQ(first->info().sha256, second->info().sha256);
   EXPECT_EQ(loader->stats().loaded.load(), 2u);
 }

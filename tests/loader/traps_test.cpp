@@ -109,11 +109,11 @@ TEST(LoaderTrapTest, MissingSymbolFailsAtLoadNotAtFirstCall) {
   EXPECT_EQ(loaded.error().reason(), LoadReason::kDlopenFailed);
   EXPECT_THAT(loaded.error().message(),
               HasSubstr("backplane_fixture_function_that_does_not_exist"));
-  // The message names the deployed file, not the private shadow copy the operator never sees.
+  // The message names the deployed file, not the sealed copy the operator never sees.
   EXPECT_THAT(loaded.error().message(),
               HasSubstr(std::filesystem::canonical(Fixture("MissingSymbol")).string() + ":"));
   EXPECT_THAT(loaded.error().message(),
-              ::testing::Not(HasSubstr(loader->shadow_directory().path().string())));
+              ::testing::Not(HasSubstr("/proc/self/fd/")));
 }
 
 // Rule 5: the host owns TBB, so a backend that used it unloads cleanly and TBB stays.
@@ -122,7 +122,7 @@ TEST(LoaderTrapTest, BackendUsingTbbUnloadsCleanly) {
   std::filesystem::path shadow;
   {
     auto generation = loader->Load(Fixture("Tbb")).value();
-    shadow = generation->info().shadow_path;
+    shadow = generation->info().mapped_as;
     auto instance = loader->CreateInstance(generation).value();
     auto workload = instance->CreateWorkload(IdentityOp(100000)).value();
     const auto out = RunIdentity(*workload, 100000);
@@ -163,7 +163,7 @@ TEST(LoaderTrapTest, OpenMpRuntimeStaysResidentAfterItsBackendLeaves) {
       auto loaded = loader->Load(file, &trace);
       ASSERT_TRUE(loaded.ok()) << loaded.error().ToString();
       GenerationLease generation = std::move(loaded).value();
-      shadow = generation->info().shadow_path;
+      shadow = generation->info().mapped_as;
       const LoadStage* stage = FindStage(trace, "dependencies");
       ASSERT_NE(stage, nullptr);
       EXPECT_THAT(stage->detail,
@@ -235,7 +235,7 @@ TEST(LoaderTrapTest, BackendSubmittingTbbTasksIsConfinedAndUnloadsOnceItsArenaIs
     {
       auto generation = loader->Load(Fixture("Tbb")).value();
       ASSERT_TRUE(generation->info().submits_tbb_tasks);
-      shadow = generation->info().shadow_path;
+      shadow = generation->info().mapped_as;
       auto instance = loader->CreateInstance(generation).value();
       auto workload = instance->CreateWorkload(IdentityOp(10000)).value();
       ASSERT_EQ(RunIdentity(*workload, 10000)[9999], 9999.0f);

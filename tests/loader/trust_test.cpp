@@ -1,4 +1,4 @@
-// The trust stage: content checked by the digest of the shadow copy, before anything of it is
+// The trust stage: content checked by the digest of the sealed copy, before anything of it is
 // inspected or mapped (docs/operators.md, "Securing the backend directory").
 #include "backplane/loader/trust.hpp"
 
@@ -13,6 +13,7 @@
 #include "backplane/loader/digest.hpp"
 #include "backplane/loader/loader.hpp"
 #include "loader/loader_test_util.hpp"
+#include "loader/signing_key.hpp"
 #include "test_util.hpp"
 
 namespace backplane::loader {
@@ -23,6 +24,7 @@ using testing::CopyFile;
 using testing::Fixture;
 using ::testing::HasSubstr;
 using testing::MakeLoader;
+using testing::SigningKey;
 using testing::TempDir;
 using testing::WriteFile;
 
@@ -171,7 +173,9 @@ TEST(TrustTest, FileSwappedAfterTheDigestCannotPass) {
   EXPECT_FALSE(fs::exists(swap)) << "the swap did not happen during the check";
   EXPECT_EQ(loaded->info().sha256, trusted_digest);
   EXPECT_EQ(loaded->info().release, "1.2.3");  // Valid's, not ValidNext's 1.2.4
-  EXPECT_EQ(DigestOf(loaded->info().shadow_path), trusted_digest);
+  auto mapped = loaded->image().Map();
+  ASSERT_TRUE(mapped.ok());
+  EXPECT_EQ(Sha256Of(mapped->span()), trusted_digest);
 
   // The file now at the path is what the next load sees, and it is not trusted.
   auto again = loader->Load(file, nullptr, Loader::Reuse::kLiveUnchanged, &racing);
@@ -227,7 +231,7 @@ TEST(TrustTest, ListFileIsReReadWhenItChanges) {
 
   // Broken after a change: nothing is trusted (fails closed), and the check says why.
   WriteFile(list_file, kDigestB + "  x\nnot-a-digest\n");
-  const TrustSubject subject{"Test_Valid_backend.so", "shadow",
+  const TrustSubject subject{"Test_Valid_backend.so", {},
                              "0123456789abcdef0123456789abcdef"
                              "0123456789abcdef0123456789abcdef"};
   Status verdict = list->Check(subject);
@@ -269,35 +273,6 @@ TEST(TrustTest, ListFileMustBeReadableAtStart) {
 
 // ---- Signatures ---------------------------------------------------------------------------------
 
-// An Ed25519 key pair made for the test: the public half in a PEM file, signing in memory.
-class SigningKey {
- public:
-  SigningKey(const fs::path& public_pem)
-      : key_(EVP_PKEY_Q_keygen(nullptr, nullptr, "ED25519"), EVP_PKEY_free) {
-    EXPECT_NE(key_, nullptr);
-    FILE* out = fopen(public_pem.c_str(), "w");
-    EXPECT_NE(out, nullptr);
-    EXPECT_EQ(PEM_write_PUBKEY(out, key_.get()), 1);
-    fclose(out);
-  }
-  // Writes `file`'s signature to `signature_file`, as `openssl pkeyutl -sign -rawin` would.
-  void Sign(const fs::path& file, const fs::path& signature_file) const {
-    const std::string message = testing::ReadFile(file);
-    std::unique_ptr<EVP_MD_CTX, void (*)(EVP_MD_CTX*)> context(EVP_MD_CTX_new(), EVP_MD_CTX_free);
-    ASSERT_EQ(EVP_DigestSignInit(context.get(), nullptr, nullptr, nullptr, key_.get()), 1);
-    unsigned char signature[64];
-    std::size_t length = sizeof signature;
-    ASSERT_EQ(
-        EVP_DigestSign(context.get(), signature, &length,
-                       reinterpret_cast<const unsigned char*>(message.data()), message.size()),
-        1);
-    WriteFile(signature_file, std::string_view(reinterpret_cast<const char*>(signature), length));
-  }
-
- private:
-  std::unique_ptr<EVP_PKEY, void (*)(EVP_PKEY*)> key_;
-};
-
 class SignatureTest : public ::testing::Test {
  protected:
   std::shared_ptr<SignaturePolicy> Keys(const std::vector<fs::path>& files) {
@@ -335,8 +310,8 @@ TEST_F(SignatureTest, AMissingSignatureIsUntrusted) {
   EXPECT_EQ(refused.error().reason(), LoadReason::kUntrusted);
   EXPECT_EQ(refused.error().message(),
             File().string() + ": its content (sha256 " + DigestOf(Fixture("Valid")) +
-                ") has no signature: " + Signature().string() +
-                " cannot be read (No such file or directory); publish the signature before the "
+                ") has no signature: cannot open signature " + Signature().string() +
+                ": No such file or directory; publish the signature, a regular file, before the "
                 "library (openssl pkeyutl -sign -rawin -inkey KEY -in FILE -out FILE.sig)");
 }
 
@@ -421,7 +396,7 @@ TEST_F(SignatureTest, KeysMustBeEd25519PublicKeys) {
                                                 " is not a PEM public key"));
   auto missing = SignaturePolicy::FromKeyFiles({keys_dir_ / "absent.pub"});
   ASSERT_FALSE(missing.ok());
-  EXPECT_THAT(missing.error().message(), HasSubstr("cannot read signing key"));
+  EXPECT_THAT(missing.error().message(), HasSubstr("cannot open signing key " + (keys_dir_ / "absent.pub").string()));
 }
 
 }  // namespace

@@ -79,7 +79,7 @@ TEST(RuntimeTest, EverythingIsUnloadedWhenTheLastRuntimeGoes) {
     auto first = Runtime::Create({.backend_paths = dir.paths()}).value();
     auto second = Runtime::Create({.backend_paths = dir.paths()}).value();
     for (const auto& id : first->BackendIds()) {
-      shadows.push_back(first->Backend(id)->generation()->info().shadow_path);
+      shadows.push_back(first->Backend(id)->generation()->info().mapped_as);
       EXPECT_TRUE(IsCodeMapped(shadows.back().string()));
     }
     first.reset();

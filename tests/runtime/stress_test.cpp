@@ -154,15 +154,6 @@ bool Legitimate(const DeployOutcome& outcome) {
   return false;
 }
 
-int ShadowCopiesOnDisk(const fs::path& shadows) {
-  int count = 0;
-  for (const auto& entry : fs::directory_iterator(shadows)) {
-    if (entry.is_regular_file() && entry.path().filename().string().ends_with(kFileName))
-      ++count;
-  }
-  return count;
-}
-
 // Per operation: how often each answer came back, and the slowest call.
 struct OperationTally {
   std::map<std::string, int64_t> answers;
@@ -388,7 +379,6 @@ class StressTest : public ::testing::Test {
     }
   }
 
-  fs::path Shadows() const { return loader_->shadow_directory().path(); }
 
   TempDir shadow_root_;
   TempDir dir_;
@@ -498,17 +488,15 @@ TEST_F(StressTest, RandomLifecycleOperationsNeverFailAnInference) {
           << "generation " << generation.generation << " is " << ToString(generation.state);
     }
   }
-  const std::string active_shadow =
-      (Shadows() / (std::to_string(active) + "-" + std::string(kFileName))).string();
-  EXPECT_EQ(testing::MappedCode(Shadows().string() + "/"), std::set<std::string>{active_shadow});
-  EXPECT_EQ(ShadowCopiesOnDisk(Shadows()), 1);
+  EXPECT_EQ(testing::MappedGenerations(kFileName),
+            std::set<std::string>{testing::GenerationMapping(active, kFileName)});
 
   // And the active one leaves with the last runtime and the registry.
   runtime_.reset();
   registry_.reset();
   loader_->WaitForUnloads();
-  EXPECT_TRUE(testing::MappedCode(Shadows().string() + "/").empty())
-      << ::testing::PrintToString(testing::MappedCode(Shadows().string() + "/"));
+  EXPECT_TRUE(testing::MappedGenerations(kFileName).empty())
+      << ::testing::PrintToString(testing::MappedGenerations(kFileName));
   EXPECT_EQ(loader_->stats().leaked.load(), 0u);
 }
 

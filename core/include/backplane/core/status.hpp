@@ -81,7 +81,8 @@ enum class LoadReason {
   kBundledDependency,  // needs a library that sits in a backend directory (shared by all versions)
   kUntrusted,          // its content's digest is not on the host's trusted list (never mapped)
   kRolledBack,  // a progressive rollout rolled the candidate back (its numbers, or an operator)
-  kLastReason = kRolledBack,
+  kTooLarge,    // larger than the largest backend file the loader reads
+  kLastReason = kTooLarge,
 };
 
 constexpr std::string_view ToString(LoadReason reason) {
@@ -130,6 +131,8 @@ constexpr std::string_view ToString(LoadReason reason) {
       return "UNTRUSTED";
     case LoadReason::kRolledBack:
       return "ROLLED_BACK";
+    case LoadReason::kTooLarge:
+      return "TOO_LARGE";
   }
   return "UNKNOWN";
 }

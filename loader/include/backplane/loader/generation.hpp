@@ -11,6 +11,7 @@
 #include <type_traits>
 
 #include "backplane/loader/backend_file.hpp"
+#include "backplane/loader/sealed_image.hpp"
 #include "backplane/sdk/backend.hpp"
 
 namespace backplane::loader {
@@ -53,9 +54,11 @@ struct GenerationInfo {
   std::string release;                // the backend's own version, "" when it does not say
   std::filesystem::path file;         // as found (maybe a symlink)
   std::filesystem::path real_path;    // the file that was copied: what `file` resolved to
-  std::filesystem::path shadow_path;  // the private copy that is mapped
-  FileIdentity identity;              // of real_path when copied
-  std::string sha256;                 // of the shadow copy's content, i.e. of the code mapped
+  // How /proc/<pid>/maps (and so gdb, perf and a crash report) names the generation's code:
+  // "/memfd:backplane:<number>:<file name>", its sealed copy.
+  std::string mapped_as;
+  FileIdentity identity;  // of real_path when read
+  std::string sha256;     // of the sealed copy's content, i.e. of the code mapped
   std::string build_id;
   std::chrono::system_clock::time_point loaded_at;
   // The library submits TBB tasks itself (its ELF imports tbb::detail::r1::spawn and the like):
@@ -66,7 +69,8 @@ struct GenerationInfo {
 
 // One loaded library version. Destroyed only on the reaper thread (through GenerationLease):
 // the destructor dlcloses, verifies with RTLD_NOLOAD that the library really left the process,
-// records it as unloaded or leaked, and deletes the shadow file.
+// records it as unloaded or leaked, and closes the sealed copy (a leaked one keeps it: see
+// SealedImage).
 //
 // A generation that submits TBB tasks itself (GenerationInfo::submits_tbb_tasks) has a TBB arena
 // of its own, and every call into its code goes through RunConfined, so that every task it
@@ -76,14 +80,16 @@ struct GenerationInfo {
 // Thread-safe (immutable); calls into the backend go through BackendInstance.
 class Generation {
  public:
-  Generation(GenerationInfo info, LibraryHandle library, EntryPoints entry_points,
-             std::shared_ptr<LoaderStats> stats);
+  Generation(GenerationInfo info, SealedImage image, LibraryHandle library,
+             EntryPoints entry_points, std::shared_ptr<LoaderStats> stats);
   ~Generation();
   Generation(const Generation&) = delete;
   Generation& operator=(const Generation&) = delete;
 
   const GenerationInfo& info() const { return info_; }
   const EntryPoints& entry_points() const { return entry_points_; }
+  // The bytes that are mapped, sealed: what a rollback keeps, what a trust policy is asked about.
+  const SealedImage& image() const { return image_; }
 
   // Runs `call` (backend code) inside this generation's own TBB arena when it submits TBB tasks
   // itself, else directly; returns what `call` returns and lets its exceptions through. Every
@@ -109,6 +115,8 @@ class Generation {
   void RunInArena(const std::function<void()>& call) const;
 
   const GenerationInfo info_;
+  // Declared before the library: its descriptor must outlive the mapping it names.
+  SealedImage image_;
   // Null unless info_.submits_tbb_tasks; emptied and released by the destructor before the
   // library is closed.
   std::unique_ptr<TbbConfinement> confinement_;

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <filesystem>
 #include <functional>
 #include <map>
@@ -17,6 +18,7 @@
 #include "backplane/loader/backend_instance.hpp"
 #include "backplane/loader/generation.hpp"
 #include "backplane/loader/reaper.hpp"
+#include "backplane/loader/sealed_image.hpp"
 #include "backplane/loader/shadow_directory.hpp"
 #include "backplane/loader/trust.hpp"
 
@@ -27,6 +29,12 @@ struct LoaderOptions {
   BackendApiVersion host_api = kBackendApiVersion;
   FilePolicy file_policy;
   std::filesystem::path shadow_root;  // empty: see ShadowDirectory::Create
+  // A larger backend file is refused (TOO_LARGE) before it is read: every load reads the whole
+  // file into memory, so a sparse or endless file must cost a bounded read.
+  uint64_t max_file_bytes = SealedImage::kDefaultMaxBytes;
+  // A backend file not opened and read by then fails to load (IO_ERROR) instead of holding the
+  // registry's change sequence for as long as a stalled file system takes.
+  std::chrono::milliseconds read_timeout = SealedImage::kDefaultReadTimeout;
 };
 
 // One line of `backplane check`: a loading stage and how it went.
@@ -85,7 +93,7 @@ class Loader : public std::enable_shared_from_this<Loader> {
   // unchanged file. With `trace`, appends one LoadStage per stage run. The factory is
   // probed once (an instance created and destroyed) so that a broken factory fails here.
   // With `trust`, the content must pass it (stage "trust", UNTRUSTED otherwise): asked with the
-  // digest of the shadow copy, before the copy is inspected or mapped; a live generation that
+  // digest of the sealed copy, before the copy is inspected or mapped; a live generation that
   // would be shared is asked about too, since the policies of callers differ.
   Result<GenerationLease> Load(const std::filesystem::path& file, LoadTrace* trace = nullptr,
                                Reuse reuse = Reuse::kLiveUnchanged,

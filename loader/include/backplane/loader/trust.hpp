@@ -1,19 +1,22 @@
 // Which backend content may run in this process. Whoever can write a backend directory otherwise
-// gets their code run inside the server; a trust policy is asked about the digest of the private
-// shadow copy after it is made and before anything of it is mapped, so no code of an untrusted
-// file runs, not even its static constructors, and a file swapped after the copy cannot pass
-// (docs/operators.md, "Securing the backend directory").
+// gets their code run inside the server; a trust policy is asked about the sealed copy the loader
+// made (sealed_image.hpp), after it is made and before anything of it is mapped, so no code of an
+// untrusted file runs, not even its static constructors, and nothing swapped in after the copy
+// can pass: the bytes judged are the bytes mapped (docs/operators.md, "Securing the backend
+// directory").
 //
 // The loader knows no configuration: the layer above (the registry, from the server's config)
 // owns the policy and hands it to Loader::Load.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <filesystem>
 #include <map>
 #include <memory>
 #include <optional>
 #include <set>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -26,9 +29,9 @@ namespace backplane::loader {
 
 // One backend file's content, as the loader copied it.
 struct TrustSubject {
-  std::filesystem::path file;     // as deployed or given: what messages name
-  std::filesystem::path content;  // the shadow copy: exactly the bytes that would be mapped
-  std::string sha256;             // of `content`, 64 lowercase hex digits
+  std::filesystem::path file;           // as deployed or given: what messages name
+  std::span<const std::byte> content;  // the sealed copy: exactly the bytes that would be mapped
+  std::string sha256;                  // of `content`, 64 lowercase hex digits
   // The real file the content was copied from (symlinks followed): where a detached signature
   // sits. Empty when unknown (then `file`).
   std::filesystem::path real_path;
@@ -107,8 +110,12 @@ class DigestAllowlist final : public TrustPolicy {
 
 // Trusts content with a detached Ed25519 signature beside the file it was copied from
 // (`<real file>.sig`, the 64 raw signature bytes, as `openssl pkeyutl -sign -rawin` writes them)
-// that verifies, over the content's bytes (the shadow copy, read whole: Ed25519 signs a message,
-// not a digest), with one of the public keys given (PEM). Thread-safe.
+// that verifies, over the content's bytes (the sealed copy, whole: Ed25519 signs a message, not a
+// digest), with one of the public keys given (PEM). Thread-safe.
+//
+// The signature file is opened without blocking and must be a regular file, not a symlink: it
+// sits in the backend directory, where anyone who can publish could put a FIFO or a link to a
+// device in its place.
 //
 // A digest whose signature verified once stays trusted for the life of the policy, so the
 // private copy a rollback loads (which has no signature beside it) passes as the signed content
