@@ -222,7 +222,7 @@ TEST(ServeConfigTest, TrustedBackendsAreDigestsFromOneSource) {
   auto no_key = MakeTrustPolicy(signed_config);
   ASSERT_FALSE(no_key.ok());
   EXPECT_THAT(no_key.error().message(),
-              HasSubstr("'trusted_signing_keys': cannot read signing key " +
+              HasSubstr("'trusted_signing_keys': cannot open signing key " +
                         (dir / "keys/ci.pub").string()));
   std::filesystem::create_directory(dir / "keys");
   testing::WriteFile(dir / "keys/ci.pub",
