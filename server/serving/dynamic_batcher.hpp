@@ -12,6 +12,9 @@
 //   recompile them without end. The padding rows' outputs are dropped.
 // - Requests are joined only when every input agrees in datatype and in every dimension but the
 //   first: the key of a request is exactly that, and groups of different keys never mix.
+// - Joining and padding are safe only because the model's rows are independent, which its load
+//   checked (CheckBatchable): a row's outputs then depend on that row alone, never on the rows
+//   beside it, whether another client's or zeros.
 // - A request that fails its parse, or whose deadline passes while it waits, is answered alone
 //   and never reaches a batch; an execution error answers every request of that batch (and only
 //   those) with the error.
