@@ -1,12 +1,15 @@
 // A batch never mixes clients (issue 44): a model is batched only when its rows stay apart
 // (onnx's CheckRowsIndependent, at load). The generated catalogue's unsafe models are refused at
 // load naming their node; its safe ones, served batched to concurrent clients, answer every
-// request exactly as the same request alone (a lone request padded with zero rows too).
+// request exactly as the same request alone (a lone request padded with zero rows too); and a
+// request of zero rows gets the same answer batched as unbatched, over REST and gRPC.
 #include <gmock/gmock.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <future>
+#include <iterator>
 #include <random>
 
 #include "cli/serve_command.hpp"
@@ -252,6 +255,131 @@ TEST(BatchIndependenceTest, EverySafeCatalogueModelAnswersConcurrentClientsAsAlo
     if (batched.ok()) {
       for (const Tensor& output : *batched)
         EXPECT_EQ(output.info().shape[0], 3) << batch_case.name << ": a padding row came back";
+    }
+  }
+}
+
+// A REST infer body with one FP32 input `features` of `shape`, its values all 0.25.
+std::string ZeroRowsBody(const Shape& shape) {
+  const std::size_t count = static_cast<std::size_t>(ElementCount(shape));
+  return json({{"inputs",
+                {{{"name", "features"},
+                  {"shape", shape},
+                  {"datatype", "FP32"},
+                  {"data", std::vector<float>(count, 0.25f)}}}}})
+      .dump();
+}
+
+// The same over gRPC: its status code and message.
+std::pair<grpc::StatusCode, std::string> GrpcZeroRows(inference::GRPCInferenceService::Stub& stub,
+                                                      const std::string& model,
+                                                      const Shape& shape) {
+  inference::ModelInferRequest request;
+  request.set_model_name(model);
+  auto* input = request.add_inputs();
+  input->set_name("features");
+  input->set_datatype("FP32");
+  for (int64_t dim : shape)
+    input->add_shape(dim);
+  for (int64_t i = 0; i < ElementCount(shape); ++i)
+    input->mutable_contents()->add_fp32_contents(0.25f);
+  inference::ModelInferResponse response;
+  grpc::ClientContext call;
+  call.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+  const grpc::Status status = stub.ModelInfer(&call, request, &response);
+  std::string answer = status.error_message();
+  if (status.ok()) {
+    for (const auto& output : response.outputs()) {
+      answer += output.name() + " [";
+      for (int64_t dim : output.shape())
+        answer += std::to_string(dim) + ",";
+      answer += "] " + std::to_string(output.contents().fp32_contents_size()) + " values; ";
+    }
+  }
+  return {status.error_code(), answer};
+}
+
+// `text` with the batched model's name written as the unbatched one's wherever it stands quoted
+// ('m', "m") or in a path (/m/): answers and messages name the model.
+std::string AsAlone(std::string text, const std::string& batched, const std::string& alone) {
+  for (const auto& [open, close] : {std::pair{'\'', '\''}, {'"', '"'}, {'/', '/'}}) {
+    const std::string from = open + batched + close;
+    const std::string to = open + alone + close;
+    for (std::size_t at = text.find(from); at != std::string::npos;
+         at = text.find(from, at + to.size()))
+      text.replace(at, from.size(), to);
+  }
+  return text;
+}
+
+// A request of zero rows gets the answer the model gives it unbatched: status and message, over
+// REST and gRPC, alone and while other requests fill batches around it, with the shape the
+// model expects ([0,4]) and a wrong one ([0,3]); on CpuRef (which runs an empty batch) and on
+// CpuAcc (which does not: 501).
+TEST(BatchIndependenceTest, AZeroRowRequestGetsTheSameAnswerBatchedAndUnbatched) {
+  BACKPLANE_REQUIRE_PATH(fs::path(BACKPLANE_CPU_ACC));
+  ServeHome home;
+  CopyFile(BACKPLANE_CPU_ACC, home.backends() / "Backplane_CpuAcc_backend.so");
+  const std::string mlp = (home.models() / "mlp" / "1" / "model.onnx").string();
+  std::string model_bytes;
+  {
+    std::ifstream file(mlp, std::ios::binary);
+    model_bytes.assign(std::istreambuf_iterator<char>(file), {});
+  }
+  ASSERT_FALSE(model_bytes.empty());
+  for (const std::string backend : {"CpuRef", "CpuAcc"}) {
+    const std::string name = "mlp_" + backend;
+    WriteModel(
+        home, name, model_bytes,
+        R"({"backends": [")" + backend +
+            R"("], "max_batch_size": 8, "dynamic_batching": {"max_queue_delay_us": 20000}})");
+    WriteModel(home, name + "_alone", model_bytes, R"({"backends": [")" + backend + R"("]})");
+  }
+  auto running = StartServerOver(home);
+  const auto& context = running.core->context();
+  httplib::Client rest("127.0.0.1", running.http.port);
+  auto channel = grpc::CreateChannel(running.grpc->ToString(), grpc::InsecureChannelCredentials());
+  auto stub = inference::GRPCInferenceService::NewStub(channel);
+  std::mt19937_64 random(7);
+  for (const std::string backend : {"CpuRef", "CpuAcc"}) {
+    const std::string batched = "mlp_" + backend;
+    const std::string alone = batched + "_alone";
+    const BatchCase company{.name = batched, .inputs = {{"features", {-1, 4}}}};
+    for (const Shape& shape : {Shape{0, 4}, Shape{0, 3}}) {
+      for (const bool with_company : {false, true}) {
+        const std::string what =
+            batched + " " + ToString(shape) + (with_company ? ", among other requests" : ", alone");
+        // Others in the batcher meanwhile: with a delay of 20 ms they wait for company, and
+        // the zero-row request arrives among them.
+        std::vector<std::future<Result<std::vector<Tensor>>>> others;
+        const auto send_company = [&] {
+          others.clear();
+          if (with_company) {
+            for (int i = 0; i < 3; ++i)
+              others.push_back(
+                  StartInferenceOf(context, batched, RandomInputs(company, 1, random)));
+          }
+        };
+        send_company();
+        const auto rest_batched =
+            Post(rest, "/v2/models/" + batched + "/infer", ZeroRowsBody(shape));
+        const auto rest_alone = Post(rest, "/v2/models/" + alone + "/infer", ZeroRowsBody(shape));
+        EXPECT_EQ(rest_batched.status, rest_alone.status) << what << ": " << rest_batched.text;
+        EXPECT_EQ(AsAlone(rest_batched.text, batched, alone), rest_alone.text) << what;
+        send_company();
+        const auto grpc_batched = GrpcZeroRows(*stub, batched, shape);
+        const auto grpc_alone = GrpcZeroRows(*stub, alone, shape);
+        EXPECT_EQ(grpc_batched.first, grpc_alone.first) << what << ": " << grpc_batched.second;
+        EXPECT_EQ(AsAlone(grpc_batched.second, batched, alone), grpc_alone.second) << what;
+        for (auto& other : others) {
+          const auto answer = other.get();
+          EXPECT_TRUE(answer.ok()) << what << ": " << answer.error().ToString();
+        }
+        if (backend == "CpuAcc" && shape == Shape{0, 4}) {
+          EXPECT_EQ(rest_alone.status, 501) << rest_alone.text;
+          EXPECT_EQ(grpc_alone.first, grpc::StatusCode::UNIMPLEMENTED) << grpc_alone.second;
+        }
+      }
     }
   }
 }
