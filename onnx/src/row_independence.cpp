@@ -70,6 +70,10 @@ class NodeRule {
       any = any || Batched(i);
     if (!any)
       return false;  // constants alone: the same value for every batch
+    for (std::size_t i = 0; i < node_.inputs.size(); ++i) {
+      if (Has(i) && !network_.values.contains(node_.inputs[i]))
+        return Refuse("has no inferred shape for " + Input(i));  // not imported
+    }
     const std::string& op = node_.op_type;
     if (op == "Add" || op == "Sub" || op == "Mul" || op == "Div")
       return Broadcast();
@@ -158,8 +162,10 @@ class NodeRule {
   Result<bool> Broadcast() const {
     std::size_t rank = 0;
     for (std::size_t i = 0; i < node_.inputs.size(); ++i)
-      rank = std::max(rank, ShapeOf(i).size());
+      rank = std::max(rank, Has(i) ? ShapeOf(i).size() : 0);
     for (std::size_t i = 0; i < node_.inputs.size(); ++i) {
+      if (!Has(i))
+        continue;
       const Shape& shape = ShapeOf(i);
       if (Batched(i) && shape.size() < rank)
         return Refuse("broadcasts " + Input(i) + " of shape " + ShapeText(shape) +
@@ -208,30 +214,40 @@ class NodeRule {
     return true;
   }
 
-  // numpy.matmul: the last two dimensions multiply, those before them broadcast from the right.
+  // numpy.matmul: the last two dimensions multiply, those before them broadcast from the right
+  // (a vector A is [1,k], a vector B [k,1]). The batch stays apart as A's rows (M) when A is a
+  // matrix and B no more than one, or as a broadcast dimension of the result's rank, wherever
+  // it is: then the other operand must not have rows of its own there.
   Result<bool> MatMul() const {
     const Shape& a = ShapeOf(0);
     const Shape& b = ShapeOf(1);
-    if (Batched(1)) {
-      // A[n] x B[n] for every n: the batch is a matmul batch dimension of both.
-      if (Batched(0) && a.size() == b.size() && a.size() >= 3)
-        return true;
-      return Refuse("multiplies by " + Input(1) + " of shape " + ShapeText(b) +
-                    ", which carries the batch dimension as " +
-                    (b.size() >= 3 ? std::string("a leading") : std::string("a summed or column")) +
-                    " dimension against A of shape " + ShapeText(a) + std::string(kMix));
-    }
-    if (a.size() == 1)
+    if (Batched(0) && a.size() == 1)
       return Refuse("multiplies " + Input(0) + " of shape " + ShapeText(a) +
                     " as a vector: the batch is the dimension summed over" + std::string(kMix));
-    if (b.size() > a.size() || (a.size() == 2 && b.size() > 2))
-      return Refuse("multiplies A of shape " + ShapeText(a) + " by " + Input(1) + " of shape " +
-                    ShapeText(b) + ", whose leading dimensions go before the batch" +
+    if (Batched(1) && b.size() <= 2)
+      return Refuse("multiplies by " + Input(1) + " of shape " + ShapeText(b) +
+                    ", a matrix or vector that carries the batch dimension: output rows would sum "
+                    "over it, or spread it across their columns" +
                     std::string(kMix));
-    if (b.size() == a.size() && a.size() >= 3 && b[0] != 1)
-      return Refuse("broadcasts " + Input(1) + " of shape " + ShapeText(b) +
-                    " along dimension 0, the batch: row r would meet its matrix r, so a "
-                    "request's answer would depend on where it sits in the batch");
+    const std::size_t rank = std::max(a.size(), b.size());
+    if (Batched(0) && a.size() == 2) {
+      if (b.size() > 2)
+        return Refuse("multiplies A of shape " + ShapeText(a) + " by " + Input(1) + " of shape " +
+                      ShapeText(b) + ", whose leading dimensions go before the batch" +
+                      std::string(kMix));
+      return true;
+    }
+    for (std::size_t i = 0; i < 2; ++i) {
+      const Shape& shape = ShapeOf(i);
+      if (Batched(i) && shape.size() < rank)
+        return Refuse("multiplies " + Input(i) + " of shape " + ShapeText(shape) +
+                      ", which carries the batch, by an operand of rank " + std::to_string(rank) +
+                      ", whose leading dimensions go before the batch" + std::string(kMix));
+      if (!Batched(i) && shape.size() == rank && shape[0] != 1)
+        return Refuse("broadcasts " + Input(i) + " of shape " + ShapeText(shape) +
+                      " along dimension 0, the batch: row r would meet its matrix r, so a "
+                      "request's answer would depend on where it sits in the batch");
+    }
     return true;
   }
 

@@ -243,6 +243,12 @@ class Catalogue {
     safe("MatMul_3d", {s, k}, {k, n});
     safe("MatMul_3d_broadcast", {s, k}, {1, k, n});
     safe("MatMul_vector_weight", {s, k}, {k});
+    {  // A weight times the batch's matrices: W x B[r].
+      ModelBuilder model = WithInput({k, n});
+      Weight(model, "w", {s, k});
+      model.Node("MatMul", {"w", "x"}, {"y"}, "mm");
+      Record("MatMul_weight_times_batch", "MatMul", model, {{"x", Batched({k, n})}});
+    }
     {  // The batch in both: A[r] x B[r].
       ModelBuilder model = WithInput({s, k});
       model.Input("x2", Batched({k, n}));
@@ -260,7 +266,9 @@ class Catalogue {
       Record(what, "MatMul", model, {{"x", Batched(x)}}, "node 'mm' (MatMul)", reason);
     };
     unsafe("MatMul_batch_in_B", {n}, {Uniform(2, 4), Uniform(2, 4)}, true,
-           "multiplies by input 1 ('x')");
+           "multiplies by input 1 ('x') of shape [?," + std::to_string(n) +
+               "], a matrix or vector that carries the batch dimension");
+    unsafe("MatMul_rows_of_A", {k, n}, {Uniform(2, 4), s, k}, true, "input 0 ('w') of shape [");
     unsafe("MatMul_batch_as_vector", {}, {Uniform(2, 4), n}, false, "as a vector");
     unsafe("MatMul_rows_of_B", {s, k}, {Uniform(2, 4), k, n}, false,
            "along dimension 0, the batch");

@@ -215,11 +215,14 @@ TEST(BatchIndependenceTest, EverySafeCatalogueModelAnswersConcurrentClientsAsAlo
         std::vector<Tensor> inputs;
         std::future<Result<std::vector<Tensor>>> answer;
       };
-      // A burst in flight at once per client, so that requests of several clients meet.
+      // Four requests in flight at once per client, to the models every client sends its burst
+      // of that number to (the clients go at about the same pace): requests of several clients
+      // meet in one batch, and a client's own requests too.
       for (int burst = 0; burst < kRequestsPerClient / 4; ++burst) {
         std::vector<Sent> sent;
         for (int i = 0; i < 4; ++i) {
-          const BatchCase& model = safe[random() % safe.size()];
+          std::mt19937_64 pick(seed + static_cast<uint64_t>(burst) * 4 + static_cast<uint64_t>(i));
+          const BatchCase& model = safe[pick() % safe.size()];
           auto inputs = RandomInputs(model, 1 + static_cast<int64_t>(random() % 3), random);
           auto answer = StartInferenceOf(context, model.name, inputs);
           sent.push_back({&model, std::move(inputs), std::move(answer)});
@@ -243,7 +246,7 @@ TEST(BatchIndependenceTest, EverySafeCatalogueModelAnswersConcurrentClientsAsAlo
     executions += context.metrics.ForModel(batch_case.name).batching.executions.load();
     requests += context.metrics.ForModel(batch_case.name).requests.load();
   }
-  EXPECT_LT(executions, requests) << "no two requests ever shared a batch";
+  EXPECT_LT(executions * 2, requests) << "requests seldom shared a batch";
 
   std::mt19937_64 random(seed);
   for (const BatchCase& batch_case : safe) {
