@@ -13,14 +13,14 @@ namespace backplane {
 // other rows share its execution, nor on where in the batch it sits, nor on zero rows appended
 // to pad the batch. What keeps rows apart: element-wise operators (an operand without the batch
 // broadcasts only when its dimension 0 is 1 or it has a lower rank), the activations, Softmax
-// over another axis, Gemm and MatMul with the batch in A's leading dimension (B a weight), Conv,
-// the pools and BatchNormalization (inference) on dimension 0, Flatten and Reshape that keep
-// dimension 0 the batch with the rest of a row unchanged, Transpose with perm[0] = 0, Concat and
-// Pad away from axis 0, Identity, Dropout (inference), Clip. Anything else fails closed, even
-// where it might be safe: kInvalidArgument "node 'sm' (Softmax) normalises over axis 0, the batch
-// dimension: rows of different requests would mix" (the node first, as import names nodes, then
-// why), or naming the graph input or output that has no batch dimension. Thread-safe: reads
-// `network` only.
+// over another axis, Gemm with the batch in A's rows (B a weight), MatMul with it in A's rows or
+// as a broadcast dimension, Conv, the pools and BatchNormalization (inference) on dimension 0,
+// Flatten and Reshape that keep dimension 0 the batch with the rest of a row unchanged,
+// Transpose with perm[0] = 0, Concat and Pad away from axis 0, Identity, Dropout (inference),
+// Clip. Anything else fails closed, even where it might be safe: kInvalidArgument "node 'sm'
+// (Softmax) normalises over axis 0, the batch dimension: rows of different requests would mix"
+// (the node first, as import names nodes, then why), or naming the graph input or output that
+// has no batch dimension. Thread-safe: reads `network` only.
 Status CheckRowsIndependent(const Network& network);
 
 }  // namespace backplane
