@@ -198,7 +198,7 @@ class NodeRule {
     if (!Batched(0))
       return Refuse(Input(2) + " (C) carries the batch dimension but A does not" +
                     std::string(kMix));
-    if (Int("transA").value_or(0) != 0)
+    if (node_.attributes.contains("transA") && Int("transA") != 0)  // an INT, else refused
       return Refuse("transposes A (transA=1), which makes the batch dimension the one summed over" +
                     std::string(kMix));
     if (Has(2)) {
@@ -276,7 +276,7 @@ class NodeRule {
       return Refuse("has a shape that is not an INT64 constant");
     const auto requested = shape->Elements<int64_t>();
     const std::vector<int64_t> target(requested.begin(), requested.end());
-    const bool allow_zero = Int("allowzero").value_or(0) != 0;
+    const bool allow_zero = node_.attributes.contains("allowzero") && Int("allowzero") != 0;
     const Shape& x = ShapeOf(0);
     const std::string reshapes = "reshapes " + ShapeText(x) + " to " + IntsText(target);
     if (!target.empty() && target[0] == 0 && !allow_zero)
