@@ -88,8 +88,10 @@ TEST(BatchIndependenceTest, TheCatalogueCoversEverySupportedOperatorOnBothSides)
   const std::set<std::string> row_by_row_only = {
       "Relu", "LeakyRelu", "Sigmoid", "HardSigmoid", "HardSwish",         "Tanh",
       "Clip", "Identity",  "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool"};
+  const uint64_t seed = TestSeed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
   std::map<std::string, std::pair<int, int>> counts;  // op type → safe, unsafe
-  for (const BatchCase& batch_case : GenerateBatchCatalogue(TestSeed())) {
+  for (const BatchCase& batch_case : GenerateBatchCatalogue(seed)) {
     auto& [safe, unsafe] = counts[batch_case.op_type];
     ++(batch_case.safe() ? safe : unsafe);
   }
