@@ -1065,15 +1065,18 @@ Result<Tensor> FinishInput(InputDraft& input, const ValueInfo& expected, const s
     case InputDraft::DataMode::kLogged: {
       void* buffer = nullptr;
       Tensor tensor;
+      // Not `buffer`: an empty tensor ([0,4], zero rows) is kept and has no data pointer.
+      bool kept = false;
       if (SaturatedElementCount(info->shape) <= static_cast<int64_t>(json_bytes)) {
         tensor = Tensor(*info);
         buffer = tensor.data();
+        kept = true;
       }
       DataSink sink(buffer, info->shape, info->type, Quoted(name));
       input.log->ReplayInto(sink);
       input.log.reset();  // its memory back before the next input's
       BACKPLANE_RETURN_IF_ERROR(sink.Finish());
-      if (buffer == nullptr)
+      if (!kept)
         break;  // more elements than the body has bytes: Finish cannot have passed
       return tensor;
     }

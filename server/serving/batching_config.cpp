@@ -4,6 +4,8 @@
 #include <optional>
 #include <string>
 
+#include "backplane/onnx/row_independence.hpp"
+
 namespace backplane::server {
 using nlohmann::json;
 
@@ -135,8 +137,19 @@ Status CheckBatchable(const Network& network, std::string_view what) {
   std::string fixed = FirstFixedBatchDim(network.inputs, "input");
   if (fixed.empty())
     fixed = FirstFixedBatchDim(network.outputs, "output");
-  if (fixed.empty())
-    return Status::Ok();
+  if (fixed.empty()) {
+    // The rows of one execution are several clients' requests (and zero rows of padding):
+    // each request's answer must come from its own rows alone.
+    const Status independent = CheckRowsIndependent(network);
+    if (independent.ok())
+      return independent;
+    return Status(independent.code(),
+                  std::string(what) + ": cannot batch (max_batch_size in config.json) because " +
+                      independent.message() +
+                      ". Only a model whose rows stay apart can be batched (docs/operators.md, "
+                      "\"Which models can be batched\"); remove max_batch_size and "
+                      "dynamic_batching from its config.json to serve it unbatched");
+  }
   return InvalidArgument(std::string(what) +
                          ": cannot batch (max_batch_size in config.json) because " + fixed +
                          "; requests are joined along the first dimension, so every input and "

@@ -59,9 +59,11 @@ Result<int64_t> BatchRows(std::span<const Tensor> inputs, const Network& network
                           int64_t max_batch_size, std::string_view what);
 
 // A network can be batched along dimension 0 when every input and every output has a symbolic
-// (dynamic) first dimension: requests are joined along it and outputs split along it.
-// kInvalidArgument (the config asks what the model cannot do) naming the model (`what`), the
-// first tensor that is not, its shape, and the fix.
+// (dynamic) first dimension, along which requests are joined and outputs split, and its rows stay
+// apart through every node (CheckRowsIndependent): a row's answer then depends on nothing but
+// that row, whatever shares its execution, so neither company nor zero rows of padding change
+// it. kInvalidArgument (the config asks what the model cannot do) naming the model (`what`), the
+// first tensor or node that is not, why, and the fix.
 Status CheckBatchable(const Network& network, std::string_view what);
 
 }  // namespace backplane::server

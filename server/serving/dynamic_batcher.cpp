@@ -107,6 +107,8 @@ struct DynamicBatcher::Waiting {
   // It found its group empty when waiting had not paid lately: it leaves without waiting
   // (CompanyOutlook).
   bool skips_wait = false;
+  // Zero rows: it joins no batch and leaves at once, as its own execution of its own inputs.
+  bool alone = false;
 };
 
 // The state the dispatcher and the batches' callbacks share; a callback keeps it alive past the
@@ -338,6 +340,14 @@ void DynamicBatcher::ParseArrival(Arrival arrival) {
                  .key = {},
                  .done = std::move(arrival.done)};
   parsed.key = JoinKey(parsed.inputs);
+  if (parsed.rows == 0) {
+    // Zero rows run alone, untouched, as the model unbatched runs them, so that they get its
+    // answer: joined to others they would get an empty slice of a batch's outputs where the
+    // model alone fails (CpuAcc runs no empty tensor), and several zero-row requests would
+    // run as one. A key of its own: no group has it.
+    parsed.key += "alone#" + std::to_string(parsed.sequence);
+    parsed.alone = true;
+  }
   hand_to_dispatcher(std::move(parsed));
 }
 
@@ -416,7 +426,9 @@ void DynamicBatcher::Dispatch() {
         continue;
       }
       std::deque<Waiting>& group = groups[std::move(request.key)];
-      if (group.empty()) {
+      if (request.alone) {
+        request.skips_wait = true;  // nothing can join it: a wait would only delay it
+      } else if (group.empty()) {
         request.skips_wait = outlook.SkipWait();
         if (request.skips_wait && options_.metrics != nullptr)
           options_.metrics->batching.waits_skipped.fetch_add(1, std::memory_order_relaxed);

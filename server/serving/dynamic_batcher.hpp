@@ -11,7 +11,13 @@
 //   size is a shape program the network compiles and keeps, so arbitrary sizes would evict and
 //   recompile them without end. The padding rows' outputs are dropped.
 // - Requests are joined only when every input agrees in datatype and in every dimension but the
-//   first: the key of a request is exactly that, and groups of different keys never mix.
+//   first: the key of a request is exactly that, and groups of different keys never mix. A
+//   request of zero rows joins none: it executes alone and untouched, so that it gets the answer
+//   the model gives it unbatched (an empty slice of others' outputs would be 200 where that is an
+//   error).
+// - Joining and padding are safe only because the model's rows are independent, which its load
+//   checked (CheckBatchable): a row's outputs then depend on that row alone, never on the rows
+//   beside it, whether another client's or zeros.
 // - A request that fails its parse, or whose deadline passes while it waits, is answered alone
 //   and never reaches a batch; an execution error answers every request of that batch (and only
 //   those) with the error.
