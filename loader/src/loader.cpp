@@ -105,8 +105,8 @@ std::string ExplainMapFailure(const std::string& message) {
   if (message.find("failed to map segment") == std::string::npos)
     return message;
   return message +
-         " (the sealed memory copy could not be mapped executable: is the sysctl "
-         "vm.memfd_noexec set to 2, or does a security module forbid executable memory files?)";
+         " (the sealed memory copy could not be mapped executable: does a security module "
+         "forbid executable mappings of memory files?)";
 }
 
 std::string DlError() {

@@ -190,8 +190,16 @@ Result<SealedImage> SealedImage::ReadNow(const fs::path& source, const std::stri
   }
 
   FileDescriptor memory = MakeMemoryFile(kept_label);
-  if (memory.get() < 0)
-    return IoError("cannot make a memory file for " + source.string());
+  if (memory.get() < 0) {
+    const bool forbidden = errno == EACCES;
+    Status error = IoError("cannot make a memory file for " + source.string());
+    if (!forbidden)
+      return error;
+    return Status{LoadReason::kIoError,
+                  error.message() +
+                      " (the kernel forbids executable memory files: is the sysctl "
+                      "vm.memfd_noexec 2? backends are mapped from one; set it to 0 or 1)"};
+  }
   const off_t copied = CopyAll(in_fd, memory.get(), max_bytes);
   if (copied < 0)
     return IoError("cannot read " + source.string());
