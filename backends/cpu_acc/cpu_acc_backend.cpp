@@ -38,6 +38,7 @@
 #include <thread>
 #include <type_traits>
 
+#include "backplane/sdk/thread_limits.hpp"
 #include "batch_split.hpp"
 #include "compiler.hpp"
 #include "op_support.hpp"
@@ -57,8 +58,10 @@ struct BackendState {
   ConstantCache constants;
   OptionSet options{std::string(kId),
                     {{std::string(kIntraOpThreads), OptionType::kInt64, int64_t{1},
-                      "OpenMP threads each request's primitives use (>= 1); requests in flight x "
-                      "this should not exceed the cores. Only convolutions of at least 1 MFLOP, "
+                      "OpenMP threads each request's primitives use: 1 to the CPUs this "
+                      "process may use (affinity, cgroup CPU quota); requests in flight x "
+                      "this should not exceed the cores. Lowering it releases the surplus "
+                      "threads. Only convolutions of at least 1 MFLOP, "
                       "matrix products (Gemm, MatMul) of at least 0.5 MFLOP and other layers of "
                       "at least 64K output elements use more than one: below that a second "
                       "thread was measured to slow them down. Read when "
@@ -440,15 +443,20 @@ class CpuAccBackend final : public IBackend {
             "'");
       }
     }
+    // At most the CPUs this process may use (affinity, cgroup quota): more threads only take
+    // turns on the cores, and each request thread keeps a pool of that many (the host checks
+    // this too, but an older host does not).
     auto threads = changes.find(kIntraOpThreads);
+    const bool lowered =
+        threads != changes.end() && std::get<int64_t>(threads->second) < ThreadsOf(state_);
     if (threads != changes.end()) {
-      const int64_t value = std::get<int64_t>(threads->second);
-      if (value < 1 || value > 1024) {
-        return InvalidArgument("backend CpuAcc option 'intra_op_threads' must be 1 to 1024, got " +
-                               std::to_string(value));
-      }
+      BACKPLANE_RETURN_IF_ERROR(CheckThreadCount(
+          kId, kIntraOpThreads, std::get<int64_t>(threads->second), FindUsableCpus()));
     }
-    return state_.options.Update(changes);
+    BACKPLANE_RETURN_IF_ERROR(state_.options.Update(changes));
+    if (lowered)
+      ReleaseOmpPoolsOnNextUse();
+    return Status::Ok();
   }
 
   Result<OptionValue> GetOption(std::string_view key) const override {

@@ -40,7 +40,8 @@ TEST_F(CpuAccBackendTest, DescribesAndValidatesIntraOpThreads) {
 
   Status zero = cpu_acc().UpdateOptions({{"intra_op_threads", int64_t{0}}});
   EXPECT_EQ(zero.code(), StatusCode::kInvalidArgument);
-  EXPECT_THAT(zero.message(), HasSubstr("must be 1 to 1024, got 0"));
+  EXPECT_THAT(zero.message(), HasSubstr("must be 1 to "));  // CpuAccThreadsTest: the bound
+  EXPECT_THAT(zero.message(), HasSubstr("got 0"));
   EXPECT_EQ(cpu_acc().UpdateOptions({{"intra_op_threads", true}}).code(),
             StatusCode::kInvalidArgument);
   EXPECT_EQ(cpu_acc().UpdateOptions({{"intra_op_thread", int64_t{2}}}).code(),
