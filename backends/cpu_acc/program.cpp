@@ -63,11 +63,13 @@ Result<OmpTeamScope> OmpTeamScope::Enter(int threads, bool starts_team, const st
     thread_pool_epoch = epoch;
     thread_pool_threads = 1;
   }
+  const bool release_at_exit =
+      !starts_team && threads > 1 && thread_pool_threads == 1 && thread_reserved_workers == 0;
   const int more = threads - thread_pool_threads - thread_reserved_workers;
   if (more <= 0) {
     if (starts_team)
       thread_pool_threads = std::max(thread_pool_threads, threads);
-    return OmpTeamScope(0);
+    return OmpTeamScope(0, release_at_exit);
   }
   MutexLock lock(headroom_mutex);
   const ThreadHeadroom headroom = FindThreadHeadroom();
@@ -89,16 +91,20 @@ Result<OmpTeamScope> OmpTeamScope::Enter(int threads, bool starts_team, const st
   thread_reserved_workers += more;
   if (starts_team)
     thread_pool_threads = std::max(thread_pool_threads, threads);
-  return OmpTeamScope(more);
+  return OmpTeamScope(more, release_at_exit);
 }
 
 OmpTeamScope::~OmpTeamScope() {
-  if (reserved_ == 0)
-    return;
-  // The workers exist now (or were never needed): pids.current counts them from here on.
-  MutexLock lock(headroom_mutex);
-  reserved_workers -= reserved_;
-  thread_reserved_workers -= reserved_;
+  if (reserved_ != 0) {
+    // The workers exist now (or were never needed): pids.current counts them from here on.
+    MutexLock lock(headroom_mutex);
+    reserved_workers -= reserved_;
+    thread_reserved_workers -= reserved_;
+  }
+  if (release_at_exit_) {
+    omp_pause_resource_all(kOmpPauseSoft);
+    thread_pool_threads = 1;
+  }
 }
 
 namespace {

@@ -54,7 +54,8 @@ class ScopedOmpThreads {
 //    lowering (ReleaseOmpPoolsOnNextUse) first releases its own pool, once per lowering:
 //    omp_pause_resource_all (OpenMP 5.0) frees the calling thread's pool in libgomp, and only
 //    that; no thread can free another's. A thread that never calls CpuAcc again keeps its pool
-//    until it exits.
+//    until it exits; so a compile on a thread without a pool (an admin call, a shape program's
+//    build: threads that rarely compute) releases the pool it made when it ends.
 //  - When pthread_create fails, libgomp ends the process (gomp_fatal): no error reaches the
 //    caller, whose request would have been the one to fail. So before this thread's pool grows,
 //    the process's thread headroom (cgroup pids limit, RLIMIT_NPROC) is checked, with workers
@@ -67,13 +68,17 @@ class OmpTeamScope {
   // `starts_team`: the work surely starts a team of `threads` (a program with a parallel step);
   // the pool is then known to be that big afterwards. `label` prefixes the error.
   static Result<OmpTeamScope> Enter(int threads, bool starts_team, const std::string& label);
-  OmpTeamScope(OmpTeamScope&& other) noexcept : reserved_(std::exchange(other.reserved_, 0)) {}
+  OmpTeamScope(OmpTeamScope&& other) noexcept
+      : reserved_(std::exchange(other.reserved_, 0)),
+        release_at_exit_(std::exchange(other.release_at_exit_, false)) {}
   OmpTeamScope& operator=(OmpTeamScope&&) = delete;
   ~OmpTeamScope();
 
  private:
-  explicit OmpTeamScope(int reserved) : reserved_(reserved) {}
-  int reserved_;  // workers this scope counted as about to be created
+  OmpTeamScope(int reserved, bool release_at_exit)
+      : reserved_(reserved), release_at_exit_(release_at_exit) {}
+  int reserved_;          // workers this scope counted as about to be created
+  bool release_at_exit_;  // a compile on a thread that had no pool: leave it without one
 };
 
 // Every thread releases its OpenMP worker pool before it next runs CpuAcc code (after a thread
