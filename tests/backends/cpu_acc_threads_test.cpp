@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <initializer_list>
 #include <thread>
 
 #include "backplane/sdk/thread_limits.hpp"
@@ -218,22 +219,52 @@ TEST_F(CpuAccThreadsTest, LoweringReleasesTheThreads) {
   EXPECT_EQ(failed.load(), 0);
 }
 
-// A cgroup v1 or v2 pids hierarchy this process may make children in, or "" (not root, no
-// pids controller, read-only /sys/fs/cgroup).
-fs::path WritablePidsHierarchy() {
-  for (const fs::path candidate : {"/sys/fs/cgroup/pids", "/sys/fs/cgroup"}) {
-    std::error_code error;
-    if (!fs::exists(candidate / "cgroup.procs", error))
-      continue;
-    const fs::path probe = candidate / ("backplane-probe-" + std::to_string(getpid()));
-    if (::mkdir(probe.c_str(), 0755) != 0)
-      continue;
-    const bool has_pids = fs::exists(probe / "pids.max", error);
-    ::rmdir(probe.c_str());
-    if (has_pids)
-      return candidate;
+// A new cgroup in the first of `hierarchies` where this process may make one that has `file`
+// (a controller's), removed when dropped; empty when there is none (not root, no such
+// controller, a read-only /sys/fs/cgroup).
+class TestCgroup {
+ public:
+  TestCgroup(std::initializer_list<fs::path> hierarchies, const std::string& file) {
+    for (const fs::path& hierarchy : hierarchies) {
+      std::error_code error;
+      if (!fs::exists(hierarchy / "cgroup.procs", error))
+        continue;
+      const fs::path candidate =
+          hierarchy / ("backplane-threads-test-" + std::to_string(getpid()) + "-" + file);
+      if (::mkdir(candidate.c_str(), 0755) != 0)
+        continue;
+      if (fs::exists(candidate / file, error)) {
+        path_ = candidate;
+        return;
+      }
+      ::rmdir(candidate.c_str());
+    }
   }
-  return {};
+  ~TestCgroup() {
+    if (!path_.empty())
+      ::rmdir(path_.c_str());
+  }
+  TestCgroup(const TestCgroup&) = delete;
+  TestCgroup& operator=(const TestCgroup&) = delete;
+  const fs::path& path() const { return path_; }
+
+ private:
+  fs::path path_;
+};
+
+// Runs `child` in a child process forked from a fresh thread (which has no libgomp pool, whose
+// workers the child would not have) and returns its exit status; the child runs no assertion.
+int RunInChild(const std::function<int()>& child) {
+  pid_t pid = -1;
+  std::thread([&] {
+    pid = fork();
+    if (pid == 0)
+      _exit(child());
+  }).join();
+  int status = 0;
+  if (pid <= 0 || waitpid(pid, &status, 0) != pid)
+    return -1;
+  return status;
 }
 
 bool WriteFile(const fs::path& path, const std::string& text) {
@@ -256,15 +287,9 @@ TEST_F(CpuAccThreadsTest, ThreadExhaustionIsAnErrorNotACrash) {
   const UsableCpus cpus = FindUsableCpus();
   if (cpus.count < 2)
     GTEST_SKIP() << "one usable CPU: intra_op_threads cannot exceed 1 here";
-  const fs::path hierarchy = WritablePidsHierarchy();
-  if (hierarchy.empty())
+  TestCgroup group({"/sys/fs/cgroup", "/sys/fs/cgroup/pids"}, "pids.max");
+  if (group.path().empty())
     GTEST_SKIP() << "no writable cgroup pids hierarchy here (needs root and a pids controller)";
-  const fs::path group = hierarchy / ("backplane-threads-test-" + std::to_string(getpid()));
-  ASSERT_EQ(::mkdir(group.c_str(), 0755), 0) << group;
-  struct RemoveGroup {
-    fs::path path;
-    ~RemoveGroup() { ::rmdir(path.c_str()); }
-  } remove_group{group};
 
   ResetThreads reset(cpu_acc());
   ASSERT_TRUE(cpu_acc().UpdateOptions({{std::string(kOption), int64_t{2}}}).ok());
@@ -272,38 +297,78 @@ TEST_F(CpuAccThreadsTest, ThreadExhaustionIsAnErrorNotACrash) {
   auto workload = cpu_acc().CreateWorkload(add.op);  // compiled here, run in the child
   ASSERT_TRUE(workload.ok()) << workload.error().ToString();
 
-  // Forked from a fresh thread: it has no libgomp pool, whose workers the child would not have.
-  // The child's exit code says what happened; it runs no assertion.
   enum Outcome { kPassed = 0, kNotMoved = 20, kRanWithoutWorker, kWrongError, kNotRaised, kNoSum };
-  pid_t child = -1;
-  std::thread([&] {
-    child = fork();
-    if (child != 0)
-      return;
-    if (!WriteFile(group / "cgroup.procs", std::to_string(getpid())) ||
-        !WriteFile(group / "pids.max", "1")) {
-      _exit(kNotMoved);
+  const int status = RunInChild([&]() -> int {
+    if (!WriteFile(group.path() / "cgroup.procs", std::to_string(getpid())) ||
+        !WriteFile(group.path() / "pids.max", "1")) {
+      return kNotMoved;
     }
     Status refused = add.Execute(*workload.value());
     if (refused.ok())
-      _exit(kRanWithoutWorker);
+      return kRanWithoutWorker;
     if (refused.code() != StatusCode::kResourceExhausted ||
         refused.message().find("a team of 2 OpenMP threads needs 1 more thread(s), and the "
-                               "process may create 0 (pids.max 1 - pids.current 1 of ") ==
-            std::string::npos) {
-      _exit(kWrongError);
+                               "process may create 0 (pids.max 1 - pids.current 1 of " +
+                               group.path().string() + "): refused") == std::string::npos) {
+      return kWrongError;
     }
-    if (!WriteFile(group / "pids.max", "8"))
-      _exit(kNotRaised);
-    _exit(add.Execute(*workload.value()).ok() && add.sum[0] == 3.0f ? kPassed : kNoSum);
-  }).join();
-  ASSERT_GT(child, 0);
-  int status = 0;
-  ASSERT_EQ(waitpid(child, &status, 0), child);
+    if (!WriteFile(group.path() / "pids.max", "8"))
+      return kNotRaised;
+    return add.Execute(*workload.value()).ok() && add.sum[0] == 3.0f ? kPassed : kNoSum;
+  });
   ASSERT_TRUE(WIFEXITED(status)) << "the child died of signal " << WTERMSIG(status);
   EXPECT_EQ(WEXITSTATUS(status), kPassed)
-      << "1: libgomp ended the process; 20: not moved into " << group
+      << "1: libgomp ended the process; 20: not moved into " << group.path()
       << "; 21: ran without its worker; 22: another error; 23: limit not raised; 24: no sum";
+}
+
+// A cgroup CPU quota of one CPU bounds intra_op_threads as an affinity of one CPU does, and the
+// refusal names the quota and its file (a child moved into a cpu cgroup: v2 cpu.max or v1
+// cpu.cfs_quota_us).
+TEST_F(CpuAccThreadsTest, BoundFollowsTheCgroupCpuQuota) {
+  if (FindUsableCpus().by_affinity < 2)
+    GTEST_SKIP() << "one CPU by affinity already";
+  TestCgroup v2({"/sys/fs/cgroup"}, "cpu.max");
+  TestCgroup v1({"/sys/fs/cgroup/cpu", "/sys/fs/cgroup/cpu,cpuacct"}, "cpu.cfs_quota_us");
+  const TestCgroup& group = v2.path().empty() ? v1 : v2;
+  if (group.path().empty())
+    GTEST_SKIP() << "no writable cgroup cpu hierarchy here (needs root and a cpu controller)";
+  const bool is_v2 = &group == &v2;
+  if (is_v2) {
+    ASSERT_TRUE(WriteFile(group.path() / "cpu.max", "100000 100000"));
+  } else {
+    ASSERT_TRUE(WriteFile(group.path() / "cpu.cfs_period_us", "100000"));
+    ASSERT_TRUE(WriteFile(group.path() / "cpu.cfs_quota_us", "100000"));
+  }
+  const std::string quota = (is_v2 ? "cpu.max 100000/100000 of "
+                                   : "cpu.cfs_quota_us/cpu.cfs_period_us 100000/100000 of ") +
+                            group.path().string();
+
+  ResetThreads reset(cpu_acc());
+  enum Outcome { kPassed = 0, kNotMoved = 20, kNoQuota, kAccepted, kWrongMessage, kOneRefused };
+  const int status = RunInChild([&]() -> int {
+    if (!WriteFile(group.path() / "cgroup.procs", std::to_string(getpid())))
+      return kNotMoved;
+    const UsableCpus cpus = FindUsableCpus();
+    if (cpus.count != 1 || cpus.by_quota != 1)
+      return kNoQuota;
+    Status two = cpu_acc().UpdateOptions({{std::string(kOption), int64_t{2}}});
+    if (two.ok())
+      return kAccepted;
+    if (two.message() !=
+        "backend CpuAcc option 'intra_op_threads' must be 1 to 1 (the CPUs this "
+        "process may use: " +
+            std::to_string(cpus.by_affinity) + " by affinity, 1 by the cgroup quota (" + quota +
+            ")), got 2") {
+      return kWrongMessage;
+    }
+    return cpu_acc().UpdateOptions({{std::string(kOption), int64_t{1}}}).ok() ? kPassed
+                                                                              : kOneRefused;
+  });
+  ASSERT_TRUE(WIFEXITED(status)) << "the child died of signal " << WTERMSIG(status);
+  EXPECT_EQ(WEXITSTATUS(status), kPassed)
+      << "20: not moved into " << group.path() << "; 21: no quota seen; 22: 2 accepted; 23: "
+      << "another message; 24: 1 refused";
 }
 
 }  // namespace
