@@ -24,12 +24,16 @@
 // kParallelMinMatMulFlops, kParallelMinElements; measured by bench/cpu_acc_threads_bench.cpp), so
 // that a second thread never slows a small layer down. The host runs up to max_in_flight requests
 // at once, so requests x intra_op_threads threads may compute at once: keep that product within the
-// cores (1, the default, never oversubscribes). The value is read when a workload is created
-// (oneDNN sizes some kernels' work split at creation); the host's runtime re-prepares loaded
-// networks when an option changes and switches them as a swap does, so an update reaches them too.
-// A compiled run with a batch may instead run as parts of its batch, one thread each: at once
-// through the host's ParallelFor, or one after the other on the calling thread when the parts'
-// activations stay in cache where the whole batch's do not (batch_split.hpp; option batch_split).
+// cores (1, the default, never oversubscribes). intra_op_threads itself is at most the CPUs this
+// process may use (sdk/thread_limits.hpp: affinity, cgroup CPU quota). libgomp keeps the workers
+// of each calling thread's teams after a call; OmpTeamScope (program.hpp) releases them after the
+// option is lowered and refuses a request whose team the process could not create. The value is
+// read when a workload is created (oneDNN sizes some kernels' work split at creation); the host's
+// runtime re-prepares loaded networks when an option changes and switches them as a swap does, so
+// an update reaches them too. A compiled run with a batch may instead run as parts of its batch,
+// one thread each: at once through the host's ParallelFor, or one after the other on the calling
+// thread when the parts' activations stay in cache where the whole batch's do not (batch_split.hpp;
+// option batch_split).
 #include <algorithm>
 #include <atomic>
 #include <chrono>
