@@ -37,8 +37,9 @@ constexpr int kOmpPauseSoft = 1;
 // generation: the pool may be an older generation's) releases what it has.
 std::atomic<uint64_t> omp_pool_epoch{1};
 
-// This thread's pool, as far as this library knows: the epoch it was fitted at, the largest team
-// (the thread itself included) it started since, and workers it reserved in scopes still open.
+// This thread's pool, as far as this library knows: the epoch it was fitted at, the size of the
+// last team it started (the thread itself included: libgomp grows or shrinks the pool to each
+// team's size), and workers it reserved in scopes still open.
 // Trivially destructible, so they pin nothing (docs/loading-rules.md rule 3).
 thread_local uint64_t thread_pool_epoch = 0;
 thread_local int thread_pool_threads = 1;
@@ -68,7 +69,7 @@ Result<OmpTeamScope> OmpTeamScope::Enter(int threads, bool starts_team, const st
   const int more = threads - thread_pool_threads - thread_reserved_workers;
   if (more <= 0) {
     if (starts_team)
-      thread_pool_threads = std::max(thread_pool_threads, threads);
+      thread_pool_threads = threads;  // a smaller team shrinks the pool to its size
     return OmpTeamScope(0, release_at_exit);
   }
   MutexLock lock(headroom_mutex);
@@ -90,7 +91,7 @@ Result<OmpTeamScope> OmpTeamScope::Enter(int threads, bool starts_team, const st
   reserved_workers += more;
   thread_reserved_workers += more;
   if (starts_team)
-    thread_pool_threads = std::max(thread_pool_threads, threads);
+    thread_pool_threads = threads;
   return OmpTeamScope(more, release_at_exit);
 }
 
