@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <gmock/gmock.h>
 #include <sched.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -320,6 +321,52 @@ TEST_F(CpuAccThreadsTest, ThreadExhaustionIsAnErrorNotACrash) {
   EXPECT_EQ(WEXITSTATUS(status), kPassed)
       << "1: libgomp ended the process; 20: not moved into " << group.path()
       << "; 21: ran without its worker; 22: another error; 23: limit not raised; 24: no sum";
+}
+
+// The same under RLIMIT_NPROC, which holds for users other than root: a child that became
+// nobody with a limit of the threads that user has already gets the request's error; with the
+// limit raised the workload computes.
+TEST_F(CpuAccThreadsTest, ThreadExhaustionUnderRlimitNprocIsAnErrorNotACrash) {
+#if defined(BACKPLANE_TSAN_BUILD) || defined(BACKPLANE_ASAN_BUILD)
+  GTEST_SKIP() << "libgomp threads and fork under a sanitizer";
+#endif
+  if (FindUsableCpus().count < 2)
+    GTEST_SKIP() << "one usable CPU: intra_op_threads cannot exceed 1 here";
+  if (getuid() != 0)
+    GTEST_SKIP() << "needs root to become another user";
+  ResetThreads reset(cpu_acc());
+  ASSERT_TRUE(cpu_acc().UpdateOptions({{std::string(kOption), int64_t{2}}}).ok());
+  LargeAdd add;
+  auto workload = cpu_acc().CreateWorkload(add.op);
+  ASSERT_TRUE(workload.ok()) << workload.error().ToString();
+
+  constexpr uid_t kNobody = 65534;
+  enum Outcome { kPassed = 0, kNoUser = 20, kRanWithoutWorker, kWrongError, kNotRaised, kNoSum };
+  const int status = RunInChild([&]() -> int {
+    if (setgid(kNobody) != 0 || setuid(kNobody) != 0)
+      return kNoUser;
+    const auto used = static_cast<rlim_t>(thread_limits_detail::ThreadsOfRealUser());
+    rlimit limit{used, used + 8};
+    if (setrlimit(RLIMIT_NPROC, &limit) != 0)
+      return kNoUser;
+    Status refused = add.Execute(*workload.value());
+    if (refused.ok())
+      return kRanWithoutWorker;
+    if (refused.code() != StatusCode::kResourceExhausted ||
+        refused.message().find("and the process may create 0 (RLIMIT_NPROC " +
+                               std::to_string(used) + " - " + std::to_string(used) +
+                               " threads of uid 65534)") == std::string::npos) {
+      return kWrongError;
+    }
+    limit.rlim_cur = used + 8;
+    if (setrlimit(RLIMIT_NPROC, &limit) != 0)
+      return kNotRaised;
+    return add.Execute(*workload.value()).ok() && add.sum[0] == 3.0f ? kPassed : kNoSum;
+  });
+  ASSERT_TRUE(WIFEXITED(status)) << "the child died of signal " << WTERMSIG(status);
+  EXPECT_EQ(WEXITSTATUS(status), kPassed)
+      << "1: libgomp ended the process; 20: could not become nobody with a limit; 21: ran "
+         "without its worker; 22: another error; 23: limit not raised; 24: no sum";
 }
 
 // A cgroup CPU quota of one CPU bounds intra_op_threads as an affinity of one CPU does, and the
