@@ -11,6 +11,8 @@
 #include <string>
 #include <string_view>
 
+#include "backplane/sdk/thread_limits.hpp"
+
 namespace backplane::testing {
 
 // The path of fixture Test_<name>_backend.so as the build left it.
@@ -52,6 +54,17 @@ CommandResult RunCommand(const std::string& command_line);
 // another process (0: this one). A deleted file's " (deleted)" suffix is dropped.
 std::set<std::string> MappedCode(std::string_view needle, pid_t pid = 0);
 bool IsCodeMapped(std::string_view needle);  // !MappedCode(needle).empty()
+
+// Skips a test that sets a thread-count option to `n` on a machine where fewer CPUs are usable:
+// the host and CpuAcc refuse such a value (backplane/sdk/thread_limits.hpp).
+#define BACKPLANE_REQUIRE_CPUS(n)                                              \
+  do {                                                                         \
+    const ::backplane::UsableCpus usable_cpus = ::backplane::FindUsableCpus(); \
+    if (usable_cpus.count < (n)) {                                             \
+      GTEST_SKIP() << "needs " << (n) << " usable CPUs, this process may use " \
+                   << usable_cpus.Describe();                                  \
+    }                                                                          \
+  } while (false)
 
 // Tests that need ../shared/data (or another path outside the build) call this first: without
 // it they skip locally, and fail under CI (CI=true), where every test must run.

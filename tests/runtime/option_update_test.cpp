@@ -291,6 +291,7 @@ int SettledProcessThreads() {
 // until that thread exits, so a fresh thread that runs one request shows the team: itself alone
 // with 1, itself and one OpenMP worker with 2.
 TEST(CpuAccOptionUpdateTest, IntraOpThreadsReachALoadedNetworkUnderLoad) {
+  BACKPLANE_REQUIRE_CPUS(2);
   const fs::path cpu_acc = testing::CpuAccBackend();
   BACKPLANE_REQUIRE_PATH(cpu_acc);
   const fs::path mnist = BACKPLANE_SHARED_DATA "/models/mnist";
