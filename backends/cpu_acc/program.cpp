@@ -8,8 +8,10 @@
 #include "backplane/core/thread_annotations.hpp"
 #include "backplane/sdk/thread_limits.hpp"
 
-// Declared here instead of including <omp.h>: the backend needs these two functions of libgomp
-// only, and clang's installation may have no omp.h.
+// Declared here instead of including <omp.h>: the backend needs these three functions of libgomp
+// only, and clang's installation may have no omp.h. omp_pause_resource_all on the host is
+// libgomp's gomp_pause_host: it ends the calling thread's pool (its workers joined before it
+// returns) and touches no offload device.
 extern "C" {
 int omp_get_max_threads(void);
 void omp_set_num_threads(int);
