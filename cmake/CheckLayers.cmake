@@ -5,7 +5,7 @@
 # The backend SDK: header-only, what a backend compiles against. It includes only itself.
 set(sdk_headers backplane/sdk/backend.hpp backplane/sdk/op_rules.hpp backplane/core/status.hpp
                 backplane/core/tensor.hpp backplane/core/operator.hpp backplane/core/options.hpp
-                backplane/core/thread_annotations.hpp)
+                backplane/core/thread_annotations.hpp backplane/sdk/thread_limits.hpp)
 
 # <module>: the modules whose public headers (backplane/<module>/...) it may include.
 set(allowed_core core sdk)

@@ -11,6 +11,8 @@
 #include <string>
 #include <string_view>
 
+#include "backplane/sdk/thread_limits.hpp"
+
 namespace backplane::testing {
 
 // The path of fixture Test_<name>_backend.so as the build left it.
@@ -59,6 +61,17 @@ std::string GenerationMapping(uint64_t number, std::string_view file_name);
 // The generations of backend files named `file_name` whose code is mapped in this process
 // (their GenerationMapping names); every backend file when `file_name` is empty.
 std::set<std::string> MappedGenerations(std::string_view file_name = {});
+
+// Skips a test that sets a thread-count option to `n` on a machine where fewer CPUs are usable:
+// the host and CpuAcc refuse such a value (backplane/sdk/thread_limits.hpp).
+#define BACKPLANE_REQUIRE_CPUS(n)                                              \
+  do {                                                                         \
+    const ::backplane::UsableCpus usable_cpus = ::backplane::FindUsableCpus(); \
+    if (usable_cpus.count < (n)) {                                             \
+      GTEST_SKIP() << "needs " << (n) << " usable CPUs, this process may use " \
+                   << usable_cpus.Describe();                                  \
+    }                                                                          \
+  } while (false)
 
 // Tests that need ../shared/data (or another path outside the build) call this first: without
 // it they skip locally, and fail under CI (CI=true), where every test must run.

@@ -1666,6 +1666,13 @@ Result<CompileResult> Compile(const SubgraphDesc& subgraph, const dnnl::engine& 
                               ConstantCache& constants, int threads, CompileOptions options) {
   // Primitives are created with the thread count they will run with: oneDNN sizes some kernels'
   // work split at creation (omp_get_max_threads of the creating thread).
+  // Creating them runs teams too (weight reorders), as big as `threads`, maybe none at all.
+  auto team = OmpTeamScope::Enter(
+      threads, false,
+      "compiling " + (subgraph.layers.empty() ? std::string("an empty run")
+                                              : NodeLabel(subgraph.layers.front())));
+  if (!team.ok())
+    return std::move(team).error();
   ScopedOmpThreads scoped(threads);
   try {
     return Compiler(subgraph, engine, constants, threads, options).Run();

@@ -24,12 +24,16 @@
 // kParallelMinMatMulFlops, kParallelMinElements; measured by bench/cpu_acc_threads_bench.cpp), so
 // that a second thread never slows a small layer down. The host runs up to max_in_flight requests
 // at once, so requests x intra_op_threads threads may compute at once: keep that product within the
-// cores (1, the default, never oversubscribes). The value is read when a workload is created
-// (oneDNN sizes some kernels' work split at creation); the host's runtime re-prepares loaded
-// networks when an option changes and switches them as a swap does, so an update reaches them too.
-// A compiled run with a batch may instead run as parts of its batch, one thread each: at once
-// through the host's ParallelFor, or one after the other on the calling thread when the parts'
-// activations stay in cache where the whole batch's do not (batch_split.hpp; option batch_split).
+// cores (1, the default, never oversubscribes). intra_op_threads itself is at most the CPUs this
+// process may use (sdk/thread_limits.hpp: affinity, cgroup CPU quota). libgomp keeps the workers
+// of each calling thread's teams after a call; OmpTeamScope (program.hpp) releases them after the
+// option is lowered and refuses a request whose team the process could not create. The value is
+// read when a workload is created (oneDNN sizes some kernels' work split at creation); the host's
+// runtime re-prepares loaded networks when an option changes and switches them as a swap does, so
+// an update reaches them too. A compiled run with a batch may instead run as parts of its batch,
+// one thread each: at once through the host's ParallelFor, or one after the other on the calling
+// thread when the parts' activations stay in cache where the whole batch's do not (batch_split.hpp;
+// option batch_split).
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -38,6 +42,7 @@
 #include <thread>
 #include <type_traits>
 
+#include "backplane/sdk/thread_limits.hpp"
 #include "batch_split.hpp"
 #include "compiler.hpp"
 #include "op_support.hpp"
@@ -57,8 +62,10 @@ struct BackendState {
   ConstantCache constants;
   OptionSet options{std::string(kId),
                     {{std::string(kIntraOpThreads), OptionType::kInt64, int64_t{1},
-                      "OpenMP threads each request's primitives use (>= 1); requests in flight x "
-                      "this should not exceed the cores. Only convolutions of at least 1 MFLOP, "
+                      "OpenMP threads each request's primitives use: 1 to the CPUs this "
+                      "process may use (affinity, cgroup CPU quota); requests in flight x "
+                      "this should not exceed the cores. Lowering it releases the surplus "
+                      "threads. Only convolutions of at least 1 MFLOP, "
                       "matrix products (Gemm, MatMul) of at least 0.5 MFLOP and other layers of "
                       "at least 64K output elements use more than one: below that a second "
                       "thread was measured to slow them down. Read when "
@@ -440,15 +447,20 @@ class CpuAccBackend final : public IBackend {
             "'");
       }
     }
+    // At most the CPUs this process may use (affinity, cgroup quota): more threads only take
+    // turns on the cores, and each request thread keeps a pool of that many (the host checks
+    // this too, but an older host does not).
     auto threads = changes.find(kIntraOpThreads);
+    const bool lowered =
+        threads != changes.end() && std::get<int64_t>(threads->second) < ThreadsOf(state_);
     if (threads != changes.end()) {
-      const int64_t value = std::get<int64_t>(threads->second);
-      if (value < 1 || value > 1024) {
-        return InvalidArgument("backend CpuAcc option 'intra_op_threads' must be 1 to 1024, got " +
-                               std::to_string(value));
-      }
+      BACKPLANE_RETURN_IF_ERROR(CheckThreadCount(
+          kId, kIntraOpThreads, std::get<int64_t>(threads->second), FindUsableCpus()));
     }
-    return state_.options.Update(changes);
+    BACKPLANE_RETURN_IF_ERROR(state_.options.Update(changes));
+    if (lowered)
+      ReleaseOmpPoolsOnNextUse();
+    return Status::Ok();
   }
 
   Result<OptionValue> GetOption(std::string_view key) const override {

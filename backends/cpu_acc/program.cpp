@@ -1,14 +1,21 @@
 #include "program.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 
-// Declared here instead of including <omp.h>: the backend needs these two functions of libgomp
-// only, and clang's installation may have no omp.h.
+#include "backplane/core/thread_annotations.hpp"
+#include "backplane/sdk/thread_limits.hpp"
+
+// Declared here instead of including <omp.h>: the backend needs these three functions of libgomp
+// only, and clang's installation may have no omp.h. omp_pause_resource_all on the host is
+// libgomp's gomp_pause_host: it ends the calling thread's pool (its workers joined before it
+// returns) and touches no offload device.
 extern "C" {
 int omp_get_max_threads(void);
 void omp_set_num_threads(int);
+int omp_pause_resource_all(int kind);  // omp_pause_resource_t: 1 is omp_pause_soft
 }
 
 namespace backplane::cpu_acc {
@@ -21,6 +28,86 @@ ScopedOmpThreads::ScopedOmpThreads(int threads) : previous_(omp_get_max_threads(
 ScopedOmpThreads::~ScopedOmpThreads() {
   if (omp_get_max_threads() != previous_)
     omp_set_num_threads(previous_);
+}
+
+namespace {
+
+constexpr int kOmpPauseSoft = 1;
+
+// Bumped by ReleaseOmpPoolsOnNextUse; a thread whose pool was fitted at an older value releases
+// it. Starts above every thread's 0, so that a thread's first use in this library (a new
+// generation: the pool may be an older generation's) releases what it has.
+std::atomic<uint64_t> omp_pool_epoch{1};
+
+// This thread's pool, as far as this library knows: the epoch it was fitted at, the size of the
+// last team it started (the thread itself included: libgomp grows or shrinks the pool to each
+// team's size), and workers it reserved in scopes still open.
+// Trivially destructible, so they pin nothing (docs/loading-rules.md rule 3).
+thread_local uint64_t thread_pool_epoch = 0;
+thread_local int thread_pool_threads = 1;
+thread_local int thread_reserved_workers = 0;
+
+Mutex headroom_mutex;
+int64_t reserved_workers BACKPLANE_GUARDED_BY(headroom_mutex) = 0;  // by every thread
+
+}  // namespace
+
+void ReleaseOmpPoolsOnNextUse() {
+  omp_pool_epoch.fetch_add(1, std::memory_order_release);
+}
+
+Result<OmpTeamScope> OmpTeamScope::Enter(int threads, bool starts_team, const std::string& label) {
+  const uint64_t epoch = omp_pool_epoch.load(std::memory_order_acquire);
+  if (thread_pool_epoch != epoch) {
+    // Not inside a parallel region here (Execute and compiles are called by host threads), where
+    // libgomp would refuse (-1) and keep the pool.
+    if (thread_pool_epoch == 0 || thread_pool_threads > 1)
+      omp_pause_resource_all(kOmpPauseSoft);
+    thread_pool_epoch = epoch;
+    thread_pool_threads = 1;
+  }
+  const bool release_at_exit =
+      !starts_team && threads > 1 && thread_pool_threads == 1 && thread_reserved_workers == 0;
+  const int more = threads - thread_pool_threads - thread_reserved_workers;
+  if (more <= 0) {
+    if (starts_team)
+      thread_pool_threads = threads;  // a smaller team shrinks the pool to its size
+    return OmpTeamScope(0, release_at_exit);
+  }
+  MutexLock lock(headroom_mutex);
+  const ThreadHeadroom headroom = FindThreadHeadroom();
+  const int64_t left = headroom.more == ThreadHeadroom::kUnlimited
+                           ? ThreadHeadroom::kUnlimited
+                           : std::max<int64_t>(0, headroom.more - reserved_workers);
+  if (left < more) {
+    return Status(
+        StatusCode::kResourceExhausted,
+        "CpuAcc: " + label + ": a team of " + std::to_string(threads) + " OpenMP threads needs " +
+            std::to_string(more) + " more thread(s), and the process may create " +
+            std::to_string(left) + " (" + headroom.limited_by +
+            (reserved_workers > 0 ? ", " + std::to_string(reserved_workers) + " being created"
+                                  : std::string()) +
+            "): refused, since libgomp would end the process when it cannot create "
+            "one; lower intra_op_threads or raise the limit");
+  }
+  reserved_workers += more;
+  thread_reserved_workers += more;
+  if (starts_team)
+    thread_pool_threads = threads;
+  return OmpTeamScope(more, release_at_exit);
+}
+
+OmpTeamScope::~OmpTeamScope() {
+  if (reserved_ != 0) {
+    // The workers exist now (or were never needed): pids.current counts them from here on.
+    MutexLock lock(headroom_mutex);
+    reserved_workers -= reserved_;
+    thread_reserved_workers -= reserved_;
+  }
+  if (release_at_exit_) {
+    omp_pause_resource_all(kOmpPauseSoft);
+    thread_pool_threads = 1;
+  }
 }
 
 namespace {
@@ -77,6 +164,7 @@ void Program::AddPrimitive(dnnl::primitive primitive, std::vector<std::pair<int,
                            const dnnl::memory::desc& scratchpad, int threads) {
   ProgramStep step;
   step.threads = std::clamp(threads, 1, threads_);
+  team_threads_ = std::max(team_threads_, step.threads);
   step.primitive = std::move(primitive);
   step.args = std::move(args);
   step.scratchpad = scratchpad;
@@ -228,6 +316,11 @@ Status Program::Run(std::span<const ConstTensorView> all_inputs,
                              ", compiled for FP32 " + ToString(output_shapes_[i]));
     }
   }
+  // Before a team may start: the pool released after a lowering, and the workers a larger team
+  // needs known to be creatable (OmpTeamScope).
+  auto team = OmpTeamScope::Enter(team_threads_, team_threads_ > 1, label);
+  if (!team.ok())
+    return std::move(team).error();
   std::unique_ptr<Context> context;
   try {
     context = Acquire();

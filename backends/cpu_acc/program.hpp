@@ -20,6 +20,7 @@
 #include <mutex>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backplane/sdk/backend.hpp"
@@ -41,6 +42,48 @@ class ScopedOmpThreads {
  private:
   int previous_;
 };
+
+// The calling thread's libgomp worker pool, fitted before the thread starts OpenMP teams of up
+// to `threads` (a program's run, or a compile, whose weight reorders run teams too).
+//
+// Traps kept in mind here:
+//  - libgomp keeps a pool of workers per thread that starts parallel regions (here: every thread
+//    that calls Execute), as big as its largest recent team, until that thread exits. A team of
+//    one never touches the pool, so lowering intra_op_threads to 1 left every request thread's
+//    workers alive, and idle workers still cost every later team. So a thread entering after a
+//    lowering (ReleaseOmpPoolsOnNextUse) first releases its own pool, once per lowering:
+//    omp_pause_resource_all (OpenMP 5.0) frees the calling thread's pool in libgomp, and only
+//    that; no thread can free another's. A thread that never calls CpuAcc again keeps its pool
+//    until it exits; so a compile on a thread without a pool (an admin call, a shape program's
+//    build: threads that rarely compute) releases the pool it made when it ends.
+//  - When pthread_create fails, libgomp ends the process (gomp_fatal): no error reaches the
+//    caller, whose request would have been the one to fail. So before this thread's pool grows,
+//    the process's thread headroom (cgroup pids limit, RLIMIT_NPROC) is checked, with workers
+//    that other threads are about to create counted as taken, and a team that cannot be created
+//    is this request's error (kResourceExhausted), never a thread creation that fails.
+//
+// Thread-compatible: one per call, on the calling thread's stack.
+class OmpTeamScope {
+ public:
+  // `starts_team`: the work surely starts a team of `threads` (a program with a parallel step);
+  // the pool is then known to be that big afterwards. `label` prefixes the error.
+  static Result<OmpTeamScope> Enter(int threads, bool starts_team, const std::string& label);
+  OmpTeamScope(OmpTeamScope&& other) noexcept
+      : reserved_(std::exchange(other.reserved_, 0)),
+        release_at_exit_(std::exchange(other.release_at_exit_, false)) {}
+  OmpTeamScope& operator=(OmpTeamScope&&) = delete;
+  ~OmpTeamScope();
+
+ private:
+  OmpTeamScope(int reserved, bool release_at_exit)
+      : reserved_(reserved), release_at_exit_(release_at_exit) {}
+  int reserved_;          // workers this scope counted as about to be created
+  bool release_at_exit_;  // a compile on a thread that had no pool: leave it without one
+};
+
+// Every thread releases its OpenMP worker pool before it next runs CpuAcc code (after a thread
+// count was lowered).
+void ReleaseOmpPoolsOnNextUse();
 
 struct ValueStorage {
   enum class Kind { kInput, kOutput, kConstant, kTemporary };
@@ -121,6 +164,7 @@ class Program {
 
   dnnl::engine engine_;
   const int threads_;
+  int team_threads_ = 1;  // the largest step's threads: the team Run starts (1: none)
   std::vector<ProgramValue> values_;
   std::vector<std::shared_ptr<const dnnl::memory>> shared_constants_;  // see AddSharedConstant
   std::vector<ProgramStep> steps_;

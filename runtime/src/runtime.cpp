@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "backplane/core/backend_call.hpp"
+#include "backplane/sdk/thread_limits.hpp"
 #include "loaded_network.hpp"
 #include "rollout_meter.hpp"
 #include "runtime_log.hpp"
@@ -186,7 +187,9 @@ Result<Runtime::BackendSlot> Runtime::CreateSlot(std::shared_ptr<loader::Backend
                                                  const BackendOptions* options) {
   // Options survive a swap: a new generation gets what this runtime set on the old one.
   if (options != nullptr) {
-    Status status = instance->UpdateOptions(*options);
+    Status status = CheckThreadCounts(*options, instance->DescribeOptions(), instance->id());
+    if (status.ok())
+      status = instance->UpdateOptions(*options);
     if (!status.ok())
       return status.WithContext("it refuses the options this runtime set: ");
   }
@@ -238,6 +241,9 @@ Status Runtime::UpdateBackendOptions(std::string_view id, const BackendOptions& 
     if (current.ok())
       previous.emplace(key, std::move(current).value());
   }
+  // Thread counts within the CPUs this process may use, whether or not the backend checks
+  // (sdk/thread_limits.hpp): refused before anything is applied.
+  BACKPLANE_RETURN_IF_ERROR(CheckThreadCounts(changes, instance->DescribeOptions(), id));
   BACKPLANE_RETURN_IF_ERROR(instance->UpdateOptions(changes));
 
   // An option may be read when a workload is created (CpuAcc's intra_op_threads sizes oneDNN's

@@ -40,7 +40,8 @@ TEST_F(CpuAccBackendTest, DescribesAndValidatesIntraOpThreads) {
 
   Status zero = cpu_acc().UpdateOptions({{"intra_op_threads", int64_t{0}}});
   EXPECT_EQ(zero.code(), StatusCode::kInvalidArgument);
-  EXPECT_THAT(zero.message(), HasSubstr("must be 1 to 1024, got 0"));
+  EXPECT_THAT(zero.message(), HasSubstr("must be 1 to "));  // CpuAccThreadsTest: the bound
+  EXPECT_THAT(zero.message(), HasSubstr("got 0"));
   EXPECT_EQ(cpu_acc().UpdateOptions({{"intra_op_threads", true}}).code(),
             StatusCode::kInvalidArgument);
   EXPECT_EQ(cpu_acc().UpdateOptions({{"intra_op_thread", int64_t{2}}}).code(),
@@ -53,7 +54,7 @@ TEST_F(CpuAccBackendTest, DescribesAndValidatesIntraOpThreads) {
 #if defined(BACKPLANE_TSAN_BUILD) || defined(BACKPLANE_ASAN_BUILD)
   constexpr int64_t kThreads = 1;
 #else
-  constexpr int64_t kThreads = 2;
+  const int64_t kThreads = std::min(2, FindUsableCpus().count);
 #endif
   ASSERT_TRUE(cpu_acc().UpdateOptions({{"intra_op_threads", kThreads}}).ok());
   EXPECT_EQ(std::get<int64_t>(cpu_acc().GetOption("intra_op_threads").value()), kThreads);

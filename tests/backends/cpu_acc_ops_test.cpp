@@ -692,6 +692,7 @@ TEST_F(CpuAccFusionTest, SmallLayersRunOnOneThreadLargeOnesOnTwo) {
 #if defined(BACKPLANE_TSAN_BUILD) || defined(BACKPLANE_ASAN_BUILD)
   GTEST_SKIP() << "libgomp threads under a sanitizer";
 #else
+  BACKPLANE_REQUIRE_CPUS(2);
   // The per-layer rule, without the batch split that may replace it (batch_split.hpp).
   ASSERT_TRUE(
       cpu_acc()
@@ -724,6 +725,7 @@ TEST_F(CpuAccFusionTest, TwoThreadPolicyFollowsTheDocumentedThresholds) {
 #if defined(BACKPLANE_TSAN_BUILD) || defined(BACKPLANE_ASAN_BUILD)
   GTEST_SKIP() << "libgomp threads under a sanitizer";
 #else
+  BACKPLANE_REQUIRE_CPUS(2);
   const unsigned seed = 71;
   SCOPED_TRACE("seed " + std::to_string(seed));
   Rng rng(seed);

@@ -722,6 +722,7 @@ TEST_F(CpuAccCompiledRunTest, RandomMlpRunsMatchCpuRefLayerByLayer) {
 // The same chains with their batch split into parts run at once (half of them have a batch of
 // 2 to 9 rows, odd ones in parts of unequal size): the answer is CpuRef's, and the split happened.
 TEST_F(CpuAccCompiledRunTest, RandomRunsSplitAlongTheirBatchMatchCpuRef) {
+  BACKPLANE_REQUIRE_CPUS(2);
   ASSERT_TRUE(
       cpu_acc()
           .UpdateOptions({{"intra_op_threads", int64_t{2}}, {"batch_split", std::string("always")}})
@@ -776,6 +777,8 @@ TEST_F(CpuAccCompiledRunTest, AutoNeverSplitsARunBoundByItsWeights) {
   auto expected = g.RunPerLayer(cpu_ref());
   ASSERT_TRUE(expected.ok()) << expected.error().ToString();
   for (const int64_t threads : {1, 2}) {
+    if (threads > FindUsableCpus().count)
+      continue;  // refused on one usable CPU
     SCOPED_TRACE("intra_op_threads " + std::to_string(threads));
     ASSERT_TRUE(cpu_acc().UpdateOptions({{"intra_op_threads", threads}}).ok());
     std::vector<std::string> notes;
@@ -792,6 +795,7 @@ TEST_F(CpuAccCompiledRunTest, AutoNeverSplitsARunBoundByItsWeights) {
 // Runs whose layers combine samples are never split, even when told to always split: each
 // still answers as CpuRef does, on the whole batch.
 TEST_F(CpuAccCompiledRunTest, RunsThatMixSamplesAreNotSplit) {
+  BACKPLANE_REQUIRE_CPUS(2);
   Rng rng(91);
   struct Case {
     std::string what;

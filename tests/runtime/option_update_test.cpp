@@ -19,6 +19,7 @@
 
 #include "backplane/onnx/network.hpp"
 #include "backplane/runtime/runtime.hpp"
+#include "backplane/sdk/thread_limits.hpp"
 #include "runtime/cpu_acc_backend_path.hpp"
 #include "runtime/swap_test_util.hpp"
 #include "test_util.hpp"
@@ -223,6 +224,44 @@ TEST_F(OptionUpdateTest, RefusedUpdateChangesNoNetwork) {
             3.0);
 }
 
+// The host bounds every thread-count option (an int64 named threads or *_threads) by the CPUs
+// this process may use, before the backend sees the value: the fixture takes any value itself.
+// At creation too, and nothing is applied when one value of an update is refused.
+TEST_F(OptionUpdateTest, HostRefusesThreadCountsBeyondTheUsableCpus) {
+  const UsableCpus cpus = FindUsableCpus();
+  auto runtime = MakeRuntime();
+  const std::string expected =
+      "backend TestValid option 'worker_threads' must be 1 to " + std::to_string(cpus.count) +
+      " (the CPUs this process may use: " + cpus.Describe() + "), got 1024";
+  Status refused = runtime->UpdateBackendOptions(
+      "TestValid", {{"worker_threads", int64_t{1024}}, {"limit", int64_t{3}}});
+  EXPECT_EQ(refused.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(refused.message(), expected);
+  auto instance = runtime->Backend("TestValid");
+  ASSERT_NE(instance, nullptr);
+  EXPECT_EQ(std::get<int64_t>(instance->GetOption("worker_threads").value()), 1);
+  EXPECT_EQ(std::get<int64_t>(instance->GetOption("limit").value()), 10) << "nothing applied";
+
+  EXPECT_TRUE(
+      runtime->UpdateBackendOptions("TestValid", {{"worker_threads", int64_t{cpus.count}}}).ok());
+  EXPECT_THAT(
+      runtime->UpdateBackendOptions("TestValid", {{"worker_threads", int64_t{cpus.count + 1}}})
+          .message(),
+      HasSubstr("must be 1 to " + std::to_string(cpus.count) + " "));
+  EXPECT_THAT(
+      runtime->UpdateBackendOptions("TestValid", {{"worker_threads", int64_t{0}}}).message(),
+      HasSubstr("got 0"));
+  EXPECT_EQ(std::get<int64_t>(instance->GetOption("worker_threads").value()), cpus.count);
+  instance.reset();
+  runtime.reset();
+
+  auto created =
+      Runtime::Create({.backend_options = {{"TestValid", {{"worker_threads", int64_t{1024}}}}},
+                       .registry = registry_});
+  ASSERT_FALSE(created.ok());
+  EXPECT_EQ(created.error().message(), expected);
+}
+
 // The number of threads of this process.
 int ProcessThreads() {
   int count = 0;
@@ -252,6 +291,7 @@ int SettledProcessThreads() {
 // until that thread exits, so a fresh thread that runs one request shows the team: itself alone
 // with 1, itself and one OpenMP worker with 2.
 TEST(CpuAccOptionUpdateTest, IntraOpThreadsReachALoadedNetworkUnderLoad) {
+  BACKPLANE_REQUIRE_CPUS(2);
   const fs::path cpu_acc = testing::CpuAccBackend();
   BACKPLANE_REQUIRE_PATH(cpu_acc);
   const fs::path mnist = BACKPLANE_SHARED_DATA "/models/mnist";
