@@ -22,8 +22,6 @@ using nlohmann::json;
 
 namespace {
 
-constexpr std::size_t kMaxRank = 32;
-
 // ---- Scalars ------------------------------------------------------------------------------
 
 // One JSON value that is neither an array nor an object, as the SAX parser hands it over.
@@ -566,8 +564,7 @@ Result<TensorInfo> CheckTensorInfo(const std::optional<json>& datatype,
   const DataType type = checked.value();
   if (!shape_value || !shape_value->is_array())
     return InvalidArgument(where + ": 'shape' (an array of dimensions) is required");
-  if (shape_value->size() > kMaxRank)
-    return InvalidArgument(where + ": 'shape' has more than " + std::to_string(kMaxRank) + " dims");
+  BACKPLANE_RETURN_IF_ERROR(CheckRank(where, shape_value->size()));
   Shape shape;
   for (const auto& dim : *shape_value) {
     if (!dim.is_number_integer() || dim.get<int64_t>() < 0 ||
