@@ -2,6 +2,8 @@
 
 #include <ctime>
 
+#include "backplane/core/quoted.hpp"
+
 #include "metrics/metrics.hpp"
 #include "rollout/rollout_controller.hpp"
 #include "serving/model_repository.hpp"
@@ -44,14 +46,14 @@ std::string KnownBackends(const BackendRegistry& registry) {
 
 HttpResponse UnknownBackend(const BackendRegistry& registry, std::string_view id) {
   return HttpResponse::Error(
-      404, "unknown backend '" + std::string(id) + "' (known: " + KnownBackends(registry) + ")");
+      404, "unknown backend " + Quoted(id) + " (known: " + KnownBackends(registry) + ")");
 }
 
 // The options of this server's instance of `id`: current value, type, default and help.
 HttpResponse DescribeBackendOptions(const Runtime& runtime, std::string_view id) {
   const auto instance = runtime.Backend(id);  // dropped before returning: it pins the code
   if (instance == nullptr)
-    return HttpResponse::Error(404, "this server has no backend '" + std::string(id) + "'");
+    return HttpResponse::Error(404, "this server has no backend " + Quoted(id));
   json options = json::object();
   for (const auto& descriptor : instance->DescribeOptions()) {
     auto current = instance->GetOption(descriptor.name);
@@ -79,7 +81,7 @@ HttpResponse UpdateBackendOptions(const ServeContext& context, const HttpRequest
   {
     const auto instance = context.runtime.Backend(id);
     if (instance == nullptr)
-      return HttpResponse::Error(404, "this server has no backend '" + id + "'");
+      return HttpResponse::Error(404, "this server has no backend " + Quoted(id));
     descriptors = instance->DescribeOptions();
   }
   // Convert every value before applying any: one bad key applies nothing.
@@ -94,8 +96,9 @@ HttpResponse UpdateBackendOptions(const ServeContext& context, const HttpRequest
       std::string known;
       for (const auto& candidate : descriptors)
         known += (known.empty() ? "" : ", ") + candidate.name;
-      return HttpResponse::Error(400, "backend " + id + " has no option '" + key + "' (known: " +
-                                          (known.empty() ? "none" : known) + "); nothing applied");
+      return HttpResponse::Error(400, "backend " + id + " has no option " + Quoted(key) +
+                                          " (known: " + (known.empty() ? "none" : known) +
+                                          "); nothing applied");
     }
     auto converted = OptionFromJson(value, *descriptor, id);
     if (!converted.ok())
@@ -335,7 +338,8 @@ Result<OptionValue> OptionFromJson(const json& value, const OptionDescriptor& op
                                    std::string_view backend_id) {
   const auto wrong = [&] {
     return InvalidArgument("backend " + std::string(backend_id) + " option '" + option.name +
-                           "' is " + std::string(ToString(option.type)) + ", got " + value.dump());
+                           "' is " + std::string(ToString(option.type)) + ", got " +
+                           Excerpt(value.dump(-1, ' ', false, json::error_handler_t::replace)));
   };
   switch (option.type) {
     case OptionType::kBool:
@@ -454,8 +458,8 @@ void AddAdminRoutes(HttpServer& http, const ServeContext& context) {
               } else if (verb == "abort") {
                 done = context.rollouts.Abort(id);
               } else {
-                return HttpResponse::Error(404, "unknown rollout action '" + verb +
-                                                    "' (known: advance, pause, resume, abort)");
+                return HttpResponse::Error(404, "unknown rollout action " + Quoted(verb) +
+                                                    " (known: advance, pause, resume, abort)");
               }
               if (!done.ok())
                 return HttpResponse::FromStatus(done);

@@ -177,7 +177,8 @@ Result<RunningServer> StartServer(const ServeConfig& config) {
   if (addresses->grpc) {
     auto grpc = GrpcServer::Start(*addresses->grpc, core.context(),
                                   {.max_message_bytes = config.max_body_bytes,
-                                   .max_buffered_bytes = config.max_buffered_body_bytes});
+                                   .max_buffered_bytes = config.max_buffered_body_bytes,
+                                   .max_concurrent_streams = config.grpc_max_concurrent_streams});
     if (!grpc.ok())
       return grpc.error();
     server.grpc = core.AddTransport(std::move(grpc).value()).address();

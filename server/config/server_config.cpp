@@ -193,6 +193,8 @@ const std::vector<ConfigKey>& ConfigKeys() {
       IntegerKey("max_body_bytes", &ServeConfig::max_body_bytes, 1024, int64_t{1} << 32),
       IntegerKey("max_buffered_body_bytes", &ServeConfig::max_buffered_body_bytes, 1024,
                  int64_t{1} << 40),
+      IntegerKey("grpc_max_concurrent_streams", &ServeConfig::grpc_max_concurrent_streams, 1,
+                 1000000),
       IntegerKey("max_json_depth", &ServeConfig::max_json_depth, 2, 1000),
       IntegerKey("max_header_bytes", &ServeConfig::max_header_bytes, 1024, 1 << 20),
       DurationKey("header_timeout_ms", &ServeConfig::header_timeout, 1, 3600000),

@@ -50,6 +50,10 @@ struct ServeConfig {
   // default max_body_bytes at once, where 64 slow clients could otherwise hold 1 GiB. At least
   // max_body_bytes, or the largest allowed body could never be read.
   std::size_t max_buffered_body_bytes = 256u << 20;
+  // HTTP/2 streams one gRPC connection may have open at once (SETTINGS_MAX_CONCURRENT_STREAMS):
+  // a call opened and left waiting holds its state in the transport until it ends or the
+  // connection closes. Clients queue calls beyond it; one that opens more anyway is refused.
+  int grpc_max_concurrent_streams = 100;
   int max_json_depth = 32;
   std::size_t max_header_bytes = 16u << 10;        // request line and headers together
   std::chrono::milliseconds header_timeout{5000};  // the whole header, from its first byte

@@ -3,6 +3,8 @@
 #include "http/http_server.hpp"
 #include "http/json_depth.hpp"
 
+#include "backplane/core/quoted.hpp"
+
 namespace backplane::server {
 using nlohmann::json;
 
@@ -49,6 +51,25 @@ int HttpStatusFor(StatusCode code) {
   return 500;
 }
 
+namespace {
+
+// nlohmann's message without its "[json.exception...] " prefix, the token it quotes ("last read:
+// '...'", "number overflow parsing '...'") bounded as Quoted bounds it: a 1 MiB literal or
+// number would otherwise come back whole.
+std::string JsonErrorMessage(const std::string& what) {
+  const auto start = what.find("] ");
+  std::string message = start == std::string::npos ? what : what.substr(start + 2);
+  const auto open = message.find('\'');
+  const auto close = message.rfind('\'');
+  if (open == std::string::npos || close <= open)
+    return message;
+  return message.substr(0, open) +
+         Quoted(std::string_view(message).substr(open + 1, close - open - 1)) +
+         message.substr(close + 1);
+}
+
+}  // namespace
+
 Result<json> ParseJsonBody(std::string_view body, int max_depth) {
   BACKPLANE_RETURN_IF_ERROR(CheckJsonDepth(body, max_depth));
   if (body.empty())
@@ -58,12 +79,11 @@ Result<json> ParseJsonBody(std::string_view body, int max_depth) {
   } catch (const json::out_of_range& e) {
     // A number beyond double's range ("1e400"): nlohmann throws out_of_range 406, "number
     // overflow parsing '1e400'". A bad request, not a server error; name the token and where.
-    std::string what = e.what();
-    const auto start = what.find("] ");
-    std::string message = start == std::string::npos ? what : what.substr(start + 2);
-    const auto quote = message.find('\'');
+    const std::string what = e.what();
+    std::string message = JsonErrorMessage(what);
+    const auto quote = what.find('\'');
     if (quote != std::string::npos) {
-      const auto token = message.substr(quote + 1, message.rfind('\'') - quote - 1);
+      const auto token = what.substr(quote + 1, what.rfind('\'') - quote - 1);
       const auto at = body.find(token);
       if (!token.empty() && at != std::string_view::npos)
         message += " at byte " + std::to_string(at);
@@ -71,10 +91,7 @@ Result<json> ParseJsonBody(std::string_view body, int max_depth) {
     return InvalidArgument("malformed JSON: " + message);
   } catch (const json::parse_error& e) {
     // "[json.exception.parse_error.101] parse error at line 1, column 2: ..." → from "parse".
-    std::string what = e.what();
-    const auto start = what.find("] ");
-    return InvalidArgument("malformed JSON: " +
-                           (start == std::string::npos ? what : what.substr(start + 2)));
+    return InvalidArgument("malformed JSON: " + JsonErrorMessage(e.what()));
   } catch (const json::exception& e) {
     return InvalidArgument(std::string("malformed JSON: ") + e.what());
   }

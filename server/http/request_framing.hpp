@@ -9,6 +9,7 @@
 #include <boost/beast/http/string_body.hpp>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "http/http_server.hpp"
 
@@ -31,11 +32,16 @@ void PrepareForHeader(RequestParser& parser, const HttpLimits& limits);
 // caller's). A refusal for Beast's own findings (header over the limit 431, malformed or
 // conflicting Content-Length 400, repeated Transfer-Encoding 400, any other malformed header
 // 400) and for ours: a transfer coding other than chunked (501), an HTTP/1.1 request without
-// exactly one Host (400), a Content-Length over limits.max_body_bytes (413). nullopt: read the
-// body under PrepareForBody.
+// exactly one Host or any request with an invalid one (400), a Content-Length over
+// limits.max_body_bytes (413). nullopt: read the body under PrepareForBody.
 std::optional<FramingRefusal> CheckRequestHeader(boost::beast::error_code error,
                                                  const RequestParser& parser,
                                                  const HttpLimits& limits);
+
+// A Host header's value as RFC 9112 3.2 has it: uri-host [ ":" port ] of RFC 3986, that is a
+// reg-name (an IPv4 address is one), an IPv6 address or IPvFuture in brackets; never empty (an
+// "http" URI has a host, RFC 9110 4.2.1), no space or control character.
+bool IsValidHostHeader(std::string_view value);
 
 // After an accepted header: the body (Content-Length or chunked) may take max_body_bytes.
 void PrepareForBody(RequestParser& parser, const HttpLimits& limits);

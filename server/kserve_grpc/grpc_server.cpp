@@ -222,14 +222,23 @@ Result<std::unique_ptr<GrpcServer>> GrpcServer::Start(const ListenAddress& addre
   builder.SetCompressionAlgorithmSupportStatus(GRPC_COMPRESS_GZIP, false);
   builder.SetMaxReceiveMessageSize(static_cast<int>(
       std::min<std::size_t>(limits.max_message_bytes, std::numeric_limits<int>::max())));
+  // Calls opened and left waiting for their message each hold a transport stream and a call,
+  // and gRPC's default allows 2^31 of them per connection: MAX_CONCURRENT_STREAMS bounds them per
+  // connection. gRPC clients queue calls beyond it; gRPC 1.51 answers a client that opens more
+  // anyway by cancelling its calls and closing the connection.
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, limits.max_concurrent_streams);
   // Messages are buffered inside gRPC's transport before any handler of ours sees them, so the
   // HTTP front's BodyBudget cannot reserve them; gRPC's own memory quota bounds them instead.
   // Over the quota, gRPC (1.51, by its documentation) shrinks flow-control windows, stops
   // taking connections and cancels streams rather than refusing one message: coarser than a 503.
-  // Not measured to bind yet: a flood of 20,000 HEADERS+RST_STREAM peaked alike with and
-  // without it (449 and 445 MiB, bench/body_burst.sh), its memory being gRPC's bookkeeping, not
-  // messages. Its own accounting counts transport buffers too, so the quota is the same number,
-  // not a second budget to add up exactly.
+  // Its own accounting counts transport buffers too, so the quota is the same number, not a
+  // second budget to add up exactly.
+  // Trap: neither bounds an HTTP/2 rapid reset (HEADERS then RST_STREAM, again and again).
+  // gRPC 1.51 hands every such call to its callback threads (to be answered "failed to
+  // deserialize") and frees it only when they get to it; they fall behind the transport, and
+  // the calls waiting are held in no quota. MAX_CONCURRENT_STREAMS does not count them (a reset
+  // stream leaves the transport's table at once), and neither smaller read chunks nor a smaller
+  // quota change how they pile up: docs/operators.md, "Memory under bursts".
   grpc::ResourceQuota quota("backplane.grpc");
   quota.Resize(limits.max_buffered_bytes);
   builder.SetResourceQuota(quota);

@@ -14,6 +14,8 @@ struct GrpcLimits {
   std::size_t max_message_bytes = 16u << 20;  // received messages; the REST body limit
   // gRPC's memory quota (grpc::ResourceQuota), max_buffered_body_bytes: see Start.
   std::size_t max_buffered_bytes = 256u << 20;
+  // SETTINGS_MAX_CONCURRENT_STREAMS of every connection: see Start.
+  int max_concurrent_streams = 100;
 };
 
 // Started by Start, stopped by Stop or the destructor, from one thread. The RPCs are served

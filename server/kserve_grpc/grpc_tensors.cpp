@@ -123,6 +123,7 @@ Result<Tensor> ParseInput(const inference::ModelInferRequest::InferInputTensor& 
   if (!checked.ok())
     return checked.error();
   const DataType type = checked.value();
+  BACKPLANE_RETURN_IF_ERROR(CheckRank(where, static_cast<std::size_t>(input.shape_size())));
   Shape shape;
   for (const int64_t dim : input.shape()) {
     if (dim < 0 || dim > kMaxRequestElements) {

@@ -22,8 +22,6 @@ using nlohmann::json;
 
 namespace {
 
-constexpr std::size_t kMaxRank = 32;
-
 // ---- Scalars ------------------------------------------------------------------------------
 
 // One JSON value that is neither an array nor an object, as the SAX parser hands it over.
@@ -37,7 +35,13 @@ struct Scalar {
   std::string_view text;
 };
 
-// The value as JSON prints it (nlohmann's dump), for messages: 1e+300, "two", null.
+// A client's JSON value as nlohmann prints it, for messages: its first kMaxQuotedBytes bytes.
+std::string DumpExcerpt(const json& value) {
+  return Excerpt(value.dump(-1, ' ', false, json::error_handler_t::replace));
+}
+
+// The value as JSON prints it (nlohmann's dump), for messages: 1e+300, "two", null; a long
+// string as its first kMaxQuotedBytes bytes.
 std::string Dump(const Scalar& value) {
   switch (value.kind) {
     case ScalarKind::kInt64:
@@ -53,7 +57,7 @@ std::string Dump(const Scalar& value) {
     case ScalarKind::kNull:
       return "null";
     case ScalarKind::kString:
-      return json(std::string(value.text)).dump(-1, ' ', false, json::error_handler_t::replace);
+      return DumpExcerpt(json(std::string(value.text)));
   }
   return "?";
 }
@@ -444,7 +448,7 @@ Status CheckKeys(std::vector<std::string> unknown, std::initializer_list<std::st
   std::string list;
   for (auto name : known)
     list += (list.empty() ? "" : ", ") + std::string(name);
-  return InvalidArgument(where + ": unknown key '" + first + "' (known: " + list + ")");
+  return InvalidArgument(where + ": unknown key " + Quoted(first) + " (known: " + list + ")");
 }
 
 bool IsKnown(std::string_view key, std::initializer_list<std::string_view> known) {
@@ -493,7 +497,7 @@ Result<bool> CheckRequestParameters(const std::optional<json>& parameters) {
     return false;
   if (!output->is_boolean()) {
     return InvalidArgument(where + ": parameter 'binary_data_output' must be true or false, got " +
-                           output->dump());
+                           DumpExcerpt(*output));
   }
   return output->get<bool>();
 }
@@ -523,7 +527,7 @@ Result<std::optional<uint64_t>> CheckInputParameters(const std::optional<json>& 
     return InvalidArgument(where +
                            ": parameter 'binary_data_size' must be a byte count (a non-negative "
                            "integer), got " +
-                           size->dump());
+                           DumpExcerpt(*size));
   }
   return std::optional<uint64_t>(size->get<uint64_t>());
 }
@@ -549,7 +553,7 @@ Result<std::optional<bool>> CheckOutputParameters(const json& output, const std:
     return std::optional<bool>();
   if (!binary->is_boolean()) {
     return InvalidArgument(where + ": parameter 'binary_data' must be true or false, got " +
-                           binary->dump());
+                           DumpExcerpt(*binary));
   }
   return std::optional<bool>(binary->get<bool>());
 }
@@ -566,13 +570,12 @@ Result<TensorInfo> CheckTensorInfo(const std::optional<json>& datatype,
   const DataType type = checked.value();
   if (!shape_value || !shape_value->is_array())
     return InvalidArgument(where + ": 'shape' (an array of dimensions) is required");
-  if (shape_value->size() > kMaxRank)
-    return InvalidArgument(where + ": 'shape' has more than " + std::to_string(kMaxRank) + " dims");
+  BACKPLANE_RETURN_IF_ERROR(CheckRank(where, shape_value->size()));
   Shape shape;
   for (const auto& dim : *shape_value) {
     if (!dim.is_number_integer() || dim.get<int64_t>() < 0 ||
         (dim.is_number_unsigned() && dim.get<uint64_t>() > uint64_t(kMaxRequestElements))) {
-      return InvalidArgument(where + ": 'shape' holds " + dim.dump() +
+      return InvalidArgument(where + ": 'shape' holds " + DumpExcerpt(dim) +
                              ", which is not a dimension (a non-negative integer)");
     }
     shape.push_back(dim.get<int64_t>());
@@ -652,8 +655,7 @@ class RequestReader final : public JsonEventHandler {
   bool Key(std::string_view name) override { return OnKey(name); }
   // A number a double cannot hold (1e400): the reader stops there, so name the place.
   bool NumberOutOfRange(std::string_view token) override {
-    error_ =
-        InvalidArgument(OverflowWhere() + std::string(token) + " is out of " + OverflowRange());
+    error_ = InvalidArgument(OverflowWhere() + Excerpt(token) + " is out of " + OverflowRange());
     return false;
   }
   Status StopReason() const override { return error_; }
@@ -1013,7 +1015,8 @@ Result<Tensor> FinishInput(InputDraft& input, const ValueInfo& expected, const s
   BACKPLANE_RETURN_IF_ERROR(
       CheckKeys(input.unknown_keys, {"name", "shape", "datatype", "data", "parameters"}, where));
   if (!input.repeated_keys.empty())
-    return InvalidArgument(where + ": key '" + input.repeated_keys.front() + "' is given twice");
+    return InvalidArgument(where + ": key " + Quoted(input.repeated_keys.front()) +
+                           " is given twice");
   auto binary_size = CheckInputParameters(input.parameters, where);
   if (!binary_size.ok())
     return binary_size.error();
@@ -1099,8 +1102,8 @@ Result<InferenceBody> SplitInferenceBody(std::string_view body, std::string_view
   const auto [end, error] =
       std::from_chars(header_length.data(), header_length.data() + header_length.size(), length);
   if (error != std::errc() || end != header_length.data() + header_length.size()) {
-    return InvalidArgument(std::string(kInferenceHeaderContentLength) + " '" +
-                           std::string(header_length) + "' is not a byte count");
+    return InvalidArgument(std::string(kInferenceHeaderContentLength) + " " +
+                           Quoted(header_length) + " is not a byte count");
   }
   if (length > body.size()) {
     return InvalidArgument(std::string(kInferenceHeaderContentLength) + " is " +
@@ -1124,8 +1127,8 @@ Result<InferenceRequest> ParseInferenceRequest(const InferenceBody& body, const 
   BACKPLANE_RETURN_IF_ERROR(CheckKeys(draft.unknown_keys, {"id", "parameters", "inputs", "outputs"},
                                       "inference request"));
   if (!draft.repeated_keys.empty())
-    return InvalidArgument("inference request: key '" + draft.repeated_keys.front() +
-                           "' is given twice");
+    return InvalidArgument("inference request: key " + Quoted(draft.repeated_keys.front()) +
+                           " is given twice");
   auto binary_output = CheckRequestParameters(draft.parameters);
   if (!binary_output.ok())
     return binary_output.error();
@@ -1133,7 +1136,7 @@ Result<InferenceRequest> ParseInferenceRequest(const InferenceBody& body, const 
   InferenceRequest request;
   if (draft.id) {
     if (!draft.id->is_string())
-      return InvalidArgument("'id' must be a string, got " + draft.id->dump());
+      return InvalidArgument("'id' must be a string, got " + DumpExcerpt(*draft.id));
     request.id = draft.id->get<std::string>();
   }
 
@@ -1147,7 +1150,7 @@ Result<InferenceRequest> ParseInferenceRequest(const InferenceBody& body, const 
   std::map<std::string, Tensor, std::less<>> by_name;
   for (auto& input : draft.inputs) {
     if (input.not_object)
-      return InvalidArgument("'inputs' must hold objects, got " + input.not_object->dump());
+      return InvalidArgument("'inputs' must hold objects, got " + DumpExcerpt(*input.not_object));
     if (!input.name || !input.name->is_string())
       return InvalidArgument("an input has no 'name' (the model takes: " + expected_names + ")");
     const std::string input_name = input.name->get<std::string>();
@@ -1179,7 +1182,8 @@ Result<InferenceRequest> ParseInferenceRequest(const InferenceBody& body, const 
     for (const auto& output : outputs) {
       const auto name = output.is_object() ? output.find("name") : output.end();
       if (!output.is_object() || name == output.end() || !name->is_string()) {
-        return InvalidArgument("'outputs' must hold {\"name\": ...} objects, got " + output.dump());
+        return InvalidArgument("'outputs' must hold {\"name\": ...} objects, got " +
+                               DumpExcerpt(output));
       }
       const std::string where = "requested output " + Quoted(name->get<std::string>());
       std::vector<std::string> unknown;

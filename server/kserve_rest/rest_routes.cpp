@@ -94,7 +94,7 @@ Status CheckRepositoryBody(const HttpRequest& request, int max_json_depth,
     return InvalidArgument("the request body must be a JSON object");
   for (const auto& [key, value] : body->items()) {
     if (key != "parameters")
-      return InvalidArgument("unknown key '" + key + "' (known: parameters)");
+      return InvalidArgument("unknown key " + Quoted(key) + " (known: parameters)");
     if (!value.is_object())
       return InvalidArgument("'parameters' must be an object");
     for (const auto& [name, parameter] : value.items()) {

@@ -22,6 +22,13 @@ int64_t SaturatedElementCount(const Shape& shape) {
   return BoundedDimProduct(shape) ? ElementCount(shape) : kMaxRequestElements + 1;
 }
 
+Status CheckRank(const std::string& where, std::size_t dims) {
+  if (dims <= kMaxRequestRank)
+    return Status::Ok();
+  return InvalidArgument(where + ": 'shape' has " + std::to_string(dims) + " dims, more than " +
+                         std::to_string(kMaxRequestRank));
+}
+
 Result<DataType> CheckDataTypeMatches(const std::string& where, std::string_view name,
                                       const ValueInfo& expected) {
   const DataType type = ParseDataType(name);

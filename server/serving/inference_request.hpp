@@ -28,6 +28,12 @@ DataType ParseDataType(std::string_view name);
 // this cannot have come in a request anyway. Core's one bound on element counts, which the
 // runtime and the backends hold every shape to as well.
 inline constexpr int64_t kMaxRequestElements = kMaxElementCount;
+// Dimensions a request's shape may have, REST's and gRPC's alike: more are refused before any
+// dimension is read, so that a shape of half a million costs a comparison, not a shape built,
+// matched and written into a message.
+inline constexpr std::size_t kMaxRequestRank = 32;
+// A shape of `dims` dimensions: kInvalidArgument over kMaxRequestRank.
+Status CheckRank(const std::string& where, std::size_t dims);
 // Elements in `shape` (non-negative dims), saturated at kMaxRequestElements + 1 when they exceed
 // core's bound (BoundedDimProduct, which also counts the non-zero dims of an empty shape):
 // hostile dimensions never overflow.

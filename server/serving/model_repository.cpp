@@ -333,7 +333,7 @@ Result<std::shared_ptr<const ServingModel>> ModelRepository::Prepare(const std::
   const fs::path model_dir = root_ / name;
   std::error_code error;
   if (!fs::is_directory(model_dir, error)) {
-    return NotFound("model '" + name + "' is not in the model repository " + root_.string());
+    return NotFound("model " + Quoted(name) + " is not in the model repository " + root_.string());
   }
   auto config = ReadModelConfig(model_dir, name);
   if (!config.ok())

@@ -35,6 +35,17 @@ TEST(QuotedTest, CutsAtACharacterBoundary) {
                         std::to_string(text.size()) + " bytes)");
 }
 
+TEST(QuotedTest, AnExcerptIsBoundedTheSameWayWithoutQuotes) {
+  EXPECT_EQ(Excerpt("\"two\""), "\"two\"");
+  EXPECT_EQ(Excerpt(std::string(std::size_t{1} << 20, '9')),
+            std::string(kMaxQuotedBytes, '9') + "... (1048576 bytes)");
+  std::string text(kMaxQuotedBytes - 1, 'a');
+  text += "\xC3\xA9";
+  text += "b";
+  EXPECT_EQ(Excerpt(text), std::string(kMaxQuotedBytes - 1, 'a') + "... (" +
+                               std::to_string(text.size()) + " bytes)");
+}
+
 TEST(QuotedTest, LongShapesAreShortenedInMessages) {
   EXPECT_EQ(ToString(Shape{2, 3}), "[2,3]");
   EXPECT_EQ(ToString(Shape{}), "[]");

@@ -299,6 +299,45 @@ TEST_F(HttpTransportTest, AnHttp11RequestNeedsExactlyOneHost) {
   EXPECT_EQ(http10.Read().status, 200);
 }
 
+// RFC 9112 3.2: a Host whose value is not uri-host [":" port] (RFC 3986) is answered 400 too, in
+// any HTTP version; these got 200.
+TEST_F(HttpTransportTest, AnInvalidHostIs400NamingIt) {
+  StartServer();
+  for (const std::string host :
+       {"a b", "a\tb", "", "a:b", "a:65536", "[::1", "[::1]x", "[1.2.3]", "a/b", "a@b", "a%zz"}) {
+    for (const char* version : {"1.1", "1.0"}) {
+      RawConnection connection(port());
+      ASSERT_TRUE(connection.Send(std::string("GET /v2/health/live HTTP/") + version +
+                                  "\r\nHost: " + host + "\r\n\r\n"));
+      const Response response = connection.Read();
+      EXPECT_EQ(response.status, 400) << host << " " << version;
+      ASSERT_TRUE(nlohmann::json::accept(response.body)) << response.body;
+      EXPECT_THAT(nlohmann::json::parse(response.body).value("error", ""),
+                  HasSubstr("invalid Host header '" + host + "': a host name"))
+          << host << " " << version;
+      EXPECT_TRUE(connection.WaitForClose(5s)) << host;
+    }
+  }
+  for (const std::string host : {"127.0.0.1:8000", "[::1]:80", "[::ffff:1.2.3.4]", "[v1.x:y]",
+                                 "example.com.", "a-b_c~d%20:", "x"}) {
+    RawConnection connection(port());
+    ASSERT_TRUE(connection.Send("GET /v2/health/live HTTP/1.1\r\nHost: " + host + "\r\n\r\n"));
+    EXPECT_EQ(connection.Read().status, 200) << host;
+  }
+}
+
+// A Host value is quoted in the refusal up to kMaxQuotedBytes, not whole.
+TEST_F(HttpTransportTest, AnInvalidHostIsQuotedBounded) {
+  StartServer();
+  RawConnection connection(port());
+  const std::string host = "a " + std::string(3000, 'h');  // within max_header_bytes
+  ASSERT_TRUE(connection.Send("GET /v2/health/live HTTP/1.1\r\nHost: " + host + "\r\n\r\n"));
+  const Response response = connection.Read();
+  EXPECT_EQ(response.status, 400);
+  EXPECT_THAT(response.body, HasSubstr("...' (3002 bytes)"));
+  EXPECT_LT(response.body.size(), 500u);
+}
+
 TEST_F(HttpTransportTest, UnknownTransferCodingIs501AndCloses) {
   StartServer();
   RawConnection connection(port());

@@ -309,5 +309,45 @@ TEST(InferenceParserTest, RendersBinaryOutputsAfterTheJson) {
               HasSubstr(R"("data":[false,true])"));
 }
 
+// Issue 44: a 1 MiB string element or a 1 MiB-digit number came back whole in the 400 (1,048,673
+// bytes). Every client value a message quotes is cut at kMaxQuotedBytes, its size said.
+TEST(InferenceParserTest, MessagesQuoteABoundedPartOfAnyClientValue) {
+  const std::string mib_string = "\"" + std::string(std::size_t{1} << 20, 's') + "\"";
+  const std::string mib_number = "1" + std::string((std::size_t{1} << 20) - 1, '0');
+  const std::string long_key(100000, 'k');
+  struct Case {
+    std::string request;
+    std::string message;
+  };
+  const Case cases[] = {
+      {WithX(R"({"name":"x","shape":[1,3],"datatype":"FP32","data":[1,)" + mib_string + ",3]}"),
+       "input 'x' element 1 is \"sss"},
+      {WithX(R"({"name":"x","shape":[1,3],"datatype":"FP32","data":[1,)" + mib_number + ",3]}"),
+       "10000"},
+      {WithX(R"({"name":"x","shape":[)" + mib_string + R"(,3],"datatype":"FP32","data":[1,2,3]})"),
+       "input 'x': 'shape' holds \"sss"},
+      {R"({"id":[)" + mib_string + "]," +
+           WithX(R"({"name":"x","shape":[1,3],"datatype":"FP32",)"
+                 R"("data":[1,2,3]})")
+               .substr(1),
+       "'id' must be a string, got [\"sss"},
+      {R"({")" + long_key + R"(":1,)" +
+           WithX(R"({"name":"x","shape":[1,3],"datatype":"FP32",)"
+                 R"("data":[1,2,3]})")
+               .substr(1),
+       "inference request: unknown key 'kkk"},
+      {WithX(R"({"name":"x","shape":[1,3],"datatype":"FP32","data":[1,2,3],")" + long_key +
+             R"(":1})"),
+       "unknown key 'kkk"},
+  };
+  for (const Case& c : cases) {
+    const std::string message = Error(Parse(c.request));
+    EXPECT_LT(message.size(), 400u) << message.substr(0, 400);
+    EXPECT_THAT(message, HasSubstr(c.message)) << message.substr(0, 400);
+    EXPECT_THAT(message, ::testing::ContainsRegex("\\.\\.\\.'? \\([0-9]+ bytes\\)"))
+        << message.substr(0, 400);
+  }
+}
+
 }  // namespace
 }  // namespace backplane::server

@@ -49,6 +49,21 @@ TEST_F(ServeErrorsTest, MalformedJsonIs400) {
   ExpectError(Post(*client_, kMlpInfer, R"({"input": []})"), 400, "unknown key 'input'");
 }
 
+// Issue 44: a long string element or number came back whole in the 400; at most
+// kMaxQuotedBytes of it now, with its size.
+TEST_F(ServeErrorsTest, A400QuotesABoundedPartOfTheValue) {
+  const std::string long_string = "\"" + std::string(60000, 's') + "\"";
+  const std::string long_number = "1" + std::string(59999, '0');
+  for (const std::string& element : {long_string, long_number}) {
+    const JsonReply reply =
+        Post(*client_, kMlpInfer,
+             MlpBody(R"({"name":"features","shape":[1,4],"datatype":"FP32","data":[1,2,3,)" +
+                     element + "]}"));
+    ExpectError(reply, 400, "... (");
+    EXPECT_LT(reply.text.size(), 400u) << reply.text.substr(0, 400);
+  }
+}
+
 TEST_F(ServeErrorsTest, JsonNestedTooDeeplyIs400) {
   ExpectError(Post(*client_, kMlpInfer, std::string(1000, '[')), 400,
               "nested deeper than 8 levels");

@@ -123,7 +123,7 @@ TEST(ServeConfigTest, RelativePathsAreRelativeToTheFileAndEveryKeyApplies) {
     "models": "repo", "backends": ["be", "/abs"], "backend_preferences": ["CpuRef"],
     "listen": "[::1]:0", "log_level": "debug", "admin_token": "t", "http_threads": 4,
     "max_body_bytes": 2048, "max_buffered_body_bytes": 4096, "max_json_depth": 5,
-    "max_header_bytes": 2048,
+    "max_header_bytes": 2048, "grpc_max_concurrent_streams": 50,
     "read_timeout_ms": 100, "write_timeout_ms": 200, "keep_alive_timeout_s": 3,
     "keep_alive_max_requests": 10, "inference_threads": 2, "max_in_flight": 7,
     "swap_policy": "pin", "watch_backends": false, "watch_debounce_ms": 10,
@@ -137,6 +137,7 @@ TEST(ServeConfigTest, RelativePathsAreRelativeToTheFileAndEveryKeyApplies) {
   EXPECT_EQ(config.listen, "[::1]:0");
   EXPECT_EQ(config.max_body_bytes, 2048u);
   EXPECT_EQ(config.max_buffered_body_bytes, 4096u);
+  EXPECT_EQ(config.grpc_max_concurrent_streams, 50);
   EXPECT_EQ(config.read_timeout, std::chrono::milliseconds(100));
   EXPECT_EQ(config.keep_alive_timeout, std::chrono::seconds(3));
   EXPECT_EQ(config.swap_policy, "pin");
@@ -147,7 +148,8 @@ TEST(ServeConfigTest, RelativePathsAreRelativeToTheFileAndEveryKeyApplies) {
   EXPECT_EQ(config.rollout.steps, (std::vector<double>{50, 100}));
   // Every key of the table is documented with its default.
   // 20 + the transport's five + grpc_listen + trust + max_buffered_body_bytes + rollout's two
-  EXPECT_EQ(DescribeConfigKeys().size(), 32u);
+  // + grpc_max_concurrent_streams
+  EXPECT_EQ(DescribeConfigKeys().size(), 33u);
 }
 
 TEST(ServeConfigTest, TrustedBackendsAreDigestsFromOneSource) {
