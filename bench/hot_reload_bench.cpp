@@ -240,7 +240,8 @@ void RenameToServed(int swaps, std::optional<std::chrono::milliseconds> debounce
       Percentile(latencies, 0.5), Percentile(latencies, 0.99), Percentile(latencies, 1.0),
       served.load(), failed.load());
   std::printf(
-      "after 10 swaps: %ld KiB resident, %d mappings, %d generation(s) mapped; after %d swaps: %ld KiB "
+      "after 10 swaps: %ld KiB resident, %d mappings, %d generation(s) mapped; after %d swaps: %ld "
+      "KiB "
       "resident, %d mappings, %d generation(s) mapped; live generations %llu, leaked %llu\n",
       at_10.resident_kib, at_10.mappings, at_10.generations, swaps, at_end.resident_kib,
       at_end.mappings, at_end.generations, static_cast<unsigned long long>(at_end.live),
@@ -540,7 +541,8 @@ bool SwapServedBackend(Served& served, int swaps,
       served_requests.load(), failed.load());
   std::printf(
       "%s: after 10 swaps: %ld KiB resident, %d mappings, %d generation(s) mapped; after %d swaps: "
-      "%ld KiB resident, %d mappings, %d generation(s) mapped; live generations %llu, leaked %llu\n",
+      "%ld KiB resident, %d mappings, %d generation(s) mapped; live generations %llu, leaked "
+      "%llu\n",
       id, at_10.resident_kib, at_10.mappings, at_10.generations, swaps, at_end.resident_kib,
       at_end.mappings, at_end.generations, static_cast<unsigned long long>(at_end.live),
       static_cast<unsigned long long>(at_end.leaked));

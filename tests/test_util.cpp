@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -13,6 +14,7 @@
 #include <set>
 #include <sstream>
 #include <stdexcept>
+#include <thread>
 
 namespace backplane::testing {
 namespace fs = std::filesystem;
@@ -90,6 +92,26 @@ std::set<std::string> MappedCode(std::string_view needle, pid_t pid) {
 
 bool IsCodeMapped(std::string_view needle) {
   return !MappedCode(needle).empty();
+}
+
+int ProcessThreadCount() {
+  int count = 0;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/task")) {
+    (void)entry;
+    ++count;
+  }
+  return count;
+}
+
+int SettledThreadCount() {
+  int count = ProcessThreadCount();
+  for (int stable = 0, polls = 0; stable < 3 && polls < 200; ++polls) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    const int now = ProcessThreadCount();
+    stable = now == count ? stable + 1 : 0;
+    count = now;
+  }
+  return count;
 }
 
 std::string GenerationMapping(uint64_t number, std::string_view file_name) {

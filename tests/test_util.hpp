@@ -55,6 +55,12 @@ CommandResult RunCommand(const std::string& command_line);
 std::set<std::string> MappedCode(std::string_view needle, pid_t pid = 0);
 bool IsCodeMapped(std::string_view needle);  // !MappedCode(needle).empty()
 
+// Threads of this process now (/proc/self/task), and once the count stopped changing (three polls
+// 10 ms apart agree, 2 s at most): threads that are exiting (a joined thread's OpenMP workers end
+// after it, asynchronously) leave /proc a little later.
+int ProcessThreadCount();
+int SettledThreadCount();
+
 // How /proc/<pid>/maps names the code of generation `number` of the backend file `file_name`:
 // the loader maps a sealed memory copy, "/memfd:backplane:<number>:<file name>".
 std::string GenerationMapping(uint64_t number, std::string_view file_name);

@@ -157,8 +157,8 @@ Status CallEntryPoint(const fs::path& file, std::string_view name, LoadReason re
 }
 
 // The trust stage: nothing to say without a policy (every content loads, as before trust existed).
-Status CheckTrust(const TrustPolicy* trust, const BackendFile& file, std::span<const std::byte> content,
-                  const std::string& sha256, Tracer& tracer) {
+Status CheckTrust(const TrustPolicy* trust, const BackendFile& file,
+                  std::span<const std::byte> content, const std::string& sha256, Tracer& tracer) {
   if (trust == nullptr)
     return Status::Ok();
   Status verdict = trust->Check({file.path, content, sha256, file.real_path});

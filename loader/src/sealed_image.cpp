@@ -154,9 +154,8 @@ ImageBytes::~ImageBytes() {
 Result<SealedImage> SealedImage::Read(const fs::path& source, std::string_view label,
                                       uint64_t max_bytes, std::chrono::milliseconds timeout) {
   const std::string kept_label(label.substr(0, 200));  // the kernel keeps 249 bytes of it
-  auto read = ReadWithDeadline(timeout, [source, kept_label, max_bytes] {
-    return ReadNow(source, kept_label, max_bytes);
-  });
+  auto read = ReadWithDeadline(
+      timeout, [source, kept_label, max_bytes] { return ReadNow(source, kept_label, max_bytes); });
   if (!read) {
     return Status{LoadReason::kIoError,
                   source.string() + " was not read within " + FormatSeconds(timeout) +
@@ -175,10 +174,9 @@ Result<SealedImage> SealedImage::ReadNow(const fs::path& source, const std::stri
     return std::move(in).error();
   const int in_fd = in->get();
   auto too_large = [&](uint64_t size) {
-    return Status{LoadReason::kTooLarge,
-                  source.string() + " is " + std::to_string(size) +
-                      " bytes, more than the largest backend file loaded (" +
-                      std::to_string(max_bytes) + " bytes)"};
+    return Status{LoadReason::kTooLarge, source.string() + " is " + std::to_string(size) +
+                                             " bytes, more than the largest backend file loaded (" +
+                                             std::to_string(max_bytes) + " bytes)"};
   };
   if (static_cast<uint64_t>(before.st_size) > max_bytes)
     return too_large(static_cast<uint64_t>(before.st_size));
@@ -262,8 +260,8 @@ Result<ImageBytes> SealedImage::Map() const {
 }
 
 Status SealedImage::WriteTo(const fs::path& target) const {
-  FileDescriptor out(open(target.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW,
-                          0700));
+  FileDescriptor out(
+      open(target.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0700));
   if (out.get() < 0)
     return IoError("cannot create " + target.string());
   for (off_t offset = 0; static_cast<uint64_t>(offset) < size_;) {

@@ -138,35 +138,14 @@ struct LargeAdd {
   }
 };
 
-int ProcessThreads() {
-  int count = 0;
-  for (const auto& entry : fs::directory_iterator("/proc/self/task")) {
-    (void)entry;
-    ++count;
-  }
-  return count;
-}
-
 // Waits until `done(threads of this process)`, or 5 s: exiting threads leave /proc
 // asynchronously. Returns the last count.
 int AwaitThreads(const std::function<bool(int)>& done) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-  int count = ProcessThreads();
+  int count = testing::ProcessThreadCount();
   while (!done(count) && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    count = ProcessThreads();
-  }
-  return count;
-}
-
-// The thread count once it stopped changing (3 polls 10 ms apart agree).
-int SettledThreads() {
-  int count = ProcessThreads();
-  for (int stable = 0, polls = 0; stable < 3 && polls < 200; ++polls) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    const int now = ProcessThreads();
-    stable = now == count ? stable + 1 : 0;
-    count = now;
+    count = testing::ProcessThreadCount();
   }
   return count;
 }
@@ -201,7 +180,7 @@ TEST_F(CpuAccThreadsTest, LoweringReleasesTheThreads) {
       phase.arrive_and_wait();  // 3: stop
     });
   }
-  const int idle = SettledThreads();  // the callers exist, idle
+  const int idle = testing::SettledThreadCount();  // the callers exist, idle
   ASSERT_TRUE(cpu_acc().UpdateOptions({{std::string(kOption), int64_t{cpus.count}}}).ok());
   phase.arrive_and_wait();
   phase.arrive_and_wait();

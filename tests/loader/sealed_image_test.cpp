@@ -32,9 +32,9 @@ namespace backplane::loader {
 namespace {
 
 namespace fs = std::filesystem;
-using ::testing::HasSubstr;
 using testing::CopyFile;
 using testing::Fixture;
+using ::testing::HasSubstr;
 using testing::MakeLoader;
 using testing::SigningKey;
 using testing::TempDir;
@@ -158,10 +158,9 @@ TEST(SealedImageTest, SizeLimitAtItsEdge) {
   auto refused = SealedImage::Read(file, "test", size - 1);
   ASSERT_FALSE(refused.ok());
   EXPECT_EQ(refused.error().reason(), LoadReason::kTooLarge);
-  EXPECT_EQ(refused.error().message(),
-            file.string() + " is " + std::to_string(size) +
-                " bytes, more than the largest backend file loaded (" + std::to_string(size - 1) +
-                " bytes)");
+  EXPECT_EQ(refused.error().message(), file.string() + " is " + std::to_string(size) +
+                                           " bytes, more than the largest backend file loaded (" +
+                                           std::to_string(size - 1) + " bytes)");
 
   const fs::path sparse = dir / "Test_Sparse_backend.so";
   const int fd = open(sparse.c_str(), O_WRONLY | O_CREAT, 0600);
@@ -194,7 +193,9 @@ TEST(SealedImageTest, AReadThatNeverReturnsIsGivenUpAtItsDeadline) {
   }
   const auto timeout = std::chrono::milliseconds(300);
   auto image = WithinDeadline(
-      [&] { return SealedImage::Read(fuse.file(), "test", SealedImage::kDefaultMaxBytes, timeout); },
+      [&] {
+        return SealedImage::Read(fuse.file(), "test", SealedImage::kDefaultMaxBytes, timeout);
+      },
       [] {});
   ASSERT_FALSE(image.ok());
   EXPECT_EQ(image.error().reason(), LoadReason::kIoError);
@@ -391,7 +392,8 @@ TEST(SpecialFileTest, AFifoSignatureIsRefusedWithoutBlocking) {
   fs::create_symlink(backends / "elsewhere.sig", signature);
   auto linked = loader->Load(published, nullptr, Loader::Reuse::kNever, policy.get());
   ASSERT_FALSE(linked.ok());
-  EXPECT_THAT(linked.error().message(), HasSubstr("signature " + signature.string() + " is a symlink"));
+  EXPECT_THAT(linked.error().message(),
+              HasSubstr("signature " + signature.string() + " is a symlink"));
   // The same signature as a regular file: trusted.
   fs::remove(signature);
   fs::rename(backends / "elsewhere.sig", signature);
@@ -405,9 +407,8 @@ TEST(SpecialFileTest, AFifoTrustedListIsRefusedWithoutBlocking) {
   auto at_start = WithinDeadline([&] { return DigestAllowlist::FromFile(list_file); },
                                  [&] { ReleaseFifoReader(list_file); });
   ASSERT_FALSE(at_start.ok());
-  EXPECT_THAT(at_start.error().message(),
-              HasSubstr("trusted backend list " + list_file.string() +
-                        " is a FIFO, not a regular file"));
+  EXPECT_THAT(at_start.error().message(), HasSubstr("trusted backend list " + list_file.string() +
+                                                    " is a FIFO, not a regular file"));
 
   // A good list replaced by a FIFO later: fails closed, never blocks.
   fs::remove(list_file);
@@ -419,8 +420,8 @@ TEST(SpecialFileTest, AFifoTrustedListIsRefusedWithoutBlocking) {
   EXPECT_TRUE(list->Contains(digest));
   fs::remove(list_file);
   ASSERT_EQ(mkfifo(list_file.c_str(), 0600), 0);
-  const bool contains = WithinDeadline([&] { return list->Contains(digest); },
-                                       [&] { ReleaseFifoReader(list_file); });
+  const bool contains =
+      WithinDeadline([&] { return list->Contains(digest); }, [&] { ReleaseFifoReader(list_file); });
   EXPECT_FALSE(contains);
 }
 

@@ -3,9 +3,9 @@
 #pragma once
 
 #include <fcntl.h>
+#include <linux/fuse.h>
 #include <poll.h>
 #include <sys/eventfd.h>
-#include <linux/fuse.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -34,8 +34,8 @@ class StalledFuse {
       why_not_ = std::string("cannot open /dev/fuse: ") + std::strerror(errno);
       return;
     }
-    const std::string options = "fd=" + std::to_string(device_) +
-                                ",rootmode=40000,user_id=0,group_id=0,allow_other";
+    const std::string options =
+        "fd=" + std::to_string(device_) + ",rootmode=40000,user_id=0,group_id=0,allow_other";
     if (mount("backplane-stalled", mount_point_.path().c_str(), "fuse", MS_NOSUID | MS_NODEV,
               options.c_str()) != 0) {
       why_not_ = std::string("cannot mount a FUSE file system: ") + std::strerror(errno);

@@ -112,8 +112,7 @@ TEST(LoaderTrapTest, MissingSymbolFailsAtLoadNotAtFirstCall) {
   // The message names the deployed file, not the sealed copy the operator never sees.
   EXPECT_THAT(loaded.error().message(),
               HasSubstr(std::filesystem::canonical(Fixture("MissingSymbol")).string() + ":"));
-  EXPECT_THAT(loaded.error().message(),
-              ::testing::Not(HasSubstr("/proc/self/fd/")));
+  EXPECT_THAT(loaded.error().message(), ::testing::Not(HasSubstr("/proc/self/fd/")));
 }
 
 // Rule 5: the host owns TBB, so a backend that used it unloads cleanly and TBB stays.

@@ -231,7 +231,8 @@ TEST(TrustTest, ListFileIsReReadWhenItChanges) {
 
   // Broken after a change: nothing is trusted (fails closed), and the check says why.
   WriteFile(list_file, kDigestB + "  x\nnot-a-digest\n");
-  const TrustSubject subject{"Test_Valid_backend.so", {},
+  const TrustSubject subject{"Test_Valid_backend.so",
+                             {},
                              "0123456789abcdef0123456789abcdef"
                              "0123456789abcdef0123456789abcdef"};
   Status verdict = list->Check(subject);
@@ -396,7 +397,8 @@ TEST_F(SignatureTest, KeysMustBeEd25519PublicKeys) {
                                                 " is not a PEM public key"));
   auto missing = SignaturePolicy::FromKeyFiles({keys_dir_ / "absent.pub"});
   ASSERT_FALSE(missing.ok());
-  EXPECT_THAT(missing.error().message(), HasSubstr("cannot open signing key " + (keys_dir_ / "absent.pub").string()));
+  EXPECT_THAT(missing.error().message(),
+              HasSubstr("cannot open signing key " + (keys_dir_ / "absent.pub").string()));
 }
 
 }  // namespace

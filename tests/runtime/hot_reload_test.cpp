@@ -87,7 +87,6 @@ class HotReloadTest : public ::testing::Test {
     return matching;
   }
 
-
   TempDir shadow_root_;
   TempDir dir_;
   std::shared_ptr<loader::Loader> loader_;
@@ -137,9 +136,11 @@ TEST_F(HotReloadTest, NewFileBecomesActiveAndNetworksMigrate) {
   EXPECT_EQ(status.generations[1].state, GenerationState::kUnloaded);
   ASSERT_TRUE(status.generations[1].drain_ms.has_value());
   EXPECT_GE(*status.generations[1].drain_ms, 0.0);
-  EXPECT_EQ(testing::MappedGenerations("Test_Valid_backend.so"),
-            std::set<std::string>{testing::GenerationMapping(new_generation, "Test_Valid_backend.so")});
-  EXPECT_FALSE(testing::IsCodeMapped(testing::GenerationMapping(old_generation, "Test_Valid_backend.so")));
+  EXPECT_EQ(
+      testing::MappedGenerations("Test_Valid_backend.so"),
+      std::set<std::string>{testing::GenerationMapping(new_generation, "Test_Valid_backend.so")});
+  EXPECT_FALSE(
+      testing::IsCodeMapped(testing::GenerationMapping(old_generation, "Test_Valid_backend.so")));
   EXPECT_EQ(Events(GenerationEvent::Kind::kActivated).size(), 1u);
   EXPECT_EQ(Events(GenerationEvent::Kind::kUnloaded).size(), 1u);
 }

@@ -262,30 +262,6 @@ TEST_F(OptionUpdateTest, HostRefusesThreadCountsBeyondTheUsableCpus) {
   EXPECT_EQ(created.error().message(), expected);
 }
 
-// The number of threads of this process.
-int ProcessThreads() {
-  int count = 0;
-  for (const auto& entry : fs::directory_iterator("/proc/self/task")) {
-    (void)entry;
-    ++count;
-  }
-  return count;
-}
-
-// The thread count once threads that are exiting have left /proc: a joined client's OpenMP
-// workers end after their master does, asynchronously, and would make a count taken among them
-// too high.
-int SettledProcessThreads() {
-  int count = ProcessThreads();
-  for (int stable = 0, polls = 0; stable < 3 && polls < 200; ++polls) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    const int now = ProcessThreads();
-    stable = now == count ? stable + 1 : 0;
-    count = now;
-  }
-  return count;
-}
-
 // CpuAcc's intra_op_threads is read when a workload is created: after an update the loaded
 // network must compute on that many threads. libgomp keeps a team of workers per calling thread
 // until that thread exits, so a fresh thread that runs one request shows the team: itself alone
@@ -315,12 +291,12 @@ TEST(CpuAccOptionUpdateTest, IntraOpThreadsReachALoadedNetworkUnderLoad) {
 
   // Threads that exist while a fresh thread, after one request, is still alive, minus before.
   auto threads_of_one_request = [&] {
-    const int before = SettledProcessThreads();
+    const int before = testing::SettledThreadCount();
     int during = 0;
     std::thread([&] {
       auto outputs = runtime.value()->Execute(network.value(), std::span(&input, 1));
       EXPECT_TRUE(outputs.ok()) << outputs.error().ToString();
-      during = ProcessThreads();
+      during = testing::ProcessThreadCount();
     }).join();
     return during - before;
   };

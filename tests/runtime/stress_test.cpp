@@ -379,7 +379,6 @@ class StressTest : public ::testing::Test {
     }
   }
 
-
   TempDir shadow_root_;
   TempDir dir_;
   fs::path valid_;

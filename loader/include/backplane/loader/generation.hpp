@@ -51,9 +51,9 @@ struct GenerationInfo {
   uint64_t number = 0;  // process-wide, never reused
   std::string backend_id;
   BackendApiVersion api_version;
-  std::string release;                // the backend's own version, "" when it does not say
-  std::filesystem::path file;         // as found (maybe a symlink)
-  std::filesystem::path real_path;    // the file that was copied: what `file` resolved to
+  std::string release;              // the backend's own version, "" when it does not say
+  std::filesystem::path file;       // as found (maybe a symlink)
+  std::filesystem::path real_path;  // the file that was copied: what `file` resolved to
   // How /proc/<pid>/maps (and so gdb, perf and a crash report) names the generation's code:
   // "/memfd:backplane:<number>:<file name>", its sealed copy.
   std::string mapped_as;

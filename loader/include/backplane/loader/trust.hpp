@@ -29,7 +29,7 @@ namespace backplane::loader {
 
 // One backend file's content, as the loader copied it.
 struct TrustSubject {
-  std::filesystem::path file;           // as deployed or given: what messages name
+  std::filesystem::path file;          // as deployed or given: what messages name
   std::span<const std::byte> content;  // the sealed copy: exactly the bytes that would be mapped
   std::string sha256;                  // of `content`, 64 lowercase hex digits
   // The real file the content was copied from (symlinks followed): where a detached signature
