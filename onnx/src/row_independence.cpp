@@ -35,17 +35,6 @@ namespace {
 
 constexpr std::string_view kMix = ": rows of different requests would mix";
 
-// "[?,4]": dimensions unknown at load as '?'.
-std::string ShapeText(const Shape& shape) {
-  std::string text = "[";
-  for (std::size_t i = 0; i < shape.size(); ++i) {
-    if (i > 0)
-      text += ',';
-    text += shape[i] >= 0 ? std::to_string(shape[i]) : "?";
-  }
-  return text + "]";
-}
-
 std::string IntsText(const std::vector<int64_t>& values) {
   std::string text = "[";
   for (std::size_t i = 0; i < values.size(); ++i) {

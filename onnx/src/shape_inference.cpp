@@ -42,16 +42,6 @@ std::string DimText(int64_t dim) {
   return Known(dim) ? std::to_string(dim) : "?";
 }
 
-std::string ShapeText(const Shape& shape) {
-  std::string text = "[";
-  for (std::size_t i = 0; i < shape.size(); ++i) {
-    if (i > 0)
-      text += ',';
-    text += DimText(shape[i]);
-  }
-  return text + "]";
-}
-
 // Element count, or kDynamic when a dimension is unknown (and none is zero). Only for dims whose
 // known product passed BoundedDimProduct (the node's checked inputs and outputs, or a subset of
 // them): it cannot overflow then.
@@ -775,6 +765,16 @@ class NodeInference {
 };
 
 }  // namespace
+
+std::string ShapeText(const Shape& shape) {
+  std::string text = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    if (i > 0)
+      text += ',';
+    text += DimText(shape[i]);
+  }
+  return text + "]";
+}
 
 bool IsSupportedOp(std::string_view op_type) {
   return std::find(std::begin(kSupportedOps), std::end(kSupportedOps), op_type) !=

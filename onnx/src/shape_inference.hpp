@@ -31,4 +31,7 @@ Result<ValueInfoMap> InferAllValues(const Network& network, std::span<const Tens
 // "node 'Conv_0' (Conv)": how errors name a node.
 std::string DescribeNode(const Node& node);
 
+// "[?,4]": a shape for messages, dimensions unknown at load as '?'.
+std::string ShapeText(const Shape& shape);
+
 }  // namespace backplane
