@@ -19,17 +19,17 @@ std::string_view View(boost::beast::string_view text) {
   return {text.data(), text.size()};
 }
 
-bool IsDigit(char c) {
+bool IsDecimalDigit(char c) {
   return c >= '0' && c <= '9';
 }
 
 bool IsHexDigit(char c) {
-  return IsDigit(c) || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
+  return IsDecimalDigit(c) || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
 }
 
 // RFC 3986 2.3 unreserved and 2.2 sub-delims: what a reg-name holds besides pct-encoded octets.
 bool IsRegNameChar(char c) {
-  return IsDigit(c) || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+  return IsDecimalDigit(c) || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
          std::string_view("-._~!$&'()*+,;=").find(c) != std::string_view::npos;
 }
 
@@ -81,7 +81,7 @@ bool IsPort(std::string_view port) {
     return false;
   unsigned value = 0;
   for (const char c : port) {
-    if (!IsDigit(c))
+    if (!IsDecimalDigit(c))
       return false;
     value = value * 10 + static_cast<unsigned>(c - '0');
   }
