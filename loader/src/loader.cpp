@@ -230,12 +230,14 @@ Result<GenerationLease> Loader::Load(const fs::path& file, LoadTrace* trace, Reu
       // Mapped for a caller whose policy may differ from this one's: ask this one too (about
       // the content mapped, the sealed copy, which cannot have changed since it was digested).
       const GenerationInfo& info = existing->info();
-      auto content = existing->image().Map();
-      if (!content.ok())
-        return tracer.Fail("trust", std::move(content).error());
-      if (Status trusted = CheckTrust(trust, *resolved, content->span(), info.sha256, tracer);
-          !trusted.ok()) {
-        return trusted;
+      if (trust != nullptr) {  // without a policy there is nothing to ask: no mapping
+        auto content = existing->image().Map();
+        if (!content.ok())
+          return tracer.Fail("trust", std::move(content).error());
+        if (Status trusted = CheckTrust(trust, *resolved, content->span(), info.sha256, tracer);
+            !trusted.ok()) {
+          return trusted;
+        }
       }
       tracer.Pass("cache", "already loaded as generation " + std::to_string(info.number));
       return GenerationLease(existing);
