@@ -8,11 +8,13 @@
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
 #include "backplane/loader/backend_instance.hpp"
+#include "backplane/loader/digest.hpp"
 #include "backplane/loader/loader.hpp"
 
 namespace backplane::testing {
@@ -22,6 +24,13 @@ inline std::shared_ptr<loader::Loader> MakeLoader(loader::LoaderOptions options 
   auto loader = loader::Loader::Create(std::move(options));
   EXPECT_TRUE(loader.ok()) << loader.error().ToString();
   return std::move(loader).value();
+}
+
+// The SHA-256 of a file's content, as the loader records it; a failure fails the test.
+inline std::string FileDigest(const std::filesystem::path& file) {
+  auto digest = loader::Sha256OfFile(file);
+  EXPECT_TRUE(digest.ok()) << digest.error().ToString();
+  return digest.ok() ? digest.value() : "";
 }
 
 inline OperatorDesc IdentityOp(int64_t elements) {

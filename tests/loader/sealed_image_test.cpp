@@ -40,12 +40,6 @@ using testing::SigningKey;
 using testing::TempDir;
 using testing::WriteFile;
 
-std::string DigestOfFile(const fs::path& file) {
-  auto digest = Sha256OfFile(file);
-  EXPECT_TRUE(digest.ok()) << digest.error().ToString();
-  return digest.ok() ? digest.value() : "";
-}
-
 // The digest of what `image` holds now.
 std::string DigestOfImage(const SealedImage& image) {
   auto bytes = image.Map();
@@ -79,7 +73,7 @@ TEST(SealedImageTest, HoldsTheFileAndNothingCanChangeIt) {
   CopyFile(Fixture("Valid"), file);
   auto image = SealedImage::Read(file, "backplane:test:Test_Valid_backend.so");
   ASSERT_TRUE(image.ok()) << image.error().ToString();
-  const std::string digest = DigestOfFile(file);
+  const std::string digest = testing::FileDigest(file);
   EXPECT_EQ(DigestOfImage(image.value()), digest);
   EXPECT_EQ(image->size(), fs::file_size(file));
   EXPECT_EQ(image->maps_name(), "/memfd:backplane:test:Test_Valid_backend.so");
@@ -298,8 +292,8 @@ TEST(SealedImageRaceTest, NoUntrustedCodeLoadsWhateverIsSwappedAtAnyStage) {
   TempDir backends, staging, keys;
   const fs::path published = backends / "Test_Valid_backend.so";
   CopyFile(Fixture("Valid"), published);
-  const std::string trusted = DigestOfFile(Fixture("Valid"));
-  const std::string untrusted = DigestOfFile(Fixture("ValidNext"));
+  const std::string trusted = testing::FileDigest(Fixture("Valid"));
+  const std::string untrusted = testing::FileDigest(Fixture("ValidNext"));
   ASSERT_NE(trusted, untrusted);
 
   auto list = DigestAllowlist::FromDigests({trusted});
@@ -412,7 +406,7 @@ TEST(SpecialFileTest, AFifoTrustedListIsRefusedWithoutBlocking) {
 
   // A good list replaced by a FIFO later: fails closed, never blocks.
   fs::remove(list_file);
-  const std::string digest = DigestOfFile(Fixture("Valid"));
+  const std::string digest = testing::FileDigest(Fixture("Valid"));
   WriteFile(list_file, digest + "  Test_Valid_backend.so\n");
   auto read = DigestAllowlist::FromFile(list_file);
   ASSERT_TRUE(read.ok()) << read.error().ToString();

@@ -28,12 +28,6 @@ using testing::SigningKey;
 using testing::TempDir;
 using testing::WriteFile;
 
-std::string DigestOf(const fs::path& file) {
-  auto digest = Sha256OfFile(file);
-  EXPECT_TRUE(digest.ok()) << digest.error().ToString();
-  return digest.ok() ? digest.value() : "";
-}
-
 std::shared_ptr<DigestAllowlist> Allow(const std::vector<std::string>& digests) {
   auto list = DigestAllowlist::FromDigests(digests);
   EXPECT_TRUE(list.ok()) << list.error().ToString();
@@ -91,7 +85,7 @@ TEST(TrustTest, MalformedListNamesTheLine) {
 
 TEST(TrustTest, DigestLineReadsBackAndMatchesSha256sum) {
   const fs::path file = Fixture("Valid");
-  const std::string digest = DigestOf(file);
+  const std::string digest = testing::FileDigest(file);
   const std::string line = DigestLine(digest, file);
   EXPECT_EQ(line, digest + "  " + file.string());
   auto parsed = ParseDigestList(line + "\n", "line");
@@ -110,14 +104,14 @@ TEST(TrustTest, UntrustedContentNeverRunsNotEvenItsConstructors) {
   const fs::path file = Fixture("ConstructorMarker");
   auto loader = MakeLoader();
 
-  auto others = Allow({DigestOf(Fixture("Valid"))});
+  auto others = Allow({testing::FileDigest(Fixture("Valid"))});
   LoadTrace trace;
   auto refused = loader->Load(file, &trace, Loader::Reuse::kLiveUnchanged, others.get());
   ASSERT_FALSE(refused.ok());
   EXPECT_EQ(refused.error().reason(), LoadReason::kUntrusted);
   EXPECT_EQ(refused.error().code(), StatusCode::kFailedPrecondition);
   EXPECT_EQ(refused.error().message(),
-            file.string() + ": its content (sha256 " + DigestOf(file) +
+            file.string() + ": its content (sha256 " + testing::FileDigest(file) +
                 ") is not on the trusted backend list (1 digest(s) given at start); if this "
                 "build is trusted, add the line `backplane check --digest FILE` prints for it "
                 "to the trusted list");
@@ -131,7 +125,7 @@ TEST(TrustTest, UntrustedContentNeverRunsNotEvenItsConstructors) {
   EXPECT_FALSE(testing::IsCodeMapped("ConstructorMarker"));
 
   // The same file trusted: its constructor runs (so the check above can fail).
-  auto trusted = Allow({DigestOf(file)});
+  auto trusted = Allow({testing::FileDigest(file)});
   LoadTrace loaded_trace;
   auto loaded = loader->Load(file, &loaded_trace, Loader::Reuse::kLiveUnchanged, trusted.get());
   ASSERT_TRUE(loaded.ok()) << loaded.error().ToString();
@@ -157,10 +151,10 @@ TEST(TrustTest, FileSwappedAfterTheDigestCannotPass) {
   TempDir dir;
   const fs::path file = dir / "Test_Valid_backend.so";
   CopyFile(Fixture("Valid"), file);
-  const std::string trusted_digest = DigestOf(file);
+  const std::string trusted_digest = testing::FileDigest(file);
   const fs::path swap = dir / ".swap";
   CopyFile(Fixture("ValidNext"), swap);
-  const std::string swapped_digest = DigestOf(swap);
+  const std::string swapped_digest = testing::FileDigest(swap);
   ASSERT_NE(trusted_digest, swapped_digest);
 
   auto loader = MakeLoader();
@@ -197,7 +191,7 @@ TEST(TrustTest, SharedLiveGenerationIsCheckedToo) {
   EXPECT_EQ(refused.error().reason(), LoadReason::kUntrusted);
   EXPECT_EQ(testing::FindStage(trace, "cache"), nullptr);
 
-  auto trusted = Allow({DigestOf(Fixture("Valid"))});
+  auto trusted = Allow({testing::FileDigest(Fixture("Valid"))});
   auto shared =
       loader->Load(Fixture("Valid"), nullptr, Loader::Reuse::kLiveUnchanged, trusted.get());
   ASSERT_TRUE(shared.ok()) << shared.error().ToString();
@@ -310,7 +304,7 @@ TEST_F(SignatureTest, AMissingSignatureIsUntrusted) {
   ASSERT_FALSE(refused.ok());
   EXPECT_EQ(refused.error().reason(), LoadReason::kUntrusted);
   EXPECT_EQ(refused.error().message(),
-            File().string() + ": its content (sha256 " + DigestOf(Fixture("Valid")) +
+            File().string() + ": its content (sha256 " + testing::FileDigest(Fixture("Valid")) +
                 ") has no signature: cannot open signature " + Signature().string() +
                 ": No such file or directory; publish the signature, a regular file, before the "
                 "library (openssl pkeyutl -sign -rawin -inkey KEY -in FILE -out FILE.sig)");
@@ -344,7 +338,8 @@ TEST_F(SignatureTest, TheSignatureOfAnotherFileIsUntrusted) {
   auto refused = Deploy("ValidNext", *Keys({ci_pem_}));
   ASSERT_FALSE(refused.ok());
   EXPECT_EQ(refused.error().reason(), LoadReason::kUntrusted);
-  EXPECT_THAT(refused.error().message(), HasSubstr("sha256 " + DigestOf(Fixture("ValidNext"))));
+  EXPECT_THAT(refused.error().message(),
+              HasSubstr("sha256 " + testing::FileDigest(Fixture("ValidNext"))));
   EXPECT_THAT(refused.error().message(), HasSubstr("that no trusted signing key verifies"));
 }
 
@@ -376,7 +371,7 @@ TEST_F(SignatureTest, ContentVerifiedOnceStaysTrusted) {
 }
 
 TEST_F(SignatureTest, EitherTheListOrASignature) {
-  const AnyOfTrust either({Allow({DigestOf(Fixture("ValidNext"))}), Keys({ci_pem_})});
+  const AnyOfTrust either({Allow({testing::FileDigest(Fixture("ValidNext"))}), Keys({ci_pem_})});
   EXPECT_TRUE(Deploy("ValidNext", either).ok()) << "on the list, unsigned";
   ci_.Sign(Fixture("Valid"), Signature());
   EXPECT_TRUE(Deploy("Valid", either).ok()) << "signed, not on the list";

@@ -11,6 +11,7 @@
 #include "backplane/loader/trust.hpp"
 #include "backplane/registry/backend_registry.hpp"
 #include "backplane/registry/backend_reloader.hpp"
+#include "loader/loader_test_util.hpp"
 #include "test_util.hpp"
 
 namespace backplane {
@@ -33,22 +34,16 @@ bool WaitFor(Predicate done, std::chrono::seconds deadline = 20s) {
   return true;
 }
 
-std::string DigestOf(const fs::path& file) {
-  auto digest = loader::Sha256OfFile(file);
-  EXPECT_TRUE(digest.ok()) << digest.error().ToString();
-  return digest.ok() ? digest.value() : "";
-}
-
 class RegistryTrustTest : public ::testing::Test {
  protected:
   void SetUp() override {
     backends_ = dir_ / "backends";
     fs::create_directory(backends_);
     list_file_ = dir_ / "trusted.sha256";
-    testing::WriteFile(list_file_,
-                       "# CI builds\n" +
-                           loader::DigestLine(DigestOf(Fixture("Valid")), "Test_Valid_backend.so") +
-                           "\n");
+    testing::WriteFile(list_file_, "# CI builds\n" +
+                                       loader::DigestLine(testing::FileDigest(Fixture("Valid")),
+                                                          "Test_Valid_backend.so") +
+                                       "\n");
     testing::CopyFile(Fixture("Valid"), File());
     auto trust = loader::DigestAllowlist::FromFile(list_file_);
     ASSERT_TRUE(trust.ok()) << trust.error().ToString();
@@ -125,10 +120,10 @@ TEST_F(RegistryTrustTest, UntrustedDeployIsRefusedOnceAndTheServingGenerationSer
 
   Publish("ValidNext");  // a build nobody put on the list
   ASSERT_TRUE(WaitFor([&] { return untrusted_.load() >= 1; })) << "never refused";
-  const std::string next_digest = DigestOf(Fixture("ValidNext"));
+  const std::string next_digest = testing::FileDigest(Fixture("ValidNext"));
   BackendStatus status = Describe();
   EXPECT_EQ(status.active_generation, serving);
-  EXPECT_EQ(ActiveSha256(), DigestOf(Fixture("Valid")));
+  EXPECT_EQ(ActiveSha256(), testing::FileDigest(Fixture("Valid")));
   ASSERT_FALSE(status.rejected.empty());
   EXPECT_EQ(status.rejected[0].error.reason(), LoadReason::kUntrusted);
   EXPECT_EQ(status.rejected[0].error.message(),
@@ -174,8 +169,9 @@ TEST_F(RegistryTrustTest, UntrustedFileAtStartIsRejectedWithItsReason) {
   EXPECT_EQ(rejected[0].file, backends_ / "Test_Other_backend.so");
   EXPECT_EQ(rejected[0].error.reason(), LoadReason::kUntrusted);
   EXPECT_EQ(rejected[0].error.code(), StatusCode::kFailedPrecondition);
-  EXPECT_THAT(rejected[0].error.message(),
-              HasSubstr("sha256 " + DigestOf(Fixture("Other")) + ") is not on the trusted"));
+  EXPECT_THAT(
+      rejected[0].error.message(),
+      HasSubstr("sha256 " + testing::FileDigest(Fixture("Other")) + ") is not on the trusted"));
 
   auto loaded = registry->LoadFile(Fixture("Other"));
   ASSERT_FALSE(loaded.ok());
@@ -185,8 +181,8 @@ TEST_F(RegistryTrustTest, UntrustedFileAtStartIsRejectedWithItsReason) {
 // Taking a digest off the list revokes that build for every later load, rollback included; what
 // already serves keeps serving (removing trust does not unload code).
 TEST_F(RegistryTrustTest, RollbackToARevokedBuildIsRefused) {
-  const std::string valid = DigestOf(Fixture("Valid"));
-  const std::string next = DigestOf(Fixture("ValidNext"));
+  const std::string valid = testing::FileDigest(Fixture("Valid"));
+  const std::string next = testing::FileDigest(Fixture("ValidNext"));
   testing::WriteFile(list_file_, valid + "  a\n" + next + "  b\n");
   Publish("ValidNext");
   (void)registry_->Rescan();
