@@ -1,0 +1,34 @@
+// The calls a host makes to a backend worker, one per SDK call, and the layout of each: written by
+// isolated_backend.cpp, read by worker_main.cpp (both sides of one build). Every request starts
+// with its Call; every reply with a Status.
+#pragma once
+
+#include <cstdint>
+
+namespace backplane::isolation {
+
+enum class Call : uint32_t {
+  kHello = 1,        // -> id, API major, minor, release (or the load error)
+  kCreateBackend,    // -> handle (BackendFactory, SetHost with the worker's host services)
+  kDestroyBackend,   // handle -> (Shutdown, then the destructor)
+  kIsSupported,      // handle, OperatorDesc -> Status
+  kCreateWorkload,   // handle, OperatorDesc -> workload handle
+  kCompileSubgraph,  // handle, SubgraphDesc -> workload handle, layer notes
+  kDestroyWorkload,  // workload handle ->
+  kExecute,          // workload, inputs (info, aligned bytes), output infos -> output offset
+  kCreateContext,    // handle -> context handle (0: the backend has no context)
+  kContextHook,      // context, hook (0..3), network id -> Status
+  kDestroyContext,   // context ->
+  kDescribeOptions,  // handle -> descriptors
+  kUpdateOptions,    // handle, options -> Status
+  kGetOption,        // handle, key -> value
+};
+
+// Tensor data in a slot starts on a cache line.
+inline constexpr std::size_t kTensorAlignment = 64;
+
+// The file descriptors a worker starts with (everything else is closed).
+inline constexpr int kChannelFd = 3;
+inline constexpr int kImageFd = 4;
+
+}  // namespace backplane::isolation

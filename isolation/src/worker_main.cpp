@@ -1,0 +1,396 @@
+// backplane-backend-worker: runs one backend generation for a host (backend_worker.hpp).
+//
+// Started by the host with the call slots on descriptor 3 and the generation's sealed copy on 4,
+// nothing else. It maps the library (the host already checked its ELF, trust and signature on
+// the same sealed bytes), then serves each slot on a thread of its own until the host kills it.
+// It never unloads the library: a worker ends with its generation, and the kernel takes back
+// everything the backend held, leaked or not.
+#include <dlfcn.h>
+#include <poll.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "backplane/core/backend_call.hpp"
+#include "backplane/core/thread_annotations.hpp"
+#include "backplane/isolation/channel.hpp"
+#include "backplane/isolation/wire.hpp"
+#include "backplane/loader/host_services.hpp"
+#include "backplane/sdk/backend.hpp"
+#include "protocol.hpp"
+
+namespace backplane::isolation {
+namespace {
+
+// The backend library, as dlopen gave it (or why it did not).
+struct Library {
+  Status load_error;
+  std::string id;
+  BackendApiVersion api_version;
+  std::string release;
+  BackendFactoryFn factory = nullptr;
+  GetBackendFactoryErrorFn factory_error = nullptr;
+};
+
+Library LoadLibrary() {
+  Library library;
+  const std::string path = "/proc/self/fd/" + std::to_string(kImageFd);
+  void* handle = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (handle == nullptr) {
+    const char* error = ::dlerror();
+    library.load_error =
+        Status(LoadReason::kDlopenFailed, "dlopen in the worker: " +
+                                              std::string(error != nullptr ? error : "failed"));
+    return library;
+  }
+  auto get_id = reinterpret_cast<GetBackendIdFn>(::dlsym(handle, "GetBackendId"));
+  auto get_version = reinterpret_cast<GetVersionFn>(::dlsym(handle, "GetVersion"));
+  library.factory = reinterpret_cast<BackendFactoryFn>(::dlsym(handle, "BackendFactory"));
+  auto get_release = reinterpret_cast<GetBackendReleaseFn>(::dlsym(handle, "GetBackendRelease"));
+  library.factory_error =
+      reinterpret_cast<GetBackendFactoryErrorFn>(::dlsym(handle, "GetBackendFactoryError"));
+  if (get_id == nullptr || get_version == nullptr || library.factory == nullptr) {
+    library.load_error = Status(LoadReason::kMissingEntryPoint,
+                                "GetBackendId, GetVersion or BackendFactory is not exported");
+    return library;
+  }
+  const char* id = get_id();
+  library.id = id != nullptr ? id : "";
+  get_version(&library.api_version.major, &library.api_version.minor);
+  if (get_release != nullptr && get_release() != nullptr)
+    library.release = get_release();
+  return library;
+}
+
+struct BackendEntry {
+  std::unique_ptr<IBackend> backend;
+  ~BackendEntry() {
+    if (backend != nullptr)
+      GuardBackendCall([&] { backend->Shutdown(); }, [](std::string_view) {});
+  }
+};
+
+struct WorkloadEntry {
+  ConstantStore constants;  // what the workload's description points into
+  std::shared_ptr<BackendEntry> backend;
+  std::unique_ptr<IWorkload> workload;  // last: destroyed first
+};
+
+struct ContextEntry {
+  std::shared_ptr<BackendEntry> backend;
+  std::unique_ptr<IBackendContext> context;
+};
+
+class Worker {
+ public:
+  Worker(const SharedRegion& region, Library library)
+      : region_(region), library_(std::move(library)) {}
+
+  void Serve(uint32_t slot) {
+    SlotHeader& header = region_.header(slot);
+    const auto payload = region_.payload(slot);
+    for (;;) {
+      WaitForState(header, SlotState::kRequest, header.worker_sleeping, [] { return false; },
+                   std::chrono::milliseconds(1000));
+      const std::size_t request_bytes = std::min<std::size_t>(header.message_bytes, payload.size());
+      WireReader in(payload.first(request_bytes));
+      header.message_bytes = Handle(in, payload, request_bytes);
+      SetState(header, SlotState::kReply, header.host_sleeping);
+    }
+  }
+
+ private:
+  // Answers one request in place; returns the reply's size.
+  std::size_t Handle(WireReader& in, std::span<std::byte> payload, std::size_t request_bytes) {
+    const auto call = static_cast<Call>(in.Get<uint32_t>());
+    if (call == Call::kExecute)
+      return Execute(in, payload, request_bytes);
+    // Everything is read before the reply overwrites the request.
+    std::vector<std::byte> reply(payload.size() < 65536 ? payload.size() : 65536);
+    WireWriter out(reply);
+    Status status = library_.load_error;
+    if (status.ok())
+      status = Dispatch(call, in, out);
+    if (status.ok() && !in.ok())
+      status = in.Error("a request");
+    WireWriter final_out(payload);
+    final_out.Put(status);
+    if (status.ok())
+      final_out.PutBytes(reply.data(), out.size());
+    return final_out.size();
+  }
+
+  template <typename T>
+  std::shared_ptr<T> Find(std::map<uint64_t, std::shared_ptr<T>>& objects, uint64_t handle)
+      BACKPLANE_EXCLUDES(mutex_) {
+    MutexLock lock(mutex_);
+    auto it = objects.find(handle);
+    return it == objects.end() ? nullptr : it->second;
+  }
+
+  template <typename T>
+  uint64_t Keep(std::map<uint64_t, std::shared_ptr<T>>& objects, std::shared_ptr<T> object)
+      BACKPLANE_EXCLUDES(mutex_) {
+    MutexLock lock(mutex_);
+    const uint64_t handle = ++next_handle_;
+    objects.emplace(handle, std::move(object));
+    return handle;
+  }
+
+  template <typename T>
+  void Drop(std::map<uint64_t, std::shared_ptr<T>>& objects, uint64_t handle)
+      BACKPLANE_EXCLUDES(mutex_) {
+    std::shared_ptr<T> dropped;  // destroyed outside the lock: it runs backend code
+    MutexLock lock(mutex_);
+    if (auto it = objects.find(handle); it != objects.end()) {
+      dropped = std::move(it->second);
+      objects.erase(it);
+    }
+  }
+
+  Status Dispatch(Call call, WireReader& in, WireWriter& out) {
+    const std::string& id = library_.id;
+    switch (call) {
+      case Call::kHello:
+        out.PutString(library_.id);
+        out.Put(library_.api_version.major);
+        out.Put(library_.api_version.minor);
+        out.PutString(library_.release);
+        return Status::Ok();
+      case Call::kCreateBackend: {
+        auto entry = std::make_shared<BackendEntry>();
+        IBackend* created = GuardBackendCall([&] { return library_.factory(); },
+                                             [](std::string_view) -> IBackend* { return nullptr; });
+        if (created == nullptr) {
+          const char* why = library_.factory_error != nullptr ? library_.factory_error() : nullptr;
+          return Status(LoadReason::kFactoryFailed,
+                        "BackendFactory failed" +
+                            (why != nullptr && *why != '\0' ? ": " + std::string(why) : ""));
+        }
+        entry->backend.reset(created);
+        if (IsApiCompatible(library_.api_version, kBackendApiVersion) &&
+            library_.api_version.minor >= 2) {
+          entry->backend->SetHost(&loader::HostServices());
+        }
+        out.Put(Keep(backends_, std::move(entry)));
+        return Status::Ok();
+      }
+      case Call::kDestroyBackend:
+        Drop(backends_, in.Get<uint64_t>());
+        return Status::Ok();
+      case Call::kIsSupported: {
+        auto backend = Find(backends_, in.Get<uint64_t>());
+        ConstantStore constants;
+        const OperatorDesc op = in.GetOperator(constants);
+        if (backend == nullptr || !in.ok())
+          return in.ok() ? NotFound("no such backend instance") : in.Error("IsSupported");
+        return GuardBackendCall(id, "IsSupported", [&] { return backend->backend->IsSupported(op); });
+      }
+      case Call::kCreateWorkload:
+      case Call::kCompileSubgraph: {
+        auto backend = Find(backends_, in.Get<uint64_t>());
+        auto entry = std::make_shared<WorkloadEntry>();
+        entry->backend = backend;
+        if (call == Call::kCreateWorkload) {
+          const OperatorDesc op = in.GetOperator(entry->constants);
+          if (backend == nullptr || !in.ok())
+            return in.ok() ? NotFound("no such backend instance") : in.Error("CreateWorkload");
+          auto workload = GuardBackendCall(
+              id, "CreateWorkload", [&] { return backend->backend->CreateWorkload(op); });
+          if (!workload.ok())
+            return std::move(workload).error();
+          entry->workload = std::move(workload).value();
+          out.Put(Keep(workloads_, std::move(entry)));
+          return Status::Ok();
+        }
+        const SubgraphDesc subgraph = in.GetSubgraph(entry->constants);
+        if (backend == nullptr || !in.ok())
+          return in.ok() ? NotFound("no such backend instance") : in.Error("CompileSubgraph");
+        auto compiled = GuardBackendCall(
+            id, "CompileSubgraph", [&] { return backend->backend->CompileSubgraph(subgraph); });
+        if (!compiled.ok())
+          return std::move(compiled).error();
+        entry->workload = std::move(compiled->workload);
+        out.Put(Keep(workloads_, std::move(entry)));
+        out.Put(compiled->layer_notes);
+        return Status::Ok();
+      }
+      case Call::kDestroyWorkload:
+        Drop(workloads_, in.Get<uint64_t>());
+        return Status::Ok();
+      case Call::kCreateContext: {
+        auto backend = Find(backends_, in.Get<uint64_t>());
+        if (backend == nullptr)
+          return NotFound("no such backend instance");
+        auto entry = std::make_shared<ContextEntry>();
+        entry->backend = backend;
+        entry->context = GuardBackendCall(
+            [&] { return backend->backend->CreateBackendContext(); },
+            [](std::string_view) -> std::unique_ptr<IBackendContext> { return nullptr; });
+        out.Put(entry->context == nullptr ? uint64_t{0} : Keep(contexts_, std::move(entry)));
+        return Status::Ok();
+      }
+      case Call::kContextHook: {
+        auto context = Find(contexts_, in.Get<uint64_t>());
+        const auto hook = in.Get<uint32_t>();
+        const auto network = in.Get<NetworkId>();
+        if (context == nullptr)
+          return NotFound("no such backend context");
+        return GuardBackendCall(id, "a context hook", [&] {
+          IBackendContext& hooks = *context->context;
+          switch (hook) {
+            case 0:
+              return hooks.BeforeLoadNetwork(network);
+            case 1:
+              return hooks.AfterLoadNetwork(network);
+            case 2:
+              return hooks.BeforeUnloadNetwork(network);
+            default:
+              return hooks.AfterUnloadNetwork(network);
+          }
+        });
+      }
+      case Call::kDestroyContext:
+        Drop(contexts_, in.Get<uint64_t>());
+        return Status::Ok();
+      case Call::kDescribeOptions: {
+        auto backend = Find(backends_, in.Get<uint64_t>());
+        if (backend == nullptr)
+          return NotFound("no such backend instance");
+        auto descriptors = GuardBackendCall(
+            id, "DescribeOptions", [&]() -> Result<std::vector<OptionDescriptor>> {
+              return backend->backend->DescribeOptions();
+            });
+        if (!descriptors.ok())
+          return std::move(descriptors).error();
+        out.Put(*descriptors);
+        return Status::Ok();
+      }
+      case Call::kUpdateOptions: {
+        auto backend = Find(backends_, in.Get<uint64_t>());
+        const BackendOptions changes = in.GetOptions();
+        if (backend == nullptr)
+          return NotFound("no such backend instance");
+        return GuardBackendCall(id, "UpdateOptions",
+                                [&] { return backend->backend->UpdateOptions(changes); });
+      }
+      case Call::kGetOption: {
+        auto backend = Find(backends_, in.Get<uint64_t>());
+        const std::string key = in.GetString();
+        if (backend == nullptr)
+          return NotFound("no such backend instance");
+        auto value =
+            GuardBackendCall(id, "GetOption", [&] { return backend->backend->GetOption(key); });
+        if (!value.ok())
+          return std::move(value).error();
+        out.Put(*value);
+        return Status::Ok();
+      }
+      case Call::kExecute:
+        break;
+    }
+    return InvalidArgument("unknown call " + std::to_string(static_cast<uint32_t>(call)));
+  }
+
+  // Inputs are read where the host wrote them; outputs are written after the request, and the
+  // reply (status, then each output's offset) over the request's start once Execute returned.
+  std::size_t Execute(WireReader& in, std::span<std::byte> payload, std::size_t request_bytes) {
+    auto entry = Find(workloads_, in.Get<uint64_t>());
+    std::vector<ConstTensorView> inputs(std::min<uint64_t>(in.Get<uint64_t>(), 4096));
+    for (auto& input : inputs) {
+      input.info = in.GetTensorInfo();
+      in.AlignTo(kTensorAlignment);
+      const auto bytes = CheckedByteSize(input.info, "an input");
+      input.data = bytes.ok() ? in.Take(*bytes) : nullptr;
+    }
+    std::vector<TensorView> outputs(std::min<uint64_t>(in.Get<uint64_t>(), 4096));
+    std::vector<uint64_t> offsets;
+    std::size_t end = request_bytes;
+    Status status = library_.load_error;
+    for (auto& output : outputs) {
+      output.info = in.GetTensorInfo();
+      end = (end + kTensorAlignment - 1) / kTensorAlignment * kTensorAlignment;
+      const auto bytes = CheckedByteSize(output.info, "an output");
+      if (!bytes.ok() || *bytes > payload.size() - std::min(end, payload.size())) {
+        status = Status(StatusCode::kResourceExhausted, "the outputs do not fit in a worker call slot");
+        break;
+      }
+      output.data = payload.data() + end;
+      offsets.push_back(end);
+      end += *bytes;
+    }
+    if (status.ok() && (!in.ok() || entry == nullptr))
+      status = !in.ok() ? in.Error("an Execute request") : NotFound("no such workload");
+    if (status.ok()) {
+      status = GuardBackendCall(library_.id, "IWorkload::Execute",
+                                [&] { return entry->workload->Execute(inputs, outputs); });
+    }
+    WireWriter out(payload.first(request_bytes));
+    out.Put(status);
+    if (!status.ok())
+      return out.size();
+    for (uint64_t offset : offsets)
+      out.Put(offset);
+    return out.ok() ? end : (WireWriter(payload).Put(Internal("reply too large")), 0);
+  }
+
+  const SharedRegion& region_;
+  const Library library_;
+  Mutex mutex_;
+  uint64_t next_handle_ BACKPLANE_GUARDED_BY(mutex_) = 0;
+  std::map<uint64_t, std::shared_ptr<BackendEntry>> backends_ BACKPLANE_GUARDED_BY(mutex_);
+  std::map<uint64_t, std::shared_ptr<WorkloadEntry>> workloads_ BACKPLANE_GUARDED_BY(mutex_);
+  std::map<uint64_t, std::shared_ptr<ContextEntry>> contexts_ BACKPLANE_GUARDED_BY(mutex_);
+};
+
+// Ends this process with the host: blocks on the host's pidfd.
+void ExitWithHost(pid_t host) {
+  const int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, host, 0));
+  if (pidfd < 0 || ::getppid() != host)
+    ::_exit(0);  // the host is gone already
+  std::thread([pidfd] {
+    pollfd watched{pidfd, POLLIN, 0};
+    while (::poll(&watched, 1, -1) < 0) {
+    }
+    ::_exit(0);
+  }).detach();
+}
+
+}  // namespace
+}  // namespace backplane::isolation
+
+int main(int argc, char** argv) {
+  using namespace backplane::isolation;
+  pid_t host = 0;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    if (std::strcmp(argv[i], "--host-pid") == 0)
+      host = static_cast<pid_t>(std::atoi(argv[i + 1]));
+  }
+  if (host <= 0) {
+    std::fprintf(stderr,
+                 "backplane-backend-worker is started by a Backplane host (backend_isolation), "
+                 "not by hand\n");
+    return 2;
+  }
+  ExitWithHost(host);
+  ::prctl(PR_SET_NAME, "bp-backend-wkr");
+  auto region = SharedRegion::Map(kChannelFd);
+  if (!region.ok()) {
+    std::fprintf(stderr, "backplane-backend-worker: %s\n", region.error().ToString().c_str());
+    return 2;
+  }
+  Worker worker(*region, LoadLibrary());
+  std::vector<std::thread> servers;
+  for (uint32_t slot = 1; slot < region->slot_count(); ++slot)
+    servers.emplace_back([&worker, slot] { worker.Serve(slot); });
+  worker.Serve(0);  // never returns: the host ends the worker
+}
