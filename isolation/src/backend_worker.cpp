@@ -26,10 +26,6 @@
 namespace backplane::isolation {
 namespace {
 
-Status Errno(std::string_view what) {
-  return Internal(std::string(what) + ": " + std::strerror(errno));
-}
-
 std::string SignalName(int signal) {
   const char* abbreviation = ::sigabbrev_np(signal);
   return "signal " + std::to_string(signal) +
@@ -87,7 +83,7 @@ Result<std::unique_ptr<BackendWorker>> BackendWorker::Start(const WorkerOptions&
   const int channel_fd = region->fd();
   const pid_t pid = ::fork();
   if (pid < 0)
-    return Errno("starting a backend worker (fork)");
+    return SystemError("starting a backend worker (fork)");
   if (pid == 0) {
     // Above 4 first, so that dup2 onto 3 and 4 never closes the other source.
     const int channel = ::fcntl(channel_fd, F_DUPFD, 10);
@@ -102,7 +98,7 @@ Result<std::unique_ptr<BackendWorker>> BackendWorker::Start(const WorkerOptions&
   }
   OwnedFd pidfd(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)));
   if (!pidfd) {
-    const Status error = Errno("watching a backend worker (pidfd_open)");
+    const Status error = SystemError("watching a backend worker (pidfd_open)");
     ::kill(pid, SIGKILL);
     ::waitpid(pid, nullptr, 0);
     return error;

@@ -4,6 +4,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -32,15 +33,16 @@ std::size_t SlotBytes(std::size_t payload_bytes) {
   return (bytes + kHeaderBytes - 1) / kHeaderBytes * kHeaderBytes;
 }
 
-Status Errno(std::string_view what) {
-  return Internal(std::string(what) + ": " + std::strerror(errno));
-}
-
-// About as long as a futex wake-up costs (~15 µs of pause instructions, a few thousand): longer
-// spins take the core from the request threads of a 2-core machine for nothing.
-constexpr int kSpins = 4000;
+// About as long as a futex wake-up costs: longer spins take the core from the request threads of
+// a 2-core machine for nothing (bench/isolation_bench.cpp measured the choice).
+constexpr std::chrono::microseconds kSpinTime{20};
+constexpr int kSpinsPerYield = 32;
 
 }  // namespace
+
+Status SystemError(std::string_view what) {
+  return Internal(std::string(what) + ": " + std::strerror(errno));
+}
 
 OwnedFd& OwnedFd::operator=(OwnedFd&& other) noexcept {
   if (this != &other) {
@@ -59,13 +61,13 @@ OwnedFd::~OwnedFd() {
 Result<SharedRegion> SharedRegion::Create(uint32_t slot_count, std::size_t payload_bytes) {
   OwnedFd fd(::memfd_create("backplane-worker-channel", MFD_CLOEXEC));
   if (!fd)
-    return Errno("memfd_create for a worker channel");
+    return SystemError("memfd_create for a worker channel");
   const std::size_t size = kHeaderBytes + slot_count * SlotBytes(payload_bytes);
   if (::ftruncate(fd.get(), static_cast<off_t>(size)) != 0)
-    return Errno("sizing a worker channel");
+    return SystemError("sizing a worker channel");
   void* base = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
   if (base == MAP_FAILED)
-    return Errno("mapping a worker channel");
+    return SystemError("mapping a worker channel");
   auto* header = static_cast<RegionHeader*>(base);
   header->magic = kRegionMagic;
   header->slot_count = slot_count;
@@ -78,13 +80,13 @@ Result<SharedRegion> SharedRegion::Map(int raw_fd) {
   OwnedFd fd(raw_fd);
   struct stat status {};
   if (::fstat(fd.get(), &status) != 0)
-    return Errno("the worker channel descriptor");
+    return SystemError("the worker channel descriptor");
   const auto size = static_cast<std::size_t>(status.st_size);
   if (size < kHeaderBytes)
     return InvalidArgument("the worker channel is " + std::to_string(size) + " bytes, too small");
   void* base = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
   if (base == MAP_FAILED)
-    return Errno("mapping the worker channel");
+    return SystemError("mapping the worker channel");
   const auto header = *static_cast<const RegionHeader*>(base);
   if (header.magic != kRegionMagic || header.slot_count == 0 ||
       kHeaderBytes + header.slot_count * SlotBytes(header.payload_bytes) != size) {
@@ -119,14 +121,21 @@ std::span<std::byte> SharedRegion::payload(uint32_t slot) const {
 namespace detail {
 
 bool SpinFor(const std::atomic<uint32_t>& word, uint32_t wanted) {
-  for (int i = 0; i < kSpins; ++i) {
+  // Spins for about kSpinTime, yielding the core now and then: when the other side was woken on
+  // this same core, a pure spin would keep it from running until the spin gives up.
+  const auto until = std::chrono::steady_clock::now() + kSpinTime;
+  for (int i = 1;; ++i) {
     if (word.load(std::memory_order_acquire) == wanted)
       return true;
+    if (i % kSpinsPerYield == 0) {
+      if (std::chrono::steady_clock::now() >= until)
+        return false;
+      ::sched_yield();
+    }
 #if defined(__x86_64__)
     _mm_pause();
 #endif
   }
-  return false;
 }
 
 void FutexWait(const std::atomic<uint32_t>& word, uint32_t seen, std::chrono::milliseconds timeout) {

@@ -368,6 +368,19 @@ void ExitWithHost(pid_t host) {
 }  // namespace
 }  // namespace backplane::isolation
 
+// In a sanitizer build the worker leaves fatal signals to the kernel, as a release build does:
+// the host must see the signal a backend died of (SIGSEGV, SIGABRT), not the sanitizer's exit.
+#if defined(__SANITIZE_ADDRESS__)
+extern "C" const char* __asan_default_options() {
+  return "handle_segv=0:handle_sigbus=0:handle_sigfpe=0:handle_abort=0:detect_leaks=0";
+}
+#endif
+#if defined(__SANITIZE_THREAD__)
+extern "C" const char* __tsan_default_options() {
+  return "handle_segv=0:handle_sigbus=0:handle_sigfpe=0:handle_abort=0";
+}
+#endif
+
 int main(int argc, char** argv) {
   using namespace backplane::isolation;
   pid_t host = 0;

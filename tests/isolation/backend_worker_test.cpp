@@ -45,10 +45,10 @@ int OpenDescriptors() {
 
 // A worker running one fixture backend, and an instance of it.
 struct Isolated {
+  std::promise<WorkerDeath> died;  // first: outlives the worker, whose monitor sets it
   std::shared_ptr<BackendWorker> worker;
   WorkerHello hello;
   std::unique_ptr<IBackend> backend;
-  std::promise<WorkerDeath> died;
 };
 
 std::unique_ptr<Isolated> StartIsolated(std::string_view fixture, WorkerOptions options = {}) {

@@ -27,6 +27,9 @@
 
 namespace backplane::isolation {
 
+// kInternal: `what` failed, with strerror(errno).
+Status SystemError(std::string_view what);
+
 // A descriptor that closes itself. Move-only.
 class OwnedFd {
  public:
