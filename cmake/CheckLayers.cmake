@@ -10,13 +10,14 @@ set(sdk_headers backplane/sdk/backend.hpp backplane/sdk/op_rules.hpp backplane/c
 # <module>: the modules whose public headers (backplane/<module>/...) it may include.
 set(allowed_core core sdk)
 set(allowed_loader core sdk loader)
+set(allowed_isolation core sdk loader isolation)  # loader: the worker's host services
 set(allowed_watcher core sdk watcher)
 set(allowed_scheduler core sdk scheduler)
 set(allowed_onnx core sdk onnx)
-set(allowed_registry core sdk loader watcher registry)
-set(allowed_runtime core sdk loader scheduler onnx registry runtime)
-set(allowed_server core sdk loader watcher scheduler onnx registry runtime)
-set(modules core loader watcher scheduler onnx registry runtime server)
+set(allowed_registry core sdk loader isolation watcher registry)
+set(allowed_runtime core sdk loader isolation scheduler onnx registry runtime)
+set(allowed_server core sdk loader isolation watcher scheduler onnx registry runtime)
+set(modules core loader isolation watcher scheduler onnx registry runtime server)
 
 # The rooms of server/, which include each other as "<room>/<file>.hpp" (and the modules above
 # as the server may): <room>: the rooms it may include.
