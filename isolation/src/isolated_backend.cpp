@@ -11,6 +11,14 @@ uint32_t Code(Call call) {
   return static_cast<uint32_t>(call);
 }
 
+// Destroys the worker's object behind a proxy; nothing to do once the worker is gone.
+void DestroyRemote(BackendWorker& worker, Call call, uint64_t handle, std::string_view what) {
+  if (!worker.dead()) {
+    (void)worker.Invoke(
+        Code(call), [&](WireWriter& out) { out.Put(handle); }, {}, what);
+  }
+}
+
 // A workload compiled in the worker. Execute writes the inputs into a slot (the one copy in),
 // and copies the outputs the worker wrote there into the host's buffers (the one copy out).
 class IsolatedWorkload final : public IWorkload {
@@ -18,11 +26,7 @@ class IsolatedWorkload final : public IWorkload {
   IsolatedWorkload(std::shared_ptr<BackendWorker> worker, uint64_t handle)
       : worker_(std::move(worker)), handle_(handle) {}
   ~IsolatedWorkload() override {
-    if (!worker_->dead()) {
-      (void)worker_->Invoke(
-          Code(Call::kDestroyWorkload), [&](WireWriter& out) { out.Put(handle_); }, {},
-          "destroying a workload");
-    }
+    DestroyRemote(*worker_, Call::kDestroyWorkload, handle_, "destroying a workload");
   }
 
   Status Execute(std::span<const ConstTensorView> inputs,
@@ -66,11 +70,7 @@ class IsolatedContext final : public IBackendContext {
   IsolatedContext(std::shared_ptr<BackendWorker> worker, uint64_t handle)
       : worker_(std::move(worker)), handle_(handle) {}
   ~IsolatedContext() override {
-    if (!worker_->dead()) {
-      (void)worker_->Invoke(
-          Code(Call::kDestroyContext), [&](WireWriter& out) { out.Put(handle_); }, {},
-          "destroying a backend context");
-    }
+    DestroyRemote(*worker_, Call::kDestroyContext, handle_, "destroying a backend context");
   }
 
   Status BeforeLoadNetwork(NetworkId id) override { return Hook(0, id, "BeforeLoadNetwork"); }
@@ -99,11 +99,7 @@ class IsolatedBackend final : public IBackend {
   IsolatedBackend(std::shared_ptr<BackendWorker> worker, std::string id, uint64_t handle)
       : worker_(std::move(worker)), id_(std::move(id)), handle_(handle) {}
   ~IsolatedBackend() override {
-    if (!worker_->dead()) {
-      (void)worker_->Invoke(
-          Code(Call::kDestroyBackend), [&](WireWriter& out) { out.Put(handle_); }, {},
-          "destroying the backend instance");
-    }
+    DestroyRemote(*worker_, Call::kDestroyBackend, handle_, "destroying the backend instance");
   }
 
   std::string_view GetId() const override { return id_; }
