@@ -116,7 +116,18 @@ BackendWorker::BackendWorker(WorkerOptions options, SharedRegion region, pid_t p
       pidfd_(std::move(pidfd)),
       stop_(::eventfd(0, EFD_CLOEXEC)),
       on_death_(std::move(on_death)),
+      label_(options_.label),
       monitor_([this] { Monitor(); }) {}
+
+std::string BackendWorker::label() const {
+  MutexLock lock(mutex_);
+  return label_;
+}
+
+void BackendWorker::Relabel(std::string label) {
+  MutexLock lock(mutex_);
+  label_ = std::move(label);
+}
 
 BackendWorker::~BackendWorker() {
   stopping_.store(true);
@@ -176,16 +187,17 @@ void BackendWorker::Monitor() {
   dead_.store(true, std::memory_order_release);
   slots_.Close();
   WakeAll(region_);
-  if (!stopping_.load() && on_death_) {
-    IsolationLog().error("{} ran in worker process {}, which {}", options_.label, pid_,
-                    death.ToString());
-    on_death_(death);
+  if (!stopping_.load()) {
+    IsolationLog().error("{} ran in worker process {}, which {}", label(), pid_,
+                         death.ToString());
+    if (on_death_)
+      on_death_(death);
   }
 }
 
 Status BackendWorker::DeadError(std::string_view what) const {
   const auto ended = death();
-  return Status(StatusCode::kUnavailable, options_.label + " runs in worker process " + std::to_string(pid_) +
+  return Status(StatusCode::kUnavailable, label() + " runs in worker process " + std::to_string(pid_) +
                      ", which " + (ended ? ended->ToString() : std::string("is stopping")) +
                      (what.empty() ? "" : " during " + std::string(what)));
 }
@@ -247,7 +259,7 @@ Status BackendWorker::Invoke(uint32_t call, const std::function<void(WireWriter&
   const auto payload = region_.payload(*slot);
   if (reply_bytes > payload.size()) {
     Kill("it wrote a reply larger than its slot");
-    return Internal(options_.label + ": the worker's reply to " + std::string(what) +
+    return Internal(label() + ": the worker's reply to " + std::string(what) +
                     " claims more bytes than its slot holds");
   }
   WireReader reader(payload.first(reply_bytes));

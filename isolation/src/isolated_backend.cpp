@@ -80,6 +80,9 @@ class IsolatedContext final : public IBackendContext {
 
  private:
   Status Hook(uint32_t hook, NetworkId id, std::string_view what) {
+    // A dead backend has nothing to refuse an unload for (hooks 2 and 3): its networks leave.
+    if (hook >= 2 && worker_->dead())
+      return Status::Ok();
     return worker_->Invoke(
         Code(Call::kContextHook),
         [&](WireWriter& out) {

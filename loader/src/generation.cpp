@@ -43,7 +43,29 @@ Generation::Generation(GenerationInfo info, SealedImage image, LibraryHandle lib
   stats_->live.fetch_add(1, std::memory_order_relaxed);
 }
 
+Generation::Generation(GenerationInfo info, SealedImage image,
+                       std::unique_ptr<OutOfProcessLibrary> remote,
+                       std::shared_ptr<LoaderStats> stats)
+    : info_(std::move(info)),
+      image_(std::move(image)),
+      remote_(std::move(remote)),
+      stats_(std::move(stats)) {
+  stats_->loaded.fetch_add(1, std::memory_order_relaxed);
+  stats_->live.fetch_add(1, std::memory_order_relaxed);
+}
+
 Generation::~Generation() {
+  if (remote_ != nullptr) {
+    // Nothing of it is mapped here: ending its process is its unloading.
+    const std::string runs_in = remote_->Describe();
+    remote_.reset();
+    stats_->unloaded.fetch_add(1, std::memory_order_relaxed);
+    Log().debug("backend {} generation {} ended with its {} ({})", info_.backend_id,
+                info_.number, runs_in, info_.file.string());
+    stats_->live.fetch_sub(1, std::memory_order_relaxed);
+    stats_->unload_listeners.Notify(info_, false);
+    return;
+  }
   // Trap (rule 5): a TBB worker that ran a task of the backend's own (TBB's templates compiled
   // into it) is released by the task's code and may still be returning through a few
   // instructions of it after every wait in Shutdown() has returned; unmapping then crashes it

@@ -114,17 +114,6 @@ std::string DlError() {
   return error != nullptr ? error : "unknown dynamic linker error";
 }
 
-bool IsValidBackendId(std::string_view id) {
-  if (id.empty() || id.size() > 64)
-    return false;
-  for (char c : id) {
-    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-                    c == '_' || c == '-' || c == '.';
-    if (!ok)
-      return false;
-  }
-  return true;
-}
 
 // Why BackendFactory returned null. BACKPLANE_DEFINE_BACKEND's factory catches what the
 // backend's constructor throws and keeps its message for GetBackendFactoryError(), on the
@@ -197,6 +186,38 @@ Result<std::shared_ptr<Loader>> Loader::Shared() {
     shared = created.share();
   return created;
 }
+
+bool IsValidBackendId(std::string_view id) {
+  if (id.empty() || id.size() > 64)
+    return false;
+  for (char c : id) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                    c == '_' || c == '-' || c == '.';
+    if (!ok)
+      return false;
+  }
+  return true;
+}
+
+namespace {
+
+Status InvalidIdError(const BackendFile& file, const std::string& id) {
+  return {LoadReason::kInvalidId,
+          file.path.string() + ": GetBackendId returned " +
+              (id.empty() ? std::string("an empty id") : "'" + id.substr(0, 80) + "'") +
+              "; an id is 1 to 64 letters, digits, '_', '-' or '.'"};
+}
+
+Status ApiIncompatibleError(const BackendFile& file, const std::string& id, BackendApiVersion api,
+                            BackendApiVersion host) {
+  return {LoadReason::kApiIncompatible,
+          file.path.string() + " (backend " + id + ") is built against backend API " +
+              VersionString(api) + " but this host implements " + VersionString(host) +
+              " (needs major " + std::to_string(host.major) + ", minor <= " +
+              std::to_string(host.minor) + "); rebuild it against this SDK"};
+}
+
+}  // namespace
 
 Loader::Loader(LoaderOptions options, std::shared_ptr<ShadowDirectory> shadows)
     : options_(std::move(options)), shadows_(std::move(shadows)) {}
@@ -293,6 +314,48 @@ Result<GenerationLease> Loader::LoadNew(const BackendFile& file, LoadTrace* trac
   if (std::string advice = TbbTaskAdvice(facts.value()); !advice.empty())
     tracer.Warn("threads", std::move(advice));
 
+  // Checked like any other: now it may run in a worker process instead (issue 39).
+  if (options_.out_of_process) {
+    auto remote = options_.out_of_process(
+        {.image = *image, .generation = number, .file = file.path, .sha256 = sha256});
+    if (!remote.ok())
+      return tracer.Fail("worker", std::move(remote).error());
+    if (*remote != nullptr) {
+      OutOfProcessLibrary& library = **remote;
+      if (!IsValidBackendId(library.backend_id()))
+        return tracer.Fail("id", InvalidIdError(file, library.backend_id()));
+      if (!IsApiCompatible(library.api_version(), options_.host_api)) {
+        return tracer.Fail("version", ApiIncompatibleError(file, library.backend_id(),
+                                                           library.api_version(),
+                                                           options_.host_api));
+      }
+      tracer.Pass("worker", "runs in " + library.Describe() + " as backend " +
+                                library.backend_id() + ", API " +
+                                VersionString(library.api_version()));
+      GenerationInfo info{.number = number,
+                          .backend_id = library.backend_id(),
+                          .api_version = library.api_version(),
+                          .release = library.release(),
+                          .file = file.path,
+                          .real_path = file.real_path,
+                          .mapped_as = image->maps_name(),
+                          .identity = image->source_identity(),
+                          .sha256 = sha256,
+                          .build_id = facts->build_id,
+                          .loaded_at = std::chrono::system_clock::now(),
+                          .runs_in = library.Describe()};
+      GenerationLease generation = MakeReaped(
+          std::make_unique<const Generation>(std::move(info), std::move(image).value(),
+                                             std::move(remote).value(), stats_),
+          reaper_);
+      auto probe = CreateInstance(generation);
+      if (!probe.ok())
+        return tracer.Fail("factory", std::move(probe).error());
+      tracer.Pass("factory", "created and released a probe instance in the worker");
+      return generation;
+    }
+  }
+
   // Rule 8: what the backend needs and glibc could never unload is made resident first, or the
   // first generation to bring it in would stay mapped forever.
   auto dependencies = PrepareDependencies(facts.value(), file.path);
@@ -356,13 +419,8 @@ Result<GenerationLease> Loader::LoadNew(const BackendFile& file, LoadTrace* trac
         "id", {LoadReason::kInvalidId, file.path.string() + ": GetBackendId returned null"});
   }
   const std::string id = raw_id;
-  if (!IsValidBackendId(id)) {
-    return tracer.Fail(
-        "id", {LoadReason::kInvalidId,
-               file.path.string() + ": GetBackendId returned " +
-                   (id.empty() ? std::string("an empty id") : "'" + id.substr(0, 80) + "'") +
-                   "; an id is 1 to 64 letters, digits, '_', '-' or '.'"});
-  }
+  if (!IsValidBackendId(id))
+    return tracer.Fail("id", InvalidIdError(file, id));
   tracer.Pass("id", id);
 
   BackendApiVersion api{};
@@ -371,15 +429,8 @@ Result<GenerationLease> Loader::LoadNew(const BackendFile& file, LoadTrace* trac
       !called.ok()) {
     return tracer.Fail("version", std::move(called));
   }
-  if (!IsApiCompatible(api, options_.host_api)) {
-    return tracer.Fail(
-        "version",
-        {LoadReason::kApiIncompatible,
-         file.path.string() + " (backend " + id + ") is built against backend API " +
-             VersionString(api) + " but this host implements " + VersionString(options_.host_api) +
-             " (needs major " + std::to_string(options_.host_api.major) + ", minor <= " +
-             std::to_string(options_.host_api.minor) + "); rebuild it against this SDK"});
-  }
+  if (!IsApiCompatible(api, options_.host_api))
+    return tracer.Fail("version", ApiIncompatibleError(file, id, api, options_.host_api));
   tracer.Pass("version",
               "backend API " + VersionString(api) + " on host " + VersionString(options_.host_api));
 
@@ -421,6 +472,15 @@ Result<GenerationLease> Loader::LoadNew(const BackendFile& file, LoadTrace* trac
 
 Result<std::shared_ptr<BackendInstance>> Loader::CreateInstance(const GenerationLease& generation) {
   const GenerationInfo& info = generation->info();
+  if (OutOfProcessLibrary* remote = generation->out_of_process()) {
+    auto backend = remote->CreateBackend();
+    if (!backend.ok()) {
+      return Status{backend.error().reason().value_or(LoadReason::kFactoryFailed),
+                    info.file.string() + " (backend " + info.backend_id + ", in " +
+                        remote->Describe() + "): " + backend.error().message()};
+    }
+    return MakeBackendInstance(info.backend_id, std::move(backend).value(), generation, reaper_);
+  }
   IBackend* raw = nullptr;
   std::string failure;
   GuardBackendCall(

@@ -3,6 +3,8 @@
 #include "config/config_json.hpp"
 #include "config/rollout_policy.hpp"
 
+#include "backplane/loader/loader.hpp"
+
 #include <charconv>
 #include <fstream>
 #include <functional>
@@ -212,6 +214,71 @@ const std::vector<ConfigKey>& ConfigKeys() {
                   return InvalidArgument("'swap_policy' must be \"migrate\" or \"pin\", got '" +
                                          policy + "'");
                 }),
+      {"backend_isolation",
+       [](const json& value, const fs::path&, ServeConfig& config) -> Status {
+         if (!value.is_object()) {
+           return InvalidArgument(
+               "'backend_isolation' must be an object of backend id -> \"process\" or "
+               "\"none\" (\"*\" for every other id), got " + value.dump());
+         }
+         std::map<std::string, bool, std::less<>> isolation;
+         for (const auto& [id, mode] : value.items()) {
+           if (id != "*" && !loader::IsValidBackendId(id)) {
+             return InvalidArgument("'backend_isolation': '" + id +
+                                    "' is not a backend id (1 to 64 letters, digits, '_', "
+                                    "'-' or '.') or \"*\"");
+           }
+           if (!mode.is_string() || (mode != "process" && mode != "none")) {
+             return InvalidArgument("'backend_isolation': backend " + id +
+                                    " must be \"process\" or \"none\", got " + mode.dump());
+           }
+           isolation[id] = mode == "process";
+         }
+         config.backend_isolation = std::move(isolation);
+         return Status::Ok();
+       },
+       [](const ServeConfig&) { return json("none (every backend runs in the server)"); }},
+      {"worker",
+       [](const json& value, const fs::path&, ServeConfig& config) -> Status {
+         if (!value.is_object())
+           return InvalidArgument("'worker' must be a JSON object, got " + value.dump());
+         ServeConfig::WorkerLimits limits = config.worker;
+         for (const auto& [key, entry] : value.items()) {
+           const std::string name = "worker." + key;
+           Result<int64_t> number = InvalidArgument("");
+           if (key == "execute_timeout_ms") {
+             number = ReadInteger(entry, name, 0, 86400000);
+             if (number.ok())
+               limits.execute_timeout = std::chrono::milliseconds(*number);
+           } else if (key == "memory_limit_bytes") {
+             number = ReadInteger(entry, name, 0, int64_t{1} << 48);
+             if (number.ok())
+               limits.memory_limit_bytes = static_cast<std::size_t>(*number);
+           } else if (key == "slots") {
+             number = ReadInteger(entry, name, 1, 256);
+             if (number.ok())
+               limits.slots = static_cast<int>(*number);
+           } else if (key == "slot_bytes") {
+             number = ReadInteger(entry, name, 4096, int64_t{1} << 34);
+             if (number.ok())
+               limits.slot_bytes = static_cast<std::size_t>(*number);
+           } else {
+             return InvalidArgument("'worker' has no key '" + key +
+                                    "' (known: execute_timeout_ms, memory_limit_bytes, slots, "
+                                    "slot_bytes)");
+           }
+           if (!number.ok())
+             return number.error();
+         }
+         config.worker = limits;
+         return Status::Ok();
+       },
+       [](const ServeConfig& defaults) {
+         return json{{"execute_timeout_ms", defaults.worker.execute_timeout.count()},
+                     {"memory_limit_bytes", defaults.worker.memory_limit_bytes},
+                     {"slots", defaults.worker.slots},
+                     {"slot_bytes", defaults.worker.slot_bytes}};
+       }},
       {"watch_backends",
        [](const json& value, const fs::path&, ServeConfig& config) -> Status {
          auto flag = ReadBool(value, "watch_backends");

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -68,6 +69,18 @@ struct ServeConfig {
   int inference_threads = 0;  // the runtime's TBB arena; 0: one per core
   int max_in_flight = 256;    // requests admitted by the runtime at once, all models together
   std::string swap_policy = "migrate";  // "migrate" or "pin"
+
+  // ---- Backends in worker processes (docs/operators.md, "Backends that crash")
+  // Backend id -> whether its generations run in a worker process ("process": true) or in the
+  // server ("none"); "*" stands for every id not named. Empty: every backend in the server.
+  std::map<std::string, bool, std::less<>> backend_isolation;
+  struct WorkerLimits {
+    // A call into an isolated backend running longer kills its worker; 0: no limit.
+    std::chrono::milliseconds execute_timeout{60000};
+    std::size_t memory_limit_bytes = 0;  // a worker's resident memory past it kills it; 0: none
+    int slots = 4;                       // calls one worker runs at once
+    std::size_t slot_bytes = 64u << 20;  // the largest request or reply of one call
+  } worker;
 
   // ---- Hot reload
   bool watch_backends = true;  // apply backend files dropped into the backend directories

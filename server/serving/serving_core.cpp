@@ -5,6 +5,7 @@
 #include <thread>
 #include <utility>
 
+#include "backplane/isolation/worker_runner.hpp"
 #include "serving/serving_log.hpp"
 
 namespace backplane::server {
@@ -24,16 +25,34 @@ std::string DescribeBackends(const Runtime& runtime) {
   return backends;
 }
 
+// The loader: the process's shared one, or with backend_isolation one of the server's own that
+// runs the isolated backends' generations in worker processes.
+Result<std::shared_ptr<loader::Loader>> MakeLoader(const ServeConfig& config) {
+  isolation::IsolationPolicy isolation;
+  for (const auto& [id, isolated] : config.backend_isolation) {
+    if (id == "*")
+      isolation.by_default = isolated;
+    else
+      isolation.by_id.emplace(id, isolated);
+  }
+  if (!isolation.IsolatesAny())
+    return loader::Loader::Shared();
+  isolation.worker.call_timeout = config.worker.execute_timeout;
+  isolation.worker.memory_limit_bytes = config.worker.memory_limit_bytes;
+  isolation.worker.slots = static_cast<uint32_t>(config.worker.slots);
+  isolation.worker.slot_bytes = config.worker.slot_bytes;
+  return loader::Loader::Create({.out_of_process = isolation::MakeWorkerRunner(isolation)});
+}
+
 }  // namespace
 
 Result<std::unique_ptr<ServingCore>> ServingCore::Start(const ServeConfig& config) {
   auto core = std::unique_ptr<ServingCore>(new ServingCore());
 
-  auto shared_loader = loader::Loader::Shared();
-  if (!shared_loader.ok())
-    return Status(shared_loader.error().code(),
-                  "backend loader: " + shared_loader.error().message());
-  core->loader_ = std::move(shared_loader).value();
+  auto made_loader = MakeLoader(config);
+  if (!made_loader.ok())
+    return Status(made_loader.error().code(), "backend loader: " + made_loader.error().message());
+  core->loader_ = std::move(made_loader).value();
 
   // Before anything is loaded: with a trusted list, no untrusted backend may load even at start.
   auto trust = MakeTrustPolicy(config);

@@ -63,7 +63,8 @@ class BackendWorker {
 
   // Starts the worker on `image_fd` (a sealed memfd; the worker gets its own copy of the
   // descriptor). `on_death` runs on the monitor thread when the worker dies other than by
-  // the destructor.
+  // the destructor; it must not release the last reference to this worker (the destructor
+  // joins the monitor).
   static Result<std::unique_ptr<BackendWorker>> Start(const WorkerOptions& options, int image_fd,
                                                       DeathListener on_death = {});
   ~BackendWorker();
@@ -77,7 +78,9 @@ class BackendWorker {
                 const std::function<Status(WireReader&)>& read, std::string_view what);
 
   pid_t pid() const { return pid_; }
-  const std::string& label() const { return options_.label; }
+  std::string label() const BACKPLANE_EXCLUDES(mutex_);
+  // Names the worker better once it said what it loaded ("backend TestCrash generation 3 ...").
+  void Relabel(std::string label) BACKPLANE_EXCLUDES(mutex_);
   bool dead() const { return dead_.load(std::memory_order_acquire); }
   std::optional<WorkerDeath> death() const BACKPLANE_EXCLUDES(mutex_);
   // Kills the worker; its death is then reported with `cause`.
@@ -100,6 +103,7 @@ class BackendWorker {
   std::atomic<bool> stopping_{false};
   mutable Mutex mutex_;
   std::optional<WorkerDeath> death_ BACKPLANE_GUARDED_BY(mutex_);
+  std::string label_ BACKPLANE_GUARDED_BY(mutex_);
   std::string kill_cause_ BACKPLANE_GUARDED_BY(mutex_);
   std::thread monitor_;  // last: started once everything above exists
 };

@@ -61,11 +61,42 @@ struct GenerationInfo {
   std::string sha256;     // of the sealed copy's content, i.e. of the code mapped
   std::string build_id;
   std::chrono::system_clock::time_point loaded_at;
+  // Where the code runs when not in this process: "worker process 1234" (isolation/); "" for a
+  // generation mapped here.
+  std::string runs_in;
   // The library submits TBB tasks itself (its ELF imports tbb::detail::r1::spawn and the like):
   // TBB's task templates are compiled into it, so a worker can still be in its code after every
   // wait returned. Such a generation's calls run confined to an arena of its own (RunConfined).
   bool submits_tbb_tasks = false;
 };
+
+// A generation whose code runs in another process (isolation/, issue 39): what its library says
+// of itself there, and its factory. The loader never maps such a generation's code; it checks the
+// same sealed bytes (ELF, dependencies, trust) and hands them to whoever runs them. Destroying it
+// ends that process. Thread-safe.
+class OutOfProcessLibrary {
+ public:
+  virtual ~OutOfProcessLibrary() = default;
+  virtual const std::string& backend_id() const = 0;
+  virtual BackendApiVersion api_version() const = 0;
+  virtual const std::string& release() const = 0;
+  // "worker process 1234"
+  virtual std::string Describe() const = 0;
+  // A new backend instance, made by the library's BackendFactory where the library runs.
+  virtual Result<std::unique_ptr<IBackend>> CreateBackend() = 0;
+};
+
+// Who runs generations out of process: given a checked sealed copy (and, for messages, the
+// generation's number and file), returns the library running elsewhere, or null to have the
+// loader map it here as usual (a runner decides by the id the library reports).
+struct OutOfProcessRequest {
+  const SealedImage& image;
+  uint64_t generation;
+  const std::filesystem::path& file;
+  const std::string& sha256;
+};
+using OutOfProcessRunner =
+    std::function<Result<std::unique_ptr<OutOfProcessLibrary>>(const OutOfProcessRequest&)>;
 
 // One loaded library version. Destroyed only on the reaper thread (through GenerationLease):
 // the destructor dlcloses, verifies with RTLD_NOLOAD that the library really left the process,
@@ -82,12 +113,17 @@ class Generation {
  public:
   Generation(GenerationInfo info, SealedImage image, LibraryHandle library,
              EntryPoints entry_points, std::shared_ptr<LoaderStats> stats);
+  // A generation running out of process: no library here, `remote` makes its instances.
+  Generation(GenerationInfo info, SealedImage image, std::unique_ptr<OutOfProcessLibrary> remote,
+             std::shared_ptr<LoaderStats> stats);
   ~Generation();
   Generation(const Generation&) = delete;
   Generation& operator=(const Generation&) = delete;
 
   const GenerationInfo& info() const { return info_; }
   const EntryPoints& entry_points() const { return entry_points_; }
+  // Null for a generation mapped in this process.
+  OutOfProcessLibrary* out_of_process() const { return remote_.get(); }
   // The bytes that are mapped, sealed: what a rollback keeps, what a trust policy is asked about.
   const SealedImage& image() const { return image_; }
 
@@ -122,6 +158,7 @@ class Generation {
   std::unique_ptr<TbbConfinement> confinement_;
   LibraryHandle library_;
   const EntryPoints entry_points_;
+  std::unique_ptr<OutOfProcessLibrary> remote_;  // reset first by the destructor
   const std::shared_ptr<LoaderStats> stats_;
 };
 

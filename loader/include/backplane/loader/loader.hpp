@@ -35,7 +35,13 @@ struct LoaderOptions {
   // A backend file not opened and read by then fails to load (IO_ERROR) instead of holding the
   // registry's change sequence for as long as a stalled file system takes.
   std::chrono::milliseconds read_timeout = SealedImage::kDefaultReadTimeout;
+  // Runs checked generations out of process when it says so (isolation::MakeWorkerRunner);
+  // empty: every generation is mapped here.
+  OutOfProcessRunner out_of_process;
 };
+
+// What GetBackendId may return: 1 to 64 letters, digits, '_', '-' or '.'.
+bool IsValidBackendId(std::string_view id);
 
 // One line of `backplane check`: a loading stage and how it went.
 struct LoadStage {

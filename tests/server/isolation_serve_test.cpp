@@ -1,0 +1,159 @@
+// Isolated backends in a whole server (issue 39): with backend_isolation, a backend whose
+// Execute dies (null write, abort, exit, a hang past execute_timeout_ms) costs its worker, not the
+// server. The request that killed it gets an error naming how it died; MNIST on the in-process
+// CpuRef keeps answering every request meanwhile; the log names backend, generation, file and
+// sha256. The config keys and their refusals too.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "cli/serve_command.hpp"
+#include "onnx/model_builder.hpp"
+#include "serve_test_util.hpp"
+
+namespace backplane::testing {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using server::ServeConfig;
+using ::testing::HasSubstr;
+
+TEST(IsolationConfigTest, ReadsTheKeysAndRefusesBadOnesNamingWhy) {
+  ServeConfig config = server::DefaultServeConfig();
+  EXPECT_TRUE(config.backend_isolation.empty());
+  ASSERT_TRUE(server::ApplyConfigText(
+                  R"({"backend_isolation": {"AcmeFast": "process", "*": "none"},
+                      "worker": {"execute_timeout_ms": 500, "memory_limit_bytes": 1000000}})",
+                  "serve.json", config)
+                  .ok());
+  EXPECT_EQ(config.backend_isolation.at("AcmeFast"), true);
+  EXPECT_EQ(config.backend_isolation.at("*"), false);
+  EXPECT_EQ(config.worker.execute_timeout, std::chrono::milliseconds(500));
+  EXPECT_EQ(config.worker.memory_limit_bytes, 1000000u);
+  EXPECT_EQ(config.worker.slots, 4);  // left out: the default
+
+  const std::pair<const char*, const char*> cases[] = {
+      {R"({"backend_isolation": ["AcmeFast"]})", "'backend_isolation' must be an object"},
+      {R"({"backend_isolation": {"AcmeFast": "sandbox"}})",
+       "backend AcmeFast must be \"process\" or \"none\", got \"sandbox\""},
+      {R"({"backend_isolation": {"bad id!": "process"}})", "'bad id!' is not a backend id"},
+      {R"({"worker": {"execute_timeout_ms": -1}})", "worker.execute_timeout_ms"},
+      {R"({"worker": {"slots": 0}})", "worker.slots"},
+      {R"({"worker": {"max_restarts": 3}})", "'worker' has no key 'max_restarts'"},
+      {R"({"worker": 5})", "'worker' must be a JSON object"},
+  };
+  for (const auto& [text, message] : cases) {
+    ServeConfig unchanged = server::DefaultServeConfig();
+    Status applied = server::ApplyConfigText(text, "serve.json", unchanged);
+    ASSERT_FALSE(applied.ok()) << text;
+    EXPECT_THAT(applied.message(), HasSubstr(message)) << text;
+    EXPECT_TRUE(unchanged.backend_isolation.empty()) << text;
+  }
+}
+
+// Identity over x [N, 4] on TestCrash, whose Execute dies the way x[0] says.
+std::string CrashIdentityModel() {
+  ModelBuilder builder;
+  builder.Input("x", {-1, 4}).Output("y", {-1, 4});
+  builder.Node("Identity", {"x"}, {"y"});
+  return builder.Serialize();
+}
+
+std::string RowRequest(float first) {
+  return json{{"inputs",
+               {{{"name", "x"},
+                 {"shape", {1, 4}},
+                 {"datatype", "FP32"},
+                 {"data", {first, 2.0, 3.0, 4.0}}}}}}
+      .dump();
+}
+
+class IsolatedServeTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    home_.Write("models/crashy/1/model.onnx", CrashIdentityModel());
+    home_.Write("models/crashy/config.json", R"({"backends": ["TestCrash"]})");
+    CopyFile(Fixture("Crash"), home_.backends() / "Test_Crash_backend.so");
+    ServeConfig config = server::DefaultServeConfig();
+    config.models = home_.models();
+    config.backends = std::vector<fs::path>{home_.backends()};
+    config.listen = "127.0.0.1:0";
+    config.grpc_listen = server::kGrpcOff;
+    config.watch_backends = false;
+    Status applied = server::ApplyConfigText(
+        R"({"backend_isolation": {"TestCrash": "process"},
+            "worker": {"execute_timeout_ms": 1000}})",
+        "test.json", config);
+    ASSERT_TRUE(applied.ok()) << applied.ToString();
+    auto started = server::StartServer(config);
+    ASSERT_TRUE(started.ok()) << started.error().ToString();
+    running_ = std::move(started).value();
+  }
+
+  std::unique_ptr<httplib::Client> Client() const {
+    auto client = std::make_unique<httplib::Client>("127.0.0.1", running_.http.port);
+    client->set_read_timeout(30, 0);
+    return client;
+  }
+
+  ServeHome home_;
+  server::RunningServer running_;
+};
+
+TEST_F(IsolatedServeTest, ABackendThatDiesCostsItsWorkerAndTheServerKeepsServing) {
+  auto client = Client();
+  // Served from the worker, answers as in-process.
+  JsonReply ok = Post(*client, "/v2/models/crashy/infer", RowRequest(1));
+  ASSERT_EQ(ok.status, 200) << ok.text;
+  EXPECT_EQ(ok.body["outputs"][0]["data"], json({1.0, 2.0, 3.0, 4.0}));
+
+  // MNIST on the in-process CpuRef, from two clients, throughout.
+  std::atomic<bool> stop{false};
+  std::atomic<int> mnist_ok{0}, mnist_failed{0};
+  std::vector<std::thread> clients;
+  JoinAll joiner{stop, clients};
+  for (int c = 0; c < 2; ++c) {
+    clients.emplace_back([&, c] {
+      auto mnist = Client();
+      while (!stop.load()) {
+        JsonReply reply = Post(*mnist, "/v2/models/mnist/infer", MnistRequestBody(c));
+        if (reply.status == 200 && ArgMax(reply.body) == MnistLabel(c))
+          ++mnist_ok;
+        else
+          ++mnist_failed;
+      }
+    });
+  }
+  ASSERT_TRUE(Eventually([&] { return mnist_ok.load() > 10; }, 20s));
+
+  // The null write kills the worker: this request fails, naming how.
+  JsonReply crashed = Post(*client, "/v2/models/crashy/infer", RowRequest(9110));
+  EXPECT_NE(crashed.status, 200);
+  EXPECT_NE(crashed.status, 0) << "the server itself went away";
+  EXPECT_THAT(crashed.text, HasSubstr("was killed by signal 11 (SIGSEGV)"));
+  EXPECT_THAT(crashed.text, HasSubstr("backend TestCrash generation"));
+
+  const int before = mnist_ok.load();
+  ASSERT_TRUE(Eventually([&] { return mnist_ok.load() > before + 20; }, 20s));
+  stop.store(true);
+  for (auto& thread : clients)
+    thread.join();
+  EXPECT_EQ(mnist_failed.load(), 0);
+  JsonReply health = Get(*client, "/v2/health/live");
+  EXPECT_EQ(health.status, 200);
+}
+
+TEST_F(IsolatedServeTest, AHangPastTheExecuteTimeoutKillsTheWorkerNotTheServer) {
+  auto client = Client();
+  const auto start = std::chrono::steady_clock::now();
+  JsonReply hung = Post(*client, "/v2/models/crashy/infer", RowRequest(9090));
+  const auto took = std::chrono::steady_clock::now() - start;
+  EXPECT_NE(hung.status, 200);
+  EXPECT_NE(hung.status, 0);
+  EXPECT_THAT(hung.text, HasSubstr("ran past the worker's call timeout of 1000 ms"));
+  EXPECT_LT(took, 10s);
+  EXPECT_EQ(Get(*client, "/v2/health/live").status, 200);
+}
+
+}  // namespace
+}  // namespace backplane::testing
