@@ -197,7 +197,7 @@ void BackendWorker::Monitor() {
 
 Status BackendWorker::DeadError(std::string_view what) const {
   const auto ended = death();
-  return Status(StatusCode::kUnavailable, label() + " runs in worker process " + std::to_string(pid_) +
+  return Status(LoadReason::kCrashed, label() + " runs in worker process " + std::to_string(pid_) +
                      ", which " + (ended ? ended->ToString() : std::string("is stopping")) +
                      (what.empty() ? "" : " during " + std::string(what)));
 }

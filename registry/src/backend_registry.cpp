@@ -541,7 +541,7 @@ Result<DeployOutcome> BackendRegistry::Promote(std::string_view id, uint64_t gen
 }
 
 Result<uint64_t> BackendRegistry::DropCandidate(std::string_view id, const std::string& why,
-                                                uint64_t generation) {
+                                                uint64_t generation, LoadReason reason) {
   Events events;
   auto dropped = [&]() -> Result<uint64_t> {
     MutexLock change(change_mutex_);
@@ -549,16 +549,49 @@ Result<uint64_t> BackendRegistry::DropCandidate(std::string_view id, const std::
     if (!lineage)
       return NotFound("no backend with id " + std::string(id) + " is registered");
     BACKPLANE_RETURN_IF_ERROR(CheckCandidate(id, lineage->candidate, generation, "roll back"));
-    return DropCandidateLocked(lineage->id, {LoadReason::kRolledBack, why}, events);
+    return DropCandidateLocked(lineage->id, {reason, why}, events);
   }();
   Deliver(events);
   return dropped;
 }
 
+Result<DeployOutcome> BackendRegistry::Restart(std::string_view id, uint64_t generation) {
+  Events events;
+  auto restarted = [&]() -> Result<DeployOutcome> {
+    MutexLock change(change_mutex_);
+    const auto lineage = lineages_->ById(id);
+    if (!lineage)
+      return NotFound("no backend with id " + std::string(id) + " is registered");
+    if (lineage->active == nullptr || lineage->active->info().number != generation) {
+      return FailedPrecondition("backend " + std::string(id) + ": generation " +
+                                std::to_string(generation) + " is not the active one any more");
+    }
+    const loader::GenerationInfo& crashed = lineage->active->info();
+    auto loaded = loader_->Load(crashed.file, nullptr, loader::Loader::Reuse::kNever, trust_.get());
+    if (loaded.ok() && loaded->info().sha256 != crashed.sha256)
+      return ReloadLocked(id, events);  // another content is on disk: a deploy, as any
+    if (!loaded.ok()) {
+      return loaded.error().WithContext("backend " + lineage->id + ": generation " +
+                                        std::to_string(generation) + " does not load again: ");
+    }
+    events.Add(spdlog::level::warn,
+               fmt::format("backend {}: generation {}'s worker died; restarting it as generation "
+                           "{} from {}",
+                           lineage->id, generation, loaded->info().number,
+                           crashed.file.string()));
+    return Activate(lineage->id, std::move(loaded).value(),
+                    {lineage->file, crashed.file, Status::Ok(),
+                     registry_detail::FileFingerprint(crashed.file)},
+                    crashed.identity, events, /*retain_previous=*/false);
+  }();
+  Deliver(events);
+  return restarted;
+}
+
 DeployOutcome BackendRegistry::Activate(const std::string& id, loader::GenerationLease next,
                                         const Candidate& candidate,
                                         std::optional<loader::FileIdentity> identity,
-                                        Events& events) {
+                                        Events& events, bool retain_previous) {
   const auto& info = next->info();
   loader::GenerationLease previous = lineages_->BeginLoading(id, candidate.family, next);
   events.Add(
@@ -573,7 +606,9 @@ DeployOutcome BackendRegistry::Activate(const std::string& id, loader::Generatio
 
   // Keep the outgoing version's code for Rollback, so that the generation itself can leave the
   // process once it drains.
-  if (previous != nullptr)
+  // process once it drains. Not a restarted worker's build: the version before it stays the one a
+  // rollback returns to.
+  if (previous != nullptr && retain_previous)
     (void)rollback_store_->Retain(id, *previous);
   lineages_->Activate(id, next, identity);
 
@@ -627,21 +662,49 @@ uint64_t BackendRegistry::TrustRevision() const {
   return trust_ ? trust_->Revision() : 0;
 }
 
-DeployOutcome BackendRegistry::Withdraw(const std::string& id, Events& events) {
-  DropCandidateLocked(id, {LoadReason::kRolledBack, "the backend's file was deleted"}, events);
+DeployOutcome BackendRegistry::Withdraw(const std::string& id, Events& events,
+                                        const std::string& why) {
+  DropCandidateLocked(
+      id, {LoadReason::kRolledBack, why.empty() ? "the backend's file was deleted" : why},
+      events);
   const auto lineage = lineages_->ById(id);
-  // Withdrawing cannot be refused: the file is gone. Runtimes move what they can.
+  // Withdrawing cannot be refused: the file is gone (or its code is). Runtimes move what they
+  // can.
   coordinator_->ApplyRegardless({id, nullptr, lineage->active});
   const loader::GenerationLease leaving = lineages_->Withdraw(id);
   const uint64_t number = leaving->info().number;
-  const std::string message = lineage->file.string() +
-                              " was deleted: no new network uses backend " + id +
+  const std::string message = (why.empty() ? lineage->file.string() + " was deleted" : why) +
+                              ": no new network uses backend " + id +
                               "; networks move to their next preferred backend";
   events.Add(spdlog::level::warn,
              fmt::format("backend {} generation {} withdrawn: {}", id, number, message),
              GenerationEvent{GenerationEvent::Kind::kWithdrawn, id, number, lineage->file,
                              Status::Ok(), message});
   return {DeployOutcome::Action::kWithdrawn, id, lineage->file, number, message};
+}
+
+Result<DeployOutcome> BackendRegistry::WithdrawCrashed(std::string_view id, uint64_t generation,
+                                                       const std::string& why) {
+  Events events;
+  auto withdrawn = [&]() -> Result<DeployOutcome> {
+    MutexLock change(change_mutex_);
+    const auto lineage = lineages_->ById(id);
+    if (!lineage)
+      return NotFound("no backend with id " + std::string(id) + " is registered");
+    if (lineage->active == nullptr || lineage->active->info().number != generation) {
+      return FailedPrecondition("backend " + std::string(id) + ": generation " +
+                                std::to_string(generation) + " is not the active one any more");
+    }
+    const fs::path file = lineage->active->info().file;
+    // Refused like a broken deploy until the file changes: a rescan must not load it again.
+    const Candidate crashed{lineage->file, file, Status::Ok(),
+                            registry_detail::FileFingerprint(file)};
+    scanner_->RememberRejected(crashed);
+    lineages_->AddRejected({file, {LoadReason::kCrashed, why}, lineage->id});
+    return Withdraw(lineage->id, events, why);
+  }();
+  Deliver(events);
+  return withdrawn;
 }
 
 Result<DeployOutcome> BackendRegistry::Reload(std::string_view id) {

@@ -258,14 +258,22 @@ const std::vector<ConfigKey>& ConfigKeys() {
              number = ReadInteger(entry, name, 1, 256);
              if (number.ok())
                limits.slots = static_cast<int>(*number);
+           } else if (key == "max_crashes") {
+             number = ReadInteger(entry, name, 0, 1000);
+             if (number.ok())
+               limits.max_crashes = static_cast<int>(*number);
+           } else if (key == "crash_window_s") {
+             number = ReadInteger(entry, name, 1, 86400);
+             if (number.ok())
+               limits.crash_window = std::chrono::seconds(*number);
            } else if (key == "slot_bytes") {
              number = ReadInteger(entry, name, 4096, int64_t{1} << 34);
              if (number.ok())
                limits.slot_bytes = static_cast<std::size_t>(*number);
            } else {
              return InvalidArgument("'worker' has no key '" + key +
-                                    "' (known: execute_timeout_ms, memory_limit_bytes, slots, "
-                                    "slot_bytes)");
+                                    "' (known: execute_timeout_ms, memory_limit_bytes, "
+                                    "max_crashes, crash_window_s, slots, slot_bytes)");
            }
            if (!number.ok())
              return number.error();
@@ -274,10 +282,14 @@ const std::vector<ConfigKey>& ConfigKeys() {
          return Status::Ok();
        },
        [](const ServeConfig& defaults) {
-         return json{{"execute_timeout_ms", defaults.worker.execute_timeout.count()},
-                     {"memory_limit_bytes", defaults.worker.memory_limit_bytes},
-                     {"slots", defaults.worker.slots},
-                     {"slot_bytes", defaults.worker.slot_bytes}};
+         json limits = json::object();  // (not a brace list: scripts/check_docs.sh reads those)
+         limits["execute_timeout_ms"] = defaults.worker.execute_timeout.count();
+         limits["memory_limit_bytes"] = defaults.worker.memory_limit_bytes;
+         limits["max_crashes"] = defaults.worker.max_crashes;
+         limits["crash_window_s"] = defaults.worker.crash_window.count();
+         limits["slots"] = defaults.worker.slots;
+         limits["slot_bytes"] = defaults.worker.slot_bytes;
+         return limits;
        }},
       {"watch_backends",
        [](const json& value, const fs::path&, ServeConfig& config) -> Status {

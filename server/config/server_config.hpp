@@ -80,6 +80,10 @@ struct ServeConfig {
     std::size_t memory_limit_bytes = 0;  // a worker's resident memory past it kills it; 0: none
     int slots = 4;                       // calls one worker runs at once
     std::size_t slot_bytes = 64u << 20;  // the largest request or reply of one call
+    // An active generation's worker that died is restarted, until it died max_crashes times
+    // within crash_window: then the previous build is rolled back to.
+    int max_crashes = 3;
+    std::chrono::seconds crash_window{60};
   } worker;
 
   // ---- Hot reload

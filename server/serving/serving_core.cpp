@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "backplane/isolation/worker_runner.hpp"
+#include "backplane/registry/crash_supervisor.hpp"
 #include "serving/serving_log.hpp"
 
 namespace backplane::server {
@@ -27,7 +28,8 @@ std::string DescribeBackends(const Runtime& runtime) {
 
 // The loader: the process's shared one, or with backend_isolation one of the server's own that
 // runs the isolated backends' generations in worker processes.
-Result<std::shared_ptr<loader::Loader>> MakeLoader(const ServeConfig& config) {
+Result<std::shared_ptr<loader::Loader>> MakeLoader(
+    const ServeConfig& config, const std::shared_ptr<CrashSupervisor>& supervisor) {
   isolation::IsolationPolicy isolation;
   for (const auto& [id, isolated] : config.backend_isolation) {
     if (id == "*")
@@ -41,7 +43,13 @@ Result<std::shared_ptr<loader::Loader>> MakeLoader(const ServeConfig& config) {
   isolation.worker.memory_limit_bytes = config.worker.memory_limit_bytes;
   isolation.worker.slots = static_cast<uint32_t>(config.worker.slots);
   isolation.worker.slot_bytes = config.worker.slot_bytes;
-  return loader::Loader::Create({.out_of_process = isolation::MakeWorkerRunner(isolation)});
+  auto on_crash = [weak = std::weak_ptr<CrashSupervisor>(supervisor)](
+                      const isolation::WorkerCrash& crash) {
+    if (auto alive = weak.lock())
+      alive->OnCrash(crash);
+  };
+  return loader::Loader::Create(
+      {.out_of_process = isolation::MakeWorkerRunner(isolation, std::move(on_crash))});
 }
 
 }  // namespace
@@ -49,7 +57,10 @@ Result<std::shared_ptr<loader::Loader>> MakeLoader(const ServeConfig& config) {
 Result<std::unique_ptr<ServingCore>> ServingCore::Start(const ServeConfig& config) {
   auto core = std::unique_ptr<ServingCore>(new ServingCore());
 
-  auto made_loader = MakeLoader(config);
+  core->crash_supervisor_ = std::make_shared<CrashSupervisor>(
+      CrashPolicy{.max_crashes = config.worker.max_crashes,
+                  .crash_window = config.worker.crash_window});
+  auto made_loader = MakeLoader(config, core->crash_supervisor_);
   if (!made_loader.ok())
     return Status(made_loader.error().code(), "backend loader: " + made_loader.error().message());
   core->loader_ = std::move(made_loader).value();
@@ -72,6 +83,7 @@ Result<std::unique_ptr<ServingCore>> ServingCore::Start(const ServeConfig& confi
   // Moved out: a copy left in the Result would keep the registry (and its leases) alive past
   // Stop.
   core->registry_ = std::move(registry).value();
+  core->crash_supervisor_->Attach(core->registry_);
   // Before the reloader starts, so that no event falls between the two.
   core->metrics_.AttachRegistry(*core->registry_);
   core->metrics_observer_ =
@@ -147,7 +159,8 @@ void ServingCore::Stop() {
   while (!transports_.empty())
     transports_.pop_back();
   context_.reset();
-  // 2. No more backend files applied while tearing down.
+  // 2. No more backend files applied while tearing down, no worker restarted.
+  crash_supervisor_.reset();
   reloader_.reset();
   rollouts_.reset();
   // 3. Every model's networks, then every backend instance, then the registry's leases.

@@ -14,6 +14,7 @@
 #include "backplane/loader/loader.hpp"
 #include "backplane/registry/backend_registry.hpp"
 #include "backplane/registry/backend_reloader.hpp"
+#include "backplane/registry/crash_supervisor.hpp"
 #include "backplane/runtime/runtime.hpp"
 #include "config/server_config.hpp"
 #include "metrics/metrics.hpp"
@@ -63,6 +64,8 @@ class ServingCore {
   // Declaration order is the start order; Stop releases them in reverse, explicitly.
   ServerMetrics metrics_;  // observed by everything: outlives all of it
   std::atomic<bool> ready_{false};
+  // Decides what a worker's death costs (backend_isolation); its workers' listeners hold it weakly.
+  std::shared_ptr<CrashSupervisor> crash_supervisor_;
   std::shared_ptr<loader::Loader> loader_;  // held to wait for the last unloads
   std::shared_ptr<BackendRegistry> registry_;
   std::optional<uint64_t> metrics_observer_;

@@ -82,7 +82,7 @@ class IsolatedServeTest : public ::testing::Test {
     config.watch_backends = false;
     Status applied = server::ApplyConfigText(
         R"({"backend_isolation": {"TestCrash": "process"},
-            "worker": {"execute_timeout_ms": 1000}})",
+            "worker": {"execute_timeout_ms": 1000, "max_crashes": 2}})",
         "test.json", config);
     ASSERT_TRUE(applied.ok()) << applied.ToString();
     auto started = server::StartServer(config);
@@ -133,6 +133,18 @@ TEST_F(IsolatedServeTest, ABackendThatDiesCostsItsWorkerAndTheServerKeepsServing
   EXPECT_THAT(crashed.text, HasSubstr("was killed by signal 11 (SIGSEGV)"));
   EXPECT_THAT(crashed.text, HasSubstr("backend TestCrash generation"));
 
+  // The worker is restarted as a new generation of the same file, and serves again.
+  const auto crashed_at = std::chrono::steady_clock::now();
+  ASSERT_TRUE(Eventually(
+      [&] { return Post(*client, "/v2/models/crashy/infer", RowRequest(1)).status == 200; }, 20s));
+  std::printf("serving again %lld ms after the crash\n",
+              static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                         std::chrono::steady_clock::now() - crashed_at)
+                                         .count()));
+  JsonReply backend = Get(*client, "/v2/backends/TestCrash");
+  ASSERT_EQ(backend.status, 200) << backend.text;
+  EXPECT_GT(backend.body["active_generation"].get<uint64_t>(), 2u) << backend.text;
+
   const int before = mnist_ok.load();
   ASSERT_TRUE(Eventually([&] { return mnist_ok.load() > before + 20; }, 20s));
   stop.store(true);
@@ -141,6 +153,35 @@ TEST_F(IsolatedServeTest, ABackendThatDiesCostsItsWorkerAndTheServerKeepsServing
   EXPECT_EQ(mnist_failed.load(), 0);
   JsonReply health = Get(*client, "/v2/health/live");
   EXPECT_EQ(health.status, 200);
+}
+
+TEST_F(IsolatedServeTest, ABuildThatKeepsDyingIsNotRestartedPastMaxCrashes) {
+  auto client = Client();
+  // max_crashes 2 (SetUp): two deaths are restarted, the third is not (no previous build).
+  for (int death = 1; death <= 3; ++death) {
+    ASSERT_TRUE(Eventually(
+        [&] { return Post(*client, "/v2/models/crashy/infer", RowRequest(1)).status == 200; },
+        20s))
+        << "death " << death;
+    JsonReply crashed = Post(*client, "/v2/models/crashy/infer", RowRequest(9060));
+    EXPECT_THAT(crashed.text, HasSubstr("SIGABRT")) << "death " << death;
+  }
+  // It stays down, withdrawn with its file refused as CRASHED (no other build to roll back to),
+  // while MNIST answers.
+  JsonReply backends;
+  ASSERT_TRUE(Eventually(
+      [&] {
+        backends = Get(*client, "/v2/backends");
+        return backends.text.find("CRASHED") != std::string::npos;
+      },
+      10s))
+      << backends.text;
+  EXPECT_THAT(backends.text, HasSubstr("3 deaths within 60 s (max_crashes 2)"));
+  JsonReply down = Post(*client, "/v2/models/crashy/infer", RowRequest(1));
+  EXPECT_NE(down.status, 200) << down.text;
+  JsonReply mnist = Post(*client, "/v2/models/mnist/infer", MnistRequestBody(0));
+  ASSERT_EQ(mnist.status, 200);
+  EXPECT_EQ(ArgMax(mnist.body), MnistLabel(0));
 }
 
 TEST_F(IsolatedServeTest, AHangPastTheExecuteTimeoutKillsTheWorkerNotTheServer) {
@@ -153,6 +194,57 @@ TEST_F(IsolatedServeTest, AHangPastTheExecuteTimeoutKillsTheWorkerNotTheServer) 
   EXPECT_THAT(hung.text, HasSubstr("ran past the worker's call timeout of 1000 ms"));
   EXPECT_LT(took, 10s);
   EXPECT_EQ(Get(*client, "/v2/health/live").status, 200);
+}
+
+// A progressive candidate that dies in its shadow phase (every backend isolated): rolled back at
+// once with CRASHED, and no client request fails, since a shadow run answers nobody.
+TEST(IsolatedRolloutTest, ACandidateThatDiesInTheShadowIsRolledBackAndNoClientSeesIt) {
+  ServeHome home;
+  home.Write("models/identity/1/model.onnx", CrashIdentityModel());
+  home.Write("models/identity/config.json", R"({"backends": ["TestValid"]})");
+  const fs::path backend_file = home.backends() / "Test_Valid_backend.so";
+  CopyFile(Fixture("Valid"), backend_file);
+  ServeConfig config = server::DefaultServeConfig();
+  config.models = home.models();
+  config.backends = std::vector<fs::path>{home.backends()};
+  config.listen = "127.0.0.1:0";
+  config.grpc_listen = server::kGrpcOff;
+  config.watch_backends = false;
+  ASSERT_TRUE(server::ApplyConfigText(
+                  R"({"backend_isolation": {"*": "process"}, "deploy_policy": "progressive",
+                      "rollout": {"shadow_fraction": 1.0, "min_samples": 1000000}})",
+                  "test.json", config)
+                  .ok());
+  auto started = server::StartServer(config);
+  ASSERT_TRUE(started.ok()) << started.error().ToString();
+  server::RunningServer running = std::move(started).value();
+  auto client = std::make_unique<httplib::Client>("127.0.0.1", running.http.port);
+  client->set_read_timeout(30, 0);
+
+  home.Publish(Fixture("ValidCrashes"), backend_file.filename());
+  JsonReply deployed = Post(*client, "/v2/backends/TestValid/reload", "");
+  ASSERT_EQ(deployed.status, 200) << deployed.text;
+  ASSERT_EQ(deployed.body["action"], "candidate") << deployed.text;
+
+  // Rows, some marked: the stable build answers them all; the candidate dies on its shadow run.
+  int failed = 0;
+  for (int i = 0; i < 40; ++i) {
+    const float first = i % 5 == 4 ? 9110.0f : static_cast<float>(i);
+    JsonReply reply = Post(*client, "/v2/models/identity/infer", RowRequest(first));
+    if (reply.status != 200 || reply.body["outputs"][0]["data"][0] != first)
+      ++failed;
+  }
+  EXPECT_EQ(failed, 0);
+  JsonReply status;
+  ASSERT_TRUE(Eventually(
+      [&] {
+        status = Get(*client, "/v2/backends/TestValid");
+        return status.body["candidate_generation"] == 0;
+      },
+      10s))
+      << status.text;
+  EXPECT_THAT(status.text, HasSubstr("CRASHED"));
+  EXPECT_THAT(status.text, HasSubstr("was killed by signal 11 (SIGSEGV)"));
 }
 
 }  // namespace

@@ -148,8 +148,8 @@ TEST(ServeConfigTest, RelativePathsAreRelativeToTheFileAndEveryKeyApplies) {
   EXPECT_EQ(config.rollout.steps, (std::vector<double>{50, 100}));
   // Every key of the table is documented with its default.
   // 20 + the transport's five + grpc_listen + trust + max_buffered_body_bytes + rollout's two
-  // + grpc_max_concurrent_streams
-  EXPECT_EQ(DescribeConfigKeys().size(), 33u);
+  // + grpc_max_concurrent_streams + backend_isolation and worker
+  EXPECT_EQ(DescribeConfigKeys().size(), 35u);
 }
 
 TEST(ServeConfigTest, TrustedBackendsAreDigestsFromOneSource) {

@@ -82,7 +82,10 @@ enum class LoadReason {
   kUntrusted,          // its content's digest is not on the host's trusted list (never mapped)
   kRolledBack,  // a progressive rollout rolled the candidate back (its numbers, or an operator)
   kTooLarge,    // larger than the largest backend file the loader reads
-  kLastReason = kTooLarge,
+  // Its worker process died (isolation/): a candidate rolled back at once, or a stable build past
+  // its worker's crash limit. Not deployed again until another file is published.
+  kCrashed,
+  kLastReason = kCrashed,
 };
 
 constexpr std::string_view ToString(LoadReason reason) {
@@ -133,6 +136,8 @@ constexpr std::string_view ToString(LoadReason reason) {
       return "ROLLED_BACK";
     case LoadReason::kTooLarge:
       return "TOO_LARGE";
+    case LoadReason::kCrashed:
+      return "CRASHED";
   }
   return "UNKNOWN";
 }
@@ -155,6 +160,8 @@ constexpr StatusCode CodeOf(LoadReason reason) {
     case LoadReason::kFileChanged:
     case LoadReason::kFileBusy:
       return StatusCode::kUnavailable;  // a writer is at work: try again soon
+    case LoadReason::kCrashed:
+      return StatusCode::kUnavailable;  // a call failed with its worker: another one may serve
     case LoadReason::kIoError:
     case LoadReason::kFactoryFailed:
       return StatusCode::kInternal;

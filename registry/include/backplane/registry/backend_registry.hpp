@@ -164,8 +164,21 @@ class BackendRegistry : public std::enable_shared_from_this<BackendRegistry> {
   // rejected (LoadReason::kRolledBack, `why` in the message) and unloads once its last request
   // ends; its file is not deployed again until the directory designates another one. Returns
   // the candidate's number; kFailedPrecondition when there is none.
+  // `reason`: kCrashed when its worker died (CrashSupervisor).
   Result<uint64_t> DropCandidate(std::string_view id, const std::string& why,
-                                 uint64_t generation = 0);
+                                 uint64_t generation = 0,
+                                 LoadReason reason = LoadReason::kRolledBack);
+  // The active generation `generation` of `id` ran in a worker process that died (isolation/):
+  // loads its file again as a new generation, in a new worker, and activates it as any deploy
+  // (every runtime prepares it; networks move onto it). When the file on disk no longer has the
+  // content that crashed, that file is deployed instead, as a new file would be (Reload).
+  // kFailedPrecondition when `generation` is not the active one any more.
+  Result<DeployOutcome> Restart(std::string_view id, uint64_t generation);
+  // The active generation `generation` of `id` died too often (CrashSupervisor) and there is no
+  // other build to roll back to: withdrawn as a deleted file is (networks move to their next
+  // preferred backend), and its file refused (CRASHED, `why`) until another file is published.
+  Result<DeployOutcome> WithdrawCrashed(std::string_view id, uint64_t generation,
+                                        const std::string& why);
   DeployPolicy deploy_policy() const { return deploy_policy_; }
 
   std::vector<BackendStatus> Describe() const;  // every id, in registration order
@@ -210,10 +223,15 @@ class BackendRegistry : public std::enable_shared_from_this<BackendRegistry> {
                        std::chrono::milliseconds settle_time, loader::LoadTrace* trace,
                        registry_detail::Events& events) BACKPLANE_REQUIRES(change_mutex_);
   // `identity` is the file's as loaded; nullopt for a rollback, which loads a kept copy.
+  // `retain_previous`: whether the outgoing generation becomes the one Rollback returns to (not
+  // when a worker's build is restarted as itself).
   DeployOutcome Activate(const std::string& id, loader::GenerationLease next,
                          const Candidate& candidate, std::optional<loader::FileIdentity> identity,
-                         registry_detail::Events& events) BACKPLANE_REQUIRES(change_mutex_);
-  DeployOutcome Withdraw(const std::string& id, registry_detail::Events& events)
+                         registry_detail::Events& events, bool retain_previous = true)
+      BACKPLANE_REQUIRES(change_mutex_);
+  // `why`: what withdraws it ("" : its file was deleted).
+  DeployOutcome Withdraw(const std::string& id, registry_detail::Events& events,
+                         const std::string& why = "")
       BACKPLANE_REQUIRES(change_mutex_);
   // DeployPolicy::kProgressive: `next` becomes the candidate of `id` (replacing one under way).
   DeployOutcome Propose(const std::string& id, loader::GenerationLease next,
