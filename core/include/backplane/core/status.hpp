@@ -82,7 +82,11 @@ enum class LoadReason {
   kUntrusted,          // its content's digest is not on the host's trusted list (never mapped)
   kRolledBack,  // a progressive rollout rolled the candidate back (its numbers, or an operator)
   kTooLarge,    // larger than the largest backend file the loader reads
-  kLastReason = kTooLarge,
+  // The process ended without a clean shutdown within the crash grace of activating this content
+  // (the server's state_dir): not loaded again until another file is published or an operator
+  // reloads it.
+  kSuspectedCrash,
+  kLastReason = kSuspectedCrash,
 };
 
 constexpr std::string_view ToString(LoadReason reason) {
@@ -133,6 +137,8 @@ constexpr std::string_view ToString(LoadReason reason) {
       return "ROLLED_BACK";
     case LoadReason::kTooLarge:
       return "TOO_LARGE";
+    case LoadReason::kSuspectedCrash:
+      return "SUSPECTED_CRASH";
   }
   return "UNKNOWN";
 }
@@ -165,6 +171,7 @@ constexpr StatusCode CodeOf(LoadReason reason) {
     case LoadReason::kApiIncompatible:
     case LoadReason::kPrepareFailed:
     case LoadReason::kValidationFailed:
+    case LoadReason::kSuspectedCrash:
       return StatusCode::kFailedPrecondition;
     default:
       return StatusCode::kInvalidArgument;  // the file itself is wrong
