@@ -1,0 +1,293 @@
+// No crash loops: with a state directory, a build activated over one that served and followed by
+// the process dying inside the crash grace is refused at the next start (SUSPECTED_CRASH), which
+// serves the build before it from the copy kept in the state directory. The crash is real: a
+// child process deploys and dies by a signal.
+#include <spdlog/sinks/ringbuffer_sink.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <csignal>
+#include <thread>
+
+#include "backplane/core/logging.hpp"
+#include "backplane/loader/digest.hpp"
+#include "backplane/registry/activation_journal.hpp"
+#include "backplane/registry/backend_registry.hpp"
+#include "test_util.hpp"
+
+namespace backplane {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+using testing::Fixture;
+using ::testing::HasSubstr;
+using testing::TempDir;
+
+std::string Sha256Of(const fs::path& file) {
+  auto digest = loader::Sha256OfFile(file);
+  EXPECT_TRUE(digest.ok()) << digest.error().ToString();
+  return digest.ok() ? digest.value() : "";
+}
+
+// The lines the registry logs while it lives.
+class CapturedLog {
+ public:
+  CapturedLog() : log_(ModuleLogger("backplane.registry")), level_(log_.level()) {
+    log_.sinks().push_back(lines_);
+    log_.set_level(spdlog::level::info);
+  }
+  ~CapturedLog() {
+    log_.sinks().pop_back();
+    log_.set_level(level_);
+  }
+  std::string Text() const {
+    std::string text;
+    for (const auto& line : lines_->last_formatted())
+      text += line;
+    return text;
+  }
+
+ private:
+  std::shared_ptr<spdlog::sinks::ringbuffer_sink_mt> lines_ =
+      std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(256);
+  spdlog::logger& log_;
+  spdlog::level::level_enum level_;
+};
+
+class CrashJournalTest : public ::testing::Test {
+ protected:
+  static constexpr char kFile[] = "Test_Valid_backend.so";
+
+  void SetUp() override {
+    testing::CopyFile(Fixture("Valid"), dir_ / kFile);
+    valid_sha_ = Sha256Of(Fixture("Valid"));
+    crashing_sha_ = Sha256Of(Fixture("ValidCrashesAlways"));
+  }
+
+  // A registry of its own loader (a forked child has none of the parent's threads, the shared
+  // loader's reaper among them).
+  Result<std::shared_ptr<BackendRegistry>> Create(std::chrono::milliseconds grace = 60s) {
+    auto loader = loader::Loader::Create({.shadow_root = shadow_root_.path()});
+    if (!loader.ok())
+      return loader.error();
+    return BackendRegistry::Create({.backend_paths = std::vector{dir_.path()},
+                                    .loader = std::move(loader).value(),
+                                    .settle_time = 0ms,
+                                    .state_dir = state_dir(),
+                                    .crash_grace = grace});
+  }
+  std::shared_ptr<BackendRegistry> CreateOrFail(std::chrono::milliseconds grace = 60s) {
+    auto registry = Create(grace);
+    EXPECT_TRUE(registry.ok()) << registry.error().ToString();
+    return registry.ok() ? std::move(registry).value() : nullptr;
+  }
+
+  // The operator's `cp` over the served file: in place, the bytes of the build before are gone.
+  void CopyOver(std::string_view fixture) { testing::CopyFile(Fixture(fixture), dir_ / kFile); }
+
+  // In a child process: a registry serving Valid gets ValidCrashesAlways copied over its file,
+  // activates it, then `after_deploy` runs and the process dies by SIGKILL (as the OOM killer or
+  // a crashing backend would end it: no clean shutdown). Returns the child's wait status.
+  int DeployThenDie(std::chrono::milliseconds grace,
+                    const std::function<bool(BackendRegistry&)>& after_deploy = {}) {
+    std::fflush(nullptr);
+    const pid_t child = fork();
+    if (child == 0) {
+      auto created = Create(grace);
+      if (!created.ok())
+        _exit(10);
+      const std::shared_ptr<BackendRegistry> registry = std::move(created).value();
+      CopyOver("ValidCrashesAlways");
+      const auto result = registry->Rescan();
+      if (result.outcomes.size() != 1 ||
+          result.outcomes[0].action != DeployOutcome::Action::kActivated) {
+        _exit(11);
+      }
+      if (after_deploy && !after_deploy(*registry))
+        _exit(12);
+      kill(getpid(), SIGKILL);
+      _exit(13);
+    }
+    int status = 0;
+    EXPECT_EQ(waitpid(child, &status, 0), child);
+    return status;
+  }
+
+  std::string ActiveSha(BackendRegistry& registry) {
+    const auto backend = registry.Find("TestValid");
+    return backend && backend->generation ? backend->generation->info().sha256 : "";
+  }
+
+  fs::path state_dir() const { return state_root_ / "state"; }
+
+  TempDir shadow_root_;
+  TempDir state_root_;
+  TempDir dir_;
+  std::string valid_sha_;
+  std::string crashing_sha_;
+};
+
+TEST_F(CrashJournalTest, RefusesTheBuildActiveWhenTheProcessDiedAndServesTheOneBefore) {
+  const int status = DeployThenDie(60s);
+  ASSERT_TRUE(WIFSIGNALED(status)) << "child exit status " << WEXITSTATUS(status);
+  ASSERT_EQ(WTERMSIG(status), SIGKILL);
+
+  CapturedLog log;
+  auto registry = CreateOrFail();
+  ASSERT_NE(registry, nullptr);
+  // The file holds the crashing build only: Valid comes from the state directory's copy.
+  EXPECT_EQ(Sha256Of(dir_ / kFile), crashing_sha_);
+  EXPECT_EQ(ActiveSha(*registry), valid_sha_);
+  const BackendStatus described = registry->Describe("TestValid").value();
+  ASSERT_FALSE(described.rejected.empty());
+  EXPECT_EQ(described.rejected.front().error.reason(), LoadReason::kSuspectedCrash);
+  EXPECT_THAT(described.rejected.front().error.message(), HasSubstr(crashing_sha_));
+  ASSERT_EQ(described.activations.size(), 1u);
+  EXPECT_EQ(described.activations[0].state, ActivationRecord::State::kSuspected);
+  EXPECT_EQ(described.activations[0].sha256, crashing_sha_);
+  const std::string text = log.Text();
+  EXPECT_THAT(text, HasSubstr("SUSPECTED_CRASH"));
+  EXPECT_THAT(text, HasSubstr("serves its previous version"));
+
+  // Still refused by the next rescan and by the start after this one, however it ends.
+  EXPECT_TRUE(registry->Rescan().outcomes.empty());
+  registry.reset();
+  registry = CreateOrFail();
+  ASSERT_NE(registry, nullptr);
+  EXPECT_EQ(ActiveSha(*registry), valid_sha_);
+}
+
+TEST_F(CrashJournalTest, ABuildThatSurvivedItsGraceIsNotSuspectedAfterALaterCrash) {
+  const int status = DeployThenDie(100ms, [](BackendRegistry& registry) {
+    const auto deadline = std::chrono::steady_clock::now() + 10s;
+    while (!registry.ActivationRecords().empty()) {
+      if (std::chrono::steady_clock::now() > deadline)
+        return false;
+      std::this_thread::sleep_for(10ms);
+    }
+    return true;
+  });
+  ASSERT_TRUE(WIFSIGNALED(status)) << "child exit status " << WEXITSTATUS(status);
+
+  auto registry = CreateOrFail();
+  ASSERT_NE(registry, nullptr);
+  EXPECT_EQ(ActiveSha(*registry), crashing_sha_);
+  EXPECT_TRUE(registry->Rejected().empty());
+  EXPECT_TRUE(registry->ActivationRecords().empty());
+}
+
+TEST_F(CrashJournalTest, ACleanShutdownLeavesNothingSuspected) {
+  {
+    auto registry = CreateOrFail();
+    ASSERT_NE(registry, nullptr);
+    CopyOver("ValidCrashesAlways");
+    ASSERT_EQ(registry->Rescan().outcomes.at(0).action, DeployOutcome::Action::kActivated);
+    ASSERT_EQ(registry->ActivationRecords().size(), 1u);
+    EXPECT_EQ(registry->ActivationRecords()[0].state, ActivationRecord::State::kProbation);
+  }
+  auto registry = CreateOrFail();
+  ASSERT_NE(registry, nullptr);
+  EXPECT_EQ(ActiveSha(*registry), crashing_sha_);
+  EXPECT_TRUE(registry->ActivationRecords().empty());
+}
+
+TEST_F(CrashJournalTest, PublishingAnotherFileEndsTheSuspicion) {
+  ASSERT_TRUE(WIFSIGNALED(DeployThenDie(60s)));
+  auto registry = CreateOrFail();
+  ASSERT_NE(registry, nullptr);
+  ASSERT_EQ(ActiveSha(*registry), valid_sha_);
+
+  CopyOver("ValidNext");
+  const auto result = registry->Rescan();
+  ASSERT_EQ(result.outcomes.size(), 1u);
+  EXPECT_EQ(result.outcomes[0].action, DeployOutcome::Action::kActivated);
+  EXPECT_EQ(ActiveSha(*registry), Sha256Of(Fixture("ValidNext")));
+  for (const auto& record : registry->ActivationRecords())
+    EXPECT_NE(record.state, ActivationRecord::State::kSuspected);
+
+  // The suspect published again is a new deploy like any other.
+  CopyOver("ValidCrashesAlways");
+  ASSERT_EQ(registry->Rescan().outcomes.at(0).action, DeployOutcome::Action::kActivated);
+  EXPECT_EQ(ActiveSha(*registry), crashing_sha_);
+}
+
+TEST_F(CrashJournalTest, AnOperatorReloadLoadsTheSuspectAgainOnProbation) {
+  ASSERT_TRUE(WIFSIGNALED(DeployThenDie(60s)));
+  auto registry = CreateOrFail();
+  ASSERT_NE(registry, nullptr);
+  ASSERT_EQ(ActiveSha(*registry), valid_sha_);
+
+  auto reloaded = registry->Reload("TestValid");
+  ASSERT_TRUE(reloaded.ok()) << reloaded.error().ToString();
+  EXPECT_EQ(reloaded->action, DeployOutcome::Action::kActivated) << reloaded->message;
+  EXPECT_EQ(ActiveSha(*registry), crashing_sha_);
+  const auto records = registry->ActivationRecords();
+  ASSERT_EQ(records.size(), 1u);
+  EXPECT_EQ(records[0].state, ActivationRecord::State::kProbation);
+  EXPECT_EQ(records[0].sha256, crashing_sha_);
+}
+
+TEST_F(CrashJournalTest, ABuildFoundAtStartIsNotOnProbation) {
+  CopyOver("ValidCrashesAlways");
+  std::fflush(nullptr);
+  const pid_t child = fork();
+  if (child == 0) {
+    auto created = Create();
+    if (!created.ok())
+      _exit(10);
+    const std::shared_ptr<BackendRegistry> registry = std::move(created).value();
+    if (!registry->ActivationRecords().empty())
+      _exit(11);
+    kill(getpid(), SIGKILL);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFSIGNALED(status)) << "child exit status " << WEXITSTATUS(status);
+  auto registry = CreateOrFail();
+  ASSERT_NE(registry, nullptr);
+  EXPECT_EQ(ActiveSha(*registry), crashing_sha_);
+}
+
+TEST_F(CrashJournalTest, ACorruptJournalIsReportedAndIgnored) {
+  fs::create_directories(state_dir());
+  testing::WriteFile(state_dir() / "activations",
+                     "backplane-activations 1\nsuspected\tTestValid\tnot-a-digest\n");
+  CapturedLog log;
+  auto registry = CreateOrFail();
+  ASSERT_NE(registry, nullptr);
+  EXPECT_EQ(ActiveSha(*registry), valid_sha_);
+  EXPECT_THAT(log.Text(), HasSubstr("crash journal ignored"));
+  EXPECT_TRUE(fs::exists(state_dir() / "activations.corrupt"));
+  // Cut short (no trailer) is corrupt too, not "fewer suspects".
+  const auto contents = [&] {
+    fs::create_directories(state_dir() / "cut");
+    testing::WriteFile(state_dir() / "cut" / "activations", "backplane-activations 1\n");
+    return ReadActivationJournal(state_dir() / "cut");
+  }();
+  EXPECT_FALSE(contents.problem.ok());
+  EXPECT_THAT(contents.problem.message(), HasSubstr("cut short"));
+}
+
+TEST_F(CrashJournalTest, AStateDirThatCannotBeMadeOrIsInUseIsAnErrorNamingIt) {
+  testing::WriteFile(state_root_ / "plain-file", "x");
+  auto loader = loader::Loader::Create({.shadow_root = shadow_root_.path()});
+  ASSERT_TRUE(loader.ok());
+  auto refused = BackendRegistry::Create({.backend_paths = std::vector{dir_.path()},
+                                          .loader = std::move(loader).value(),
+                                          .state_dir = state_root_ / "plain-file" / "state"});
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(refused.error().message(),
+              HasSubstr("state_dir " + (state_root_ / "plain-file" / "state").string()));
+  auto first = CreateOrFail();
+  ASSERT_NE(first, nullptr);
+  auto second = Create();
+  ASSERT_FALSE(second.ok());
+  EXPECT_THAT(second.error().message(), HasSubstr("in use by another process"));
+}
+
+}  // namespace
+}  // namespace backplane
