@@ -741,12 +741,17 @@ Result<DeployOutcome> BackendRegistry::Reload(std::string_view id) {
   auto outcome = [&] {
     MutexLock change(change_mutex_);
     if (journal_ != nullptr) {
-      for (const auto& dropped : journal_->Forget(id)) {
+      const auto dropped = journal_->Forget(id);
+      for (const auto& record : dropped) {
         events.Add(spdlog::level::warn,
                    fmt::format("backend {}: reloaded by an operator: sha256 {} ({}) is no longer "
                                "suspected of a crash and may load again",
-                               id, dropped.sha256, dropped.file.string()));
+                               id, record.sha256, record.file.string()));
       }
+      // The start after the crash had no previous version to serve instead: the id was never
+      // registered, and its refused file is known only as a rejected one.
+      if (!dropped.empty() && !lineages_->ById(id))
+        return ReloadRefusedSuspect(id, events);
     }
     return ReloadLocked(id, events);
   }();
@@ -774,6 +779,19 @@ Result<DeployOutcome> BackendRegistry::ReloadLocked(std::string_view id, Events&
   scanner_->ForgetRejected(candidate->path);
   lineages_->ForgetPinnedSeen(id);
   return DeployIfChanged(*candidate, std::chrono::milliseconds::zero(), events);
+}
+
+Result<DeployOutcome> BackendRegistry::ReloadRefusedSuspect(std::string_view id, Events& events) {
+  for (const auto& rejected : lineages_->Rejected()) {
+    if (rejected.backend_id != id || rejected.error.reason() != LoadReason::kSuspectedCrash)
+      continue;
+    const auto candidate = scanner_->ScanFamily(loader::BackendFamily(rejected.file));
+    if (!candidate)
+      continue;
+    scanner_->ForgetRejected(candidate->path);
+    return DeployIfChanged(*candidate, std::chrono::milliseconds::zero(), events);
+  }
+  return NotFound("no backend with id " + std::string(id) + " is registered");
 }
 
 Result<uint64_t> BackendRegistry::Rollback(std::string_view id) {

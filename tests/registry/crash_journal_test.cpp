@@ -10,6 +10,9 @@
 #include <gtest/gtest.h>
 
 #include <csignal>
+#include <random>
+#include <set>
+#include <sstream>
 #include <thread>
 
 #include "backplane/core/logging.hpp"
@@ -231,6 +234,21 @@ TEST_F(CrashJournalTest, AnOperatorReloadLoadsTheSuspectAgainOnProbation) {
   EXPECT_EQ(records[0].sha256, crashing_sha_);
 }
 
+TEST_F(CrashJournalTest, WithNothingKeptTheSuspectIsRefusedAndAReloadStillLoadsIt) {
+  ASSERT_TRUE(WIFSIGNALED(DeployThenDie(60s)));
+  fs::remove_all(state_dir() / "rollback");
+  auto registry = CreateOrFail();
+  ASSERT_NE(registry, nullptr);
+  EXPECT_FALSE(registry->Find("TestValid").has_value());
+  ASSERT_EQ(registry->Rejected().size(), 1u);
+  EXPECT_EQ(registry->Rejected()[0].error.reason(), LoadReason::kSuspectedCrash);
+
+  auto reloaded = registry->Reload("TestValid");
+  ASSERT_TRUE(reloaded.ok()) << reloaded.error().ToString();
+  EXPECT_EQ(reloaded->action, DeployOutcome::Action::kActivated) << reloaded->message;
+  EXPECT_EQ(ActiveSha(*registry), crashing_sha_);
+}
+
 TEST_F(CrashJournalTest, ABuildFoundAtStartIsNotOnProbation) {
   CopyOver("ValidCrashesAlways");
   std::fflush(nullptr);
@@ -287,6 +305,182 @@ TEST_F(CrashJournalTest, AStateDirThatCannotBeMadeOrIsInUseIsAnErrorNamingIt) {
   auto second = Create();
   ASSERT_FALSE(second.ok());
   EXPECT_THAT(second.error().message(), HasSubstr("in use by another process"));
+}
+
+// ---- The rule against a model of it, over random lives of a process ------------------------
+
+// What the rule says the registry does, for one backend id whose builds are numbered 0..3.
+struct CrashRuleModel {
+  int file = 0;                   // the build the directory holds
+  std::optional<int> active = 0;  // the build served; nullopt: the id serves nothing
+  bool file_current = true;       // `active` was loaded from the file as it is now
+  bool registered = true;         // the id has been active in this life
+  std::optional<int> retained;    // the build the rollback store keeps
+  std::set<int> suspected;
+  std::set<int> probation;  // of this life
+
+  // A new life: what the last one left on probation is suspected; the file's build serves
+  // unless suspected, then the kept one does, if any.
+  void Start() {
+    suspected.insert(probation.begin(), probation.end());
+    probation.clear();
+    registered = true;
+    file_current = !suspected.contains(file);
+    if (file_current)
+      active = file;
+    else if (retained && *retained != file)
+      active = retained;
+    else
+      active = std::nullopt, registered = false;
+  }
+  void Activate(int build) {
+    if (active) {
+      retained = active;
+      probation.insert(build);
+    }
+    active = build;
+    file_current = true;
+    registered = true;
+  }
+  void Publish(int build) {
+    file = build;
+    file_current = false;
+    if (suspected.contains(build)) {
+      if (!active && retained && *retained != build)
+        active = retained, registered = true;
+      return;
+    }
+    suspected.clear();
+    Activate(build);
+  }
+  void Reload() {
+    const bool had_suspects = !suspected.empty();
+    suspected.clear();
+    if ((!registered && !had_suspects) || file_current)
+      return;
+    Activate(file);
+  }
+  std::string ToString() const {
+    auto list = [](const std::set<int>& builds) {
+      std::string text;
+      for (int build : builds)
+        text += std::to_string(build) + " ";
+      return "{" + text + "}";
+    };
+    return "file " + std::to_string(file) + ", active " +
+           (active ? std::to_string(*active) : "none") + ", retained " +
+           (retained ? std::to_string(*retained) : "none") + ", suspected " + list(suspected) +
+           ", probation " + list(probation);
+  }
+};
+
+TEST_F(CrashJournalTest, FollowsTheRuleOverRandomLivesOfTheProcess) {
+  const uint64_t seed = testing::TestSeed();
+  SCOPED_TRACE("seed " + std::to_string(seed) + " (BACKPLANE_TEST_SEED replays it)");
+  std::mt19937_64 random(seed);
+  const std::vector<std::string> builds = {"Valid", "ValidNext", "ValidBuild3", "ValidBuild4"};
+  std::vector<std::string> shas;
+  for (const auto& build : builds)
+    shas.push_back(Sha256Of(Fixture(build)));
+  constexpr auto kGrace = 1000ms;
+  const fs::path report = state_root_ / "report";
+
+  CrashRuleModel model;
+  for (int life = 0; life < 10; ++life) {
+    // Decided here, run in a child that dies by SIGKILL (a crash) or ends cleanly.
+    std::vector<int> ops;  // 0..3: publish that build; 4: reload; 5: survive the grace
+    const int count = std::uniform_int_distribution<int>(1, 4)(random);
+    for (int i = 0; i < count; ++i)
+      ops.push_back(std::uniform_int_distribution<int>(0, 9)(random) < 7
+                        ? std::uniform_int_distribution<int>(0, 3)(random)
+                        : std::uniform_int_distribution<int>(4, 5)(random));
+    const bool crash = std::bernoulli_distribution(0.6)(random);
+    std::fflush(nullptr);
+    const pid_t child = fork();
+    if (child == 0) {
+      std::string failure;
+      auto check = [&](const std::string& step, BackendRegistry& registry) {
+        const std::string expected_active = model.active ? shas[*model.active] : "";
+        std::set<std::string> expected_suspected, expected_probation, suspected, probation;
+        for (int build : model.suspected)
+          expected_suspected.insert(shas[build]);
+        for (int build : model.probation)
+          expected_probation.insert(shas[build]);
+        for (const auto& record : registry.ActivationRecords()) {
+          (record.state == ActivationRecord::State::kSuspected ? suspected : probation)
+              .insert(record.sha256);
+        }
+        if (failure.empty() &&
+            (ActiveSha(registry) != expected_active || suspected != expected_suspected ||
+             probation != expected_probation)) {
+          failure = "life " + std::to_string(life) + ", after " + step + ": the model says " +
+                    model.ToString() + "; the registry serves " + ActiveSha(registry) + " with " +
+                    std::to_string(suspected.size()) + " suspected and " +
+                    std::to_string(probation.size()) + " on probation";
+        }
+      };
+      const auto born = std::chrono::steady_clock::now();
+      model.Start();
+      auto created = Create(kGrace);
+      if (!created.ok())
+        _exit(20);
+      std::shared_ptr<BackendRegistry> registry = std::move(created).value();
+      check("the start", *registry);
+      for (int op : ops) {
+        if (op < 4) {
+          if (op == model.file)
+            op = (op + 1) % 4;  // a publish changes the content
+          CopyOver(builds[op]);
+          (void)registry->Rescan();
+          model.Publish(op);
+          check("publishing " + builds[op], *registry);
+        } else if (op == 4) {
+          (void)registry->Reload("TestValid");
+          model.Reload();
+          check("a reload", *registry);
+        } else {
+          std::this_thread::sleep_for(kGrace + 200ms);
+          model.probation.clear();
+          check("the grace", *registry);
+        }
+      }
+      // A slow machine may have let the grace pass: then the life did survive it.
+      if (std::chrono::steady_clock::now() - born > kGrace / 2) {
+        std::this_thread::sleep_for(kGrace + 200ms);
+        model.probation.clear();
+        check("the grace (a slow life)", *registry);
+      }
+      if (!crash)
+        model.probation.clear();
+      std::string state = failure.empty() ? "ok\n" : failure + "\n";
+      state += std::to_string(model.file) + " " + std::to_string(model.active.value_or(-1)) + " " +
+               std::to_string(model.retained.value_or(-1)) + " ";
+      for (int build : model.suspected)
+        state += "s" + std::to_string(build) + " ";
+      for (int build : model.probation)
+        state += "p" + std::to_string(build) + " ";
+      testing::WriteFile(report, state);
+      if (crash)
+        kill(getpid(), SIGKILL);
+      registry.reset();  // the clean end
+      _exit(0);
+    }
+    int status = 0;
+    ASSERT_EQ(waitpid(child, &status, 0), child);
+    const std::string text = testing::ReadFile(report);
+    const auto newline = text.find('\n');
+    ASSERT_NE(newline, std::string::npos) << "life " << life << ": no report";
+    ASSERT_EQ(text.substr(0, newline), "ok");
+    std::istringstream state(text.substr(newline + 1));
+    int active = 0, retained = 0;
+    state >> model.file >> active >> retained;
+    model.active = active < 0 ? std::nullopt : std::optional<int>(active);
+    model.retained = retained < 0 ? std::nullopt : std::optional<int>(retained);
+    model.suspected.clear();
+    model.probation.clear();
+    for (std::string word; state >> word;)
+      (word[0] == 's' ? model.suspected : model.probation).insert(word[1] - '0');
+  }
 }
 
 }  // namespace

@@ -254,6 +254,10 @@ class BackendRegistry : public std::enable_shared_from_this<BackendRegistry> {
   uint64_t TrustRevision() const;
   Result<DeployOutcome> ReloadLocked(std::string_view id, registry_detail::Events& events)
       BACKPLANE_REQUIRES(change_mutex_);
+  // Reload of an id that a suspected build kept from registering (nothing was kept to serve
+  // instead): its refused file is deployed again.
+  Result<DeployOutcome> ReloadRefusedSuspect(std::string_view id, registry_detail::Events& events)
+      BACKPLANE_REQUIRES(change_mutex_);
 
   // Logs each event and tells the observers. Never with a lock held.
   void Deliver(registry_detail::Events& events) BACKPLANE_EXCLUDES(change_mutex_);
