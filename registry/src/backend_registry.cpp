@@ -68,6 +68,14 @@ bool StillBeingWritten(const Status& error, const fs::path& file,
   return now_ns - last_write_ns < std::chrono::nanoseconds(settle_time).count();
 }
 
+// The rollback store's key for the build that served when the last probation of `id` began: what
+// the start after a crash serves instead of the suspect. Apart from the key Rollback uses (the
+// version before the active one), which a progressive rollout does not change: its candidate runs
+// beside the active generation, and that is the one to go back to.
+std::string ServedBeforeProbationKey(const std::string& id) {
+  return "before-probation/" + id;
+}
+
 // A unique directory for one registry's rollback copies inside the loader's shadow directory.
 fs::path RollbackDirectory(const loader::Loader& loader) {
   static std::atomic<uint64_t> next{1};
@@ -489,8 +497,10 @@ DeployOutcome BackendRegistry::Propose(const std::string& id, loader::Generation
       fmt::format("backend {} generation {} loaded from {}", id, info.number, info.file.string()),
       GenerationEvent{GenerationEvent::Kind::kLoaded, id, info.number, info.file});
   // On probation before any request reaches it (shadow traffic runs its code at once).
-  if (journal_ != nullptr)
+  if (journal_ != nullptr) {
+    (void)rollback_store_->Retain(ServedBeforeProbationKey(id), *active);
     journal_->Activated(id, info.sha256, info.real_path, info.number);
+  }
   Status applied = coordinator_->Apply({id, next, active, BackendChange::Target::kCandidate});
   if (!applied.ok()) {
     if (journal_ != nullptr)
@@ -605,8 +615,10 @@ DeployOutcome BackendRegistry::Activate(const std::string& id, loader::Generatio
   // is not (a crash soon after a start says nothing about any one build, and refusing it would
   // leave its id nothing to serve), nor is a rollback (an operator's choice of a known build).
   const bool probation = journal_ != nullptr && previous != nullptr && identity.has_value();
-  if (probation)
+  if (probation) {
+    (void)rollback_store_->Retain(ServedBeforeProbationKey(id), *previous);
     journal_->Activated(id, info.sha256, info.real_path, info.number);
+  }
   // Every runtime prepares (instances, contexts, networks) before anything switches.
   Status applied = coordinator_->Apply({id, next, previous});
   if (!applied.ok()) {
@@ -683,9 +695,10 @@ DeployOutcome BackendRegistry::RefuseSuspected(const Candidate& candidate,
   if (lineage && lineage->offered())
     return RejectDeploy(candidate, std::move(why), id, 0, events);
 
-  // The start after the crash: the id serves nothing yet. The build before the suspect was kept
-  // in the state directory when the suspect replaced it, whatever has been copied over its file.
-  const auto retained = rollback_store_->Find(id);
+  // The start after the crash: the id serves nothing yet. The build that served when the suspect
+  // went on probation was kept in the state directory then, whatever has been copied over its
+  // file since (the suspect itself, in place).
+  const auto retained = rollback_store_->Find(ServedBeforeProbationKey(id));
   if (!retained || retained->sha256 == sha256) {
     events.Add(spdlog::level::warn,
                fmt::format("backend {}: no previous version is kept in {} to serve instead of the "

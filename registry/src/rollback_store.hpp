@@ -26,7 +26,8 @@ class RollbackStore {
   RollbackStore& operator=(const RollbackStore&) = delete;
 
   // Writes `outgoing`'s code (its sealed copy: the bytes that ran) as the version to roll `id`
-  // back to, replacing the one kept before. False (and logged) when it fails.
+  // back to, replacing the one kept before. False (and logged) when it fails. `id` is a key: the
+  // registry also keeps other versions of an id under keys of their own ("<purpose>/<id>").
   bool Retain(const std::string& id, const loader::Generation& outgoing);
   // A version kept for rollback: the copy, where its code came from, and its digest (checked
   // against the generation loaded from the copy, so a rollback runs exactly what ran before).

@@ -73,13 +73,15 @@ class CrashJournalTest : public ::testing::Test {
 
   // A registry of its own loader (a forked child has none of the parent's threads, the shared
   // loader's reaper among them).
-  Result<std::shared_ptr<BackendRegistry>> Create(std::chrono::milliseconds grace = 60s) {
+  Result<std::shared_ptr<BackendRegistry>> Create(std::chrono::milliseconds grace = 60s,
+                                                  DeployPolicy policy = DeployPolicy::kImmediate) {
     auto loader = loader::Loader::Create({.shadow_root = shadow_root_.path()});
     if (!loader.ok())
       return loader.error();
     return BackendRegistry::Create({.backend_paths = std::vector{dir_.path()},
                                     .loader = std::move(loader).value(),
                                     .settle_time = 0ms,
+                                    .deploy_policy = policy,
                                     .state_dir = state_dir(),
                                     .crash_grace = grace});
   }
@@ -247,6 +249,38 @@ TEST_F(CrashJournalTest, WithNothingKeptTheSuspectIsRefusedAndAReloadStillLoadsI
   ASSERT_TRUE(reloaded.ok()) << reloaded.error().ToString();
   EXPECT_EQ(reloaded->action, DeployOutcome::Action::kActivated) << reloaded->message;
   EXPECT_EQ(ActiveSha(*registry), crashing_sha_);
+}
+
+// The crash loop: a progressive rollout's candidate kills the process in its shadow
+// phase. The start after it serves the stable build the candidate ran beside, not the one before
+// that (which is what a rollback of the stable build would load).
+TEST_F(CrashJournalTest, ACandidateThatCrashedIsRefusedAndTheStableBuildServes) {
+  std::fflush(nullptr);
+  const pid_t child = fork();
+  if (child == 0) {
+    auto created = Create(60s, DeployPolicy::kProgressive);
+    if (!created.ok())
+      _exit(10);
+    const std::shared_ptr<BackendRegistry> registry = std::move(created).value();
+    CopyOver("ValidNext");
+    (void)registry->Rescan();
+    if (!registry->Promote("TestValid").ok())  // ValidNext stable, Valid kept for rollback
+      _exit(11);
+    CopyOver("ValidCrashesAlways");
+    const auto result = registry->Rescan();
+    if (result.outcomes.empty() || result.outcomes[0].action != DeployOutcome::Action::kCandidate)
+      _exit(12);
+    kill(getpid(), SIGKILL);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFSIGNALED(status)) << "child exit status " << WEXITSTATUS(status);
+
+  auto registry = CreateOrFail();
+  ASSERT_NE(registry, nullptr);
+  EXPECT_EQ(ActiveSha(*registry), Sha256Of(Fixture("ValidNext")));
+  ASSERT_FALSE(registry->Rejected().empty());
+  EXPECT_EQ(registry->Rejected().back().error.reason(), LoadReason::kSuspectedCrash);
 }
 
 TEST_F(CrashJournalTest, ABuildFoundAtStartIsNotOnProbation) {
