@@ -8,6 +8,7 @@
 
 #include <csignal>
 
+#include "config/server_config.hpp"
 #include "onnx/model_builder.hpp"
 #include "serve_test_util.hpp"
 
@@ -107,6 +108,29 @@ TEST(ServeCrashLoopTest, AStartAfterACrashingDeployServesTheBuildBeforeIt) {
   server->Signal(SIGTERM);
   EXPECT_EQ(server->WaitForExit(30s), 0) << server->Log();
   EXPECT_THAT(RunCommand(check).output, ::testing::Not(HasSubstr("SUSPECTED_CRASH")));
+}
+
+TEST(ServeCrashLoopTest, ReadsStateDirAndCrashGraceAndRefusesBadValuesNamingTheKey) {
+  server::ServeConfig config = server::DefaultServeConfig();
+  EXPECT_TRUE(config.state_dir.empty());
+  EXPECT_EQ(config.crash_grace, std::chrono::seconds(60));
+  Status applied = server::ApplyConfigText(R"({"state_dir": "state", "crash_grace_s": 5})",
+                                           "/etc/backplane/serve.json", config);
+  ASSERT_TRUE(applied.ok()) << applied.ToString();
+  EXPECT_EQ(config.state_dir, fs::path("/etc/backplane/state"));  // relative to the file
+  EXPECT_EQ(config.crash_grace, std::chrono::seconds(5));
+  const std::pair<const char*, const char*> cases[] = {
+      {R"({"state_dir": ""})", "'state_dir' must name a directory"},
+      {R"({"state_dir": 3})", "'state_dir' must be a string"},
+      {R"({"crash_grace_s": 0})", "'crash_grace_s' must be between 1 and 86400, got 0"},
+      {R"({"crash_grace_s": "60"})", "'crash_grace_s' must be an integer"},
+  };
+  for (const auto& [text, message] : cases) {
+    server::ServeConfig unchanged = server::DefaultServeConfig();
+    Status refused = server::ApplyConfigText(text, "serve.json", unchanged);
+    EXPECT_THAT(refused.message(), HasSubstr(message)) << text;
+    EXPECT_TRUE(unchanged.state_dir.empty()) << text;
+  }
 }
 
 TEST(ServeCrashLoopTest, AStateDirThatCannotBeUsedStopsTheStartNamingTheKey) {
