@@ -283,6 +283,21 @@ TEST_F(CrashJournalTest, ACandidateThatCrashedIsRefusedAndTheStableBuildServes) 
   EXPECT_EQ(registry->Rejected().back().error.reason(), LoadReason::kSuspectedCrash);
 }
 
+TEST_F(CrashJournalTest, ARollbackAfterARestartLoadsTheCopyKeptInTheStateDirectory) {
+  {
+    auto registry = CreateOrFail();
+    ASSERT_NE(registry, nullptr);
+    CopyOver("ValidNext");  // in place: Valid's bytes are nowhere in the backend directory now
+    ASSERT_EQ(registry->Rescan().outcomes.at(0).action, DeployOutcome::Action::kActivated);
+  }
+  auto registry = CreateOrFail();
+  ASSERT_NE(registry, nullptr);
+  ASSERT_EQ(ActiveSha(*registry), Sha256Of(Fixture("ValidNext")));
+  auto rolled_back = registry->Rollback("TestValid");
+  ASSERT_TRUE(rolled_back.ok()) << rolled_back.error().ToString();
+  EXPECT_EQ(ActiveSha(*registry), valid_sha_);
+}
+
 TEST_F(CrashJournalTest, ABuildFoundAtStartIsNotOnProbation) {
   CopyOver("ValidCrashesAlways");
   std::fflush(nullptr);
