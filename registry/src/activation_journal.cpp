@@ -205,12 +205,15 @@ Result<std::unique_ptr<ActivationJournal>> ActivationJournal::Open(
     if (record.state != ActivationRecord::State::kProbation)
       continue;
     record.state = ActivationRecord::State::kSuspected;
+    // The grace of the process that died is not known here (the config may have changed since):
+    // what is known is that the record was still on probation.
     Log().warn(
-        "backend {}: SUSPECTED_CRASH: the previous process ended without a clean shutdown within "
-        "{} s of activating generation {} from {} (sha256 {}, activated {}): that content is not "
-        "loaded again until another file is published or an operator reloads the backend",
-        record.backend_id, grace.count() / 1000.0, record.generation, record.file.string(),
-        record.sha256, Ago(record.activated_at));
+        "backend {}: SUSPECTED_CRASH: the previous process ended without a clean shutdown before "
+        "generation {} from {} (sha256 {}, activated {}) had survived its crash grace: that "
+        "content is not loaded again until another file is published or an operator reloads "
+        "the backend",
+        record.backend_id, record.generation, record.file.string(), record.sha256,
+        Ago(record.activated_at));
   }
   // Written now, so that an unwritable directory stops the start rather than the first deploy,
   // and so that the suspects stay suspects if this process dies too.

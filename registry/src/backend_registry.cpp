@@ -687,10 +687,10 @@ DeployOutcome BackendRegistry::RefuseSuspected(const Candidate& candidate,
   next.reset();  // never offered: it unloads
   Status why{LoadReason::kSuspectedCrash,
              fmt::format("{} (sha256 {}) is suspected of a crash: the process that activated it as "
-                         "generation {} ended without a clean shutdown within {} s; not loaded "
-                         "again until another file is published or an operator reloads backend {}",
-                         candidate.path.string(), sha256, suspect.generation,
-                         journal_->grace().count() / 1000.0, id)};
+                         "generation {} ended without a clean shutdown before it had survived its "
+                         "crash grace; not loaded again until another file is published or an "
+                         "operator reloads backend {}",
+                         candidate.path.string(), sha256, suspect.generation, id)};
   const auto lineage = lineages_->ById(id);
   if (lineage && lineage->offered())
     return RejectDeploy(candidate, std::move(why), id, 0, events);
