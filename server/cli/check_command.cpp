@@ -369,8 +369,10 @@ void RefuseIfSuspected(FileReport& report, const std::vector<ActivationRecord>& 
     report.message =
         report.file + " (sha256 " + report.sha256 + ") is suspected of a crash: the server that " +
         "activated it as generation " + std::to_string(suspect.generation) +
-        " ended without a clean shutdown within its crash_grace_s" +
-        (suspect.state == ActivationRecord::State::kProbation ? " (it is not running now)" : "") +
+        " ended without a clean shutdown before it had survived crash_grace_s" +
+        (suspect.state == ActivationRecord::State::kProbation
+             ? " (no server holds the state directory: the next start suspects it)"
+             : "") +
         "; the server does not load it until another file is published or an operator reloads "
         "backend " +
         suspect.backend_id;
