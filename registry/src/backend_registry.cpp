@@ -68,6 +68,14 @@ bool StillBeingWritten(const Status& error, const fs::path& file,
   return now_ns - last_write_ns < std::chrono::nanoseconds(settle_time).count();
 }
 
+// The rollback store's key for the build that served when the last probation of `id` began: what
+// the start after a crash serves instead of the suspect. Apart from the key Rollback uses (the
+// version before the active one), which a progressive rollout does not change: its candidate runs
+// beside the active generation, and that is the one to go back to.
+std::string ServedBeforeProbationKey(const std::string& id) {
+  return "before-probation/" + id;
+}
+
 // A unique directory for one registry's rollback copies inside the loader's shadow directory.
 fs::path RollbackDirectory(const loader::Loader& loader) {
   static std::atomic<uint64_t> next{1};
@@ -179,9 +187,21 @@ Result<std::shared_ptr<BackendRegistry>> BackendRegistry::Create(BackendRegistry
                  paths.size());
     }
   }
+  // Before anything is loaded: the journal says what the previous process may not load again.
+  std::unique_ptr<ActivationJournal> journal;
+  fs::path rollback_directory = RollbackDirectory(*shared_loader);
+  if (!options.state_dir.empty()) {
+    auto opened = ActivationJournal::Open(options.state_dir, options.crash_grace);
+    if (!opened.ok())
+      return std::move(opened).error();
+    journal = std::move(opened).value();
+    rollback_directory = options.state_dir / "rollback";
+  }
+  const bool durable_rollback = journal != nullptr;
   std::shared_ptr<BackendRegistry> registry(
       new BackendRegistry(std::move(shared_loader), std::move(directories), options.settle_time,
-                          std::move(options.trust), options.deploy_policy));
+                          std::move(options.trust), options.deploy_policy,
+                          std::move(rollback_directory), durable_rollback, std::move(journal)));
   // The reaper tells when a drained generation has left the process (or leaked).
   registry->unload_listener_ = registry->loader_->stats().unload_listeners.Add(
       [raw = registry.get()](const loader::GenerationInfo& generation, bool leaked) {
@@ -212,7 +232,8 @@ BackendRegistry::BackendRegistry(std::shared_ptr<loader::Loader> loader,
                                  std::vector<fs::path> directories,
                                  std::chrono::milliseconds settle_time,
                                  std::shared_ptr<const loader::TrustPolicy> trust,
-                                 DeployPolicy deploy_policy)
+                                 DeployPolicy deploy_policy, fs::path rollback_directory,
+                                 bool durable_rollback, std::unique_ptr<ActivationJournal> journal)
     : loader_(std::move(loader)),
       directories_(std::move(directories)),
       settle_time_(settle_time),
@@ -221,9 +242,10 @@ BackendRegistry::BackendRegistry(std::shared_ptr<loader::Loader> loader,
       scanner_(std::make_unique<registry_detail::BackendScanner>(directories_,
                                                                  loader_->options().file_policy)),
       coordinator_(std::make_unique<registry_detail::ChangeCoordinator>()),
-      rollback_store_(
-          std::make_unique<registry_detail::RollbackStore>(RollbackDirectory(*loader_))),
-      lineages_(std::make_unique<registry_detail::LineageTable>()) {}
+      rollback_store_(std::make_unique<registry_detail::RollbackStore>(
+          std::move(rollback_directory), durable_rollback)),
+      lineages_(std::make_unique<registry_detail::LineageTable>()),
+      journal_(std::move(journal)) {}
 
 uint64_t LiveGenerations::count() const {
   return loader_->stats().live.load(std::memory_order_acquire);
@@ -426,6 +448,20 @@ DeployOutcome BackendRegistry::Deploy(const Candidate& candidate, bool registeri
   if (trace != nullptr)
     trace->Add({"register", true, "backend id " + info.backend_id});
   const std::string id = info.backend_id;
+  if (journal_ != nullptr) {
+    if (auto suspect = journal_->Suspected(id, info.sha256)) {
+      if (trace != nullptr)
+        trace->Add({"crash journal", false, "suspected of a crash"});
+      return RefuseSuspected(candidate, std::move(next), *suspect, events);
+    }
+    // Another file of the id was published: whatever the old one was suspected of is over.
+    for (const auto& dropped : journal_->Forget(id)) {
+      events.Add(spdlog::level::info,
+                 fmt::format("backend {}: sha256 {} is no longer suspected of a crash: {} "
+                             "(sha256 {}) was published since",
+                             id, dropped.sha256, file.string(), info.sha256));
+    }
+  }
   const loader::FileIdentity identity = info.identity;
   // A deploy over a generation that serves is rolled out progressively when so configured; a
   // new id, or one coming back after its file was deleted, has nothing to compare with, and
@@ -460,9 +496,17 @@ DeployOutcome BackendRegistry::Propose(const std::string& id, loader::Generation
       spdlog::level::debug,
       fmt::format("backend {} generation {} loaded from {}", id, info.number, info.file.string()),
       GenerationEvent{GenerationEvent::Kind::kLoaded, id, info.number, info.file});
+  // On probation before any request reaches it (shadow traffic runs its code at once).
+  if (journal_ != nullptr) {
+    (void)rollback_store_->Retain(ServedBeforeProbationKey(id), *active);
+    journal_->Activated(id, info.sha256, info.real_path, info.number);
+  }
   Status applied = coordinator_->Apply({id, next, active, BackendChange::Target::kCandidate});
-  if (!applied.ok())
+  if (!applied.ok()) {
+    if (journal_ != nullptr)
+      journal_->Abandoned(id, info.sha256);
     return RejectDeploy(candidate, std::move(applied), id, info.number, events);
+  }
   lineages_->Propose(id, next, identity);
   candidate_files_.insert_or_assign(id, std::make_unique<Candidate>(candidate));
   const std::string message = "candidate beside generation " +
@@ -599,10 +643,22 @@ DeployOutcome BackendRegistry::Activate(const std::string& id, loader::Generatio
       fmt::format("backend {} generation {} loaded from {}", id, info.number, info.file.string()),
       GenerationEvent{GenerationEvent::Kind::kLoaded, id, info.number, info.file});
 
+  // A new build over one that served is on probation (durably) before its code is asked to do
+  // anything: runtimes prepare on it next, and a crash from here on is its. A build found at start
+  // is not (a crash soon after a start says nothing about any one build, and refusing it would
+  // leave its id nothing to serve), nor is a rollback (an operator's choice of a known build).
+  const bool probation = journal_ != nullptr && previous != nullptr && identity.has_value();
+  if (probation) {
+    (void)rollback_store_->Retain(ServedBeforeProbationKey(id), *previous);
+    journal_->Activated(id, info.sha256, info.real_path, info.number);
+  }
   // Every runtime prepares (instances, contexts, networks) before anything switches.
   Status applied = coordinator_->Apply({id, next, previous});
-  if (!applied.ok())
+  if (!applied.ok()) {
+    if (probation)
+      journal_->Abandoned(id, info.sha256);
     return RejectDeploy(candidate, std::move(applied), id, info.number, events);
+  }
 
   // Keep the outgoing version's code for Rollback, so that the generation itself can leave the
   // process once it drains.
@@ -658,6 +714,55 @@ DeployOutcome BackendRegistry::RejectDeploy(const Candidate& candidate, Status e
           error};
 }
 
+DeployOutcome BackendRegistry::RefuseSuspected(const Candidate& candidate,
+                                               loader::GenerationLease next,
+                                               const ActivationRecord& suspect, Events& events) {
+  const std::string id = next->info().backend_id;
+  const std::string sha256 = next->info().sha256;
+  next.reset();  // never offered: it unloads
+  Status why{LoadReason::kSuspectedCrash,
+             fmt::format("{} (sha256 {}) is suspected of a crash: the process that activated it as "
+                         "generation {} ended without a clean shutdown before it had survived its "
+                         "crash grace; not loaded again until another file is published or an "
+                         "operator reloads backend {}",
+                         candidate.path.string(), sha256, suspect.generation, id)};
+  const auto lineage = lineages_->ById(id);
+  if (lineage && lineage->offered())
+    return RejectDeploy(candidate, std::move(why), id, 0, events);
+
+  // The start after the crash: the id serves nothing yet. The build that served when the suspect
+  // went on probation was kept in the state directory then, whatever has been copied over its
+  // file since (the suspect itself, in place).
+  const auto retained = rollback_store_->Find(ServedBeforeProbationKey(id));
+  if (!retained || retained->sha256 == sha256) {
+    events.Add(spdlog::level::warn,
+               fmt::format("backend {}: no previous version is kept in {} to serve instead of the "
+                           "suspected build",
+                           id, journal_->directory().string()));
+    return RejectDeploy(candidate, std::move(why), id, 0, events);
+  }
+  auto loaded = LoadGeneration(retained->copy, nullptr);
+  if (!loaded.ok() || loaded->info().sha256 != retained->sha256) {
+    events.Add(spdlog::level::err,
+               fmt::format("backend {}: the previous version kept in {} does not load: {}", id,
+                           retained->copy.string(),
+                           loaded.ok() ? "its content changed" : loaded.error().ToString()));
+    return RejectDeploy(candidate, std::move(why), id, 0, events);
+  }
+  DeployOutcome served = Activate(id, std::move(loaded).value(),
+                                  {candidate.family, retained->copy, Status::Ok(),
+                                   registry_detail::FileFingerprint(retained->copy)},
+                                  std::nullopt, events);
+  if (served.action == DeployOutcome::Action::kActivated) {
+    events.Add(spdlog::level::warn,
+               fmt::format("backend {} serves its previous version (generation {}, sha256 {}, kept "
+                           "as {}, from {}) instead of the build suspected of a crash",
+                           id, served.generation, retained->sha256, retained->copy.string(),
+                           retained->resolved_file.string()));
+  }
+  return RejectDeploy(candidate, std::move(why), id, 0, events);
+}
+
 uint64_t BackendRegistry::TrustRevision() const {
   return trust_ ? trust_->Revision() : 0;
 }
@@ -711,6 +816,19 @@ Result<DeployOutcome> BackendRegistry::Reload(std::string_view id) {
   Events events;
   auto outcome = [&] {
     MutexLock change(change_mutex_);
+    if (journal_ != nullptr) {
+      const auto dropped = journal_->Forget(id);
+      for (const auto& record : dropped) {
+        events.Add(spdlog::level::warn,
+                   fmt::format("backend {}: reloaded by an operator: sha256 {} ({}) is no longer "
+                               "suspected of a crash and may load again",
+                               id, record.sha256, record.file.string()));
+      }
+      // The start after the crash had no previous version to serve instead: the id was never
+      // registered, and its refused file is known only as a rejected one.
+      if (!dropped.empty() && !lineages_->ById(id))
+        return ReloadRefusedSuspect(id, events);
+    }
     return ReloadLocked(id, events);
   }();
   Deliver(events);
@@ -737,6 +855,19 @@ Result<DeployOutcome> BackendRegistry::ReloadLocked(std::string_view id, Events&
   scanner_->ForgetRejected(candidate->path);
   lineages_->ForgetPinnedSeen(id);
   return DeployIfChanged(*candidate, std::chrono::milliseconds::zero(), events);
+}
+
+Result<DeployOutcome> BackendRegistry::ReloadRefusedSuspect(std::string_view id, Events& events) {
+  for (const auto& rejected : lineages_->Rejected()) {
+    if (rejected.backend_id != id || rejected.error.reason() != LoadReason::kSuspectedCrash)
+      continue;
+    const auto candidate = scanner_->ScanFamily(loader::BackendFamily(rejected.file));
+    if (!candidate)
+      continue;
+    scanner_->ForgetRejected(candidate->path);
+    return DeployIfChanged(*candidate, std::chrono::milliseconds::zero(), events);
+  }
+  return NotFound("no backend with id " + std::string(id) + " is registered");
 }
 
 Result<uint64_t> BackendRegistry::Rollback(std::string_view id) {
@@ -883,12 +1014,34 @@ std::vector<loader::RejectedFile> BackendRegistry::Rejected() const {
   return lineages_->Rejected();
 }
 
+std::vector<ActivationRecord> BackendRegistry::ActivationRecords() const {
+  return journal_ != nullptr ? journal_->Records() : std::vector<ActivationRecord>{};
+}
+
+namespace {
+
+void AddActivations(BackendStatus& status, const std::vector<ActivationRecord>& records) {
+  for (const auto& record : records) {
+    if (record.backend_id == status.id)
+      status.activations.push_back(record);
+  }
+}
+
+}  // namespace
+
 std::vector<BackendStatus> BackendRegistry::Describe() const {
-  return lineages_->Describe();
+  auto statuses = lineages_->Describe();
+  const auto records = ActivationRecords();
+  for (auto& status : statuses)
+    AddActivations(status, records);
+  return statuses;
 }
 
 std::optional<BackendStatus> BackendRegistry::Describe(std::string_view id) const {
-  return lineages_->Describe(id);
+  auto status = lineages_->Describe(id);
+  if (status)
+    AddActivations(*status, ActivationRecords());
+  return status;
 }
 
 Result<std::shared_ptr<loader::BackendInstance>> BackendRegistry::CreateInstance(

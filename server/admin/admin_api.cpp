@@ -323,6 +323,16 @@ json BackendStatusJson(const BackendStatus& status) {
   json rejected = json::array();
   for (const auto& file : status.rejected)
     rejected.push_back(RejectedFileJson(file));
+  // The state directory's word on this id: builds on probation, and builds suspected of a crash
+  // (refused until another file is published or the backend is reloaded).
+  json activations = json::array();
+  for (const auto& record : status.activations) {
+    activations.push_back({{"state", ToString(record.state)},
+                           {"sha256", record.sha256},
+                           {"file", record.file.string()},
+                           {"generation", record.generation},
+                           {"activated_at", Rfc3339(record.activated_at)}});
+  }
   return {{"id", status.id},
           {"static", status.is_static},
           {"active_generation", status.active_generation},
@@ -331,7 +341,8 @@ json BackendStatusJson(const BackendStatus& status) {
           {"withdrawn", status.withdrawn},
           {"file", status.file.string()},
           {"generations", generations},
-          {"rejected", rejected}};
+          {"rejected", rejected},
+          {"activations", activations}};
 }
 
 Result<OptionValue> OptionFromJson(const json& value, const OptionDescriptor& option,

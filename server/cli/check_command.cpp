@@ -16,6 +16,7 @@
 #include "backplane/loader/digest.hpp"
 #include "backplane/loader/loader.hpp"
 #include "backplane/loader/trust.hpp"
+#include "backplane/registry/activation_journal.hpp"
 #include "backplane/registry/backend_registry.hpp"
 #include "config/server_config.hpp"
 
@@ -339,6 +340,47 @@ json ToJson(const SkippedFile& skipped) {
           {"stages", json::array()}};
 }
 
+// What the state directory of `--config` suspects: its suspects, and, when no server holds the
+// directory, the builds left on probation, which the next start turns into suspects.
+std::vector<ActivationRecord> Suspects(const fs::path& state_dir, bool quiet) {
+  const ActivationJournalContents contents = ReadActivationJournal(state_dir);
+  if (!contents.problem.ok() && !quiet) {
+    std::cout << "crash journal: " << contents.problem.message()
+              << " (the server ignores it and suspects nothing)\n";
+  }
+  std::vector<ActivationRecord> suspects;
+  for (const auto& record : contents.records) {
+    if (record.state == ActivationRecord::State::kSuspected || !contents.in_use)
+      suspects.push_back(record);
+  }
+  if (!quiet) {
+    std::cout << "crash journal: " << state_dir.string() << ": " << suspects.size()
+              << " build(s) suspected of a crash"
+              << (contents.in_use ? " (a server holds the directory)" : "") << "\n";
+  }
+  return suspects;
+}
+
+void RefuseIfSuspected(FileReport& report, const std::vector<ActivationRecord>& suspects) {
+  for (const auto& suspect : suspects) {
+    if (suspect.backend_id != report.id || suspect.sha256 != report.sha256)
+      continue;
+    report.reason = LoadReason::kSuspectedCrash;
+    report.message =
+        report.file + " (sha256 " + report.sha256 + ") is suspected of a crash: the server that " +
+        "activated it as generation " + std::to_string(suspect.generation) +
+        " ended without a clean shutdown before it had survived crash_grace_s" +
+        (suspect.state == ActivationRecord::State::kProbation
+             ? " (no server holds the state directory: the next start suspects it)"
+             : "") +
+        "; the server does not load it until another file is published or an operator reloads "
+        "backend " +
+        suspect.backend_id;
+    report.stages.push_back({"crash journal", false, report.message});
+    return;
+  }
+}
+
 }  // namespace
 
 // `check --digest`: one sha256sum line per backend file, the line a trusted list takes. Only the
@@ -372,6 +414,7 @@ int RunCheck(const CheckOptions& options) {
     return PrintDigests(options);
   std::vector<fs::path> backend_paths = DefaultBackendPaths();
   std::shared_ptr<const loader::TrustPolicy> trust;
+  std::vector<ActivationRecord> suspects;
   if (!options.config.empty()) {
     ServeConfig config = DefaultServeConfig();
     Status applied = ApplyConfigFile(options.config, config);
@@ -383,6 +426,8 @@ int RunCheck(const CheckOptions& options) {
     }
     trust = std::move(made).value();
     backend_paths = config.backends.value_or(backend_paths);
+    if (!config.state_dir.empty())
+      suspects = Suspects(config.state_dir, options.json);
     if (!options.json) {
       std::cout << "trust: "
                 << (trust ? trust->Describe() : "any content (the config sets no trust policy)")
@@ -414,6 +459,8 @@ int RunCheck(const CheckOptions& options) {
   std::map<std::string, std::string> files_by_real_path;
   for (const auto& file : files) {
     FileReport report = CheckFile(file, options.allow_unsafe_permissions, trust.get());
+    if (!report.reason)
+      RefuseIfSuspected(report, suspects);
     if (!report.reason) {
       // Each file is checked in its own process, so files given together are compared here.
       std::error_code error;

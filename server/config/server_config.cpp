@@ -309,6 +309,21 @@ const std::vector<ConfigKey>& ConfigKeys() {
          return ApplyRolloutPolicy(value, "'rollout'", config.rollout);
        },
        [](const ServeConfig& defaults) { return RolloutPolicyJson(defaults.rollout); }},
+      {"state_dir",
+       [](const json& value, const fs::path& base, ServeConfig& config) -> Status {
+         auto text = ReadString(value, "state_dir");
+         if (!text.ok())
+           return text.error();
+         if (text->empty())
+           return InvalidArgument("'state_dir' must name a directory, got \"\"");
+         config.state_dir = Resolve(base, text.value());
+         return Status::Ok();
+       },
+       [](const ServeConfig& defaults) {
+         return defaults.state_dir.empty() ? json("none (nothing outlives the process)")
+                                           : json(defaults.state_dir.string());
+       }},
+      DurationKey("crash_grace_s", &ServeConfig::crash_grace, 1, 86400),
       {"trusted_backends",
        [](const json& value, const fs::path&, ServeConfig& config) -> Status {
          auto digests = ReadStrings(value, "trusted_backends");
@@ -463,6 +478,7 @@ std::string ConfigToJson(const ServeConfig& config) {
   } else {
     object["trusted_signing_keys"] = nullptr;
   }
+  object["state_dir"] = config.state_dir.empty() ? json(nullptr) : json(config.state_dir.string());
   object["trusted_backends_file"] = config.trusted_backends_file.empty()
                                         ? json(nullptr)
                                         : json(config.trusted_backends_file.string());

@@ -95,6 +95,11 @@ struct ServeConfig {
   // or rolled back by the numbers of `rollout`; docs/hot-reload.md, "Progressive rollout").
   std::string deploy_policy = "immediate";
   RolloutPolicy rollout;  // the default policy of every progressive rollout
+  // Where the server keeps what must outlive it (docs/operators.md, "Crash loops and state_dir");
+  // empty: nothing. With it, a deploy the process does not survive by crash_grace is not loaded
+  // again at the next start (SUSPECTED_CRASH), and the copy a rollback loads lives there.
+  std::filesystem::path state_dir;
+  std::chrono::seconds crash_grace{60};  // config key crash_grace_s
 
   // ---- Trust (docs/operators.md, "Securing the backend directory")
   // SHA-256 digests (lowercase hex) of the only backend content that may load; nullopt: any.

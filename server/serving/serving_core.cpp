@@ -77,7 +77,10 @@ Result<std::unique_ptr<ServingCore>> ServingCore::Start(const ServeConfig& confi
                                            .trust = trust_policy,
                                            .deploy_policy = config.deploy_policy == "progressive"
                                                                 ? DeployPolicy::kProgressive
-                                                                : DeployPolicy::kImmediate});
+                                                                : DeployPolicy::kImmediate,
+                                           .state_dir = config.state_dir,
+                                           .crash_grace = config.crash_grace});
+  // A state_dir that cannot be used stops the start: its message begins "state_dir <path>: ".
   if (!registry.ok())
     return Status(registry.error().code(), "backend registry: " + registry.error().message());
   // Moved out: a copy left in the Result would keep the registry (and its leases) alive past

@@ -128,7 +128,7 @@ TEST(ServeConfigTest, RelativePathsAreRelativeToTheFileAndEveryKeyApplies) {
     "keep_alive_max_requests": 10, "inference_threads": 2, "max_in_flight": 7,
     "swap_policy": "pin", "watch_backends": false, "watch_debounce_ms": 10,
     "rescan_interval_ms": 0, "grpc_listen": "off", "deploy_policy": "progressive",
-    "rollout": {"steps": [50, 100]}})");
+    "rollout": {"steps": [50, 100]}, "state_dir": "state", "crash_grace_s": 30})");
   ServeConfig config = DefaultServeConfig();
   ASSERT_TRUE(ApplyConfigFile(dir / "serve.json", config).ok());
   EXPECT_EQ(config.models, dir.path() / "repo");
@@ -146,10 +146,12 @@ TEST(ServeConfigTest, RelativePathsAreRelativeToTheFileAndEveryKeyApplies) {
   EXPECT_EQ(config.grpc_listen, "off");
   EXPECT_EQ(config.deploy_policy, "progressive");
   EXPECT_EQ(config.rollout.steps, (std::vector<double>{50, 100}));
+  EXPECT_EQ(config.state_dir, dir.path() / "state");
+  EXPECT_EQ(config.crash_grace, std::chrono::seconds(30));
   // Every key of the table is documented with its default.
   // 20 + the transport's five + grpc_listen + trust + max_buffered_body_bytes + rollout's two
-  // + grpc_max_concurrent_streams + backend_isolation and worker
-  EXPECT_EQ(DescribeConfigKeys().size(), 35u);
+  // + grpc_max_concurrent_streams + backend_isolation and worker + state_dir and crash_grace_s
+  EXPECT_EQ(DescribeConfigKeys().size(), 37u);
 }
 
 TEST(ServeConfigTest, TrustedBackendsAreDigestsFromOneSource) {

@@ -82,6 +82,10 @@ enum class LoadReason {
   kUntrusted,          // its content's digest is not on the host's trusted list (never mapped)
   kRolledBack,  // a progressive rollout rolled the candidate back (its numbers, or an operator)
   kTooLarge,    // larger than the largest backend file the loader reads
+  // The process ended without a clean shutdown within the crash grace of activating this content
+  // (the server's state_dir): not loaded again until another file is published or an operator
+  // reloads it.
+  kSuspectedCrash,
   // Its worker process died (isolation/): a candidate rolled back at once, or a stable build past
   // its worker's crash limit. Not deployed again until another file is published.
   kCrashed,
@@ -136,6 +140,8 @@ constexpr std::string_view ToString(LoadReason reason) {
       return "ROLLED_BACK";
     case LoadReason::kTooLarge:
       return "TOO_LARGE";
+    case LoadReason::kSuspectedCrash:
+      return "SUSPECTED_CRASH";
     case LoadReason::kCrashed:
       return "CRASHED";
   }
@@ -172,6 +178,7 @@ constexpr StatusCode CodeOf(LoadReason reason) {
     case LoadReason::kApiIncompatible:
     case LoadReason::kPrepareFailed:
     case LoadReason::kValidationFailed:
+    case LoadReason::kSuspectedCrash:
       return StatusCode::kFailedPrecondition;
     default:
       return StatusCode::kInvalidArgument;  // the file itself is wrong

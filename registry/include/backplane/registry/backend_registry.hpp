@@ -17,6 +17,7 @@
 #include "backplane/core/listener_list.hpp"
 #include "backplane/core/thread_annotations.hpp"
 #include "backplane/loader/loader.hpp"
+#include "backplane/registry/activation_journal.hpp"
 #include "backplane/registry/backend_change.hpp"
 #include "backplane/registry/generation_status.hpp"
 #include "backplane/sdk/backend.hpp"
@@ -61,6 +62,15 @@ struct BackendRegistryOptions {
   // again when it changes or when the policy's Revision() does (checked at every rescan).
   std::shared_ptr<const loader::TrustPolicy> trust;
   DeployPolicy deploy_policy = DeployPolicy::kImmediate;
+  // Where the registry keeps what must outlive the process (docs/operators.md, "Crash loops and
+  // state_dir"); empty: nothing is kept. With one, each activation of a new generation over one
+  // that served (a deploy, a promotion, a rollout candidate) is on probation for `crash_grace`
+  // (ActivationJournal); content whose probation the process did not survive is refused at the
+  // next start (LoadReason::kSuspectedCrash), which serves the version before it from the copy the
+  // rollback store keeps here. Create fails naming the directory when it cannot be created,
+  // locked or written. One registry per directory at a time.
+  std::filesystem::path state_dir;
+  std::chrono::milliseconds crash_grace{60000};
 };
 
 // One registered backend id and the generation it offers now.
@@ -141,7 +151,8 @@ class BackendRegistry : public std::enable_shared_from_this<BackendRegistry> {
   // file registers a new id; a deleted file withdraws its id. The watcher calls this.
   RescanResult Rescan();
   // Looks at the file of `id` now. kNotFound for an unknown id, kFailedPrecondition for a
-  // static one.
+  // static one. An operator's word: content of `id` suspected of a crash (SUSPECTED_CRASH) is
+  // loaded again.
   Result<DeployOutcome> Reload(std::string_view id);
   // Makes the version before the active one active again, as a new generation loaded from the
   // copy kept for this. Returns its number; kFailedPrecondition when there is none or a
@@ -181,6 +192,9 @@ class BackendRegistry : public std::enable_shared_from_this<BackendRegistry> {
                                         const std::string& why);
   DeployPolicy deploy_policy() const { return deploy_policy_; }
 
+  // What the state directory remembers (empty without BackendRegistryOptions::state_dir).
+  std::vector<ActivationRecord> ActivationRecords() const;
+
   std::vector<BackendStatus> Describe() const;  // every id, in registration order
   std::optional<BackendStatus> Describe(std::string_view id) const;
 
@@ -205,7 +219,9 @@ class BackendRegistry : public std::enable_shared_from_this<BackendRegistry> {
   BackendRegistry(std::shared_ptr<loader::Loader> loader,
                   std::vector<std::filesystem::path> directories,
                   std::chrono::milliseconds settle_time,
-                  std::shared_ptr<const loader::TrustPolicy> trust, DeployPolicy deploy_policy);
+                  std::shared_ptr<const loader::TrustPolicy> trust, DeployPolicy deploy_policy,
+                  std::filesystem::path rollback_directory, bool durable_rollback,
+                  std::unique_ptr<ActivationJournal> journal);
   void Unsubscribe(uint64_t subscriber_id);
 
   // The change sequence: each of these runs with change_mutex_ held and reports what it did
@@ -246,9 +262,19 @@ class BackendRegistry : public std::enable_shared_from_this<BackendRegistry> {
   DeployOutcome RejectDeploy(const Candidate& candidate, Status error, std::string backend_id,
                              uint64_t generation, registry_detail::Events& events,
                              uint64_t trust_revision = 0) BACKPLANE_REQUIRES(change_mutex_);
+  // `next` is content the state directory suspects of a crash: refused; when `id` serves
+  // nothing yet (the start after the crash), the version before it is served from the rollback
+  // store's copy instead.
+  DeployOutcome RefuseSuspected(const Candidate& candidate, loader::GenerationLease next,
+                                const ActivationRecord& suspect, registry_detail::Events& events)
+      BACKPLANE_REQUIRES(change_mutex_);
   // The trust policy's revision now (0 without one).
   uint64_t TrustRevision() const;
   Result<DeployOutcome> ReloadLocked(std::string_view id, registry_detail::Events& events)
+      BACKPLANE_REQUIRES(change_mutex_);
+  // Reload of an id that a suspected build kept from registering (nothing was kept to serve
+  // instead): its refused file is deployed again.
+  Result<DeployOutcome> ReloadRefusedSuspect(std::string_view id, registry_detail::Events& events)
       BACKPLANE_REQUIRES(change_mutex_);
 
   // Logs each event and tells the observers. Never with a lock held.
@@ -276,6 +302,9 @@ class BackendRegistry : public std::enable_shared_from_this<BackendRegistry> {
       BACKPLANE_GUARDED_BY(change_mutex_);
   // Thread-safe on its own (one short lock): read by queries, written by changes.
   const std::unique_ptr<registry_detail::LineageTable> lineages_;
+  // Thread-safe on its own; null without a state directory. Destroyed with the registry: a clean
+  // end, nothing on probation is suspected.
+  const std::unique_ptr<ActivationJournal> journal_;
 
   ListenerList<GenerationEvent> observers_{"generation observer"};
 };

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "backplane/loader/backend_file.hpp"
+#include "backplane/registry/activation_journal.hpp"
 #include "backplane/sdk/backend.hpp"
 
 namespace backplane {
@@ -56,6 +57,9 @@ struct BackendStatus {
   std::filesystem::path file;                  // the file its generations come from
   std::vector<GenerationStatus> generations;   // newest first, bounded history
   std::vector<loader::RejectedFile> rejected;  // rejected deploys of `file`, newest first
+  // What the state directory records for this id: content on probation, and content suspected of
+  // a crash (refused until another file is published or the backend is reloaded).
+  std::vector<ActivationRecord> activations;
 };
 
 // What a rescan or a reload did about one backend file.
