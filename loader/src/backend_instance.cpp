@@ -9,11 +9,12 @@ Workload::Workload(std::shared_ptr<BackendInstance> instance, std::unique_ptr<IW
     : instance_(std::move(instance)), workload_(std::move(workload)) {}
 
 Workload::~Workload() {
-  GuardBackendCall([&] { instance_->Confined("IWorkload::~IWorkload", [&] { workload_.reset(); }); },
-                   [&](std::string_view what) {
-                     Log().error("backend {} generation {} threw from a workload's destructor: {}",
-                                 instance_->id(), instance_->generation_number(), what);
-                   });
+  GuardBackendCall(
+      [&] { instance_->Confined("IWorkload::~IWorkload", [&] { workload_.reset(); }); },
+      [&](std::string_view what) {
+        Log().error("backend {} generation {} threw from a workload's destructor: {}",
+                    instance_->id(), instance_->generation_number(), what);
+      });
 }
 
 Status Workload::Execute(std::span<const ConstTensorView> inputs,
@@ -30,11 +31,12 @@ BackendInstance::BackendInstance(std::string id, std::unique_ptr<IBackend> backe
   // API 1.2, gated like every method added after 1.0 (a 1.1 backend's vtable has no slot for it):
   // the host's services for parallel work, before any other call but GetId.
   if (Implements({1, 2})) {
-    GuardBackendCall([&] { Confined("IBackend::SetHost", [&] { backend_->SetHost(&HostServices()); }); },
-                     [&](std::string_view what) {
-                       Log().error("backend {} generation {} threw from SetHost: {}", id_,
-                                   generation_number(), what);
-                     });
+    GuardBackendCall(
+        [&] { Confined("IBackend::SetHost", [&] { backend_->SetHost(&HostServices()); }); },
+        [&](std::string_view what) {
+          Log().error("backend {} generation {} threw from SetHost: {}", id_, generation_number(),
+                      what);
+        });
   }
 }
 
@@ -53,8 +55,9 @@ BackendInstance::~BackendInstance() {
 }
 
 Status BackendInstance::IsSupported(const OperatorDesc& op) const {
-  return GuardBackendCall(id_, "IsSupported",
-                          [&] { return Confined("IBackend::IsSupported", [&] { return backend_->IsSupported(op); }); });
+  return GuardBackendCall(id_, "IsSupported", [&] {
+    return Confined("IBackend::IsSupported", [&] { return backend_->IsSupported(op); });
+  });
 }
 
 Result<std::unique_ptr<Workload>> BackendInstance::CreateWorkload(const OperatorDesc& op) {
@@ -120,8 +123,9 @@ Status BackendInstance::UpdateOptions(const BackendOptions& changes) {
 }
 
 Result<OptionValue> BackendInstance::GetOption(std::string_view key) const {
-  return GuardBackendCall(id_, "GetOption",
-                          [&] { return Confined("IBackend::GetOption", [&] { return backend_->GetOption(key); }); });
+  return GuardBackendCall(id_, "GetOption", [&] {
+    return Confined("IBackend::GetOption", [&] { return backend_->GetOption(key); });
+  });
 }
 
 std::shared_ptr<BackendInstance> MakeBackendInstance(std::string id,

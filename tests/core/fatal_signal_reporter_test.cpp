@@ -15,6 +15,7 @@
 
 #include "backplane/core/backend_call_record.hpp"
 #include "backplane/core/fatal_signal_reporter.hpp"
+#include "sanitizer_build.hpp"
 #include "test_util.hpp"
 
 namespace backplane {
@@ -167,7 +168,8 @@ TEST_F(FatalSignalReporterDeathTest, StackOverflowOnAnotherThreadIsReportedToo) 
           RecurseForever(0);
         }).join();
       },
-      KilledBySignal(SIGSEGV), "fatal signal SIGSEGV .* ran IWorkload::Execute; the process ends\n");
+      KilledBySignal(SIGSEGV),
+      "fatal signal SIGSEGV .* ran IWorkload::Execute; the process ends\n");
 }
 
 void PreviousHandler(int) {
@@ -188,6 +190,21 @@ TEST_F(FatalSignalReporterDeathTest, HandsTheSignalToTheHandlerThatWasThere) {
       "fatal signal SIGSEGV \\(11, address 0x0\\).*outside backend code; the process "
       "ends\nthe previous handler ran\n");
 }
+
+#ifdef BACKPLANE_ASAN_BUILD
+// AddressSanitizer's SEGV handler was there first: it still gets the fault, and reports it after
+// the line.
+TEST_F(FatalSignalReporterDeathTest, LeavesTheFaultToAddressSanitizerAfterTheLine) {
+  EXPECT_DEATH(
+      {
+        if (!InstallFatalSignalReporter().ok())
+          _exit(99);
+        WriteThroughNull();
+      },
+      "fatal signal SIGSEGV \\(11, address 0x0\\).*outside backend code; the process ends\n"
+      ".*AddressSanitizer: SEGV on unknown address");
+}
+#endif
 
 TEST_F(FatalSignalReporterDeathTest, AppendsTheLineToTheLogFilesItWasGiven) {
   // Forked, not run again from the start: the child writes to the parent's temporary file.
