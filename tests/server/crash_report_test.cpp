@@ -107,6 +107,12 @@ class CrashReportTest : public ::testing::Test {
 };
 
 TEST_F(CrashReportTest, NullWriteInExecuteNamesTheBackendCallThenDiesOfSigsegv) {
+#ifdef BACKPLANE_ASAN_BUILD
+  // The preset builds the fixture with UndefinedBehaviorSanitizer, unrecoverable: it stops the
+  // null write before it faults (no suppression applies). The reporter's answer to a null write
+  // under AddressSanitizer is FatalSignalReporterDeathTest's.
+  GTEST_SKIP() << "UBSan stops the fixture's null write before it faults";
+#endif
   Infer(kNullWrite);
   ASSERT_TRUE(server_->WaitForExit(30s).has_value());
   EXPECT_EQ(server_->terminating_signal(), SIGSEGV);
