@@ -9,17 +9,19 @@ Workload::Workload(std::shared_ptr<BackendInstance> instance, std::unique_ptr<IW
     : instance_(std::move(instance)), workload_(std::move(workload)) {}
 
 Workload::~Workload() {
-  GuardBackendCall([&] { instance_->Confined([&] { workload_.reset(); }); },
-                   [&](std::string_view what) {
-                     Log().error("backend {} generation {} threw from a workload's destructor: {}",
-                                 instance_->id(), instance_->generation_number(), what);
-                   });
+  GuardBackendCall(
+      [&] { instance_->Confined("IWorkload::~IWorkload", [&] { workload_.reset(); }); },
+      [&](std::string_view what) {
+        Log().error("backend {} generation {} threw from a workload's destructor: {}",
+                    instance_->id(), instance_->generation_number(), what);
+      });
 }
 
 Status Workload::Execute(std::span<const ConstTensorView> inputs,
                          std::span<const TensorView> outputs) {
   return GuardBackendCall(instance_->id(), "IWorkload::Execute", [&] {
-    return instance_->Confined([&] { return workload_->Execute(inputs, outputs); });
+    return instance_->Confined("IWorkload::Execute",
+                               [&] { return workload_->Execute(inputs, outputs); });
   });
 }
 
@@ -29,22 +31,23 @@ BackendInstance::BackendInstance(std::string id, std::unique_ptr<IBackend> backe
   // API 1.2, gated like every method added after 1.0 (a 1.1 backend's vtable has no slot for it):
   // the host's services for parallel work, before any other call but GetId.
   if (Implements({1, 2})) {
-    GuardBackendCall([&] { Confined([&] { backend_->SetHost(&HostServices()); }); },
-                     [&](std::string_view what) {
-                       Log().error("backend {} generation {} threw from SetHost: {}", id_,
-                                   generation_number(), what);
-                     });
+    GuardBackendCall(
+        [&] { Confined("IBackend::SetHost", [&] { backend_->SetHost(&HostServices()); }); },
+        [&](std::string_view what) {
+          Log().error("backend {} generation {} threw from SetHost: {}", id_, generation_number(),
+                      what);
+        });
   }
 }
 
 BackendInstance::~BackendInstance() {
   // Rule 5: the backend finishes all of its own work before its code can be unmapped.
-  GuardBackendCall([&] { Confined([&] { backend_->Shutdown(); }); },
+  GuardBackendCall([&] { Confined("IBackend::Shutdown", [&] { backend_->Shutdown(); }); },
                    [&](std::string_view what) {
                      Log().error("backend {} generation {} threw from Shutdown: {}", id_,
                                  generation_number(), what);
                    });
-  GuardBackendCall([&] { Confined([&] { backend_.reset(); }); },
+  GuardBackendCall([&] { Confined("IBackend::~IBackend", [&] { backend_.reset(); }); },
                    [&](std::string_view what) {
                      Log().error("backend {} generation {} threw from its destructor: {}", id_,
                                  generation_number(), what);
@@ -52,13 +55,14 @@ BackendInstance::~BackendInstance() {
 }
 
 Status BackendInstance::IsSupported(const OperatorDesc& op) const {
-  return GuardBackendCall(id_, "IsSupported",
-                          [&] { return Confined([&] { return backend_->IsSupported(op); }); });
+  return GuardBackendCall(id_, "IsSupported", [&] {
+    return Confined("IBackend::IsSupported", [&] { return backend_->IsSupported(op); });
+  });
 }
 
 Result<std::unique_ptr<Workload>> BackendInstance::CreateWorkload(const OperatorDesc& op) {
   auto created = GuardBackendCall(id_, "CreateWorkload", [&] {
-    return Confined([&] { return backend_->CreateWorkload(op); });
+    return Confined("IBackend::CreateWorkload", [&] { return backend_->CreateWorkload(op); });
   });
   if (!created.ok())
     return std::move(created).error();
@@ -76,7 +80,8 @@ Result<CompiledWorkload> BackendInstance::CompileSubgraph(const SubgraphDesc& su
                          std::to_string(api_version().minor) + ", which has no CompileSubgraph");
   }
   auto compiled = GuardBackendCall(id_, "CompileSubgraph", [&]() -> Result<CompiledSubgraph> {
-    return Confined([&] { return backend_->CompileSubgraph(subgraph); });
+    return Confined("IBackend::CompileSubgraph",
+                    [&] { return backend_->CompileSubgraph(subgraph); });
   });
   if (!compiled.ok())
     return std::move(compiled).error();
@@ -94,14 +99,15 @@ Result<CompiledWorkload> BackendInstance::CompileSubgraph(const SubgraphDesc& su
 Result<std::unique_ptr<IBackendContext>> BackendInstance::CreateBackendContext() {
   return GuardBackendCall(id_, "CreateBackendContext",
                           [&]() -> Result<std::unique_ptr<IBackendContext>> {
-                            return Confined([&] { return backend_->CreateBackendContext(); });
+                            return Confined("IBackend::CreateBackendContext",
+                                            [&] { return backend_->CreateBackendContext(); });
                           });
 }
 
 std::vector<OptionDescriptor> BackendInstance::DescribeOptions() const {
   auto described =
       GuardBackendCall(id_, "DescribeOptions", [&]() -> Result<std::vector<OptionDescriptor>> {
-        return Confined([&] { return backend_->DescribeOptions(); });
+        return Confined("IBackend::DescribeOptions", [&] { return backend_->DescribeOptions(); });
       });
   if (!described.ok()) {
     Log().error("{}", described.error().message());
@@ -112,13 +118,14 @@ std::vector<OptionDescriptor> BackendInstance::DescribeOptions() const {
 
 Status BackendInstance::UpdateOptions(const BackendOptions& changes) {
   return GuardBackendCall(id_, "UpdateOptions", [&] {
-    return Confined([&] { return backend_->UpdateOptions(changes); });
+    return Confined("IBackend::UpdateOptions", [&] { return backend_->UpdateOptions(changes); });
   });
 }
 
 Result<OptionValue> BackendInstance::GetOption(std::string_view key) const {
-  return GuardBackendCall(id_, "GetOption",
-                          [&] { return Confined([&] { return backend_->GetOption(key); }); });
+  return GuardBackendCall(id_, "GetOption", [&] {
+    return Confined("IBackend::GetOption", [&] { return backend_->GetOption(key); });
+  });
 }
 
 std::shared_ptr<BackendInstance> MakeBackendInstance(std::string id,

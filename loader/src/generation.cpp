@@ -77,7 +77,10 @@ Generation::~Generation() {
     confinement_->WaitUntilEmpty();
     confinement_.reset();
   }
-  library_.Close();
+  {
+    const ScopedBackendCall running(CallSite("dlclose (its static destructors)"));
+    library_.Close();
+  }
   // dlclose does not say whether the library left the process. Asking for the name it was mapped
   // by with RTLD_NOLOAD does: glibc only answers with a handle while the library is still mapped.
   // The sealed copy's descriptor is still open, so that name is still this library's alone.

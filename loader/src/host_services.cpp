@@ -7,9 +7,11 @@
 
 #include <algorithm>
 #include <exception>
+#include <optional>
 #include <string>
 
 #include "backplane/core/backend_call.hpp"
+#include "backplane/core/backend_call_record.hpp"
 #include "backplane/core/thread_annotations.hpp"
 
 namespace backplane::loader {
@@ -50,6 +52,33 @@ class FailureRecord {
   std::size_t count_ BACKPLANE_GUARDED_BY(mutex_) = 0;
 };
 
+// A function a backend handed the host, running on some thread (a TBB worker, or the caller's):
+// the thread's backend call record says it is that backend's code, as the call that handed it
+// over (`caller`, null: none was recorded) and, where given, for the caller's model.
+// Thread-compatible: one per function run, on that thread's stack.
+class ScopedHostedCall {
+ public:
+  ScopedHostedCall(const std::optional<BackendCallSite>& caller, const char* model,
+                   const char* what) {
+    if (caller) {
+      BackendCallSite site = *caller;
+      site.call = what;
+      call_.emplace(site);
+    }
+    if (model != nullptr)
+      model_.emplace(model);
+  }
+
+ private:
+  std::optional<ScopedBackendCall> call_;
+  std::optional<ScopedModelRun> model_;  // declared last: restored first
+};
+
+std::optional<BackendCallSite> CallingSite() {
+  const BackendCallSite* caller = CurrentBackendCall();
+  return caller != nullptr ? std::optional<BackendCallSite>(*caller) : std::nullopt;
+}
+
 // Thread-safe as IHostTaskGroup.
 class TbbTaskGroup final : public IHostTaskGroup {
  public:
@@ -62,7 +91,13 @@ class TbbTaskGroup final : public IHostTaskGroup {
   void Run(HostTaskFn task, void* context) override {
     // The lambda is host code: the backend's task returns into it, and only then does TBB's
     // (host-instantiated) task code release the group's wait.
-    group_->run([this, task, context] { failures_.Guard([&] { task(context); }); });
+    // The caller's site is copied: its strings are its generation's, which outlives the
+    // backend's tasks (it waits for them before it shuts down). Not its model: a task may
+    // outlive the request that started it.
+    group_->run([this, task, context, caller = CallingSite()] {
+      const ScopedHostedCall running(caller, nullptr, "a task given to IHostTaskGroup::Run");
+      failures_.Guard([&] { task(context); });
+    });
   }
 
   Status Wait() override {
@@ -89,8 +124,14 @@ class TbbHost final : public IHost {
       // One chunk: no task, no hand-off to another thread.
       failures.Guard([&] { body(context, 0, n); });
     } else {
+      // Every chunk is the caller's code, on whichever thread runs it; the caller's model is
+      // alive until this call returns, after every chunk.
+      const std::optional<BackendCallSite> caller = CallingSite();
+      const char* model = CurrentModel();
       tbb::parallel_for(tbb::blocked_range<std::size_t>(0, n, grain),
                         [&](const tbb::blocked_range<std::size_t>& range) {
+                          const ScopedHostedCall running(caller, model,
+                                                         "a body given to IHost::ParallelFor");
                           failures.Guard([&] { body(context, range.begin(), range.end()); });
                         });
     }

@@ -13,6 +13,7 @@
 #include <tbb/task_arena.h>
 
 #include "backplane/core/backend_call.hpp"
+#include "backplane/core/backend_call_record.hpp"
 #include "backplane/loader/dependencies.hpp"
 #include "backplane/loader/digest.hpp"
 #include "backplane/loader/elf_inspector.hpp"
@@ -132,8 +133,12 @@ std::string NullFactoryReason(const EntryPoints& entry_points) {
 
 // An entry point of the library being loaded, called through the one guard: what escapes it fails
 // the load with `reason`, naming the file and the entry point.
+// `site`: the call as a crash report names it (the library's own code runs).
 template <typename Call>
-Status CallEntryPoint(const fs::path& file, std::string_view name, LoadReason reason, Call&& call) {
+Status CallEntryPoint(const fs::path& file, const BackendCallSite& site, LoadReason reason,
+                      Call&& call) {
+  const std::string_view name = site.call;
+  const ScopedBackendCall running(site);
   return GuardBackendCall(
       [&] {
         call();
@@ -373,7 +378,22 @@ Result<GenerationLease> Loader::LoadNew(const BackendFile& file, LoadTrace* trac
   // RTLD_LOCAL keeps two versions of one backend from binding to each other's symbols.
   // The sealed copy by its descriptor: a name that reaches those bytes and nothing else.
   const fs::path mapped_path = image->ProcPath();
-  LibraryHandle library(dlopen(mapped_path.c_str(), RTLD_NOW | RTLD_LOCAL));
+  // From dlopen on, the library's own code runs (its static constructors, then its entry
+  // points): a crash in it names the file being loaded, and its id once GetBackendId said it.
+  // The strings are this function's, alive across each call.
+  std::string loading_id;
+  auto loading = [&](const char* call) {
+    return BackendCallSite{.backend_id = loading_id.empty() ? nullptr : loading_id.c_str(),
+                           .generation = number,
+                           .sha256 = sha256.c_str(),
+                           .file = file.real_path.c_str(),
+                           .call = call};
+  };
+  LibraryHandle library;
+  {
+    const ScopedBackendCall running(loading("dlopen (its static constructors)"));
+    library = LibraryHandle(dlopen(mapped_path.c_str(), RTLD_NOW | RTLD_LOCAL));
+  }
   if (library.get() == nullptr) {
     return tracer.Fail(
         "dlopen",
@@ -409,7 +429,7 @@ Result<GenerationLease> Loader::LoadNew(const BackendFile& file, LoadTrace* trac
   tracer.Pass("entry points", "GetBackendId, GetVersion, BackendFactory");
 
   const char* raw_id = nullptr;
-  if (Status called = CallEntryPoint(file.path, "GetBackendId", LoadReason::kInvalidId,
+  if (Status called = CallEntryPoint(file.path, loading("GetBackendId"), LoadReason::kInvalidId,
                                      [&] { raw_id = entry_points.get_backend_id(); });
       !called.ok()) {
     return tracer.Fail("id", std::move(called));
@@ -422,9 +442,10 @@ Result<GenerationLease> Loader::LoadNew(const BackendFile& file, LoadTrace* trac
   if (!IsValidBackendId(id))
     return tracer.Fail("id", InvalidIdError(file, id));
   tracer.Pass("id", id);
+  loading_id = id;
 
   BackendApiVersion api{};
-  if (Status called = CallEntryPoint(file.path, "GetVersion", LoadReason::kApiIncompatible,
+  if (Status called = CallEntryPoint(file.path, loading("GetVersion"), LoadReason::kApiIncompatible,
                                      [&] { entry_points.get_version(&api.major, &api.minor); });
       !called.ok()) {
     return tracer.Fail("version", std::move(called));
@@ -436,6 +457,7 @@ Result<GenerationLease> Loader::LoadNew(const BackendFile& file, LoadTrace* trac
 
   std::string release;
   if (entry_points.get_backend_release != nullptr) {
+    const ScopedBackendCall running(loading("GetBackendRelease"));
     GuardBackendCall(
         [&] {
           if (const char* text = entry_points.get_backend_release())
@@ -485,6 +507,7 @@ Result<std::shared_ptr<BackendInstance>> Loader::CreateInstance(const Generation
   std::string failure;
   GuardBackendCall(
       [&] {
+        const ScopedBackendCall running(generation->CallSite("BackendFactory"));
         raw = generation->RunConfined(generation->entry_points().backend_factory);
         if (raw == nullptr)
           failure = NullFactoryReason(generation->entry_points());
@@ -497,7 +520,11 @@ Result<std::shared_ptr<BackendInstance>> Loader::CreateInstance(const Generation
   auto instance =
       MakeBackendInstance(info.backend_id, std::unique_ptr<IBackend>(raw), generation, reaper_);
   const std::string instance_id = GuardBackendCall(
-      [&] { return std::string(raw->GetId()); }, [](std::string_view) { return "<GetId threw>"; });
+      [&] {
+        const ScopedBackendCall running(generation->CallSite("IBackend::GetId"));
+        return std::string(raw->GetId());
+      },
+      [](std::string_view) { return "<GetId threw>"; });
   if (instance_id != info.backend_id) {
     return Status{LoadReason::kInvalidId, info.file.string() + ": the instance says its id is '" +
                                               instance_id + "' but GetBackendId says '" +

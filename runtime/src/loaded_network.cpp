@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "backplane/core/backend_call_record.hpp"
 #include "runtime_log.hpp"
 
 namespace backplane {
@@ -156,6 +157,7 @@ struct LoadedNetwork::PendingBuild {
       claim.Abandon();
       return;
     }
+    const ScopedModelRun running(alive->network().name.c_str());  // `alive` holds it
     claim.Publish(alive->BuildShapeProgram(shapes, std::move(slot_shapes)));
   }
   // Refused by a full queue, dropped by a shutdown, or thrown out of Build: releases the claim
@@ -179,6 +181,9 @@ Result<std::unique_ptr<LoadedNetwork>> LoadedNetwork::Create(std::shared_ptr<con
                                                              ShapeProgramOptions shape_programs) {
   BACKPLANE_RETURN_IF_ERROR(CheckShapes(*network));
   std::unique_ptr<LoadedNetwork> loaded(new LoadedNetwork(std::move(network)));
+  // The backend calls below (support queries, workloads, compiled runs) are for this model, as
+  // a crash report says; the name is the network's, which `loaded` holds.
+  const ScopedModelRun running(loaded->network().name.c_str());
   loaded->shape_program_options_ = std::move(shape_programs);
   loaded->NumberInputs();
   auto planned = loaded->Place(backends);
@@ -628,6 +633,8 @@ Status LoadedNetwork::ValidateInputs(std::span<const ConstTensorView> inputs) co
 }
 
 Result<std::vector<Tensor>> LoadedNetwork::Execute(std::span<const ConstTensorView> inputs) const {
+  // Whoever executes the network holds it, and so its name, until this returns.
+  const ScopedModelRun running(network_->name.c_str());
   BACKPLANE_RETURN_IF_ERROR(ValidateInputs(inputs));
   if (!has_dynamic_shapes_)
     return RunSteps(load_time_steps_, load_time_shapes_, inputs);

@@ -43,8 +43,7 @@ class Runtime::CandidateChange final : public SlotChange {
     auto routes = std::make_shared<CandidateRoutes>(*runtime_.candidate_routes_.Load());
     routes->erase(id_);
     if (slot_) {
-      placed_context_ = slot_->context.get();
-      runtime_.candidate_backends_.emplace(id_, *std::move(slot_));
+      placed_ = &runtime_.candidate_backends_.emplace(id_, *std::move(slot_)).first->second;
       slot_.reset();
       auto route = std::make_shared<CandidateRoute>();
       route->backend_id = id_;
@@ -60,7 +59,7 @@ class Runtime::CandidateChange final : public SlotChange {
   }
 
   void AfterCommit() override {
-    TellLoadedAndReleaseTurn(placed_context_, hooked_, " candidate");
+    TellLoadedAndReleaseTurn(placed_, hooked_, " candidate");
     if (generation_ != 0) {
       RuntimeLog().info(
           "backend {}: generation {} is a candidate beside {}; {} network(s) bound on it", id_,
@@ -80,7 +79,7 @@ class Runtime::CandidateChange final : public SlotChange {
   const uint64_t stable_generation_;
   std::size_t bound_ = 0;
   std::optional<BackendSlot> replaced_;
-  IBackendContext* placed_context_ = nullptr;
+  const BackendSlot* placed_ = nullptr;  // the new candidate slot, once committed
 };
 
 Result<std::unique_ptr<PreparedChange>> Runtime::PrepareCandidateChange(
@@ -129,6 +128,8 @@ Result<std::unique_ptr<PreparedChange>> Runtime::PrepareCandidateChange(
     prepared->networks_.emplace(network.id, std::move(bound).value());
     if (slot.value().context != nullptr) {
       Status before = GuardBackendCall(id, "BeforeLoadNetwork", [&] {
+        const ScopedBackendCall hook(
+            slot.value().instance->CallSite("IBackendContext::BeforeLoadNetwork"));
         return slot.value().context->BeforeLoadNetwork(network.id);
       });
       if (!before.ok()) {

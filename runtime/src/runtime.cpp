@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "backplane/core/backend_call.hpp"
+#include "backplane/core/backend_call_record.hpp"
 #include "backplane/sdk/thread_limits.hpp"
 #include "loaded_network.hpp"
 #include "rollout_meter.hpp"
@@ -340,7 +341,7 @@ Runtime::ContextList Runtime::CurrentContexts() const {
   ContextList contexts;
   for (const auto& [id, slot] : backends_) {
     if (slot.context != nullptr)  // a backend without a context
-      contexts.emplace_back(id, slot.context.get());
+      contexts.push_back({id, slot.context.get(), slot.instance.get()});
   }
   return contexts;
 }
@@ -385,10 +386,12 @@ Result<NetworkId> Runtime::LoadNetwork(Network network, NetworkOptions options) 
     preferences_.erase(id);
     return status;
   };
-  for (const auto& [backend_id, context] : contexts) {
-    Status before = GuardBackendCall(backend_id, "BeforeLoadNetwork", [&, context = context] {
-      return context->BeforeLoadNetwork(id);
-    });
+  for (const auto& [backend_id, context, instance] : contexts) {
+    Status before = GuardBackendCall(
+        backend_id, "BeforeLoadNetwork", [&, context = context, instance = instance] {
+          const ScopedBackendCall hook(instance->CallSite("IBackendContext::BeforeLoadNetwork"));
+          return context->BeforeLoadNetwork(id);
+        });
     if (!before.ok()) {
       return fail(before.WithContext("backend " + backend_id + " refused to load network " +
                                      network.name + ": "));
@@ -401,10 +404,12 @@ Result<NetworkId> Runtime::LoadNetwork(Network network, NetworkOptions options) 
                                        .builder = shape_program_builder_});
   if (!loaded.ok())
     return fail(loaded.error().WithContext("network " + name + ": "));
-  for (const auto& [backend_id, context] : contexts) {
-    Status after = GuardBackendCall(backend_id, "AfterLoadNetwork", [&, context = context] {
-      return context->AfterLoadNetwork(id);
-    });
+  for (const auto& [backend_id, context, instance] : contexts) {
+    Status after = GuardBackendCall(
+        backend_id, "AfterLoadNetwork", [&, context = context, instance = instance] {
+          const ScopedBackendCall hook(instance->CallSite("IBackendContext::AfterLoadNetwork"));
+          return context->AfterLoadNetwork(id);
+        });
     if (!after.ok())
       RuntimeLog().warn("backend {}: AfterLoadNetwork({}) failed: {}", backend_id, id,
                         after.message());
@@ -440,10 +445,12 @@ Status Runtime::UnloadNetwork(NetworkId id) {
       return NotFound("no network " + std::to_string(id) + " is loaded");
     contexts = CurrentContexts();
   }
-  for (const auto& [backend_id, context] : contexts) {
-    Status before = GuardBackendCall(backend_id, "BeforeUnloadNetwork", [&, context = context] {
-      return context->BeforeUnloadNetwork(id);
-    });
+  for (const auto& [backend_id, context, instance] : contexts) {
+    Status before = GuardBackendCall(
+        backend_id, "BeforeUnloadNetwork", [&, context = context, instance = instance] {
+          const ScopedBackendCall hook(instance->CallSite("IBackendContext::BeforeUnloadNetwork"));
+          return context->BeforeUnloadNetwork(id);
+        });
     if (!before.ok()) {
       return FailedPrecondition("network " + std::to_string(id) + " stays loaded: backend " +
                                 backend_id + " refused to unload it: " + before.message());
@@ -457,10 +464,12 @@ Status Runtime::UnloadNetwork(NetworkId id) {
     preferences_.erase(id);
     ++state_version_;  // a generation change being prepared must not bring it back
   }
-  for (const auto& [backend_id, context] : contexts) {
-    Status after = GuardBackendCall(backend_id, "AfterUnloadNetwork", [&, context = context] {
-      return context->AfterUnloadNetwork(id);
-    });
+  for (const auto& [backend_id, context, instance] : contexts) {
+    Status after = GuardBackendCall(
+        backend_id, "AfterUnloadNetwork", [&, context = context, instance = instance] {
+          const ScopedBackendCall hook(instance->CallSite("IBackendContext::AfterUnloadNetwork"));
+          return context->AfterUnloadNetwork(id);
+        });
     if (!after.ok())
       RuntimeLog().warn("backend {}: AfterUnloadNetwork({}) failed: {}", backend_id, id,
                         after.message());
@@ -541,7 +550,7 @@ class Runtime::SwapChange final : public SlotChange {
       auto& placed = runtime_.backends_.emplace(id_, *std::move(slot_)).first->second;
       slot_.reset();
       // Told in AfterCommit, which still holds the turn: the context and the networks stay.
-      placed_context_ = placed.context.get();
+      placed_ = &placed;
       for (const auto& [network_id, network] : *runtime_.networks_.Load())
         loaded_.push_back(network_id);
     }
@@ -551,7 +560,7 @@ class Runtime::SwapChange final : public SlotChange {
   void AfterCommit() override {
     // The new context heard BeforeLoadNetwork of every network while this change was prepared;
     // now that they are committed it hears AfterLoadNetwork, outside every state lock.
-    TellLoadedAndReleaseTurn(placed_context_, loaded_, "");
+    TellLoadedAndReleaseTurn(placed_, loaded_, "");
     if (generation_ == 0) {
       for (const auto& [network_id, network] : moved_)
         RuntimeLog().info("network {} moved off withdrawn backend {}", network->network().name,
@@ -572,8 +581,8 @@ class Runtime::SwapChange final : public SlotChange {
   const uint64_t previous_generation_;
   std::optional<BackendSlot> replaced_;
   std::optional<BackendSlot> replaced_candidate_;
-  IBackendContext* placed_context_ = nullptr;  // the new slot's, once committed
-  std::vector<NetworkId> loaded_;              // what it hears AfterLoadNetwork of
+  const BackendSlot* placed_ = nullptr;  // the new slot, once committed
+  std::vector<NetworkId> loaded_;        // what its context hears AfterLoadNetwork of
 };
 
 Result<std::unique_ptr<PreparedChange>> Runtime::PrepareChange(const BackendChange& change) {
@@ -651,6 +660,8 @@ Result<std::unique_ptr<PreparedChange>> Runtime::PrepareChange(const BackendChan
     if (slot.value().context == nullptr)
       break;
     Status before = GuardBackendCall(id, "BeforeLoadNetwork", [&] {
+      const ScopedBackendCall hook(
+          slot.value().instance->CallSite("IBackendContext::BeforeLoadNetwork"));
       return slot.value().context->BeforeLoadNetwork(network_id);
     });
     if (!before.ok()) {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "backplane/core/backend_call.hpp"
+#include "backplane/core/backend_call_record.hpp"
 #include "backplane/runtime/runtime.hpp"
 #include "runtime_log.hpp"
 
@@ -33,14 +34,18 @@ class Runtime::SlotChange : public PreparedChange {
   }
 
  protected:
-  // In AfterCommit: `context` (null: none placed) hears AfterLoadNetwork of `networks`, which it
-  // heard BeforeLoadNetwork of while the change was prepared; then the turn is released.
-  void TellLoadedAndReleaseTurn(IBackendContext* context, const std::vector<NetworkId>& networks,
+  // In AfterCommit: the context of `placed` (null, or no context: none to tell) hears
+  // AfterLoadNetwork of `networks`, which it heard BeforeLoadNetwork of while the change was
+  // prepared; then the turn is released. `placed` stays where it is while the turn is held.
+  void TellLoadedAndReleaseTurn(const BackendSlot* placed, const std::vector<NetworkId>& networks,
                                 std::string_view what) {
-    if (context != nullptr) {
+    if (placed != nullptr && placed->context != nullptr) {
       for (NetworkId network_id : networks) {
-        Status after = GuardBackendCall(id_, "AfterLoadNetwork",
-                                        [&] { return context->AfterLoadNetwork(network_id); });
+        Status after = GuardBackendCall(id_, "AfterLoadNetwork", [&] {
+          const ScopedBackendCall hook(
+              placed->instance->CallSite("IBackendContext::AfterLoadNetwork"));
+          return placed->context->AfterLoadNetwork(network_id);
+        });
         if (!after.ok()) {
           RuntimeLog().warn("backend {}{}: AfterLoadNetwork({}) failed: {}", id_, what, network_id,
                             after.message());

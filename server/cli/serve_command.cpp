@@ -9,6 +9,7 @@
 #include <optional>
 
 #include "admin/admin_api.hpp"
+#include "backplane/core/fatal_signal_reporter.hpp"
 #include "cli/heap_trim.hpp"
 #include "http/http_server.hpp"
 #include "kserve_grpc/grpc_server.hpp"
@@ -199,6 +200,10 @@ int RunServe(const ServeOptions& options) {
   spdlog::set_level(spdlog::level::from_str(config.log_level));
   WarnAboutReachableAddresses(config);
 
+  // Before the server's threads: a crash in backend code (or anywhere) leaves one last line
+  // saying which signal, backend, generation and model (docs/troubleshooting.md).
+  if (Status reporter = InstallFatalSignalReporter(); !reporter.ok())
+    Log().warn("crashes will not be reported: {}", reporter.message());
   ConfigureAllocator();  // before the server's threads: mallopt is not meant to race malloc
   auto started = StartServer(config);
   if (!started.ok())

@@ -12,6 +12,7 @@
 #include <future>
 #include <thread>
 
+#include "backplane/core/backend_call_record.hpp"
 #include "backplane/runtime/runtime.hpp"
 #include "runtime/swap_test_util.hpp"
 #include "test_util.hpp"
@@ -440,6 +441,10 @@ struct HookProbes {
   std::vector<std::string> calls;    // "AfterLoadNetwork 1", in order
   std::vector<std::string> blocked;  // the calls whose question got no answer in time
   std::atomic<int> pending{0};       // questions still waiting for their answer
+  // What the thread's backend call record said in each hook: "IBackendContext::AfterLoadNetwork
+  // TestHookCallback", and the generation.
+  std::vector<std::string> recorded;
+  std::vector<uint64_t> recorded_generations;
 };
 HookProbes* hook_probes = nullptr;
 
@@ -457,8 +462,12 @@ void ProbeRuntimeFromHook(const char* hook, NetworkId network) {
   }).detach();
   const bool in_time = answer.wait_for(std::chrono::seconds(2)) == std::future_status::ready;
   const std::string call = std::string(hook) + " " + std::to_string(network);
+  const BackendCallSite* site = CurrentBackendCall();
   std::lock_guard lock(probes.mutex);
   probes.calls.push_back(call);
+  probes.recorded.push_back(site == nullptr ? "no record"
+                                            : std::string(site->call) + " " + site->backend_id);
+  probes.recorded_generations.push_back(site == nullptr ? 0 : site->generation);
   if (!in_time)
     probes.blocked.push_back(call);
 }
@@ -494,6 +503,19 @@ TEST_F(HotReloadTest, BackendHooksRunOutsideTheRuntimeLock) {
                           "BeforeLoadNetwork 1", "AfterLoadNetwork 1",  // the new generation
                           "BeforeUnloadNetwork 1", "AfterUnloadNetwork 1"));
   EXPECT_THAT(probes.blocked, IsEmpty()) << "hooks called under a lock the runtime needs";
+  // A crash in a hook would name the hook and the generation whose context it is.
+  EXPECT_THAT(probes.recorded, ElementsAre("IBackendContext::BeforeLoadNetwork TestHookCallback",
+                                           "IBackendContext::AfterLoadNetwork TestHookCallback",
+                                           "IBackendContext::BeforeLoadNetwork TestHookCallback",
+                                           "IBackendContext::AfterLoadNetwork TestHookCallback",
+                                           "IBackendContext::BeforeUnloadNetwork TestHookCallback",
+                                           "IBackendContext::AfterUnloadNetwork TestHookCallback"));
+  ASSERT_EQ(probes.recorded_generations.size(), 6u);
+  EXPECT_GT(probes.recorded_generations[0], 0u);
+  EXPECT_EQ(probes.recorded_generations[1], probes.recorded_generations[0]);
+  EXPECT_GT(probes.recorded_generations[2], probes.recorded_generations[0]);  // the new one
+  for (std::size_t i = 3; i < 6; ++i)
+    EXPECT_EQ(probes.recorded_generations[i], probes.recorded_generations[2]) << i;
 }
 
 }  // namespace

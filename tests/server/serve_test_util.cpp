@@ -190,6 +190,7 @@ std::optional<int> ServeProcess::WaitForExit(std::chrono::milliseconds timeout) 
     int status = 0;
     if (waitpid(pid_, &status, WNOHANG) == pid_) {
       exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      terminating_signal_ = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
       return exit_code_;
     }
     if (timeout > 0ms)

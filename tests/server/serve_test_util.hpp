@@ -71,6 +71,8 @@ class ServeProcess {
   void Signal(int signal_number) const;
   // The exit code (128 + signal when killed), or nullopt when still running at the deadline.
   std::optional<int> WaitForExit(std::chrono::milliseconds timeout);
+  // The signal that ended the process; 0 when it exited (or has not been waited for).
+  int terminating_signal() const { return terminating_signal_; }
   std::string Log() const;
   // Polls the log until it contains `needle`.
   bool WaitForLog(std::string_view needle, std::chrono::milliseconds timeout) const;
@@ -82,6 +84,7 @@ class ServeProcess {
   int port_ = 0;
   int grpc_port_ = 0;
   std::optional<int> exit_code_;
+  int terminating_signal_ = 0;
 };
 
 // Polls `condition` every 10 ms until it holds or `timeout` passes.

@@ -78,11 +78,23 @@ class BackendInstance : public std::enable_shared_from_this<BackendInstance> {
   // Direct access for the host's guarded wrappers (e.g. contexts). Never store it.
   IBackend& backend() { return *backend_; }
 
-  // Runs `call` (code of this instance's backend) where its generation's calls run: inside the
-  // generation's own TBB arena when it submits TBB tasks itself (Generation::RunConfined), else
-  // directly. Every call into the backend's code goes through this.
+  // A call into this instance's code as a crash report names it (`what`: a string literal, e.g.
+  // "IWorkload::Execute"); its strings are the generation's and this instance's, alive while
+  // the caller holds the instance.
+  BackendCallSite CallSite(const char* what) const {
+    if (lease_ == nullptr)
+      return {.backend_id = id_.c_str(), .call = what};
+    return lease_->CallSite(what);
+  }
+
+  // Runs `call` (code of this instance's backend, the SDK method `what`) where its generation's
+  // calls run: inside the generation's own TBB arena when it submits TBB tasks itself
+  // (Generation::RunConfined), else directly; with the thread's backend call record saying so
+  // while it runs (backend_call_record.hpp). Every call into the backend's code goes through
+  // this.
   template <typename Call>
-  auto Confined(Call&& call) const -> decltype(call()) {
+  auto Confined(const char* what, Call&& call) const -> decltype(call()) {
+    const ScopedBackendCall running(CallSite(what));
     if (lease_ == nullptr)
       return call();
     return lease_->RunConfined(std::forward<Call>(call));

@@ -10,6 +10,7 @@
 #include <string>
 #include <type_traits>
 
+#include "backplane/core/backend_call_record.hpp"
 #include "backplane/loader/backend_file.hpp"
 #include "backplane/loader/sealed_image.hpp"
 #include "backplane/sdk/backend.hpp"
@@ -126,6 +127,15 @@ class Generation {
   OutOfProcessLibrary* out_of_process() const { return remote_.get(); }
   // The bytes that are mapped, sealed: what a rollback keeps, what a trust policy is asked about.
   const SealedImage& image() const { return image_; }
+  // A call into this generation's code as a crash report names it (`call`: a string literal).
+  // Its strings are this generation's info: alive while the caller holds its lease.
+  BackendCallSite CallSite(const char* call) const {
+    return {.backend_id = info_.backend_id.c_str(),
+            .generation = info_.number,
+            .sha256 = info_.sha256.c_str(),
+            .file = info_.real_path.c_str(),
+            .call = call};
+  }
 
   // Runs `call` (backend code) inside this generation's own TBB arena when it submits TBB tasks
   // itself, else directly; returns what `call` returns and lets its exceptions through. Every

@@ -233,8 +233,14 @@ class Runtime : private BackendSubscriber {
   using NetworkMap = std::map<NetworkId, std::shared_ptr<const LoadedNetwork>>;
   using Instances = std::vector<std::shared_ptr<loader::BackendInstance>>;
   using InstanceMap = std::map<std::string, std::shared_ptr<loader::BackendInstance>, std::less<>>;
-  // Backend ids and their contexts, for calling hooks with backend_mutex_ held but not mutex_.
-  using ContextList = std::vector<std::pair<std::string, IBackendContext*>>;
+  // Backend ids and their contexts (with the instance each belongs to, whose generation a crash
+  // in a hook names), for calling hooks with backend_mutex_ held but not mutex_.
+  struct HookedContext {
+    std::string backend_id;
+    IBackendContext* context;
+    const loader::BackendInstance* instance;
+  };
+  using ContextList = std::vector<HookedContext>;
   class SlotChange;  // slot_change.hpp: what the two below share
   class SwapChange;
   class CandidateChange;
