@@ -11,6 +11,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -90,6 +91,38 @@ struct ContextEntry {
   std::unique_ptr<IBackendContext> context;
 };
 
+// The worker's objects of one kind by the handles the host knows them by. Thread-safe.
+template <typename T>
+class HandleTable {
+ public:
+  explicit HandleTable(std::atomic<uint64_t>& next_handle) : next_handle_(next_handle) {}
+
+  std::shared_ptr<T> Find(uint64_t handle) const BACKPLANE_EXCLUDES(mutex_) {
+    MutexLock lock(mutex_);
+    auto it = objects_.find(handle);
+    return it == objects_.end() ? nullptr : it->second;
+  }
+  uint64_t Keep(std::shared_ptr<T> object) BACKPLANE_EXCLUDES(mutex_) {
+    const uint64_t handle = ++next_handle_;
+    MutexLock lock(mutex_);
+    objects_.emplace(handle, std::move(object));
+    return handle;
+  }
+  void Drop(uint64_t handle) BACKPLANE_EXCLUDES(mutex_) {
+    std::shared_ptr<T> dropped;  // destroyed after the lock is released: it runs backend code
+    MutexLock lock(mutex_);
+    if (auto it = objects_.find(handle); it != objects_.end()) {
+      dropped = std::move(it->second);
+      objects_.erase(it);
+    }
+  }
+
+ private:
+  std::atomic<uint64_t>& next_handle_;
+  mutable Mutex mutex_;
+  std::map<uint64_t, std::shared_ptr<T>> objects_ BACKPLANE_GUARDED_BY(mutex_);
+};
+
 class Worker {
  public:
   Worker(const SharedRegion& region, Library library)
@@ -129,34 +162,6 @@ class Worker {
     return final_out.size();
   }
 
-  template <typename T>
-  std::shared_ptr<T> Find(std::map<uint64_t, std::shared_ptr<T>>& objects, uint64_t handle)
-      BACKPLANE_EXCLUDES(mutex_) {
-    MutexLock lock(mutex_);
-    auto it = objects.find(handle);
-    return it == objects.end() ? nullptr : it->second;
-  }
-
-  template <typename T>
-  uint64_t Keep(std::map<uint64_t, std::shared_ptr<T>>& objects, std::shared_ptr<T> object)
-      BACKPLANE_EXCLUDES(mutex_) {
-    MutexLock lock(mutex_);
-    const uint64_t handle = ++next_handle_;
-    objects.emplace(handle, std::move(object));
-    return handle;
-  }
-
-  template <typename T>
-  void Drop(std::map<uint64_t, std::shared_ptr<T>>& objects, uint64_t handle)
-      BACKPLANE_EXCLUDES(mutex_) {
-    std::shared_ptr<T> dropped;  // destroyed outside the lock: it runs backend code
-    MutexLock lock(mutex_);
-    if (auto it = objects.find(handle); it != objects.end()) {
-      dropped = std::move(it->second);
-      objects.erase(it);
-    }
-  }
-
   Status Dispatch(Call call, WireReader& in, WireWriter& out) {
     const std::string& id = library_.id;
     switch (call) {
@@ -181,14 +186,14 @@ class Worker {
             library_.api_version.minor >= 2) {
           entry->backend->SetHost(&loader::HostServices());
         }
-        out.Put(Keep(backends_, std::move(entry)));
+        out.Put(backends_.Keep(std::move(entry)));
         return Status::Ok();
       }
       case Call::kDestroyBackend:
-        Drop(backends_, in.Get<uint64_t>());
+        backends_.Drop(in.Get<uint64_t>());
         return Status::Ok();
       case Call::kIsSupported: {
-        auto backend = Find(backends_, in.Get<uint64_t>());
+        auto backend = backends_.Find(in.Get<uint64_t>());
         ConstantStore constants;
         const OperatorDesc op = in.GetOperator(constants);
         if (backend == nullptr || !in.ok())
@@ -197,7 +202,7 @@ class Worker {
       }
       case Call::kCreateWorkload:
       case Call::kCompileSubgraph: {
-        auto backend = Find(backends_, in.Get<uint64_t>());
+        auto backend = backends_.Find(in.Get<uint64_t>());
         auto entry = std::make_shared<WorkloadEntry>();
         entry->backend = backend;
         if (call == Call::kCreateWorkload) {
@@ -209,7 +214,7 @@ class Worker {
           if (!workload.ok())
             return std::move(workload).error();
           entry->workload = std::move(workload).value();
-          out.Put(Keep(workloads_, std::move(entry)));
+          out.Put(workloads_.Keep(std::move(entry)));
           return Status::Ok();
         }
         const SubgraphDesc subgraph = in.GetSubgraph(entry->constants);
@@ -220,15 +225,15 @@ class Worker {
         if (!compiled.ok())
           return std::move(compiled).error();
         entry->workload = std::move(compiled->workload);
-        out.Put(Keep(workloads_, std::move(entry)));
+        out.Put(workloads_.Keep(std::move(entry)));
         out.Put(compiled->layer_notes);
         return Status::Ok();
       }
       case Call::kDestroyWorkload:
-        Drop(workloads_, in.Get<uint64_t>());
+        workloads_.Drop(in.Get<uint64_t>());
         return Status::Ok();
       case Call::kCreateContext: {
-        auto backend = Find(backends_, in.Get<uint64_t>());
+        auto backend = backends_.Find(in.Get<uint64_t>());
         if (backend == nullptr)
           return NotFound("no such backend instance");
         auto entry = std::make_shared<ContextEntry>();
@@ -236,11 +241,11 @@ class Worker {
         entry->context = GuardBackendCall(
             [&] { return backend->backend->CreateBackendContext(); },
             [](std::string_view) -> std::unique_ptr<IBackendContext> { return nullptr; });
-        out.Put(entry->context == nullptr ? uint64_t{0} : Keep(contexts_, std::move(entry)));
+        out.Put(entry->context == nullptr ? uint64_t{0} : contexts_.Keep(std::move(entry)));
         return Status::Ok();
       }
       case Call::kContextHook: {
-        auto context = Find(contexts_, in.Get<uint64_t>());
+        auto context = contexts_.Find(in.Get<uint64_t>());
         const auto hook = in.Get<uint32_t>();
         const auto network = in.Get<NetworkId>();
         if (context == nullptr)
@@ -260,10 +265,10 @@ class Worker {
         });
       }
       case Call::kDestroyContext:
-        Drop(contexts_, in.Get<uint64_t>());
+        contexts_.Drop(in.Get<uint64_t>());
         return Status::Ok();
       case Call::kDescribeOptions: {
-        auto backend = Find(backends_, in.Get<uint64_t>());
+        auto backend = backends_.Find(in.Get<uint64_t>());
         if (backend == nullptr)
           return NotFound("no such backend instance");
         auto descriptors = GuardBackendCall(
@@ -276,7 +281,7 @@ class Worker {
         return Status::Ok();
       }
       case Call::kUpdateOptions: {
-        auto backend = Find(backends_, in.Get<uint64_t>());
+        auto backend = backends_.Find(in.Get<uint64_t>());
         const BackendOptions changes = in.GetOptions();
         if (backend == nullptr)
           return NotFound("no such backend instance");
@@ -284,7 +289,7 @@ class Worker {
                                 [&] { return backend->backend->UpdateOptions(changes); });
       }
       case Call::kGetOption: {
-        auto backend = Find(backends_, in.Get<uint64_t>());
+        auto backend = backends_.Find(in.Get<uint64_t>());
         const std::string key = in.GetString();
         if (backend == nullptr)
           return NotFound("no such backend instance");
@@ -304,7 +309,7 @@ class Worker {
   // Inputs are read where the host wrote them; outputs are written after the request, and the
   // reply (status, then each output's offset) over the request's start once Execute returned.
   std::size_t Execute(WireReader& in, std::span<std::byte> payload, std::size_t request_bytes) {
-    auto entry = Find(workloads_, in.Get<uint64_t>());
+    auto entry = workloads_.Find(in.Get<uint64_t>());
     std::vector<ConstTensorView> inputs(std::min<uint64_t>(in.Get<uint64_t>(), 4096));
     for (auto& input : inputs) {
       input.info = in.GetTensorInfo();
@@ -345,11 +350,10 @@ class Worker {
 
   const SharedRegion& region_;
   const Library library_;
-  Mutex mutex_;
-  uint64_t next_handle_ BACKPLANE_GUARDED_BY(mutex_) = 0;
-  std::map<uint64_t, std::shared_ptr<BackendEntry>> backends_ BACKPLANE_GUARDED_BY(mutex_);
-  std::map<uint64_t, std::shared_ptr<WorkloadEntry>> workloads_ BACKPLANE_GUARDED_BY(mutex_);
-  std::map<uint64_t, std::shared_ptr<ContextEntry>> contexts_ BACKPLANE_GUARDED_BY(mutex_);
+  std::atomic<uint64_t> next_handle_{0};  // one numbering for every kind
+  HandleTable<BackendEntry> backends_{next_handle_};
+  HandleTable<WorkloadEntry> workloads_{next_handle_};
+  HandleTable<ContextEntry> contexts_{next_handle_};
 };
 
 // Ends this process with the host: blocks on the host's pidfd.
