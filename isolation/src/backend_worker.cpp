@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "backplane/core/logging.hpp"
-#include "isolation_log.hpp"
 #include "backplane/core/thread_name.hpp"
+#include "isolation_log.hpp"
 #include "protocol.hpp"
 
 #ifndef P_PIDFD
@@ -62,8 +62,7 @@ std::filesystem::path DefaultWorkerExecutable() {
 }
 
 Result<std::unique_ptr<BackendWorker>> BackendWorker::Start(const WorkerOptions& given,
-                                                            int image_fd,
-                                                            DeathListener on_death) {
+                                                            int image_fd, DeathListener on_death) {
   WorkerOptions options = given;
   if (options.executable.empty())
     options.executable = DefaultWorkerExecutable();
@@ -78,8 +77,8 @@ Result<std::unique_ptr<BackendWorker>> BackendWorker::Start(const WorkerOptions&
   // Everything the child needs is prepared before fork: after it, only async-signal-safe calls.
   const std::string executable = options.executable.string();
   const std::string host_pid = std::to_string(::getpid());
-  std::vector<const char*> argv = {executable.c_str(), "--host-pid", host_pid.c_str(), "--label",
-                                   options.label.c_str(), nullptr};
+  std::vector<const char*> argv = {executable.c_str(), "--host-pid",          host_pid.c_str(),
+                                   "--label",          options.label.c_str(), nullptr};
   const int channel_fd = region->fd();
   const pid_t pid = ::fork();
   if (pid < 0)
@@ -188,8 +187,7 @@ void BackendWorker::Monitor() {
   slots_.Close();
   WakeAll(region_);
   if (!stopping_.load()) {
-    IsolationLog().error("{} ran in worker process {}, which {}", label(), pid_,
-                         death.ToString());
+    IsolationLog().error("{} ran in worker process {}, which {}", label(), pid_, death.ToString());
     if (on_death_)
       on_death_(death);
   }
@@ -198,8 +196,9 @@ void BackendWorker::Monitor() {
 Status BackendWorker::DeadError(std::string_view what) const {
   const auto ended = death();
   return Status(LoadReason::kCrashed, label() + " runs in worker process " + std::to_string(pid_) +
-                     ", which " + (ended ? ended->ToString() : std::string("is stopping")) +
-                     (what.empty() ? "" : " during " + std::string(what)));
+                                          ", which " +
+                                          (ended ? ended->ToString() : std::string("is stopping")) +
+                                          (what.empty() ? "" : " during " + std::string(what)));
 }
 
 Status BackendWorker::Invoke(uint32_t call, const std::function<void(WireWriter&)>& write,
@@ -229,7 +228,8 @@ Status BackendWorker::Invoke(uint32_t call, const std::function<void(WireWriter&
     write(writer);
   if (!writer.ok()) {
     return Status(StatusCode::kResourceExhausted, std::string(what) + " needs more than the " +
-                             std::to_string(writer.capacity()) + " bytes of a worker call slot");
+                                                      std::to_string(writer.capacity()) +
+                                                      " bytes of a worker call slot");
   }
   header.message_bytes = writer.size();
   SetState(header, SlotState::kRequest, header.worker_sleeping);

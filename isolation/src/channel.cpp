@@ -1,10 +1,10 @@
 #include "backplane/isolation/channel.hpp"
 
 #include <linux/futex.h>
+#include <sched.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
-#include <sched.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -138,7 +138,8 @@ bool SpinFor(const std::atomic<uint32_t>& word, uint32_t wanted) {
   }
 }
 
-void FutexWait(const std::atomic<uint32_t>& word, uint32_t seen, std::chrono::milliseconds timeout) {
+void FutexWait(const std::atomic<uint32_t>& word, uint32_t seen,
+               std::chrono::milliseconds timeout) {
   timespec relative{};
   relative.tv_sec = static_cast<time_t>(timeout.count() / 1000);
   relative.tv_nsec = static_cast<long>(timeout.count() % 1000) * 1'000'000;

@@ -49,8 +49,8 @@ Library LoadLibrary() {
   if (handle == nullptr) {
     const char* error = ::dlerror();
     library.load_error =
-        Status(LoadReason::kDlopenFailed, "dlopen in the worker: " +
-                                              std::string(error != nullptr ? error : "failed"));
+        Status(LoadReason::kDlopenFailed,
+               "dlopen in the worker: " + std::string(error != nullptr ? error : "failed"));
     return library;
   }
   auto get_id = reinterpret_cast<GetBackendIdFn>(::dlsym(handle, "GetBackendId"));
@@ -132,8 +132,9 @@ class Worker {
     SlotHeader& header = region_.header(slot);
     const auto payload = region_.payload(slot);
     for (;;) {
-      WaitForState(header, SlotState::kRequest, header.worker_sleeping, [] { return false; },
-                   std::chrono::milliseconds(1000));
+      WaitForState(
+          header, SlotState::kRequest, header.worker_sleeping, [] { return false; },
+          std::chrono::milliseconds(1000));
       const std::size_t request_bytes = std::min<std::size_t>(header.message_bytes, payload.size());
       WireReader in(payload.first(request_bytes));
       header.message_bytes = Handle(in, payload, request_bytes);
@@ -198,7 +199,8 @@ class Worker {
         const OperatorDesc op = in.GetOperator(constants);
         if (backend == nullptr || !in.ok())
           return in.ok() ? NotFound("no such backend instance") : in.Error("IsSupported");
-        return GuardBackendCall(id, "IsSupported", [&] { return backend->backend->IsSupported(op); });
+        return GuardBackendCall(id, "IsSupported",
+                                [&] { return backend->backend->IsSupported(op); });
       }
       case Call::kCreateWorkload:
       case Call::kCompileSubgraph: {
@@ -209,8 +211,8 @@ class Worker {
           const OperatorDesc op = in.GetOperator(entry->constants);
           if (backend == nullptr || !in.ok())
             return in.ok() ? NotFound("no such backend instance") : in.Error("CreateWorkload");
-          auto workload = GuardBackendCall(
-              id, "CreateWorkload", [&] { return backend->backend->CreateWorkload(op); });
+          auto workload = GuardBackendCall(id, "CreateWorkload",
+                                           [&] { return backend->backend->CreateWorkload(op); });
           if (!workload.ok())
             return std::move(workload).error();
           entry->workload = std::move(workload).value();
@@ -271,8 +273,8 @@ class Worker {
         auto backend = backends_.Find(in.Get<uint64_t>());
         if (backend == nullptr)
           return NotFound("no such backend instance");
-        auto descriptors = GuardBackendCall(
-            id, "DescribeOptions", [&]() -> Result<std::vector<OptionDescriptor>> {
+        auto descriptors =
+            GuardBackendCall(id, "DescribeOptions", [&]() -> Result<std::vector<OptionDescriptor>> {
               return backend->backend->DescribeOptions();
             });
         if (!descriptors.ok())
@@ -326,7 +328,8 @@ class Worker {
       end = (end + kTensorAlignment - 1) / kTensorAlignment * kTensorAlignment;
       const auto bytes = CheckedByteSize(output.info, "an output");
       if (!bytes.ok() || *bytes > payload.size() - std::min(end, payload.size())) {
-        status = Status(StatusCode::kResourceExhausted, "the outputs do not fit in a worker call slot");
+        status =
+            Status(StatusCode::kResourceExhausted, "the outputs do not fit in a worker call slot");
         break;
       }
       output.data = payload.data() + end;

@@ -48,10 +48,10 @@ struct WorkerOptions {
 
 // How a worker ended, once it has.
 struct WorkerDeath {
-  std::string how;        // "killed by signal 11 (SIGSEGV)", "exited with status 3"
-  std::string cause;      // what the host did, when it killed it: "a call ran past 500 ms", ""
-  int signal = 0;         // the signal that ended it, 0 when it exited
-  int exit_status = -1;   // its exit status when it exited
+  std::string how;       // "killed by signal 11 (SIGSEGV)", "exited with status 3"
+  std::string cause;     // what the host did, when it killed it: "a call ran past 500 ms", ""
+  int signal = 0;        // the signal that ended it, 0 when it exited
+  int exit_status = -1;  // its exit status when it exited
   std::string ToString() const { return cause.empty() ? how : how + " (" + cause + ")"; }
 };
 

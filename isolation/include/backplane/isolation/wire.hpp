@@ -27,10 +27,8 @@ class WireWriter {
   explicit WireWriter(std::span<std::byte> out) : out_(out) {}
 
   template <typename T>
-    requires std::is_trivially_copyable_v<T>
-  void Put(const T& value) {
-    PutBytes(&value, sizeof value);
-  }
+  requires std::is_trivially_copyable_v<T>
+  void Put(const T& value) { PutBytes(&value, sizeof value); }
   void PutBytes(const void* data, std::size_t size);
   void PutString(std::string_view text);
 
@@ -70,8 +68,7 @@ class WireReader {
   explicit WireReader(std::span<const std::byte> in) : in_(in) {}
 
   template <typename T>
-    requires std::is_trivially_copyable_v<T>
-  T Get() {
+  requires std::is_trivially_copyable_v<T> T Get() {
     T value{};
     GetBytes(&value, sizeof value);
     return value;
