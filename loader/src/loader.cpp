@@ -319,6 +319,21 @@ Result<GenerationLease> Loader::LoadNew(const BackendFile& file, LoadTrace* trac
   if (std::string advice = TbbTaskAdvice(facts.value()); !advice.empty())
     tracer.Warn("threads", std::move(advice));
 
+  // What is known of the generation wherever its code runs, with what its library says of itself.
+  auto describe = [&](const std::string& id, BackendApiVersion api, const std::string& release) {
+    return GenerationInfo{.number = number,
+                          .backend_id = id,
+                          .api_version = api,
+                          .release = release,
+                          .file = file.path,
+                          .real_path = file.real_path,
+                          .mapped_as = image->maps_name(),
+                          .identity = image->source_identity(),
+                          .sha256 = sha256,
+                          .build_id = facts->build_id,
+                          .loaded_at = std::chrono::system_clock::now()};
+  };
+
   // Checked like any other: now it may run in a worker process instead (issue 39).
   if (options_.out_of_process) {
     auto remote = options_.out_of_process(
@@ -337,18 +352,9 @@ Result<GenerationLease> Loader::LoadNew(const BackendFile& file, LoadTrace* trac
       tracer.Pass("worker", "runs in " + library.Describe() + " as backend " +
                                 library.backend_id() + ", API " +
                                 VersionString(library.api_version()));
-      GenerationInfo info{.number = number,
-                          .backend_id = library.backend_id(),
-                          .api_version = library.api_version(),
-                          .release = library.release(),
-                          .file = file.path,
-                          .real_path = file.real_path,
-                          .mapped_as = image->maps_name(),
-                          .identity = image->source_identity(),
-                          .sha256 = sha256,
-                          .build_id = facts->build_id,
-                          .loaded_at = std::chrono::system_clock::now(),
-                          .runs_in = library.Describe()};
+      GenerationInfo info = describe(library.backend_id(), library.api_version(),
+                                     library.release());
+      info.runs_in = library.Describe();
       GenerationLease generation = MakeReaped(
           std::make_unique<const Generation>(std::move(info), std::move(image).value(),
                                              std::move(remote).value(), stats_),
@@ -466,18 +472,8 @@ Result<GenerationLease> Loader::LoadNew(const BackendFile& file, LoadTrace* trac
         [&](std::string_view) { release.clear(); });  // optional: no release said
   }
 
-  GenerationInfo info{.number = number,
-                      .backend_id = id,
-                      .api_version = api,
-                      .release = release,
-                      .file = file.path,
-                      .real_path = file.real_path,
-                      .mapped_as = image->maps_name(),
-                      .identity = image->source_identity(),
-                      .sha256 = sha256,
-                      .build_id = facts->build_id,
-                      .loaded_at = std::chrono::system_clock::now(),
-                      .submits_tbb_tasks = !facts->tbb_task_imports.empty()};
+  GenerationInfo info = describe(id, api, release);
+  info.submits_tbb_tasks = !facts->tbb_task_imports.empty();
   GenerationLease generation =
       MakeReaped(std::make_unique<const Generation>(std::move(info), std::move(image).value(),
                                                     std::move(library), entry_points, stats_),

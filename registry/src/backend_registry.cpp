@@ -599,17 +599,25 @@ Result<uint64_t> BackendRegistry::DropCandidate(std::string_view id, const std::
   return dropped;
 }
 
+Result<registry_detail::LineageView> BackendRegistry::ActiveLineage(std::string_view id,
+                                                                   uint64_t generation) const {
+  auto lineage = lineages_->ById(id);
+  if (!lineage)
+    return NotFound("no backend with id " + std::string(id) + " is registered");
+  if (lineage->active == nullptr || lineage->active->info().number != generation) {
+    return FailedPrecondition("backend " + std::string(id) + ": generation " +
+                              std::to_string(generation) + " is not the active one any more");
+  }
+  return std::move(*lineage);
+}
+
 Result<DeployOutcome> BackendRegistry::Restart(std::string_view id, uint64_t generation) {
   Events events;
   auto restarted = [&]() -> Result<DeployOutcome> {
     MutexLock change(change_mutex_);
-    const auto lineage = lineages_->ById(id);
-    if (!lineage)
-      return NotFound("no backend with id " + std::string(id) + " is registered");
-    if (lineage->active == nullptr || lineage->active->info().number != generation) {
-      return FailedPrecondition("backend " + std::string(id) + ": generation " +
-                                std::to_string(generation) + " is not the active one any more");
-    }
+    auto lineage = ActiveLineage(id, generation);
+    if (!lineage.ok())
+      return std::move(lineage).error();
     const loader::GenerationInfo& crashed = lineage->active->info();
     auto loaded = loader_->Load(crashed.file, nullptr, loader::Loader::Reuse::kNever, trust_.get());
     if (loaded.ok() && loaded->info().sha256 != crashed.sha256)
@@ -793,13 +801,9 @@ Result<DeployOutcome> BackendRegistry::WithdrawCrashed(std::string_view id, uint
   Events events;
   auto withdrawn = [&]() -> Result<DeployOutcome> {
     MutexLock change(change_mutex_);
-    const auto lineage = lineages_->ById(id);
-    if (!lineage)
-      return NotFound("no backend with id " + std::string(id) + " is registered");
-    if (lineage->active == nullptr || lineage->active->info().number != generation) {
-      return FailedPrecondition("backend " + std::string(id) + ": generation " +
-                                std::to_string(generation) + " is not the active one any more");
-    }
+    auto lineage = ActiveLineage(id, generation);
+    if (!lineage.ok())
+      return std::move(lineage).error();
     const fs::path file = lineage->active->info().file;
     // Refused like a broken deploy until the file changes: a rescan must not load it again.
     const Candidate crashed{lineage->file, file, Status::Ok(),

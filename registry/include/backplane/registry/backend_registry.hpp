@@ -85,6 +85,7 @@ class BackendScanner;
 struct Candidate;
 class ChangeCoordinator;
 class LineageTable;
+struct LineageView;
 class RollbackStore;
 struct Events;
 }  // namespace registry_detail
@@ -246,6 +247,10 @@ class BackendRegistry : public std::enable_shared_from_this<BackendRegistry> {
                          registry_detail::Events& events, bool retain_previous = true)
       BACKPLANE_REQUIRES(change_mutex_);
   // `why`: what withdraws it ("" : its file was deleted).
+  // `id`'s lineage while `generation` is its active one; kNotFound or kFailedPrecondition else.
+  Result<registry_detail::LineageView> ActiveLineage(std::string_view id,
+                                                     uint64_t generation) const
+      BACKPLANE_REQUIRES(change_mutex_);
   DeployOutcome Withdraw(const std::string& id, registry_detail::Events& events,
                          const std::string& why = "")
       BACKPLANE_REQUIRES(change_mutex_);
