@@ -182,7 +182,7 @@ Runtime::Routed Runtime::Route(NetworkId id, std::shared_ptr<const LoadedNetwork
       continue;
     routed.route = route;
     if (route->meter->ChooseCandidate(routing_key)) {
-      routed.network = bound->second;
+      routed.stable = std::exchange(routed.network, bound->second);
       routed.on_candidate = true;
     } else {
       routed.shadow = route->meter->SampleShadow();
@@ -195,14 +195,20 @@ Runtime::Routed Runtime::Route(NetworkId id, std::shared_ptr<const LoadedNetwork
 Result<std::vector<Tensor>> Runtime::ExecuteRouted(const Routed& routed,
                                                    std::span<const ConstTensorView> inputs,
                                                    std::vector<Tensor>* owned) {
-  if (routed.route == nullptr)
-    return routed.network->Execute(inputs);
+  if (routed.route == nullptr) {
+    auto result = routed.network->Execute(inputs);
+    if (!result.ok() && result.error().reason() == LoadReason::kCrashed)
+      return RunAgainAfterCrash(routed, inputs, std::move(result).error());
+    return result;
+  }
   const auto start = std::chrono::steady_clock::now();
   auto result = routed.network->Execute(inputs);
   const double micros =
       std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
   routed.route->meter->RecordExecution(routed.on_candidate, micros,
                                        result.ok() ? Status::Ok() : result.error());
+  if (!result.ok() && result.error().reason() == LoadReason::kCrashed)
+    return RunAgainAfterCrash(routed, inputs, std::move(result).error());
   if (routed.shadow && result.ok()) {
     std::vector<Tensor> shadow_inputs;
     if (owned != nullptr) {
@@ -217,6 +223,38 @@ Result<std::vector<Tensor>> Runtime::ExecuteRouted(const Routed& routed,
     StartShadow(routed.route, routed.id, std::move(shadow_inputs), std::move(stable_outputs));
   }
   return result;
+}
+
+Result<std::vector<Tensor>> Runtime::RunAgainAfterCrash(const Routed& routed,
+                                                        std::span<const ConstTensorView> inputs,
+                                                        Status crash) const {
+  if (on_crashed_request_)
+    on_crashed_request_({.network = routed.id, .inputs = inputs, .error = crash});
+  // A candidate's crash is the rollout's to judge (the crash supervisor rolls it back): the
+  // client's request runs where it would have without the rollout.
+  if (routed.on_candidate)
+    return routed.stable->Execute(inputs);
+  // A stable generation's: its worker is being restarted (or the build rolled back, or withdrawn
+  // and the network moved along its preferences). Every such change gives the network a new
+  // binding; until then there is nothing to run on but the dead worker.
+  const auto until = std::chrono::steady_clock::now() + crash_retry_wait_;
+  while (true) {
+    auto current = FindNetwork(routed.id);
+    if (!current.ok())  // unloaded meanwhile
+      return crash;
+    if (&*current != routed.network.get()) {
+      auto again = current->Execute(inputs);
+      if (!again.ok())
+        return again.error().WithContext("run again after a crash (" + crash.message() + "): ");
+      return again;
+    }
+    if (std::chrono::steady_clock::now() >= until) {
+      return crash.WithContext("not run again: network " + routed.network->network().name +
+                               " did not move off the dead worker within " +
+                               std::to_string(crash_retry_wait_.count()) + " ms: ");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
 }
 
 void Runtime::StartShadow(std::shared_ptr<const CandidateRoute> route, NetworkId id,
@@ -238,12 +276,17 @@ void Runtime::StartShadow(std::shared_ptr<const CandidateRoute> route, NetworkId
     return;
   }
   const auto bound = route->networks.find(id);
-  auto work = [route, candidate = bound->second, inputs = std::move(inputs),
+  // `this` outlives it: the scheduler, destroyed first, waits for what it runs.
+  auto work = [this, route, id, candidate = bound->second, inputs = std::move(inputs),
                stable = std::move(stable_outputs)] {
     std::vector<ConstTensorView> views;
     for (const auto& tensor : inputs)
       views.push_back(tensor.View());
-    route->meter->RecordShadow(candidate->Execute(views), stable);
+    auto result = candidate->Execute(views);
+    // A shadow run answers nobody, but its input is a client's and may be what killed the worker.
+    if (!result.ok() && result.error().reason() == LoadReason::kCrashed && on_crashed_request_)
+      on_crashed_request_({.network = id, .inputs = views, .error = result.error()});
+    route->meter->RecordShadow(std::move(result), stable);
     return Status::Ok();
   };
   scheduler_.Enqueue(

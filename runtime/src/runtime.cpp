@@ -157,6 +157,8 @@ Runtime::Runtime(std::shared_ptr<BackendRegistry> registry, RuntimeOptions& opti
       default_preferences_(std::move(options.default_preferences)),
       swap_policy_(options.swap_policy),
       swap_validation_(std::move(options.swap_validation)),
+      on_crashed_request_(std::move(options.on_crashed_request)),
+      crash_retry_wait_(options.crash_retry_wait),
       shape_program_builder_(std::make_shared<ShapeProgramBuilder>()),
       scheduler_(options.scheduler) {}
 

@@ -3,6 +3,7 @@
 // libraries through the registry and the loader.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
@@ -11,6 +12,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -44,6 +46,13 @@ struct SwapValidation {
   double tolerance = 0.0;
 };
 
+// A request that was running on a backend generation whose worker process died (isolation/).
+struct CrashedRequest {
+  NetworkId network = 0;
+  std::span<const ConstTensorView> inputs;  // in the network's input order; valid for the call
+  const Status& error;  // reason CRASHED; names the backend, generation, file and how it died
+};
+
 struct RuntimeOptions {
   // Backend directories; nullopt means DefaultBackendPaths(). Ignored when `registry` is given.
   std::optional<std::vector<std::filesystem::path>> backend_paths;
@@ -61,6 +70,14 @@ struct RuntimeOptions {
   SwapPolicy swap_policy = SwapPolicy::kMigrate;
   // Per backend id: validate migrated networks before a new generation of it becomes active.
   std::map<std::string, SwapValidation, std::less<>> swap_validation;
+  // Told of each request whose run failed because a backend's worker process died under it
+  // (reason CRASHED), before the runtime runs it again: what an author needs to replay it.
+  // Called on the thread that ran the request; must not block or call Execute.
+  std::function<void(const CrashedRequest&)> on_crashed_request;
+  // How long a request whose stable generation's worker died waits for its network to move (onto
+  // the restarted worker, a rollback, another backend) before failing with the crash. It holds
+  // its execution slot meanwhile.
+  std::chrono::milliseconds crash_retry_wait{2000};
 };
 
 // How many shape programs a network with dynamic input dimensions keeps by default: a server
@@ -252,6 +269,9 @@ class Runtime : private BackendSubscriber {
     std::shared_ptr<const CandidateRoute> route;  // null: no rollout concerns this network
     bool on_candidate = false;
     bool shadow = false;
+    // The binding the request would have had without the rollout: where a candidate's crash is
+    // run again.
+    std::shared_ptr<const LoadedNetwork> stable;
   };
   // A network that a change re-prepares, and the preference list it is prepared with.
   struct Affected {
@@ -302,6 +322,12 @@ class Runtime : private BackendSubscriber {
                                             std::span<const ConstTensorView> inputs,
                                             std::vector<Tensor>* owned);
   // Queues the shadow run of a stable request on its candidate, as a request of its own.
+  // A run that failed because a worker died under it (reason CRASHED), run once more: a
+  // candidate's on the stable binding at once, a stable generation's on the network's next
+  // binding once the network has moved (crash_retry_wait at most).
+  Result<std::vector<Tensor>> RunAgainAfterCrash(const Routed& routed,
+                                                 std::span<const ConstTensorView> inputs,
+                                                 Status crash) const;
   void StartShadow(std::shared_ptr<const CandidateRoute> route, NetworkId id,
                    std::vector<Tensor> inputs, std::vector<Tensor> stable_outputs);
 
@@ -309,6 +335,8 @@ class Runtime : private BackendSubscriber {
   const std::vector<std::string> default_preferences_;
   const SwapPolicy swap_policy_;
   const std::map<std::string, SwapValidation, std::less<>> swap_validation_;
+  const std::function<void(const CrashedRequest&)> on_crashed_request_;
+  const std::chrono::milliseconds crash_retry_wait_;
 
   // Backend code of this runtime's slots takes turns on this: backend contexts are
   // thread-compatible. Held by LoadNetwork, UnloadNetwork and UpdateBackendOptions throughout,
