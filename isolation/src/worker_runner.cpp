@@ -48,11 +48,11 @@ bool IsolationPolicy::IsolatesAny() const {
 }
 
 loader::OutOfProcessRunner MakeWorkerRunner(IsolationPolicy policy, CrashListener on_crash) {
-  if (!policy.IsolatesAny())
-    return {};
   return [policy = std::move(policy), on_crash = std::move(on_crash)](
              const loader::OutOfProcessRequest& request)
              -> Result<std::unique_ptr<loader::OutOfProcessLibrary>> {
+    if (!request.required && !policy.IsolatesAny())
+      return std::unique_ptr<loader::OutOfProcessLibrary>();  // no worker to start
     WorkerOptions options = policy.worker;
     const std::string where = request.file.string() + ", sha256 " + request.sha256;
     options.label = "generation " + std::to_string(request.generation) + " (" + where + ")";
@@ -80,7 +80,7 @@ loader::OutOfProcessRunner MakeWorkerRunner(IsolationPolicy policy, CrashListene
     auto hello = Hello(*worker);
     if (!hello.ok())
       return std::move(hello).error();
-    if (!policy.Isolates(hello->backend_id))
+    if (!request.required && !policy.Isolates(hello->backend_id))
       return std::unique_ptr<loader::OutOfProcessLibrary>();  // mapped here after all
     {
       MutexLock lock(record->mutex);

@@ -228,8 +228,13 @@ Loader::Loader(LoaderOptions options, std::shared_ptr<ShadowDirectory> shadows)
     : options_(std::move(options)), shadows_(std::move(shadows)) {}
 
 Result<GenerationLease> Loader::Load(const fs::path& file, LoadTrace* trace, Reuse reuse,
-                                     const TrustPolicy* trust) {
+                                     const TrustPolicy* trust, Placement placement) {
   Tracer tracer(trace);
+  if (placement == Placement::kWorker && !options_.out_of_process) {
+    return tracer.Fail("worker", FailedPrecondition("cannot load " + file.string() +
+                                                    " in a worker process: this loader "
+                                                    "starts none (no out_of_process runner)"));
+  }
   auto resolved = ResolveBackendFile(file, options_.file_policy);
   if (!resolved.ok()) {
     const auto reason = resolved.error().reason();
@@ -243,7 +248,8 @@ Result<GenerationLease> Loader::Load(const fs::path& file, LoadTrace* trace, Reu
                                   : resolved->path.string());
   tracer.Pass("permissions", "owner and mode safe");
 
-  if (reuse == Reuse::kLiveUnchanged) {
+  // A sandboxed generation is nobody else's: never shared, never handed out as configured.
+  if (reuse == Reuse::kLiveUnchanged && placement == Placement::kAsConfigured) {
     // An unchanged file that is already mapped is not mapped again.
     std::shared_ptr<const Generation> existing;
     {
@@ -269,8 +275,8 @@ Result<GenerationLease> Loader::Load(const fs::path& file, LoadTrace* trace, Reu
       return GenerationLease(existing);
     }
   }
-  auto loaded = LoadNew(*resolved, trace, trust);
-  if (loaded.ok()) {
+  auto loaded = LoadNew(*resolved, trace, trust, placement);
+  if (loaded.ok() && placement == Placement::kAsConfigured) {
     MutexLock lock(mutex_);
     live_[resolved->real_path] = loaded.share();
     std::erase_if(live_, [](const auto& entry) { return entry.second.expired(); });
@@ -279,7 +285,7 @@ Result<GenerationLease> Loader::Load(const fs::path& file, LoadTrace* trace, Reu
 }
 
 Result<GenerationLease> Loader::LoadNew(const BackendFile& file, LoadTrace* trace,
-                                        const TrustPolicy* trust) {
+                                        const TrustPolicy* trust, Placement placement) {
   Tracer tracer(trace);
   const uint64_t number = next_generation.fetch_add(1, std::memory_order_relaxed);
 
@@ -337,7 +343,11 @@ Result<GenerationLease> Loader::LoadNew(const BackendFile& file, LoadTrace* trac
   // Checked like any other: now it may run in a worker process instead (issue 39).
   if (options_.out_of_process) {
     auto remote = options_.out_of_process(
-        {.image = *image, .generation = number, .file = file.path, .sha256 = sha256});
+        {.image = *image,
+         .generation = number,
+         .file = file.path,
+         .sha256 = sha256,
+         .required = placement == Placement::kWorker});
     if (!remote.ok())
       return tracer.Fail("worker", std::move(remote).error());
     if (*remote != nullptr) {

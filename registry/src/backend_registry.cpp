@@ -198,10 +198,17 @@ Result<std::shared_ptr<BackendRegistry>> BackendRegistry::Create(BackendRegistry
     rollback_directory = options.state_dir / "rollback";
   }
   const bool durable_rollback = journal != nullptr;
-  std::shared_ptr<BackendRegistry> registry(
-      new BackendRegistry(std::move(shared_loader), std::move(directories), options.settle_time,
-                          std::move(options.trust), options.deploy_policy,
-                          std::move(rollback_directory), durable_rollback, std::move(journal)));
+  const bool sandbox_candidates =
+      options.sandbox_candidates && options.deploy_policy == DeployPolicy::kProgressive;
+  if (sandbox_candidates && !shared_loader->options().out_of_process) {
+    return FailedPrecondition(
+        "candidates cannot be sandboxed: the registry's loader starts no worker processes (give "
+        "it an out_of_process runner)");
+  }
+  std::shared_ptr<BackendRegistry> registry(new BackendRegistry(
+      std::move(shared_loader), std::move(directories), options.settle_time,
+      std::move(options.trust), options.deploy_policy, std::move(rollback_directory),
+      durable_rollback, std::move(journal), sandbox_candidates));
   // The reaper tells when a drained generation has left the process (or leaked).
   registry->unload_listener_ = registry->loader_->stats().unload_listeners.Add(
       [raw = registry.get()](const loader::GenerationInfo& generation, bool leaked) {
@@ -233,12 +240,15 @@ BackendRegistry::BackendRegistry(std::shared_ptr<loader::Loader> loader,
                                  std::chrono::milliseconds settle_time,
                                  std::shared_ptr<const loader::TrustPolicy> trust,
                                  DeployPolicy deploy_policy, fs::path rollback_directory,
-                                 bool durable_rollback, std::unique_ptr<ActivationJournal> journal)
+                                 bool durable_rollback, std::unique_ptr<ActivationJournal> journal,
+                                 bool sandbox_candidates)
     : loader_(std::move(loader)),
       directories_(std::move(directories)),
       settle_time_(settle_time),
       trust_(std::move(trust)),
       deploy_policy_(deploy_policy),
+      candidate_placement_(sandbox_candidates ? loader::Loader::Placement::kWorker
+                                              : loader::Loader::Placement::kAsConfigured),
       scanner_(std::make_unique<registry_detail::BackendScanner>(directories_,
                                                                  loader_->options().file_policy)),
       coordinator_(std::make_unique<registry_detail::ChangeCoordinator>()),
@@ -385,15 +395,16 @@ DeployOutcome BackendRegistry::DeployIfChanged(const Candidate& candidate,
   return Deploy(candidate, /*registering=*/false, settle_time, nullptr, events);
 }
 
-Result<loader::GenerationLease> BackendRegistry::LoadGeneration(const fs::path& file,
-                                                                loader::LoadTrace* trace) {
+Result<loader::GenerationLease> BackendRegistry::LoadGeneration(
+    const fs::path& file, loader::LoadTrace* trace, loader::Loader::Placement placement) {
   // Another registry's live generation of the same unchanged file is shared. One of ours is not:
   // re-activation is one state machine, and a file designated again while a generation of ours
   // from it still drains (a link re-pointed back, a second rollback) becomes a new generation
   // with a new number, never that generation's record brought back to life.
-  auto loaded = loader_->Load(file, trace, loader::Loader::Reuse::kLiveUnchanged, trust_.get());
+  auto loaded = loader_->Load(file, trace, loader::Loader::Reuse::kLiveUnchanged, trust_.get(),
+                              placement);
   if (loaded.ok() && lineages_->Recorded(loaded->info()))
-    return loader_->Load(file, trace, loader::Loader::Reuse::kNever, trust_.get());
+    return loader_->Load(file, trace, loader::Loader::Reuse::kNever, trust_.get(), placement);
   return loaded;
 }
 
@@ -403,7 +414,13 @@ DeployOutcome BackendRegistry::Deploy(const Candidate& candidate, bool registeri
   const fs::path& file = candidate.path;
   const auto by_file = lineages_->ByFile(candidate.family);
   const uint64_t trust_revision = TrustRevision();  // before the load: the verdict's revision
-  auto loaded = LoadGeneration(file, trace);
+  // A file that will be a rollout's candidate loads where candidates run (a worker, when they
+  // are sandboxed); should it turn out not to be one, it is loaded again as configured below.
+  const bool sandboxed = candidate_placement_ == loader::Loader::Placement::kWorker &&
+                         !registering && by_file && by_file->active != nullptr;
+  auto loaded = LoadGeneration(file, trace,
+                               sandboxed ? candidate_placement_
+                                         : loader::Loader::Placement::kAsConfigured);
   if (!loaded.ok()) {
     Status error = std::move(loaded).error();
     if (!registering && StillBeingWritten(error, file, settle_time)) {
@@ -476,6 +493,18 @@ DeployOutcome BackendRegistry::Deploy(const Candidate& candidate, bool registeri
         {LoadReason::kRolledBack,
          "the directory designates the stable generation's content again (" + file.string() + ")"},
         events);
+  }
+  if (sandboxed) {  // not a candidate after all: where the id's generations run
+    const std::string sha256 = next->info().sha256;
+    auto placed = LoadGeneration(file, trace);
+    if (!placed.ok())
+      return RejectDeploy(candidate, std::move(placed).error(), id, 0, events, trust_revision);
+    if (placed->info().sha256 != sha256) {
+      return {DeployOutcome::Action::kDeferred, id, file, 0,
+              "changed while it was loading, looking again soon",
+              FailedPrecondition(file.string() + " changed while it was loading")};
+    }
+    next = std::move(placed).value();
   }
   return Activate(id, std::move(next), candidate, identity, events);
 }
@@ -565,13 +594,43 @@ Result<DeployOutcome> BackendRegistry::Promote(std::string_view id, uint64_t gen
     if (!lineage)
       return NotFound("no backend with id " + std::string(id) + " is registered");
     BACKPLANE_RETURN_IF_ERROR(CheckCandidate(id, lineage->candidate, generation, "promote"));
+    loader::GenerationLease next = lineage->candidate;
+    if (candidate_placement_ == loader::Loader::Placement::kWorker) {
+      // The build that survived its rollout in a sandbox, loaded again where its id's generations
+      // run (the same content, or nothing is promoted).
+      const loader::GenerationInfo& tried = lineage->candidate->info();
+      auto placed =
+          loader_->Load(tried.file, nullptr, loader::Loader::Reuse::kNever, trust_.get());
+      Status refused;
+      if (!placed.ok()) {
+        refused = placed.error().WithContext("the candidate does not load again to be promoted: ");
+      } else if (placed->info().sha256 != tried.sha256) {
+        refused = FailedPrecondition(tried.file.string() + " changed during the rollout (sha256 " +
+                                     placed->info().sha256 + ", the candidate's " + tried.sha256 +
+                                     "); the new content is deployed as any");
+      }
+      if (!refused.ok()) {
+        DropCandidateLocked(lineage->id, refused, events);
+        return refused;
+      }
+      next = std::move(placed).value();
+    }
     auto file = candidate_files_.extract(lineage->id);
     const Candidate candidate =
         file ? *file.mapped()
              : Candidate{lineage->file, lineage->candidate->info().file, Status::Ok(),
                          registry_detail::FileFingerprint(lineage->candidate->info().file)};
     DeployOutcome promoted =
-        Activate(lineage->id, lineage->candidate, candidate, lineage->candidate_identity, events);
+        Activate(lineage->id, next, candidate, lineage->candidate_identity, events);
+    if (promoted.action == DeployOutcome::Action::kActivated) {
+      for (auto& entry : events.entries) {
+        if (entry.event && entry.event->kind == GenerationEvent::Kind::kActivated)
+          entry.event->promoted_candidate = lineage->candidate->info().number;
+      }
+      // The runtimes ended its rollout with the change; its worker goes when its requests drain.
+      if (next != lineage->candidate)
+        (void)lineages_->RetireCandidate(lineage->id);
+    }
     if (promoted.action != DeployOutcome::Action::kActivated) {
       // Refused by a runtime: the rollout is over, and RejectDeploy recorded why.
       coordinator_->ApplyRegardless(

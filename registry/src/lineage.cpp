@@ -239,6 +239,19 @@ loader::GenerationLease LineageTable::DropCandidate(const std::string& id) {
   return std::exchange(lineage->candidate, nullptr);
 }
 
+loader::GenerationLease LineageTable::RetireCandidate(const std::string& id) {
+  MutexLock lock(mutex_);
+  Lineage* lineage = Find(id);
+  if (lineage == nullptr || lineage->candidate == nullptr)
+    return nullptr;
+  if (Lineage::Record* record = lineage->Find(lineage->candidate->info().number)) {
+    record->status.state = GenerationState::kDraining;
+    record->deactivated_at = SteadyClock::now();
+  }
+  lineage->candidate_identity.reset();
+  return std::exchange(lineage->candidate, nullptr);
+}
+
 loader::GenerationLease LineageTable::Withdraw(const std::string& id) {
   MutexLock lock(mutex_);
   Lineage* lineage = Find(id);

@@ -79,6 +79,10 @@ class LineageTable {
                const loader::FileIdentity& identity) BACKPLANE_EXCLUDES(mutex_);
   // The id has no candidate any more (the caller records why with Reject). Returns the one it had.
   loader::GenerationLease DropCandidate(const std::string& id) BACKPLANE_EXCLUDES(mutex_);
+  // The id's candidate served its rollout and was promoted as another generation of the same
+  // build (a sandboxed candidate, loaded again as configured): it drains as a replaced active
+  // generation does. Returns the one it had.
+  loader::GenerationLease RetireCandidate(const std::string& id) BACKPLANE_EXCLUDES(mutex_);
   // The id's file was deleted: no generation is offered any more. Returns the one that was.
   loader::GenerationLease Withdraw(const std::string& id) BACKPLANE_EXCLUDES(mutex_);
   // The reaper closed `generation`. nullopt when the registry never recorded it (a duplicate, an

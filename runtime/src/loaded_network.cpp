@@ -708,7 +708,7 @@ Result<std::vector<Tensor>> LoadedNetwork::RunSteps(std::span<const Step* const>
     }
     Status status = step.workload->Execute(step_inputs, step_outputs);
     if (!status.ok())
-      return Status(status.code(), Describe(step) + ": " + status.message());
+      return status.WithContext(Describe(step) + ": ");  // keeps the reason (CRASHED)
   }
 
   std::vector<Tensor> outputs;

@@ -261,6 +261,7 @@ json RolloutJson(const RolloutView& view) {
                {"phase", PhaseName(view.phase)},
                {"stable_generation", view.stable_generation},
                {"candidate_generation", view.candidate_generation},
+               {"promoted_generation", view.promoted_generation},
                {"weight_percent", view.weight_percent},
                {"step", view.step},
                {"samples", view.samples},
@@ -486,6 +487,11 @@ void AddAdminRoutes(HttpServer& http, const ServeContext& context) {
              auto body = ParseJsonBody(request.body, context.max_json_depth);
              if (!body.ok())
                return HttpResponse::FromStatus(body.error());
+             if (body->is_object() && body->contains("candidate_isolation")) {
+               return HttpResponse::FromStatus(InvalidArgument(
+                   "'candidate_isolation' is a start-up setting (server config 'rollout'): a "
+                   "candidate's place is chosen when its file loads"));
+             }
              RolloutPolicy policy = view->policy;
              Status applied = ApplyRolloutPolicy(body.value(), "the request body", policy);
              if (applied.ok())

@@ -47,6 +47,12 @@ Status ApplyKey(const std::string& key, const json& value, RolloutPolicy& policy
     policy.min_samples = value.get<uint64_t>();
     return Status::Ok();
   }
+  if (key == "candidate_isolation") {
+    if (!value.is_string() || (value != "process" && value != "none"))
+      return InvalidArgument("'" + name + "' must be \"process\" or \"none\", got " + value.dump());
+    policy.sandbox_candidates = value == "process";
+    return Status::Ok();
+  }
   if (key == "steps") {
     if (!value.is_array() || value.empty()) {
       return InvalidArgument("'" + name +
@@ -74,7 +80,7 @@ Status ApplyKey(const std::string& key, const json& value, RolloutPolicy& policy
   return InvalidArgument(
       "unknown key '" + name +
       "' (known: shadow_fraction, min_samples, steps, max_error_rate, max_p99_ratio, "
-      "max_abs_divergence)");
+      "max_abs_divergence, candidate_isolation)");
 }
 
 }  // namespace
@@ -107,7 +113,8 @@ json RolloutPolicyJson(const RolloutPolicy& policy) {
           {"steps", policy.steps},
           {"max_error_rate", policy.max_error_rate},
           {"max_p99_ratio", policy.max_p99_ratio},
-          {"max_abs_divergence", policy.max_abs_divergence}};
+          {"max_abs_divergence", policy.max_abs_divergence},
+          {"candidate_isolation", policy.sandbox_candidates ? "process" : "none"}};
 }
 
 }  // namespace backplane::server

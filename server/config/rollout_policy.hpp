@@ -31,6 +31,10 @@ struct RolloutPolicy {
   double max_p99_ratio = 1.5;
   // ...or when a shadow sample's outputs differ from the stable ones by more than this.
   double max_abs_divergence = 0.001;
+  // "candidate_isolation": "process" runs each candidate in a worker process during its rollout
+  // (the build that is promoted is loaded again where its backend's generations run); "none" runs
+  // it where they run. A start-up setting: a candidate's place is chosen when its file loads.
+  bool sandbox_candidates = true;
 };
 
 // "immediate" or "progressive": kInvalidArgument otherwise.

@@ -73,6 +73,7 @@ struct RolloutController::Rollout {
   RolloutPhase paused_in = RolloutPhase::kNone;
   uint64_t stable = 0;
   uint64_t candidate = 0;
+  uint64_t promoted = 0;  // the generation activated by the promotion (see RolloutView)
   std::size_t step = 0;
   RolloutPolicy policy;
   RolloutStats window_start;  // the runtime's counters when the current window began
@@ -246,14 +247,19 @@ void RolloutController::OnGenerationEvent(const GenerationEvent& event) {
     return;
   }
   Rollout* rollout = Find(event.backend_id);
-  if (rollout == nullptr || rollout->candidate != event.generation || !UnderWay(rollout->phase))
+  const bool promoted = event.kind == GenerationEvent::Kind::kActivated &&
+                        event.promoted_candidate != 0 &&
+                        event.promoted_candidate == (rollout ? rollout->candidate : 0);
+  if (rollout == nullptr || (rollout->candidate != event.generation && !promoted) ||
+      !UnderWay(rollout->phase))
     return;
-  const bool promoted = event.kind == GenerationEvent::Kind::kActivated;
   rollout->decided_by = rollout->deciding ? rollout->pending_decided_by
                         : promoted        ? "registry"
                                           : "deploy";
   rollout->reason = rollout->deciding ? rollout->pending_reason : event.message;
   rollout->deciding = false;
+  if (promoted)
+    rollout->promoted = event.generation;
   if (!promoted) {
     if (auto status = registry_.Describe(event.backend_id)) {
       for (const auto& generation : status->generations) {
@@ -460,6 +466,7 @@ RolloutView RolloutController::ViewOf(const Rollout& rollout) const {
                    .paused_in = rollout.paused_in,
                    .stable_generation = rollout.stable,
                    .candidate_generation = rollout.candidate,
+                   .promoted_generation = rollout.promoted,
                    .weight_percent = rollout.deciding ? 0 : rollout.weight(),
                    .step = rollout.step,
                    .decided_by = rollout.decided_by,

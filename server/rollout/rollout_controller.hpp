@@ -35,6 +35,9 @@ struct RolloutView {
   RolloutPhase paused_in = RolloutPhase::kNone;  // kPaused: the phase it resumes
   uint64_t stable_generation = 0;
   uint64_t candidate_generation = 0;
+  // Once promoted: the generation that became active, the candidate itself or (a candidate tried
+  // in a worker, rollout.candidate_isolation) its build loaded again in the server.
+  uint64_t promoted_generation = 0;
   double weight_percent = 0;  // the candidate's share of requests now
   std::size_t step = 0;       // canary: index into policy.steps
   // Candidate runs observed in the current phase or step (shadow samples in shadow, candidate

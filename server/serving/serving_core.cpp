@@ -26,8 +26,8 @@ std::string DescribeBackends(const Runtime& runtime) {
   return backends;
 }
 
-// The loader: the process's shared one, or with backend_isolation one of the server's own that
-// runs the isolated backends' generations in worker processes.
+// The loader: the process's shared one, or with backend_isolation (or sandboxed rollout
+// candidates) one of the server's own that can run generations in worker processes.
 Result<std::shared_ptr<loader::Loader>> MakeLoader(
     const ServeConfig& config, const std::shared_ptr<CrashSupervisor>& supervisor) {
   isolation::IsolationPolicy isolation;
@@ -37,7 +37,9 @@ Result<std::shared_ptr<loader::Loader>> MakeLoader(
     else
       isolation.by_id.emplace(id, isolated);
   }
-  if (!isolation.IsolatesAny())
+  const bool sandbox_candidates =
+      config.deploy_policy == "progressive" && config.rollout.sandbox_candidates;
+  if (!isolation.IsolatesAny() && !sandbox_candidates)
     return loader::Loader::Shared();
   isolation.worker.call_timeout = config.worker.execute_timeout;
   isolation.worker.memory_limit_bytes = config.worker.memory_limit_bytes;
@@ -79,7 +81,8 @@ Result<std::unique_ptr<ServingCore>> ServingCore::Start(const ServeConfig& confi
                                                                 ? DeployPolicy::kProgressive
                                                                 : DeployPolicy::kImmediate,
                                            .state_dir = config.state_dir,
-                                           .crash_grace = config.crash_grace});
+                                           .crash_grace = config.crash_grace,
+                                           .sandbox_candidates = config.rollout.sandbox_candidates});
   // A state_dir that cannot be used stops the start: its message begins "state_dir <path>: ".
   if (!registry.ok())
     return Status(registry.error().code(), "backend registry: " + registry.error().message());

@@ -284,6 +284,12 @@ def generation_with(state, sha256):
     return next((g for g in state["generations"] if g["sha256"] == sha256), None)
 
 
+def same_content(state, first, second):
+    """Whether two generations of a GET /v2/backends/ID record hold the same build."""
+    digests = {g["generation"]: g["sha256"] for g in state["generations"]}
+    return first in digests and digests.get(first) == digests.get(second)
+
+
 def runs(server, sha256):
     """Whether the replica serves that build, unpinned, with no rollout under way."""
     state = backend(server, "TestValid")
@@ -382,9 +388,10 @@ with tempfile.TemporaryDirectory() as work:
         rollouts = [rollout_of(s) for s in servers]
         states = [backend(s, "TestValid") for s in servers]
         check(all(r["phase"] == "promoted" and r["decided_by"] == "policy" and
-                  r["candidate_generation"] == b["active_generation"] != r["stable_generation"]
+                  r["promoted_generation"] == b["active_generation"] != r["stable_generation"]
+                  and same_content(b, r["candidate_generation"], b["active_generation"])
                   for r, b in zip(rollouts, states)),
-              "every replica's rollout promoted its candidate by the numbers: it is active")
+              "every replica's rollout promoted its candidate by the numbers: its build is active")
         check([(h["phase"], h["weight_percent"]) for h in rollouts[0]["history"]] ==
               [("shadow", 0), ("canary", 50), ("canary", 100), ("promoted", 100)],
               "the canary's went through shadow, canary at 50 % and 100 %, promoted")

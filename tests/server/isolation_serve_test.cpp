@@ -2,10 +2,14 @@
 // Execute dies (null write, abort, exit, a hang past execute_timeout_ms) costs its worker, not the
 // server. The request that killed it gets an error naming how it died; MNIST on the in-process
 // CpuRef keeps answering every request meanwhile; the log names backend, generation, file and
-// sha256. The config keys and their refusals too.
+// sha256. The requests a dying worker was running are run again (a killed worker costs no client
+// request), and a rollout candidate is tried in a worker even over an in-process backend. The
+// config keys and their refusals too.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <signal.h>
 
+#include "backplane/core/thread_annotations.hpp"
 #include "cli/serve_command.hpp"
 #include "onnx/model_builder.hpp"
 #include "serve_test_util.hpp"
@@ -164,14 +168,20 @@ TEST_F(IsolatedServeTest, ABackendThatDiesCostsItsWorkerAndTheServerKeepsServing
 
 TEST_F(IsolatedServeTest, ABuildThatKeepsDyingIsNotRestartedPastMaxCrashes) {
   auto client = Client();
-  // max_crashes 2 (SetUp): two deaths are restarted, the third is not (no previous build).
-  for (int death = 1; death <= 3; ++death) {
+  // max_crashes 2 (SetUp): two deaths are restarted, the third is not (no previous build). A
+  // request that kills its worker is run once more on the restarted one, so the first such
+  // request costs two deaths, and the second the third.
+  for (int request = 1; request <= 2; ++request) {
     ASSERT_TRUE(Eventually(
         [&] { return Post(*client, "/v2/models/crashy/infer", RowRequest(1)).status == 200; },
         20s))
-        << "death " << death;
+        << "request " << request;
     JsonReply crashed = Post(*client, "/v2/models/crashy/infer", RowRequest(9060));
-    EXPECT_THAT(crashed.text, HasSubstr("SIGABRT")) << "death " << death;
+    EXPECT_NE(crashed.status, 200);
+    EXPECT_THAT(crashed.text, HasSubstr("SIGABRT")) << "request " << request;
+    if (request == 1) {
+      EXPECT_THAT(crashed.text, HasSubstr("run again after a crash"));
+    }
   }
   // It stays down, withdrawn with its file refused as CRASHED (no other build to roll back to),
   // while MNIST answers.
@@ -202,6 +212,163 @@ TEST_F(IsolatedServeTest, AHangPastTheExecuteTimeoutKillsTheWorkerNotTheServer) 
   EXPECT_LT(took, 10s);
   EXPECT_EQ(Get(*client, "/v2/health/live").status, 200);
 }
+
+// A worker killed from outside while two clients keep it busy: every request it was running is
+// run again on the restarted worker, so no client sees the death.
+TEST_F(IsolatedServeTest, AWorkerKilledFromOutsideCostsNoClientRequest) {
+  std::atomic<bool> stop{false};
+  std::atomic<int> answered{0};
+  std::vector<std::string> failures;
+  Mutex failures_mutex;
+  std::vector<std::thread> clients;
+  JoinAll joiner{stop, clients};
+  for (int c = 0; c < 2; ++c) {
+    clients.emplace_back([&, c] {
+      auto client = Client();
+      for (int i = 0; !stop.load(); ++i) {
+        const auto first = static_cast<float>(c * 100000 + i % 1000);
+        JsonReply reply = Post(*client, "/v2/models/crashy/infer", RowRequest(first));
+        if (reply.status == 200 && reply.body["outputs"][0]["data"][0] == first) {
+          ++answered;
+        } else {
+          MutexLock lock(failures_mutex);
+          failures.push_back(std::to_string(reply.status) + " " + reply.text);
+        }
+      }
+    });
+  }
+  const auto worker_pid = [&] {
+    const auto backend = running_.core->context().runtime.Backend("TestCrash");
+    if (backend == nullptr || backend->generation() == nullptr)
+      return pid_t{0};
+    const std::string& runs_in = backend->generation()->info().runs_in;  // "worker process N"
+    return static_cast<pid_t>(std::stol(runs_in.substr(runs_in.rfind(' ') + 1)));
+  };
+  for (int kill = 0; kill < 2; ++kill) {  // max_crashes 2 (SetUp): both are restarted
+    const int before = answered.load();
+    ASSERT_TRUE(Eventually([&] { return answered.load() > before + 50; }, 20s));
+    const pid_t pid = worker_pid();
+    ASSERT_GT(pid, 0);
+    ASSERT_EQ(::kill(pid, SIGKILL), 0);
+    ASSERT_TRUE(Eventually([&] { return worker_pid() != pid && worker_pid() != 0; }, 20s))
+        << "kill " << kill;
+  }
+  const int before = answered.load();
+  ASSERT_TRUE(Eventually([&] { return answered.load() > before + 50; }, 20s));
+  stop.store(true);
+  for (auto& thread : clients)
+    thread.join();
+  MutexLock lock(failures_mutex);
+  EXPECT_TRUE(failures.empty()) << failures.size() << " failed, the first: " << failures.front();
+}
+
+// A candidate tried in a sandbox (rollout.candidate_isolation, the default under "progressive")
+// over an in-process backend, dying in a canary step the way each case says: the server lives,
+// the candidate is rolled back as CRASHED, and the clients' requests it was running are run on
+// the stable generation, so none fails and every answer is right.
+struct SandboxCase {
+  float mark;
+  const char* how;  // in the rejection's message
+};
+
+class SandboxedCandidateTest : public ::testing::TestWithParam<SandboxCase> {};
+
+TEST_P(SandboxedCandidateTest, DiesInACanaryStepAndNoClientRequestFails) {
+  const SandboxCase& crash = GetParam();
+  ServeHome home;
+  home.Write("models/identity/1/model.onnx", CrashIdentityModel());
+  home.Write("models/identity/config.json", R"({"backends": ["TestValid"]})");
+  const fs::path backend_file = home.backends() / "Test_Valid_backend.so";
+  CopyFile(Fixture("Valid"), backend_file);
+  ServeConfig config = server::DefaultServeConfig();
+  config.models = home.models();
+  config.backends = std::vector<fs::path>{home.backends()};
+  config.listen = "127.0.0.1:0";
+  config.grpc_listen = server::kGrpcOff;
+  config.watch_backends = false;
+  ASSERT_TRUE(server::ApplyConfigText(
+                  R"({"deploy_policy": "progressive",
+                      "worker": {"execute_timeout_ms": 300, "memory_limit_bytes": 200000000},
+                      "rollout": {"shadow_fraction": 0, "min_samples": 1000000,
+                                  "steps": [50, 100]}})",
+                  "test.json", config)
+                  .ok());
+  auto started = server::StartServer(config);
+  ASSERT_TRUE(started.ok()) << started.error().ToString();
+  server::RunningServer running = std::move(started).value();
+  auto admin = std::make_unique<httplib::Client>("127.0.0.1", running.http.port);
+  admin->set_read_timeout(30, 0);
+  const uint64_t stable =
+      running.core->context().registry.Describe("TestValid")->active_generation;
+
+  std::atomic<bool> stop{false};
+  std::atomic<int> answered{0};
+  std::vector<std::string> failures;
+  Mutex failures_mutex;
+  std::vector<std::thread> clients;
+  JoinAll joiner{stop, clients};
+  for (int c = 0; c < 2; ++c) {
+    clients.emplace_back([&, c] {
+      auto client = std::make_unique<httplib::Client>("127.0.0.1", running.http.port);
+      client->set_read_timeout(30, 0);
+      for (int i = 0; !stop.load(); ++i) {
+        // Every seventh row is marked: the stable build answers it as any other.
+        const float first = i % 7 == 6 ? crash.mark : static_cast<float>(c * 1000 + i % 500);
+        JsonReply reply = Post(*client, "/v2/models/identity/infer", RowRequest(first));
+        if (reply.status == 200 && reply.body["outputs"][0]["data"][0] == first) {
+          ++answered;
+        } else {
+          MutexLock lock(failures_mutex);
+          failures.push_back(std::to_string(reply.status) + " " + reply.text);
+        }
+      }
+    });
+  }
+  ASSERT_TRUE(Eventually([&] { return answered.load() > 20; }, 20s));
+  home.Publish(Fixture("ValidCrashes"), backend_file.filename());
+  JsonReply deployed = Post(*admin, "/v2/backends/TestValid/reload", "");
+  ASSERT_EQ(deployed.status, 200) << deployed.text;
+  ASSERT_EQ(deployed.body["action"], "candidate") << deployed.text;
+
+  JsonReply rollout;
+  ASSERT_TRUE(Eventually(
+      [&] {
+        rollout = Get(*admin, "/v2/backends/TestValid/rollout");
+        return rollout.body["phase"] == "rolled_back";
+      },
+      30s))
+      << rollout.text;
+  const int before = answered.load();
+  ASSERT_TRUE(Eventually([&] { return answered.load() > before + 20; }, 20s));
+  stop.store(true);
+  for (auto& thread : clients)
+    thread.join();
+
+  {
+    MutexLock lock(failures_mutex);
+    EXPECT_TRUE(failures.empty()) << failures.size() << " failed, the first: " << failures.front();
+  }
+  JsonReply backend = Get(*admin, "/v2/backends/TestValid");
+  EXPECT_EQ(backend.body["active_generation"], stable) << backend.text;
+  EXPECT_THAT(backend.text, HasSubstr("CRASHED"));
+  EXPECT_THAT(backend.text, HasSubstr(crash.how));
+  const auto active = running.core->context().runtime.Backend("TestValid");
+  EXPECT_EQ(active->generation()->out_of_process(), nullptr) << "the stable build runs here";
+  EXPECT_EQ(Get(*admin, "/v2/health/live").status, 200);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Deaths, SandboxedCandidateTest,
+    ::testing::Values(SandboxCase{9110, "was killed by signal 11 (SIGSEGV)"},
+                      SandboxCase{9060, "was killed by signal 6 (SIGABRT)"},
+                      SandboxCase{9030, "exited with status 3"},
+                      SandboxCase{9000, "exited with status 0"},
+                      SandboxCase{9130, "(SIGSEGV)"},
+                      SandboxCase{9090, "ran past the worker's call timeout of 300 ms"},
+                      SandboxCase{9120, "passed memory_limit_bytes 200000000"}),
+    [](const ::testing::TestParamInfo<SandboxCase>& info) {
+      return "Mark" + std::to_string(static_cast<int>(info.param.mark));
+    });
 
 // A progressive candidate that dies in its shadow phase (every backend isolated): rolled back at
 // once with CRASHED, and no client request fails, since a shadow run answers nobody.

@@ -266,17 +266,35 @@ TEST(RolloutTest, AGoodFixGoesThroughShadowAndEveryStepAndIsPromoted) {
       << view.dump(2);
   const uint64_t candidate = view["candidate_generation"];
   EXPECT_EQ(view["stable_generation"], stable);
-  EXPECT_EQ(server->running.core->context().registry.Describe(kRolloutBackend)->active_generation,
-            candidate);
+  // The candidate was tried in a worker (candidate_isolation "process", the default); what is
+  // promoted is its build loaded again in the server, a generation of its own.
+  const auto status = server->running.core->context().registry.Describe(kRolloutBackend);
+  EXPECT_GT(status->active_generation, candidate);
+  std::string tried_sha256, active_sha256;
+  for (const auto& record : status->generations) {
+    if (record.generation == candidate)
+      tried_sha256 = record.sha256;
+    if (record.generation == status->active_generation)
+      active_sha256 = record.sha256;
+  }
+  EXPECT_FALSE(tried_sha256.empty());
+  EXPECT_EQ(active_sha256, tried_sha256);
+  const auto active = server->running.core->context().runtime.Backend(kRolloutBackend);
+  ASSERT_NE(active, nullptr);
+  EXPECT_EQ(active->generation_number(), status->active_generation);
+  EXPECT_EQ(active->generation()->out_of_process(), nullptr) << "the promoted build runs here";
   EXPECT_GE(view["totals"]["shadow"]["samples"].get<int>(), 30);
   EXPECT_EQ(view["totals"]["shadow"]["diverged"], 0);
   EXPECT_GE(view["totals"]["candidate"]["requests"].get<int>(), 90);
   EXPECT_TRUE(clients.failures().empty()) << clients.failures().front();
   EXPECT_TRUE(clients.wrong().empty()) << clients.wrong().front();
-  // The stable generation drained and left the process.
-  EXPECT_TRUE(Eventually([&] { return GenerationState(*server, stable) == "unloaded"; },
-                         std::chrono::seconds(30)))
-      << GenerationState(*server, stable);
+  // The stable generation drained and left the process, and the sandboxed candidate's worker
+  // ended.
+  for (const uint64_t gone : {stable, candidate}) {
+    EXPECT_TRUE(Eventually([&] { return GenerationState(*server, gone) == "unloaded"; },
+                           std::chrono::seconds(30)))
+        << gone << ": " << GenerationState(*server, gone);
+  }
 }
 
 TEST(RolloutTest, AFixThatChangesOutputsIsStoppedInShadowBeforeAnsweringAnyClient) {

@@ -38,9 +38,10 @@ struct WorkerCrash {
 using CrashListener = std::function<void(const WorkerCrash&)>;
 
 // The loader's hook: starts a worker on each checked generation and asks what it loaded; keeps it
-// when the policy isolates that backend id, else ends it and lets the loader map the file here.
-// (A backend whose id the policy leaves in-process thus costs one worker start per load, and only
-// when some other id is isolated.) `on_crash` is told, on the worker's monitor thread, when a
+// when the policy isolates that backend id or the load requires a worker (a sandboxed rollout
+// candidate), else ends it and lets the loader map the file here. (A backend whose id the policy
+// leaves in-process thus costs one worker start per load, and only when some other id is
+// isolated.) `on_crash` is told, on the worker's monitor thread, when a
 // worker dies other than by its generation's end.
 loader::OutOfProcessRunner MakeWorkerRunner(IsolationPolicy policy, CrashListener on_crash = {});
 

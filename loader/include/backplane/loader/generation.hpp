@@ -89,12 +89,15 @@ class OutOfProcessLibrary {
 
 // Who runs generations out of process: given a checked sealed copy (and, for messages, the
 // generation's number and file), returns the library running elsewhere, or null to have the
-// loader map it here as usual (a runner decides by the id the library reports).
+// loader map it here as usual (a runner decides by the id the library reports, unless the
+// request requires a worker).
 struct OutOfProcessRequest {
   const SealedImage& image;
   uint64_t generation;
   const std::filesystem::path& file;
   const std::string& sha256;
+  // The caller asks for a worker whatever the backend id (Loader::Placement::kWorker).
+  bool required = false;
 };
 using OutOfProcessRunner =
     std::function<Result<std::unique_ptr<OutOfProcessLibrary>>(const OutOfProcessRequest&)>;

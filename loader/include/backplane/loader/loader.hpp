@@ -94,6 +94,14 @@ class Loader : public std::enable_shared_from_this<Loader> {
     // record brought back to life.
     kNever,
   };
+  // Where the generation's code runs.
+  enum class Placement {
+    kAsConfigured,  // as LoaderOptions::out_of_process decides (in this process without one)
+    // In a worker process whatever the backend id (a rollout candidate tried in a sandbox):
+    // never shared with, nor reused by, a load as configured. kFailedPrecondition without an
+    // out_of_process runner.
+    kWorker,
+  };
 
   // Loads `file` as a new generation, or (kLiveUnchanged) returns the live generation of the same
   // unchanged file. With `trace`, appends one LoadStage per stage run. The factory is
@@ -103,7 +111,9 @@ class Loader : public std::enable_shared_from_this<Loader> {
   // would be shared is asked about too, since the policies of callers differ.
   Result<GenerationLease> Load(const std::filesystem::path& file, LoadTrace* trace = nullptr,
                                Reuse reuse = Reuse::kLiveUnchanged,
-                               const TrustPolicy* trust = nullptr) BACKPLANE_EXCLUDES(mutex_);
+                               const TrustPolicy* trust = nullptr,
+                               Placement placement = Placement::kAsConfigured)
+      BACKPLANE_EXCLUDES(mutex_);
 
   // A new instance from `generation`'s factory; kFactoryFailed when it throws or returns null
   // (with the backend's own message when it has GetBackendFactoryError), kInvalidId when the
@@ -122,7 +132,7 @@ class Loader : public std::enable_shared_from_this<Loader> {
  private:
   Loader(LoaderOptions options, std::shared_ptr<ShadowDirectory> shadows);
   Result<GenerationLease> LoadNew(const BackendFile& file, LoadTrace* trace,
-                                  const TrustPolicy* trust);
+                                  const TrustPolicy* trust, Placement placement);
 
   const LoaderOptions options_;
   const std::shared_ptr<ShadowDirectory> shadows_;

@@ -71,6 +71,12 @@ struct BackendRegistryOptions {
   // locked or written. One registry per directory at a time.
   std::filesystem::path state_dir;
   std::chrono::milliseconds crash_grace{60000};
+  // DeployPolicy::kProgressive: each candidate runs in a worker process throughout its rollout,
+  // whatever its backend id's isolation, so that a crash in the shadow or a canary step costs
+  // only the candidate (CrashSupervisor rolls it back). The build that is promoted is loaded
+  // again as `loader` places it and swapped in as any deploy. Needs a loader with an
+  // out_of_process runner (Create fails without one).
+  bool sandbox_candidates = false;
 };
 
 // One registered backend id and the generation it offers now.
@@ -222,7 +228,7 @@ class BackendRegistry : public std::enable_shared_from_this<BackendRegistry> {
                   std::chrono::milliseconds settle_time,
                   std::shared_ptr<const loader::TrustPolicy> trust, DeployPolicy deploy_policy,
                   std::filesystem::path rollback_directory, bool durable_rollback,
-                  std::unique_ptr<ActivationJournal> journal);
+                  std::unique_ptr<ActivationJournal> journal, bool sandbox_candidates);
   void Unsubscribe(uint64_t subscriber_id);
 
   // The change sequence: each of these runs with change_mutex_ held and reports what it did
@@ -234,8 +240,9 @@ class BackendRegistry : public std::enable_shared_from_this<BackendRegistry> {
   DeployOutcome DeployIfChanged(const Candidate& candidate, std::chrono::milliseconds settle_time,
                                 registry_detail::Events& events) BACKPLANE_REQUIRES(change_mutex_);
   // The loader's generation of `file`, but never one this registry has a record of.
-  Result<loader::GenerationLease> LoadGeneration(const std::filesystem::path& file,
-                                                 loader::LoadTrace* trace);
+  Result<loader::GenerationLease> LoadGeneration(
+      const std::filesystem::path& file, loader::LoadTrace* trace,
+      loader::Loader::Placement placement = loader::Loader::Placement::kAsConfigured);
   DeployOutcome Deploy(const Candidate& candidate, bool registering,
                        std::chrono::milliseconds settle_time, loader::LoadTrace* trace,
                        registry_detail::Events& events) BACKPLANE_REQUIRES(change_mutex_);
@@ -291,6 +298,8 @@ class BackendRegistry : public std::enable_shared_from_this<BackendRegistry> {
   const std::chrono::milliseconds settle_time_;
   const std::shared_ptr<const loader::TrustPolicy> trust_;
   const DeployPolicy deploy_policy_;
+  // Where a candidate's code runs during its rollout (BackendRegistryOptions::sandbox_candidates).
+  const loader::Loader::Placement candidate_placement_;
   uint64_t unload_listener_ = 0;
 
   // Orders changes: taken first, held across a whole change (backend code runs in it, observers

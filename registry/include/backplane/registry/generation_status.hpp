@@ -113,6 +113,9 @@ struct GenerationEvent {
   Status error;  // kRejected: why (its reason() is set)
   std::string message;
   std::optional<double> drain_ms;  // kUnloaded, kLeaked
+  // kActivated by a promotion: the rollout candidate promoted (this generation, or the sandboxed
+  // candidate whose build this generation is, loaded again where its backend runs); else 0.
+  uint64_t promoted_candidate = 0;
 };
 std::string_view ToString(GenerationEvent::Kind kind);
 using GenerationObserver = std::function<void(const GenerationEvent&)>;
