@@ -11,6 +11,7 @@
 //   (one line; the interleaving alternates the repetitions of the benchmarks, so that a load
 //   that comes and goes weighs on both sides)
 #include <benchmark/benchmark.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -347,6 +348,9 @@ void BM_NetworkExecute(benchmark::State& state, std::string model_name, std::siz
 // Keeps each network benchmark's median (or its only run) and prints the goals' comparisons.
 class GoalReporter final : public benchmark::ConsoleReporter {
  public:
+  // Colours only on a terminal (a reporter of our own does not follow --benchmark_color).
+  GoalReporter() : ConsoleReporter(::isatty(STDOUT_FILENO) ? OO_Defaults : OO_Tabular) {}
+
   void ReportRuns(const std::vector<Run>& runs) override {
     for (const auto& run : runs) {
       const bool median = run.run_type == Run::RT_Aggregate && run.aggregate_name == "median";
