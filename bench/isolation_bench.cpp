@@ -388,7 +388,7 @@ class GoalReporter final : public benchmark::ConsoleReporter {
         const double ratio = iso2->rate / in2->rate;
         const double scaling = in2->rate / in1->rate;
         std::printf(
-            "  %-5s 2 clients: %8.0f req/s in-process, %8.0f req/s isolated: %.2fx "
+            "  %-5s 2 clients: %8.0f req/s in-process, %8.0f req/s isolated: %.3fx "
             "(goal >= 0.85x: %s; control: 2 in-process clients %.2fx one%s)\n",
             model.name.c_str(), in2->rate, iso2->rate, ratio, ratio >= 0.85 ? "met" : "NOT met",
             scaling, scaling < 1.6 ? ", below 1.6x: the cores were not free" : "");
