@@ -1,7 +1,10 @@
 #include "backplane/isolation/isolated_backend.hpp"
 
+#include <algorithm>
+#include <chrono>
 #include <cstring>
 
+#include "backplane/core/crossing_time.hpp"
 #include "protocol.hpp"
 
 namespace backplane::isolation {
@@ -31,7 +34,9 @@ class IsolatedWorkload final : public IWorkload {
 
   Status Execute(std::span<const ConstTensorView> inputs,
                  std::span<const TensorView> outputs) override {
-    return worker_->Invoke(
+    const auto start = std::chrono::steady_clock::now();
+    std::chrono::nanoseconds in_backend{0};
+    Status status = worker_->Invoke(
         Code(Call::kExecute),
         [&](WireWriter& out) {
           out.Put(handle_);
@@ -46,6 +51,7 @@ class IsolatedWorkload final : public IWorkload {
             out.Put(output.info);
         },
         [&](WireReader& in) {
+          in_backend = std::chrono::nanoseconds(in.Get<uint64_t>());
           for (const auto& output : outputs) {
             const auto offset = in.Get<uint64_t>();
             const std::size_t bytes = output.info.ByteSize();
@@ -58,6 +64,9 @@ class IsolatedWorkload final : public IWorkload {
           return Status::Ok();
         },
         "IWorkload::Execute");
+    ThreadCrossingTime() += std::max(std::chrono::nanoseconds(0),
+                                     std::chrono::steady_clock::now() - start - in_backend);
+    return status;
   }
 
  private:

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -338,14 +339,18 @@ class Worker {
     }
     if (status.ok() && (!in.ok() || entry == nullptr))
       status = !in.ok() ? in.Error("an Execute request") : NotFound("no such workload");
+    std::chrono::nanoseconds in_backend{0};
     if (status.ok()) {
+      const auto start = std::chrono::steady_clock::now();
       status = GuardBackendCall(library_.id, "IWorkload::Execute",
                                 [&] { return entry->workload->Execute(inputs, outputs); });
+      in_backend = std::chrono::steady_clock::now() - start;
     }
     WireWriter out(payload.first(request_bytes));
     out.Put(status);
     if (!status.ok())
       return out.size();
+    out.Put(static_cast<uint64_t>(in_backend.count()));  // the host counts the rest as crossing
     for (uint64_t offset : offsets)
       out.Put(offset);
     return out.ok() ? end : (WireWriter(payload).Put(Internal("reply too large")), 0);

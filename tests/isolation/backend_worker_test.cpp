@@ -13,6 +13,7 @@
 #include <random>
 #include <thread>
 
+#include "backplane/core/crossing_time.hpp"
 #include "backplane/isolation/backend_worker.hpp"
 #include "backplane/isolation/isolated_backend.hpp"
 #include "backplane/loader/sealed_image.hpp"
@@ -134,6 +135,24 @@ TEST(BackendWorkerTest, AnIsolatedBackendAnswersEverySdkCallAsInProcess) {
   two_inputs.constant_inputs.push_back(nullptr);
   EXPECT_THAT(backend.CreateWorkload(two_inputs).error().message(),
               HasSubstr("one FP32 input only"));
+}
+
+// What a rollout leaves out of a sandboxed candidate's latency: the crossing, not the backend's
+// own time (ValidSlow's Execute sleeps 5 ms in the worker).
+TEST(BackendWorkerTest, AnExecuteCountsItsCrossingApartFromTheBackendsOwnTime) {
+  auto isolated = StartIsolated("ValidSlow");
+  ASSERT_NE(isolated, nullptr);
+  auto workload = isolated->backend->CreateWorkload(Identity(4));
+  ASSERT_TRUE(workload.ok()) << workload.error().ToString();
+  for (int call = 0; call < 3; ++call) {
+    const auto crossed_before = ThreadCrossingTime();
+    const auto start = std::chrono::steady_clock::now();
+    ASSERT_TRUE(Execute(**workload, {1, 2, 3, 4}).ok());
+    const auto wall = std::chrono::steady_clock::now() - start;
+    const auto crossed = ThreadCrossingTime() - crossed_before;
+    EXPECT_GT(crossed.count(), 0) << "call " << call;
+    EXPECT_LE(crossed, wall - std::chrono::milliseconds(5)) << "call " << call;
+  }
 }
 
 TEST(BackendWorkerTest, ConcurrentCallsEachGetTheirOwnAnswer) {
