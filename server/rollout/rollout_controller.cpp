@@ -258,8 +258,13 @@ void RolloutController::OnGenerationEvent(const GenerationEvent& event) {
                                           : "deploy";
   rollout->reason = rollout->deciding ? rollout->pending_reason : event.message;
   rollout->deciding = false;
-  if (promoted)
+  if (promoted) {
     rollout->promoted = event.generation;
+    if (event.generation != rollout->candidate) {
+      rollout->reason += "; its build, tried in a worker process, now runs as generation " +
+                         std::to_string(event.generation);
+    }
+  }
   if (!promoted) {
     if (auto status = registry_.Describe(event.backend_id)) {
       for (const auto& generation : status->generations) {
