@@ -163,6 +163,7 @@ void ServingCore::Stop() {
     transports_.pop_back();
   context_.reset();
   // 2. No more backend files applied while tearing down, no worker restarted.
+                                      .crash_supervisor = core->crash_supervisor_.get(),
   crash_supervisor_.reset();
   reloader_.reset();
   rollouts_.reset();
