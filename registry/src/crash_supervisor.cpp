@@ -8,6 +8,18 @@
 
 namespace backplane {
 
+std::string_view DeathCause(const isolation::WorkerDeath& death) {
+  // The host's reasons for killing a worker are text (BackendWorker::Kill's callers); the words
+  // looked for here are pinned by the serve tests of hangs and of the memory limit.
+  if (death.cause.find("call timeout") != std::string::npos)
+    return "hang";
+  if (death.cause.find("memory_limit_bytes") != std::string::npos)
+    return "memory";
+  if (!death.cause.empty())
+    return "killed";
+  return death.signal != 0 ? "signal" : "exit";
+}
+
 CrashSupervisor::CrashSupervisor(CrashPolicy policy)
     : policy_(policy), thread_([this] { Run(); }) {}
 
@@ -28,6 +40,9 @@ void CrashSupervisor::Attach(std::weak_ptr<BackendRegistry> registry) {
 void CrashSupervisor::OnCrash(isolation::WorkerCrash crash) {
   {
     MutexLock lock(mutex_);
+    WorkerCrashCounts& counts = counts_[crash.backend_id];
+    ++counts.deaths[std::string(DeathCause(crash.death))];
+    counts.last_generation = crash.generation;
     queue_.push_back(std::move(crash));
   }
   wake_.notify_all();
@@ -36,6 +51,11 @@ void CrashSupervisor::OnCrash(isolation::WorkerCrash crash) {
 uint64_t CrashSupervisor::decided() const {
   MutexLock lock(mutex_);
   return decided_;
+}
+
+std::map<std::string, WorkerCrashCounts> CrashSupervisor::Counts() const {
+  MutexLock lock(mutex_);
+  return counts_;
 }
 
 void CrashSupervisor::Run() {
@@ -110,7 +130,10 @@ void CrashSupervisor::Decide(BackendRegistry& registry, const isolation::WorkerC
     std::this_thread::sleep_for(std::min<std::chrono::milliseconds>(pause, policy_.max_backoff));
   }
   auto restarted = registry.Restart(crash.backend_id, crash.generation);
-  if (!restarted.ok()) {
+  if (restarted.ok()) {
+    MutexLock lock(mutex_);
+    ++counts_[crash.backend_id].restarts;
+  } else {
     registry_detail::Log().error("backend {} generation {}: {}; restarting it failed: {}",
                         crash.backend_id, crash.generation, died, restarted.error().message());
   }

@@ -188,6 +188,7 @@ loader::GenerationLease LineageTable::BeginLoading(const std::string& id, const 
                            .release = info.release,
                            .api_version = info.api_version,
                            .build_id = info.build_id,
+                           .runs_in = info.runs_in,
                            .loaded_at = info.loaded_at},
                 .generation = next});
   return lineage->active;

@@ -707,8 +707,10 @@ Result<std::vector<Tensor>> LoadedNetwork::RunSteps(std::span<const Step* const>
       step_outputs.push_back(owned[slot].MutableView());
     }
     Status status = step.workload->Execute(step_inputs, step_outputs);
+    // WithContext keeps the reason: CRASHED is what makes the runtime run a request again after
+    // its worker died (and tell on_crashed_request).
     if (!status.ok())
-      return status.WithContext(Describe(step) + ": ");  // keeps the reason (CRASHED)
+      return status.WithContext(Describe(step) + ": ");
   }
 
   std::vector<Tensor> outputs;

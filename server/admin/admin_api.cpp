@@ -315,6 +315,8 @@ json BackendStatusJson(const BackendStatus& status) {
          {"api_version", std::to_string(generation.api_version.major) + "." +
                              std::to_string(generation.api_version.minor)},
          {"build_id", generation.build_id},
+         // "worker process 1234" (backend_isolation; kept after the worker ended), else "server".
+         {"runs_in", generation.runs_in.empty() ? "server" : generation.runs_in},
          {"refcount", generation.refcount},
          {"loaded_at", Rfc3339(generation.loaded_at)},
          {"drain_ms", generation.drain_ms ? json(*generation.drain_ms) : json(nullptr)},
@@ -387,6 +389,8 @@ void AddAdminRoutes(HttpServer& http, const ServeContext& context) {
     response.body = context.metrics.Render(&context.registry, context.loader_stats,
                                            ShapeProgramSamples(context)) +
                     context.rollouts.RenderMetrics();
+    if (context.crash_supervisor != nullptr)
+      response.body += RenderWorkerMetrics(context.registry, context.crash_supervisor->Counts());
     return response;
   });
 

@@ -291,6 +291,20 @@ const std::vector<ConfigKey>& ConfigKeys() {
          limits["slot_bytes"] = defaults.worker.slot_bytes;
          return limits;
        }},
+      {"crash_dir",
+       [](const json& value, const fs::path& base, ServeConfig& config) -> Status {
+         auto text = ReadString(value, "crash_dir");
+         if (!text.ok())
+           return text.error();
+         if (text->empty())
+           return InvalidArgument("'crash_dir' must name a directory, got \"\"");
+         config.crash_dir = Resolve(base, text.value());
+         return Status::Ok();
+       },
+       [](const ServeConfig& defaults) {
+         return defaults.crash_dir.empty() ? json("none (nothing written)")
+                                           : json(defaults.crash_dir.string());
+       }},
       {"watch_backends",
        [](const json& value, const fs::path&, ServeConfig& config) -> Status {
          auto flag = ReadBool(value, "watch_backends");
@@ -479,6 +493,7 @@ std::string ConfigToJson(const ServeConfig& config) {
     object["trusted_signing_keys"] = nullptr;
   }
   object["state_dir"] = config.state_dir.empty() ? json(nullptr) : json(config.state_dir.string());
+  object["crash_dir"] = config.crash_dir.empty() ? json(nullptr) : json(config.crash_dir.string());
   object["trusted_backends_file"] = config.trusted_backends_file.empty()
                                         ? json(nullptr)
                                         : json(config.trusted_backends_file.string());

@@ -85,6 +85,9 @@ struct ServeConfig {
     int max_crashes = 3;
     std::chrono::seconds crash_window{60};
   } worker;
+  // Where each request whose worker died is kept, with a line that replays it (serving/
+  // crash_capture.hpp); empty: nothing is written.
+  std::filesystem::path crash_dir;
 
   // ---- Hot reload
   bool watch_backends = true;  // apply backend files dropped into the backend directories

@@ -479,4 +479,48 @@ std::string ServerMetrics::Render(const BackendRegistry* registry,
   return out.Take();
 }
 
+std::string RenderWorkerMetrics(const BackendRegistry& registry,
+                                const std::map<std::string, WorkerCrashCounts>& counts) {
+  std::set<std::string> isolated;
+  for (const auto& backend : registry.Describe()) {
+    for (const auto& generation : backend.generations) {
+      if (!generation.runs_in.empty())
+        isolated.insert(backend.id);
+    }
+  }
+  for (const auto& [id, backend_counts] : counts)
+    isolated.insert(id);
+  const auto counts_of = [&](const std::string& id) {
+    auto it = counts.find(id);
+    return it != counts.end() ? it->second : WorkerCrashCounts{};
+  };
+
+  Exposition out;
+  out.Family("backplane_backend_worker_crashes_total", "counter",
+             "Deaths of an isolated backend's worker processes, by how: signal (a crash, the OOM "
+             "killer, kill -9), exit, hang (past execute_timeout_ms), memory (past "
+             "memory_limit_bytes), killed (by the server for another reason).");
+  for (const auto& id : isolated) {
+    const WorkerCrashCounts backend_counts = counts_of(id);
+    for (const char* how : {"signal", "exit", "hang", "memory", "killed"}) {
+      const auto it = backend_counts.deaths.find(how);
+      out.Sample("backplane_backend_worker_crashes_total", {{"backend", id}, {"how", how}},
+                 it != backend_counts.deaths.end() ? it->second : uint64_t{0});
+    }
+  }
+  out.Family("backplane_backend_worker_restarts_total", "counter",
+             "Active generations of an isolated backend restarted as new generations in new "
+             "workers after their worker died.");
+  for (const auto& id : isolated)
+    out.Sample("backplane_backend_worker_restarts_total", {{"backend", id}},
+               counts_of(id).restarts);
+  out.Family("backplane_backend_worker_last_crash_generation", "gauge",
+             "The generation whose worker died last (0: none yet).");
+  for (const auto& id : isolated) {
+    out.Sample("backplane_backend_worker_last_crash_generation", {{"backend", id}},
+               counts_of(id).last_generation);
+  }
+  return out.Take();
+}
+
 }  // namespace backplane::server

@@ -17,6 +17,7 @@
 #include "backplane/core/status.hpp"
 #include "backplane/core/thread_annotations.hpp"
 #include "backplane/registry/backend_registry.hpp"
+#include "backplane/registry/crash_supervisor.hpp"
 
 namespace backplane::server {
 
@@ -146,6 +147,15 @@ class ServerMetrics {
   std::map<std::string, BackendEvents> backends_ BACKPLANE_GUARDED_BY(backend_mutex_);
   std::map<std::string, uint64_t> rejected_by_reason_ BACKPLANE_GUARDED_BY(backend_mutex_);
 };
+
+// The worker processes of isolated backends (backend_isolation), from the crash supervisor's
+// counts: deaths by cause, restarts, the generation that died last. Labelled by backend, not by
+// generation: a generation's worker dies at most once and each restart is a new generation, so a
+// series per generation would be born at 1 (increase() never sees it) and a crash loop would add
+// one for every restart. Each backend whose generations run in workers has its series from the
+// start, at 0.
+std::string RenderWorkerMetrics(const BackendRegistry& registry,
+                                const std::map<std::string, WorkerCrashCounts>& counts);
 
 // Prometheus label value escaping: backslash, double quote and newline.
 std::string EscapeLabelValue(std::string_view value);

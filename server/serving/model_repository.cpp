@@ -289,6 +289,17 @@ std::shared_ptr<const ServingModel> ModelRepository::Find(std::string_view name)
   return it == snapshot->serving.end() ? nullptr : it->second;
 }
 
+ResolvedModel ModelRepository::FindNetwork(NetworkId id) const {
+  const auto snapshot = snapshot_.Load();
+  for (const auto& [name, model] : snapshot->serving) {
+    for (const auto& [number, version] : model->versions) {
+      if (version->network_id() == id)
+        return {model, version};
+    }
+  }
+  return {};
+}
+
 std::optional<std::string> ModelRepository::Unavailable(std::string_view name) const {
   const auto snapshot = snapshot_.Load();
   if (snapshot->serving.contains(name))

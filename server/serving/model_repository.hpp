@@ -23,6 +23,7 @@ namespace backplane::server {
 
 struct ModelMetrics;
 class ServerMetrics;
+struct ResolvedModel;
 
 // Which version directories of a model are served.
 struct VersionPolicy {
@@ -151,6 +152,8 @@ class ModelRepository {
 
   // The serving model, or null.
   std::shared_ptr<const ServingModel> Find(std::string_view name) const;
+  // The serving model and version whose network is `id`; both null when none is (unloaded).
+  ResolvedModel FindNetwork(NetworkId id) const;
   // Why a model of the repository is not serving (its last load error, or "unloaded"); nullopt
   // when it serves or the repository has no such model.
   std::optional<std::string> Unavailable(std::string_view name) const;

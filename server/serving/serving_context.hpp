@@ -9,6 +9,10 @@
 #include "backplane/registry/backend_registry.hpp"
 #include "backplane/runtime/runtime.hpp"
 
+namespace backplane {
+class CrashSupervisor;
+}
+
 namespace backplane::server {
 
 class ModelRepository;
@@ -22,6 +26,7 @@ struct ServeContext {
   ServerMetrics& metrics;
   RolloutController& rollouts;
   const loader::LoaderStats* loader_stats = nullptr;
+  const CrashSupervisor* crash_supervisor = nullptr;  // what isolated backends' workers cost
   // False until the serving core is told it is ready, and again from the moment it stops.
   const std::atomic<bool>& ready;
   int max_json_depth = 32;

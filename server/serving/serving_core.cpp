@@ -97,12 +97,29 @@ Result<std::unique_ptr<ServingCore>> ServingCore::Start(const ServeConfig& confi
         metrics->OnGenerationEvent(event);
       });
 
+  // Before the runtime, which tells it of requests whose worker died.
+  if (!config.crash_dir.empty()) {
+    auto capture =
+        CrashCapture::Create(config.crash_dir, *core->registry_, config.backend_preferences);
+    if (!capture.ok())
+      return capture.error();
+    core->crash_capture_ = std::move(capture).value();
+    Log().info("requests whose backend worker dies are kept in {}", config.crash_dir.string());
+  }
+  std::function<void(const CrashedRequest&)> on_crashed_request;
+  if (core->crash_capture_) {
+    on_crashed_request = [capture = core->crash_capture_.get()](const CrashedRequest& request) {
+      capture->OnCrashedRequest(request);
+    };
+  }
+
   auto runtime = Runtime::Create(
       {.registry = core->registry_,
        .default_preferences = config.backend_preferences,
        .scheduler = {.max_threads = config.inference_threads,
                      .max_in_flight = static_cast<std::size_t>(config.max_in_flight)},
-       .swap_policy = config.swap_policy == "pin" ? SwapPolicy::kPin : SwapPolicy::kMigrate});
+       .swap_policy = config.swap_policy == "pin" ? SwapPolicy::kPin : SwapPolicy::kMigrate,
+       .on_crashed_request = std::move(on_crashed_request)});
   if (!runtime.ok())
     return runtime.error();
   core->runtime_ = std::move(runtime).value();
@@ -139,6 +156,8 @@ Result<std::unique_ptr<ServingCore>> ServingCore::Start(const ServeConfig& confi
       .max_waiting_requests = static_cast<std::size_t>(std::max(1, config.max_in_flight))};
   core->repository_ = std::make_unique<ModelRepository>(config.models, *core->runtime_,
                                                         core->metrics_, batcher_limits);
+  if (core->crash_capture_)
+    core->crash_capture_->AttachModels(*core->repository_);
   core->repository_->LoadAll();
 
   core->context_.emplace(ServeContext{.runtime = *core->runtime_,
@@ -147,6 +166,7 @@ Result<std::unique_ptr<ServingCore>> ServingCore::Start(const ServeConfig& confi
                                       .metrics = core->metrics_,
                                       .rollouts = *core->rollouts_,
                                       .loader_stats = &core->loader_->stats(),
+                                      .crash_supervisor = core->crash_supervisor_.get(),
                                       .ready = core->ready_,
                                       .max_json_depth = config.max_json_depth});
   return core;
@@ -169,9 +189,13 @@ void ServingCore::Stop() {
   crash_supervisor_.reset();
   reloader_.reset();
   rollouts_.reset();
-  // 3. Every model's networks, then every backend instance, then the registry's leases.
+  // 3. What crash_dir still has to write (it reads the models), every model's networks, then
+  // every backend instance, then the registry's leases.
+  if (crash_capture_)
+    crash_capture_->Stop();
   repository_.reset();
   runtime_.reset();
+  crash_capture_.reset();
   if (registry_ && metrics_observer_)
     registry_->RemoveObserver(*metrics_observer_);
   registry_.reset();

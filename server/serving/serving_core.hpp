@@ -19,6 +19,7 @@
 #include "config/server_config.hpp"
 #include "metrics/metrics.hpp"
 #include "rollout/rollout_controller.hpp"
+#include "serving/crash_capture.hpp"
 #include "serving/model_repository.hpp"
 #include "serving/serving_context.hpp"
 
@@ -69,6 +70,7 @@ class ServingCore {
   std::shared_ptr<loader::Loader> loader_;  // held to wait for the last unloads
   std::shared_ptr<BackendRegistry> registry_;
   std::optional<uint64_t> metrics_observer_;
+  std::unique_ptr<CrashCapture> crash_capture_;  // crash_dir; told by the runtime: outlives it
   std::unique_ptr<Runtime> runtime_;
   std::unique_ptr<RolloutController> rollouts_;
   std::unique_ptr<BackendReloader> reloader_;

@@ -151,7 +151,7 @@ TEST(ServeConfigTest, RelativePathsAreRelativeToTheFileAndEveryKeyApplies) {
   // Every key of the table is documented with its default.
   // 20 + the transport's five + grpc_listen + trust + max_buffered_body_bytes + rollout's two
   // + grpc_max_concurrent_streams + backend_isolation and worker + state_dir and crash_grace_s
-  EXPECT_EQ(DescribeConfigKeys().size(), 37u);
+  EXPECT_EQ(DescribeConfigKeys().size(), 38u);
 }
 
 TEST(ServeConfigTest, TrustedBackendsAreDigestsFromOneSource) {

@@ -12,6 +12,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <thread>
 
 #include "backplane/core/thread_annotations.hpp"
@@ -28,6 +29,19 @@ struct CrashPolicy {
   // each time, at most max_backoff.
   std::chrono::milliseconds first_backoff{100};
   std::chrono::milliseconds max_backoff{5000};
+};
+
+// What ended a worker, in a word /metrics can use as a label (a bounded set, unlike the death's
+// text): "signal" (a crash, the OOM killer, kill -9), "exit" (the backend called exit), "hang" (a
+// call ran past the call timeout), "memory" (its resident set passed the limit), "killed" (the
+// server ended it for another reason, such as a malformed reply).
+std::string_view DeathCause(const isolation::WorkerDeath& death);
+
+// What the supervisor saw and did about one backend id's workers since it started.
+struct WorkerCrashCounts {
+  std::map<std::string, uint64_t, std::less<>> deaths;  // by DeathCause
+  uint64_t restarts = 0;                                // active generations restarted as new ones
+  uint64_t last_generation = 0;                         // the generation whose worker died last
 };
 
 // Thread-safe.
@@ -47,6 +61,8 @@ class CrashSupervisor {
 
   // Crashes decided so far, for tests and metrics.
   uint64_t decided() const BACKPLANE_EXCLUDES(mutex_);
+  // Per backend id, every death told so far (counted when told, before it is decided).
+  std::map<std::string, WorkerCrashCounts> Counts() const BACKPLANE_EXCLUDES(mutex_);
 
  private:
   void Run();
@@ -59,6 +75,7 @@ class CrashSupervisor {
   std::weak_ptr<BackendRegistry> registry_ BACKPLANE_GUARDED_BY(mutex_);
   bool stopping_ BACKPLANE_GUARDED_BY(mutex_) = false;
   uint64_t decided_ BACKPLANE_GUARDED_BY(mutex_) = 0;
+  std::map<std::string, WorkerCrashCounts> counts_ BACKPLANE_GUARDED_BY(mutex_);
   // Per backend id, when its active workers died lately (the supervisor's thread only).
   std::map<std::string, std::deque<std::chrono::steady_clock::time_point>> deaths_;
   std::thread thread_;  // last: started once the rest exists

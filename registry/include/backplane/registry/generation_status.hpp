@@ -40,6 +40,8 @@ struct GenerationStatus {
   std::string release;
   BackendApiVersion api_version;
   std::string build_id;
+  // Where its code runs or ran: "worker process 1234" (backend_isolation); "" in this process.
+  std::string runs_in;
   long refcount = 0;  // leases held right now (networks, instances, the registry itself)
   std::chrono::system_clock::time_point loaded_at;
   // From the moment it stopped being active to the moment it was unmapped; set once unloaded.
