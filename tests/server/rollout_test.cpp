@@ -357,11 +357,14 @@ TEST(RolloutTest, AFixThatFailsOnSomeInputsIsRolledBackInCanaryAndOnlyItsRequest
   EXPECT_FALSE(failures.empty());
   for (const auto& failure : failures)
     EXPECT_THAT(failure, HasSubstr("FailOnNegative refuses the negative input"));
-  // The totals once every client has stopped: a request in flight on the candidate when the
-  // decision was taken fails after the view above was read.
+  // The totals are the rollout's last reading of the candidate's counters, taken when it was
+  // decided: a request then in flight on the candidate (one per client at most) failed after it,
+  // uncounted.
   const json totals = Rollout(*server)["totals"];
   EXPECT_EQ(totals["stable"]["errors"], 0);
-  EXPECT_EQ(totals["candidate"]["errors"].get<std::size_t>(), failures.size());
+  const auto counted = totals["candidate"]["errors"].get<std::size_t>();
+  EXPECT_LE(counted, failures.size());
+  EXPECT_LE(failures.size(), counted + 4) << "more failures than the decision can explain";
   EXPECT_TRUE(clients.wrong().empty()) << clients.wrong().front();
 }
 

@@ -209,7 +209,8 @@ TEST_F(WorkerObservabilityTest, AdminApiSaysWhichWorkerProcessRunsEachGeneration
   EXPECT_NE(restarted_pid, first_pid);
   EXPECT_THAT(CommandLineOf(restarted_pid), HasSubstr("backplane-backend-worker"));
   // The dead generation still says where it ran, and that process is gone.
-  for (const auto& generation : Backend()["generations"]) {
+  const json backend = Backend();  // kept: a range-for over a temporary's member dangles
+  for (const auto& generation : backend["generations"]) {
     if (generation["generation"] == first["generation"]) {
       EXPECT_EQ(WorkerPid(generation), first_pid) << generation.dump();
     }
