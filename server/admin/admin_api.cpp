@@ -1,6 +1,5 @@
 #include "admin/admin_api.hpp"
 
-#include <ctime>
 
 #include "backplane/core/quoted.hpp"
 
@@ -8,6 +7,7 @@
 #include "rollout/rollout_controller.hpp"
 #include "serving/model_repository.hpp"
 #include "serving/serving_log.hpp"
+#include "serving/utc_time.hpp"
 
 namespace backplane::server {
 using nlohmann::json;
@@ -16,21 +16,11 @@ namespace {
 
 constexpr char kBackendPath[] = "/v2/backends/{}";
 
-// RFC 3339, UTC, milliseconds: "2026-11-29T23:55:01.123Z".
+// RFC 3339, UTC, milliseconds: "2026-11-29T23:55:01.123Z"; empty for a time never set.
 std::string Rfc3339(std::chrono::system_clock::time_point time) {
   if (time == std::chrono::system_clock::time_point{})
     return "";
-  const auto since_epoch = time.time_since_epoch();
-  const std::time_t seconds = std::chrono::duration_cast<std::chrono::seconds>(since_epoch).count();
-  const auto millis =
-      std::chrono::duration_cast<std::chrono::milliseconds>(since_epoch).count() % 1000;
-  std::tm utc{};
-  gmtime_r(&seconds, &utc);
-  char buffer[40];
-  const std::size_t length = std::strftime(buffer, sizeof buffer, "%Y-%m-%dT%H:%M:%S", &utc);
-  char fraction[8];
-  std::snprintf(fraction, sizeof fraction, ".%03dZ", static_cast<int>(millis));
-  return std::string(buffer, length) + fraction;
+  return UtcWithMillis(time, "%Y-%m-%dT%H:%M:%S");
 }
 
 json OptionValueJson(const OptionValue& value) {

@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <ctime>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -16,6 +15,7 @@
 #include "backplane/onnx/network.hpp"
 #include "serving/model_repository.hpp"
 #include "serving/serving_log.hpp"
+#include "serving/utc_time.hpp"
 
 namespace backplane::server {
 namespace fs = std::filesystem;
@@ -24,21 +24,8 @@ using nlohmann::json;
 namespace {
 
 constexpr char kBuildCopies[] = "backends";  // <crash_dir>/backends/<sha256>/<file name>
-
 // "20261206T182455.123Z": sorts as it happened, which is the order Prune removes in.
-std::string CompactUtc(std::chrono::system_clock::time_point time) {
-  const auto since_epoch = time.time_since_epoch();
-  const std::time_t seconds = std::chrono::duration_cast<std::chrono::seconds>(since_epoch).count();
-  const auto millis =
-      std::chrono::duration_cast<std::chrono::milliseconds>(since_epoch).count() % 1000;
-  std::tm utc{};
-  gmtime_r(&seconds, &utc);
-  char text[32];
-  const std::size_t length = std::strftime(text, sizeof text, "%Y%m%dT%H%M%S", &utc);
-  char fraction[8];
-  std::snprintf(fraction, sizeof fraction, ".%03dZ", static_cast<int>(millis));
-  return std::string(text, length) + fraction;
-}
+constexpr char kSortableUtc[] = "%Y%m%dT%H%M%S";
 
 std::string ShellQuoted(const std::string& text) {
   std::string quoted = "'";
@@ -272,7 +259,7 @@ Status CrashCapture::Write(const Pending& pending, const ModelRepository* reposi
       crashed ? crashed->backend_id + "-g" + std::to_string(crashed->generation.generation)
               : std::string("unknown");
   const fs::path capture =
-      dir_ / (CompactUtc(pending.at) + "-" + what + "-" + std::to_string(++written_));
+      dir_ / (UtcWithMillis(pending.at, kSortableUtc) + "-" + what + "-" + std::to_string(++written_));
   std::error_code error;
   if (!fs::create_directory(capture, error))
     return Internal("cannot create " + capture.string() + ": " + error.message());
@@ -287,7 +274,7 @@ Status CrashCapture::Write(const Pending& pending, const ModelRepository* reposi
   Result<fs::path> copy = FailedPrecondition("the crash message names no generation");
   if (crashed)
     copy = CopyBuild(crashed->generation);
-  json record = {{"captured_at", CompactUtc(pending.at)},
+  json record = {{"captured_at", UtcWithMillis(pending.at, kSortableUtc)},
                  {"message", pending.message},
                  {"network", pending.network},
                  {"inputs", *inputs},

@@ -241,20 +241,12 @@ std::string ReluModel() {
   return builder.Serialize();
 }
 
-// Identity over x [N, 4], for the fixture backend that fails on a negative input.
-std::string IdentityModel() {
-  ModelBuilder builder;
-  builder.Input("x", {-1, 4}).Output("y", {-1, 4});
-  builder.Node("Identity", {"x"}, {"y"});
-  return builder.Serialize();
-}
-
 // A server home (ServeHome: mlp, mnist and CpuRef) with more models: "relu" and "identity"
 // written from the builders above, and "mlp_alone", a copy of mlp without batching.
 void AddBatchingModels(const ServeHome& home) {
   home.Write("models/relu/1/model.onnx", ReluModel());
   home.Write("models/relu_alone/1/model.onnx", ReluModel());
-  home.Write("models/identity/1/model.onnx", IdentityModel());
+  home.Write("models/identity/1/model.onnx", RowIdentityModel());
   fs::copy(home.models() / "mlp", home.models() / "mlp_alone", fs::copy_options::recursive);
   home.Write("models/mlp_alone/config.json", R"({"backends": ["CpuRef"]})");
   home.Write("models/identity/config.json", R"({"backends": ["TestFailOnNegative"]})");

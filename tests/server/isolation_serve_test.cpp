@@ -9,7 +9,6 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
-#include "backplane/core/thread_annotations.hpp"
 #include "cli/serve_command.hpp"
 #include "onnx/model_builder.hpp"
 #include "serve_test_util.hpp"
@@ -55,27 +54,10 @@ TEST(IsolationConfigTest, ReadsTheKeysAndRefusesBadOnesNamingWhy) {
   }
 }
 
-// Identity over x [N, 4] on TestCrash, whose Execute dies the way x[0] says.
-std::string CrashIdentityModel() {
-  ModelBuilder builder;
-  builder.Input("x", {-1, 4}).Output("y", {-1, 4});
-  builder.Node("Identity", {"x"}, {"y"});
-  return builder.Serialize();
-}
-
-std::string RowRequest(float first) {
-  return json{{"inputs",
-               {{{"name", "x"},
-                 {"shape", {1, 4}},
-                 {"datatype", "FP32"},
-                 {"data", {first, 2.0, 3.0, 4.0}}}}}}
-      .dump();
-}
-
 class IsolatedServeTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    home_.Write("models/crashy/1/model.onnx", CrashIdentityModel());
+    home_.Write("models/crashy/1/model.onnx", RowIdentityModel());
     home_.Write("models/crashy/config.json", R"({"backends": ["TestCrash"]})");
     CopyFile(Fixture("Crash"), home_.backends() / "Test_Crash_backend.so");
     ServeConfig config = server::DefaultServeConfig();
@@ -216,27 +198,8 @@ TEST_F(IsolatedServeTest, AHangPastTheExecuteTimeoutKillsTheWorkerNotTheServer) 
 // A worker killed from outside while two clients keep it busy: every request it was running is
 // run again on the restarted worker, so no client sees the death.
 TEST_F(IsolatedServeTest, AWorkerKilledFromOutsideCostsNoClientRequest) {
-  std::atomic<bool> stop{false};
-  std::atomic<int> answered{0};
-  std::vector<std::string> failures;
-  Mutex failures_mutex;
-  std::vector<std::thread> clients;
-  JoinAll joiner{stop, clients};
-  for (int c = 0; c < 2; ++c) {
-    clients.emplace_back([&, c] {
-      auto client = Client();
-      for (int i = 0; !stop.load(); ++i) {
-        const auto first = static_cast<float>(c * 100000 + i % 1000);
-        JsonReply reply = Post(*client, "/v2/models/crashy/infer", RowRequest(first));
-        if (reply.status == 200 && reply.body["outputs"][0]["data"][0] == first) {
-          ++answered;
-        } else {
-          MutexLock lock(failures_mutex);
-          failures.push_back(std::to_string(reply.status) + " " + reply.text);
-        }
-      }
-    });
-  }
+  RowClients clients(running_.http.port, "/v2/models/crashy/infer", 2,
+                     [](int c, int i) { return static_cast<float>(c * 100000 + i % 1000); });
   const auto worker_pid = [&] {
     const auto backend = running_.core->context().runtime.Backend("TestCrash");
     if (backend == nullptr || backend->generation() == nullptr)
@@ -245,20 +208,18 @@ TEST_F(IsolatedServeTest, AWorkerKilledFromOutsideCostsNoClientRequest) {
     return static_cast<pid_t>(std::stol(runs_in.substr(runs_in.rfind(' ') + 1)));
   };
   for (int kill = 0; kill < 2; ++kill) {  // max_crashes 2 (SetUp): both are restarted
-    const int before = answered.load();
-    ASSERT_TRUE(Eventually([&] { return answered.load() > before + 50; }, 20s));
+    const int before = clients.answered();
+    ASSERT_TRUE(Eventually([&] { return clients.answered() > before + 50; }, 20s));
     const pid_t pid = worker_pid();
     ASSERT_GT(pid, 0);
     ASSERT_EQ(::kill(pid, SIGKILL), 0);
     ASSERT_TRUE(Eventually([&] { return worker_pid() != pid && worker_pid() != 0; }, 20s))
         << "kill " << kill;
   }
-  const int before = answered.load();
-  ASSERT_TRUE(Eventually([&] { return answered.load() > before + 50; }, 20s));
-  stop.store(true);
-  for (auto& thread : clients)
-    thread.join();
-  MutexLock lock(failures_mutex);
+  const int before = clients.answered();
+  ASSERT_TRUE(Eventually([&] { return clients.answered() > before + 50; }, 20s));
+  clients.Stop();
+  const auto failures = clients.failures();
   EXPECT_TRUE(failures.empty()) << failures.size() << " failed, the first: " << failures.front();
 }
 
@@ -276,7 +237,7 @@ class SandboxedCandidateTest : public ::testing::TestWithParam<SandboxCase> {};
 TEST_P(SandboxedCandidateTest, DiesInACanaryStepAndNoClientRequestFails) {
   const SandboxCase& crash = GetParam();
   ServeHome home;
-  home.Write("models/identity/1/model.onnx", CrashIdentityModel());
+  home.Write("models/identity/1/model.onnx", RowIdentityModel());
   home.Write("models/identity/config.json", R"({"backends": ["TestValid"]})");
   const fs::path backend_file = home.backends() / "Test_Valid_backend.so";
   CopyFile(Fixture("Valid"), backend_file);
@@ -301,30 +262,11 @@ TEST_P(SandboxedCandidateTest, DiesInACanaryStepAndNoClientRequestFails) {
   const uint64_t stable =
       running.core->context().registry.Describe("TestValid")->active_generation;
 
-  std::atomic<bool> stop{false};
-  std::atomic<int> answered{0};
-  std::vector<std::string> failures;
-  Mutex failures_mutex;
-  std::vector<std::thread> clients;
-  JoinAll joiner{stop, clients};
-  for (int c = 0; c < 2; ++c) {
-    clients.emplace_back([&, c] {
-      auto client = std::make_unique<httplib::Client>("127.0.0.1", running.http.port);
-      client->set_read_timeout(30, 0);
-      for (int i = 0; !stop.load(); ++i) {
-        // Every seventh row is marked: the stable build answers it as any other.
-        const float first = i % 7 == 6 ? crash.mark : static_cast<float>(c * 1000 + i % 500);
-        JsonReply reply = Post(*client, "/v2/models/identity/infer", RowRequest(first));
-        if (reply.status == 200 && reply.body["outputs"][0]["data"][0] == first) {
-          ++answered;
-        } else {
-          MutexLock lock(failures_mutex);
-          failures.push_back(std::to_string(reply.status) + " " + reply.text);
-        }
-      }
-    });
-  }
-  ASSERT_TRUE(Eventually([&] { return answered.load() > 20; }, 20s));
+  // Every seventh row is marked: the stable build answers it as any other.
+  RowClients clients(running.http.port, "/v2/models/identity/infer", 2, [&](int c, int i) {
+    return i % 7 == 6 ? crash.mark : static_cast<float>(c * 1000 + i % 500);
+  });
+  ASSERT_TRUE(Eventually([&] { return clients.answered() > 20; }, 20s));
   home.Publish(Fixture("ValidCrashes"), backend_file.filename());
   JsonReply deployed = Post(*admin, "/v2/backends/TestValid/reload", "");
   ASSERT_EQ(deployed.status, 200) << deployed.text;
@@ -338,16 +280,11 @@ TEST_P(SandboxedCandidateTest, DiesInACanaryStepAndNoClientRequestFails) {
       },
       30s))
       << rollout.text;
-  const int before = answered.load();
-  ASSERT_TRUE(Eventually([&] { return answered.load() > before + 20; }, 20s));
-  stop.store(true);
-  for (auto& thread : clients)
-    thread.join();
-
-  {
-    MutexLock lock(failures_mutex);
-    EXPECT_TRUE(failures.empty()) << failures.size() << " failed, the first: " << failures.front();
-  }
+  const int before = clients.answered();
+  ASSERT_TRUE(Eventually([&] { return clients.answered() > before + 20; }, 20s));
+  clients.Stop();
+  const auto failures = clients.failures();
+  EXPECT_TRUE(failures.empty()) << failures.size() << " failed, the first: " << failures.front();
   JsonReply backend = Get(*admin, "/v2/backends/TestValid");
   EXPECT_EQ(backend.body["active_generation"], stable) << backend.text;
   EXPECT_THAT(backend.text, HasSubstr("CRASHED"));
@@ -374,7 +311,7 @@ INSTANTIATE_TEST_SUITE_P(
 // once with CRASHED, and no client request fails, since a shadow run answers nobody.
 TEST(IsolatedRolloutTest, ACandidateThatDiesInTheShadowIsRolledBackAndNoClientSeesIt) {
   ServeHome home;
-  home.Write("models/identity/1/model.onnx", CrashIdentityModel());
+  home.Write("models/identity/1/model.onnx", RowIdentityModel());
   home.Write("models/identity/config.json", R"({"backends": ["TestValid"]})");
   const fs::path backend_file = home.backends() / "Test_Valid_backend.so";
   CopyFile(Fixture("Valid"), backend_file);

@@ -85,14 +85,6 @@ TEST(RolloutConfigTest, RefusesEveryBadValueNamingTheKeyAndWhy) {
 
 // ---- Whole servers --------------------------------------------------------------------------
 
-// Identity over x [N, 4] on TestValid (the fixture's Identity adds its build's offset).
-std::string RolloutIdentityModel() {
-  ModelBuilder builder;
-  builder.Input("x", {-1, 4}).Output("y", {-1, 4});
-  builder.Node("Identity", {"x"}, {"y"});
-  return builder.Serialize();
-}
-
 struct RolloutServer {
   ServeHome home;
   server::RunningServer running;
@@ -107,7 +99,7 @@ struct RolloutServer {
 std::unique_ptr<RolloutServer> StartRolloutServer(const std::string& rollout_policy,
                                                   const std::string& admin_token = "") {
   auto server = std::make_unique<RolloutServer>();
-  server->home.Write("models/identity/1/model.onnx", RolloutIdentityModel());
+  server->home.Write("models/identity/1/model.onnx", RowIdentityModel());
   server->home.Write("models/identity/config.json", R"({"backends": ["TestValid"]})");
   CopyFile(Fixture("Valid"), server->backend_file());
   ServeConfig config = server::DefaultServeConfig();

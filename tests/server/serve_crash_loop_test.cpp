@@ -25,13 +25,6 @@ using ::testing::HasSubstr;
 constexpr char kIdentityRequest[] =
     R"({"inputs":[{"name":"x","shape":[1,4],"datatype":"FP32","data":[1,2,3,4]}]})";
 
-std::string IdentityModel() {
-  ModelBuilder builder;
-  builder.Input("x", {-1, 4}).Output("y", {-1, 4});
-  builder.Node("Identity", {"x"}, {"y"});
-  return builder.Serialize();
-}
-
 std::vector<float> Answer(const JsonReply& reply) {
   if (reply.status != 200 || !reply.body.contains("outputs"))
     return {};
@@ -45,7 +38,7 @@ std::string Sha256Of(const fs::path& file) {
 
 TEST(ServeCrashLoopTest, AStartAfterACrashingDeployServesTheBuildBeforeIt) {
   ServeHome home;
-  home.Write("models/identity/1/model.onnx", IdentityModel());
+  home.Write("models/identity/1/model.onnx", RowIdentityModel());
   home.Write("models/identity/config.json", R"({"backends": ["TestValid"]})");
   const fs::path backend_file = home.backends() / "Test_Valid_backend.so";
   CopyFile(Fixture("Valid"), backend_file);

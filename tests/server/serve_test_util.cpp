@@ -17,6 +17,7 @@
 #include <gtest/gtest.h>
 
 #include "backplane/onnx/network.hpp"
+#include "onnx/model_builder.hpp"
 
 namespace backplane::testing {
 namespace fs = std::filesystem;
@@ -217,6 +218,55 @@ fs::path MnistDir() {
 
 fs::path MnistDataDir() {
   return MnistDir() / "test_data_set_0";
+}
+
+std::string RowIdentityModel() {
+  ModelBuilder builder;
+  builder.Input("x", {-1, 4}).Output("y", {-1, 4});
+  builder.Node("Identity", {"x"}, {"y"});
+  return builder.Serialize();
+}
+
+std::string RowRequest(float first) {
+  return nlohmann::json{{"inputs",
+                         {{{"name", "x"},
+                           {"shape", {1, 4}},
+                           {"datatype", "FP32"},
+                           {"data", {first, 2.0, 3.0, 4.0}}}}}}
+      .dump();
+}
+
+RowClients::RowClients(int port, std::string path, int clients,
+                       std::function<float(int, int)> first) {
+  for (int c = 0; c < clients; ++c) {
+    threads_.emplace_back([this, port, path, c, first] {
+      httplib::Client client("127.0.0.1", port);
+      client.set_read_timeout(30, 0);
+      for (int i = 0; !stop_.load(); ++i) {
+        const float row = first(c, i);
+        JsonReply reply = Post(client, path, RowRequest(row));
+        if (reply.status == 200 && reply.body["outputs"][0]["data"][0] == row) {
+          ++answered_;
+        } else {
+          std::lock_guard lock(mutex_);
+          failures_.push_back(std::to_string(reply.status) + " " + reply.text);
+        }
+      }
+    });
+  }
+}
+
+void RowClients::Stop() {
+  stop_.store(true);
+  for (auto& thread : threads_) {
+    if (thread.joinable())
+      thread.join();
+  }
+}
+
+std::vector<std::string> RowClients::failures() const {
+  std::lock_guard lock(mutex_);
+  return failures_;
 }
 
 std::string MnistRequestBody(int index) {

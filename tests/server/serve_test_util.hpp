@@ -8,8 +8,10 @@
 #include <atomic>
 #include <chrono>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -131,6 +133,31 @@ struct JoinAll {
         thread.join();
     }
   }
+};
+
+// Identity over x [N, 4] (N symbolic): the fixture backends' model (TestValid's Identity adds its
+// build's offset, TestCrash's dies the way x[0] says).
+std::string RowIdentityModel();
+// One row [first, 2, 3, 4] for RowIdentityModel, as a KServe v2 JSON body.
+std::string RowRequest(float first);
+
+// Client threads that send RowIdentityModel rows to `path` until stopped, each checking that
+// the answer's first element is its row's (`first(client, i)` chooses it): counts the answers
+// and keeps every failure. Stopped and joined on every way out of a test.
+class RowClients {
+ public:
+  RowClients(int port, std::string path, int clients, std::function<float(int, int)> first);
+  ~RowClients() { Stop(); }
+  void Stop();
+  int answered() const { return answered_.load(); }
+  std::vector<std::string> failures() const;  // "503 {body}", in the order seen
+
+ private:
+  std::atomic<bool> stop_{false};
+  std::atomic<int> answered_{0};
+  mutable std::mutex mutex_;
+  std::vector<std::string> failures_;  // guarded by mutex_
+  std::vector<std::thread> threads_;
 };
 
 // One server shared by every test of a suite: starting one per test would cost a second each.

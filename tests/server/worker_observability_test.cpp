@@ -33,21 +33,6 @@ constexpr float kNullWrite = 9110;  // CrashMark: SIGSEGV
 constexpr float kEndlessLoop = 9090;
 constexpr float kLeak = 9120;  // 64 MiB more each time
 
-std::string IdentityModel() {
-  ModelBuilder builder;
-  builder.Input("x", {-1, 4}).Output("y", {-1, 4});
-  builder.Node("Identity", {"x"}, {"y"});
-  return builder.Serialize();
-}
-
-std::string RowRequest(float first) {
-  return json{{"inputs",
-               {{{"name", "x"},
-                 {"shape", {1, 4}},
-                 {"datatype", "FP32"},
-                 {"data", {first, 2.0, 3.0, 4.0}}}}}}
-      .dump();
-}
 
 // The value of one sample of a scrape ("name{labels}"), or -1 when absent.
 double Sample(const std::string& scrape, const std::string& series) {
@@ -82,7 +67,7 @@ std::string CommandLineOf(pid_t pid) {
 class WorkerObservabilityTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    home_.Write("models/crashy/1/model.onnx", IdentityModel());
+    home_.Write("models/crashy/1/model.onnx", RowIdentityModel());
     home_.Write("models/crashy/config.json", R"({"backends": ["TestCrash"]})");
     CopyFile(Fixture("Crash"), backend_file_);
     ServeConfig config = server::DefaultServeConfig();
