@@ -6,6 +6,7 @@
 // It never unloads the library: a worker ends with its generation, and the kernel takes back
 // everything the backend held, leaked or not.
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
@@ -364,6 +365,18 @@ class Worker {
   HandleTable<ContextEntry> contexts_{next_handle_};
 };
 
+// Under memory pressure the kernel's OOM killer ends this process before the server: a backend
+// that leaks without memory_limit_bytes costs its worker, not everything. Raising one's own score
+// needs no privilege; where /proc refuses, the worker runs without it.
+void PreferredByTheOomKiller() {
+  const int fd = ::open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
+  if (fd < 0)
+    return;
+  constexpr char kMostPreferred[] = "1000";
+  (void)!::write(fd, kMostPreferred, sizeof kMostPreferred - 1);
+  ::close(fd);
+}
+
 // Ends this process with the host: blocks on the host's pidfd.
 void ExitWithHost(pid_t host) {
   const int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, host, 0));
@@ -408,6 +421,7 @@ int main(int argc, char** argv) {
   }
   ExitWithHost(host);
   ::prctl(PR_SET_NAME, "bp-backend-wkr");
+  PreferredByTheOomKiller();
   auto region = SharedRegion::Map(kChannelFd);
   if (!region.ok()) {
     std::fprintf(stderr, "backplane-backend-worker: %s\n", region.error().ToString().c_str());

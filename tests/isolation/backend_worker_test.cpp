@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <filesystem>
+#include <fstream>
 #include <future>
 #include <random>
 #include <thread>
@@ -153,6 +154,19 @@ TEST(BackendWorkerTest, AnExecuteCountsItsCrossingApartFromTheBackendsOwnTime) {
     EXPECT_GT(crossed.count(), 0) << "call " << call;
     EXPECT_LE(crossed, wall - std::chrono::milliseconds(5)) << "call " << call;
   }
+}
+
+// A leak without memory_limit_bytes: the kernel's OOM killer is to take the worker, not the server.
+TEST(BackendWorkerTest, TheOomKillerPrefersTheWorkerToTheServer) {
+  auto isolated = StartIsolated("Valid");
+  ASSERT_NE(isolated, nullptr);
+  auto score_adj = [](const std::string& pid) {
+    std::ifstream file("/proc/" + pid + "/oom_score_adj");
+    int value = 0;
+    file >> value;
+    return value;
+  };
+  EXPECT_EQ(score_adj(std::to_string(isolated->worker->pid())), 1000);
 }
 
 TEST(BackendWorkerTest, ConcurrentCallsEachGetTheirOwnAnswer) {
