@@ -13,15 +13,6 @@
 
 namespace backplane {
 
-namespace {
-
-Tensor CopyOf(const ConstTensorView& view) {
-  const auto* bytes = static_cast<const std::byte*>(view.data);
-  return Tensor(view.info, std::vector<std::byte>(bytes, bytes + view.info.ByteSize()));
-}
-
-}  // namespace
-
 // One runtime's side of a candidate arriving (its slot, and the networks bound on it, prepared
 // without the runtime's lock) or leaving (a rollback: nothing to prepare).
 class Runtime::CandidateChange final : public SlotChange {
@@ -196,23 +187,8 @@ Runtime::Routed Runtime::Route(NetworkId id, std::shared_ptr<const LoadedNetwork
 Result<std::vector<Tensor>> Runtime::ExecuteRouted(const Routed& routed,
                                                    std::span<const ConstTensorView> inputs,
                                                    std::vector<Tensor>* owned) {
-  if (routed.route == nullptr) {
-    auto result = routed.network->Execute(inputs);
-    if (!result.ok() && result.error().reason() == LoadReason::kCrashed)
-      return RunAgainAfterCrash(routed, inputs, std::move(result).error());
-    return result;
-  }
-  // Judged on the backend code's time: crossings to worker processes (a sandboxed candidate's
-  // every call) are left out.
-  const auto start = std::chrono::steady_clock::now();
-  const auto crossed_before = ThreadCrossingTime();
-  auto result = routed.network->Execute(inputs);
-  const double micros = std::chrono::duration<double, std::micro>(
-                            std::chrono::steady_clock::now() - start -
-                            (ThreadCrossingTime() - crossed_before))
-                            .count();
-  routed.route->meter->RecordExecution(routed.on_candidate, micros,
-                                       result.ok() ? Status::Ok() : result.error());
+  auto result =
+      routed.route == nullptr ? routed.network->Execute(inputs) : ExecuteMetered(routed, inputs);
   if (!result.ok() && result.error().reason() == LoadReason::kCrashed)
     return RunAgainAfterCrash(routed, inputs, std::move(result).error());
   if (routed.shadow && result.ok()) {
@@ -221,13 +197,29 @@ Result<std::vector<Tensor>> Runtime::ExecuteRouted(const Routed& routed,
       shadow_inputs = std::move(*owned);  // the stable run is done with them
     } else {
       for (const auto& view : inputs)
-        shadow_inputs.push_back(CopyOf(view));
+        shadow_inputs.push_back(Tensor::CopyOf(view));
     }
     std::vector<Tensor> stable_outputs;
     for (const auto& output : result.value())
       stable_outputs.push_back(output);
     StartShadow(routed.route, routed.id, std::move(shadow_inputs), std::move(stable_outputs));
   }
+  return result;
+}
+
+Result<std::vector<Tensor>> Runtime::ExecuteMetered(const Routed& routed,
+                                                    std::span<const ConstTensorView> inputs) {
+  // Judged on the backend code's time: crossings to worker processes (a sandboxed candidate's
+  // every call) are left out.
+  const auto start = std::chrono::steady_clock::now();
+  const auto crossed_before = ThreadCrossingTime();
+  auto result = routed.network->Execute(inputs);
+  const double micros =
+      std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start -
+                                                (ThreadCrossingTime() - crossed_before))
+          .count();
+  routed.route->meter->RecordExecution(routed.on_candidate, micros,
+                                       result.ok() ? Status::Ok() : result.error());
   return result;
 }
 

@@ -179,11 +179,8 @@ void CrashCapture::OnCrashedRequest(const CrashedRequest& request) {
     pending->network = request.network;
     pending->message = request.error.message();
     pending->at = std::chrono::system_clock::now();
-    for (const ConstTensorView& input : request.inputs) {
-      const auto* begin = static_cast<const std::byte*>(input.data);
-      pending->inputs.emplace_back(input.info,
-                                   std::vector<std::byte>(begin, begin + input.info.ByteSize()));
-    }
+    for (const ConstTensorView& input : request.inputs)
+      pending->inputs.push_back(Tensor::CopyOf(input));
     {
       MutexLock lock(mutex_);
       if (stopping_)
@@ -258,8 +255,8 @@ Status CrashCapture::Write(const Pending& pending, const ModelRepository* reposi
   const std::string what =
       crashed ? crashed->backend_id + "-g" + std::to_string(crashed->generation.generation)
               : std::string("unknown");
-  const fs::path capture =
-      dir_ / (UtcWithMillis(pending.at, kSortableUtc) + "-" + what + "-" + std::to_string(++written_));
+  const fs::path capture = dir_ / (UtcWithMillis(pending.at, kSortableUtc) + "-" + what + "-" +
+                                   std::to_string(++written_));
   std::error_code error;
   if (!fs::create_directory(capture, error))
     return Internal("cannot create " + capture.string() + ": " + error.message());

@@ -223,6 +223,11 @@ class Tensor {
   explicit Tensor(TensorInfo info) : info_(std::move(info)), data_(info_.ByteSize()) {}
   Tensor(TensorInfo info, std::vector<std::byte> data)
       : info_(std::move(info)), data_(std::move(data)) {}
+  // A copy of what `view` shows, owned (a request's inputs kept past the call that lent them).
+  static Tensor CopyOf(const ConstTensorView& view) {
+    const auto* bytes = static_cast<const std::byte*>(view.data);
+    return Tensor(view.info, std::vector<std::byte>(bytes, bytes + view.info.ByteSize()));
+  }
 
   const TensorInfo& info() const { return info_; }
   std::span<const std::byte> bytes() const { return data_; }

@@ -321,13 +321,16 @@ class Runtime : private BackendSubscriber {
   Result<std::vector<Tensor>> ExecuteRouted(const Routed& routed,
                                             std::span<const ConstTensorView> inputs,
                                             std::vector<Tensor>* owned);
-  // Queues the shadow run of a stable request on its candidate, as a request of its own.
+  // A routed request's run measured for its rollout (routed.route is set).
+  Result<std::vector<Tensor>> ExecuteMetered(const Routed& routed,
+                                             std::span<const ConstTensorView> inputs);
   // A run that failed because a worker died under it (reason CRASHED), run once more: a
   // candidate's on the stable binding at once, a stable generation's on the network's next
   // binding once the network has moved (crash_retry_wait at most).
   Result<std::vector<Tensor>> RunAgainAfterCrash(const Routed& routed,
                                                  std::span<const ConstTensorView> inputs,
                                                  Status crash) const;
+  // Queues the shadow run of a stable request on its candidate, as a request of its own.
   void StartShadow(std::shared_ptr<const CandidateRoute> route, NetworkId id,
                    std::vector<Tensor> inputs, std::vector<Tensor> stable_outputs);
 
