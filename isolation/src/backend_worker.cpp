@@ -136,11 +136,13 @@ BackendWorker::~BackendWorker() {
   monitor_.join();
 }
 
-void BackendWorker::Kill(std::string cause) {
+void BackendWorker::Kill(WorkerDeath::Killed why, std::string cause) {
   {
     MutexLock lock(mutex_);
-    if (kill_cause_.empty())
+    if (killed_ == WorkerDeath::Killed::kNo) {
+      killed_ = why;
       kill_cause_ = std::move(cause);
+    }
   }
   ::syscall(SYS_pidfd_send_signal, pidfd_.get(), SIGKILL, nullptr, 0);
 }
@@ -167,8 +169,9 @@ void BackendWorker::Monitor() {
     if (options_.memory_limit_bytes > 0) {
       const std::size_t resident = ResidentBytes(pid_);
       if (resident > options_.memory_limit_bytes) {
-        Kill("its resident memory of " + std::to_string(resident) +
-             " bytes passed memory_limit_bytes " + std::to_string(options_.memory_limit_bytes));
+        Kill(WorkerDeath::Killed::kMemoryLimit,
+             "its resident memory of " + std::to_string(resident) +
+                 " bytes passed memory_limit_bytes " + std::to_string(options_.memory_limit_bytes));
       }
     }
   }
@@ -181,6 +184,7 @@ void BackendWorker::Monitor() {
   {
     MutexLock lock(mutex_);
     death.cause = kill_cause_;
+    death.killed = killed_;
     death_ = death;
   }
   dead_.store(true, std::memory_order_release);
@@ -243,8 +247,9 @@ Status BackendWorker::Invoke(uint32_t call, const std::function<void(WireWriter&
         if (dead())
           return true;
         if (std::chrono::steady_clock::now() >= deadline) {
-          Kill(std::string(what) + " ran past the worker's call timeout of " +
-               std::to_string(options_.call_timeout.count()) + " ms");
+          Kill(WorkerDeath::Killed::kCallTimeout,
+               std::string(what) + " ran past the worker's call timeout of " +
+                   std::to_string(options_.call_timeout.count()) + " ms");
         }
         return false;
       },
@@ -258,7 +263,7 @@ Status BackendWorker::Invoke(uint32_t call, const std::function<void(WireWriter&
   const std::size_t reply_bytes = header.message_bytes;
   const auto payload = region_.payload(*slot);
   if (reply_bytes > payload.size()) {
-    Kill("it wrote a reply larger than its slot");
+    Kill(WorkerDeath::Killed::kBadReply, "it wrote a reply larger than its slot");
     return Internal(label() + ": the worker's reply to " + std::string(what) +
                     " claims more bytes than its slot holds");
   }

@@ -48,8 +48,8 @@ bool IsolationPolicy::IsolatesAny() const {
 }
 
 loader::OutOfProcessRunner MakeWorkerRunner(IsolationPolicy policy, CrashListener on_crash) {
-  return [policy = std::move(policy), on_crash = std::move(on_crash)](
-             const loader::OutOfProcessRequest& request)
+  return [policy = std::move(policy),
+          on_crash = std::move(on_crash)](const loader::OutOfProcessRequest& request)
              -> Result<std::unique_ptr<loader::OutOfProcessLibrary>> {
     if (!request.required && !policy.IsolatesAny())
       return std::unique_ptr<loader::OutOfProcessLibrary>();  // no worker to start

@@ -9,14 +9,17 @@
 namespace backplane {
 
 std::string_view DeathCause(const isolation::WorkerDeath& death) {
-  // The host's reasons for killing a worker are text (BackendWorker::Kill's callers); the words
-  // looked for here are pinned by the serve tests of hangs and of the memory limit.
-  if (death.cause.find("call timeout") != std::string::npos)
-    return "hang";
-  if (death.cause.find("memory_limit_bytes") != std::string::npos)
-    return "memory";
-  if (!death.cause.empty())
-    return "killed";
+  using Killed = isolation::WorkerDeath::Killed;
+  switch (death.killed) {
+    case Killed::kCallTimeout:
+      return "hang";
+    case Killed::kMemoryLimit:
+      return "memory";
+    case Killed::kBadReply:
+      return "killed";
+    case Killed::kNo:
+      break;
+  }
   return death.signal != 0 ? "signal" : "exit";
 }
 
@@ -84,15 +87,16 @@ void CrashSupervisor::Decide(BackendRegistry& registry, const isolation::WorkerC
   const auto status = registry.Describe(crash.backend_id);
   if (!status)
     return;
-  const std::string died = "its worker process " + std::to_string(crash.pid) + " " +
-                           crash.death.ToString();
+  const std::string died =
+      "its worker process " + std::to_string(crash.pid) + " " + crash.death.ToString();
   if (status->candidate_generation == crash.generation) {
     // A candidate answers nobody but itself: rolled back at once, whatever its window said.
-    auto dropped = registry.DropCandidate(crash.backend_id, died, crash.generation,
-                                          LoadReason::kCrashed);
-    registry_detail::Log().error("backend {} candidate generation {} ({}, sha256 {}): {}; {}",
-                        crash.backend_id, crash.generation, crash.file, crash.sha256, died,
-                        dropped.ok() ? "rolled back (CRASHED)" : dropped.error().message());
+    auto dropped =
+        registry.DropCandidate(crash.backend_id, died, crash.generation, LoadReason::kCrashed);
+    registry_detail::Log().error(
+        "backend {} candidate generation {} ({}, sha256 {}): {}; {}", crash.backend_id,
+        crash.generation, crash.file, crash.sha256, died,
+        dropped.ok() ? "rolled back (CRASHED)" : dropped.error().message());
     return;
   }
   if (status->active_generation != crash.generation)
@@ -119,8 +123,8 @@ void CrashSupervisor::Decide(BackendRegistry& registry, const isolation::WorkerC
                              : "withdrawing it failed: " + withdrawn.error().message());
     }
     registry_detail::Log().error("backend {} generation {} ({}, sha256 {}): {}; {}",
-                                 crash.backend_id, crash.generation, crash.file, crash.sha256,
-                                 why, done);
+                                 crash.backend_id, crash.generation, crash.file, crash.sha256, why,
+                                 done);
     deaths.clear();
     return;
   }
@@ -135,7 +139,8 @@ void CrashSupervisor::Decide(BackendRegistry& registry, const isolation::WorkerC
     ++counts_[crash.backend_id].restarts;
   } else {
     registry_detail::Log().error("backend {} generation {}: {}; restarting it failed: {}",
-                        crash.backend_id, crash.generation, died, restarted.error().message());
+                                 crash.backend_id, crash.generation, died,
+                                 restarted.error().message());
   }
 }
 

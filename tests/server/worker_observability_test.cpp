@@ -33,7 +33,6 @@ constexpr float kNullWrite = 9110;  // CrashMark: SIGSEGV
 constexpr float kEndlessLoop = 9090;
 constexpr float kLeak = 9120;  // 64 MiB more each time
 
-
 // The value of one sample of a scrape ("name{labels}"), or -1 when absent.
 double Sample(const std::string& scrape, const std::string& series) {
   const auto at = scrape.find("\n" + series + " ");
@@ -276,8 +275,17 @@ TEST(WorkerDeathCauseTest, NamesHowAWorkerDiedInAWordALabelCanHold) {
   EXPECT_EQ(DeathCause(WorkerDeath{.how = "exited with status 3", .exit_status = 3}), "exit");
   EXPECT_EQ(DeathCause(WorkerDeath{.how = "was killed by signal 9 (SIGKILL)",
                                    .cause = "it wrote a reply larger than its slot",
+                                   .killed = WorkerDeath::Killed::kBadReply,
                                    .signal = 9}),
             "killed");
+  EXPECT_EQ(DeathCause(WorkerDeath{.how = "was killed by signal 9 (SIGKILL)",
+                                   .killed = WorkerDeath::Killed::kCallTimeout,
+                                   .signal = 9}),
+            "hang");
+  EXPECT_EQ(DeathCause(WorkerDeath{.how = "was killed by signal 9 (SIGKILL)",
+                                   .killed = WorkerDeath::Killed::kMemoryLimit,
+                                   .signal = 9}),
+            "memory");
 }
 
 // A crash loop must not fill the disk: beyond max_captures the oldest captures go. (Without a

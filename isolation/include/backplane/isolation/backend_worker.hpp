@@ -48,8 +48,11 @@ struct WorkerOptions {
 
 // How a worker ended, once it has.
 struct WorkerDeath {
-  std::string how;       // "killed by signal 11 (SIGSEGV)", "exited with status 3"
-  std::string cause;     // what the host did, when it killed it: "a call ran past 500 ms", ""
+  std::string how;    // "killed by signal 11 (SIGSEGV)", "exited with status 3"
+  std::string cause;  // what the host did, when it killed it: "a call ran past 500 ms", ""
+  // Why the host killed it, when it did (`cause` says it in words).
+  enum class Killed { kNo, kCallTimeout, kMemoryLimit, kBadReply };
+  Killed killed = Killed::kNo;
   int signal = 0;        // the signal that ended it, 0 when it exited
   int exit_status = -1;  // its exit status when it exited
   std::string ToString() const { return cause.empty() ? how : how + " (" + cause + ")"; }
@@ -84,7 +87,7 @@ class BackendWorker {
   bool dead() const { return dead_.load(std::memory_order_acquire); }
   std::optional<WorkerDeath> death() const BACKPLANE_EXCLUDES(mutex_);
   // Kills the worker; its death is then reported with `cause`.
-  void Kill(std::string cause) BACKPLANE_EXCLUDES(mutex_);
+  void Kill(WorkerDeath::Killed why, std::string cause) BACKPLANE_EXCLUDES(mutex_);
 
  private:
   BackendWorker(WorkerOptions options, SharedRegion region, pid_t pid, OwnedFd pidfd,
@@ -105,6 +108,7 @@ class BackendWorker {
   std::optional<WorkerDeath> death_ BACKPLANE_GUARDED_BY(mutex_);
   std::string label_ BACKPLANE_GUARDED_BY(mutex_);
   std::string kill_cause_ BACKPLANE_GUARDED_BY(mutex_);
+  WorkerDeath::Killed killed_ BACKPLANE_GUARDED_BY(mutex_) = WorkerDeath::Killed::kNo;
   std::thread monitor_;  // last: started once everything above exists
 };
 
