@@ -60,8 +60,8 @@ Generation::~Generation() {
     const std::string runs_in = remote_->Describe();
     remote_.reset();
     stats_->unloaded.fetch_add(1, std::memory_order_relaxed);
-    Log().debug("backend {} generation {} ended with its {} ({})", info_.backend_id,
-                info_.number, runs_in, info_.file.string());
+    Log().debug("backend {} generation {} ended with its {} ({})", info_.backend_id, info_.number,
+                runs_in, info_.file.string());
     stats_->live.fetch_sub(1, std::memory_order_relaxed);
     stats_->unload_listeners.Notify(info_, false);
     return;

@@ -115,7 +115,6 @@ std::string DlError() {
   return error != nullptr ? error : "unknown dynamic linker error";
 }
 
-
 // Why BackendFactory returned null. BACKPLANE_DEFINE_BACKEND's factory catches what the
 // backend's constructor throws and keeps its message for GetBackendFactoryError(), on the
 // calling thread; a backend without that entry point (built before it existed) cannot say.
@@ -218,8 +217,8 @@ Status ApiIncompatibleError(const BackendFile& file, const std::string& id, Back
   return {LoadReason::kApiIncompatible,
           file.path.string() + " (backend " + id + ") is built against backend API " +
               VersionString(api) + " but this host implements " + VersionString(host) +
-              " (needs major " + std::to_string(host.major) + ", minor <= " +
-              std::to_string(host.minor) + "); rebuild it against this SDK"};
+              " (needs major " + std::to_string(host.major) +
+              ", minor <= " + std::to_string(host.minor) + "); rebuild it against this SDK"};
 }
 
 }  // namespace
@@ -342,12 +341,11 @@ Result<GenerationLease> Loader::LoadNew(const BackendFile& file, LoadTrace* trac
 
   // Checked like any other: now it may run in a worker process instead (issue 39).
   if (options_.out_of_process) {
-    auto remote = options_.out_of_process(
-        {.image = *image,
-         .generation = number,
-         .file = file.path,
-         .sha256 = sha256,
-         .required = placement == Placement::kWorker});
+    auto remote = options_.out_of_process({.image = *image,
+                                           .generation = number,
+                                           .file = file.path,
+                                           .sha256 = sha256,
+                                           .required = placement == Placement::kWorker});
     if (!remote.ok())
       return tracer.Fail("worker", std::move(remote).error());
     if (*remote != nullptr) {
@@ -355,20 +353,20 @@ Result<GenerationLease> Loader::LoadNew(const BackendFile& file, LoadTrace* trac
       if (!IsValidBackendId(library.backend_id()))
         return tracer.Fail("id", InvalidIdError(file, library.backend_id()));
       if (!IsApiCompatible(library.api_version(), options_.host_api)) {
-        return tracer.Fail("version", ApiIncompatibleError(file, library.backend_id(),
-                                                           library.api_version(),
-                                                           options_.host_api));
+        return tracer.Fail("version",
+                           ApiIncompatibleError(file, library.backend_id(), library.api_version(),
+                                                options_.host_api));
       }
       tracer.Pass("worker", "runs in " + library.Describe() + " as backend " +
                                 library.backend_id() + ", API " +
                                 VersionString(library.api_version()));
-      GenerationInfo info = describe(library.backend_id(), library.api_version(),
-                                     library.release());
+      GenerationInfo info =
+          describe(library.backend_id(), library.api_version(), library.release());
       info.runs_in = library.Describe();
-      GenerationLease generation = MakeReaped(
-          std::make_unique<const Generation>(std::move(info), std::move(image).value(),
-                                             std::move(remote).value(), stats_),
-          reaper_);
+      GenerationLease generation =
+          MakeReaped(std::make_unique<const Generation>(std::move(info), std::move(image).value(),
+                                                        std::move(remote).value(), stats_),
+                     reaper_);
       auto probe = CreateInstance(generation);
       if (!probe.ok())
         return tracer.Fail("factory", std::move(probe).error());

@@ -401,8 +401,8 @@ Result<loader::GenerationLease> BackendRegistry::LoadGeneration(
   // re-activation is one state machine, and a file designated again while a generation of ours
   // from it still drains (a link re-pointed back, a second rollback) becomes a new generation
   // with a new number, never that generation's record brought back to life.
-  auto loaded = loader_->Load(file, trace, loader::Loader::Reuse::kLiveUnchanged, trust_.get(),
-                              placement);
+  auto loaded =
+      loader_->Load(file, trace, loader::Loader::Reuse::kLiveUnchanged, trust_.get(), placement);
   if (loaded.ok() && lineages_->Recorded(loaded->info()))
     return loader_->Load(file, trace, loader::Loader::Reuse::kNever, trust_.get(), placement);
   return loaded;
@@ -418,9 +418,8 @@ DeployOutcome BackendRegistry::Deploy(const Candidate& candidate, bool registeri
   // are sandboxed); should it turn out not to be one, it is loaded again as configured below.
   const bool sandboxed = candidate_placement_ == loader::Loader::Placement::kWorker &&
                          !registering && by_file && by_file->active != nullptr;
-  auto loaded = LoadGeneration(file, trace,
-                               sandboxed ? candidate_placement_
-                                         : loader::Loader::Placement::kAsConfigured);
+  auto loaded = LoadGeneration(
+      file, trace, sandboxed ? candidate_placement_ : loader::Loader::Placement::kAsConfigured);
   if (!loaded.ok()) {
     Status error = std::move(loaded).error();
     if (!registering && StillBeingWritten(error, file, settle_time)) {
@@ -500,7 +499,10 @@ DeployOutcome BackendRegistry::Deploy(const Candidate& candidate, bool registeri
     if (!placed.ok())
       return RejectDeploy(candidate, std::move(placed).error(), id, 0, events, trust_revision);
     if (placed->info().sha256 != sha256) {
-      return {DeployOutcome::Action::kDeferred, id, file, 0,
+      return {DeployOutcome::Action::kDeferred,
+              id,
+              file,
+              0,
               "changed while it was loading, looking again soon",
               FailedPrecondition(file.string() + " changed while it was loading")};
     }
@@ -599,8 +601,7 @@ Result<DeployOutcome> BackendRegistry::Promote(std::string_view id, uint64_t gen
       // The build that survived its rollout in a sandbox, loaded again where its id's generations
       // run (the same content, or nothing is promoted).
       const loader::GenerationInfo& tried = lineage->candidate->info();
-      auto placed =
-          loader_->Load(tried.file, nullptr, loader::Loader::Reuse::kNever, trust_.get());
+      auto placed = loader_->Load(tried.file, nullptr, loader::Loader::Reuse::kNever, trust_.get());
       Status refused;
       if (!placed.ok()) {
         refused = placed.error().WithContext("the candidate does not load again to be promoted: ");
@@ -659,7 +660,7 @@ Result<uint64_t> BackendRegistry::DropCandidate(std::string_view id, const std::
 }
 
 Result<registry_detail::LineageView> BackendRegistry::ActiveLineage(std::string_view id,
-                                                                   uint64_t generation) const {
+                                                                    uint64_t generation) const {
   auto lineage = lineages_->ById(id);
   if (!lineage)
     return NotFound("no backend with id " + std::string(id) + " is registered");
@@ -688,12 +689,11 @@ Result<DeployOutcome> BackendRegistry::Restart(std::string_view id, uint64_t gen
     events.Add(spdlog::level::warn,
                fmt::format("backend {}: generation {}'s worker died; restarting it as generation "
                            "{} from {}",
-                           lineage->id, generation, loaded->info().number,
-                           crashed.file.string()));
-    return Activate(lineage->id, std::move(loaded).value(),
-                    {lineage->file, crashed.file, Status::Ok(),
-                     registry_detail::FileFingerprint(crashed.file)},
-                    crashed.identity, events, /*retain_previous=*/false);
+                           lineage->id, generation, loaded->info().number, crashed.file.string()));
+    return Activate(
+        lineage->id, std::move(loaded).value(),
+        {lineage->file, crashed.file, Status::Ok(), registry_detail::FileFingerprint(crashed.file)},
+        crashed.identity, events, /*retain_previous=*/false);
   }();
   Deliver(events);
   return restarted;
@@ -837,8 +837,7 @@ uint64_t BackendRegistry::TrustRevision() const {
 DeployOutcome BackendRegistry::Withdraw(const std::string& id, Events& events,
                                         const std::string& why) {
   DropCandidateLocked(
-      id, {LoadReason::kRolledBack, why.empty() ? "the backend's file was deleted" : why},
-      events);
+      id, {LoadReason::kRolledBack, why.empty() ? "the backend's file was deleted" : why}, events);
   const auto lineage = lineages_->ById(id);
   // Withdrawing cannot be refused: the file is gone (or its code is). Runtimes move what they
   // can.

@@ -255,12 +255,10 @@ class BackendRegistry : public std::enable_shared_from_this<BackendRegistry> {
       BACKPLANE_REQUIRES(change_mutex_);
   // `why`: what withdraws it ("" : its file was deleted).
   // `id`'s lineage while `generation` is its active one; kNotFound or kFailedPrecondition else.
-  Result<registry_detail::LineageView> ActiveLineage(std::string_view id,
-                                                     uint64_t generation) const
+  Result<registry_detail::LineageView> ActiveLineage(std::string_view id, uint64_t generation) const
       BACKPLANE_REQUIRES(change_mutex_);
   DeployOutcome Withdraw(const std::string& id, registry_detail::Events& events,
-                         const std::string& why = "")
-      BACKPLANE_REQUIRES(change_mutex_);
+                         const std::string& why = "") BACKPLANE_REQUIRES(change_mutex_);
   // DeployPolicy::kProgressive: `next` becomes the candidate of `id` (replacing one under way).
   DeployOutcome Propose(const std::string& id, loader::GenerationLease next,
                         const Candidate& candidate, const loader::FileIdentity& identity,
