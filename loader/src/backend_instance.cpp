@@ -1,6 +1,7 @@
 #include "backplane/loader/backend_instance.hpp"
 
 #include "backplane/loader/host_services.hpp"
+#include "backplane/sdk/thread_limits.hpp"
 #include "loader_log.hpp"
 
 namespace backplane::loader {
@@ -60,10 +61,29 @@ Status BackendInstance::IsSupported(const OperatorDesc& op) const {
   });
 }
 
-Result<std::unique_ptr<Workload>> BackendInstance::CreateWorkload(const OperatorDesc& op) {
-  auto created = GuardBackendCall(id_, "CreateWorkload", [&] {
-    return Confined("IBackend::CreateWorkload", [&] { return backend_->CreateWorkload(op); });
-  });
+namespace {
+
+std::string ApiText(BackendApiVersion version) {
+  return std::to_string(version.major) + "." + std::to_string(version.minor);
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Workload>> BackendInstance::CreateWorkload(
+    const OperatorDesc& op, const BackendOptions& network_options) {
+  Result<std::unique_ptr<IWorkload>> created = std::unique_ptr<IWorkload>();
+  if (Implements({1, 3})) {
+    const BackendOptions options = EffectiveOptions(network_options);
+    created = GuardBackendCall(id_, "CreateWorkloadWithOptions", [&] {
+      return Confined("IBackend::CreateWorkloadWithOptions",
+                      [&] { return backend_->CreateWorkloadWithOptions(op, options); });
+    });
+  } else {
+    BACKPLANE_RETURN_IF_ERROR(CheckNetworkOptions(network_options));
+    created = GuardBackendCall(id_, "CreateWorkload", [&] {
+      return Confined("IBackend::CreateWorkload", [&] { return backend_->CreateWorkload(op); });
+    });
+  }
   if (!created.ok())
     return std::move(created).error();
   if (created.value() == nullptr) {
@@ -73,16 +93,26 @@ Result<std::unique_ptr<Workload>> BackendInstance::CreateWorkload(const Operator
   return std::make_unique<Workload>(shared_from_this(), std::move(created).value());
 }
 
-Result<CompiledWorkload> BackendInstance::CompileSubgraph(const SubgraphDesc& subgraph) {
+Result<CompiledWorkload> BackendInstance::CompileSubgraph(const SubgraphDesc& subgraph,
+                                                          const BackendOptions& network_options) {
   if (!Implements({1, 1})) {
-    return Unimplemented("backend " + id_ + " was built against API " +
-                         std::to_string(api_version().major) + "." +
-                         std::to_string(api_version().minor) + ", which has no CompileSubgraph");
+    return Unimplemented("backend " + id_ + " was built against API " + ApiText(api_version()) +
+                         ", which has no CompileSubgraph");
   }
-  auto compiled = GuardBackendCall(id_, "CompileSubgraph", [&]() -> Result<CompiledSubgraph> {
-    return Confined("IBackend::CompileSubgraph",
-                    [&] { return backend_->CompileSubgraph(subgraph); });
-  });
+  Result<CompiledSubgraph> compiled = CompiledSubgraph{};
+  if (Implements({1, 3})) {
+    const BackendOptions options = EffectiveOptions(network_options);
+    compiled = GuardBackendCall(id_, "CompileSubgraphWithOptions", [&]() -> Result<CompiledSubgraph> {
+      return Confined("IBackend::CompileSubgraphWithOptions",
+                      [&] { return backend_->CompileSubgraphWithOptions(subgraph, options); });
+    });
+  } else {
+    BACKPLANE_RETURN_IF_ERROR(CheckNetworkOptions(network_options));
+    compiled = GuardBackendCall(id_, "CompileSubgraph", [&]() -> Result<CompiledSubgraph> {
+      return Confined("IBackend::CompileSubgraph",
+                      [&] { return backend_->CompileSubgraph(subgraph); });
+    });
+  }
   if (!compiled.ok())
     return std::move(compiled).error();
   CompiledSubgraph result = std::move(compiled).value();
@@ -117,9 +147,45 @@ std::vector<OptionDescriptor> BackendInstance::DescribeOptions() const {
 }
 
 Status BackendInstance::UpdateOptions(const BackendOptions& changes) {
-  return GuardBackendCall(id_, "UpdateOptions", [&] {
+  Status updated = GuardBackendCall(id_, "UpdateOptions", [&] {
     return Confined("IBackend::UpdateOptions", [&] { return backend_->UpdateOptions(changes); });
   });
+  if (updated.ok()) {
+    MutexLock lock(options_mutex_);
+    for (const auto& [key, value] : changes)
+      options_.insert_or_assign(key, value);
+  }
+  return updated;
+}
+
+Status BackendInstance::CheckNetworkOptions(const BackendOptions& network_options) const {
+  if (network_options.empty())
+    return Status::Ok();
+  if (!Implements({1, 3})) {
+    return FailedPrecondition("backend " + id_ + " was built against API " +
+                              ApiText(api_version()) +
+                              ", which takes options per runtime only (per-network options need "
+                              "1.3)");
+  }
+  BACKPLANE_RETURN_IF_ERROR(CheckThreadCounts(network_options, DescribeOptions(), id_));
+  return GuardBackendCall(id_, "CheckOptions", [&] {
+    return Confined("IBackend::CheckOptions",
+                    [&] { return backend_->CheckOptions(network_options); });
+  });
+}
+
+BackendOptions BackendInstance::EffectiveOptions(const BackendOptions& network_options) const {
+  BackendOptions effective;
+  for (auto& descriptor : DescribeOptions())
+    effective.emplace(std::move(descriptor.name), std::move(descriptor.default_value));
+  {
+    MutexLock lock(options_mutex_);
+    for (const auto& [key, value] : options_)
+      effective.insert_or_assign(key, value);
+  }
+  for (const auto& [key, value] : network_options)
+    effective.insert_or_assign(key, value);
+  return effective;
 }
 
 Result<OptionValue> BackendInstance::GetOption(std::string_view key) const {

@@ -24,6 +24,8 @@
 //  1.2  IHost and IBackend::SetHost: parallel work run by the host (ParallelFor, task groups),
 //       so that no thread-pool code is compiled into the backend and its library can be unmapped
 //       as soon as the waits return (docs/loading-rules.md rule 5).
+//  1.3  Per-network options: CreateWorkloadWithOptions and CompileSubgraphWithOptions receive
+//       the options one network is prepared with; CheckOptions validates a set without applying.
 #pragma once
 
 #include <cstddef>
@@ -44,7 +46,7 @@ namespace backplane {
 
 // The backend API this header describes.
 inline constexpr uint32_t kBackendApiMajor = 1;
-inline constexpr uint32_t kBackendApiMinor = 2;
+inline constexpr uint32_t kBackendApiMinor = 3;
 
 struct BackendApiVersion {
   uint32_t major = 0;
@@ -234,6 +236,36 @@ class IBackend {
   // runs work in parallel should do it through `host`, never with TBB's templates of its own
   // (`backplane check` warns about those; docs/backend-authors.md, Parallel work).
   virtual void SetHost(IHost* host) { (void)host; }
+
+  // ---- Added in API 1.3 (append only below this line) ----
+
+  // Per-network options (the ExecuTorch RFC's per-program options; a model's "backend_options"
+  // in a server). On a backend that reports API >= 1.3 the host prepares every workload with
+  // these two instead of CreateWorkload and CompileSubgraph, passing `options`: every option
+  // DescribeOptions declares, at the value this network runs with (the network's own, else the
+  // runtime's, else the declared default). A backend that reads an option when it prepares a
+  // workload (a thread count, a kernel choice) reads it from `options`, so that two networks on
+  // one instance run with different values; an option read at Execute from the instance's own
+  // values cannot differ per network. The defaults ignore `options` and prepare with the
+  // instance's values, as before 1.3.
+  virtual Result<std::unique_ptr<IWorkload>> CreateWorkloadWithOptions(
+      const OperatorDesc& op, const BackendOptions& options) {
+    (void)options;
+    return CreateWorkload(op);
+  }
+  virtual Result<CompiledSubgraph> CompileSubgraphWithOptions(const SubgraphDesc& subgraph,
+                                                              const BackendOptions& options) {
+    (void)options;
+    return CompileSubgraph(subgraph);
+  }
+  // Whether `options` (some of the declared options) are values this backend accepts, without
+  // applying them: what UpdateOptions would refuse (a value out of range, a name it does not
+  // know) refused here with the same message. The host asks before it prepares a network with
+  // per-network values, so that a wrong value refuses the network's load naming the option, not
+  // a compile. The default checks names and types against DescribeOptions.
+  virtual Status CheckOptions(const BackendOptions& options) const {
+    return ValidateOptions(options, DescribeOptions(), GetId());
+  }
 };
 
 }  // namespace backplane

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "backplane/core/backend_call.hpp"
+#include "backplane/core/thread_annotations.hpp"
 #include "backplane/loader/generation.hpp"
 #include "backplane/loader/reaper.hpp"
 #include "backplane/sdk/backend.hpp"
@@ -66,14 +67,31 @@ class BackendInstance : public std::enable_shared_from_this<BackendInstance> {
   }
 
   Status IsSupported(const OperatorDesc& op) const;
-  Result<std::unique_ptr<Workload>> CreateWorkload(const OperatorDesc& op);
+  // `network_options`: the values one network sets over this instance's (SDK 1.3 per-network
+  // options). A backend built against 1.3 or later prepares the workload with every declared
+  // option at its effective value (EffectiveOptions); an older one only without any (checked by
+  // CheckNetworkOptions first: here it is kFailedPrecondition).
+  Result<std::unique_ptr<Workload>> CreateWorkload(const OperatorDesc& op,
+                                                   const BackendOptions& network_options = {});
   // API 1.1, gated: on a backend built against 1.0 it returns kUnimplemented without calling the
   // backend, exactly as a 1.1 backend that declines.
-  Result<CompiledWorkload> CompileSubgraph(const SubgraphDesc& subgraph);
+  Result<CompiledWorkload> CompileSubgraph(const SubgraphDesc& subgraph,
+                                           const BackendOptions& network_options = {});
   Result<std::unique_ptr<IBackendContext>> CreateBackendContext();
   std::vector<OptionDescriptor> DescribeOptions() const;
+  // On success the instance's values (what EffectiveOptions starts from) take the changes.
   Status UpdateOptions(const BackendOptions& changes);
   Result<OptionValue> GetOption(std::string_view key) const;
+
+  // Whether a network may run with `network_options` on this instance: a backend built against
+  // API 1.3 or later that accepts them (IBackend::CheckOptions: names, types, ranges), thread
+  // counts within the CPUs this process may use. kInvalidArgument naming the option, or
+  // kFailedPrecondition for a backend older than 1.3 (it takes options per runtime only).
+  Status CheckNetworkOptions(const BackendOptions& network_options) const;
+  // Every option the backend declares at the value a workload of a network with
+  // `network_options` is prepared with: the network's, else what UpdateOptions applied to this
+  // instance, else the declared default.
+  BackendOptions EffectiveOptions(const BackendOptions& network_options = {}) const;
 
   // Direct access for the host's guarded wrappers (e.g. contexts). Never store it.
   IBackend& backend() { return *backend_; }
@@ -105,6 +123,11 @@ class BackendInstance : public std::enable_shared_from_this<BackendInstance> {
   // Declaration order is destruction order reversed: lease_ must outlive backend_.
   const GenerationLease lease_;
   std::unique_ptr<IBackend> backend_;
+  // The instance-wide values: each declared option's default, then what UpdateOptions applied.
+  // Kept by the host, so that the set a workload is prepared with does not depend on a backend's
+  // GetOption.
+  mutable Mutex options_mutex_;
+  BackendOptions options_ BACKPLANE_GUARDED_BY(options_mutex_);
 };
 
 std::shared_ptr<BackendInstance> MakeBackendInstance(std::string id,
