@@ -178,13 +178,22 @@ struct LoadedNetwork::PendingBuild {
 
 Result<std::unique_ptr<LoadedNetwork>> LoadedNetwork::Create(std::shared_ptr<const Network> network,
                                                              const Backends& backends,
-                                                             ShapeProgramOptions shape_programs) {
+                                                             ShapeProgramOptions shape_programs,
+                                                             OptionsByBackend network_options) {
   BACKPLANE_RETURN_IF_ERROR(CheckShapes(*network));
   std::unique_ptr<LoadedNetwork> loaded(new LoadedNetwork(std::move(network)));
   // The backend calls below (support queries, workloads, compiled runs) are for this model, as
   // a crash report says; the name is the network's, which `loaded` holds.
   const ScopedModelRun running(loaded->network().name.c_str());
+  for (const auto& backend : backends) {
+    if (auto own = network_options.find(backend->id()); own != network_options.end()) {
+      Status accepted = backend->CheckNetworkOptions(own->second);
+      if (!accepted.ok())
+        return accepted.WithContext("its options for backend " + backend->id() + ": ");
+    }
+  }
   loaded->shape_program_options_ = std::move(shape_programs);
+  loaded->network_options_ = std::move(network_options);
   loaded->NumberInputs();
   auto planned = loaded->Place(backends);
   if (!planned.ok())
@@ -198,6 +207,22 @@ Result<std::unique_ptr<LoadedNetwork>> LoadedNetwork::Create(std::shared_ptr<con
   }
   loaded->FinishPlan();
   return loaded;
+}
+
+const BackendOptions& LoadedNetwork::NetworkOptionsFor(std::string_view id) const {
+  static const BackendOptions kNone;
+  const auto it = network_options_.find(id);
+  return it == network_options_.end() ? kNone : it->second;
+}
+
+const BackendOptions& LoadedNetwork::EffectiveOptionsOn(const loader::BackendInstance& backend) {
+  auto it = effective_options_.find(backend.id());
+  if (it == effective_options_.end()) {
+    it = effective_options_
+             .emplace(backend.id(), backend.EffectiveOptions(NetworkOptionsFor(backend.id())))
+             .first;
+  }
+  return it->second;
 }
 
 // Defined here, where DeclinedRun and ShapeProgram are complete.
@@ -331,7 +356,7 @@ Status LoadedNetwork::CreateLayerStep(std::size_t i, std::vector<PlannedLayer>& 
     const auto& backend = backends[b];
     Status supported = b == layer.backend ? Status::Ok() : backend->IsSupported(layer.desc);
     if (supported.ok()) {
-      auto workload = backend->CreateWorkload(layer.desc);
+      auto workload = backend->CreateWorkload(layer.desc, NetworkOptionsFor(backend->id()));
       if (workload.ok()) {
         steps_.push_back({.node = &node,
                           .inputs = std::move(layer.inputs),
@@ -341,7 +366,8 @@ Status LoadedNetwork::CreateLayerStep(std::size_t i, std::vector<PlannedLayer>& 
                               .op_type = node.op_type,
                               .backend_id = backend->id(),
                               .generation = backend->generation_number(),
-                              .fallback_reason = layer.refusals});
+                              .fallback_reason = layer.refusals,
+                              .options = EffectiveOptionsOn(*backend)});
         return Status::Ok();
       }
       supported = workload.error();
@@ -401,7 +427,7 @@ Status LoadedNetwork::CompileRun(const Run& run, std::vector<PlannedLayer>& plan
 
   // BackendInstance never calls a backend built against API 1.0: it declines for it, and the run
   // gets per-layer workloads as it always did.
-  auto compiled = backend.CompileSubgraph(boundary.subgraph);
+  auto compiled = backend.CompileSubgraph(boundary.subgraph, NetworkOptionsFor(backend.id()));
   if (!compiled.ok()) {
     if (compiled.error().code() != StatusCode::kUnimplemented) {
       std::string layers;
@@ -443,7 +469,8 @@ Status LoadedNetwork::CompileRun(const Run& run, std::vector<PlannedLayer>& plan
                           .compiled = true,
                           .subgraph = net.nodes[run.begin].name,
                           .note = std::move(workload.layer_notes[i - run.begin]),
-                          .fallback_reason = planned[i].refusals});
+                          .fallback_reason = planned[i].refusals,
+                          .options = EffectiveOptionsOn(backend)});
   }
   steps_.push_back({.node = &net.nodes[run.begin],
                     .layers = run.end - run.begin,
@@ -532,7 +559,7 @@ std::shared_ptr<const LoadedNetwork::ShapeProgram> LoadedNetwork::BuildShapeProg
       continue;
 
     const Node& first = *steps_[run.first_step].node;
-    auto compiled = run.backend->CompileSubgraph(subgraph);
+    auto compiled = run.backend->CompileSubgraph(subgraph, NetworkOptionsFor(run.backend->id()));
     if (!compiled.ok()) {
       if (compiled.error().code() == StatusCode::kUnimplemented)
         continue;

@@ -69,9 +69,13 @@ class LoadedNetwork : public std::enable_shared_from_this<LoadedNetwork> {
   // compile a run of layers (anything but declining with kUnimplemented).
   // `network` is shared with the networks that replace this one on a new generation.
   using Backends = std::vector<std::shared_ptr<loader::BackendInstance>>;
+  // `network_options`: the network's own options per backend id (NetworkOptions::
+  // backend_options), checked by each backend it names among `backends` before anything is
+  // prepared (a refusal fails Create naming the backend), and given to every workload.
   static Result<std::unique_ptr<LoadedNetwork>> Create(std::shared_ptr<const Network> network,
                                                        const Backends& backends,
-                                                       ShapeProgramOptions shape_programs = {});
+                                                       ShapeProgramOptions shape_programs = {},
+                                                       OptionsByBackend network_options = {});
   ~LoadedNetwork();
 
   const Network& network() const { return *network_; }
@@ -83,6 +87,7 @@ class LoadedNetwork : public std::enable_shared_from_this<LoadedNetwork> {
   const std::vector<LayerPlacement>& placement() const { return placement_; }
   // What a binding that replaces this one is created with.
   const ShapeProgramOptions& shape_program_options() const { return shape_program_options_; }
+  const OptionsByBackend& network_options() const { return network_options_; }
   ShapeProgramStats shape_program_stats() const;
 
   // Runs one request. `inputs` in the order of network().inputs; returns the outputs in the
@@ -162,6 +167,11 @@ class LoadedNetwork : public std::enable_shared_from_this<LoadedNetwork> {
                                        const std::vector<TensorInfo>& slot_shapes,
                                        std::span<const ConstTensorView> inputs) const;
   std::string Describe(const Step& step) const;
+  // The network's own options for backend `id`; empty when it has none.
+  const BackendOptions& NetworkOptionsFor(std::string_view id) const;
+  // What `backend`'s workloads of this network are prepared with, for the placement (asked of
+  // each backend once per Create).
+  const BackendOptions& EffectiveOptionsOn(const loader::BackendInstance& backend);
 
   // Declaration order matters: steps_ (workloads) are destroyed before network_, whose constant
   // tensors the workloads may point into.
@@ -179,6 +189,8 @@ class LoadedNetwork : public std::enable_shared_from_this<LoadedNetwork> {
   std::vector<TensorInfo> load_time_shapes_;  // slot -> the network's (static) shape
   std::vector<DeclinedRun> declined_runs_;    // what a shape program offers again
   ShapeProgramOptions shape_program_options_;
+  OptionsByBackend network_options_;
+  OptionsByBackend effective_options_;  // by backend id, filled as Create places layers
   // Null without dynamic inputs or at capacity 0. Declared last: programs (whose steps point into
   // steps_) are released first.
   std::unique_ptr<ShapeProgramCache<ShapeProgram>> shape_programs_;

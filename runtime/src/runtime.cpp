@@ -282,6 +282,95 @@ Status Runtime::UpdateBackendOptions(std::string_view id, const BackendOptions& 
   return Status::Ok();
 }
 
+Status Runtime::UpdateNetworkOptions(NetworkId id, std::string_view backend_id,
+                                     const BackendOptions& changes) {
+  // The turn, as in UpdateBackendOptions: no load, unload or generation change commits between
+  // reading the bindings and switching them.
+  MutexLock turn(backend_mutex_);
+  Affected network;
+  InstanceMap instances;
+  // Each rollout that bound the network on its candidate, and the instances that binding uses.
+  std::vector<std::pair<std::shared_ptr<const CandidateRoute>, InstanceMap>> candidates;
+  {
+    MutexLock lock(mutex_);
+    const auto networks = networks_.Load();
+    const auto it = networks->find(id);
+    if (it == networks->end())
+      return NotFound("no network " + std::to_string(id) + " is loaded");
+    if (!backends_.contains(backend_id))
+      return NotFound("this runtime has no backend " + std::string(backend_id));
+    instances = CurrentInstances();
+    // Re-preparing binds every layer to the current generations: a network pinned to an older
+    // one would move.
+    for (const LayerPlacement& layer : it->second->placement()) {
+      const auto current = instances.find(layer.backend_id);
+      if (current == instances.end() ||
+          layer.generation != current->second->generation_number()) {
+        return FailedPrecondition("network " + it->second->network().name + " runs on " +
+                                  layer.backend_id + " generation " +
+                                  std::to_string(layer.generation) +
+                                  ", not its active one (pinned): reload it to change its options");
+      }
+    }
+    network = {id, it->second, PreferencesOf(id)};
+    for (const auto& [routed_id, route] : *candidate_routes_.Load()) {
+      if (!route->networks.contains(id))
+        continue;
+      InstanceMap on_candidate = instances;
+      on_candidate.insert_or_assign(routed_id, candidate_backends_.at(routed_id).instance);
+      candidates.emplace_back(route, std::move(on_candidate));
+    }
+  }
+  OptionsByBackend options = network.network->network_options();
+  auto& own = options[std::string(backend_id)];
+  for (const auto& [key, value] : changes)
+    own.insert_or_assign(key, value);
+  const std::string& name = network.network->network().name;
+  const auto refuse = [&](const Status& why) {
+    return why.WithContext("network " + name + ": options for backend " + std::string(backend_id) +
+                           " not applied: ");
+  };
+  auto reprepared = Reprepare(network, instances, &options);
+  if (!reprepared.ok())
+    return refuse(reprepared.error());
+  std::vector<std::shared_ptr<const LoadedNetwork>> on_candidates;
+  for (const auto& [route, on_candidate] : candidates) {
+    auto bound = Reprepare(network, on_candidate, &options);
+    if (!bound.ok()) {
+      return refuse(bound.error().WithContext("on candidate generation " +
+                                              std::to_string(route->candidate_generation) +
+                                              " of " + route->backend_id + ": "));
+    }
+    on_candidates.push_back(std::move(bound).value());
+  }
+  {
+    MutexLock lock(mutex_);
+    PublishMoved({{id, std::move(reprepared).value()}});
+    if (!candidates.empty()) {
+      // The same routes (meters, generations) with this network's candidate bindings replaced;
+      // the turn keeps every candidate change out, so each route is still the one read above.
+      auto routes = std::make_shared<CandidateRoutes>(*candidate_routes_.Load());
+      for (std::size_t i = 0; i < candidates.size(); ++i) {
+        auto updated = std::make_shared<CandidateRoute>(*candidates[i].first);
+        updated->networks[id] = std::move(on_candidates[i]);
+        (*routes)[updated->backend_id] = std::move(updated);
+      }
+      candidate_routes_.Publish(std::move(routes));
+    }
+    ++state_version_;  // a generation change being prepared must use the new values
+  }
+  RuntimeLog().info("network {}: options for backend {} updated; re-prepared with them", name,
+                    backend_id);
+  return Status::Ok();
+}
+
+Result<OptionsByBackend> Runtime::GetNetworkOptions(NetworkId id) const {
+  auto network = FindNetwork(id);
+  if (!network.ok())
+    return std::move(network).error();
+  return network->network_options();
+}
+
 std::vector<Runtime::Affected> Runtime::NetworksUsing(std::string_view id) const {
   std::vector<Affected> affected;
   for (const auto& [network_id, network] : *networks_.Load()) {
@@ -292,13 +381,16 @@ std::vector<Runtime::Affected> Runtime::NetworksUsing(std::string_view id) const
 }
 
 Result<std::shared_ptr<const LoadedNetwork>> Runtime::Reprepare(
-    const Affected& network, const InstanceMap& instances) const {
+    const Affected& network, const InstanceMap& instances,
+    const OptionsByBackend* network_options) const {
   const Instances backends = InstancesFor(network.preferences, instances);
   if (backends.empty())
     return NotFound("no backend in its preference list");
-  // The shape program settings (capacity, counters) carry over; the cache starts empty.
-  auto prepared = LoadedNetwork::Create(network.network->shared_network(), backends,
-                                        network.network->shape_program_options());
+  // The shape program settings (capacity, counters) and the network's own options carry over;
+  // the cache starts empty.
+  auto prepared = LoadedNetwork::Create(
+      network.network->shared_network(), backends, network.network->shape_program_options(),
+      network_options != nullptr ? *network_options : network.network->network_options());
   if (!prepared.ok())
     return std::move(prepared).error();
   return Reaped(std::move(prepared).value());
@@ -363,6 +455,14 @@ Result<NetworkId> Runtime::LoadNetwork(Network network, NetworkOptions options) 
   ContextList contexts;
   {
     MutexLock lock(mutex_);
+    for (const auto& [backend_id, values] : options.backend_options) {
+      if (!backends_.contains(backend_id)) {
+        RuntimeLog().warn(
+            "network {}: options for backend {}, which this runtime does not have, are kept "
+            "unchecked",
+            network.name, backend_id);
+      }
+    }
     id = next_network_id_;
     preferences_[id] = std::move(options.backend_preferences);
     const std::vector<std::string> preferences = PreferencesOf(id);
@@ -403,7 +503,8 @@ Result<NetworkId> Runtime::LoadNetwork(Network network, NetworkOptions options) 
   auto loaded = LoadedNetwork::Create(std::make_shared<const Network>(std::move(network)), backends,
                                       {.capacity = options.shape_program_capacity,
                                        .reaper = registry_->loader().reaper(),
-                                       .builder = shape_program_builder_});
+                                       .builder = shape_program_builder_},
+                                      std::move(options.backend_options));
   if (!loaded.ok())
     return fail(loaded.error().WithContext("network " + name + ": "));
   for (const auto& [backend_id, context, instance] : contexts) {

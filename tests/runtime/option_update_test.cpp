@@ -339,5 +339,158 @@ TEST(CpuAccOptionUpdateTest, IntraOpThreadsReachALoadedNetworkUnderLoad) {
   EXPECT_EQ(threads_of_one_request(), 2) << "intra_op_threads 2: the caller and one OpenMP worker";
 }
 
+
+// ---- Per-network options (issue 41; the ExecuTorch RFC's per-program options) ----------------
+
+NetworkOptions WithOwnOptions(BackendOptions options) {
+  return {.backend_options = {{"TestValid", std::move(options)}}};
+}
+
+double PlacedOffset(const Runtime& runtime, NetworkId network) {
+  const auto placement = runtime.GetPlacement(network).value();
+  EXPECT_FALSE(placement.empty());
+  return std::get<double>(placement.front().options.at("prepared_offset"));
+}
+
+TEST_F(OptionUpdateTest, NetworksOnOneBackendRunWithTheirOwnOptionsOverTheRuntimes) {
+  auto runtime = MakeRuntime({.backend_options = {{"TestValid", {{"prepared_offset", 1.0}}}}});
+  auto own = runtime->LoadNetwork(testing::TwoLayerIdentityNetwork(),
+                                  WithOwnOptions({{"prepared_offset", 5.0}}));
+  ASSERT_TRUE(own.ok()) << own.error().ToString();
+  auto shared = runtime->LoadNetwork(testing::TwoLayerIdentityNetwork());
+  ASSERT_TRUE(shared.ok()) << shared.error().ToString();
+
+  // Two layers: every offset counts twice.
+  EXPECT_EQ(testing::ExecuteOffset(*runtime, own.value()), 10.0f) << "the network's own value";
+  EXPECT_EQ(testing::ExecuteOffset(*runtime, shared.value()), 2.0f) << "the runtime's value";
+  // The placement says every declared option at the value each layer was prepared with.
+  for (const auto& layer : runtime->GetPlacement(own.value()).value()) {
+    EXPECT_EQ(std::get<double>(layer.options.at("prepared_offset")), 5.0) << layer.node;
+    EXPECT_EQ(std::get<int64_t>(layer.options.at("limit")), 10) << "a declared default";
+  }
+  EXPECT_EQ(PlacedOffset(*runtime, shared.value()), 1.0);
+
+  // A runtime-wide update reaches the network without a value of its own only.
+  ASSERT_TRUE(runtime->UpdateBackendOptions("TestValid", {{"prepared_offset", 3.0}}).ok());
+  EXPECT_EQ(testing::ExecuteOffset(*runtime, own.value()), 10.0f);
+  EXPECT_EQ(testing::ExecuteOffset(*runtime, shared.value()), 6.0f);
+  // An option read at Execute is the instance's for both: it cannot differ per network.
+  ASSERT_TRUE(runtime->UpdateBackendOptions("TestValid", {{"execute_offset", 0.5}}).ok());
+  EXPECT_EQ(testing::ExecuteOffset(*runtime, own.value()), 11.0f);
+  EXPECT_EQ(testing::ExecuteOffset(*runtime, shared.value()), 7.0f);
+
+  const auto given = runtime->GetNetworkOptions(own.value());
+  ASSERT_TRUE(given.ok());
+  EXPECT_EQ(given.value(), (OptionsByBackend{{"TestValid", {{"prepared_offset", 5.0}}}}));
+  EXPECT_TRUE(runtime->GetNetworkOptions(shared.value()).value().empty());
+}
+
+TEST_F(OptionUpdateTest, AnUpdateReachesThatNetworkAloneUnderLoadAndItsValuesSurviveASwap) {
+  auto runtime = MakeRuntime();
+  auto own = runtime->LoadNetwork(testing::TwoLayerIdentityNetwork(),
+                                  WithOwnOptions({{"prepared_offset", 5.0}}));
+  ASSERT_TRUE(own.ok()) << own.error().ToString();
+  auto other = runtime->LoadNetwork(testing::TwoLayerIdentityNetwork());
+  ASSERT_TRUE(other.ok());
+  Load own_load(*runtime, own.value(), 2);
+  Load other_load(*runtime, other.value(), 1);
+  own_load.AwaitServed(3);
+
+  ASSERT_TRUE(runtime->UpdateNetworkOptions(own.value(), "TestValid", {{"prepared_offset", 7.0}})
+                  .ok());
+  EXPECT_EQ(testing::ExecuteOffset(*runtime, own.value()), 14.0f);
+  EXPECT_EQ(testing::ExecuteOffset(*runtime, other.value()), 0.0f) << "the other network kept";
+  EXPECT_EQ(runtime->GetNetworkOptions(own.value()).value().at("TestValid"),
+            (BackendOptions{{"prepared_offset", 7.0}}));
+
+  Publish("ValidNext");
+  ASSERT_EQ(registry_->Rescan().outcomes.at(0).action, Action::kActivated);
+  EXPECT_EQ(testing::ExecuteOffset(*runtime, own.value()), 2 * (kNextOffset + 7.0f))
+      << "the new generation is prepared with the network's own values";
+  EXPECT_EQ(testing::ExecuteOffset(*runtime, other.value()), 2 * kNextOffset);
+  EXPECT_EQ(PlacedOffset(*runtime, own.value()), 7.0);
+
+  own_load.Stop();
+  other_load.Stop();
+  EXPECT_EQ(own_load.failed() + other_load.failed(), 0);
+}
+
+TEST_F(OptionUpdateTest, WrongNetworkOptionsAreRefusedNamingBackendAndKeyAndChangeNothing) {
+  auto runtime = MakeRuntime();
+  const auto refused = [&](BackendOptions options) {
+    auto loaded = runtime->LoadNetwork(testing::TwoLayerIdentityNetwork(),
+                                       WithOwnOptions(std::move(options)));
+    EXPECT_FALSE(loaded.ok());
+    return loaded.ok() ? Status::Ok() : loaded.error();
+  };
+  const Status unknown = refused({{"nope", true}});
+  EXPECT_EQ(unknown.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(unknown.message(), HasSubstr("backend TestValid has no option 'nope'"));
+  EXPECT_THAT(unknown.message(), HasSubstr("its options for backend TestValid"));
+  const Status wrong_type = refused({{"prepared_offset", std::string("five")}});
+  EXPECT_EQ(wrong_type.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(wrong_type.message(), HasSubstr("'prepared_offset' is double, got string"));
+  const Status out_of_range = refused({{"limit", int64_t{-1}}});
+  EXPECT_EQ(out_of_range.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(out_of_range.message(), HasSubstr("'limit' must be 0 or more, got -1"));
+  const Status threads = refused({{"worker_threads", int64_t{100000}}});
+  EXPECT_EQ(threads.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(threads.message(), HasSubstr("worker_threads"));
+  EXPECT_TRUE(runtime->GetPlacement(1).ok() == false) << "no network was loaded";
+
+  auto network = runtime->LoadNetwork(testing::TwoLayerIdentityNetwork(),
+                                      WithOwnOptions({{"prepared_offset", 2.0}}));
+  ASSERT_TRUE(network.ok()) << network.error().ToString();
+  const Status bad_update =
+      runtime->UpdateNetworkOptions(network.value(), "TestValid", {{"limit", int64_t{-5}}});
+  EXPECT_EQ(bad_update.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad_update.message(), HasSubstr("options for backend TestValid not applied"));
+  EXPECT_THAT(bad_update.message(), HasSubstr("'limit'"));
+  EXPECT_EQ(testing::ExecuteOffset(*runtime, network.value()), 4.0f) << "nothing changed";
+  EXPECT_EQ(runtime->GetNetworkOptions(network.value()).value().at("TestValid"),
+            (BackendOptions{{"prepared_offset", 2.0}}));
+  EXPECT_EQ(runtime->UpdateNetworkOptions(network.value() + 100, "TestValid", {}).code(),
+            StatusCode::kNotFound);
+  EXPECT_EQ(runtime->UpdateNetworkOptions(network.value(), "Nope", {}).code(),
+            StatusCode::kNotFound);
+}
+
+TEST_F(OptionUpdateTest, ABackendBuiltAgainstSdk12TakesOptionsPerRuntimeOnly) {
+  testing::CopyFile(Fixture("Api12"), dir_ / "Test_Api12_backend.so");
+  (void)registry_->Rescan();
+  auto runtime = MakeRuntime();
+  ASSERT_NE(runtime->Backend("TestApi12"), nullptr);
+  auto refused = runtime->LoadNetwork(
+      testing::TwoLayerIdentityNetwork(),
+      {.backend_preferences = {"TestApi12"},
+       .backend_options = {{"TestApi12", {{"prepared_offset", 5.0}}}}});
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.error().code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(refused.error().message(),
+              HasSubstr("backend TestApi12 was built against API 1.2, which takes options per "
+                        "runtime only"));
+  auto plain = runtime->LoadNetwork(testing::TwoLayerIdentityNetwork(),
+                                    {.backend_preferences = {"TestApi12"}});
+  ASSERT_TRUE(plain.ok()) << plain.error().ToString();
+  EXPECT_EQ(testing::ExecuteOffset(*runtime, plain.value()), 0.0f);
+  EXPECT_EQ(runtime->UpdateNetworkOptions(plain.value(), "TestApi12", {{"prepared_offset", 1.0}})
+                .code(),
+            StatusCode::kFailedPrecondition);
+  EXPECT_EQ(testing::ExecuteOffset(*runtime, plain.value()), 0.0f);
+}
+
+TEST_F(OptionUpdateTest, APinnedNetworkOnAnOlderGenerationRefusesAnUpdateThatWouldMoveIt) {
+  auto runtime = MakeRuntime({.swap_policy = SwapPolicy::kPin});
+  auto pinned = runtime->LoadNetwork(testing::TwoLayerIdentityNetwork());
+  ASSERT_TRUE(pinned.ok());
+  Publish("ValidNext");
+  ASSERT_EQ(registry_->Rescan().outcomes.at(0).action, Action::kActivated);
+  const Status refused =
+      runtime->UpdateNetworkOptions(pinned.value(), "TestValid", {{"prepared_offset", 1.0}});
+  EXPECT_EQ(refused.code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(refused.message(), HasSubstr("(pinned): reload it to change its options"));
+  EXPECT_EQ(testing::ExecuteOffset(*runtime, pinned.value()), 0.0f) << "still on its generation";
+}
+
 }  // namespace
 }  // namespace backplane

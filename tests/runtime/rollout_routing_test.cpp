@@ -291,5 +291,31 @@ TEST_F(RolloutRoutingTest, TheStableContentPublishedAgainIsActivatedAtOnceEnding
   EXPECT_EQ(Run(), 0.0f);
 }
 
+
+// A network's own options (issue 41) bind it on a candidate too, and an update of them reaches
+// both bindings; after promotion the network keeps them.
+TEST_F(RolloutRoutingTest, ANetworksOwnOptionsBindItOnTheCandidateAndAnUpdateReachesBoth) {
+  auto own = runtime_->LoadNetwork(
+      testing::TwoLayerIdentityNetwork(),
+      {.backend_options = {{kId, {{"prepared_offset", 5.0}}}}});
+  ASSERT_TRUE(own.ok()) << own.error().ToString();
+  const auto run_own = [&] { return testing::ExecuteOffset(*runtime_, own.value()); };
+  const uint64_t candidate = DeployCandidate();
+  EXPECT_EQ(run_own(), 10.0f) << "the stable binding";
+  ASSERT_TRUE(runtime_->SetRolloutTraffic(kId, {.candidate_percent = 100}).ok());
+  EXPECT_EQ(run_own(), kCandidateOffset + 10.0f) << "the candidate binding has the values";
+
+  ASSERT_TRUE(runtime_->UpdateNetworkOptions(own.value(), kId, {{"prepared_offset", 7.0}}).ok());
+  EXPECT_EQ(run_own(), kCandidateOffset + 14.0f) << "the candidate binding updated";
+  ASSERT_TRUE(runtime_->SetRolloutTraffic(kId, {.candidate_percent = 0}).ok());
+  EXPECT_EQ(run_own(), 14.0f) << "the stable binding updated";
+  EXPECT_EQ(runtime_->GetRolloutStats(kId)->networks, 2u) << "still bound on the candidate";
+
+  auto promoted = registry_->Promote(kId, candidate);
+  ASSERT_TRUE(promoted.ok()) << promoted.error().ToString();
+  EXPECT_EQ(run_own(), kCandidateOffset + 14.0f) << "promoted with the network's values";
+  EXPECT_EQ(Run(), kCandidateOffset) << "the other network has none";
+}
+
 }  // namespace
 }  // namespace backplane

@@ -53,6 +53,9 @@ struct CrashedRequest {
   const Status& error;  // reason CRASHED; names the backend, generation, file and how it died
 };
 
+// Option values per backend id.
+using OptionsByBackend = std::map<std::string, BackendOptions, std::less<>>;
+
 struct RuntimeOptions {
   // Backend directories; nullopt means DefaultBackendPaths(). Ignored when `registry` is given.
   std::optional<std::vector<std::filesystem::path>> backend_paths;
@@ -60,7 +63,7 @@ struct RuntimeOptions {
   bool dynamic_backends = true;
   // Options per backend id, applied right after each instance is created. An id that no backend
   // has, an unknown key or a wrong type fails Create.
-  std::map<std::string, BackendOptions, std::less<>> backend_options;
+  OptionsByBackend backend_options;
   // Share a registry between runtimes; null creates one from the fields above.
   std::shared_ptr<BackendRegistry> registry;
   // Backend preference list for networks loaded without one; empty: every backend, by id.
@@ -93,6 +96,15 @@ struct NetworkOptions {
   // inferred shapes, and the runs its backends declined at load time compiled at that shape), the
   // least recently used evicted beyond it. 0: no programs, shapes inferred on every request.
   std::size_t shape_program_capacity = kDefaultShapeProgramCapacity;
+  // This network's own option values per backend id (the ExecuTorch RFC's per-program options; a
+  // served model's "backend_options"): its workloads on that backend are prepared with them over
+  // the runtime's values (RuntimeOptions::backend_options, UpdateBackendOptions). Checked at load
+  // by the backend (IBackend::CheckOptions, SDK 1.3): an unknown key, a wrong type or a value out
+  // of range fails the load (kInvalidArgument naming backend and key); a backend built against
+  // SDK 1.2 or older takes none (kFailedPrecondition). Values for a backend this runtime does not
+  // have are kept unchecked, with a warning, as preferences are. Kept across swaps, rollbacks,
+  // candidates and option updates: every binding of the network is prepared with them.
+  OptionsByBackend backend_options;
 };
 
 // Where one layer runs. There is one per layer of the network, in node order, whether or not the
@@ -120,6 +132,10 @@ struct LayerPlacement {
   // the one it runs on, with its refusal, as "\n  ID: reason" (the list a load error gives when no
   // backend takes the layer); "" when the first backend asked took it.
   std::string fallback_reason;
+  // Every option the backend declares, at the value this layer's workload was prepared with: the
+  // network's own, else the runtime's, else the default (NetworkOptions::backend_options). A
+  // backend built against SDK 1.2 or older gets the runtime's values only.
+  BackendOptions options;
 };
 
 // The shape programs of one loaded network (docs/performance.md, "Shape programs"). Counters
@@ -173,6 +189,20 @@ class Runtime : private BackendSubscriber {
   // options. Options set here (or at Create) are given to every later generation too. Costs one
   // preparation of each such network: an update is a control-plane call, not a per-request one.
   Status UpdateBackendOptions(std::string_view id, const BackendOptions& changes);
+
+  // The RFC's per-program update: `changes` over network `id`'s own options for backend
+  // `backend_id` (NetworkOptions::backend_options), checked by the backend first, then that
+  // network alone re-prepared off the request path and switched atomically (its candidate binding
+  // too, during a rollout); requests in flight finish on the old binding. All-or-nothing: a
+  // refusal (kInvalidArgument naming the key, kFailedPrecondition for a backend older than SDK
+  // 1.3 or a network that does not prepare with them) changes nothing. kNotFound for an unknown
+  // network or backend; kFailedPrecondition for a network pinned to an older generation
+  // (SwapPolicy::kPin: re-preparing would move it).
+  Status UpdateNetworkOptions(NetworkId id, std::string_view backend_id,
+                              const BackendOptions& changes);
+  // Network `id`'s own option values per backend, as loaded and updated since (not the
+  // effective values: those are in each LayerPlacement).
+  Result<OptionsByBackend> GetNetworkOptions(NetworkId id) const;
 
   const BackendRegistry& registry() const { return *registry_; }
   BackendRegistry& registry() { return *registry_; }
@@ -302,8 +332,11 @@ class Runtime : private BackendSubscriber {
   // The one way a loaded network gets new bindings (a generation change, a withdrawal, an
   // option update): prepared anew on `instances` (backend code: call without mutex_), then
   // switched by PublishMoved, one pointer store per network.
-  Result<std::shared_ptr<const LoadedNetwork>> Reprepare(const Affected& network,
-                                                         const InstanceMap& instances) const;
+  // `network_options`: the network's own options to prepare with, when they change (null: its
+  // current ones).
+  Result<std::shared_ptr<const LoadedNetwork>> Reprepare(
+      const Affected& network, const InstanceMap& instances,
+      const OptionsByBackend* network_options = nullptr) const;
   void PublishMoved(const MovedNetworks& moved) BACKPLANE_REQUIRES(mutex_);
   // Runs the swap-validation probe through both networks as requests of this runtime (admitted
   // like any other, in its arena); kValidationFailed naming the first output that differs.
@@ -353,7 +386,7 @@ class Runtime : private BackendSubscriber {
   // network map without it.
   mutable Mutex mutex_;
   BackendMap backends_ BACKPLANE_GUARDED_BY(mutex_);
-  std::map<std::string, BackendOptions, std::less<>> applied_options_ BACKPLANE_GUARDED_BY(mutex_);
+  OptionsByBackend applied_options_ BACKPLANE_GUARDED_BY(mutex_);
   std::map<NetworkId, std::vector<std::string>> preferences_
       BACKPLANE_GUARDED_BY(mutex_);  // as given
   NetworkId next_network_id_ BACKPLANE_GUARDED_BY(mutex_) = 1;
