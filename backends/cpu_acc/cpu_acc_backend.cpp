@@ -30,13 +30,17 @@
 // option is lowered and refuses a request whose team the process could not create. The value is
 // read when a workload is created (oneDNN sizes some kernels' work split at creation); the host's
 // runtime re-prepares loaded networks when an option changes and switches them as a swap does, so
-// an update reaches them too. A compiled run with a batch may instead run as parts of its batch,
-// one thread each: at once through the host's ParallelFor, or one after the other on the calling
-// thread when the parts' activations stay in cache where the whole batch's do not (batch_split.hpp;
-// option batch_split).
+// an update reaches them too. A network may set its own value (SDK 1.3 per-network options: the
+// ...WithOptions calls prepare with the network's values, PrepareSettings), so networks on one
+// instance may run with different counts (TeamSizes). A compiled run with a batch may instead run
+// as parts of its batch, one thread each: at once through the host's ParallelFor, or one after the
+// other on the calling thread when the parts' activations stay in cache where the whole batch's do
+// not (batch_split.hpp; option batch_split).
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <limits>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -55,6 +59,59 @@ constexpr std::string_view kIntraOpThreads = "intra_op_threads";
 constexpr std::string_view kBatchSplit = "batch_split";
 constexpr std::size_t kShapeCacheSize = 8;
 
+// The OpenMP team sizes the live workloads of one instance were prepared with.
+//
+// Trap: a network may set its own intra_op_threads (SDK 1.3), so the largest team a request
+// thread started is no longer the instance's value, and when the workloads that ran it go (their
+// network unloaded, or re-prepared with a lower value of its own) no option is lowered: nothing
+// would call ReleaseOmpPoolsOnNextUse, and a request thread that goes on running only smaller
+// teams (a team of one never touches the pool) would keep its workers until it exits. So the
+// last workload of the largest size releases the pools when it goes, as a lowering does. A
+// network prepared with fewer threads than others needs nothing itself: its team of one leaves
+// the pool alone and a smaller team shrinks it (OmpTeamScope counts that), and it must not
+// release the pools when prepared, or the threads of the networks that still run the larger
+// teams would create their workers anew. Releasing while another instance of this library still
+// runs teams of that size costs only that: its threads create their workers once more.
+//
+// Thread-safe.
+class TeamSizes {
+ public:
+  // Counts one workload of `threads` while it lives.
+  class Use {
+   public:
+    Use(TeamSizes& sizes, int threads) : sizes_(sizes), threads_(threads) { sizes_.Add(threads_); }
+    ~Use() { sizes_.Remove(threads_); }
+    Use(const Use&) = delete;
+    Use& operator=(const Use&) = delete;
+
+   private:
+    TeamSizes& sizes_;
+    const int threads_;
+  };
+
+ private:
+  void Add(int threads) {
+    std::lock_guard lock(mutex_);
+    ++live_[threads];
+  }
+  void Remove(int threads) {
+    bool largest_gone = false;
+    {
+      std::lock_guard lock(mutex_);
+      auto it = live_.find(threads);
+      if (--it->second == 0) {
+        live_.erase(it);
+        largest_gone = threads > 1 && (live_.empty() || live_.rbegin()->first < threads);
+      }
+    }
+    if (largest_gone)
+      ReleaseOmpPoolsOnNextUse();
+  }
+
+  std::mutex mutex_;
+  std::map<int, int> live_;  // guarded by mutex_: team size -> live workloads prepared with it
+};
+
 // What the workloads of one backend instance share. Thread-safe.
 struct BackendState {
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
@@ -69,7 +126,8 @@ struct BackendState {
                       "matrix products (Gemm, MatMul) of at least 0.5 MFLOP and other layers of "
                       "at least 64K output elements use more than one: below that a second "
                       "thread was measured to slow them down. Read when "
-                      "a network is prepared; an update re-prepares loaded networks"},
+                      "a network is prepared: a network may set its own value; an update "
+                      "re-prepares loaded networks"},
                      {std::string(kBatchSplit), OptionType::kString, std::string("auto"),
                       "Run a compiled run's batch as parts, one thread each: at once with "
                       "intra_op_threads > 1 (instead of splitting each layer's work), else one "
@@ -77,8 +135,9 @@ struct BackendState {
                       "the layers keep samples apart, the run has the work for it and the parts "
                       "timed faster at compile; 'always': whenever the layers keep samples "
                       "apart (a part per thread, or two); 'never'. Read when a network is "
-                      "prepared"}}};
+                      "prepared: a network may set its own value"}}};
   std::atomic<int> executing{0};  // Execute calls inside this instance's code
+  TeamSizes team_sizes;
   // The host's parallel work (SDK 1.2), set once by SetHost before any workload is created; null
   // on an older host, whose batch parts then only run one after the other.
   IHost* host = nullptr;
@@ -96,12 +155,16 @@ class ExecutingScope {
   std::atomic<int>& counter_;
 };
 
-int ThreadsOf(const BackendState& state) {
-  return static_cast<int>(state.options.GetAs<int64_t>(kIntraOpThreads));
-}
+// The options a workload is prepared with, fixed for its life: the instance's (CreateWorkload,
+// CompileSubgraph) or one network's (CreateWorkloadWithOptions, CompileSubgraphWithOptions).
+struct PrepareSettings {
+  int threads = 1;          // intra_op_threads
+  std::string batch_split;  // "auto", "always" or "never"
+};
 
-std::string BatchSplitOf(const BackendState& state) {
-  return state.options.GetAs<std::string>(kBatchSplit);
+PrepareSettings InstanceSettings(const BackendState& state) {
+  return {static_cast<int>(state.options.GetAs<int64_t>(kIntraOpThreads)),
+          state.options.GetAs<std::string>(kBatchSplit)};
 }
 
 // One compiled program for a whole run of layers (or one layer with static shapes).
@@ -112,6 +175,7 @@ class ProgramWorkload final : public IWorkload {
                   std::optional<std::vector<std::size_t>> input_map)
       : state_(state),
         program_(std::move(program)),
+        team_(state.team_sizes, program_->threads()),
         label_(std::move(label)),
         input_map_(std::move(input_map)) {}
 
@@ -130,6 +194,7 @@ class ProgramWorkload final : public IWorkload {
  private:
   BackendState& state_;
   const std::shared_ptr<const Program> program_;
+  const TeamSizes::Use team_;
   const std::string label_;
   // Per layer: boundary input -> index in Execute's inputs (all of the op's inputs). A compiled
   // run gets exactly its boundary inputs (nullopt).
@@ -139,7 +204,7 @@ class ProgramWorkload final : public IWorkload {
 // A compiled run executed as parts of its batch (batch_split.hpp), each part a program compiled
 // for its rows on one thread: at once through the host's ParallelFor, or one after the other on
 // the calling thread. Thread-safe like ProgramWorkload: the programs are immutable, each call's
-// views and statuses are its own.
+// views and statuses are its own. Not counted in TeamSizes: every part runs a team of one.
 class BatchSplitWorkload final : public IWorkload {
  public:
   struct Part {
@@ -245,7 +310,11 @@ class BatchSplitWorkload final : public IWorkload {
 class DynamicLayerWorkload final : public IWorkload {
  public:
   DynamicLayerWorkload(BackendState& state, OperatorDesc op, int threads)
-      : state_(state), op_(std::move(op)), label_(NodeLabel(op_)), threads_(threads) {}
+      : state_(state),
+        op_(std::move(op)),
+        label_(NodeLabel(op_)),
+        threads_(threads),
+        team_(state.team_sizes, threads) {}
 
   Status Execute(std::span<const ConstTensorView> inputs,
                  std::span<const TensorView> outputs) override {
@@ -319,6 +388,7 @@ class DynamicLayerWorkload final : public IWorkload {
   const OperatorDesc op_;  // its constant_inputs stay valid while the workload lives
   const std::string label_;
   const int threads_;
+  const TeamSizes::Use team_;
   std::mutex mutex_;
   std::vector<std::shared_ptr<const Entry>> cache_;  // guarded by mutex_
 };
@@ -350,8 +420,119 @@ class CpuAccBackend final : public IBackend {
   Status IsSupported(const OperatorDesc& op) const override { return CheckOp(op); }
 
   Result<std::unique_ptr<IWorkload>> CreateWorkload(const OperatorDesc& op) override {
+    return PrepareLayer(op, InstanceSettings(state_));
+  }
+
+  Result<CompiledSubgraph> CompileSubgraph(const SubgraphDesc& subgraph) override {
+    return CompileRun(subgraph, InstanceSettings(state_));
+  }
+
+  // SDK 1.3: the same, with the values of the network being prepared.
+  Result<std::unique_ptr<IWorkload>> CreateWorkloadWithOptions(
+      const OperatorDesc& op, const BackendOptions& options) override {
+    auto settings = SettingsFrom(options);
+    if (!settings.ok())
+      return std::move(settings).error();
+    return PrepareLayer(op, settings.value());
+  }
+
+  Result<CompiledSubgraph> CompileSubgraphWithOptions(const SubgraphDesc& subgraph,
+                                                      const BackendOptions& options) override {
+    auto settings = SettingsFrom(options);
+    if (!settings.ok())
+      return std::move(settings).error();
+    return CompileRun(subgraph, settings.value());
+  }
+
+  void SetHost(IHost* host) override { state_.host = host; }
+
+  std::vector<OptionDescriptor> DescribeOptions() const override {
+    return state_.options.descriptors();
+  }
+
+  // What UpdateOptions would refuse, applying nothing.
+  Status CheckOptions(const BackendOptions& options) const override {
+    BACKPLANE_RETURN_IF_ERROR(CheckValues(options));
+    // At most the CPUs this process may use (affinity, cgroup quota): more threads only take
+    // turns on the cores, and each request thread keeps a pool of that many (the host checks
+    // this too, but an older host does not).
+    if (auto threads = options.find(kIntraOpThreads); threads != options.end()) {
+      BACKPLANE_RETURN_IF_ERROR(CheckThreadCount(
+          kId, kIntraOpThreads, std::get<int64_t>(threads->second), FindUsableCpus()));
+    }
+    return Status::Ok();
+  }
+
+  // All-or-nothing: every value is checked before OptionSet applies anything.
+  Status UpdateOptions(const BackendOptions& changes) override {
+    BACKPLANE_RETURN_IF_ERROR(CheckOptions(changes));
+    auto threads = changes.find(kIntraOpThreads);
+    const bool lowered = threads != changes.end() &&
+                         std::get<int64_t>(threads->second) < InstanceSettings(state_).threads;
+    BACKPLANE_RETURN_IF_ERROR(state_.options.Update(changes));
+    if (lowered)
+      ReleaseOmpPoolsOnNextUse();
+    return Status::Ok();
+  }
+
+  Result<OptionValue> GetOption(std::string_view key) const override {
+    return state_.options.Get(key);
+  }
+
+  // Every primitive runs synchronously inside Execute, on the caller's thread: CpuAcc starts no
+  // thread, task or callback of its own. OpenMP's worker threads belong to libgomp (and run
+  // libdnnl's code, which the host keeps resident: loading rule 8), and they are idle once a
+  // parallel region returns, which is before Execute returns. The host destroys every workload
+  // before calling this, so no Execute can be running; the wait below only guards a host that
+  // would break that order.
+  void Shutdown() override {
+    while (state_.executing.load() != 0)
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+
+ private:
+  // Names, types and batch_split's values: what the options' types do not say, except the bound
+  // on intra_op_threads that depends on the machine (CheckOptions).
+  Status CheckValues(const BackendOptions& options) const {
+    BACKPLANE_RETURN_IF_ERROR(ValidateOptions(options, state_.options.descriptors(), kId));
+    if (auto split = options.find(kBatchSplit); split != options.end()) {
+      const std::string& value = std::get<std::string>(split->second);
+      if (value != "auto" && value != "always" && value != "never") {
+        return InvalidArgument(
+            "backend CpuAcc option 'batch_split' must be auto, always or never, got '" + value +
+            "'");
+      }
+    }
+    return Status::Ok();
+  }
+
+  // The settings of a network's options (the host passes every declared option; one it leaves
+  // out keeps the instance's value). The thread count's upper bound is not checked again here:
+  // the host and CheckOptions checked it when the value was set, and a network re-prepared after
+  // the CPU quota shrank keeps preparing, as with the instance's own value (whose update
+  // UpdateOptions checked once).
+  Result<PrepareSettings> SettingsFrom(const BackendOptions& options) const {
+    BACKPLANE_RETURN_IF_ERROR(CheckValues(options));
+    PrepareSettings settings = InstanceSettings(state_);
+    if (auto threads = options.find(kIntraOpThreads); threads != options.end()) {
+      const int64_t value = std::get<int64_t>(threads->second);
+      if (value < 1) {
+        return InvalidArgument("backend CpuAcc option 'intra_op_threads' must be at least 1, got " +
+                               std::to_string(value));
+      }
+      settings.threads =
+          static_cast<int>(std::min<int64_t>(value, std::numeric_limits<int>::max()));
+    }
+    if (auto split = options.find(kBatchSplit); split != options.end())
+      settings.batch_split = std::get<std::string>(split->second);
+    return settings;
+  }
+
+  // One layer's workload, with `settings`' threads.
+  Result<std::unique_ptr<IWorkload>> PrepareLayer(const OperatorDesc& op,
+                                                  const PrepareSettings& settings) {
     BACKPLANE_RETURN_IF_ERROR(CheckOp(op));
-    const int threads = ThreadsOf(state_);
+    const int threads = settings.threads;
     if (HasDynamicShape(op))
       return std::unique_ptr<IWorkload>(new DynamicLayerWorkload(state_, op, threads));
     std::vector<std::size_t> input_map;
@@ -362,7 +543,9 @@ class CpuAccBackend final : public IBackend {
         state_, std::move(compiled.value().program), NodeLabel(op), std::move(input_map)));
   }
 
-  Result<CompiledSubgraph> CompileSubgraph(const SubgraphDesc& subgraph) override {
+  // A run of layers compiled with `settings`' threads and batch split.
+  Result<CompiledSubgraph> CompileRun(const SubgraphDesc& subgraph,
+                                      const PrepareSettings& settings) {
     if (subgraph.layers.empty() || subgraph.layer_inputs.size() != subgraph.layers.size() ||
         subgraph.layer_outputs.size() != subgraph.layers.size() ||
         subgraph.input_infos.size() != subgraph.inputs.size() ||
@@ -382,8 +565,8 @@ class CpuAccBackend final : public IBackend {
         return Unimplemented("CpuAcc compiles runs with static shapes only");
     }
     std::string label = "run " + subgraph.layers.front().name + ".." + subgraph.layers.back().name;
-    const int threads = ThreadsOf(state_);
-    const std::string mode = BatchSplitOf(state_);
+    const int threads = settings.threads;
+    const std::string& mode = settings.batch_split;
     const std::optional<int64_t> batch = SplittableBatch(subgraph);
     const bool at_once = threads >= 2 && state_.host != nullptr;
     if (mode == "always" && batch) {
@@ -429,56 +612,6 @@ class CpuAccBackend final : public IBackend {
     return fastest == 0 ? std::move(result) : std::move(candidates[fastest - 1]);
   }
 
-  void SetHost(IHost* host) override { state_.host = host; }
-
-  std::vector<OptionDescriptor> DescribeOptions() const override {
-    return state_.options.descriptors();
-  }
-
-  // All-or-nothing: the range is checked before OptionSet applies anything.
-  Status UpdateOptions(const BackendOptions& changes) override {
-    BACKPLANE_RETURN_IF_ERROR(ValidateOptions(changes, state_.options.descriptors(), kId));
-    auto split = changes.find(kBatchSplit);
-    if (split != changes.end()) {
-      const std::string& value = std::get<std::string>(split->second);
-      if (value != "auto" && value != "always" && value != "never") {
-        return InvalidArgument(
-            "backend CpuAcc option 'batch_split' must be auto, always or never, got '" + value +
-            "'");
-      }
-    }
-    // At most the CPUs this process may use (affinity, cgroup quota): more threads only take
-    // turns on the cores, and each request thread keeps a pool of that many (the host checks
-    // this too, but an older host does not).
-    auto threads = changes.find(kIntraOpThreads);
-    const bool lowered =
-        threads != changes.end() && std::get<int64_t>(threads->second) < ThreadsOf(state_);
-    if (threads != changes.end()) {
-      BACKPLANE_RETURN_IF_ERROR(CheckThreadCount(
-          kId, kIntraOpThreads, std::get<int64_t>(threads->second), FindUsableCpus()));
-    }
-    BACKPLANE_RETURN_IF_ERROR(state_.options.Update(changes));
-    if (lowered)
-      ReleaseOmpPoolsOnNextUse();
-    return Status::Ok();
-  }
-
-  Result<OptionValue> GetOption(std::string_view key) const override {
-    return state_.options.Get(key);
-  }
-
-  // Every primitive runs synchronously inside Execute, on the caller's thread: CpuAcc starts no
-  // thread, task or callback of its own. OpenMP's worker threads belong to libgomp (and run
-  // libdnnl's code, which the host keeps resident: loading rule 8), and they are idle once a
-  // parallel region returns, which is before Execute returns. The host destroys every workload
-  // before calling this, so no Execute can be running; the wait below only guards a host that
-  // would break that order.
-  void Shutdown() override {
-    while (state_.executing.load() != 0)
-      std::this_thread::sleep_for(std::chrono::microseconds(100));
-  }
-
- private:
   // The run (whose layers SplittableBatch accepted, with batch `batch`) as `parts` parts of its
   // batch, as even as possible, at once or one after the other; nullopt when a part fails to
   // compile (the whole-batch program then serves).

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <memory>
 #include <string>
+#include <variant>
 
 #include "backplane/sdk/backend.hpp"
 
@@ -12,6 +13,7 @@
 // names that are not exported cannot clash with the host or with another version of this backend.
 namespace {
 
+using backplane::BackendOptions;
 using backplane::ConstTensorView;
 using backplane::DataType;
 using backplane::IHost;
@@ -45,20 +47,27 @@ void ReluChunk(void* context, std::size_t begin, std::size_t end) {
 // y = max(x, 0), element by element.
 //
 // Thread-safe: Execute runs concurrently for many requests, so it keeps no per-request state in
-// members. It reads the option at each call, so an update applies to workloads created earlier.
+// members. check_finite is either the network's value, fixed when the workload is prepared (SDK
+// 1.3: the host re-prepares loaded networks when an option changes), or, on a host older than
+// 1.3, read from the instance at each call, so that an update applies to workloads created
+// earlier.
 class ReluWorkload final : public IWorkload {
  public:
-  // `options` belongs to the backend instance. The host destroys every workload before the
-  // instance that created it, so the reference stays valid for this workload's whole life; so
-  // does `host` (null on a host older than SDK 1.2, which never calls SetHost).
+  // SDK 1.3: `check_finite` is the value of the network this workload belongs to. `host` is null
+  // on a host older than SDK 1.2, which never calls SetHost.
+  ReluWorkload(std::string node, bool check_finite, IHost* host)
+      : node_(std::move(node)), check_finite_(check_finite), host_(host) {}
+  // Before 1.3: `options` belongs to the backend instance. The host destroys every workload before
+  // the instance that created it, so the reference stays valid for this workload's whole life; so
+  // does `host`.
   ReluWorkload(std::string node, const OptionSet& options, IHost* host)
-      : node_(std::move(node)), options_(options), host_(host) {}
+      : node_(std::move(node)), options_(&options), host_(host) {}
 
   Status Execute(std::span<const ConstTensorView> inputs,
                  std::span<const TensorView> outputs) override {
     const auto in = inputs[0].Elements<float>();
     const auto out = outputs[0].Elements<float>();
-    if (options_.GetAs<bool>(kCheckFinite)) {
+    if (options_ != nullptr ? options_->GetAs<bool>(kCheckFinite) : check_finite_) {
       for (std::size_t i = 0; i < in.size(); ++i) {
         if (!std::isfinite(in[i])) {
           return backplane::InvalidArgument("Relu node '" + node_ + "': input element " +
@@ -79,7 +88,8 @@ class ReluWorkload final : public IWorkload {
 
  private:
   const std::string node_;
-  const OptionSet& options_;
+  const bool check_finite_ = false;
+  const OptionSet* const options_ = nullptr;  // null: check_finite_ holds the value
   IHost* const host_;
 };
 
@@ -104,9 +114,22 @@ class HelloBackend final : public backplane::IBackend {
     return Status::Ok();
   }
 
+  // A host older than SDK 1.3 calls this: the workload reads the instance's option at each call.
   backplane::Result<std::unique_ptr<IWorkload>> CreateWorkload(const OperatorDesc& op) override {
     BACKPLANE_RETURN_IF_ERROR(IsSupported(op));
     return std::unique_ptr<IWorkload>(new ReluWorkload(op.name, options_, host_));
+  }
+
+  // SDK 1.3: a host of 1.3 or later calls this instead, with every declared option at the value
+  // of the network being prepared (its own, else the runtime's, else the default), so that two
+  // networks may run with different values. `options` holds every declared option with its
+  // declared type (the host checked them), so neither at nor get throws. The default CheckOptions
+  // suffices: a bool has no range.
+  backplane::Result<std::unique_ptr<IWorkload>> CreateWorkloadWithOptions(
+      const OperatorDesc& op, const BackendOptions& options) override {
+    BACKPLANE_RETURN_IF_ERROR(IsSupported(op));
+    const bool check = std::get<bool>(options.at(std::string(kCheckFinite)));
+    return std::unique_ptr<IWorkload>(new ReluWorkload(op.name, check, host_));
   }
 
   // SDK 1.2: the host's services for parallel work, given once right after creation.

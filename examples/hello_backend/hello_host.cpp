@@ -1,5 +1,6 @@
 // A host program that exercises ExampleHello through the public Runtime API: finds it in a backend
-// directory, sets its option, and runs its Relu on a small tensor. Not part of the backend.
+// directory, sets its option for the runtime and for one network (SDK 1.3), and runs its Relu on a
+// small tensor. Not part of the backend.
 //
 //   example_hello_host [backend-dir...]     (default: $BACKPLANE_BACKEND_PATHS, else the build's)
 #include <cmath>
@@ -45,12 +46,14 @@ int main(int argc, char** argv) {
   const backplane::TensorInfo info{backplane::DataType::kFloat32, {2, 3}};
   const backplane::OperatorDesc relu{
       .op_type = "Relu", .name = "relu0", .inputs = {info}, .outputs = {info}};
-  auto workload = hello->CreateWorkload(relu);
-  if (!workload.ok()) {
-    std::fprintf(stderr, "CreateWorkload: %s\n", workload.error().ToString().c_str());
-    return 1;
-  }
-  auto run = [&](std::vector<float> input) {
+  // Prepares the Relu as a network with `network_options` (its own option values, SDK 1.3) and
+  // runs it; false when it cannot be prepared.
+  auto run = [&](const backplane::BackendOptions& network_options, std::vector<float> input) {
+    auto workload = hello->CreateWorkload(relu, network_options);
+    if (!workload.ok()) {
+      std::fprintf(stderr, "CreateWorkload: %s\n", workload.error().ToString().c_str());
+      return false;
+    }
     std::vector<float> output(input.size());
     const backplane::ConstTensorView in{info, input.data()};
     const backplane::TensorView out{info, output.data()};
@@ -61,8 +64,10 @@ int main(int argc, char** argv) {
     } else {
       std::printf("error: %s\n", status.ToString().c_str());
     }
+    return true;
   };
-  run({-2, -1, 0, 1, 2, NAN});
+  if (!run({}, {-2, -1, 0, 1, 2, NAN}))
+    return 1;
 
   // Options are validated by the backend; a bad update changes nothing.
   for (const backplane::BackendOptions& update :
@@ -73,7 +78,14 @@ int main(int argc, char** argv) {
     std::printf("update %s=%s: %s\n", update.begin()->first.c_str(),
                 backplane::ToString(update.begin()->second).c_str(), status.ToString().c_str());
   }
-  run({-2, -1, 0, 1, 2, NAN});
+  // The option is read when a workload is prepared: prepared again (as a runtime re-prepares its
+  // networks after an update), the Relu checks.
+  if (!run({}, {-2, -1, 0, 1, 2, NAN}))
+    return 1;
+  // A network may set its own value (SDK 1.3): this one does not check.
+  std::printf("network check_finite=false:\n");
+  if (!run({{"check_finite", false}}, {-2, -1, 0, 1, 2, NAN}))
+    return 1;
 
   const backplane::OperatorDesc sigmoid{
       .op_type = "Sigmoid", .name = "sig0", .inputs = {info}, .outputs = {info}};

@@ -73,6 +73,84 @@ TEST_F(CpuAccBackendTest, DescribesAndValidatesIntraOpThreads) {
   EXPECT_TRUE(AllClose(got->at("y").values, want->at("y").values, &mismatch)) << mismatch;
 }
 
+// SDK 1.3: CheckOptions, which the host asks before it prepares a network with values of its
+// own, refuses what UpdateOptions refuses, in the same words (naming the option), and applies
+// nothing.
+TEST_F(CpuAccBackendTest, CheckOptionsRefusesWhatUpdateOptionsRefuses) {
+  const IBackend& backend = cpu_acc().backend();
+  const int64_t too_many = FindUsableCpus().count + 1;
+  for (const BackendOptions& options :
+       {BackendOptions{{"batch_split", std::string("sometimes")}},
+        BackendOptions{{"intra_op_threads", int64_t{0}}},
+        BackendOptions{{"intra_op_threads", too_many}}, BackendOptions{{"intra_op_threads", true}},
+        BackendOptions{{"intra_op_thread", int64_t{1}}}}) {
+    SCOPED_TRACE(options.begin()->first + "=" + ToString(options.begin()->second));
+    const Status checked = backend.CheckOptions(options);
+    EXPECT_EQ(checked.code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(checked.message(), cpu_acc().UpdateOptions(options).message());
+    EXPECT_EQ(cpu_acc().CheckNetworkOptions(options).message(), checked.message());
+  }
+  EXPECT_THAT(backend.CheckOptions({{"batch_split", std::string("sometimes")}}).message(),
+              HasSubstr("option 'batch_split' must be auto, always or never, got 'sometimes'"));
+  const Status zero = backend.CheckOptions({{"intra_op_threads", int64_t{0}}});
+  EXPECT_THAT(zero.message(), HasSubstr("option 'intra_op_threads' must be 1 to "));
+  EXPECT_THAT(zero.message(), HasSubstr("got 0"));
+
+  const BackendOptions accepted{{"intra_op_threads", int64_t{1}},
+                                {"batch_split", std::string("never")}};
+  EXPECT_TRUE(backend.CheckOptions(accepted).ok());
+  EXPECT_EQ(std::get<std::string>(cpu_acc().GetOption("batch_split").value()), "auto")
+      << "checking applies nothing";
+  EXPECT_EQ(std::get<int64_t>(cpu_acc().GetOption("intra_op_threads").value()), 1);
+}
+
+// SDK 1.3: the ...WithOptions calls given every option at the instance's values (here the
+// declared defaults) prepare what the 1.0 and 1.1 calls prepare: the same notes, the same bytes.
+TEST_F(CpuAccBackendTest, PreparingWithTheInstanceValuesEqualsPreparingWithout) {
+  IBackend& backend = cpu_acc().backend();
+  const BackendOptions options = cpu_acc().EffectiveOptions();
+  EXPECT_EQ(options, (BackendOptions{{"batch_split", std::string("auto")},
+                                     {"intra_op_threads", int64_t{1}}}));
+  std::mt19937 rng(23);
+  std::uniform_real_distribution<float> weight(-0.5f, 0.5f);
+  FloatTensor w{{8, 8, 3, 3}, std::vector<float>(8 * 8 * 3 * 3)};
+  for (float& value : w.values)
+    value = weight(rng);
+  TestGraph graph;
+  graph.AddInput("x", {1, 8, 12, 12}, rng);
+  const void* w_data = graph.AddConstant("w", std::move(w));
+  graph.AddLayer("Conv", "conv", {"x", "w"}, {"y"}, {{1, 8, 10, 10}},
+                 {{"kernel_shape", Ints{3, 3}}});
+  graph.AddLayer("Relu", "relu", {"y"}, {"z"}, {{1, 8, 10, 10}});
+  graph.MarkOutput("z");
+  const SubgraphDesc run = graph.Subgraph();
+  const std::vector<ConstTensorView> inputs = graph.InputViews();
+  auto execute = [&](IWorkload& workload, std::span<const ConstTensorView> given,
+                     const TensorInfo& info) {
+    std::vector<float> out(static_cast<std::size_t>(info.ElementCount()), NAN);
+    const TensorView view{info, out.data()};
+    EXPECT_TRUE(workload.Execute(given, {&view, 1}).ok());
+    return out;
+  };
+
+  auto plain = backend.CompileSubgraph(run);
+  auto with = backend.CompileSubgraphWithOptions(run, options);
+  ASSERT_TRUE(plain.ok()) << plain.error().ToString();
+  ASSERT_TRUE(with.ok()) << with.error().ToString();
+  EXPECT_EQ(with->layer_notes, plain->layer_notes);
+  EXPECT_EQ(execute(*with->workload, inputs, run.output_infos[0]),
+            execute(*plain->workload, inputs, run.output_infos[0]));
+
+  const OperatorDesc& conv = run.layers[0];
+  auto layer_plain = backend.CreateWorkload(conv);
+  auto layer_with = backend.CreateWorkloadWithOptions(conv, options);
+  ASSERT_TRUE(layer_plain.ok()) << layer_plain.error().ToString();
+  ASSERT_TRUE(layer_with.ok()) << layer_with.error().ToString();
+  const ConstTensorView conv_inputs[] = {inputs[0], {conv.inputs[1], w_data}};
+  EXPECT_EQ(execute(*layer_with.value(), conv_inputs, conv.outputs[0]),
+            execute(*layer_plain.value(), conv_inputs, conv.outputs[0]));
+}
+
 OperatorDesc Op(std::string type, std::vector<Shape> inputs, std::vector<Shape> outputs,
                 AttributeMap attributes = {}) {
   OperatorDesc op{.op_type = std::move(type), .name = "n", .attributes = std::move(attributes)};

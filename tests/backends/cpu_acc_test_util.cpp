@@ -141,8 +141,9 @@ Result<std::map<std::string, FloatTensor>> TestGraph::RunPerLayer(
 }
 
 Result<std::map<std::string, FloatTensor>> TestGraph::RunCompiled(
-    loader::BackendInstance& backend, std::vector<std::string>* notes) const {
-  auto compiled = backend.CompileSubgraph(Subgraph());
+    loader::BackendInstance& backend, std::vector<std::string>* notes,
+    const BackendOptions& network_options) const {
+  auto compiled = backend.CompileSubgraph(Subgraph(), network_options);
   if (!compiled.ok())
     return compiled.error();
   if (notes != nullptr)

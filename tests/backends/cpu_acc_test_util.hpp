@@ -64,9 +64,11 @@ class TestGraph {
 
   // Runs every layer on `backend`, one workload per layer; every value by name.
   Result<std::map<std::string, FloatTensor>> RunPerLayer(loader::BackendInstance& backend) const;
-  // Runs the whole graph as one compiled run on `backend`; the graph's outputs by name.
-  Result<std::map<std::string, FloatTensor>> RunCompiled(loader::BackendInstance& backend,
-                                                         std::vector<std::string>* notes) const;
+  // Runs the whole graph as one compiled run on `backend`, with a network's own options (SDK 1.3)
+  // when given; the graph's outputs by name.
+  Result<std::map<std::string, FloatTensor>> RunCompiled(
+      loader::BackendInstance& backend, std::vector<std::string>* notes,
+      const BackendOptions& network_options = {}) const;
 
   // "Conv node 'c' X[1,3,8,8] W[4,3,3,3] -> [1,4,6,6] {pads=[1,1,1,1] strides=[2,2]}" per layer.
   std::string Describe() const;

@@ -199,6 +199,90 @@ TEST_F(CpuAccThreadsTest, LoweringReleasesTheThreads) {
   EXPECT_EQ(failed.load(), 0);
 }
 
+// SDK 1.3: networks on one instance prepared with intra_op_threads of their own run with them
+// and compute the same; the instance's value does not change. Seen in a compiled run's placement
+// notes and in the process's threads: a caller's team of one starts no worker, its team of two
+// one. When the two-thread network goes (unloaded, or re-prepared with 1) no option is lowered,
+// and yet the caller's worker is released (TeamSizes in cpu_acc_backend.cpp).
+TEST_F(CpuAccThreadsTest, NetworksOnOneInstanceRunWithTheirOwnThreadCounts) {
+#if defined(BACKPLANE_TSAN_BUILD) || defined(BACKPLANE_ASAN_BUILD)
+  GTEST_SKIP() << "libgomp threads under a sanitizer";
+#endif
+  if (FindUsableCpus().count < 2)
+    GTEST_SKIP() << "one usable CPU: intra_op_threads cannot exceed 1 here";
+  ASSERT_EQ(CurrentThreads(cpu_acc()), 1);
+  auto network = [](int64_t threads) {
+    return BackendOptions{{std::string(kOption), threads}, {"batch_split", std::string("never")}};
+  };
+
+  // A convolution far above the two-thread threshold (1 MFLOP), compiled twice.
+  std::mt19937 rng(17);
+  std::uniform_real_distribution<float> weight(-0.5f, 0.5f);
+  FloatTensor w{{16, 16, 3, 3}, std::vector<float>(16 * 16 * 3 * 3)};
+  for (float& value : w.values)
+    value = weight(rng);
+  TestGraph graph;
+  graph.AddInput("x", {2, 16, 28, 28}, rng);
+  graph.AddConstant("w", std::move(w));
+  graph.AddLayer("Conv", "conv", {"x", "w"}, {"y"}, {{2, 16, 26, 26}},
+                 {{"kernel_shape", std::vector<int64_t>{3, 3}}});
+  graph.AddLayer("Relu", "relu", {"y"}, {"z"}, {{2, 16, 26, 26}});
+  graph.MarkOutput("z");
+  std::vector<std::string> notes_one, notes_two;
+  auto one = graph.RunCompiled(cpu_acc(), &notes_one, network(1));
+  auto two = graph.RunCompiled(cpu_acc(), &notes_two, network(2));
+  ASSERT_TRUE(one.ok()) << one.error().ToString();
+  ASSERT_TRUE(two.ok()) << two.error().ToString();
+  ASSERT_FALSE(notes_one.empty());
+  ASSERT_FALSE(notes_two.empty());
+  EXPECT_THAT(notes_one[0], ::testing::Not(HasSubstr("thread")));  // one thread names no count
+  EXPECT_THAT(notes_two[0], HasSubstr("on 2 threads"));
+  std::string mismatch;
+  EXPECT_TRUE(AllClose(two->at("z").values, one->at("z").values, &mismatch)) << mismatch;
+
+  // One layer per network, run by one caller thread, which starts its teams.
+  LargeAdd single, pair;
+  auto on_one = cpu_acc().CreateWorkload(single.op, network(1));
+  auto on_two = cpu_acc().CreateWorkload(pair.op, network(2));
+  ASSERT_TRUE(on_one.ok()) << on_one.error().ToString();
+  ASSERT_TRUE(on_two.ok()) << on_two.error().ToString();
+  EXPECT_EQ(CurrentThreads(cpu_acc()), 1) << "a network's value is its own";
+  std::barrier phase(2);
+  Status ran_one, ran_two, ran_one_again;
+  std::thread caller([&] {
+    phase.arrive_and_wait();  // 1: a team of one
+    ran_one = single.Execute(*on_one.value());
+    phase.arrive_and_wait();
+    phase.arrive_and_wait();  // 2: a team of two
+    ran_two = pair.Execute(*on_two.value());
+    phase.arrive_and_wait();
+    phase.arrive_and_wait();  // 3: a team of one, the two-thread network gone
+    ran_one_again = single.Execute(*on_one.value());
+    phase.arrive_and_wait();
+    phase.arrive_and_wait();  // 4: stop (a thread's workers leave with it)
+  });
+  const int idle = testing::SettledThreadCount();  // the caller exists, idle
+  phase.arrive_and_wait();
+  phase.arrive_and_wait();
+  EXPECT_LE(testing::SettledThreadCount(), idle) << "a team of one starts no worker";
+  phase.arrive_and_wait();
+  phase.arrive_and_wait();
+  const int raised = AwaitThreads([&](int count) { return count >= idle + 1; });
+  EXPECT_GE(raised, idle + 1) << "a team of two: the caller and one worker";
+  on_two.value().reset();
+  phase.arrive_and_wait();
+  phase.arrive_and_wait();
+  const int lowered = AwaitThreads([&](int count) { return count <= idle; });
+  EXPECT_LE(lowered, idle) << "from " << raised << " threads: the caller's worker is gone";
+  phase.arrive_and_wait();
+  caller.join();
+  EXPECT_TRUE(ran_one.ok()) << ran_one.ToString();
+  EXPECT_TRUE(ran_two.ok()) << ran_two.ToString();
+  EXPECT_TRUE(ran_one_again.ok()) << ran_one_again.ToString();
+  EXPECT_EQ(single.sum.back(), 3.0f);
+  EXPECT_EQ(pair.sum, single.sum);
+}
+
 // A new cgroup in the first of `hierarchies` where this process may make one that has `file`
 // (a controller's), removed when dropped; empty when there is none (not root, no such
 // controller, a read-only /sys/fs/cgroup).
