@@ -32,20 +32,6 @@ constexpr const char* kBatchedConfig =
         {"max_queue_delay_us": 2000}})";
 constexpr const char* kAloneConfig = R"({"backends": ["CpuRef"]})";
 
-// A server in this process over `home`'s models and backends, not watching the backends.
-server::RunningServer StartServerOver(const ServeHome& home) {
-  server::ServeConfig config = server::DefaultServeConfig();
-  config.models = home.models();
-  config.backends = std::vector<fs::path>{home.backends()};
-  config.listen = "127.0.0.1:0";
-  config.grpc_listen = "127.0.0.1:0";
-  config.watch_backends = false;
-  auto started = server::StartServer(config);
-  if (!started.ok())
-    throw std::runtime_error("server did not start: " + started.error().ToString());
-  return std::move(started).value();
-}
-
 // Writes `model` as models/`name` with `config`.
 void WriteModel(const ServeHome& home, const std::string& name, const std::string& model,
                 const std::string& config) {
@@ -130,7 +116,7 @@ TEST(BatchIndependenceTest, ASoftmaxOverTheBatchIsRefusedAtLoad) {
   ServeHome home;
   WriteModel(home, "softmax_rows", SoftmaxOverTheBatchModel(), kBatchedConfig);
   WriteModel(home, "softmax_rows_alone", SoftmaxOverTheBatchModel(), kAloneConfig);
-  auto running = StartServerOver(home);
+  auto running = StartInProcess(InProcessConfig(home, /*grpc=*/true));
   const auto reason = running.core->context().repository.Unavailable("softmax_rows");
   ASSERT_TRUE(reason.has_value()) << "a model that mixes rows was batched";
   EXPECT_THAT(*reason,
@@ -160,7 +146,7 @@ TEST(BatchIndependenceTest, EveryUnsafeCatalogueModelIsRefusedAtLoad) {
     if (!batch_case.safe())
       WriteModel(home, batch_case.name, batch_case.model, kBatchedConfig);
   }
-  auto running = StartServerOver(home);
+  auto running = StartInProcess(InProcessConfig(home, /*grpc=*/true));
   int by_node = 0;
   for (const BatchCase& batch_case : catalogue) {
     if (batch_case.safe())
@@ -198,7 +184,7 @@ TEST(BatchIndependenceTest, EverySafeCatalogueModelAnswersConcurrentClientsAsAlo
     WriteModel(home, batch_case.name, batch_case.model, kBatchedConfig);
     WriteModel(home, batch_case.name + "_alone", batch_case.model, kAloneConfig);
   }
-  auto running = StartServerOver(home);
+  auto running = StartInProcess(InProcessConfig(home, /*grpc=*/true));
   const auto& context = running.core->context();
   for (const BatchCase& batch_case : safe) {
     ASSERT_FALSE(context.repository.Unavailable(batch_case.name).has_value())
@@ -343,7 +329,7 @@ TEST(BatchIndependenceTest, AZeroRowRequestGetsTheSameAnswerBatchedAndUnbatched)
             R"("], "max_batch_size": 8, "dynamic_batching": {"max_queue_delay_us": 20000}})");
     WriteModel(home, name + "_alone", model_bytes, R"({"backends": [")" + backend + R"("]})");
   }
-  auto running = StartServerOver(home);
+  auto running = StartInProcess(InProcessConfig(home, /*grpc=*/true));
   const auto& context = running.core->context();
   httplib::Client rest("127.0.0.1", running.http.port);
   auto channel = grpc::CreateChannel(running.grpc->ToString(), grpc::InsecureChannelCredentials());

@@ -253,23 +253,6 @@ void AddBatchingModels(const ServeHome& home) {
   CopyFile(Fixture("FailOnNegative"), home.backends() / "Test_FailOnNegative_backend.so");
 }
 
-ServeConfig BatchingServeConfig(const ServeHome& home) {
-  ServeConfig config = server::DefaultServeConfig();
-  config.models = home.models();
-  config.backends = std::vector<fs::path>{home.backends()};
-  config.listen = "127.0.0.1:0";
-  config.grpc_listen = "127.0.0.1:0";
-  config.watch_backends = false;
-  return config;
-}
-
-server::RunningServer StartBatchingServer(const ServeConfig& config) {
-  auto started = server::StartServer(config);
-  if (!started.ok())
-    throw std::runtime_error("server did not start: " + started.error().ToString());
-  return std::move(started).value();
-}
-
 // A server with AddBatchingModels' models and `relu` configured by `relu_config` (its
 // config.json), not watching the backend directory.
 class ReluBatchingServer {
@@ -277,7 +260,7 @@ class ReluBatchingServer {
   explicit ReluBatchingServer(const std::string& relu_config) {
     AddBatchingModels(home_);
     home_.Write("models/relu/config.json", relu_config);
-    running_.emplace(StartBatchingServer(BatchingServeConfig(home_)));
+    running_.emplace(StartInProcess(InProcessConfig(home_, /*grpc=*/true)));
   }
   const server::ServeContext& context() const { return running_->core->context(); }
 
@@ -483,7 +466,7 @@ TEST(DynamicBatchingTest, BatchesOfEverySizeCompileOneProgramPerExecutionSize) {
   home.Write("models/mlp/config.json",
              R"({"backends": ["CpuRef"], "max_batch_size": 16, "dynamic_batching":
                  {"max_queue_delay_us": 2000}})");
-  auto running = StartBatchingServer(BatchingServeConfig(home));
+  auto running = StartInProcess(InProcessConfig(home, /*grpc=*/true));
   const auto& context = running.core->context();
   std::mt19937_64 random(seed);
   std::vector<Tensor> inputs;
@@ -547,7 +530,7 @@ TEST(DynamicBatchingTest, AnExecutionErrorFailsExactlyTheRequestsOfItsBatch) {
   home.Write("models/identity/config.json",
              R"({"backends": ["TestFailOnNegative"], "max_batch_size": 4, "dynamic_batching":
                  {"max_queue_delay_us": 1000000, "preferred_batch_sizes": [4]}})");
-  auto running = StartBatchingServer(BatchingServeConfig(home));
+  auto running = StartInProcess(InProcessConfig(home, /*grpc=*/true));
   const auto& context = running.core->context();
 
   std::vector<std::future<Result<std::vector<Tensor>>>> answers;
@@ -640,9 +623,9 @@ TEST(DynamicBatchingTest, OverloadIsRefusedNotQueued) {
   home.Write("models/relu/config.json",
              R"({"backends": ["CpuRef"], "max_batch_size": 8,
                  "dynamic_batching": {"max_queue_delay_us": 300000}})");
-  ServeConfig config = BatchingServeConfig(home);
+  ServeConfig config = InProcessConfig(home, /*grpc=*/true);
   config.max_in_flight = 2;  // the batcher holds no more waiting requests than this
-  auto running = StartBatchingServer(config);
+  auto running = StartInProcess(config);
   const auto& context = running.core->context();
   std::mt19937_64 random(2);
   auto first = StartBatchedInference(context, "relu", ParserOf({RandomRows(random, 1, 3)}));
@@ -697,7 +680,7 @@ TEST(DynamicBatchingTest, BatchingIsRefusedAtLoadForAModelWithAFixedBatch) {
   ServeHome home;
   home.Write("models/mnist/config.json",
              R"({"max_batch_size": 16, "dynamic_batching": {"max_queue_delay_us": 1000}})");
-  auto running = StartBatchingServer(BatchingServeConfig(home));
+  auto running = StartInProcess(InProcessConfig(home, /*grpc=*/true));
   const auto reason = running.core->context().repository.Unavailable("mnist");
   ASSERT_TRUE(reason.has_value());
   EXPECT_THAT(*reason, HasSubstr("model 'mnist' version 1: cannot batch (max_batch_size in "
@@ -717,7 +700,7 @@ TEST(DynamicBatchingTest, ALoadAppliesAChangedBatchingConfig) {
   AddBatchingModels(home);
   home.Write("models/relu/config.json",
              R"({"backends": ["CpuRef"], "max_batch_size": 8, "dynamic_batching": {}})");
-  auto running = StartBatchingServer(BatchingServeConfig(home));
+  auto running = StartInProcess(InProcessConfig(home, /*grpc=*/true));
   auto& repository = running.core->context().repository;
   ASSERT_NE(repository.Find("relu"), nullptr);
   EXPECT_NE(repository.Find("relu")->Latest().batcher(), nullptr);
@@ -788,7 +771,7 @@ TEST(DynamicBatchingTest, RestAndGrpcClientsGetWhatTheSameRequestsGetAlone) {
   home.Write("models/mlp/config.json",
              R"({"backends": ["CpuRef"], "max_batch_size": 8, "dynamic_batching":
                  {"max_queue_delay_us": 2000, "preferred_batch_sizes": [4, 8]}})");
-  auto running = StartBatchingServer(BatchingServeConfig(home));
+  auto running = StartInProcess(InProcessConfig(home, /*grpc=*/true));
   auto channel = grpc::CreateChannel(running.grpc->ToString(), grpc::InsecureChannelCredentials());
 
   std::atomic<int> compared{0};
@@ -895,7 +878,7 @@ TEST(DynamicBatchingTest, AStopWhileBatchesRunAnswersOnlyWithEachRequestsOwnAnsw
     home.Write("models/mlp/config.json",
                R"({"backends": ["CpuRef"], "max_batch_size": 8, "dynamic_batching":
                    {"max_queue_delay_us": 1000, "preferred_batch_sizes": [4, 8]}})");
-    auto running = StartBatchingServer(BatchingServeConfig(home));
+    auto running = StartInProcess(InProcessConfig(home, /*grpc=*/true));
     const auto& context = running.core->context();
     // Each client's rows and what they give alone.
     constexpr int kClients = 6;
@@ -998,10 +981,10 @@ TEST(DynamicBatchingTest, MixedShapesAndDeadlinesWhileCpuAccIsSwappedAnswerAsAlo
                  {"max_queue_delay_us": 2000, "preferred_batch_sizes": [4, 8]}})");
   home.Write("models/conv_alone/1/model.onnx", model);
   home.Write("models/conv_alone/config.json", R"({"backends": ["CpuAcc"]})");
-  ServeConfig config = BatchingServeConfig(home);
+  ServeConfig config = InProcessConfig(home, /*grpc=*/true);
   config.watch_backends = true;
   config.watch_debounce = 50ms;
-  auto running = StartBatchingServer(config);
+  auto running = StartInProcess(config);
   httplib::Client admin("127.0.0.1", running.http.port);
   const auto active_generation = [&] {
     const auto reply = Get(admin, "/v2/backends/CpuAcc");

@@ -60,12 +60,7 @@ class IsolatedServeTest : public ::testing::Test {
     home_.Write("models/crashy/1/model.onnx", RowIdentityModel());
     home_.Write("models/crashy/config.json", R"({"backends": ["TestCrash"]})");
     CopyFile(Fixture("Crash"), home_.backends() / "Test_Crash_backend.so");
-    ServeConfig config = server::DefaultServeConfig();
-    config.models = home_.models();
-    config.backends = std::vector<fs::path>{home_.backends()};
-    config.listen = "127.0.0.1:0";
-    config.grpc_listen = server::kGrpcOff;
-    config.watch_backends = false;
+    ServeConfig config = InProcessConfig(home_);
     Status applied = server::ApplyConfigText(
         R"({"backend_isolation": {"TestCrash": "process"},
             "worker": {"execute_timeout_ms": 1000, "max_crashes": 2}})",
@@ -155,8 +150,7 @@ TEST_F(IsolatedServeTest, ABuildThatKeepsDyingIsNotRestartedPastMaxCrashes) {
   // request costs two deaths, and the second the third.
   for (int request = 1; request <= 2; ++request) {
     ASSERT_TRUE(Eventually(
-        [&] { return Post(*client, "/v2/models/crashy/infer", RowRequest(1)).status == 200; },
-        20s))
+        [&] { return Post(*client, "/v2/models/crashy/infer", RowRequest(1)).status == 200; }, 20s))
         << "request " << request;
     JsonReply crashed = Post(*client, "/v2/models/crashy/infer", RowRequest(9060));
     EXPECT_NE(crashed.status, 200);
@@ -241,12 +235,7 @@ TEST_P(SandboxedCandidateTest, DiesInACanaryStepAndNoClientRequestFails) {
   home.Write("models/identity/config.json", R"({"backends": ["TestValid"]})");
   const fs::path backend_file = home.backends() / "Test_Valid_backend.so";
   CopyFile(Fixture("Valid"), backend_file);
-  ServeConfig config = server::DefaultServeConfig();
-  config.models = home.models();
-  config.backends = std::vector<fs::path>{home.backends()};
-  config.listen = "127.0.0.1:0";
-  config.grpc_listen = server::kGrpcOff;
-  config.watch_backends = false;
+  ServeConfig config = InProcessConfig(home);
   ASSERT_TRUE(server::ApplyConfigText(
                   R"({"deploy_policy": "progressive",
                       "worker": {"execute_timeout_ms": 300, "memory_limit_bytes": 200000000},
@@ -259,8 +248,7 @@ TEST_P(SandboxedCandidateTest, DiesInACanaryStepAndNoClientRequestFails) {
   server::RunningServer running = std::move(started).value();
   auto admin = std::make_unique<httplib::Client>("127.0.0.1", running.http.port);
   admin->set_read_timeout(30, 0);
-  const uint64_t stable =
-      running.core->context().registry.Describe("TestValid")->active_generation;
+  const uint64_t stable = running.core->context().registry.Describe("TestValid")->active_generation;
 
   // Every seventh row is marked: the stable build answers it as any other.
   RowClients clients(running.http.port, "/v2/models/identity/infer", 2, [&](int c, int i) {
@@ -299,8 +287,7 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(SandboxCase{9110, "was killed by signal 11 (SIGSEGV)"},
                       SandboxCase{9060, "was killed by signal 6 (SIGABRT)"},
                       SandboxCase{9030, "exited with status 3"},
-                      SandboxCase{9000, "exited with status 0"},
-                      SandboxCase{9130, "(SIGSEGV)"},
+                      SandboxCase{9000, "exited with status 0"}, SandboxCase{9130, "(SIGSEGV)"},
                       SandboxCase{9090, "ran past the worker's call timeout of 300 ms"},
                       SandboxCase{9120, "passed memory_limit_bytes 200000000"}),
     [](const ::testing::TestParamInfo<SandboxCase>& info) {
@@ -315,12 +302,7 @@ TEST(IsolatedRolloutTest, ACandidateThatDiesInTheShadowIsRolledBackAndNoClientSe
   home.Write("models/identity/config.json", R"({"backends": ["TestValid"]})");
   const fs::path backend_file = home.backends() / "Test_Valid_backend.so";
   CopyFile(Fixture("Valid"), backend_file);
-  ServeConfig config = server::DefaultServeConfig();
-  config.models = home.models();
-  config.backends = std::vector<fs::path>{home.backends()};
-  config.listen = "127.0.0.1:0";
-  config.grpc_listen = server::kGrpcOff;
-  config.watch_backends = false;
+  ServeConfig config = InProcessConfig(home);
   ASSERT_TRUE(server::ApplyConfigText(
                   R"({"backend_isolation": {"*": "process"}, "deploy_policy": "progressive",
                       "rollout": {"shadow_fraction": 1.0, "min_samples": 1000000}})",

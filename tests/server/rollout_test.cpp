@@ -102,12 +102,8 @@ std::unique_ptr<RolloutServer> StartRolloutServer(const std::string& rollout_pol
   server->home.Write("models/identity/1/model.onnx", RowIdentityModel());
   server->home.Write("models/identity/config.json", R"({"backends": ["TestValid"]})");
   CopyFile(Fixture("Valid"), server->backend_file());
-  ServeConfig config = server::DefaultServeConfig();
-  config.models = server->home.models();
-  config.backends = std::vector<fs::path>{server->home.backends()};
-  config.listen = "127.0.0.1:0";
-  config.grpc_listen = server::kGrpcOff;
-  config.watch_backends = false;  // deploys are explicit: the admin API's reload
+  // deploys are explicit: the admin API's reload
+  ServeConfig config = InProcessConfig(server->home);
   config.admin_token = admin_token;
   Status applied = server::ApplyConfigText(
       R"({"deploy_policy": "progressive", "rollout": )" + rollout_policy + "}", "test.json",

@@ -220,6 +220,23 @@ fs::path MnistDataDir() {
   return MnistDir() / "test_data_set_0";
 }
 
+server::ServeConfig InProcessConfig(const ServeHome& home, bool grpc) {
+  server::ServeConfig config = server::DefaultServeConfig();
+  config.models = home.models();
+  config.backends = std::vector<fs::path>{home.backends()};
+  config.listen = "127.0.0.1:0";
+  config.grpc_listen = grpc ? "127.0.0.1:0" : server::kGrpcOff;
+  config.watch_backends = false;
+  return config;
+}
+
+server::RunningServer StartInProcess(const server::ServeConfig& config) {
+  auto started = server::StartServer(config);
+  if (!started.ok())
+    throw std::runtime_error("server did not start: " + started.error().ToString());
+  return std::move(started).value();
+}
+
 std::string RowIdentityModel() {
   ModelBuilder builder;
   builder.Input("x", {-1, 4}).Output("y", {-1, 4});

@@ -21,6 +21,7 @@
 
 #include <gtest/gtest.h>
 
+#include "cli/serve_command.hpp"
 #include "test_util.hpp"
 
 namespace backplane::testing {
@@ -134,6 +135,12 @@ struct JoinAll {
     }
   }
 };
+
+// A server in this process over `home`'s models and backends: REST on a free loopback port,
+// gRPC too when `grpc`, the backend directory not watched (deploys are the test's reloads).
+server::ServeConfig InProcessConfig(const ServeHome& home, bool grpc = false);
+// server::StartServer, throwing std::runtime_error with its error when the server does not start.
+server::RunningServer StartInProcess(const server::ServeConfig& config);
 
 // Identity over x [N, 4] (N symbolic): the fixture backends' model (TestValid's Identity adds its
 // build's offset, TestCrash's dies the way x[0] says).

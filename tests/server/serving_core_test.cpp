@@ -16,16 +16,6 @@ using server::RunningServer;
 using server::ServeConfig;
 using ::testing::HasSubstr;
 
-ServeConfig InProcessConfig(const ServeHome& home) {
-  ServeConfig config = server::DefaultServeConfig();
-  config.models = home.models();
-  config.backends = std::vector<std::filesystem::path>{home.backends()};
-  config.listen = "127.0.0.1:0";
-  config.grpc_listen = "127.0.0.1:0";
-  config.watch_backends = false;
-  return config;
-}
-
 // The count of `backplane_inference_failures_total{model="mlp",code="<code>"}`, 0 when absent.
 uint64_t MlpFailures(httplib::Client& client, const std::string& code) {
   const auto reply = client.Get("/metrics");
@@ -40,7 +30,7 @@ uint64_t MlpFailures(httplib::Client& client, const std::string& code) {
 
 TEST(ServingCoreTest, StartsAWholeServerInProcessAndStopsItInOrder) {
   ServeHome home;
-  auto started = server::StartServer(InProcessConfig(home));
+  auto started = server::StartServer(InProcessConfig(home, /*grpc=*/true));
   ASSERT_TRUE(started.ok()) << started.error().ToString();
   RunningServer running = std::move(started).value();
   ASSERT_NE(running.http.port, 0);
@@ -67,9 +57,9 @@ TEST(ServingCoreTest, StartsAWholeServerInProcessAndStopsItInOrder) {
 
 TEST(ServingCoreTest, AStartThatCannotBindNamesTheAddressAndLeavesNothingRunning) {
   ServeHome home;
-  auto first = server::StartServer(InProcessConfig(home));
+  auto first = server::StartServer(InProcessConfig(home, /*grpc=*/true));
   ASSERT_TRUE(first.ok()) << first.error().ToString();
-  ServeConfig taken = InProcessConfig(home);
+  ServeConfig taken = InProcessConfig(home, /*grpc=*/true);
   taken.listen = first->http.ToString();
   auto second = server::StartServer(taken);
   ASSERT_FALSE(second.ok());
@@ -85,7 +75,7 @@ TEST(ServingCoreTest, AStartThatCannotBindNamesTheAddressAndLeavesNothingRunning
 // code="400". Now both transports count the runtime's code.
 TEST(ServingCoreTest, RestAndGrpcFailuresAreCountedUnderOneStatusCode) {
   ServeHome home;
-  auto started = server::StartServer(InProcessConfig(home));
+  auto started = server::StartServer(InProcessConfig(home, /*grpc=*/true));
   ASSERT_TRUE(started.ok()) << started.error().ToString();
   httplib::Client client("127.0.0.1", started->http.port);
   const uint64_t before = MlpFailures(client, "INVALID_ARGUMENT");

@@ -69,12 +69,7 @@ class WorkerObservabilityTest : public ::testing::Test {
     home_.Write("models/crashy/1/model.onnx", RowIdentityModel());
     home_.Write("models/crashy/config.json", R"({"backends": ["TestCrash"]})");
     CopyFile(Fixture("Crash"), backend_file_);
-    ServeConfig config = server::DefaultServeConfig();
-    config.models = home_.models();
-    config.backends = std::vector<fs::path>{home_.backends()};
-    config.listen = "127.0.0.1:0";
-    config.grpc_listen = server::kGrpcOff;
-    config.watch_backends = false;
+    ServeConfig config = InProcessConfig(home_);
     // A crash runs the request again once the worker is restarted, and it dies again: each
     // marked request costs two workers. max_crashes lets every test's deaths be restarted.
     Status applied = server::ApplyConfigText(
@@ -325,12 +320,7 @@ TEST(CrashDirConfigTest, ADirectoryThatCannotBeMadeStopsTheStartNamingIt) {
       {"/proc/backplane-crashes", "cannot be created"},
   };
   for (const auto& [path, why] : cases) {
-    ServeConfig config = server::DefaultServeConfig();
-    config.models = home.models();
-    config.backends = std::vector<fs::path>{home.backends()};
-    config.listen = "127.0.0.1:0";
-    config.grpc_listen = server::kGrpcOff;
-    config.watch_backends = false;
+    ServeConfig config = InProcessConfig(home);
     config.crash_dir = path;
     auto started = server::StartServer(config);
     ASSERT_FALSE(started.ok()) << path;
