@@ -1,8 +1,8 @@
 #include "admin/admin_api.hpp"
 
-
 #include "backplane/core/quoted.hpp"
 
+#include "config/option_json.hpp"
 #include "metrics/metrics.hpp"
 #include "rollout/rollout_controller.hpp"
 #include "serving/model_repository.hpp"
@@ -21,10 +21,6 @@ std::string Rfc3339(std::chrono::system_clock::time_point time) {
   if (time == std::chrono::system_clock::time_point{})
     return "";
   return UtcWithMillis(time, "%Y-%m-%dT%H:%M:%S");
-}
-
-json OptionValueJson(const OptionValue& value) {
-  return std::visit([](const auto& v) { return json(v); }, value);
 }
 
 std::string KnownBackends(const BackendRegistry& registry) {
@@ -75,27 +71,10 @@ HttpResponse UpdateBackendOptions(const ServeContext& context, const HttpRequest
     descriptors = instance->DescribeOptions();
   }
   // Convert every value before applying any: one bad key applies nothing.
-  BackendOptions changes;
-  for (const auto& [key, value] : body->items()) {
-    const OptionDescriptor* descriptor = nullptr;
-    for (const auto& candidate : descriptors) {
-      if (candidate.name == key)
-        descriptor = &candidate;
-    }
-    if (descriptor == nullptr) {
-      std::string known;
-      for (const auto& candidate : descriptors)
-        known += (known.empty() ? "" : ", ") + candidate.name;
-      return HttpResponse::Error(400, "backend " + id + " has no option " + Quoted(key) +
-                                          " (known: " + (known.empty() ? "none" : known) +
-                                          "); nothing applied");
-    }
-    auto converted = OptionFromJson(value, *descriptor, id);
-    if (!converted.ok())
-      return HttpResponse::Error(400, converted.error().message() + "; nothing applied");
-    changes.emplace(key, std::move(converted).value());
-  }
-  Status updated = context.runtime.UpdateBackendOptions(id, changes);
+  auto changes = OptionsFromJson(body.value(), descriptors, id);
+  if (!changes.ok())
+    return HttpResponse::Error(400, changes.error().message() + "; nothing applied");
+  Status updated = context.runtime.UpdateBackendOptions(id, changes.value());
   if (!updated.ok())
     return HttpResponse::FromStatus(updated);
   Log().info("backend {} options updated: {}", id, body->dump());
@@ -208,13 +187,90 @@ HttpResponse Placement(const ServeContext& context, const HttpRequest& request) 
                         {"note", layer.note},
                         // Dynamic input dimensions: the run is compiled per input shape on
                         // first use (docs/performance.md, "Shape programs").
-                        {"compiled_per_input_shape", layer.compiled_per_input_shape}});
+                        {"compiled_per_input_shape", layer.compiled_per_input_shape},
+                        // Every option of the backend at the value this layer was prepared
+                        // with: the model's own, else the server's, else the default.
+                        {"options", OptionsJson(layer.options)}});
     }
     versions.push_back({{"version", std::to_string(number)}, {"layers", layers}});
   }
   return HttpResponse::Json({{"name", resolved->model->name},
                              {"versions", versions},
                              {"batching", BatchingJson(*resolved->model)}});
+}
+
+// Per served version of the model (one when the request names it): the model's own option
+// values per backend (config.json "backend_options", then updates), and the effective values
+// each backend's layers run with.
+HttpResponse ModelOptions(const ServeContext& context, const ResolvedModel& resolved,
+                          bool one_version) {
+  json versions = json::array();
+  for (const auto& [number, version] : resolved.model->versions) {
+    if (one_version && version != resolved.version)
+      continue;
+    auto own = context.runtime.GetNetworkOptions(version->network_id());
+    auto placement = context.runtime.GetPlacement(version->network_id());
+    if (!own.ok())
+      return HttpResponse::FromStatus(own.error());
+    if (!placement.ok())
+      return HttpResponse::FromStatus(placement.error());
+    json own_json = json::object();
+    for (const auto& [id, options] : own.value())
+      own_json[id] = OptionsJson(options);
+    json effective = json::object();
+    for (const auto& layer : placement.value()) {
+      if (!effective.contains(layer.backend_id))
+        effective[layer.backend_id] = OptionsJson(layer.options);
+    }
+    versions.push_back({{"version", std::to_string(number)},
+                        {"backend_options", std::move(own_json)},
+                        {"effective", std::move(effective)}});
+  }
+  return HttpResponse::Json({{"name", resolved.model->name}, {"versions", versions}});
+}
+
+// PUT {"ID": {"key": value}, ...}: the values of every backend typed and checked by the backend
+// (names, types, ranges) before any is applied, then each version's network re-prepared with
+// them (Runtime::UpdateNetworkOptions). The values hold until the version unloads; a load of
+// the model with a changed config.json replaces them.
+HttpResponse UpdateModelOptions(const ServeContext& context, const HttpRequest& request) {
+  auto resolved = ResolveModel(context.repository, request.params[0], request.params[1]);
+  if (!resolved.ok())
+    return HttpResponse::FromStatus(resolved.error());
+  auto body = ParseJsonBody(request.body, context.max_json_depth);
+  if (!body.ok())
+    return HttpResponse::FromStatus(body.error());
+  if (!body->is_object() || body->empty()) {
+    return HttpResponse::Error(400,
+                               "the body must be a JSON object of option values per backend id, "
+                               "e.g. {\"CpuAcc\": {\"intra_op_threads\": 1}}");
+  }
+  OptionsByBackend changes;
+  for (const auto& [id, values] : body->items()) {
+    const auto instance = context.runtime.Backend(id);
+    if (instance == nullptr)
+      return HttpResponse::Error(404, "this server has no backend " + Quoted(id));
+    auto typed = OptionsFromJson(values, instance->DescribeOptions(), id);
+    Status checked = typed.ok() ? instance->CheckNetworkOptions(typed.value()) : typed.error();
+    if (!checked.ok())
+      return HttpResponse::FromStatus(checked.WithContext("nothing applied: "));
+    changes.emplace(id, std::move(typed).value());
+  }
+  const bool one_version = !request.params[1].empty();
+  for (const auto& [number, version] : resolved->model->versions) {
+    if (one_version && version != resolved->version)
+      continue;
+    for (const auto& [id, options] : changes) {
+      Status updated = context.runtime.UpdateNetworkOptions(version->network_id(), id, options);
+      if (!updated.ok()) {
+        return HttpResponse::FromStatus(updated.WithContext(
+            "model " + resolved->model->name + " version " + std::to_string(number) + ": "));
+      }
+    }
+  }
+  Log().info("model {} options updated through the admin API: {}", resolved->model->name,
+             body->dump());
+  return ModelOptions(context, resolved.value(), one_version);
 }
 
 json ArmJson(const RolloutArmStats& arm) {
@@ -338,38 +394,6 @@ json BackendStatusJson(const BackendStatus& status) {
           {"activations", activations}};
 }
 
-Result<OptionValue> OptionFromJson(const json& value, const OptionDescriptor& option,
-                                   std::string_view backend_id) {
-  const auto wrong = [&] {
-    return InvalidArgument("backend " + std::string(backend_id) + " option '" + option.name +
-                           "' is " + std::string(ToString(option.type)) + ", got " +
-                           Excerpt(value.dump(-1, ' ', false, json::error_handler_t::replace)));
-  };
-  switch (option.type) {
-    case OptionType::kBool:
-      if (!value.is_boolean())
-        return wrong();
-      return OptionValue(value.get<bool>());
-    case OptionType::kInt64:
-      // An unsigned value above int64's range would wrap: refuse it.
-      if (!value.is_number_integer() ||
-          (value.is_number_unsigned() &&
-           value.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))) {
-        return wrong();
-      }
-      return OptionValue(value.get<int64_t>());
-    case OptionType::kDouble:
-      if (!value.is_number())
-        return wrong();
-      return OptionValue(value.get<double>());
-    case OptionType::kString:
-      if (!value.is_string())
-        return wrong();
-      return OptionValue(value.get<std::string>());
-  }
-  return wrong();
-}
-
 void AddAdminRoutes(HttpServer& http, const ServeContext& context) {
   using Access = HttpServer::Access;
 
@@ -386,6 +410,14 @@ void AddAdminRoutes(HttpServer& http, const ServeContext& context) {
 
   http.Get("/v2/models/{}[/versions/{}]/placement",
            [context](const HttpRequest& request) { return Placement(context, request); });
+  http.Get("/v2/models/{}[/versions/{}]/options", [context](const HttpRequest& request) {
+    auto resolved = ResolveModel(context.repository, request.params[0], request.params[1]);
+    if (!resolved.ok())
+      return HttpResponse::FromStatus(resolved.error());
+    return ModelOptions(context, resolved.value(), !request.params[1].empty());
+  });
+  http.Put("/v2/models/{}[/versions/{}]/options", Access::kAdmin,
+           [context](const HttpRequest& request) { return UpdateModelOptions(context, request); });
 
   http.Get("/v2/backends", [context](const HttpRequest&) {
     json backends = json::array();

@@ -20,9 +20,4 @@ void AddAdminRoutes(HttpServer& http, const ServeContext& context);
 nlohmann::json BackendStatusJson(const BackendStatus& status);
 nlohmann::json RejectedFileJson(const loader::RejectedFile& rejected);
 
-// A JSON value as an option of `type`: bool ← true/false, int64 ← an integer, double ← any
-// number, string ← a string. kInvalidArgument naming the option, the type and the value.
-Result<OptionValue> OptionFromJson(const nlohmann::json& value, const OptionDescriptor& option,
-                                   std::string_view backend_id);
-
 }  // namespace backplane::server

@@ -11,9 +11,9 @@
 #include <optional>
 #include <thread>
 
-#include "admin/admin_api.hpp"
 #include "backplane/onnx/network.hpp"
 #include "backplane/runtime/runtime.hpp"
+#include "config/option_json.hpp"
 
 namespace backplane::server {
 namespace fs = std::filesystem;
@@ -179,9 +179,8 @@ Status ApplyBackendOptions(Runtime& runtime, const std::vector<std::string>& tex
   return Status::Ok();
 }
 
-// One line per layer, "layer NAME OP on BACKEND", then, for a layer that is not on the first
-// backend asked, one "  why not ID: reason" line per backend that declined it.
-void PrintPlacement(const std::vector<LayerPlacement>& placement) {
+// The layer lines of PrintPlacement.
+void PrintLayers(const std::vector<LayerPlacement>& placement) {
   for (const auto& layer : placement) {
     std::printf("layer %-24s %-20s on %s", layer.node.c_str(), layer.op_type.c_str(),
                 layer.backend_id.c_str());
@@ -211,6 +210,25 @@ void PrintPlacement(const std::vector<LayerPlacement>& placement) {
       }
       start = end + 1;
     }
+  }
+}
+
+// One line per layer, "layer NAME OP on BACKEND", then, for a layer that is not on the first
+// backend asked, one "  why not ID: reason" line per backend that declined it. Then, per backend
+// with layers and options, "options on ID: key=value, ..." as its layers were prepared (every
+// layer of a network on one backend has the same values).
+void PrintPlacement(const std::vector<LayerPlacement>& placement) {
+  PrintLayers(placement);
+  std::map<std::string, const BackendOptions*, std::less<>> options;  // first layer's, by backend
+  for (const auto& layer : placement)
+    options.emplace(layer.backend_id, &layer.options);
+  for (const auto& [id, values] : options) {
+    if (values->empty())
+      continue;
+    std::string text;
+    for (const auto& [key, value] : *values)
+      text += (text.empty() ? "" : ", ") + key + "=" + ToString(value);
+    std::printf("options on %s: %s\n", id.c_str(), text.c_str());
   }
 }
 

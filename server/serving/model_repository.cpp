@@ -8,6 +8,7 @@
 #include "backplane/core/quoted.hpp"
 #include "backplane/loader/reaper.hpp"
 #include "config/config_json.hpp"
+#include "config/option_json.hpp"
 #include "metrics/metrics.hpp"
 #include "serving/serving_log.hpp"
 
@@ -144,6 +145,37 @@ Result<ModelConfig> ReadModelConfig(const fs::path& model_dir, std::string_view 
 
 // ---- Config and names -----------------------------------------------------------------------
 
+namespace {
+
+// {"ID": {"key": scalar, ...}, ...}: only the shape is checked here; the keys and types are the
+// backend's, checked when a version loads.
+Result<std::map<std::string, json, std::less<>>> ParseBackendOptions(const json& value,
+                                                                     std::string_view where) {
+  const auto wrong = [&](const std::string& why) {
+    return InvalidArgument(std::string(where) + ": 'backend_options' " + why +
+                           " (e.g. {\"CpuAcc\": {\"intra_op_threads\": 1}})");
+  };
+  if (!value.is_object())
+    return wrong("must be an object of option values per backend id");
+  std::map<std::string, json, std::less<>> options;
+  for (const auto& [id, values] : value.items()) {
+    if (id.empty())
+      return wrong("names an empty backend id");
+    if (!values.is_object())
+      return wrong("for backend " + id + " must be an object of option values");
+    for (const auto& [option, option_value] : values.items()) {
+      if (!option_value.is_primitive() || option_value.is_null()) {
+        return wrong("for backend " + id + ": option '" + option +
+                     "' must be a boolean, a number or a string");
+      }
+    }
+    options.emplace(id, values);
+  }
+  return options;
+}
+
+}  // namespace
+
 Result<ModelConfig> ParseModelConfig(const json& document, std::string_view where) {
   if (!document.is_object()) {
     return InvalidArgument(std::string(where) + ": must hold a JSON object, got " +
@@ -183,10 +215,15 @@ Result<ModelConfig> ParseModelConfig(const json& document, std::string_view wher
       config.max_batch_size = max_batch_size.value();
     } else if (key == "dynamic_batching") {
       dynamic_batching = &value;
+    } else if (key == "backend_options") {
+      auto options = ParseBackendOptions(value, where);
+      if (!options.ok())
+        return options.error();
+      config.backend_options = std::move(options).value();
     } else {
       return InvalidArgument(std::string(where) + ": unknown key '" + key +
                              "' (known: backends, max_in_flight, version_policy, max_batch_size, "
-                             "dynamic_batching)");
+                             "dynamic_batching, backend_options)");
     }
   }
   if (dynamic_batching != nullptr) {
@@ -217,6 +254,31 @@ bool IsValidModelName(std::string_view name) {
 // ---- ModelVersion ---------------------------------------------------------------------------
 
 namespace {
+
+// A model's "backend_options" typed by what each backend of the runtime declares. A backend the
+// runtime does not have cannot type them: they are skipped with a warning, as a preference for it
+// is.
+Result<OptionsByBackend> TypedBackendOptions(
+    const Runtime& runtime, std::string_view model,
+    const std::map<std::string, json, std::less<>>& given) {
+  OptionsByBackend typed;
+  for (const auto& [id, values] : given) {
+    const auto instance = runtime.Backend(id);
+    if (instance == nullptr) {
+      Log().warn(
+          "model {}: backend_options for backend {}, which this server does not have, are "
+          "ignored",
+          model, id);
+      continue;
+    }
+    auto options = OptionsFromJson(values, instance->DescribeOptions(), id);
+    if (!options.ok()) {
+      return options.error().WithContext("model '" + std::string(model) + "': backend_options: ");
+    }
+    typed.emplace(id, std::move(options).value());
+  }
+  return typed;
+}
 
 // The runtime's backend ids and the backend id of each layer of network `id`: what a placement
 // depends on and what it chose. Generations are left out: a swap moves networks by itself.
@@ -387,6 +449,9 @@ Result<std::shared_ptr<const ServingModel>> ModelRepository::Prepare(const std::
   model->name = name;
   model->config = config.value();
   model->metrics = &metrics_.ForModel(name);
+  auto backend_options = TypedBackendOptions(runtime_, name, model->config.backend_options);
+  if (!backend_options.ok())
+    return backend_options.error();
   for (int64_t version : selected) {
     const fs::path file = model_dir / std::to_string(version) / kModelFile;
     const auto mtime = fs::last_write_time(file, error);
@@ -396,7 +461,8 @@ Result<std::shared_ptr<const ServingModel>> ModelRepository::Prepare(const std::
     // publish, so the model is never out of service.
     if (current != nullptr && current->config.backends == model->config.backends &&
         current->config.max_batch_size == model->config.max_batch_size &&
-        current->config.dynamic_batching == model->config.dynamic_batching) {
+        current->config.dynamic_batching == model->config.dynamic_batching &&
+        current->config.backend_options == model->config.backend_options) {
       if (auto loaded = current->Version(version);
           loaded && loaded->SameFile(mtime, size) && loaded->PlacedAsLoaded()) {
         model->versions.emplace(version, loaded);
@@ -412,7 +478,8 @@ Result<std::shared_ptr<const ServingModel>> ModelRepository::Prepare(const std::
       if (Status batchable = CheckBatchable(network.value(), what); !batchable.ok())
         return batchable;
     }
-    NetworkOptions network_options{.backend_preferences = model->config.backends};
+    NetworkOptions network_options{.backend_preferences = model->config.backends,
+                                   .backend_options = backend_options.value()};
     // A batched model executes at each of its execution batch sizes: a shape program for every
     // one, so that none is evicted by the others (dynamic_batcher.hpp).
     if (model->config.dynamic_batching) {

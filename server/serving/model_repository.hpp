@@ -45,13 +45,17 @@ struct ModelConfig {
   int64_t max_batch_size = 0;
   // Present: requests are joined into batched executions (serving/dynamic_batcher.hpp).
   std::optional<DynamicBatching> dynamic_batching;
+  // Option values of this model's own per backend id ({"CpuAcc": {"intra_op_threads": 1}}), as
+  // given: typed by what the backend declares when a version loads (NetworkOptions::
+  // backend_options; an unknown key, a wrong type or a value the backend refuses fails the load).
+  std::map<std::string, nlohmann::json, std::less<>> backend_options;
   friend bool operator==(const ModelConfig&, const ModelConfig&) = default;
 };
 
 // Parses a config.json document: `{"backends": [...], "max_in_flight": N, "version_policy":
 // {"latest": N} | {"all": true} | {"specific": [1, 3]}, "max_batch_size": N,
-// "dynamic_batching": {...}}` (batching_config.hpp). Unknown keys and wrong types are
-// kInvalidArgument naming the key and `where`.
+// "dynamic_batching": {...} (batching_config.hpp), "backend_options": {"ID": {"key": value}}}`.
+// Unknown keys and wrong types are kInvalidArgument naming the key and `where`.
 Result<ModelConfig> ParseModelConfig(const nlohmann::json& document, std::string_view where);
 // The same from the file's text: kInvalidArgument "<where> is not valid JSON" when it is not.
 Result<ModelConfig> ParseModelConfigText(std::string_view text, std::string_view where);

@@ -1,0 +1,180 @@
+// Per-model backend options (issue 41; the ExecuTorch RFC's per-program options) as an operator
+// sees them: a model's config.json "backend_options", the admin API's
+// /v2/models/{m}[/versions/{v}]/options, the placement view, and what a wrong value does. The
+// fixture backend TestValid's Identity adds its option "prepared_offset", read when a workload is
+// prepared, so an answer says which value a model runs with.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "serve_test_util.hpp"
+
+namespace backplane::testing {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using ::testing::HasSubstr;
+
+class ModelOptionsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    CopyFile(Fixture("Valid"), home_.backends() / "Test_Valid_backend.so");
+    // An integer for a double option: typed by what the backend declares.
+    WriteModel("offset", R"({"backends": ["TestValid"],
+                             "backend_options": {"TestValid": {"prepared_offset": 5}}})");
+    WriteModel("plain", R"({"backends": ["TestValid"]})");
+  }
+
+  void WriteModel(const std::string& name, const std::string& config) {
+    home_.Write("models/" + name + "/1/model.onnx", RowIdentityModel());
+    home_.Write("models/" + name + "/config.json", config);
+  }
+
+  void Start() {
+    running_.emplace(StartInProcess(InProcessConfig(home_)));
+    client_.emplace("127.0.0.1", running_->http.port);
+  }
+
+  // What the model answers for the row [1, 2, 3, 4], less 1: the offset its layer adds. NaN when
+  // the request fails.
+  double Offset(const std::string& model) {
+    const auto reply = Post(*client_, "/v2/models/" + model + "/infer", RowRequest(1));
+    EXPECT_EQ(reply.status, 200) << model << ": " << reply.text;
+    return reply.status == 200 ? reply.body["outputs"][0]["data"][0].get<double>() - 1 : NAN;
+  }
+
+  // Why a model of the repository is not serving, from the repository index.
+  std::string WhyUnavailable(const std::string& model) {
+    const auto index = Post(*client_, "/v2/repository/index", "");
+    for (const auto& entry : index.body) {
+      if (entry["name"] == model && entry["state"] == "UNAVAILABLE")
+        return entry["reason"];
+    }
+    return "";
+  }
+
+  ServeHome home_;  // outlives the server
+  std::optional<server::RunningServer> running_;
+  std::optional<httplib::Client> client_;
+};
+
+TEST_F(ModelOptionsTest, AModelsOwnOptionsPrepareItsLayersAndTheAdminApiShowsAndChangesThem) {
+  Start();
+  EXPECT_EQ(Offset("offset"), 5.0) << "the model's own value";
+  EXPECT_EQ(Offset("plain"), 0.0) << "the declared default";
+
+  // The placement says every option of the backend at the value the layer was prepared with.
+  const auto placement = Get(*client_, "/v2/models/offset/placement");
+  ASSERT_EQ(placement.status, 200) << placement.text;
+  const json& layer = placement.body["versions"][0]["layers"][0];
+  EXPECT_EQ(layer["options"]["prepared_offset"], 5.0);
+  EXPECT_EQ(layer["options"]["limit"], 10) << "a declared default";
+
+  const auto options = Get(*client_, "/v2/models/offset/options");
+  ASSERT_EQ(options.status, 200) << options.text;
+  EXPECT_EQ(options.body["name"], "offset");
+  EXPECT_EQ(options.body["versions"][0]["version"], "1");
+  EXPECT_EQ(options.body["versions"][0]["backend_options"],
+            json({{"TestValid", {{"prepared_offset", 5.0}}}}));
+  EXPECT_EQ(options.body["versions"][0]["effective"]["TestValid"]["prepared_offset"], 5.0);
+  EXPECT_EQ(Get(*client_, "/v2/models/plain/options").body["versions"][0]["backend_options"],
+            json::object());
+
+  // The RFC's update: one model version re-prepared, the other model untouched.
+  const auto updated = Put(*client_, "/v2/models/offset/versions/1/options",
+                           R"({"TestValid": {"prepared_offset": 7.5}})");
+  ASSERT_EQ(updated.status, 200) << updated.text;
+  EXPECT_EQ(updated.body["versions"][0]["effective"]["TestValid"]["prepared_offset"], 7.5);
+  EXPECT_EQ(Offset("offset"), 7.5);
+  EXPECT_EQ(Offset("plain"), 0.0);
+
+  // The server-wide value reaches the model without a value of its own only.
+  ASSERT_EQ(Put(*client_, "/v2/backends/TestValid/options", R"({"prepared_offset": 2})").status,
+            200);
+  EXPECT_EQ(Offset("offset"), 7.5);
+  EXPECT_EQ(Offset("plain"), 2.0);
+
+  // A hot swap prepares the new generation with both (ValidNext adds 1000 of its own).
+  CopyFile(Fixture("ValidNext"), home_.backends() / ".next");
+  fs::rename(home_.backends() / ".next", home_.backends() / "Test_Valid_backend.so");
+  const auto reload = Post(*client_, "/v2/backends/TestValid/reload", "");
+  ASSERT_EQ(reload.status, 200) << reload.text;
+  EXPECT_EQ(Offset("offset"), 1007.5);
+  EXPECT_EQ(Offset("plain"), 1002.0);
+}
+
+TEST_F(ModelOptionsTest, AWrongUpdateIsRefusedNamingWhatAndChangesNothing) {
+  Start();
+  const auto refused = [&](const std::string& path, const std::string& body, int status) {
+    const auto reply = Put(*client_, path, body);
+    EXPECT_EQ(reply.status, status) << path << " " << body << ": " << reply.text;
+    return reply.body.is_object() && reply.body.contains("error")
+               ? reply.body["error"].get<std::string>()
+               : reply.text;
+  };
+  const std::string path = "/v2/models/offset/options";
+  EXPECT_THAT(refused(path, R"({"TestValid": {"nope": 1}})", 400),
+              HasSubstr("nothing applied: backend TestValid has no option 'nope' (known: "));
+  EXPECT_THAT(refused(path, R"({"TestValid": {"prepared_offset": "5"}})", 400),
+              HasSubstr("option 'prepared_offset' is double, got \"5\""));
+  EXPECT_THAT(refused(path, R"({"TestValid": {"limit": -1}})", 400),
+              HasSubstr("'limit' must be 0 or more, got -1"));
+  // A later backend's refusal applies nothing of an earlier one's.
+  EXPECT_THAT(
+      refused(path, R"({"CpuRef": {"deterministic": false}, "TestValid": {"nope": 1}})", 400),
+      HasSubstr("'nope'"));
+  EXPECT_THAT(refused(path, R"({"GpuAcc": {"threads": 1}})", 404),
+              HasSubstr("this server has no backend 'GpuAcc'"));
+  EXPECT_EQ(refused(path, R"([1])", 400).empty(), false);
+  EXPECT_EQ(refused(path, R"({})", 400).empty(), false);
+  EXPECT_EQ(refused("/v2/models/absent/options", R"({"TestValid": {"limit": 1}})", 404).empty(),
+            false);
+  EXPECT_EQ(refused("/v2/models/offset/versions/9/options", R"({"TestValid": {"limit": 1}})", 404)
+                .empty(),
+            false);
+  EXPECT_EQ(Offset("offset"), 5.0) << "nothing applied";
+  EXPECT_EQ(Get(*client_, "/v2/models/offset/options").body["versions"][0]["backend_options"],
+            json({{"TestValid", {{"prepared_offset", 5.0}}}}));
+}
+
+TEST_F(ModelOptionsTest, AWrongValueInConfigJsonRefusesThatModelNamingModelBackendAndKey) {
+  WriteModel("unknown_key", R"({"backend_options": {"TestValid": {"nope": true}},
+                                "backends": ["TestValid"]})");
+  WriteModel("wrong_type", R"({"backend_options": {"TestValid": {"prepared_offset": "x"}},
+                               "backends": ["TestValid"]})");
+  WriteModel("out_of_range", R"({"backend_options": {"TestValid": {"limit": -3}},
+                                 "backends": ["TestValid"]})");
+  WriteModel("not_an_object", R"({"backend_options": {"TestValid": 3}})");
+  WriteModel("nested", R"({"backend_options": {"TestValid": {"limit": {"value": 3}}}})");
+  Start();
+  EXPECT_THAT(WhyUnavailable("unknown_key"),
+              HasSubstr("model 'unknown_key': backend_options: backend TestValid has no option "
+                        "'nope'"));
+  EXPECT_THAT(WhyUnavailable("wrong_type"),
+              HasSubstr("backend TestValid option 'prepared_offset' is double, got \"x\""));
+  EXPECT_THAT(WhyUnavailable("out_of_range"), HasSubstr("model 'out_of_range' version 1"));
+  EXPECT_THAT(WhyUnavailable("out_of_range"),
+              HasSubstr("its options for backend TestValid: backend TestValid option 'limit' must "
+                        "be 0 or more, got -3"));
+  EXPECT_THAT(WhyUnavailable("not_an_object"),
+              HasSubstr("'backend_options' for backend TestValid must be an object"));
+  EXPECT_THAT(WhyUnavailable("nested"),
+              HasSubstr("option 'limit' must be a boolean, a number or a string"));
+  // Nothing else is disturbed.
+  EXPECT_EQ(Offset("offset"), 5.0);
+  EXPECT_EQ(Offset("plain"), 0.0);
+
+  // A changed config.json applies at the model's next load; the one serving keeps serving if
+  // the new one is refused.
+  home_.Write("models/offset/config.json", R"({"backends": ["TestValid"],
+      "backend_options": {"TestValid": {"prepared_offset": 9}}})");
+  ASSERT_EQ(Post(*client_, "/v2/repository/models/offset/load", "").status, 200);
+  EXPECT_EQ(Offset("offset"), 9.0);
+  home_.Write("models/offset/config.json", R"({"backends": ["TestValid"],
+      "backend_options": {"TestValid": {"limit": -1}}})");
+  EXPECT_NE(Post(*client_, "/v2/repository/models/offset/load", "").status, 200);
+  EXPECT_EQ(Offset("offset"), 9.0);
+}
+
+}  // namespace
+}  // namespace backplane::testing
