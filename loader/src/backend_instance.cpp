@@ -102,10 +102,11 @@ Result<CompiledWorkload> BackendInstance::CompileSubgraph(const SubgraphDesc& su
   Result<CompiledSubgraph> compiled = CompiledSubgraph{};
   if (Implements({1, 3})) {
     const BackendOptions options = EffectiveOptions(network_options);
-    compiled = GuardBackendCall(id_, "CompileSubgraphWithOptions", [&]() -> Result<CompiledSubgraph> {
-      return Confined("IBackend::CompileSubgraphWithOptions",
-                      [&] { return backend_->CompileSubgraphWithOptions(subgraph, options); });
-    });
+    compiled =
+        GuardBackendCall(id_, "CompileSubgraphWithOptions", [&]() -> Result<CompiledSubgraph> {
+          return Confined("IBackend::CompileSubgraphWithOptions",
+                          [&] { return backend_->CompileSubgraphWithOptions(subgraph, options); });
+        });
   } else {
     BACKPLANE_RETURN_IF_ERROR(CheckNetworkOptions(network_options));
     compiled = GuardBackendCall(id_, "CompileSubgraph", [&]() -> Result<CompiledSubgraph> {

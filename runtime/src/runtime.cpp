@@ -304,8 +304,7 @@ Status Runtime::UpdateNetworkOptions(NetworkId id, std::string_view backend_id,
     // one would move.
     for (const LayerPlacement& layer : it->second->placement()) {
       const auto current = instances.find(layer.backend_id);
-      if (current == instances.end() ||
-          layer.generation != current->second->generation_number()) {
+      if (current == instances.end() || layer.generation != current->second->generation_number()) {
         return FailedPrecondition("network " + it->second->network().name + " runs on " +
                                   layer.backend_id + " generation " +
                                   std::to_string(layer.generation) +
@@ -338,8 +337,8 @@ Status Runtime::UpdateNetworkOptions(NetworkId id, std::string_view backend_id,
     auto bound = Reprepare(network, on_candidate, &options);
     if (!bound.ok()) {
       return refuse(bound.error().WithContext("on candidate generation " +
-                                              std::to_string(route->candidate_generation) +
-                                              " of " + route->backend_id + ": "));
+                                              std::to_string(route->candidate_generation) + " of " +
+                                              route->backend_id + ": "));
     }
     on_candidates.push_back(std::move(bound).value());
   }

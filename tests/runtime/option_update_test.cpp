@@ -11,7 +11,9 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <map>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -339,7 +341,6 @@ TEST(CpuAccOptionUpdateTest, IntraOpThreadsReachALoadedNetworkUnderLoad) {
   EXPECT_EQ(threads_of_one_request(), 2) << "intra_op_threads 2: the caller and one OpenMP worker";
 }
 
-
 // ---- Per-network options (issue 41; the ExecuTorch RFC's per-program options) ----------------
 
 NetworkOptions WithOwnOptions(BackendOptions options) {
@@ -396,8 +397,8 @@ TEST_F(OptionUpdateTest, AnUpdateReachesThatNetworkAloneUnderLoadAndItsValuesSur
   Load other_load(*runtime, other.value(), 1);
   own_load.AwaitServed(3);
 
-  ASSERT_TRUE(runtime->UpdateNetworkOptions(own.value(), "TestValid", {{"prepared_offset", 7.0}})
-                  .ok());
+  ASSERT_TRUE(
+      runtime->UpdateNetworkOptions(own.value(), "TestValid", {{"prepared_offset", 7.0}}).ok());
   EXPECT_EQ(testing::ExecuteOffset(*runtime, own.value()), 14.0f);
   EXPECT_EQ(testing::ExecuteOffset(*runtime, other.value()), 0.0f) << "the other network kept";
   EXPECT_EQ(runtime->GetNetworkOptions(own.value()).value().at("TestValid"),
@@ -460,10 +461,10 @@ TEST_F(OptionUpdateTest, ABackendBuiltAgainstSdk12TakesOptionsPerRuntimeOnly) {
   (void)registry_->Rescan();
   auto runtime = MakeRuntime();
   ASSERT_NE(runtime->Backend("TestApi12"), nullptr);
-  auto refused = runtime->LoadNetwork(
-      testing::TwoLayerIdentityNetwork(),
-      {.backend_preferences = {"TestApi12"},
-       .backend_options = {{"TestApi12", {{"prepared_offset", 5.0}}}}});
+  auto refused =
+      runtime->LoadNetwork(testing::TwoLayerIdentityNetwork(),
+                           {.backend_preferences = {"TestApi12"},
+                            .backend_options = {{"TestApi12", {{"prepared_offset", 5.0}}}}});
   ASSERT_FALSE(refused.ok());
   EXPECT_EQ(refused.error().code(), StatusCode::kFailedPrecondition);
   EXPECT_THAT(refused.error().message(),
@@ -473,9 +474,9 @@ TEST_F(OptionUpdateTest, ABackendBuiltAgainstSdk12TakesOptionsPerRuntimeOnly) {
                                     {.backend_preferences = {"TestApi12"}});
   ASSERT_TRUE(plain.ok()) << plain.error().ToString();
   EXPECT_EQ(testing::ExecuteOffset(*runtime, plain.value()), 0.0f);
-  EXPECT_EQ(runtime->UpdateNetworkOptions(plain.value(), "TestApi12", {{"prepared_offset", 1.0}})
-                .code(),
-            StatusCode::kFailedPrecondition);
+  EXPECT_EQ(
+      runtime->UpdateNetworkOptions(plain.value(), "TestApi12", {{"prepared_offset", 1.0}}).code(),
+      StatusCode::kFailedPrecondition);
   EXPECT_EQ(testing::ExecuteOffset(*runtime, plain.value()), 0.0f);
 }
 
@@ -490,6 +491,83 @@ TEST_F(OptionUpdateTest, APinnedNetworkOnAnOlderGenerationRefusesAnUpdateThatWou
   EXPECT_EQ(refused.code(), StatusCode::kFailedPrecondition);
   EXPECT_THAT(refused.message(), HasSubstr("(pinned): reload it to change its options"));
   EXPECT_EQ(testing::ExecuteOffset(*runtime, pinned.value()), 0.0f) << "still on its generation";
+}
+
+// The rule docs/embedding.md states, on seeded random sequences: a network's workloads are
+// prepared with its own value, else the runtime's, else the declared default (0), whatever
+// order loads, runtime updates, network updates and swaps come in.
+TEST_F(OptionUpdateTest,
+       EffectiveValueIsTheNetworksElseTheRuntimesElseTheDefaultOnSeededSequences) {
+  const uint64_t seed = testing::TestSeed();
+  SCOPED_TRACE("seed " + std::to_string(seed) + " (BACKPLANE_TEST_SEED replays it)");
+  std::mt19937_64 random(seed);
+  for (int sequence = 0; sequence < 8; ++sequence) {
+    SCOPED_TRACE("sequence " + std::to_string(sequence));
+    Publish("Valid");
+    (void)registry_->Rescan();
+    float generation_offset = 0;
+    std::optional<double> runtime_value;
+    RuntimeOptions runtime_options;
+    if (random() % 2 == 0) {
+      runtime_value = static_cast<double>(random() % 50);
+      runtime_options.backend_options = {{"TestValid", {{"prepared_offset", *runtime_value}}}};
+    }
+    auto runtime = MakeRuntime(std::move(runtime_options));
+    std::map<NetworkId, std::optional<double>> own;  // loaded networks and their own value
+    std::string steps;
+    for (int step = 0; step < 12; ++step) {
+      const auto value = static_cast<double>(random() % 50);
+      switch (random() % 5) {
+        case 0: {  // load, with or without a value of its own
+          const bool with_own = random() % 2 == 0;
+          auto id = runtime->LoadNetwork(
+              testing::TwoLayerIdentityNetwork(),
+              with_own ? WithOwnOptions({{"prepared_offset", value}}) : NetworkOptions{});
+          ASSERT_TRUE(id.ok()) << id.error().ToString();
+          own[id.value()] = with_own ? std::optional(value) : std::nullopt;
+          steps += with_own ? " load-own" : " load";
+          break;
+        }
+        case 1:
+          ASSERT_TRUE(
+              runtime->UpdateBackendOptions("TestValid", {{"prepared_offset", value}}).ok());
+          runtime_value = value;
+          steps += " runtime";
+          break;
+        case 2:
+          if (!own.empty()) {
+            auto it = std::next(own.begin(), static_cast<long>(random() % own.size()));
+            ASSERT_TRUE(
+                runtime->UpdateNetworkOptions(it->first, "TestValid", {{"prepared_offset", value}})
+                    .ok());
+            it->second = value;
+            steps += " network";
+          }
+          break;
+        case 3:
+          if (!own.empty()) {
+            auto it = std::next(own.begin(), static_cast<long>(random() % own.size()));
+            ASSERT_TRUE(runtime->UnloadNetwork(it->first).ok());
+            own.erase(it);
+            steps += " unload";
+          }
+          break;
+        case 4:
+          generation_offset = generation_offset == 0 ? kNextOffset : 0;
+          Publish(generation_offset == 0 ? "Valid" : "ValidNext");
+          ASSERT_EQ(registry_->Rescan().outcomes.at(0).action, Action::kActivated);
+          steps += " swap";
+          break;
+      }
+      for (const auto& [id, value] : own) {
+        const double expected = value.value_or(runtime_value.value_or(0.0));
+        ASSERT_EQ(testing::ExecuteOffset(*runtime, id),
+                  2 * (generation_offset + static_cast<float>(expected)))
+            << "network " << id << " after" << steps;
+        ASSERT_EQ(PlacedOffset(*runtime, id), expected) << "network " << id << " after" << steps;
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -291,13 +291,11 @@ TEST_F(RolloutRoutingTest, TheStableContentPublishedAgainIsActivatedAtOnceEnding
   EXPECT_EQ(Run(), 0.0f);
 }
 
-
 // A network's own options (issue 41) bind it on a candidate too, and an update of them reaches
 // both bindings; after promotion the network keeps them.
 TEST_F(RolloutRoutingTest, ANetworksOwnOptionsBindItOnTheCandidateAndAnUpdateReachesBoth) {
-  auto own = runtime_->LoadNetwork(
-      testing::TwoLayerIdentityNetwork(),
-      {.backend_options = {{kId, {{"prepared_offset", 5.0}}}}});
+  auto own = runtime_->LoadNetwork(testing::TwoLayerIdentityNetwork(),
+                                   {.backend_options = {{kId, {{"prepared_offset", 5.0}}}}});
   ASSERT_TRUE(own.ok()) << own.error().ToString();
   const auto run_own = [&] { return testing::ExecuteOffset(*runtime_, own.value()); };
   const uint64_t candidate = DeployCandidate();
