@@ -334,7 +334,8 @@ class Worker {
     return Status::Ok();
   }
 
-  // CompileSubgraph, or CompileSubgraphWithOptions (SDK 1.3) with the options after the subgraph.
+  // CompileSubgraph (SDK 1.1), or CompileSubgraphWithOptions (SDK 1.3) with the options after the
+  // subgraph.
   Status CompileSubgraph(WireReader& in, WireWriter& out, bool with_options) {
     const char* method = with_options ? "CompileSubgraphWithOptions" : "CompileSubgraph";
     auto backend = backends_.Find(in.Get<uint64_t>());
@@ -344,8 +345,8 @@ class Worker {
     const BackendOptions options = with_options ? in.GetOptions() : BackendOptions{};
     if (backend == nullptr || !in.ok())
       return in.ok() ? NotFound("no such backend instance") : in.Error(method);
-    if (with_options)
-      BACKPLANE_RETURN_IF_ERROR(Requires({1, 3}, method));
+    BACKPLANE_RETURN_IF_ERROR(
+        Requires(with_options ? BackendApiVersion{1, 3} : BackendApiVersion{1, 1}, method));
     auto compiled = GuardBackendCall(library_.id, method, [&]() -> Result<CompiledSubgraph> {
       return with_options ? backend->backend->CompileSubgraphWithOptions(subgraph, options)
                           : backend->backend->CompileSubgraph(subgraph);

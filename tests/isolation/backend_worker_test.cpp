@@ -210,6 +210,21 @@ TEST(BackendWorkerTest, AWorkerNeverCallsAnSdk13MethodOnAnOlderLibrary) {
   EXPECT_EQ(Execute(**workload, {1, 2, 3, 4}).value(), (std::vector<float>{1, 2, 3, 4}));
 }
 
+// The same gate for 1.1: TestSubgraphApi10 reports 1.0 and its CompileSubgraph would answer
+// wrongly, so a compile that reached it would succeed.
+TEST(BackendWorkerTest, AWorkerNeverCompilesASubgraphOnA10Library) {
+  auto isolated = StartIsolated("SubgraphApi10");
+  ASSERT_NE(isolated, nullptr);
+  EXPECT_EQ(isolated->hello.api_version, (BackendApiVersion{1, 0}));
+  const auto compiled = isolated->backend->CompileSubgraph(TwoIdentities(4));
+  ASSERT_FALSE(compiled.ok());
+  EXPECT_EQ(compiled.error().code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(compiled.error().message(),
+              HasSubstr("backend TestSubgraphApi10 was built against API 1.0, which has no "
+                        "CompileSubgraph"));
+  EXPECT_FALSE(isolated->worker->dead());
+}
+
 // What a rollout leaves out of a sandboxed candidate's latency: the crossing, not the backend's
 // own time (ValidSlow's Execute sleeps 5 ms in the worker).
 TEST(BackendWorkerTest, AnExecuteCountsItsCrossingApartFromTheBackendsOwnTime) {
