@@ -127,38 +127,36 @@ class IsolatedBackend final : public IBackend {
   }
 
   Result<std::unique_ptr<IWorkload>> CreateWorkload(const OperatorDesc& op) override {
-    uint64_t workload = 0;
-    BACKPLANE_RETURN_IF_ERROR(worker_->Invoke(
-        Code(Call::kCreateWorkload),
-        [&](WireWriter& out) {
-          out.Put(handle_);
-          out.Put(op);
-        },
-        [&](WireReader& in) {
-          workload = in.Get<uint64_t>();
-          return Status::Ok();
-        },
-        "CreateWorkload"));
-    return std::unique_ptr<IWorkload>(std::make_unique<IsolatedWorkload>(worker_, workload));
+    return Prepare(op, nullptr);
   }
 
   Result<CompiledSubgraph> CompileSubgraph(const SubgraphDesc& subgraph) override {
-    uint64_t workload = 0;
-    CompiledSubgraph compiled;
-    BACKPLANE_RETURN_IF_ERROR(worker_->Invoke(
-        Code(Call::kCompileSubgraph),
+    return Compile(subgraph, nullptr);
+  }
+
+  // SDK 1.3. The host calls these only on a library that reported 1.3 or later (BackendInstance
+  // gates on the version kHello gave), so the options always cross: the defaults would fall
+  // back to CreateWorkload and CompileSubgraph here, and the network's values would be lost.
+  Result<std::unique_ptr<IWorkload>> CreateWorkloadWithOptions(
+      const OperatorDesc& op, const BackendOptions& options) override {
+    return Prepare(op, &options);
+  }
+
+  Result<CompiledSubgraph> CompileSubgraphWithOptions(const SubgraphDesc& subgraph,
+                                                      const BackendOptions& options) override {
+    return Compile(subgraph, &options);
+  }
+
+  // The backend's own check (ranges, not only names and types), not the default's
+  // ValidateOptions against DescribeOptions here.
+  Status CheckOptions(const BackendOptions& options) const override {
+    return worker_->Invoke(
+        Code(Call::kCheckOptions),
         [&](WireWriter& out) {
           out.Put(handle_);
-          out.Put(subgraph);
+          out.Put(options);
         },
-        [&](WireReader& in) {
-          workload = in.Get<uint64_t>();
-          compiled.layer_notes = in.GetStrings();
-          return Status::Ok();
-        },
-        "CompileSubgraph"));
-    compiled.workload = std::make_unique<IsolatedWorkload>(worker_, workload);
-    return compiled;
+        {}, "CheckOptions");
   }
 
   std::unique_ptr<IBackendContext> CreateBackendContext() override {
@@ -220,6 +218,48 @@ class IsolatedBackend final : public IBackend {
   void Shutdown() override {}
 
  private:
+  // CreateWorkload, or with `options` (not null) CreateWorkloadWithOptions.
+  Result<std::unique_ptr<IWorkload>> Prepare(const OperatorDesc& op,
+                                             const BackendOptions* options) {
+    uint64_t workload = 0;
+    BACKPLANE_RETURN_IF_ERROR(worker_->Invoke(
+        Code(options != nullptr ? Call::kCreateWorkloadWithOptions : Call::kCreateWorkload),
+        [&](WireWriter& out) {
+          out.Put(handle_);
+          out.Put(op);
+          if (options != nullptr)
+            out.Put(*options);
+        },
+        [&](WireReader& in) {
+          workload = in.Get<uint64_t>();
+          return Status::Ok();
+        },
+        options != nullptr ? "CreateWorkloadWithOptions" : "CreateWorkload"));
+    return std::unique_ptr<IWorkload>(std::make_unique<IsolatedWorkload>(worker_, workload));
+  }
+
+  // CompileSubgraph, or with `options` (not null) CompileSubgraphWithOptions.
+  Result<CompiledSubgraph> Compile(const SubgraphDesc& subgraph, const BackendOptions* options) {
+    uint64_t workload = 0;
+    CompiledSubgraph compiled;
+    BACKPLANE_RETURN_IF_ERROR(worker_->Invoke(
+        Code(options != nullptr ? Call::kCompileSubgraphWithOptions : Call::kCompileSubgraph),
+        [&](WireWriter& out) {
+          out.Put(handle_);
+          out.Put(subgraph);
+          if (options != nullptr)
+            out.Put(*options);
+        },
+        [&](WireReader& in) {
+          workload = in.Get<uint64_t>();
+          compiled.layer_notes = in.GetStrings();
+          return Status::Ok();
+        },
+        options != nullptr ? "CompileSubgraphWithOptions" : "CompileSubgraph"));
+    compiled.workload = std::make_unique<IsolatedWorkload>(worker_, workload);
+    return compiled;
+  }
+
   const std::shared_ptr<BackendWorker> worker_;
   const std::string id_;
   const uint64_t handle_;

@@ -22,6 +22,11 @@ enum class Call : uint32_t {
   kDescribeOptions,  // handle -> descriptors
   kUpdateOptions,    // handle, options -> Status
   kGetOption,        // handle, key -> value
+  // SDK 1.3, sent only for a library built against 1.3 or later (BackendInstance gates on the
+  // version kHello reported; the worker refuses them for an older one: its vtable has no slot).
+  kCreateWorkloadWithOptions,   // handle, OperatorDesc, options -> workload handle
+  kCompileSubgraphWithOptions,  // handle, SubgraphDesc, options -> workload handle, layer notes
+  kCheckOptions,                // handle, options -> Status
 };
 
 // Tensor data in a slot starts on a cache line.

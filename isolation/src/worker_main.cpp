@@ -205,34 +205,13 @@ class Worker {
                                 [&] { return backend->backend->IsSupported(op); });
       }
       case Call::kCreateWorkload:
-      case Call::kCompileSubgraph: {
-        auto backend = backends_.Find(in.Get<uint64_t>());
-        auto entry = std::make_shared<WorkloadEntry>();
-        entry->backend = backend;
-        if (call == Call::kCreateWorkload) {
-          const OperatorDesc op = in.GetOperator(entry->constants);
-          if (backend == nullptr || !in.ok())
-            return in.ok() ? NotFound("no such backend instance") : in.Error("CreateWorkload");
-          auto workload = GuardBackendCall(id, "CreateWorkload",
-                                           [&] { return backend->backend->CreateWorkload(op); });
-          if (!workload.ok())
-            return std::move(workload).error();
-          entry->workload = std::move(workload).value();
-          out.Put(workloads_.Keep(std::move(entry)));
-          return Status::Ok();
-        }
-        const SubgraphDesc subgraph = in.GetSubgraph(entry->constants);
-        if (backend == nullptr || !in.ok())
-          return in.ok() ? NotFound("no such backend instance") : in.Error("CompileSubgraph");
-        auto compiled = GuardBackendCall(
-            id, "CompileSubgraph", [&] { return backend->backend->CompileSubgraph(subgraph); });
-        if (!compiled.ok())
-          return std::move(compiled).error();
-        entry->workload = std::move(compiled->workload);
-        out.Put(workloads_.Keep(std::move(entry)));
-        out.Put(compiled->layer_notes);
-        return Status::Ok();
-      }
+        return CreateWorkload(in, out, /*with_options=*/false);
+      case Call::kCreateWorkloadWithOptions:
+        return CreateWorkload(in, out, /*with_options=*/true);
+      case Call::kCompileSubgraph:
+        return CompileSubgraph(in, out, /*with_options=*/false);
+      case Call::kCompileSubgraphWithOptions:
+        return CompileSubgraph(in, out, /*with_options=*/true);
       case Call::kDestroyWorkload:
         workloads_.Drop(in.Get<uint64_t>());
         return Status::Ok();
@@ -304,10 +283,80 @@ class Worker {
         out.Put(*value);
         return Status::Ok();
       }
+      case Call::kCheckOptions: {
+        auto backend = backends_.Find(in.Get<uint64_t>());
+        const BackendOptions options = in.GetOptions();
+        if (backend == nullptr)
+          return NotFound("no such backend instance");
+        BACKPLANE_RETURN_IF_ERROR(Requires({1, 3}, "CheckOptions"));
+        return GuardBackendCall(id, "CheckOptions",
+                                [&] { return backend->backend->CheckOptions(options); });
+      }
       case Call::kExecute:
         break;
     }
     return InvalidArgument("unknown call " + std::to_string(static_cast<uint32_t>(call)));
+  }
+
+  // Trap: a method added after x.0 exists in the library's vtable only when it was built against
+  // that minor or later; called through the host's slot on an older library, it would jump past
+  // the vtable's end. The host never sends such a call (BackendInstance gates on the version
+  // kHello reported); this refuses one that arrives anyway instead of crashing the worker.
+  Status Requires(BackendApiVersion since, std::string_view method) const {
+    const BackendApiVersion own = library_.api_version;
+    if (own.major == since.major && own.minor >= since.minor)
+      return Status::Ok();
+    return FailedPrecondition("backend " + library_.id + " was built against API " +
+                              std::to_string(own.major) + "." + std::to_string(own.minor) +
+                              ", which has no " + std::string(method));
+  }
+
+  // CreateWorkload, or CreateWorkloadWithOptions (SDK 1.3) with the options after the operator.
+  Status CreateWorkload(WireReader& in, WireWriter& out, bool with_options) {
+    const char* method = with_options ? "CreateWorkloadWithOptions" : "CreateWorkload";
+    auto backend = backends_.Find(in.Get<uint64_t>());
+    auto entry = std::make_shared<WorkloadEntry>();
+    entry->backend = backend;
+    const OperatorDesc op = in.GetOperator(entry->constants);
+    const BackendOptions options = with_options ? in.GetOptions() : BackendOptions{};
+    if (backend == nullptr || !in.ok())
+      return in.ok() ? NotFound("no such backend instance") : in.Error(method);
+    if (with_options)
+      BACKPLANE_RETURN_IF_ERROR(Requires({1, 3}, method));
+    auto workload = GuardBackendCall(library_.id, method, [&] {
+      return with_options ? backend->backend->CreateWorkloadWithOptions(op, options)
+                          : backend->backend->CreateWorkload(op);
+    });
+    if (!workload.ok())
+      return std::move(workload).error();
+    entry->workload = std::move(workload).value();
+    out.Put(workloads_.Keep(std::move(entry)));
+    return Status::Ok();
+  }
+
+  // CompileSubgraph (SDK 1.1), or CompileSubgraphWithOptions (SDK 1.3) with the options after the
+  // subgraph.
+  Status CompileSubgraph(WireReader& in, WireWriter& out, bool with_options) {
+    const char* method = with_options ? "CompileSubgraphWithOptions" : "CompileSubgraph";
+    auto backend = backends_.Find(in.Get<uint64_t>());
+    auto entry = std::make_shared<WorkloadEntry>();
+    entry->backend = backend;
+    const SubgraphDesc subgraph = in.GetSubgraph(entry->constants);
+    const BackendOptions options = with_options ? in.GetOptions() : BackendOptions{};
+    if (backend == nullptr || !in.ok())
+      return in.ok() ? NotFound("no such backend instance") : in.Error(method);
+    BACKPLANE_RETURN_IF_ERROR(
+        Requires(with_options ? BackendApiVersion{1, 3} : BackendApiVersion{1, 1}, method));
+    auto compiled = GuardBackendCall(library_.id, method, [&]() -> Result<CompiledSubgraph> {
+      return with_options ? backend->backend->CompileSubgraphWithOptions(subgraph, options)
+                          : backend->backend->CompileSubgraph(subgraph);
+    });
+    if (!compiled.ok())
+      return std::move(compiled).error();
+    entry->workload = std::move(compiled->workload);
+    out.Put(workloads_.Keep(std::move(entry)));
+    out.Put(compiled->layer_notes);
+    return Status::Ok();
   }
 
   // Inputs are read where the host wrote them; outputs are written after the request, and the

@@ -38,6 +38,18 @@ OperatorDesc Identity(int64_t elements) {
   return op;
 }
 
+// Identity then Identity: x -> y -> z.
+SubgraphDesc TwoIdentities(int64_t elements) {
+  const TensorInfo info{DataType::kFloat32, {elements}};
+  return {.layers = {Identity(elements), Identity(elements)},
+          .layer_inputs = {{"x"}, {"y"}},
+          .layer_outputs = {{"y"}, {"z"}},
+          .inputs = {"x"},
+          .input_infos = {info},
+          .outputs = {"z"},
+          .output_infos = {info}};
+}
+
 int OpenDescriptors() {
   int count = 0;
   for ([[maybe_unused]] const auto& entry : std::filesystem::directory_iterator("/proc/self/fd"))
@@ -55,14 +67,15 @@ struct Isolated {
 
 std::unique_ptr<Isolated> StartIsolated(std::string_view fixture, WorkerOptions options = {}) {
   auto isolated = std::make_unique<Isolated>();
-  auto image = loader::SealedImage::Read(std::filesystem::canonical(testing::Fixture(fixture)), "test");
+  auto image =
+      loader::SealedImage::Read(std::filesystem::canonical(testing::Fixture(fixture)), "test");
   EXPECT_TRUE(image.ok()) << image.error().ToString();
   if (!image.ok())
     return nullptr;
   options.label = "backend from fixture " + std::string(fixture);
   auto* promise = &isolated->died;
-  auto worker = BackendWorker::Start(options, image->fd(),
-                                     [promise](const WorkerDeath& death) { promise->set_value(death); });
+  auto worker = BackendWorker::Start(
+      options, image->fd(), [promise](const WorkerDeath& death) { promise->set_value(death); });
   EXPECT_TRUE(worker.ok()) << worker.error().ToString();
   if (!worker.ok())
     return nullptr;
@@ -136,6 +149,80 @@ TEST(BackendWorkerTest, AnIsolatedBackendAnswersEverySdkCallAsInProcess) {
   two_inputs.constant_inputs.push_back(nullptr);
   EXPECT_THAT(backend.CreateWorkload(two_inputs).error().message(),
               HasSubstr("one FP32 input only"));
+}
+
+// SDK 1.3 crosses whole: the options go with the request, and what runs in the worker is the
+// backend's own method (the proxy's defaults would have dropped the options, and the default
+// CheckOptions knows no ranges).
+TEST(BackendWorkerTest, TheSdk13CallsCrossWithTheirOptions) {
+  auto isolated = StartIsolated("Valid");
+  ASSERT_NE(isolated, nullptr);
+  IBackend& backend = *isolated->backend;
+  ASSERT_TRUE(backend.UpdateOptions({{"prepared_offset", 2.0}}).ok());
+  auto with_options = backend.CreateWorkloadWithOptions(Identity(4), {{"prepared_offset", 5.0}});
+  ASSERT_TRUE(with_options.ok()) << with_options.error().ToString();
+  auto without = backend.CreateWorkload(Identity(4));
+  ASSERT_TRUE(without.ok()) << without.error().ToString();
+  EXPECT_EQ(Execute(**with_options, {1, 2, 3, 4}).value(), (std::vector<float>{6, 7, 8, 9}));
+  EXPECT_EQ(Execute(**without, {1, 2, 3, 4}).value(), (std::vector<float>{3, 4, 5, 6}));
+
+  const Status negative = backend.CheckOptions({{"limit", int64_t{-1}}});
+  EXPECT_EQ(negative.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(negative.message(), HasSubstr("option 'limit' must be 0 or more, got -1"));
+  EXPECT_TRUE(backend.CheckOptions({{"limit", int64_t{3}}}).ok());
+  // CheckOptions applies nothing.
+  EXPECT_EQ(std::get<int64_t>(*backend.GetOption("limit")), 10);
+
+  // TestValid compiles no subgraphs: its CompileSubgraphWithOptions (the SDK's default) declines.
+  const SubgraphDesc subgraph = TwoIdentities(4);
+  const auto declined = backend.CompileSubgraphWithOptions(subgraph, {{"prepared_offset", 5.0}});
+  ASSERT_FALSE(declined.ok());
+  EXPECT_EQ(declined.error().code(), StatusCode::kUnimplemented);
+  EXPECT_THAT(declined.error().message(), HasSubstr("compiles no subgraphs"));
+}
+
+// The host never sends a 1.3 call to a library built against 1.2 (BackendInstance gates on the
+// version kHello reports); one that arrives anyway is refused by the worker, not called through a
+// slot past the end of the library's vtable.
+TEST(BackendWorkerTest, AWorkerNeverCallsAnSdk13MethodOnAnOlderLibrary) {
+  auto isolated = StartIsolated("Api12");
+  ASSERT_NE(isolated, nullptr);
+  EXPECT_EQ(isolated->hello.api_version, (BackendApiVersion{1, 2}));
+  IBackend& backend = *isolated->backend;
+  const BackendOptions options{{"prepared_offset", 5.0}};
+  const SubgraphDesc subgraph = TwoIdentities(4);
+  const auto created = backend.CreateWorkloadWithOptions(Identity(4), options);
+  const auto compiled = backend.CompileSubgraphWithOptions(subgraph, options);
+  ASSERT_FALSE(created.ok());
+  ASSERT_FALSE(compiled.ok());
+  for (const auto& [refused, method] : {std::pair{created.error(), "CreateWorkloadWithOptions"},
+                                        std::pair{compiled.error(), "CompileSubgraphWithOptions"},
+                                        std::pair{backend.CheckOptions(options), "CheckOptions"}}) {
+    EXPECT_EQ(refused.code(), StatusCode::kFailedPrecondition) << method;
+    EXPECT_THAT(refused.message(), HasSubstr(std::string("backend TestApi12 was built against API "
+                                                         "1.2, which has no ") +
+                                             method));
+  }
+  EXPECT_FALSE(isolated->worker->dead());
+  // The calls it has still work.
+  auto workload = backend.CreateWorkload(Identity(4));
+  ASSERT_TRUE(workload.ok()) << workload.error().ToString();
+  EXPECT_EQ(Execute(**workload, {1, 2, 3, 4}).value(), (std::vector<float>{1, 2, 3, 4}));
+}
+
+// The same gate for 1.1: TestSubgraphApi10 reports 1.0 and its CompileSubgraph would answer
+// wrongly, so a compile that reached it would succeed.
+TEST(BackendWorkerTest, AWorkerNeverCompilesASubgraphOnA10Library) {
+  auto isolated = StartIsolated("SubgraphApi10");
+  ASSERT_NE(isolated, nullptr);
+  EXPECT_EQ(isolated->hello.api_version, (BackendApiVersion{1, 0}));
+  const auto compiled = isolated->backend->CompileSubgraph(TwoIdentities(4));
+  ASSERT_FALSE(compiled.ok());
+  EXPECT_EQ(compiled.error().code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(compiled.error().message(),
+              HasSubstr("backend TestSubgraphApi10 was built against API 1.0, which has no "
+                        "CompileSubgraph"));
+  EXPECT_FALSE(isolated->worker->dead());
 }
 
 // What a rollout leaves out of a sandboxed candidate's latency: the crossing, not the backend's
@@ -310,7 +397,8 @@ TEST(BackendWorkerTest, AWorkerKilledFromOutsideIsSeenAtOnce) {
 }
 
 TEST(BackendWorkerTest, ALibraryTheWorkerCannotLoadIsRefusedNamingWhy) {
-  auto image = loader::SealedImage::Read(std::filesystem::canonical(testing::Fixture("MissingSymbol")), "test");
+  auto image = loader::SealedImage::Read(
+      std::filesystem::canonical(testing::Fixture("MissingSymbol")), "test");
   ASSERT_TRUE(image.ok()) << image.error().ToString();
   auto worker = BackendWorker::Start({.label = "missing symbol"}, image->fd());
   ASSERT_TRUE(worker.ok());
@@ -321,10 +409,11 @@ TEST(BackendWorkerTest, ALibraryTheWorkerCannotLoadIsRefusedNamingWhy) {
 }
 
 TEST(BackendWorkerTest, AMissingWorkerExecutableIsAClearError) {
-  auto image = loader::SealedImage::Read(std::filesystem::canonical(testing::Fixture("Valid")), "test");
+  auto image =
+      loader::SealedImage::Read(std::filesystem::canonical(testing::Fixture("Valid")), "test");
   ASSERT_TRUE(image.ok());
-  auto worker = BackendWorker::Start({.executable = "/nonexistent/backplane-backend-worker"},
-                                     image->fd());
+  auto worker =
+      BackendWorker::Start({.executable = "/nonexistent/backplane-backend-worker"}, image->fd());
   ASSERT_FALSE(worker.ok());
   EXPECT_THAT(worker.error().message(),
               HasSubstr("/nonexistent/backplane-backend-worker cannot be run"));
