@@ -216,9 +216,11 @@ TEST_F(CompiledSubgraphTest, ThrowingCompileIsAnErrorAndTheProcessCarriesOn) {
   EXPECT_EQ(id.error().code(), StatusCode::kInternal);
   EXPECT_THAT(id.error().message(),
               HasSubstr("backend TestSubgraphThrows failed to compile the run of layers 'relu'"));
-  EXPECT_THAT(id.error().message(),
-              HasSubstr("backend TestSubgraphThrows threw from CompileSubgraph: the compiler fell "
-                        "over (exceptions must not escape backend code)"));
+  EXPECT_THAT(
+      id.error().message(),
+      HasSubstr(
+          "backend TestSubgraphThrows threw from CompileSubgraphWithOptions: the compiler fell "
+          "over (exceptions must not escape backend code)"));
   EXPECT_EQ(IntOption(*runtime_, "TestSubgraphThrows", "compile_calls"), 1);
   auto other = Load(ChainNetwork(), {"TestSubgraph"});
   ASSERT_TRUE(other.ok()) << other.error().ToString();
