@@ -198,6 +198,12 @@ TEST_F(RunCommandTest, OptionsOfEachTypeReachTheBackendAndArePrintedAsItReadsThe
                                        "option TestValid.label = \"two words\"\n"));
   EXPECT_LT(result.output.find("option TestValid.label"), result.output.find("time per run"));
   EXPECT_THAT(result.output, ContainsRegex("layer copy +Identity +on TestValid"));
+  // After the layers, every option of their backend at the value they were prepared with.
+  EXPECT_THAT(result.output,
+              HasSubstr("options on TestValid: execute_offset=0.000000, label=\"two words\", "
+                        "limit=3, prepared_offset=0.000000, scale=2.000000, verbose=true, "
+                        "worker_threads=1\n"));
+  EXPECT_LT(result.output.find("layer copy"), result.output.find("options on TestValid"));
 }
 
 // Every way an --option can be wrong exits 1 before anything loads, naming the --option and why.
