@@ -23,6 +23,7 @@
 #include "backplane/onnx/network.hpp"
 #include "backplane/registry/backend_registry.hpp"
 #include "backplane/runtime/rollout.hpp"
+#include "backplane/scheduler/concurrency_limit.hpp"
 #include "backplane/scheduler/request_scheduler.hpp"
 
 namespace backplane {
@@ -105,7 +106,21 @@ struct NetworkOptions {
   // have are kept unchecked, with a warning, as preferences are. Kept across swaps, rollbacks,
   // candidates and option updates: every binding of the network is prepared with them.
   OptionsByBackend backend_options;
+  // How many executions of this network may run at once (Triton's instance_group count; a
+  // served model's "instances"); 0: no limit of its own. With the network's backend options it
+  // says how the network uses the cores: a wide network as 1 instance of 2 intra-op threads, a
+  // small one as 2 instances of 1. Requests beyond it wait in arrival order, not refused: a
+  // synchronous Execute blocks its caller's thread before it joins the arena, an ExecuteAsync
+  // waits as a callback and is queued in the arena only when its turn comes, so it holds no arena
+  // thread meanwhile. A waiting request still counts among max_in_flight, and its deadline still
+  // applies (kDeadlineExceeded, not run). The limit belongs to the network, not to one binding:
+  // it holds across swaps, option updates and a rollout's candidate binding, whose requests take
+  // turns with the stable ones. Read and changed with GetNetworkInstances/SetNetworkInstances.
+  std::size_t instances = 0;
 };
+
+// A network's limit on executions at once, and how many run and wait now.
+using InstanceCounts = scheduler::ConcurrencyLimit::Counts;
 
 // Where one layer runs. There is one per layer of the network, in node order, whether or not the
 // layer ran inside a compiled subgraph.
@@ -203,6 +218,13 @@ class Runtime : private BackendSubscriber {
   // Network `id`'s own option values per backend, as loaded and updated since (not the
   // effective values: those are in each LayerPlacement).
   Result<OptionsByBackend> GetNetworkOptions(NetworkId id) const;
+  // Network `id`'s limit on executions at once (NetworkOptions::instances), with the executions
+  // running and the requests waiting for a turn now; kNotFound for an unknown network.
+  Result<InstanceCounts> GetNetworkInstances(NetworkId id) const;
+  // Changes that limit at once, without re-preparing anything: a higher one (or 0) starts waiting
+  // requests now, a lower one lets the executions running finish and starts nobody until fewer
+  // than it run. kNotFound for an unknown network.
+  Status SetNetworkInstances(NetworkId id, std::size_t instances);
 
   const BackendRegistry& registry() const { return *registry_; }
   BackendRegistry& registry() { return *registry_; }
