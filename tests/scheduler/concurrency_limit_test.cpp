@@ -212,8 +212,13 @@ TEST(ConcurrencyLimitTest, ABlockedCallerWaitsForItsTurnInTheSameQueue) {
     Slot slot = limit->AcquireBlocking();
     started.store(true);
   });
-  while (limit->counts().waiting == 0)
+  const auto until = Clock::now() + std::chrono::seconds(20);
+  while (limit->counts().waiting == 0 && Clock::now() < until)
     std::this_thread::yield();
+  if (limit->counts().waiting != 1u) {
+    caller.join();
+    FAIL() << "the caller did not wait";
+  }
   limit->Acquire(turns.For(3));  // behind the blocked caller
   EXPECT_FALSE(started.load());
   turns.Finish(1);
