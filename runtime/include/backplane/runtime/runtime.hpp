@@ -261,19 +261,22 @@ class Runtime : private BackendSubscriber {
   // RunOnCallerThread): while fewer callers than the arena's threads are in it, the request's
   // parallel kernels use the arena; beyond that they run serially on the caller. Thread-safe: call
   // it from as many threads as you like; admission counts it among max_in_flight like a queued
-  // request (kResourceExhausted when full, at once). Inputs in the order of the network's inputs;
-  // outputs in the order of its outputs. The network's bindings are held for the call, so a swap
-  // during it never unmaps the code it runs, and their last release goes to the reaper.
-  // `routing_key` (a request id): during a rollout, requests with the same key run on the same
-  // generation while its share stays or grows; empty, each request is drawn afresh.
+  // request (kResourceExhausted when full, at once). Beyond the network's instances it waits for
+  // its turn on the calling thread, before it joins the arena (NetworkOptions::instances). Inputs
+  // in the order of the network's inputs; outputs in the order of its outputs. The network's
+  // bindings are held for the call, so a swap during it never unmaps the code it runs, and their
+  // last release goes to the reaper. `routing_key` (a request id): during a rollout, requests with
+  // the same key run on the same generation while its share stays or grows; empty, each request is
+  // drawn afresh.
   Result<std::vector<Tensor>> Execute(NetworkId id, std::span<const ConstTensorView> inputs,
                                       std::string_view routing_key = {});
   // The same with inputs by name (as an inference API receives them): an unknown or missing
   // name is kInvalidArgument naming it and the network's inputs.
   using NamedInputs = std::map<std::string, ConstTensorView, std::less<>>;
   Result<std::vector<Tensor>> ExecuteByName(NetworkId id, const NamedInputs& inputs);
-  // Queues one request in the runtime's arena; `done` runs on a TBB worker with the outputs or
-  // the error (kDeadlineExceeded when the deadline passed before it started). A refusal
+  // Queues one request in the runtime's arena (beyond the network's instances, once its turn
+  // comes: NetworkOptions::instances); `done` runs on a TBB worker with the outputs or the error
+  // (kDeadlineExceeded when the deadline passed before it started). A refusal
   // (kNotFound, kResourceExhausted when full) calls `done` at once on the caller's thread. An
   // exception from `done` is logged and swallowed. Never destroy the Runtime inside `done`: the
   // destructor waits for that very request.
