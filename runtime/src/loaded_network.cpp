@@ -176,10 +176,10 @@ struct LoadedNetwork::PendingBuild {
   }
 };
 
-Result<std::unique_ptr<LoadedNetwork>> LoadedNetwork::Create(std::shared_ptr<const Network> network,
-                                                             const Backends& backends,
-                                                             ShapeProgramOptions shape_programs,
-                                                             OptionsByBackend network_options) {
+Result<std::unique_ptr<LoadedNetwork>> LoadedNetwork::Create(
+    std::shared_ptr<const Network> network, const Backends& backends,
+    ShapeProgramOptions shape_programs, OptionsByBackend network_options,
+    std::shared_ptr<scheduler::ConcurrencyLimit> instances) {
   BACKPLANE_RETURN_IF_ERROR(CheckShapes(*network));
   std::unique_ptr<LoadedNetwork> loaded(new LoadedNetwork(std::move(network)));
   // The backend calls below (support queries, workloads, compiled runs) are for this model, as
@@ -194,6 +194,8 @@ Result<std::unique_ptr<LoadedNetwork>> LoadedNetwork::Create(std::shared_ptr<con
   }
   loaded->shape_program_options_ = std::move(shape_programs);
   loaded->network_options_ = std::move(network_options);
+  loaded->instances_ =
+      instances != nullptr ? std::move(instances) : scheduler::ConcurrencyLimit::Create(0);
   loaded->NumberInputs();
   auto planned = loaded->Place(backends);
   if (!planned.ok())

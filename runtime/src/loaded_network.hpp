@@ -72,10 +72,12 @@ class LoadedNetwork : public std::enable_shared_from_this<LoadedNetwork> {
   // `network_options`: the network's own options per backend id (NetworkOptions::
   // backend_options), checked by each backend it names among `backends` before anything is
   // prepared (a refusal fails Create naming the backend), and given to every workload.
-  static Result<std::unique_ptr<LoadedNetwork>> Create(std::shared_ptr<const Network> network,
-                                                       const Backends& backends,
-                                                       ShapeProgramOptions shape_programs = {},
-                                                       OptionsByBackend network_options = {});
+  // `instances`: the network's limit on executions at once, shared by every binding of it (null:
+  // a limit of its own, with none set).
+  static Result<std::unique_ptr<LoadedNetwork>> Create(
+      std::shared_ptr<const Network> network, const Backends& backends,
+      ShapeProgramOptions shape_programs = {}, OptionsByBackend network_options = {},
+      std::shared_ptr<scheduler::ConcurrencyLimit> instances = nullptr);
   ~LoadedNetwork();
 
   const Network& network() const { return *network_; }
@@ -88,6 +90,9 @@ class LoadedNetwork : public std::enable_shared_from_this<LoadedNetwork> {
   // What a binding that replaces this one is created with.
   const ShapeProgramOptions& shape_program_options() const { return shape_program_options_; }
   const OptionsByBackend& network_options() const { return network_options_; }
+  // Taken for each execution by the runtime (not by Execute below: a shadow run, a crash's re-run
+  // and the swap-validation probe run without a turn of their own).
+  const std::shared_ptr<scheduler::ConcurrencyLimit>& instances() const { return instances_; }
   ShapeProgramStats shape_program_stats() const;
 
   // Runs one request. `inputs` in the order of network().inputs; returns the outputs in the
@@ -190,6 +195,7 @@ class LoadedNetwork : public std::enable_shared_from_this<LoadedNetwork> {
   std::vector<DeclinedRun> declined_runs_;    // what a shape program offers again
   ShapeProgramOptions shape_program_options_;
   OptionsByBackend network_options_;
+  std::shared_ptr<scheduler::ConcurrencyLimit> instances_;
   OptionsByBackend effective_options_;  // by backend id, filled as Create places layers
   // Null without dynamic inputs or at capacity 0. Declared last: programs (whose steps point into
   // steps_) are released first.

@@ -228,6 +228,9 @@ Result<std::vector<Tensor>> Runtime::RunAgainAfterCrash(const Routed& routed,
                                                         Status crash) const {
   if (on_crashed_request_)
     on_crashed_request_({.network = routed.id, .inputs = inputs, .error = crash});
+  // The run again is the same request: it keeps the turn among the network's instances that its
+  // first run had (NetworkOptions::instances) and takes no second one, which with one instance
+  // would wait for itself.
   // A candidate's crash is the rollout's to judge (the crash supervisor rolls it back): the
   // client's request runs where it would have without the rollout.
   if (routed.on_candidate)
@@ -260,6 +263,10 @@ void Runtime::StartShadow(std::shared_ptr<const CandidateRoute> route, NetworkId
   // A request of its own: it needs a slot like any other and never waits for one (the sample is
   // skipped). At most one per arena thread is queued or running, so that shadows can neither
   // queue work without bound nor take the slots (max_in_flight) that clients' requests need.
+  // Nor does it take a turn among the network's instances (NetworkOptions::instances): it answers
+  // nobody, so waiting in that queue would only delay the clients behind it, and it starts while
+  // its stable request still holds its turn (with one instance it could never have one). The
+  // bound above and the shadow sampling rate are what limit the cores it takes.
   const int limit = std::max(1, scheduler_.options().max_threads > 0
                                     ? scheduler_.options().max_threads
                                     : static_cast<int>(std::thread::hardware_concurrency()));

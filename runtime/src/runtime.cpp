@@ -370,6 +370,23 @@ Result<OptionsByBackend> Runtime::GetNetworkOptions(NetworkId id) const {
   return network->network_options();
 }
 
+Result<InstanceCounts> Runtime::GetNetworkInstances(NetworkId id) const {
+  auto network = FindNetwork(id);
+  if (!network.ok())
+    return std::move(network).error();
+  return network->instances()->counts();
+}
+
+Status Runtime::SetNetworkInstances(NetworkId id, std::size_t instances) {
+  auto network = FindNetwork(id);
+  if (!network.ok())
+    return std::move(network).error();
+  // Every binding of the network shares this one limit: nothing to re-prepare or publish.
+  network->instances()->SetLimit(instances);
+  RuntimeLog().info("network {}: instances set to {}", network->network().name, instances);
+  return Status::Ok();
+}
+
 std::vector<Runtime::Affected> Runtime::NetworksUsing(std::string_view id) const {
   std::vector<Affected> affected;
   for (const auto& [network_id, network] : *networks_.Load()) {
@@ -385,11 +402,13 @@ Result<std::shared_ptr<const LoadedNetwork>> Runtime::Reprepare(
   const Instances backends = InstancesFor(network.preferences, instances);
   if (backends.empty())
     return NotFound("no backend in its preference list");
-  // The shape program settings (capacity, counters) and the network's own options carry over;
-  // the cache starts empty.
+  // The shape program settings (capacity, counters), the network's own options and its limit on
+  // executions at once (the same object: requests on the old binding and the new take turns
+  // together) carry over; the cache starts empty.
   auto prepared = LoadedNetwork::Create(
       network.network->shared_network(), backends, network.network->shape_program_options(),
-      network_options != nullptr ? *network_options : network.network->network_options());
+      network_options != nullptr ? *network_options : network.network->network_options(),
+      network.network->instances());
   if (!prepared.ok())
     return std::move(prepared).error();
   return Reaped(std::move(prepared).value());
@@ -503,7 +522,8 @@ Result<NetworkId> Runtime::LoadNetwork(Network network, NetworkOptions options) 
                                       {.capacity = options.shape_program_capacity,
                                        .reaper = registry_->loader().reaper(),
                                        .builder = shape_program_builder_},
-                                      std::move(options.backend_options));
+                                      std::move(options.backend_options),
+                                      scheduler::ConcurrencyLimit::Create(options.instances));
   if (!loaded.ok())
     return fail(loaded.error().WithContext("network " + name + ": "));
   for (const auto& [backend_id, context, instance] : contexts) {
@@ -582,7 +602,10 @@ Status Runtime::UnloadNetwork(NetworkId id) {
 Status Runtime::ValidateOnProbe(const LoadedNetwork& current, const LoadedNetwork& candidate,
                                 std::string_view backend_id, double tolerance) {
   // The probe is two requests of this runtime: it waits for a slot among the requests in flight
-  // like any other (a while, not forever: this is the registry's change sequence).
+  // like any other (a while, not forever: this is the registry's change sequence). It takes no
+  // turn among the network's instances (NetworkOptions::instances): there is at most one probe
+  // at a time in the whole runtime, and waiting behind the network's clients would hold up every
+  // deploy and rollback of every backend for as long as that queue is.
   constexpr auto kWaitForSlot = std::chrono::seconds(2);
   const auto until = scheduler::Clock::now() + kWaitForSlot;
   std::optional<Result<scheduler::RequestScheduler::Admission>> admission;
@@ -816,6 +839,9 @@ Result<std::vector<Tensor>> Runtime::Execute(NetworkId id, std::span<const Const
   auto admission = scheduler_.Admit();
   if (!admission.ok())
     return std::move(admission).error();
+  // The network's turn, waited for on this thread before it joins the arena, where a wait would
+  // hold an arena slot that queued requests could use. Released when the run returns.
+  const scheduler::ConcurrencyLimit::Slot turn = routed->network->instances()->AcquireBlocking();
   std::optional<Result<std::vector<Tensor>>> result;
   Status ran = scheduler_.RunOnCallerThread([&] {
     result.emplace(ExecuteRouted(*routed, inputs, nullptr));
@@ -874,28 +900,54 @@ void Runtime::ExecuteAsync(NetworkId id, InputsFactory make_inputs, ExecuteCallb
   if (!admission.ok())
     return done(std::move(admission).error());
   // The request keeps the network binding it started with.
+  const std::shared_ptr<scheduler::ConcurrencyLimit> instances = network->instances();
   auto result = std::make_shared<std::optional<Result<std::vector<Tensor>>>>();
-  scheduler_.Enqueue(
-      std::move(admission).value(),
-      [this, id, result, make_inputs = std::move(make_inputs), routing_key = std::move(routing_key),
-       loaded = std::move(network).value()] {
-        auto inputs = make_inputs();
-        if (!inputs.ok()) {
-          result->emplace(std::move(inputs).error());
-          return Status::Ok();
+  auto work = [this, id, result, make_inputs = std::move(make_inputs),
+               routing_key = std::move(routing_key), loaded = std::move(network).value()] {
+    auto inputs = make_inputs();
+    if (!inputs.ok()) {
+      result->emplace(std::move(inputs).error());
+      return Status::Ok();
+    }
+    const Routed routed = Route(id, loaded, routing_key ? routing_key() : std::string());
+    std::vector<ConstTensorView> views;
+    views.reserve(inputs->size());
+    for (const auto& tensor : *inputs)
+      views.push_back(tensor.View());
+    result->emplace(ExecuteRouted(routed, views, &*inputs));
+    return Status::Ok();
+  };
+  auto finish = [result, done = std::move(done)](Status status) {
+    if (!status.ok())
+      return done(std::move(status));
+    done(*std::move(*result));
+  };
+  // The request waits for the network's turn before it is queued in the arena, as a callback:
+  // waiting, it holds its admission (it counts among max_in_flight) but no thread. Its turn is
+  // handed to it by the thread that ends an execution, which only queues it here. The inputs
+  // are made within the turn: the parse is part of the request, as before.
+  auto admitted =
+      std::make_shared<scheduler::RequestScheduler::Admission>(std::move(admission).value());
+  instances->Acquire(
+      [this, admitted, work = std::move(work), finish = std::move(finish),
+       deadline](Result<scheduler::ConcurrencyLimit::Slot> turn) mutable {
+        if (!turn.ok()) {  // its deadline passed while it waited: `done` still runs on a worker
+          scheduler_.Enqueue(
+              std::move(*admitted), [why = turn.error()] { return why; }, std::move(finish));
+          return;
         }
-        const Routed routed = Route(id, loaded, routing_key ? routing_key() : std::string());
-        std::vector<ConstTensorView> views;
-        views.reserve(inputs->size());
-        for (const auto& tensor : *inputs)
-          views.push_back(tensor.View());
-        result->emplace(ExecuteRouted(routed, views, &*inputs));
-        return Status::Ok();
-      },
-      [result, done = std::move(done)](Status status) {
-        if (!status.ok())
-          return done(std::move(status));
-        done(*std::move(*result));
+        // Released as soon as the execution ends, before `done`; or with the task, when the
+        // deadline passes in the arena's queue and the work never runs.
+        auto slot = std::make_shared<std::optional<scheduler::ConcurrencyLimit::Slot>>(
+            std::move(turn).value());
+        scheduler_.Enqueue(
+            std::move(*admitted),
+            [work = std::move(work), slot]() mutable {
+              Status status = work();
+              slot->reset();
+              return status;
+            },
+            std::move(finish), deadline);
       },
       deadline);
 }

@@ -23,6 +23,7 @@
 #include "backplane/onnx/network.hpp"
 #include "backplane/registry/backend_registry.hpp"
 #include "backplane/runtime/rollout.hpp"
+#include "backplane/scheduler/concurrency_limit.hpp"
 #include "backplane/scheduler/request_scheduler.hpp"
 
 namespace backplane {
@@ -105,7 +106,21 @@ struct NetworkOptions {
   // have are kept unchecked, with a warning, as preferences are. Kept across swaps, rollbacks,
   // candidates and option updates: every binding of the network is prepared with them.
   OptionsByBackend backend_options;
+  // How many executions of this network may run at once (Triton's instance_group count; a
+  // served model's "instances"); 0: no limit of its own. With the network's backend options it
+  // says how the network uses the cores: a wide network as 1 instance of 2 intra-op threads, a
+  // small one as 2 instances of 1. Requests beyond it wait in arrival order, not refused: a
+  // synchronous Execute blocks its caller's thread before it joins the arena, an ExecuteAsync
+  // waits as a callback and is queued in the arena only when its turn comes, so it holds no arena
+  // thread meanwhile. A waiting request still counts among max_in_flight, and its deadline still
+  // applies (kDeadlineExceeded, not run). The limit belongs to the network, not to one binding:
+  // it holds across swaps, option updates and a rollout's candidate binding, whose requests take
+  // turns with the stable ones. Read and changed with GetNetworkInstances/SetNetworkInstances.
+  std::size_t instances = 0;
 };
+
+// A network's limit on executions at once, and how many run and wait now.
+using InstanceCounts = scheduler::ConcurrencyLimit::Counts;
 
 // Where one layer runs. There is one per layer of the network, in node order, whether or not the
 // layer ran inside a compiled subgraph.
@@ -203,6 +218,13 @@ class Runtime : private BackendSubscriber {
   // Network `id`'s own option values per backend, as loaded and updated since (not the
   // effective values: those are in each LayerPlacement).
   Result<OptionsByBackend> GetNetworkOptions(NetworkId id) const;
+  // Network `id`'s limit on executions at once (NetworkOptions::instances), with the executions
+  // running and the requests waiting for a turn now; kNotFound for an unknown network.
+  Result<InstanceCounts> GetNetworkInstances(NetworkId id) const;
+  // Changes that limit at once, without re-preparing anything: a higher one (or 0) starts waiting
+  // requests now, a lower one lets the executions running finish and starts nobody until fewer
+  // than it run. kNotFound for an unknown network.
+  Status SetNetworkInstances(NetworkId id, std::size_t instances);
 
   const BackendRegistry& registry() const { return *registry_; }
   BackendRegistry& registry() { return *registry_; }
@@ -239,19 +261,22 @@ class Runtime : private BackendSubscriber {
   // RunOnCallerThread): while fewer callers than the arena's threads are in it, the request's
   // parallel kernels use the arena; beyond that they run serially on the caller. Thread-safe: call
   // it from as many threads as you like; admission counts it among max_in_flight like a queued
-  // request (kResourceExhausted when full, at once). Inputs in the order of the network's inputs;
-  // outputs in the order of its outputs. The network's bindings are held for the call, so a swap
-  // during it never unmaps the code it runs, and their last release goes to the reaper.
-  // `routing_key` (a request id): during a rollout, requests with the same key run on the same
-  // generation while its share stays or grows; empty, each request is drawn afresh.
+  // request (kResourceExhausted when full, at once). Beyond the network's instances it waits for
+  // its turn on the calling thread, before it joins the arena (NetworkOptions::instances). Inputs
+  // in the order of the network's inputs; outputs in the order of its outputs. The network's
+  // bindings are held for the call, so a swap during it never unmaps the code it runs, and their
+  // last release goes to the reaper. `routing_key` (a request id): during a rollout, requests with
+  // the same key run on the same generation while its share stays or grows; empty, each request is
+  // drawn afresh.
   Result<std::vector<Tensor>> Execute(NetworkId id, std::span<const ConstTensorView> inputs,
                                       std::string_view routing_key = {});
   // The same with inputs by name (as an inference API receives them): an unknown or missing
   // name is kInvalidArgument naming it and the network's inputs.
   using NamedInputs = std::map<std::string, ConstTensorView, std::less<>>;
   Result<std::vector<Tensor>> ExecuteByName(NetworkId id, const NamedInputs& inputs);
-  // Queues one request in the runtime's arena; `done` runs on a TBB worker with the outputs or
-  // the error (kDeadlineExceeded when the deadline passed before it started). A refusal
+  // Queues one request in the runtime's arena (beyond the network's instances, once its turn
+  // comes: NetworkOptions::instances); `done` runs on a TBB worker with the outputs or the error
+  // (kDeadlineExceeded when the deadline passed before it started). A refusal
   // (kNotFound, kResourceExhausted when full) calls `done` at once on the caller's thread. An
   // exception from `done` is logged and swallowed. Never destroy the Runtime inside `done`: the
   // destructor waits for that very request.
