@@ -222,9 +222,15 @@ HttpResponse ModelOptions(const ServeContext& context, const ResolvedModel& reso
       if (!effective.contains(layer.backend_id))
         effective[layer.backend_id] = OptionsJson(layer.options);
     }
+    json instances = nullptr;
+    if (auto counts = context.runtime.GetNetworkInstances(version->network_id()); counts.ok()) {
+      instances = {
+          {"limit", counts->limit}, {"running", counts->running}, {"waiting", counts->waiting}};
+    }
     versions.push_back({{"version", std::to_string(number)},
                         {"backend_options", std::move(own_json)},
-                        {"effective", std::move(effective)}});
+                        {"effective", std::move(effective)},
+                        {"instances", std::move(instances)}});
   }
   return HttpResponse::Json({{"name", resolved.model->name}, {"versions", versions}});
 }

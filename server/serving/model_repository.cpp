@@ -203,6 +203,13 @@ Result<ModelConfig> ParseModelConfig(const json& document, std::string_view wher
                                value.dump());
       }
       config.max_in_flight = value.get<int64_t>();
+    } else if (key == "instances") {
+      if (!value.is_number_integer() || value.get<int64_t>() < 0 || value.get<int64_t>() > 1024) {
+        return InvalidArgument(std::string(where) +
+                               ": 'instances' must be an integer from 0 (no limit) to 1024, got " +
+                               value.dump());
+      }
+      config.instances = value.get<int64_t>();
     } else if (key == "version_policy") {
       auto policy = ParseVersionPolicy(value, where);
       if (!policy.ok())
@@ -222,8 +229,8 @@ Result<ModelConfig> ParseModelConfig(const json& document, std::string_view wher
       config.backend_options = std::move(options).value();
     } else {
       return InvalidArgument(std::string(where) + ": unknown key '" + key +
-                             "' (known: backends, max_in_flight, version_policy, max_batch_size, "
-                             "dynamic_batching, backend_options)");
+                             "' (known: backends, max_in_flight, instances, version_policy, "
+                             "max_batch_size, dynamic_batching, backend_options)");
     }
   }
   if (dynamic_batching != nullptr) {
@@ -465,6 +472,11 @@ Result<std::shared_ptr<const ServingModel>> ModelRepository::Prepare(const std::
         current->config.backend_options == model->config.backend_options) {
       if (auto loaded = current->Version(version);
           loaded && loaded->SameFile(mtime, size) && loaded->PlacedAsLoaded()) {
+        // A changed instance count needs no new network: the limit changes in place.
+        if (current->config.instances != model->config.instances) {
+          BACKPLANE_RETURN_IF_ERROR(runtime_.SetNetworkInstances(
+              loaded->network_id(), static_cast<std::size_t>(model->config.instances)));
+        }
         model->versions.emplace(version, loaded);
         continue;
       }
@@ -479,7 +491,8 @@ Result<std::shared_ptr<const ServingModel>> ModelRepository::Prepare(const std::
         return batchable;
     }
     NetworkOptions network_options{.backend_preferences = model->config.backends,
-                                   .backend_options = backend_options.value()};
+                                   .backend_options = backend_options.value(),
+                                   .instances = static_cast<std::size_t>(model->config.instances)};
     // A batched model executes at each of its execution batch sizes: a shape program for every
     // one, so that none is evicted by the others (dynamic_batcher.hpp).
     if (model->config.dynamic_batching) {

@@ -38,6 +38,9 @@ struct VersionPolicy {
 struct ModelConfig {
   std::vector<std::string> backends;  // preference list; empty: the server's default
   int64_t max_in_flight = 0;          // requests of this model at once; 0: no per-model limit
+  // Executions of each version at once (Triton's instance_group count; NetworkOptions::
+  // instances); 0: no limit of its own. Beyond it requests wait their turn.
+  int64_t instances = 0;
   VersionPolicy version_policy;
   // Triton's: the most rows (dimension 0) one request, and one batched execution, may hold; 0:
   // the model does not batch. Non-zero requires a symbolic first dimension on every input and
@@ -52,7 +55,8 @@ struct ModelConfig {
   friend bool operator==(const ModelConfig&, const ModelConfig&) = default;
 };
 
-// Parses a config.json document: `{"backends": [...], "max_in_flight": N, "version_policy":
+// Parses a config.json document: `{"backends": [...], "max_in_flight": N, "instances": N,
+// "version_policy":
 // {"latest": N} | {"all": true} | {"specific": [1, 3]}, "max_batch_size": N,
 // "dynamic_batching": {...} (batching_config.hpp), "backend_options": {"ID": {"key": value}}}`.
 // Unknown keys and wrong types are kInvalidArgument naming the key and `where`.

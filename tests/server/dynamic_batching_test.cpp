@@ -90,7 +90,7 @@ TEST(BatchingConfigTest, RefusesEveryBadValueNamingTheKeyAndWhy) {
        "preferred_batch_sizes, preserve_ordering)"},
       {R"({"max_batch": 8})",
        "unknown key 'max_batch' (known: backends, max_in_flight, "
-       "version_policy, max_batch_size, dynamic_batching, backend_options)"},
+       "instances, version_policy, max_batch_size, dynamic_batching, backend_options)"},
   };
   for (const auto& [text, message] : cases) {
     auto config = server::ParseModelConfigText(text, "repo/m/config.json");

@@ -6,6 +6,10 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <thread>
+#include <vector>
+
 #include "serve_test_util.hpp"
 
 namespace backplane::testing {
@@ -174,6 +178,95 @@ TEST_F(ModelOptionsTest, AWrongValueInConfigJsonRefusesThatModelNamingModelBacke
       "backend_options": {"TestValid": {"limit": -1}}})");
   EXPECT_NE(Post(*client_, "/v2/repository/models/offset/load", "").status, 200);
   EXPECT_EQ(Offset("offset"), 9.0);
+}
+
+// "instances" (Triton's instance_group count): how many executions of a model run at once. The
+// Slow fixtures take 30 ms an execution and add to the output how many of their library's
+// executions were running as it entered, so the answers' maximum is the most that overlapped.
+class ModelInstancesTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    CopyFile(Fixture("Slow"), home_.backends() / "Test_Slow_backend.so");
+    CopyFile(Fixture("SlowOther"), home_.backends() / "Test_SlowOther_backend.so");
+    WriteModel("free", R"({"backends": ["TestSlow"]})");
+    WriteModel("single", R"({"backends": ["TestSlow"], "instances": 1})");
+    WriteModel("double", R"({"backends": ["TestSlowOther"], "instances": 2})");
+    WriteModel("negative", R"({"backends": ["TestSlow"], "instances": -1})");
+    server::ServeConfig config = InProcessConfig(home_);
+    config.inference_threads = 6;  // the arena is no limit here: only a model's instances are
+    running_.emplace(StartInProcess(config));
+  }
+
+  void WriteModel(const std::string& name, const std::string& config) {
+    home_.Write("models/" + name + "/1/model.onnx", RowIdentityModel());
+    home_.Write("models/" + name + "/config.json", config);
+  }
+
+  // Six clients send four rows each at once; the most executions that overlapped, as the answers
+  // say (0 when any request failed, which the test reports).
+  int MostOverlapping(const std::string& model) {
+    std::atomic<int> most{0};
+    std::atomic<bool> failed{false};
+    std::vector<std::thread> clients;
+    for (int c = 0; c < 6; ++c) {
+      clients.emplace_back([&] {
+        httplib::Client client("127.0.0.1", running_->http.port);
+        client.set_read_timeout(std::chrono::seconds(60));
+        for (int i = 0; i < 4; ++i) {
+          const auto reply = Post(client, "/v2/models/" + model + "/infer", RowRequest(1));
+          if (reply.status != 200) {
+            ADD_FAILURE() << model << ": " << reply.status << " " << reply.text << reply.error;
+            failed.store(true);
+            return;
+          }
+          const int overlap =
+              static_cast<int>(reply.body["outputs"][0]["data"][0].get<double>()) - 1;
+          for (int seen = most.load();
+               overlap > seen && !most.compare_exchange_weak(seen, overlap);) {
+          }
+        }
+      });
+    }
+    for (auto& client : clients)
+      client.join();
+    return failed.load() ? 0 : most.load();
+  }
+
+  ServeHome home_;  // outlives the server
+  std::optional<server::RunningServer> running_;
+};
+
+TEST_F(ModelInstancesTest, AModelsInstancesBoundItsExecutionsAtOnceAndALoadChangesThemInPlace) {
+  EXPECT_GE(MostOverlapping("free"), 3) << "the harness saw no overlap where nothing limits it";
+  EXPECT_EQ(MostOverlapping("single"), 1);
+  EXPECT_EQ(MostOverlapping("double"), 2);
+
+  httplib::Client admin("127.0.0.1", running_->http.port);
+  const auto view = Get(admin, "/v2/models/double/options");
+  ASSERT_EQ(view.status, 200) << view.text;
+  EXPECT_EQ(view.body["versions"][0]["instances"],
+            json({{"limit", 2}, {"running", 0}, {"waiting", 0}}));
+  EXPECT_EQ(Get(admin, "/v2/models/free/options").body["versions"][0]["instances"]["limit"], 0);
+
+  // A changed count applies at the model's next load without a new network.
+  const auto placed = Get(admin, "/v2/models/single/placement").body;
+  home_.Write("models/single/config.json", R"({"backends": ["TestSlow"], "instances": 3})");
+  ASSERT_EQ(Post(admin, "/v2/repository/models/single/load", "").status, 200);
+  EXPECT_EQ(Get(admin, "/v2/models/single/options").body["versions"][0]["instances"]["limit"], 3);
+  EXPECT_EQ(Get(admin, "/v2/models/single/placement").body, placed) << "the same network";
+  EXPECT_EQ(MostOverlapping("single"), 3);
+
+  const auto index = Post(admin, "/v2/repository/index", "");
+  bool refused = false;
+  for (const auto& entry : index.body) {
+    if (entry["name"] == "negative") {
+      EXPECT_EQ(entry["state"], "UNAVAILABLE");
+      EXPECT_THAT(entry["reason"].get<std::string>(),
+                  HasSubstr("'instances' must be an integer from 0 (no limit) to 1024, got -1"));
+      refused = true;
+    }
+  }
+  EXPECT_TRUE(refused) << index.text;
 }
 
 }  // namespace
