@@ -24,6 +24,12 @@ using Slot = ConcurrencyLimit::Slot;
 // Keeps the slots handed to numbered requests, and what each was told.
 class Turns {
  public:
+  // One at a time: a slot freed here hands its turn on, and a callback of this very object may
+  // take it (a list being cleared would not see the slot added meanwhile, and leak it).
+  ~Turns() {
+    while (!slots_.empty())
+      slots_.pop_front();
+  }
   ConcurrencyLimit::TurnCallback For(int request) {
     return [this, request](Result<Slot> turn) {
       if (turn.ok()) {
