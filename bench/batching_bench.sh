@@ -36,34 +36,7 @@ trap '[[ -z $server_pid ]] || { kill -TERM $server_pid 2>/dev/null; wait $server
 # and one Gemm 784x10 (`tiny`: the same request and answer, nearly no execution, so what it
 # reaches is what the transport and the batcher's path allow).
 mkdir -p "$work/models/wide/1" "$work/models/tiny/1"
-make_mlp() {
-  /usr/bin/python3 - "$@" <<'PY'
-import sys
-import numpy as np
-import onnx
-from onnx import TensorProto, helper, numpy_helper
-rng = np.random.default_rng(20261202)
-sizes = [int(size) for size in sys.argv[2:]]
-nodes, inits, last = [], [], "x"
-for i, (n_in, n_out) in enumerate(zip(sizes, sizes[1:])):
-    w = (rng.standard_normal((n_in, n_out)) / np.sqrt(n_in)).astype(np.float32)
-    b = (0.01 * rng.standard_normal(n_out)).astype(np.float32)
-    inits += [numpy_helper.from_array(w, f"w{i}"), numpy_helper.from_array(b, f"b{i}")]
-    out = "y" if i == len(sizes) - 2 else f"h{i}"
-    gemm = out if out == "y" else f"g{i}"
-    nodes.append(helper.make_node("Gemm", ["x" if i == 0 else last, f"w{i}", f"b{i}"], [gemm]))
-    if out != "y":
-        nodes.append(helper.make_node("Relu", [gemm], [out]))
-    last = out
-graph = helper.make_graph(
-    nodes, "wide_mlp",
-    [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 784])],
-    [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 10])], inits)
-model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-model.ir_version = 8
-onnx.save(model, sys.argv[1])
-PY
-}
+make_mlp() { /usr/bin/python3 bench/make_mlp.py "$@"; }
 make_mlp "$work/models/wide/1/model.onnx" 784 2048 2048 10
 make_mlp "$work/models/tiny/1/model.onnx" 784 10
 batched_config() {

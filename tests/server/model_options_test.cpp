@@ -7,9 +7,13 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cmath>
+#include <random>
 #include <thread>
 #include <vector>
 
+#include "backplane/sdk/thread_limits.hpp"
+#include "onnx/model_builder.hpp"
 #include "serve_test_util.hpp"
 
 namespace backplane::testing {
@@ -267,6 +271,100 @@ TEST_F(ModelInstancesTest, AModelsInstancesBoundItsExecutionsAtOnceAndALoadChang
     }
   }
   EXPECT_TRUE(refused) << index.text;
+}
+
+// Issue 41's check with CpuAcc itself: two models on it at once, one as 1 instance of 2 intra-op
+// threads, one as 2 instances of 1, each seen in the placement view (the values, and the
+// backend's own note of the threads a compiled run uses), both answering alike, and nothing lost
+// when CpuAcc is hot-swapped under them.
+std::string WideGemmModel() {  // x [1, 784] -> Gemm 784x1024 -> Relu -> Gemm 1024x10 -> y
+  std::mt19937_64 random(20261206);
+  std::uniform_real_distribution<float> value(-0.05f, 0.05f);
+  const auto draw = [&](std::size_t count) {
+    std::vector<float> values(count);
+    for (float& v : values)
+      v = value(random);
+    return values;
+  };
+  ModelBuilder builder;
+  builder.Input("x", {1, 784}).Output("y", {1, 10});
+  builder.FloatInitializer("w0", {784, 1024}, draw(784 * 1024));
+  builder.FloatInitializer("b0", {1024}, draw(1024));
+  builder.FloatInitializer("w1", {1024, 10}, draw(1024 * 10));
+  builder.FloatInitializer("b1", {10}, draw(10));
+  builder.Node("Gemm", {"x", "w0", "b0"}, {"h"});
+  builder.Node("Relu", {"h"}, {"r"});
+  builder.Node("Gemm", {"r", "w1", "b1"}, {"y"});
+  return builder.Serialize();
+}
+
+TEST(CpuAccModelOptionsTest, TwoModelsKeepTheirThreadsAndInstancesAcrossAHotSwap) {
+  if (FindUsableCpus().count < 2)
+    GTEST_SKIP() << "needs 2 usable CPUs for a model with 2 intra-op threads";
+  ServeHome home;
+  CopyFile(BACKPLANE_CPU_ACC, home.backends() / "Backplane_CpuAcc_backend.so");
+  const std::string model = WideGemmModel();
+  home.Write("models/two_threads/1/model.onnx", model);
+  home.Write("models/two_threads/config.json", R"({"backends": ["CpuAcc"], "instances": 1,
+      "backend_options": {"CpuAcc": {"intra_op_threads": 2}}})");
+  home.Write("models/one_thread/1/model.onnx", model);
+  home.Write("models/one_thread/config.json", R"({"backends": ["CpuAcc"], "instances": 2})");
+  auto running = StartInProcess(InProcessConfig(home));
+  httplib::Client client("127.0.0.1", running.http.port);
+  client.set_read_timeout(std::chrono::seconds(60));
+
+  std::string row;
+  {
+    json data = json::array();
+    for (int i = 0; i < 784; ++i)
+      data.push_back(static_cast<float>(i % 17) / 17.0f);
+    row = json{{"inputs",
+                {{{"name", "x"}, {"shape", {1, 784}}, {"datatype", "FP32"}, {"data", data}}}}}
+              .dump();
+  }
+  // Sets `generation` to the one the model's layers run on.
+  const auto check = [&](const std::string& when, uint64_t& generation) {
+    SCOPED_TRACE(when);
+    const auto two = Get(client, "/v2/models/two_threads/placement");
+    const auto one = Get(client, "/v2/models/one_thread/placement");
+    ASSERT_EQ(two.status, 200) << two.text;
+    std::string two_notes, one_notes;
+    for (const auto& layer : two.body["versions"][0]["layers"]) {
+      EXPECT_EQ(layer["options"]["intra_op_threads"], 2) << layer;
+      two_notes += layer["note"].get<std::string>() + ";";
+    }
+    for (const auto& layer : one.body["versions"][0]["layers"]) {
+      EXPECT_EQ(layer["options"]["intra_op_threads"], 1) << layer;
+      one_notes += layer["note"].get<std::string>() + ";";
+    }
+    // CpuAcc's own word on the threads its compiled run uses (compiler.cpp).
+    EXPECT_THAT(two_notes, HasSubstr("on 2 threads"));
+    EXPECT_THAT(one_notes, ::testing::Not(HasSubstr("threads")));
+    EXPECT_EQ(
+        Get(client, "/v2/models/two_threads/options").body["versions"][0]["instances"]["limit"], 1);
+    EXPECT_EQ(
+        Get(client, "/v2/models/one_thread/options").body["versions"][0]["instances"]["limit"], 2);
+    const auto a = Post(client, "/v2/models/two_threads/infer", row);
+    const auto b = Post(client, "/v2/models/one_thread/infer", row);
+    ASSERT_EQ(a.status, 200) << a.text;
+    ASSERT_EQ(b.status, 200) << b.text;
+    const auto values = [](const JsonReply& reply) {
+      return reply.body["outputs"][0]["data"].get<std::vector<float>>();
+    };
+    const std::vector<float> on_two = values(a), on_one = values(b);
+    ASSERT_EQ(on_two.size(), 10u);
+    ASSERT_EQ(on_one.size(), 10u);
+    for (std::size_t i = 0; i < on_two.size(); ++i)
+      EXPECT_NEAR(on_two[i], on_one[i], 1e-4f * (1 + std::abs(on_one[i]))) << "element " << i;
+    generation = two.body["versions"][0]["layers"][0]["generation"].get<uint64_t>();
+  };
+  uint64_t before = 0, after = 0;
+  check("at load", before);
+  home.Publish(BACKPLANE_CPU_ACC, "Backplane_CpuAcc_backend.so");
+  const auto reload = Post(client, "/v2/backends/CpuAcc/reload", "");
+  ASSERT_EQ(reload.status, 200) << reload.text;
+  check("after a hot swap", after);
+  EXPECT_GT(after, before);
 }
 
 }  // namespace
