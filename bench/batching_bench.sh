@@ -19,6 +19,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
 source scripts/deps.sh  # backplane_install_packages, for wrk
+backplane_install_packages python3-onnx  # bench/make_mlp.py
 delay=${DELAY:-2000}
 delays=${DELAYS:-0 500 1000 2000 4000}
 if [[ ${BUILD:-1} != 0 ]]; then

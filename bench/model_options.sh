@@ -17,6 +17,8 @@
 #   ROUNDS=5 DURATION=10 BUILD=0 bench/model_options.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/deps.sh  # backplane_install_packages
+backplane_install_packages python3-onnx bc  # bench/make_mlp.py's onnx and numpy; the ratios
 if [[ ${BUILD:-1} != 0 ]]; then
   cmake --preset release >/dev/null
   cmake --build --preset release --target backplane backplane_cpu_ref backplane_cpu_acc \
