@@ -20,7 +20,7 @@ for i, (n_in, n_out) in enumerate(zip(sizes, sizes[1:])):
         nodes.append(helper.make_node("Relu", [gemm], [out]))
     last = out
 graph = helper.make_graph(
-    nodes, "wide_mlp",
+    nodes, "mlp",
     [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 784])],
     [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 10])], inits)
 model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])

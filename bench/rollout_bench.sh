@@ -2,7 +2,7 @@
 # What a progressive rollout costs the requests it serves (issue 22): p50/p99 and throughput of
 # one model through `backplane serve` with no rollout, during shadow at 10 % sampling, during
 # canary at 10 % and 50 %, and after the rollout ended — side by side, ROUNDS rounds in one run.
-# The model is an MLP 784-512-512-10 with a symbolic batch (seeded weights, written here with
+# The model is an MLP 784-512-512-10 with a symbolic batch (seeded weights, bench/make_mlp.py with
 # Debian's python3-onnx) on CpuAcc; each round's candidate is another build of CpuAcc (the same
 # code with bytes appended: a good fix, same outputs), so shadow runs compare equal and the cost
 # measured is the rollout's own. The policy never moves by itself (min_samples 1e8): the script
@@ -13,6 +13,8 @@
 #   ROUNDS=5 SECONDS_PER_RUN=6 CLIENTS=8 BUILD=0 bench/rollout_bench.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/deps.sh  # backplane_install_packages
+backplane_install_packages python3-onnx  # bench/make_mlp.py
 rounds=${ROUNDS:-3}
 seconds=${SECONDS_PER_RUN:-4}
 clients=${CLIENTS:-8}
@@ -28,32 +30,7 @@ server_pid=
 trap '[[ -z $server_pid ]] || { kill -TERM $server_pid 2>/dev/null; wait $server_pid 2>/dev/null; }; rm -rf "$work"' EXIT
 
 mkdir -p "$work/models/mlp/1" "$work/backends"
-/usr/bin/python3 - "$work/models/mlp/1/model.onnx" <<'PY'
-import sys
-import numpy as np
-import onnx
-from onnx import TensorProto, helper, numpy_helper
-rng = np.random.default_rng(20261202)
-sizes = [784, 512, 512, 10]
-nodes, inits, last = [], [], "x"
-for i, (n_in, n_out) in enumerate(zip(sizes, sizes[1:])):
-    w = (rng.standard_normal((n_in, n_out)) / np.sqrt(n_in)).astype(np.float32)
-    b = (0.01 * rng.standard_normal(n_out)).astype(np.float32)
-    inits += [numpy_helper.from_array(w, f"w{i}"), numpy_helper.from_array(b, f"b{i}")]
-    out = "y" if i == len(sizes) - 2 else f"h{i}"
-    gemm = out if out == "y" else f"g{i}"
-    nodes.append(helper.make_node("Gemm", [last, f"w{i}", f"b{i}"], [gemm]))
-    if out != "y":
-        nodes.append(helper.make_node("Relu", [gemm], [out]))
-    last = out
-graph = helper.make_graph(
-    nodes, "mlp",
-    [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 784])],
-    [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 10])], inits)
-model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-model.ir_version = 8
-onnx.save(model, sys.argv[1])
-PY
+/usr/bin/python3 bench/make_mlp.py "$work/models/mlp/1/model.onnx" 784 512 512 10
 echo '{"backends": ["CpuAcc"]}' >"$work/models/mlp/config.json"
 install -m 755 build/release/backends/Backplane_CpuAcc_backend.so "$work/backends/"
 cat >"$work/config.json" <<'JSON'
