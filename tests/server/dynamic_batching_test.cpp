@@ -939,13 +939,7 @@ TEST(DynamicBatchingTest, AStopWhileBatchesRunAnswersOnlyWithEachRequestsOwnAnsw
 // A convolution over x [N, 3, H, W], all three symbolic (a model as exported, not in the
 // repository): 3x3, 8 maps, Relu, global average pool, Flatten, Gemm to y [N, 5]. Seeded weights.
 std::string ConvModel(std::mt19937_64& random) {
-  std::uniform_real_distribution<float> value(-0.5f, 0.5f);
-  const auto draw = [&](std::size_t count) {
-    std::vector<float> values(count);
-    for (float& v : values)
-      v = value(random);
-    return values;
-  };
+  const auto draw = [&](std::size_t count) { return UniformFloats(random, count, 0.5f); };
   ModelBuilder builder;
   builder.Input("x", {-1, 3, -1, -1}).Output("y", {-1, 5});
   builder.NameDimension("x", 2, "H").NameDimension("x", 3, "W");

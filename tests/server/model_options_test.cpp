@@ -279,13 +279,7 @@ TEST_F(ModelInstancesTest, AModelsInstancesBoundItsExecutionsAtOnceAndALoadChang
 // when CpuAcc is hot-swapped under them.
 std::string WideGemmModel() {  // x [1, 784] -> Gemm 784x1024 -> Relu -> Gemm 1024x10 -> y
   std::mt19937_64 random(20261206);
-  std::uniform_real_distribution<float> value(-0.05f, 0.05f);
-  const auto draw = [&](std::size_t count) {
-    std::vector<float> values(count);
-    for (float& v : values)
-      v = value(random);
-    return values;
-  };
+  const auto draw = [&](std::size_t count) { return UniformFloats(random, count, 0.05f); };
   ModelBuilder builder;
   builder.Input("x", {1, 784}).Output("y", {1, 10});
   builder.FloatInitializer("w0", {784, 1024}, draw(784 * 1024));

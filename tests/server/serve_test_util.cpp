@@ -237,6 +237,14 @@ server::RunningServer StartInProcess(const server::ServeConfig& config) {
   return std::move(started).value();
 }
 
+std::vector<float> UniformFloats(std::mt19937_64& random, std::size_t count, float bound) {
+  std::uniform_real_distribution<float> value(-bound, bound);
+  std::vector<float> values(count);
+  for (float& v : values)
+    v = value(random);
+  return values;
+}
+
 std::string RowIdentityModel() {
   ModelBuilder builder;
   builder.Input("x", {-1, 4}).Output("y", {-1, 4});

@@ -14,6 +14,7 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <random>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -141,6 +142,10 @@ struct JoinAll {
 server::ServeConfig InProcessConfig(const ServeHome& home, bool grpc = false);
 // server::StartServer, throwing std::runtime_error with its error when the server does not start.
 server::RunningServer StartInProcess(const server::ServeConfig& config);
+
+// `count` floats drawn uniformly from [-bound, bound): the seeded weights of a model a test
+// writes.
+std::vector<float> UniformFloats(std::mt19937_64& random, std::size_t count, float bound);
 
 // Identity over x [N, 4] (N symbolic): the fixture backends' model (TestValid's Identity adds its
 // build's offset, TestCrash's dies the way x[0] says).
