@@ -172,9 +172,10 @@ TEST(ServeRepositoryTest, UnloadThenLoadAndPickUpANewVersion) {
   home.Write("models/mlp/config.json", R"({"max_inflight": 3})");
   auto refused = Post(*client, "/v2/repository/models/mlp/load", "");
   EXPECT_EQ(refused.status, 400) << refused.text;
-  EXPECT_THAT(refused.body["error"].get<std::string>(),
-              HasSubstr("unknown key 'max_inflight' (known: backends, max_in_flight, "
-                        "instances, version_policy, max_batch_size, dynamic_batching, backend_options)"));
+  EXPECT_THAT(
+      refused.body["error"].get<std::string>(),
+      HasSubstr("unknown key 'max_inflight' (known: backends, max_in_flight, "
+                "instances, version_policy, max_batch_size, dynamic_batching, backend_options)"));
   EXPECT_EQ(Get(*client, "/v2/models/mlp/versions/2/ready").status, 200);
 
   // Loading a model directory that does not exist, and a name that could escape the repository.
