@@ -62,9 +62,25 @@ void ExpectSame(const OperatorDesc& a, const OperatorDesc& b) {
   for (std::size_t i = 0; i < a.constant_inputs.size(); ++i) {
     ASSERT_EQ(a.constant_inputs[i] == nullptr, b.constant_inputs[i] == nullptr);
     if (a.constant_inputs[i] != nullptr) {
-      EXPECT_EQ(std::memcmp(a.constant_inputs[i], b.constant_inputs[i], a.inputs[i].ByteSize()),
-                0);
+      EXPECT_EQ(std::memcmp(a.constant_inputs[i], b.constant_inputs[i], a.inputs[i].ByteSize()), 0);
     }
+  }
+}
+
+// A bool comes from the peer as a byte: 0 and 1 read back, anything else is out of range (under
+// UBSan, copying 236 into a bool was undefined behaviour, found by the corruption rounds below).
+TEST(WireTest, ABoolByteOtherThanZeroOrOneIsOutOfRange) {
+  for (const auto [byte, value] : {std::pair{0, false}, std::pair{1, true}}) {
+    const std::byte bytes[] = {static_cast<std::byte>(byte)};
+    WireReader in(bytes);
+    EXPECT_EQ(in.Get<bool>(), value);
+    EXPECT_TRUE(in.ok()) << byte;
+  }
+  for (const int byte : {2, 236, 255}) {
+    const std::byte bytes[] = {static_cast<std::byte>(byte)};
+    WireReader in(bytes);
+    (void)in.Get<bool>();
+    EXPECT_FALSE(in.ok()) << byte;
   }
 }
 

@@ -69,9 +69,18 @@ class WireReader {
 
   template <typename T>
   requires std::is_trivially_copyable_v<T> T Get() {
-    T value{};
-    GetBytes(&value, sizeof value);
-    return value;
+    if constexpr (std::is_same_v<T, bool>) {
+      // A byte from the peer is no bool until checked: anything but 0 or 1 is out of range, and
+      // copying it into a bool would make every later read of that bool undefined.
+      const auto byte = Get<uint8_t>();
+      if (byte > 1)
+        Fail();
+      return byte == 1;
+    } else {
+      T value{};
+      GetBytes(&value, sizeof value);
+      return value;
+    }
   }
   void GetBytes(void* data, std::size_t size);
   std::string GetString();
