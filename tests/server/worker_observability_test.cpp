@@ -72,9 +72,11 @@ class WorkerObservabilityTest : public ::testing::Test {
     ServeConfig config = InProcessConfig(home_);
     // A crash runs the request again once the worker is restarted, and it dies again: each
     // marked request costs two workers. max_crashes lets every test's deaths be restarted.
+    // The call timeout is long enough for a leak's 64 MiB to be touched under ThreadSanitizer,
+    // so that the leak dies of memory_limit_bytes, not as a hang.
     Status applied = server::ApplyConfigText(
         R"({"backend_isolation": {"TestCrash": "process"},
-            "worker": {"execute_timeout_ms": 300, "memory_limit_bytes": 209715200,
+            "worker": {"execute_timeout_ms": 2000, "memory_limit_bytes": 209715200,
                        "max_crashes": 20},
             "crash_dir": "crashes"})",
         home_.path() / "serve.json", config);
@@ -132,7 +134,7 @@ TEST_F(WorkerObservabilityTest, MetricsCountDeathsByCauseAndRestartsPerBackend) 
 
   // An endless loop past execute_timeout_ms: twice too, counted as hangs, not as signals.
   const JsonReply hung = Post(*client_, "/v2/models/crashy/infer", RowRequest(kEndlessLoop));
-  EXPECT_THAT(hung.text, HasSubstr("ran past the worker's call timeout of 300 ms"));
+  EXPECT_THAT(hung.text, HasSubstr("ran past the worker's call timeout of 2000 ms"));
   ASSERT_TRUE(Eventually([&] { return Serves() && Sample(Scrape(), kRestarts) == 4; }, 20s))
       << Scrape();
   scrape = Scrape();
