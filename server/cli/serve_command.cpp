@@ -167,7 +167,8 @@ Result<RunningServer> StartServer(const ServeConfig& config) {
 
   auto http =
       std::make_unique<HttpServer>(HttpLimitsFrom(config), config.admin_token, core.metrics());
-  AddKServeRoutes(*http, core.context());
+  AddKServeRoutes(*http, core.inference(), config.max_json_depth);
+  AddRepositoryRoutes(*http, core.context().repository, config.max_json_depth);
   AddAdminRoutes(*http, core.context());
   auto bound = http->Start(addresses->http);
   if (!bound.ok())
@@ -176,7 +177,7 @@ Result<RunningServer> StartServer(const ServeConfig& config) {
   core.AddTransport(std::move(http));
 
   if (addresses->grpc) {
-    auto grpc = GrpcServer::Start(*addresses->grpc, core.context(),
+    auto grpc = GrpcServer::Start(*addresses->grpc, core.inference(),
                                   {.max_message_bytes = config.max_body_bytes,
                                    .max_buffered_bytes = config.max_buffered_body_bytes,
                                    .max_concurrent_streams = config.grpc_max_concurrent_streams});

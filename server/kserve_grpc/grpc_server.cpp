@@ -5,7 +5,6 @@
 #include "grpc_service.grpc.pb.h"
 #include "kserve_grpc/grpc_tensors.hpp"
 #include "serving/inference.hpp"
-#include "serving/model_repository.hpp"
 #include "serving/serving_log.hpp"
 
 namespace backplane::server {
@@ -47,11 +46,20 @@ grpc::Status ToGrpc(const Status& status) {
   return {code, status.message()};
 }
 
-// Thread-safe: every method only reads the context or runs RunInference (StartInference for a
-// model with dynamic batching).
+// gRPC's "no deadline" is a time centuries away: none.
+std::optional<std::chrono::steady_clock::time_point> DeadlineOf(
+    const grpc::CallbackServerContext& call) {
+  const auto left = call.deadline() - std::chrono::system_clock::now();
+  if (left >= std::chrono::hours(24 * 365))
+    return std::nullopt;
+  return std::chrono::steady_clock::now() +
+         std::chrono::duration_cast<std::chrono::steady_clock::duration>(left);
+}
+
+// Thread-safe: every method only reads the models or starts an inference.
 class InferenceService final : public inference::GRPCInferenceService::CallbackService {
  public:
-  explicit InferenceService(const ServeContext& context) : context_(context) {}
+  explicit InferenceService(const InferenceApi& inference) : inference_(inference) {}
 
   grpc::ServerUnaryReactor* ServerLive(grpc::CallbackServerContext* call,
                                        const inference::ServerLiveRequest*,
@@ -63,14 +71,14 @@ class InferenceService final : public inference::GRPCInferenceService::CallbackS
   grpc::ServerUnaryReactor* ServerReady(grpc::CallbackServerContext* call,
                                         const inference::ServerReadyRequest*,
                                         inference::ServerReadyResponse* response) override {
-    response->set_ready(context_.ready.load());
+    response->set_ready(inference_.ready());
     return Finish(call, grpc::Status::OK);
   }
 
   grpc::ServerUnaryReactor* ModelReady(grpc::CallbackServerContext* call,
                                        const inference::ModelReadyRequest* request,
                                        inference::ModelReadyResponse* response) override {
-    auto resolved = ResolveModel(context_.repository, request->name(), request->version());
+    auto resolved = inference_.Resolve(request->name(), request->version());
     // A known model that is not serving is "not ready", not an error (as REST's 503 says).
     if (!resolved.ok() && resolved.error().code() != StatusCode::kUnavailable)
       return Finish(call, ToGrpc(resolved.error()));
@@ -91,7 +99,7 @@ class InferenceService final : public inference::GRPCInferenceService::CallbackS
   grpc::ServerUnaryReactor* ModelMetadata(grpc::CallbackServerContext* call,
                                           const inference::ModelMetadataRequest* request,
                                           inference::ModelMetadataResponse* response) override {
-    auto resolved = ResolveModel(context_.repository, request->name(), request->version());
+    auto resolved = inference_.Resolve(request->name(), request->version());
     if (!resolved.ok())
       return Finish(call, ToGrpc(resolved.error()));
     response->set_name(resolved->model->name);
@@ -115,73 +123,47 @@ class InferenceService final : public inference::GRPCInferenceService::CallbackS
   grpc::ServerUnaryReactor* ModelInfer(grpc::CallbackServerContext* call,
                                        const inference::ModelInferRequest* request,
                                        inference::ModelInferResponse* response) override {
-    // Runs here, on gRPC's callback thread (Execute joins the scheduler's arena on it), not
-    // queued on the scheduler as REST's inference is: in gRPC 1.51 a Finish from a foreign
-    // thread waits for a poller. Through a pool of ours that cost ~1 ms a call; through
-    // StartInference and a TBB worker, p50 0.145 against 0.105 ms here and 0.79x the
-    // throughput at 4 clients (MNIST, bench/grpc_bench.sh). Concurrency stays bounded by the
-    // runtime's admission (max_in_flight), which refuses rather than queues.
-    if (WaitsForABatch(request->model_name(), request->model_version()))
-      return InferBatched(call, request, response);
-    auto outcome = RunInference(
-        context_, request->model_name(), request->model_version(),
-        [request](const Network& network) { return ParseGrpcInferRequest(*request, network); });
-    if (!outcome.ok())
-      return Finish(call, ToGrpc(outcome.error()));
-    RenderGrpcInferResponse(outcome->model.model->name, outcome->model.version->version(),
-                            outcome->request, outcome->model.version->network(), outcome->outputs,
-                            request->raw_input_contents_size() != 0, *response);
-    return Finish(call, grpc::Status::OK);
-  }
-
- private:
-  // Whether the model's requests go to its dynamic batcher (issue 21).
-  bool WaitsForABatch(const std::string& model, const std::string& version) const {
-    auto resolved = ResolveModel(context_.repository, model, version);
-    return resolved.ok() && resolved->version->batcher() != nullptr;
-  }
-
-  // A request of a batched model waits for its batch without holding this thread: gRPC's
-  // callback threads are few, and blocked ones would keep batches from forming. Its deadline
-  // takes it out of the batch as REST's does. Finishing from the batch's thread costs more a call
-  // (see ModelInfer), which batching repays under load.
-  grpc::ServerUnaryReactor* InferBatched(grpc::CallbackServerContext* call,
-                                         const inference::ModelInferRequest* request,
-                                         inference::ModelInferResponse* response) {
+    // RunOn::kCaller: the parse, and an unbatched model's execution and answer, run here, on
+    // gRPC's callback thread (Execute joins the scheduler's arena on it), not queued on the
+    // scheduler as REST's inference is: in gRPC 1.51 a Finish from a foreign thread waits for a
+    // poller. Through a pool of ours that cost ~1 ms a call; through a TBB worker, p50 0.145
+    // against 0.105 ms here and 0.79x the throughput at 4 clients (MNIST, bench/grpc_bench.sh).
+    // Concurrency stays bounded by the runtime's admission (max_in_flight), which refuses rather
+    // than queues. A batched request leaves this thread once parsed (blocked callback threads
+    // would keep batches from forming) and is finished from its batch's thread, a cost batching
+    // repays under load.
     grpc::ServerUnaryReactor* reactor = call->DefaultReactor();
-    std::optional<std::chrono::steady_clock::time_point> deadline;
-    // gRPC's "no deadline" is a time centuries away.
-    if (const auto left = call->deadline() - std::chrono::system_clock::now();
-        left < std::chrono::hours(24 * 365)) {
-      deadline = std::chrono::steady_clock::now() +
-                 std::chrono::duration_cast<std::chrono::steady_clock::duration>(left);
-    }
-    StartInference(
-        context_, request->model_name(), request->model_version(),
-        [request](const Network& network) { return ParseGrpcInferRequest(*request, network); },
-        ParseOn::kCaller,  // as ModelInfer parses: here, one hand-off less
-        deadline,
-        [reactor, request, response](Result<InferenceOutcome> outcome) {
-          if (!outcome.ok()) {
-            reactor->Finish(ToGrpc(outcome.error()));
-            return;
-          }
-          RenderGrpcInferResponse(outcome->model.model->name, outcome->model.version->version(),
-                                  outcome->request, outcome->model.version->network(),
-                                  outcome->outputs, request->raw_input_contents_size() != 0,
-                                  *response);
-          reactor->Finish(grpc::Status::OK);
-        });
+    inference_.Infer(InferenceCall{
+        .model = request->model_name(),
+        .version = request->model_version(),
+        .parse =
+            [request](const Network& network) { return ParseGrpcInferRequest(*request, network); },
+        .run_on = RunOn::kCaller,
+        .deadline = DeadlineOf(*call),
+        .done =
+            [reactor, request, response](Result<InferenceOutcome> outcome) {
+              if (!outcome.ok()) {
+                reactor->Finish(ToGrpc(outcome.error()));
+                return;
+              }
+              RenderGrpcInferResponse(outcome->model.model->name, outcome->model.version->version(),
+                                      outcome->request, outcome->model.version->network(),
+                                      outcome->outputs, request->raw_input_contents_size() != 0,
+                                      *response);
+              reactor->Finish(grpc::Status::OK);
+            },
+    });
     return reactor;
   }
 
+ private:
   static grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* call, grpc::Status status) {
     grpc::ServerUnaryReactor* reactor = call->DefaultReactor();
     reactor->Finish(std::move(status));
     return reactor;
   }
 
-  const ServeContext& context_;
+  const InferenceApi& inference_;
 };
 
 }  // namespace
@@ -205,10 +187,10 @@ const ListenAddress& GrpcServer::address() const {
 }
 
 Result<std::unique_ptr<GrpcServer>> GrpcServer::Start(const ListenAddress& address,
-                                                      const ServeContext& context,
+                                                      const InferenceApi& inference,
                                                       GrpcLimits limits) {
   auto impl = std::make_unique<Impl>();
-  impl->service = std::make_unique<InferenceService>(context);
+  impl->service = std::make_unique<InferenceService>(inference);
   grpc::ServerBuilder builder;
   int bound_port = 0;
   builder.AddListeningPort(address.ToString(), grpc::InsecureServerCredentials(), &bound_port);

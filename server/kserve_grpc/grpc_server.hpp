@@ -6,7 +6,7 @@
 
 #include "backplane/core/status.hpp"
 #include "config/server_config.hpp"
-#include "serving/serving_context.hpp"
+#include "serving/inference.hpp"
 
 namespace backplane::server {
 
@@ -19,12 +19,13 @@ struct GrpcLimits {
 };
 
 // Started by Start, stopped by Stop or the destructor, from one thread. The RPCs are served
-// concurrently; `context` must outlive the server.
+// concurrently; `inference` must outlive the server.
 class GrpcServer {
  public:
   // Binds (port 0 picks a free one) and serves. kUnavailable when the address cannot be bound.
   static Result<std::unique_ptr<GrpcServer>> Start(const ListenAddress& address,
-                                                   const ServeContext& context, GrpcLimits limits);
+                                                   const InferenceApi& inference,
+                                                   GrpcLimits limits);
   ~GrpcServer();  // Stop()
   GrpcServer(const GrpcServer&) = delete;
   GrpcServer& operator=(const GrpcServer&) = delete;

@@ -1,8 +1,6 @@
 #include "kserve_rest/rest_routes.hpp"
 
 #include "kserve_rest/kserve_json.hpp"
-#include "serving/inference.hpp"
-#include "serving/model_repository.hpp"
 
 namespace backplane::server {
 using nlohmann::json;
@@ -32,29 +30,32 @@ HttpResponse InferenceResponse(Result<InferenceOutcome> outcome) {
   return response;
 }
 
-// Queued on the runtime's scheduler from the I/O thread: the parse, the run and the rendering
-// happen on a TBB worker, which hands the response back.
-void Infer(const ServeContext& context, HttpRequest request, HttpServer::Responder respond) {
+// Taken from the I/O thread: the parse, the run and the rendering happen where the model's queue
+// runs them (a TBB worker, a batcher's threads), which hands the response back.
+void Infer(const InferenceApi& inference, int max_json_depth, HttpRequest request,
+           HttpServer::Responder respond) {
   auto shared = std::make_shared<const HttpRequest>(std::move(request));
-  const int max_json_depth = context.max_json_depth;
-  StartInference(
-      context, shared->params[0], shared->params[1],
-      [shared, max_json_depth](const Network& network) -> Result<InferenceRequest> {
+  inference.Infer(InferenceCall{
+      .model = shared->params[0],
+      .version = shared->params[1],
+      .parse = [shared, max_json_depth](const Network& network) -> Result<InferenceRequest> {
         // Streamed from the body's text: no JSON document of the request is ever built.
         auto body = SplitInferenceBody(shared->body, shared->header(kInferenceHeaderContentLength));
         if (!body.ok())
           return body.error();
         return ParseInferenceRequest(*body, network, ParseLimits{.max_json_depth = max_json_depth});
       },
-      ParseOn::kQueue,  // never on the I/O thread: a large body parses for milliseconds
-      shared->deadline,
-      [respond = std::move(respond)](Result<InferenceOutcome> outcome) {
-        respond(InferenceResponse(std::move(outcome)));
-      });
+      .run_on = RunOn::kQueue,  // never on the I/O thread: a large body parses for milliseconds
+      .deadline = shared->deadline,
+      .done =
+          [respond = std::move(respond)](Result<InferenceOutcome> outcome) {
+            respond(InferenceResponse(std::move(outcome)));
+          },
+  });
 }
 
-HttpResponse ModelMetadata(const ServeContext& context, const HttpRequest& request) {
-  auto resolved = ResolveModel(context.repository, request.params[0], request.params[1]);
+HttpResponse ModelMetadata(const InferenceApi& inference, const HttpRequest& request) {
+  auto resolved = inference.Resolve(request.params[0], request.params[1]);
   if (!resolved.ok())
     return HttpResponse::FromStatus(resolved.error());
   std::vector<int64_t> versions;
@@ -72,8 +73,8 @@ HttpResponse ModelMetadata(const ServeContext& context, const HttpRequest& reque
   return HttpResponse::Json(metadata);
 }
 
-HttpResponse ModelReady(const ServeContext& context, const HttpRequest& request) {
-  auto resolved = ResolveModel(context.repository, request.params[0], request.params[1]);
+HttpResponse ModelReady(const InferenceApi& inference, const HttpRequest& request) {
+  auto resolved = inference.Resolve(request.params[0], request.params[1]);
   if (!resolved.ok())
     return HttpResponse::FromStatus(resolved.error());
   return HttpResponse::Json({{"name", resolved->model->name},
@@ -124,12 +125,12 @@ json ModelState(const ModelRepository& repository, const std::string& name) {
 
 }  // namespace
 
-void AddKServeRoutes(HttpServer& http, const ServeContext& context) {
+void AddKServeRoutes(HttpServer& http, const InferenceApi& inference, int max_json_depth) {
   http.Get("/v2/health/live", [](const HttpRequest&) {
     return HttpResponse::Json({{"live", true}});
   });
-  http.Get("/v2/health/ready", [context](const HttpRequest&) {
-    if (!context.ready.load())
+  http.Get("/v2/health/ready", [&inference](const HttpRequest&) {
+    if (!inference.ready())
       return HttpResponse::Error(503, "not ready: the server is starting or shutting down");
     return HttpResponse::Json({{"ready", true}});
   });
@@ -141,65 +142,66 @@ void AddKServeRoutes(HttpServer& http, const ServeContext& context) {
         {{"name", "backplane"}, {"version", BACKPLANE_VERSION}, {"extensions", extensions}});
   });
   http.Get(kModelPath,
-           [context](const HttpRequest& request) { return ModelMetadata(context, request); });
+           [&inference](const HttpRequest& request) { return ModelMetadata(inference, request); });
   http.Get(std::string(kModelPath) + "/ready",
-           [context](const HttpRequest& request) { return ModelReady(context, request); });
+           [&inference](const HttpRequest& request) { return ModelReady(inference, request); });
   http.PostAsync(std::string(kModelPath) + "/infer", HttpServer::Access::kPublic,
-                 [context](HttpRequest request, HttpServer::Responder respond) {
-                   Infer(context, std::move(request), std::move(respond));
+                 [&inference, max_json_depth](HttpRequest request, HttpServer::Responder respond) {
+                   Infer(inference, max_json_depth, std::move(request), std::move(respond));
                  });
+}
 
-  http.Post(
-      "/v2/repository/index", HttpServer::Access::kPublic, [context](const HttpRequest& request) {
-        bool ready_only = false;
-        if (!request.body.empty()) {
-          auto body = ParseJsonBody(request.body, context.max_json_depth);
-          if (!body.ok())
-            return HttpResponse::FromStatus(body.error());
-          if (!body->is_object())
-            return HttpResponse::Error(400, "the request body must be a JSON object");
-          for (const auto& [key, value] : body->items()) {
-            if (key != "ready" || !value.is_boolean()) {
-              return HttpResponse::Error(
-                  400,
-                  "the index request takes only {\"ready\": true|false}, got key '" + key + "'");
-            }
-            ready_only = value.get<bool>();
-          }
-        }
-        json index = json::array();
-        for (const auto& entry : context.repository.Index()) {
-          if (ready_only && entry.state != "READY")
-            continue;
-          json line = {{"name", entry.name}, {"state", entry.state}};
-          if (!entry.version.empty())
-            line["version"] = entry.version;
-          if (!entry.reason.empty())
-            line["reason"] = entry.reason;
-          index.push_back(std::move(line));
-        }
-        return HttpResponse::Json(index);
-      });
+void AddRepositoryRoutes(HttpServer& http, ModelRepository& repository, int max_json_depth) {
+  http.Post("/v2/repository/index", HttpServer::Access::kPublic,
+            [&repository, max_json_depth](const HttpRequest& request) {
+              bool ready_only = false;
+              if (!request.body.empty()) {
+                auto body = ParseJsonBody(request.body, max_json_depth);
+                if (!body.ok())
+                  return HttpResponse::FromStatus(body.error());
+                if (!body->is_object())
+                  return HttpResponse::Error(400, "the request body must be a JSON object");
+                for (const auto& [key, value] : body->items()) {
+                  if (key != "ready" || !value.is_boolean()) {
+                    return HttpResponse::Error(
+                        400, "the index request takes only {\"ready\": true|false}, got key '" +
+                                 key + "'");
+                  }
+                  ready_only = value.get<bool>();
+                }
+              }
+              json index = json::array();
+              for (const auto& entry : repository.Index()) {
+                if (ready_only && entry.state != "READY")
+                  continue;
+                json line = {{"name", entry.name}, {"state", entry.state}};
+                if (!entry.version.empty())
+                  line["version"] = entry.version;
+                if (!entry.reason.empty())
+                  line["reason"] = entry.reason;
+                index.push_back(std::move(line));
+              }
+              return HttpResponse::Json(index);
+            });
   http.Post("/v2/repository/models/{}/load", HttpServer::Access::kAdmin,
-            [context](const HttpRequest& request) {
-              Status body = CheckRepositoryBody(request, context.max_json_depth, {});
+            [&repository, max_json_depth](const HttpRequest& request) {
+              Status body = CheckRepositoryBody(request, max_json_depth, {});
               if (!body.ok())
                 return HttpResponse::FromStatus(body);
-              Status loaded = context.repository.Load(request.params[0]);
+              Status loaded = repository.Load(request.params[0]);
               if (!loaded.ok())
                 return HttpResponse::FromStatus(loaded);
-              return HttpResponse::Json(ModelState(context.repository, request.params[0]));
+              return HttpResponse::Json(ModelState(repository, request.params[0]));
             });
   http.Post("/v2/repository/models/{}/unload", HttpServer::Access::kAdmin,
-            [context](const HttpRequest& request) {
-              Status body =
-                  CheckRepositoryBody(request, context.max_json_depth, {"unload_dependents"});
+            [&repository, max_json_depth](const HttpRequest& request) {
+              Status body = CheckRepositoryBody(request, max_json_depth, {"unload_dependents"});
               if (!body.ok())
                 return HttpResponse::FromStatus(body);
-              Status unloaded = context.repository.Unload(request.params[0]);
+              Status unloaded = repository.Unload(request.params[0]);
               if (!unloaded.ok())
                 return HttpResponse::FromStatus(unloaded);
-              return HttpResponse::Json(ModelState(context.repository, request.params[0]));
+              return HttpResponse::Json(ModelState(repository, request.params[0]));
             });
 }
 

@@ -3,12 +3,16 @@
 #pragma once
 
 #include "http/http_server.hpp"
-#include "serving/serving_context.hpp"
+#include "serving/inference.hpp"
+#include "serving/model_repository.hpp"
 
 namespace backplane::server {
 
-// Registers the routes on `http`; `context` must outlive it. Load and unload are admin routes
-// (bearer token when one is set).
-void AddKServeRoutes(HttpServer& http, const ServeContext& context);
+// The inference routes: health, server and model metadata, readiness, inference. They see the
+// server through `inference` alone, which must outlive `http`.
+void AddKServeRoutes(HttpServer& http, const InferenceApi& inference, int max_json_depth);
+// The repository extension: index (public), load and unload (admin routes: bearer token when one
+// is set). `repository` must outlive `http`.
+void AddRepositoryRoutes(HttpServer& http, ModelRepository& repository, int max_json_depth);
 
 }  // namespace backplane::server

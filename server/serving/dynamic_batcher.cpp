@@ -252,8 +252,7 @@ DynamicBatcher::~DynamicBatcher() {
   dispatcher_.join();
 }
 
-void DynamicBatcher::Submit(Runtime::InputsFactory make_inputs, Runtime::ExecuteCallback done,
-                            std::optional<Clock::time_point> deadline, ParseOn parse_on) {
+void DynamicBatcher::Submit(QueuedRequest request) {
   std::optional<Arrival> parse_here;
   bool taken = false;
   {
@@ -263,10 +262,10 @@ void DynamicBatcher::Submit(Runtime::InputsFactory make_inputs, Runtime::Execute
       ++shared_->waiting;
       Arrival arrival{.sequence = shared_->next_sequence++,
                       .arrived = Clock::now(),
-                      .deadline = deadline,
-                      .make_inputs = std::move(make_inputs),
-                      .done = std::move(done)};
-      if (parse_on == ParseOn::kCaller)
+                      .deadline = request.deadline,
+                      .make_inputs = std::move(request.inputs),
+                      .done = std::move(request.finish)};
+      if (request.run_on == RunOn::kCaller)
         parse_here = std::move(arrival);
       else
         shared_->arrivals.push_back(std::move(arrival));
@@ -277,9 +276,10 @@ void DynamicBatcher::Submit(Runtime::InputsFactory make_inputs, Runtime::Execute
   } else if (taken) {
     shared_->arrived.notify_one();
   } else {
-    done(Status(StatusCode::kResourceExhausted,
-                options_.what + " has " + std::to_string(options_.limits.max_waiting_requests) +
-                    " requests waiting for a batch, the server's max_in_flight; retry later"));
+    request.finish(
+        Status(StatusCode::kResourceExhausted,
+               options_.what + " has " + std::to_string(options_.limits.max_waiting_requests) +
+                   " requests waiting for a batch, the server's max_in_flight; retry later"));
   }
 }
 
@@ -327,7 +327,7 @@ void DynamicBatcher::ParseArrival(Arrival arrival) {
   arrival.make_inputs = nullptr;  // what it refers to (the body) goes as soon as it is parsed
   if (!inputs.ok())
     return answer_alone(std::move(inputs).error());
-  // The parse (ModelCall::Parse) applies the same check; checked here again so that the
+  // The request's one row check (RuntimeQueue makes it for a model that does not batch): the
   // batcher never joins what it could not split back.
   auto rows = BatchRows(*inputs, Network{}, options_.max_batch_size, options_.what);
   if (!rows.ok())

@@ -40,22 +40,11 @@
 
 #include "backplane/runtime/runtime.hpp"
 #include "serving/batching_config.hpp"
+#include "serving/request_queue.hpp"
 
 namespace backplane::server {
 
 struct ModelMetrics;
-
-// Where a request's parse runs.
-enum class ParseOn {
-  // Where the request is queued: a TBB worker, or a batcher's parser thread. For transports whose
-  // threads must stay free (REST's few I/O threads hold every connection; a large JSON body
-  // parses for milliseconds).
-  kQueue,
-  // On the thread that starts the request, before the call returns: one hand-off less, which
-  // costs more than the parse of raw tensors (gRPC's callback thread parses its unbatched
-  // requests there too).
-  kCaller,
-};
 
 // What the server allows every batcher, from its own configuration.
 struct BatcherLimits {
@@ -103,14 +92,14 @@ class CompanyOutlook {
 };
 
 // Thread-safe. Owns parser threads (one per execution slot), which parse arrivals off the
-// transports' threads (ParseOn::kQueue), and one dispatcher thread, which groups them by key in
+// transports' threads (RunOn::kQueue), and one dispatcher thread, which groups them by key in
 // arrival order, answers expired deadlines, and dispatches batches to the runtime; the runtime's
 // TBB workers execute them and answer the requests. One thread parsed everything before: REST's
 // JSON of a 784-float row cost more than its share of a batched execution, and that thread capped
 // the batched wide MLP at about one core's worth of parsing. Every hand-off costs a wake-up, so
 // the dispatcher hears of a parsed request only when it could act on it: when an execution slot
 // is free (all busy, a batch's end wakes it) or the request has a deadline to watch.
-class DynamicBatcher {
+class DynamicBatcher final : public RequestQueue {
  public:
   using Clock = std::chrono::steady_clock;
   struct Options {
@@ -129,14 +118,13 @@ class DynamicBatcher {
   DynamicBatcher(const DynamicBatcher&) = delete;
   DynamicBatcher& operator=(const DynamicBatcher&) = delete;
 
-  // Queues one request as Runtime::ExecuteAsync does: `make_inputs` runs first (on a parser
-  // thread, or before Submit returns with ParseOn::kCaller); `done` gets this request's rows of
-  // every output, or its error, on a TBB worker, a parser or the dispatcher thread. Refused at once
-  // on the caller's thread with kResourceExhausted when max_waiting_requests wait already.
-  // kInvalidArgument for inputs whose first dimensions differ or exceed max_batch_size;
-  // kDeadlineExceeded when `deadline` passes before the request's batch leaves.
-  void Submit(Runtime::InputsFactory make_inputs, Runtime::ExecuteCallback done,
-              std::optional<Clock::time_point> deadline, ParseOn parse_on);
+  // Queues one request: its parse runs first (on a parser thread, or before Submit returns with
+  // RunOn::kCaller); `finish` gets this request's rows of every output, or its error, on a TBB
+  // worker, a parser or the dispatcher thread. Refused at once on the caller's thread with
+  // kResourceExhausted when max_waiting_requests wait already. kInvalidArgument for inputs whose
+  // first dimensions differ or exceed max_batch_size; kDeadlineExceeded when the deadline passes
+  // before the request's batch leaves. The routing key is not read: a batch mixes clients.
+  void Submit(QueuedRequest request) override;
 
  private:
   struct Shared;

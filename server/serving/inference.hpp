@@ -1,15 +1,12 @@
-// One inference on a served model, whatever the transport: resolve the model and version, count
-// the request, admit it under the model's max_in_flight, parse its inputs against the network,
-// execute, observe the latency. The REST handler (kserve_api.cpp) queues it on the runtime's
-// scheduler with StartInference; the gRPC service runs it on its own callback thread with
-// RunInference; both only translate bodies and errors. A model with dynamic_batching sends its
-// requests to its version's DynamicBatcher instead of the scheduler, whichever function starts
-// them (gRPC uses StartInference for those). Thread-safe.
+// What the inference transports (REST, gRPC) see of the server: the serving models, readiness,
+// and one entry point for an inference request, whatever the transport and whatever the model
+// (batched or not: each model version's request queue decides, request_queue.hpp). The registry,
+// the rollouts and the runtime stay behind it: only the admin API sees those.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <functional>
-#include <memory>
 #include <optional>
 #include <string_view>
 #include <vector>
@@ -18,9 +15,11 @@
 #include "backplane/core/tensor.hpp"
 #include "serving/inference_request.hpp"
 #include "serving/model_repository.hpp"
-#include "serving/serving_context.hpp"
+#include "serving/request_queue.hpp"
 
 namespace backplane::server {
+
+class ServerMetrics;
 
 // The protocol extensions the server speaks, as /v2 (REST) and ServerMetadata (gRPC) list them.
 inline constexpr std::string_view kServerExtensions[] = {
@@ -37,28 +36,51 @@ struct InferenceOutcome {
 // Turns the transport's body into a validated request for `network`; kInvalidArgument naming the
 // input and why.
 using InferenceRequestParser = std::function<Result<InferenceRequest>(const Network& network)>;
-
-// For a batched model the calling thread waits until the request's batch has answered it.
-// Errors: kNotFound (no such model or version), kUnavailable (model not serving),
-// kInvalidArgument (the parser's message, prefixed with the model and version),
-// kResourceExhausted (max_in_flight reached, or the scheduler refused), and whatever Execute
-// returns. Every failure of a repository model is counted in its metrics.
-Result<InferenceOutcome> RunInference(const ServeContext& context, std::string_view model,
-                                      std::string_view version_text,
-                                      const InferenceRequestParser& parse);
-
-// The same as a request of the runtime's scheduler: the execution and `done` run on a TBB
-// worker, within the scheduler's limit of requests in flight (beyond it kResourceExhausted), and
-// kDeadlineExceeded when `deadline` passes before it starts (for a batched model: before its
-// batch leaves). The parse runs where `parse_on` says: on the calling thread before this returns,
-// or where the request is queued (a TBB worker, or the batcher's parser thread). A request
-// refused before it is queued (unknown model, max_in_flight) calls `done` at once on the caller's
-// thread, and so does a batched one whose parse fails there. `parse` and what it refers to must
-// live until it has run.
 using InferenceDone = std::function<void(Result<InferenceOutcome>)>;
-void StartInference(const ServeContext& context, std::string_view model,
-                    std::string_view version_text, InferenceRequestParser parse, ParseOn parse_on,
-                    std::optional<std::chrono::steady_clock::time_point> deadline,
-                    InferenceDone done);
+
+// One inference request as a transport starts it.
+struct InferenceCall {
+  std::string_view model;    // read before Infer returns
+  std::string_view version;  // "": the highest version serving
+  // Runs where `run_on` says; it, and what it refers to (the body), must live until it has run.
+  InferenceRequestParser parse;
+  RunOn run_on = RunOn::kQueue;
+  // kDeadlineExceeded when it passes before the request starts (batched: before its batch
+  // leaves).
+  std::optional<std::chrono::steady_clock::time_point> deadline;
+  // Called once with the outcome: on the caller's thread when the request is refused before it
+  // is queued (unknown model, max_in_flight) or ran there (RunOn::kCaller), else on the thread
+  // that finished it (a TBB worker, a batcher's thread).
+  InferenceDone done;
+};
+
+// Thread-safe; what it refers to outlives it and every request it started.
+class InferenceApi {
+ public:
+  InferenceApi(const ModelRepository& repository, ServerMetrics& metrics,
+               const std::atomic<bool>& ready)
+      : repository_(repository), metrics_(metrics), ready_(ready) {}
+
+  // False until the server is ready, and again from the moment it stops.
+  bool ready() const { return ready_.load(); }
+  // The model and version a request names (ResolveModel).
+  Result<ResolvedModel> Resolve(std::string_view model, std::string_view version) const {
+    return ResolveModel(repository_, model, version);
+  }
+
+  // Resolves the model once, counts the request, admits it under the model's max_in_flight,
+  // and hands it to its version's request queue, which parses, executes and answers it.
+  // Errors: kNotFound (no such model or version), kUnavailable (model not serving),
+  // kInvalidArgument (the parser's message, prefixed with the model and version; rows past
+  // max_batch_size), kResourceExhausted (max_in_flight reached, or the queue is full),
+  // kDeadlineExceeded, and whatever Execute returns. Every failure of a repository model is
+  // counted in its metrics.
+  void Infer(InferenceCall call) const;
+
+ private:
+  const ModelRepository& repository_;
+  ServerMetrics& metrics_;
+  const std::atomic<bool>& ready_;
+};
 
 }  // namespace backplane::server

@@ -303,7 +303,7 @@ std::pair<std::vector<std::string>, std::vector<std::string>> PlacementOf(const 
 
 ModelVersion::ModelVersion(Runtime& runtime, NetworkId id, std::string model, int64_t version,
                            std::shared_ptr<const Network> network, fs::file_time_type mtime,
-                           uintmax_t size, std::unique_ptr<DynamicBatcher> batcher)
+                           uintmax_t size, std::unique_ptr<RequestQueue> queue)
     : runtime_(runtime),
       id_(id),
       model_(std::move(model)),
@@ -312,7 +312,7 @@ ModelVersion::ModelVersion(Runtime& runtime, NetworkId id, std::string model, in
       mtime_(mtime),
       size_(size),
       placement_at_load_(PlacementOf(runtime, id)),
-      batcher_(std::move(batcher)) {}
+      queue_(std::move(queue)) {}
 
 bool ModelVersion::PlacedAsLoaded() const {
   return PlacementOf(runtime_, id_) == placement_at_load_;
@@ -320,8 +320,9 @@ bool ModelVersion::PlacedAsLoaded() const {
 
 ModelVersion::~ModelVersion() {
   // Runs on the reaper thread (see Prepare), whichever thread dropped the last reference. No
-  // request waits in the batcher any more (each holds this version); its thread stops first.
-  batcher_.reset();
+  // request waits in the queue any more (each holds this version); a batcher's threads stop
+  // first.
+  queue_.reset();
   Status unloaded = runtime_.UnloadNetwork(id_);
   if (unloaded.ok()) {
     Log().info("model {} version {} unloaded", model_, version_);
@@ -516,15 +517,22 @@ Result<std::shared_ptr<const ServingModel>> ModelRepository::Prepare(const std::
       (void)runtime_.UnloadNetwork(id.value());
       return Status(loaded_network.error().code(), what + ": " + loaded_network.error().message());
     }
-    std::unique_ptr<DynamicBatcher> batcher;
+    // The request queue is chosen here, once: the request path never asks whether it batches.
+    std::unique_ptr<RequestQueue> queue;
     if (model->config.dynamic_batching) {
-      batcher = std::make_unique<DynamicBatcher>(
+      queue = std::make_unique<DynamicBatcher>(
           runtime_, DynamicBatcher::Options{.network = id.value(),
                                             .what = what,
                                             .max_batch_size = model->config.max_batch_size,
                                             .batching = *model->config.dynamic_batching,
                                             .limits = batcher_limits_,
                                             .metrics = model->metrics});
+    } else {
+      queue = std::make_unique<RuntimeQueue>(
+          runtime_, RuntimeQueue::Options{.network = id.value(),
+                                          .what = what,
+                                          .max_batch_size = model->config.max_batch_size,
+                                          .metrics = model->metrics});
     }
     // From here the ModelVersion owns the network: a later failure unloads it on the way out.
     // Unloading takes the runtime's lock, which a backend swap holds while it prepares every
@@ -533,7 +541,7 @@ Result<std::shared_ptr<const ServingModel>> ModelRepository::Prepare(const std::
     model->versions.emplace(version, loader::MakeReaped(std::make_unique<const ModelVersion>(
                                                             runtime_, id.value(), name, version,
                                                             std::move(loaded_network).value(),
-                                                            mtime, size, std::move(batcher)),
+                                                            mtime, size, std::move(queue)),
                                                         runtime_.registry().loader().reaper()));
     std::string placed;
     if (auto placement = runtime_.GetPlacement(id.value()); placement.ok()) {

@@ -18,6 +18,7 @@
 #include "backplane/runtime/runtime.hpp"
 #include "serving/batching_config.hpp"
 #include "serving/dynamic_batcher.hpp"
+#include "serving/request_queue.hpp"
 
 namespace backplane::server {
 
@@ -74,19 +75,20 @@ bool IsValidModelName(std::string_view name);
 // Thread-safe (immutable).
 class ModelVersion {
  public:
-  // `batcher`: null when the model's config has no dynamic_batching.
+  // `queue`: where its requests go (RuntimeQueue, or a DynamicBatcher when the model's config
+  // has dynamic_batching); not null.
   ModelVersion(Runtime& runtime, NetworkId id, std::string model, int64_t version,
                std::shared_ptr<const Network> network, std::filesystem::file_time_type mtime,
-               uintmax_t size, std::unique_ptr<DynamicBatcher> batcher);
-  ~ModelVersion();  // stops the batcher, then unloads the network
+               uintmax_t size, std::unique_ptr<RequestQueue> queue);
+  ~ModelVersion();  // stops the queue (a batcher's threads), then unloads the network
   ModelVersion(const ModelVersion&) = delete;
   ModelVersion& operator=(const ModelVersion&) = delete;
 
   NetworkId network_id() const { return id_; }
   int64_t version() const { return version_; }
   const Network& network() const { return *network_; }
-  // Where requests of this version go when its model batches them; null: executed one by one.
-  DynamicBatcher* batcher() const { return batcher_.get(); }
+  // Where every admitted request of this version goes.
+  RequestQueue& queue() const { return *queue_; }
   // The model file's identity when it was loaded: a `load` call reloads a changed file.
   bool SameFile(std::filesystem::file_time_type mtime, uintmax_t size) const {
     return mtime == mtime_ && size == size_;
@@ -106,7 +108,7 @@ class ModelVersion {
   const uintmax_t size_;
   // What PlacedAsLoaded compares: the runtime's backends and each layer's, at load.
   const std::pair<std::vector<std::string>, std::vector<std::string>> placement_at_load_;
-  std::unique_ptr<DynamicBatcher> batcher_;  // reset first in the destructor
+  std::unique_ptr<RequestQueue> queue_;  // reset first in the destructor
 };
 
 // A model as requests see it: immutable once published.

@@ -1,6 +1,6 @@
-// What the transports of `backplane serve` (REST, gRPC, admin) work with: the serving core's
-// parts, by reference. ServingCore owns them and stops every transport before any of them goes;
-// each is thread-safe.
+// What the admin API of `backplane serve` works with: the serving core's parts, by reference
+// (the inference transports get only `inference`). ServingCore owns them and stops every transport
+// before any of them goes; each is thread-safe.
 #pragma once
 
 #include <atomic>
@@ -15,11 +15,13 @@ class CrashSupervisor;
 
 namespace backplane::server {
 
+class InferenceApi;
 class ModelRepository;
 class RolloutController;
 class ServerMetrics;
 
 struct ServeContext {
+  const InferenceApi& inference;  // all the inference transports see (serving/inference.hpp)
   Runtime& runtime;
   BackendRegistry& registry;
   ModelRepository& repository;

@@ -45,11 +45,11 @@ Result<std::shared_ptr<loader::Loader>> MakeLoader(
   isolation.worker.memory_limit_bytes = config.worker.memory_limit_bytes;
   isolation.worker.slots = static_cast<uint32_t>(config.worker.slots);
   isolation.worker.slot_bytes = config.worker.slot_bytes;
-  auto on_crash = [weak = std::weak_ptr<CrashSupervisor>(supervisor)](
-                      const isolation::WorkerCrash& crash) {
-    if (auto alive = weak.lock())
-      alive->OnCrash(crash);
-  };
+  auto on_crash =
+      [weak = std::weak_ptr<CrashSupervisor>(supervisor)](const isolation::WorkerCrash& crash) {
+        if (auto alive = weak.lock())
+          alive->OnCrash(crash);
+      };
   return loader::Loader::Create(
       {.out_of_process = isolation::MakeWorkerRunner(isolation, std::move(on_crash))});
 }
@@ -59,9 +59,8 @@ Result<std::shared_ptr<loader::Loader>> MakeLoader(
 Result<std::unique_ptr<ServingCore>> ServingCore::Start(const ServeConfig& config) {
   auto core = std::unique_ptr<ServingCore>(new ServingCore());
 
-  core->crash_supervisor_ = std::make_shared<CrashSupervisor>(
-      CrashPolicy{.max_crashes = config.worker.max_crashes,
-                  .crash_window = config.worker.crash_window});
+  core->crash_supervisor_ = std::make_shared<CrashSupervisor>(CrashPolicy{
+      .max_crashes = config.worker.max_crashes, .crash_window = config.worker.crash_window});
   auto made_loader = MakeLoader(config, core->crash_supervisor_);
   if (!made_loader.ok())
     return Status(made_loader.error().code(), "backend loader: " + made_loader.error().message());
@@ -74,15 +73,15 @@ Result<std::unique_ptr<ServingCore>> ServingCore::Start(const ServeConfig& confi
   std::shared_ptr<const loader::TrustPolicy> trust_policy = std::move(trust).value();
   if (trust_policy != nullptr)
     Log().info("only trusted backend content loads: {}", trust_policy->Describe());
-  auto registry = BackendRegistry::Create({.backend_paths = config.backends,
-                                           .loader = core->loader_,
-                                           .trust = trust_policy,
-                                           .deploy_policy = config.deploy_policy == "progressive"
-                                                                ? DeployPolicy::kProgressive
-                                                                : DeployPolicy::kImmediate,
-                                           .state_dir = config.state_dir,
-                                           .crash_grace = config.crash_grace,
-                                           .sandbox_candidates = config.rollout.sandbox_candidates});
+  auto registry = BackendRegistry::Create(
+      {.backend_paths = config.backends,
+       .loader = core->loader_,
+       .trust = trust_policy,
+       .deploy_policy = config.deploy_policy == "progressive" ? DeployPolicy::kProgressive
+                                                              : DeployPolicy::kImmediate,
+       .state_dir = config.state_dir,
+       .crash_grace = config.crash_grace,
+       .sandbox_candidates = config.rollout.sandbox_candidates});
   // A state_dir that cannot be used stops the start: its message begins "state_dir <path>: ".
   if (!registry.ok())
     return Status(registry.error().code(), "backend registry: " + registry.error().message());
@@ -160,7 +159,9 @@ Result<std::unique_ptr<ServingCore>> ServingCore::Start(const ServeConfig& confi
     core->crash_capture_->AttachModels(*core->repository_);
   core->repository_->LoadAll();
 
-  core->context_.emplace(ServeContext{.runtime = *core->runtime_,
+  core->inference_.emplace(*core->repository_, core->metrics_, core->ready_);
+  core->context_.emplace(ServeContext{.inference = *core->inference_,
+                                      .runtime = *core->runtime_,
                                       .registry = *core->registry_,
                                       .repository = *core->repository_,
                                       .metrics = core->metrics_,
@@ -185,6 +186,7 @@ void ServingCore::Stop() {
   while (!transports_.empty())
     transports_.pop_back();
   context_.reset();
+  inference_.reset();
   // 2. No more backend files applied while tearing down, no worker restarted.
   crash_supervisor_.reset();
   reloader_.reset();

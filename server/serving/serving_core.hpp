@@ -20,6 +20,7 @@
 #include "metrics/metrics.hpp"
 #include "rollout/rollout_controller.hpp"
 #include "serving/crash_capture.hpp"
+#include "serving/inference.hpp"
 #include "serving/model_repository.hpp"
 #include "serving/serving_context.hpp"
 
@@ -39,6 +40,8 @@ class ServingCore {
   ServingCore& operator=(const ServingCore&) = delete;
 
   const ServeContext& context() const { return *context_; }
+  // What the inference transports are started on.
+  const InferenceApi& inference() const { return *inference_; }
   ServerMetrics& metrics() { return metrics_; }
 
   // Keeps a started transport (HttpServer, GrpcServer) until Stop, which destroys transports
@@ -75,6 +78,7 @@ class ServingCore {
   std::unique_ptr<RolloutController> rollouts_;
   std::unique_ptr<BackendReloader> reloader_;
   std::unique_ptr<ModelRepository> repository_;
+  std::optional<InferenceApi> inference_;
   std::optional<ServeContext> context_;
   std::vector<std::shared_ptr<void>> transports_;  // type-erased; each one's destructor stops it
   bool stopped_ = false;

@@ -62,20 +62,10 @@ server::InferenceRequestParser RequestParserOf(std::vector<Tensor> inputs) {
 }
 
 // One inference through the serving core, as a transport starts it.
-std::future<Result<std::vector<Tensor>>> StartInferenceOf(const server::ServeContext& context,
-                                                          const std::string& model,
-                                                          std::vector<Tensor> inputs) {
-  auto answer = std::make_shared<std::promise<Result<std::vector<Tensor>>>>();
-  auto future = answer->get_future();
-  server::StartInference(context, model, "", RequestParserOf(std::move(inputs)),
-                         server::ParseOn::kQueue, std::nullopt,
-                         [answer](Result<server::InferenceOutcome> outcome) {
-                           if (!outcome.ok())
-                             answer->set_value(outcome.error());
-                           else
-                             answer->set_value(std::move(outcome->outputs));
-                         });
-  return future;
+std::future<Result<server::InferenceOutcome>> StartInferenceOf(const server::ServeContext& context,
+                                                               const std::string& model,
+                                                               std::vector<Tensor> inputs) {
+  return StartInference(context.inference, model, RequestParserOf(std::move(inputs)));
 }
 
 // The inputs of a request of `rows` rows to `batch_case`, values in [-1, 1).
@@ -100,14 +90,15 @@ std::vector<float> ElementsOf(const Tensor& tensor) {
 }
 
 // Fails the test when `batched` is not exactly `alone`.
-void ExpectSameAnswer(const Result<std::vector<Tensor>>& batched,
+void ExpectSameAnswer(const Result<server::InferenceOutcome>& batched,
                       const Result<server::InferenceOutcome>& alone, const std::string& what) {
   ASSERT_TRUE(alone.ok()) << what << ": alone: " << alone.error().ToString();
   ASSERT_TRUE(batched.ok()) << what << ": batched: " << batched.error().ToString();
-  ASSERT_EQ(batched->size(), alone->outputs.size()) << what;
-  for (std::size_t o = 0; o < batched->size(); ++o) {
-    EXPECT_EQ((*batched)[o].info().shape, alone->outputs[o].info().shape) << what;
-    EXPECT_EQ(ElementsOf((*batched)[o]), ElementsOf(alone->outputs[o])) << what << ", output " << o;
+  ASSERT_EQ(batched->outputs.size(), alone->outputs.size()) << what;
+  for (std::size_t o = 0; o < batched->outputs.size(); ++o) {
+    EXPECT_EQ(batched->outputs[o].info().shape, alone->outputs[o].info().shape) << what;
+    EXPECT_EQ(ElementsOf(batched->outputs[o]), ElementsOf(alone->outputs[o]))
+        << what << ", output " << o;
   }
 }
 
@@ -200,7 +191,7 @@ TEST(BatchIndependenceTest, EverySafeCatalogueModelAnswersConcurrentClientsAsAlo
       struct Sent {
         const BatchCase* model;
         std::vector<Tensor> inputs;
-        std::future<Result<std::vector<Tensor>>> answer;
+        std::future<Result<server::InferenceOutcome>> answer;
       };
       // Four requests in flight at once per client, to the models every client sends its burst
       // of that number to (the clients go at about the same pace): requests of several clients
@@ -216,8 +207,8 @@ TEST(BatchIndependenceTest, EverySafeCatalogueModelAnswersConcurrentClientsAsAlo
         }
         for (std::size_t i = 0; i < sent.size(); ++i) {
           const auto batched = sent[i].answer.get();
-          const auto alone = server::RunInference(context, sent[i].model->name + "_alone", "",
-                                                  RequestParserOf(sent[i].inputs));
+          const auto alone = InferNow(context.inference, sent[i].model->name + "_alone",
+                                      RequestParserOf(sent[i].inputs));
           ExpectSameAnswer(batched, alone,
                            "client " + std::to_string(c) + " burst " + std::to_string(burst) +
                                ", " + sent[i].model->name);
@@ -244,10 +235,10 @@ TEST(BatchIndependenceTest, EverySafeCatalogueModelAnswersConcurrentClientsAsAlo
     auto inputs = RandomInputs(batch_case, 3, random);
     const auto batched = StartInferenceOf(context, batch_case.name, inputs).get();
     const auto alone =
-        server::RunInference(context, batch_case.name + "_alone", "", RequestParserOf(inputs));
+        InferNow(context.inference, batch_case.name + "_alone", RequestParserOf(inputs));
     ExpectSameAnswer(batched, alone, "lone 3 rows, " + batch_case.name);
     if (batched.ok()) {
-      for (const Tensor& output : *batched)
+      for (const Tensor& output : batched->outputs)
         EXPECT_EQ(output.info().shape[0], 3) << batch_case.name << ": a padding row came back";
     }
   }
@@ -345,7 +336,7 @@ TEST(BatchIndependenceTest, AZeroRowRequestGetsTheSameAnswerBatchedAndUnbatched)
             batched + " " + ToString(shape) + (with_company ? ", among other requests" : ", alone");
         // Others in the batcher meanwhile: with a delay of 20 ms they wait for company, and
         // the zero-row request arrives among them.
-        std::vector<std::future<Result<std::vector<Tensor>>>> others;
+        std::vector<std::future<Result<server::InferenceOutcome>>> others;
         const auto send_company = [&] {
           others.clear();
           if (with_company) {

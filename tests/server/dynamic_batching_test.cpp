@@ -304,16 +304,20 @@ std::future<Result<std::vector<Tensor>>> StartBatchedInference(
     const server::ServeContext& context, const std::string& model,
     server::InferenceRequestParser parse,
     std::optional<std::chrono::steady_clock::time_point> deadline = std::nullopt,
-    server::ParseOn parse_on = server::ParseOn::kQueue) {
+    server::RunOn run_on = server::RunOn::kQueue) {
   auto answer = std::make_shared<std::promise<Result<std::vector<Tensor>>>>();
   auto future = answer->get_future();
-  server::StartInference(context, model, "", std::move(parse), parse_on, deadline,
-                         [answer](Result<server::InferenceOutcome> outcome) {
-                           if (!outcome.ok())
-                             answer->set_value(outcome.error());
-                           else
-                             answer->set_value(std::move(outcome->outputs));
-                         });
+  context.inference.Infer(
+      server::InferenceCall{.model = model,
+                            .parse = std::move(parse),
+                            .run_on = run_on,
+                            .deadline = deadline,
+                            .done = [answer](Result<server::InferenceOutcome> outcome) {
+                              if (!outcome.ok())
+                                answer->set_value(outcome.error());
+                              else
+                                answer->set_value(std::move(outcome->outputs));
+                            }});
   return future;
 }
 
@@ -353,8 +357,8 @@ TEST(DynamicBatchingTest, BatchedAnswersEqualTheSameRequestsRunAlone) {
   // does), two on the batcher's parser threads (as REST does), into the same batches.
   std::vector<std::thread> clients;
   for (int c = 0; c < 4; ++c) {
-    const auto parse_on = c % 2 == 0 ? server::ParseOn::kCaller : server::ParseOn::kQueue;
-    clients.emplace_back([&, c, parse_on] {
+    const auto run_on = c % 2 == 0 ? server::RunOn::kCaller : server::RunOn::kQueue;
+    clients.emplace_back([&, c, run_on] {
       for (std::size_t i = c; i < sent.size(); i += 4) {
         Sent& request = sent[i];
         std::optional<std::chrono::steady_clock::time_point> deadline;
@@ -365,7 +369,7 @@ TEST(DynamicBatchingTest, BatchedAnswersEqualTheSameRequestsRunAlone) {
             ParserOf({request.input}, request.kind == Sent::Kind::kInvalid
                                           ? "request " + std::to_string(i) + " is invalid"
                                           : ""),
-            deadline, parse_on);
+            deadline, run_on);
       }
     });
   }
@@ -390,7 +394,7 @@ TEST(DynamicBatchingTest, BatchedAnswersEqualTheSameRequestsRunAlone) {
       case Sent::Kind::kValid: {
         ++valid;
         ASSERT_TRUE(answer.ok()) << "request " << i << ": " << answer.error().ToString();
-        auto alone = server::RunInference(context, "relu_alone", "", ParserOf({sent[i].input}));
+        auto alone = InferNow(context.inference, "relu_alone", ParserOf({sent[i].input}));
         ASSERT_TRUE(alone.ok()) << alone.error().ToString();
         ASSERT_EQ(answer->size(), 1u);
         EXPECT_EQ(answer->front().info(), alone->outputs.front().info()) << "request " << i;
@@ -408,17 +412,18 @@ TEST(DynamicBatchingTest, BatchedAnswersEqualTheSameRequestsRunAlone) {
   EXPECT_GT(sizes.sum, 0);
 }
 
-// ParseOn is a promise about threads: kCaller parses before StartInference returns, on the
-// caller's thread (a failed parse is answered there too), kQueue never on the caller's thread
-// (REST's I/O threads must not parse). Batched and unbatched models alike.
-TEST(DynamicBatchingTest, ParseOnSaysWhichThreadParses) {
+// RunOn is a promise about threads: kCaller parses before Infer returns, on the caller's thread
+// (a failed parse is answered there too), and an unbatched model's request is executed and
+// answered there as well; kQueue never parses on the caller's thread (REST's I/O threads must
+// not parse). Batched and unbatched models alike.
+TEST(DynamicBatchingTest, RunOnSaysWhichThreadParsesAndRuns) {
   const ReluBatchingServer served(R"({"backends": ["CpuRef"], "max_batch_size": 8,
                  "dynamic_batching": {"max_queue_delay_us": 1000}})");
   const auto& context = served.context();
   std::mt19937_64 random(3);
   for (const std::string model : {"relu", "relu_alone"}) {
-    for (const auto parse_on : {server::ParseOn::kCaller, server::ParseOn::kQueue}) {
-      const bool on_caller = parse_on == server::ParseOn::kCaller;
+    for (const auto run_on : {server::RunOn::kCaller, server::RunOn::kQueue}) {
+      const bool on_caller = run_on == server::RunOn::kCaller;
       SCOPED_TRACE(model + (on_caller ? ", kCaller" : ", kQueue"));
       for (const bool valid : {true, false}) {
         auto parsed_on = std::make_shared<std::promise<std::thread::id>>();
@@ -431,7 +436,7 @@ TEST(DynamicBatchingTest, ParseOnSaysWhichThreadParses) {
               parsed_on->set_value(std::this_thread::get_id());
               return inner(network);
             },
-            std::nullopt, parse_on);
+            std::nullopt, run_on);
         if (on_caller) {
           ASSERT_EQ(thread.wait_for(0s), std::future_status::ready) << "parsed after the return";
           EXPECT_EQ(thread.get(), std::this_thread::get_id());
@@ -441,6 +446,10 @@ TEST(DynamicBatchingTest, ParseOnSaysWhichThreadParses) {
         if (!valid && on_caller && model == "relu") {
           EXPECT_EQ(answer.wait_for(0s), std::future_status::ready)
               << "a batched request that fails its parse on the caller is answered there";
+        }
+        if (on_caller && model == "relu_alone") {
+          EXPECT_EQ(answer.wait_for(0s), std::future_status::ready)
+              << "an unbatched request on the caller is executed and answered before the return";
         }
         auto result = answer.get();
         EXPECT_EQ(result.ok(), valid) << (result.ok() ? "" : result.error().ToString());
@@ -483,7 +492,7 @@ TEST(DynamicBatchingTest, BatchesOfEverySizeCompileOneProgramPerExecutionSize) {
   for (std::size_t i = 0; i < answers.size(); ++i) {
     auto answer = answers[i].get();
     ASSERT_TRUE(answer.ok()) << "request " << i << ": " << answer.error().ToString();
-    auto alone = server::RunInference(context, "mlp_alone", "", ParserOf({inputs[i]}));
+    auto alone = InferNow(context.inference, "mlp_alone", ParserOf({inputs[i]}));
     ASSERT_TRUE(alone.ok()) << alone.error().ToString();
     ASSERT_EQ(answer->front().info(), alone->outputs.front().info()) << "request " << i;
     EXPECT_EQ(Floats(answer->front()), Floats(alone->outputs.front())) << "request " << i;
@@ -658,16 +667,17 @@ TEST(DynamicBatchingTest, PreserveOrderingAnswersInArrivalOrder) {
     auto answered = std::make_shared<std::promise<void>>();
     done.push_back(answered->get_future());
     const int64_t columns = 2 + static_cast<int64_t>(random() % 2);  // two groups, interleaved
-    server::StartInference(context, "relu", "", ParserOf({RandomRows(random, 1, columns)}),
-                           server::ParseOn::kQueue, std::nullopt,
-                           [&, i, answered](Result<server::InferenceOutcome> outcome) {
-                             EXPECT_TRUE(outcome.ok()) << outcome.error().ToString();
-                             {
-                               std::lock_guard lock(order_mutex);
-                               order.push_back(i);
-                             }
-                             answered->set_value();
-                           });
+    context.inference.Infer(
+        server::InferenceCall{.model = "relu",
+                              .parse = ParserOf({RandomRows(random, 1, columns)}),
+                              .done = [&, i, answered](Result<server::InferenceOutcome> outcome) {
+                                EXPECT_TRUE(outcome.ok()) << outcome.error().ToString();
+                                {
+                                  std::lock_guard lock(order_mutex);
+                                  order.push_back(i);
+                                }
+                                answered->set_value();
+                              }});
   }
   for (auto& answer : done)
     answer.get();
@@ -703,11 +713,13 @@ TEST(DynamicBatchingTest, ALoadAppliesAChangedBatchingConfig) {
   auto running = StartInProcess(InProcessConfig(home, /*grpc=*/true));
   auto& repository = running.core->context().repository;
   ASSERT_NE(repository.Find("relu"), nullptr);
-  EXPECT_NE(repository.Find("relu")->Latest().batcher(), nullptr);
+  EXPECT_NE(dynamic_cast<server::DynamicBatcher*>(&repository.Find("relu")->Latest().queue()),
+            nullptr);
   // The same file and backends, batching off: a load must not keep the batched version.
   home.Write("models/relu/config.json", R"({"backends": ["CpuRef"]})");
   ASSERT_TRUE(repository.Load("relu").ok());
-  EXPECT_EQ(repository.Find("relu")->Latest().batcher(), nullptr);
+  EXPECT_EQ(dynamic_cast<server::DynamicBatcher*>(&repository.Find("relu")->Latest().queue()),
+            nullptr);
   EXPECT_EQ(repository.Find("relu")->config.max_batch_size, 0);
 }
 
@@ -886,7 +898,7 @@ TEST(DynamicBatchingTest, AStopWhileBatchesRunAnswersOnlyWithEachRequestsOwnAnsw
     std::vector<std::vector<float>> alone;
     for (int c = 0; c < kClients; ++c) {
       rows.push_back(RandomRows(random, 1 + static_cast<int64_t>(random() % 2), 4));
-      auto outcome = server::RunInference(context, "mlp_alone", "", ParserOf({rows.back()}));
+      auto outcome = InferNow(context.inference, "mlp_alone", ParserOf({rows.back()}));
       ASSERT_TRUE(outcome.ok()) << outcome.error().ToString();
       alone.push_back(Floats(outcome->outputs.front()));
     }

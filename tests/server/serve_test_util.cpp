@@ -237,6 +237,29 @@ server::RunningServer StartInProcess(const server::ServeConfig& config) {
   return std::move(started).value();
 }
 
+std::future<Result<server::InferenceOutcome>> StartInference(
+    const server::InferenceApi& inference, const std::string& model,
+    server::InferenceRequestParser parse, server::RunOn run_on,
+    std::optional<std::chrono::steady_clock::time_point> deadline) {
+  auto answer = std::make_shared<std::promise<Result<server::InferenceOutcome>>>();
+  auto future = answer->get_future();
+  inference.Infer(server::InferenceCall{.model = model,
+                                        .version = "",
+                                        .parse = std::move(parse),
+                                        .run_on = run_on,
+                                        .deadline = deadline,
+                                        .done = [answer](Result<server::InferenceOutcome> outcome) {
+                                          answer->set_value(std::move(outcome));
+                                        }});
+  return future;
+}
+
+Result<server::InferenceOutcome> InferNow(const server::InferenceApi& inference,
+                                          const std::string& model,
+                                          server::InferenceRequestParser parse) {
+  return StartInference(inference, model, std::move(parse), server::RunOn::kCaller).get();
+}
+
 std::vector<float> UniformFloats(std::mt19937_64& random, std::size_t count, float bound) {
   std::uniform_real_distribution<float> value(-bound, bound);
   std::vector<float> values(count);

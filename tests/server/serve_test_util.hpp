@@ -9,6 +9,7 @@
 #include <chrono>
 #include <filesystem>
 #include <functional>
+#include <future>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -23,6 +24,7 @@
 #include <gtest/gtest.h>
 
 #include "cli/serve_command.hpp"
+#include "serving/inference.hpp"
 #include "test_util.hpp"
 
 namespace backplane::testing {
@@ -142,6 +144,17 @@ struct JoinAll {
 server::ServeConfig InProcessConfig(const ServeHome& home, bool grpc = false);
 // server::StartServer, throwing std::runtime_error with its error when the server does not start.
 server::RunningServer StartInProcess(const server::ServeConfig& config);
+
+// One inference through the entry point the transports use (InferenceApi::Infer): the future has
+// its outcome.
+std::future<Result<server::InferenceOutcome>> StartInference(
+    const server::InferenceApi& inference, const std::string& model,
+    server::InferenceRequestParser parse, server::RunOn run_on = server::RunOn::kQueue,
+    std::optional<std::chrono::steady_clock::time_point> deadline = std::nullopt);
+// The same, waited for.
+Result<server::InferenceOutcome> InferNow(const server::InferenceApi& inference,
+                                          const std::string& model,
+                                          server::InferenceRequestParser parse);
 
 // `count` floats drawn uniformly from [-bound, bound): the seeded weights of a model a test
 // writes.
