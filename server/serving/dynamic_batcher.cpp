@@ -16,51 +16,6 @@ namespace backplane::server {
 
 using Clock = DynamicBatcher::Clock;
 
-std::size_t RequestsToDispatch(std::span<const int64_t> rows, int64_t max_batch_size,
-                               std::span<const int64_t> preferred_batch_sizes, bool delay_passed) {
-  // The longest run from the oldest that fits in `limit` rows, and whether it has exactly `limit`.
-  const auto fitting = [&](int64_t limit) {
-    std::size_t count = 0;
-    int64_t total = 0;
-    while (count < rows.size() && total + rows[count] <= limit)
-      total += rows[count++];
-    return std::pair{count, total};
-  };
-  int64_t waiting_rows = 0;
-  for (int64_t row_count : rows)
-    waiting_rows += row_count;
-  if (waiting_rows >= max_batch_size)
-    return fitting(max_batch_size).first;
-  // Largest first: the first exact match is the largest batch of a preferred size.
-  for (auto size = preferred_batch_sizes.rbegin(); size != preferred_batch_sizes.rend(); ++size) {
-    if (*size > waiting_rows)
-      continue;
-    // The longest run of at most `size` rows; with zero-row requests after it, still exact.
-    const auto [count, total] = fitting(*size);
-    if (total == *size)
-      return count;
-  }
-  return delay_passed ? rows.size() : 0;
-}
-
-bool CompanyOutlook::SkipWait() {
-  if (vain_waits_in_a_row_ < kVainWaits)
-    return false;
-  if (++skipped_since_probe_ < kProbeEvery)
-    return true;
-  skipped_since_probe_ = 0;
-  return false;  // the probe
-}
-
-void CompanyOutlook::Record(std::size_t requests, bool waited) {
-  if (requests > 1) {
-    vain_waits_in_a_row_ = 0;
-    skipped_since_probe_ = 0;
-  } else if (waited) {
-    vain_waits_in_a_row_ = std::min(vain_waits_in_a_row_ + 1, kVainWaits);
-  }
-}
-
 namespace {
 
 // The datatype and every dimension but the first of each input: requests with equal keys can be
@@ -93,31 +48,13 @@ struct DynamicBatcher::Arrival {
   Runtime::ExecuteCallback done;
 };
 
-struct DynamicBatcher::Waiting {
-  uint64_t sequence = 0;
-  Clock::time_point arrived;
-  std::optional<Clock::time_point> deadline;
-  std::vector<Tensor> inputs;
-  int64_t rows = 0;
-  std::string key;  // JoinKey(inputs)
-  Runtime::ExecuteCallback done;
-  // A parser answered it (its parse failed, or its deadline had passed): it only marks its place
-  // in the arrival order.
-  bool answered = false;
-  // It found its group empty when waiting had not paid lately: it leaves without waiting
-  // (CompanyOutlook).
-  bool skips_wait = false;
-  // Zero rows: it joins no batch and leaves at once, as its own execution of its own inputs.
-  bool alone = false;
-};
-
 // The state the dispatcher and the batches' callbacks share; a callback keeps it alive past the
 // batcher (see the traps in the header).
 struct DynamicBatcher::Shared {
   Mutex mutex;
   std::condition_variable_any changed;  // waits on `mutex` itself: analysed as held
-  std::deque<Arrival> arrivals BACKPLANE_GUARDED_BY(mutex);  // to parse
-  std::deque<Waiting> parsed BACKPLANE_GUARDED_BY(mutex);    // to group, by the dispatcher
+  std::deque<Arrival> arrivals BACKPLANE_GUARDED_BY(mutex);     // to parse
+  std::deque<BatchRequest> parsed BACKPLANE_GUARDED_BY(mutex);  // to group, by the dispatcher
   // Requests taken and not yet handed to a batch or answered: arrivals and grouped.
   std::size_t waiting BACKPLANE_GUARDED_BY(mutex) = 0;
   int executing BACKPLANE_GUARDED_BY(mutex) = 0;              // batches handed to the runtime
@@ -139,7 +76,7 @@ struct DynamicBatcher::Shared {
 
 // One batch's requests, oldest first, and its rows.
 struct DynamicBatcher::Batch {
-  std::vector<Waiting> requests;
+  std::vector<BatchRequest> requests;
   int64_t rows = 0;
 };
 
@@ -304,7 +241,7 @@ void DynamicBatcher::Parse() {
 void DynamicBatcher::ParseArrival(Arrival arrival) {
   // The dispatcher is woken only when it could act (see the class comment): a parsed request
   // waits in `parsed` until the next wake-up otherwise, which a batch's end brings.
-  const auto hand_to_dispatcher = [&](Waiting parsed) {
+  const auto hand_to_dispatcher = [&](BatchRequest parsed) {
     const bool has_deadline = parsed.deadline.has_value();
     bool wake = false;
     {
@@ -319,7 +256,7 @@ void DynamicBatcher::ParseArrival(Arrival arrival) {
   // of it, to keep the arrival order (and to count it as no longer waiting).
   const auto answer_alone = [&](Status status) {
     arrival.done(std::move(status));
-    hand_to_dispatcher(Waiting{.sequence = arrival.sequence, .answered = true});
+    hand_to_dispatcher(BatchRequest{.sequence = arrival.sequence, .answered = true});
   };
   if (arrival.deadline && Clock::now() > *arrival.deadline)
     return answer_alone(DeadlinePassed());
@@ -332,13 +269,13 @@ void DynamicBatcher::ParseArrival(Arrival arrival) {
   auto rows = BatchRows(*inputs, Network{}, options_.max_batch_size, options_.what);
   if (!rows.ok())
     return answer_alone(std::move(rows).error());
-  Waiting parsed{.sequence = arrival.sequence,
-                 .arrived = arrival.arrived,
-                 .deadline = arrival.deadline,
-                 .inputs = std::move(inputs).value(),
-                 .rows = rows.value(),
-                 .key = {},
-                 .done = std::move(arrival.done)};
+  BatchRequest parsed{.sequence = arrival.sequence,
+                      .arrived = arrival.arrived,
+                      .deadline = arrival.deadline,
+                      .inputs = std::move(inputs).value(),
+                      .rows = rows.value(),
+                      .key = {},
+                      .done = std::move(arrival.done)};
   parsed.key = JoinKey(parsed.inputs);
   if (parsed.rows == 0) {
     // Zero rows run alone, untouched, as the model unbatched runs them, so that they get its
@@ -352,183 +289,76 @@ void DynamicBatcher::ParseArrival(Arrival arrival) {
 }
 
 void DynamicBatcher::Dispatch() {
-  const auto delay = std::chrono::microseconds(options_.batching.max_queue_delay_us);
-  const bool preserve_ordering = options_.batching.preserve_ordering;
-  const int max_executing = max_executing_;
-  // Only this thread touches the groups: key → waiting requests, oldest first.
-  std::map<std::string, std::deque<Waiting>> groups;
+  // Only this thread touches the queue.
+  BatchQueue queue(
+      {.max_queue_delay = std::chrono::microseconds(options_.batching.max_queue_delay_us),
+       .preserve_ordering = options_.batching.preserve_ordering,
+       .max_batch_size = options_.max_batch_size,
+       .preferred_batch_sizes = options_.batching.preferred_batch_sizes,
+       .waits_skipped =
+           options_.metrics != nullptr ? &options_.metrics->batching.waits_skipped : nullptr});
   std::size_t released = 0;  // requests answered or batched since the last look at `waiting`
-  std::map<uint64_t, Waiting> out_of_order;  // parsed, behind an arrival still being parsed
-  uint64_t next_to_group = 0;                // the sequence number to group next
   uint64_t finished_seen = 0;
-  CompanyOutlook outlook;
-  // When the oldest request of a group may leave without more company.
-  const auto delay_ends = [delay](const Waiting& oldest) {
-    return oldest.skips_wait ? oldest.arrived : oldest.arrived + delay;
-  };
   bool stopping = false;
   while (!stopping) {
-    std::deque<Waiting> parsed;
+    // Wait for news (a parsed request, a batch's end, stopping) or for what is due without any.
+    std::deque<BatchRequest> parsed;
     int free_slots = 0;
     {
       MutexLock lock(shared_->mutex);
       shared_->waiting -= released;
       released = 0;
-      // The earliest moment something is due without news: a deadline, or (with a slot free) a
-      // group's oldest request reaching max_queue_delay_us. With preserve_ordering only the
-      // group holding the oldest request may leave: another's delay is no reason to wake (it
-      // would spin).
-      std::optional<Clock::time_point> due;
-      const auto consider = [&due](Clock::time_point when) {
-        due = due ? std::min(*due, when) : when;
-      };
-      const std::deque<Waiting>* oldest_group = nullptr;
-      for (const auto& [key, waiting] : groups) {
-        if (oldest_group == nullptr || waiting.front().sequence < oldest_group->front().sequence)
-          oldest_group = &waiting;
-      }
-      for (const auto& [key, waiting] : groups) {
-        if (shared_->executing < max_executing && (!preserve_ordering || &waiting == oldest_group))
-          consider(delay_ends(waiting.front()));
-        for (const auto& request : waiting) {
-          if (request.deadline)
-            consider(*request.deadline);
-        }
-      }
       const auto news = [&] {
         shared_->mutex.AssertHeld();
         return shared_->stopping || !shared_->parsed.empty() || shared_->finished != finished_seen;
       };
-      if (due)
+      if (const auto due = queue.NextDue(shared_->executing < max_executing_))
         shared_->changed.wait_until(shared_->mutex, *due, news);
       else
         shared_->changed.wait(shared_->mutex, news);
       stopping = shared_->stopping;
       finished_seen = shared_->finished;
       parsed.swap(shared_->parsed);
-      free_slots = max_executing - shared_->executing;
+      free_slots = max_executing_ - shared_->executing;
     }
+    // Act: group what was parsed, answer what expired, send what is due while slots are free.
     const auto now = Clock::now();
-
-    // Parsed requests join their groups in arrival order: parsers finish out of order, and a
-    // batch is the oldest requests of its group. One parsed ahead of an earlier arrival waits
-    // here until that one is parsed (or answered by its parser).
-    for (auto& request : parsed) {
-      const uint64_t sequence = request.sequence;
-      out_of_order.emplace(sequence, std::move(request));
+    for (auto& request : parsed)
+      released += queue.Add(std::move(request));
+    for (auto& expired : queue.TakeExpired(now)) {
+      expired.done(DeadlinePassed());
+      ++released;
     }
-    while (!out_of_order.empty() && out_of_order.begin()->first == next_to_group) {
-      Waiting request = std::move(out_of_order.begin()->second);
-      out_of_order.erase(out_of_order.begin());
-      ++next_to_group;
-      if (request.answered) {
-        ++released;
-        continue;
-      }
-      std::deque<Waiting>& group = groups[std::move(request.key)];
-      if (request.alone) {
-        request.skips_wait = true;  // nothing can join it: a wait would only delay it
-      } else if (group.empty()) {
-        request.skips_wait = outlook.SkipWait();
-        if (request.skips_wait && options_.metrics != nullptr)
-          options_.metrics->batching.waits_skipped.fetch_add(1, std::memory_order_relaxed);
-      }
-      group.push_back(std::move(request));
-    }
-
-    // Deadlines that passed while waiting: answered, and out of their group.
-    for (auto& [key, waiting] : groups) {
-      for (auto it = waiting.begin(); it != waiting.end();) {
-        if (it->deadline && now > *it->deadline) {
-          it->done(DeadlinePassed());
-          ++released;
-          it = waiting.erase(it);
-        } else {
-          ++it;
-        }
-      }
-    }
-    std::erase_if(groups, [](const auto& group) { return group.second.empty(); });
-
-    // Batches, oldest group first, while slots are free.
-    while (free_slots > 0 && !stopping) {
-      std::deque<Waiting>* chosen = nullptr;
-      std::size_t take = 0;
-      // With preserve_ordering only the group holding the oldest request may go, and only with
-      // requests older than every other group's oldest: a batch is an unbroken run of arrivals.
-      uint64_t oldest_other = UINT64_MAX;
-      std::deque<Waiting>* oldest_group = nullptr;
-      for (auto& [key, waiting] : groups) {
-        if (oldest_group == nullptr || waiting.front().sequence < oldest_group->front().sequence)
-          oldest_group = &waiting;
-      }
-      if (oldest_group == nullptr)
+    for (; free_slots > 0 && !stopping; --free_slots) {
+      auto requests = queue.TakeBatch(now);
+      if (requests.empty())
         break;
-      for (auto& [key, waiting] : groups) {
-        if (&waiting != oldest_group)
-          oldest_other = std::min(oldest_other, waiting.front().sequence);
-      }
-      std::vector<int64_t> rows;
-      for (auto& [key, waiting] : groups) {
-        if (preserve_ordering && &waiting != oldest_group)
-          continue;
-        rows.clear();
-        for (const auto& request : waiting) {
-          if (preserve_ordering && request.sequence > oldest_other)
-            break;
-          rows.push_back(request.rows);
-        }
-        // A run cut short by another group's request cannot grow: it leaves now.
-        const bool delay_passed = now >= delay_ends(waiting.front()) ||
-                                  (preserve_ordering && rows.size() < waiting.size());
-        const std::size_t count = RequestsToDispatch(
-            rows, options_.max_batch_size, options_.batching.preferred_batch_sizes, delay_passed);
-        if (count > 0 &&
-            (chosen == nullptr || waiting.front().sequence < chosen->front().sequence)) {
-          chosen = &waiting;
-          take = count;
-        }
-      }
-      if (chosen == nullptr)
-        break;
-      const Waiting& oldest = chosen->front();
-      outlook.Record(take, !oldest.skips_wait && now - oldest.arrived >= delay);
+      released += requests.size();
       auto batch = std::make_shared<Batch>();
-      for (std::size_t i = 0; i < take; ++i) {
-        batch->rows += chosen->front().rows;
-        batch->requests.push_back(std::move(chosen->front()));
-        chosen->pop_front();
-      }
-      std::erase_if(groups, [](const auto& group) { return group.second.empty(); });
-      released += take;
-      --free_slots;
+      for (const auto& request : requests)
+        batch->rows += request.rows;
+      batch->requests = std::move(requests);
       Execute(std::move(batch), now);
     }
   }
-  // Stopping (the parsers have stopped): nothing should wait, each request holding the version
-  // that owns this batcher.
+  AnswerStopped(queue);
+}
+
+void DynamicBatcher::AnswerStopped(BatchQueue& queue) {
   std::deque<Arrival> arrivals;
-  std::deque<Waiting> parsed;
+  std::deque<BatchRequest> parsed;
   {
     MutexLock lock(shared_->mutex);
     arrivals.swap(shared_->arrivals);
     parsed.swap(shared_->parsed);
   }
+  for (auto& request : parsed)
+    queue.Add(std::move(request));
   const Status stopped(StatusCode::kUnavailable, options_.what + " stopped serving");
   for (auto& arrival : arrivals)
     arrival.done(stopped);
-  for (auto& request : parsed) {
-    if (!request.answered)
-      request.done(stopped);
-  }
-  for (auto& [sequence, request] : out_of_order) {
-    if (!request.answered)
-      request.done(stopped);
-  }
-  for (auto& [key, waiting] : groups) {
-    for (auto& request : waiting)
-      request.done(stopped);
-  }
+  for (auto& request : queue.TakeAll())
+    request.done(stopped);
 }
 
 void DynamicBatcher::Execute(std::shared_ptr<Batch> batch, Clock::time_point now) {

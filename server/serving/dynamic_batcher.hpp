@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "backplane/runtime/runtime.hpp"
+#include "serving/batch_queue.hpp"
 #include "serving/batching_config.hpp"
 #include "serving/request_queue.hpp"
 
@@ -56,44 +57,9 @@ struct BatcherLimits {
   std::size_t max_waiting_requests = 256;
 };
 
-// How many of the waiting requests of one group leave now as one batch; 0: wait. `rows` are the
-// rows of each waiting request, oldest first, each in 1..max_batch_size (0-row requests count as
-// rows of 0). The rule (docs/operators.md, "Dynamic batching"):
-// - at least max_batch_size rows waiting: the longest run from the oldest that fits in
-//   max_batch_size;
-// - else the longest run from the oldest whose rows add up exactly to a preferred batch size,
-//   when there is one;
-// - else, when the oldest has waited max_queue_delay_us or skips its wait (`delay_passed`; see
-//   CompanyOutlook): every waiting request;
-// - else 0.
-std::size_t RequestsToDispatch(std::span<const int64_t> rows, int64_t max_batch_size,
-                               std::span<const int64_t> preferred_batch_sizes, bool delay_passed);
-
-// Whether a request that finds no company waits max_queue_delay_us for some. A wait costs its
-// request the whole delay and pays only when others arrive meanwhile: one client that sends its
-// next request after each answer never brings company, and paid the delay on every request for
-// nothing (measured: 2 ms, plus ~0.5 ms of waking an idle machine). So after kVainWaits waits in
-// a row that gathered nobody, a lone request leaves at once; every kProbeEvery-th still waits, to
-// see whether company has come; and any batch of two or more requests (a wait that paid, or
-// requests that met while every slot was busy) restores waiting. Thread-compatible: the
-// dispatcher's.
-class CompanyOutlook {
- public:
-  static constexpr int kVainWaits = 8;
-  static constexpr int kProbeEvery = 16;
-  // For a request that would start a wait (nothing of its group waits): true when it should not.
-  bool SkipWait();
-  // A batch of `requests` left; `waited`: because its oldest request's delay passed.
-  void Record(std::size_t requests, bool waited);
-
- private:
-  int vain_waits_in_a_row_ = 0;  // at most kVainWaits
-  int skipped_since_probe_ = 0;
-};
-
 // Thread-safe. Owns parser threads (one per execution slot), which parse arrivals off the
-// transports' threads (RunOn::kQueue), and one dispatcher thread, which groups them by key in
-// arrival order, answers expired deadlines, and dispatches batches to the runtime; the runtime's
+// transports' threads (RunOn::kQueue), and one dispatcher thread, which groups them (a BatchQueue)
+// in arrival order, answers expired deadlines, and dispatches batches to the runtime; the runtime's
 // TBB workers execute them and answer the requests. One thread parsed everything before: REST's
 // JSON of a 784-float row cost more than its share of a batched execution, and that thread capped
 // the batched wide MLP at about one core's worth of parsing. Every hand-off costs a wake-up, so
@@ -129,12 +95,14 @@ class DynamicBatcher final : public RequestQueue {
  private:
   struct Shared;
   struct Arrival;
-  struct Waiting;
   struct Batch;
   void Parse();  // a parser thread's loop
   // Parses one arrival and hands it to the dispatcher (or answers it alone when it fails).
   void ParseArrival(Arrival arrival);
-  void Dispatch();  // the dispatcher thread's loop
+  void Dispatch();  // the dispatcher thread's loop: wait for news or what is due, then act
+  // Stopping (the parsers have stopped): answers every request still held kUnavailable. None
+  // should be: each holds the model version that owns this batcher.
+  void AnswerStopped(BatchQueue& queue);
   // Hands `batch` to the runtime (one execution slot is taken for it); its callback answers
   // every request of it and frees the slot.
   void Execute(std::shared_ptr<Batch> batch, Clock::time_point now);
