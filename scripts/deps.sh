@@ -19,6 +19,7 @@ BACKPLANE_PACKAGES=(
   clang-14    # the clang preset (thread-safety analysis, the libFuzzer targets)
   libclang-rt-14-dev  # clang's sanitizer and libFuzzer runtimes (only recommended by clang-14)
   python3-yaml jq  # tests/deploy read the manifests; scripts/rollout.sh reads the admin API
+  openssl  # the signing tests sign backend builds with it (and fail under CI without it)
   libgrpc++-dev protobuf-compiler-grpc  # KServe v2 over gRPC
 )
 # Node and npm run the independent gRPC client of the tests (tests/grpc_client); any install of

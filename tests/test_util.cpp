@@ -1,5 +1,6 @@
 #include "test_util.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 #include <sys/stat.h>
@@ -136,8 +137,14 @@ bool HasCommand(const std::string& command) {
 }
 
 bool RunningInCi() {
+  // As CI services set it ("true", "1", "TRUE"...): anything but empty, "0" or "false".
   const char* ci = std::getenv("CI");
-  return ci != nullptr && std::string_view(ci) == "true";
+  if (ci == nullptr)
+    return false;
+  std::string value(ci);
+  std::transform(value.begin(), value.end(), value.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return !value.empty() && value != "0" && value != "false";
 }
 
 std::optional<int64_t> ProcStatusBytes(pid_t pid, const std::string& field) {

@@ -155,12 +155,13 @@ TEST_F(WorkerObservabilityTest, MetricsCountDeathsByCauseAndRestartsPerBackend) 
   EXPECT_THAT(scrape, HasSubstr("# TYPE backplane_backend_worker_restarts_total counter\n"));
   EXPECT_THAT(scrape, HasSubstr("# TYPE backplane_backend_worker_last_crash_generation gauge\n"));
 
-  if (RunCommand("command -v promtool >/dev/null").exit_code == 0) {
-    const auto checked =
-        RunCommand("curl -sf http://127.0.0.1:" + std::to_string(running_.http.port) +
-                   "/metrics | promtool check metrics 2>&1");
-    EXPECT_EQ(checked.exit_code, 0) << checked.output;
-  }
+  BACKPLANE_REQUIRE_COMMAND("promtool", "prometheus");
+  // curl's failure fails the command (a pipe's status is promtool's, which passes an empty
+  // input); $(...) drops the exposition's final newline, which printf puts back.
+  const auto checked =
+      RunCommand("metrics=$(curl -sf http://127.0.0.1:" + std::to_string(running_.http.port) +
+                 "/metrics) && printf '%s\\n' \"$metrics\" | promtool check metrics 2>&1");
+  EXPECT_EQ(checked.exit_code, 0) << checked.output;
 }
 
 TEST_F(WorkerObservabilityTest, AdminApiSaysWhichWorkerProcessRunsEachGeneration) {
