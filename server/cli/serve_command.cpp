@@ -166,7 +166,7 @@ Result<RunningServer> StartServer(const ServeConfig& config) {
   ServingCore& core = *server.core;
 
   auto http =
-      std::make_unique<HttpServer>(HttpLimitsFrom(config), config.admin_token, core.metrics());
+      std::make_unique<HttpServer>(HttpLimitsFrom(config), config.admin_token, core.metrics().http);
   AddKServeRoutes(*http, core.context());
   AddAdminRoutes(*http, core.context());
   auto bound = http->Start(addresses->http);
@@ -237,7 +237,7 @@ int RunServe(const ServeOptions& options) {
   Log().info(
       "{} received: shutting down (no new connections; finishing the {} request(s) in "
       "flight; a second signal ends the process at once)",
-      signal_number == SIGINT ? "SIGINT" : "SIGTERM", server.core->metrics().http_in_flight.load());
+      signal_number == SIGINT ? "SIGINT" : "SIGTERM", server.core->metrics().http.in_flight.load());
   server.core->Stop();
   return 0;
 }
