@@ -37,7 +37,7 @@ Result<ListenAddresses> ParseListenAddresses(const ServeConfig& config) {
   if (config.grpc_listen != kGrpcOff) {
     auto grpc = ParseListenAddress(config.grpc_listen);
     if (!grpc.ok())
-      return InvalidArgument("gRPC " + grpc.error().message());
+      return grpc.error().WithContext("gRPC ");
     addresses.grpc = *grpc;
   }
   return addresses;
