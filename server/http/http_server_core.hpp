@@ -49,6 +49,7 @@ using Clock = std::chrono::steady_clock;
 // The transport's logger ("backplane.http"): connections, refusals, handler bugs.
 spdlog::logger& HttpLog();
 
+// A route as registered (HttpServer::Get, Post, Put, PostAsync), before Start only.
 struct Route {
   std::string method;
   std::string path;  // the pattern as registered, for messages
