@@ -72,8 +72,11 @@ HttpResponse UpdateBackendOptions(const ServeContext& context, const HttpRequest
   }
   // Convert every value before applying any: one bad key applies nothing.
   auto changes = OptionsFromJson(body.value(), descriptors, id);
-  if (!changes.ok())
-    return HttpResponse::Error(400, changes.error().message() + "; nothing applied");
+  if (!changes.ok()) {
+    const Status& refused = changes.error();
+    return HttpResponse::Error(HttpStatusFor(refused.code()),
+                               refused.message() + "; nothing applied");
+  }
   Status updated = context.runtime.UpdateBackendOptions(id, changes.value());
   if (!updated.ok())
     return HttpResponse::FromStatus(updated);

@@ -83,7 +83,8 @@ void CheckStages(const std::string& file, bool allow_unsafe, const loader::Trust
   options.file_policy.allow_unsafe_permissions = allow_unsafe;
   auto created = loader::Loader::Create(options);
   if (!created.ok())
-    return verdict_error("IO_ERROR", created.error().message());
+    return verdict_error(created.error().reason() ? created.error().name() : "IO_ERROR",
+                         created.error().message());
   loader::Loader& host_loader = *created;
 
   loader::LoadTrace trace;
@@ -106,7 +107,8 @@ void CheckStages(const std::string& file, bool allow_unsafe, const loader::Trust
     auto context = instance->CreateBackendContext();
     if (!context.ok()) {
       stage("instance", false, context.error().message());
-      return verdict_error("FACTORY_FAILED", context.error().message());
+      return verdict_error(context.error().reason() ? context.error().name() : "FACTORY_FAILED",
+                           context.error().message());
     }
     std::string described;
     for (const auto& option : instance->DescribeOptions()) {

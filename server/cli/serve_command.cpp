@@ -37,7 +37,7 @@ Result<ListenAddresses> ParseListenAddresses(const ServeConfig& config) {
   if (config.grpc_listen != kGrpcOff) {
     auto grpc = ParseListenAddress(config.grpc_listen);
     if (!grpc.ok())
-      return InvalidArgument("gRPC " + grpc.error().message());
+      return grpc.error().WithContext("gRPC ");
     addresses.grpc = *grpc;
   }
   return addresses;
@@ -166,7 +166,7 @@ Result<RunningServer> StartServer(const ServeConfig& config) {
   ServingCore& core = *server.core;
 
   auto http =
-      std::make_unique<HttpServer>(HttpLimitsFrom(config), config.admin_token, core.metrics());
+      std::make_unique<HttpServer>(HttpLimitsFrom(config), config.admin_token, core.metrics().http);
   AddKServeRoutes(*http, core.inference(), config.max_json_depth);
   AddRepositoryRoutes(*http, core.context().repository, config.max_json_depth);
   AddAdminRoutes(*http, core.context());
@@ -238,7 +238,7 @@ int RunServe(const ServeOptions& options) {
   Log().info(
       "{} received: shutting down (no new connections; finishing the {} request(s) in "
       "flight; a second signal ends the process at once)",
-      signal_number == SIGINT ? "SIGINT" : "SIGTERM", server.core->metrics().http_in_flight.load());
+      signal_number == SIGINT ? "SIGINT" : "SIGTERM", server.core->metrics().http.in_flight.load());
   server.core->Stop();
   return 0;
 }

@@ -101,7 +101,7 @@ Status ApplyRolloutPolicy(const json& value, std::string_view where, RolloutPoli
   for (const auto& [key, entry] : value.items()) {
     Status applied = ApplyKey(key, entry, updated);
     if (!applied.ok())
-      return InvalidArgument(std::string(where) + ": " + applied.message());
+      return applied.WithContext(std::string(where) + ": ");
   }
   policy = std::move(updated);
   return Status::Ok();

@@ -219,7 +219,8 @@ const std::vector<ConfigKey>& ConfigKeys() {
          if (!value.is_object()) {
            return InvalidArgument(
                "'backend_isolation' must be an object of backend id -> \"process\" or "
-               "\"none\" (\"*\" for every other id), got " + value.dump());
+               "\"none\" (\"*\" for every other id), got " +
+               value.dump());
          }
          std::map<std::string, bool, std::less<>> isolation;
          for (const auto& [id, mode] : value.items()) {
@@ -348,8 +349,8 @@ const std::vector<ConfigKey>& ConfigKeys() {
          for (std::size_t i = 0; i < digests->size(); ++i) {
            auto digest = loader::ParseSha256((*digests)[i]);
            if (!digest.ok()) {
-             return InvalidArgument("'trusted_backends' entry " + std::to_string(i) + ": " +
-                                    digest.error().message());
+             return digest.error().WithContext("'trusted_backends' entry " + std::to_string(i) +
+                                               ": ");
            }
            (*digests)[i] = std::move(digest).value();
          }
@@ -441,7 +442,7 @@ Status ApplyConfigText(std::string_view text, const fs::path& file, ServeConfig&
     }
     Status applied = key->apply(value, base, updated);
     if (!applied.ok())
-      return InvalidArgument("config file " + file.string() + ": " + applied.message());
+      return applied.WithContext("config file " + file.string() + ": ");
   }
   // Two sources of trust would leave one of them silently ignored (or merged, which nobody can
   // tell from either alone).
@@ -505,19 +506,19 @@ Result<std::shared_ptr<const loader::TrustPolicy>> MakeTrustPolicy(const ServeCo
   if (config.trusted_backends) {
     auto list = loader::DigestAllowlist::FromDigests(*config.trusted_backends);
     if (!list.ok())
-      return InvalidArgument("'trusted_backends' " + list.error().message());
+      return list.error().WithContext("'trusted_backends' ");
     policies.push_back(std::move(list).value());
   }
   if (!config.trusted_backends_file.empty()) {
     auto list = loader::DigestAllowlist::FromFile(config.trusted_backends_file);
     if (!list.ok())
-      return InvalidArgument("'trusted_backends_file': " + list.error().message());
+      return list.error().WithContext("'trusted_backends_file': ");
     policies.push_back(std::move(list).value());
   }
   if (config.trusted_signing_keys) {
     auto keys = loader::SignaturePolicy::FromKeyFiles(*config.trusted_signing_keys);
     if (!keys.ok())
-      return InvalidArgument("'trusted_signing_keys': " + keys.error().message());
+      return keys.error().WithContext("'trusted_signing_keys': ");
     policies.push_back(std::move(keys).value());
   }
   if (policies.empty())

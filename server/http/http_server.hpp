@@ -22,7 +22,7 @@
 
 namespace backplane::server {
 
-class ServerMetrics;
+struct HttpMetrics;
 
 struct HttpRequest {
   std::string method;
@@ -96,7 +96,8 @@ class HttpServer {
   // the two thread hand-offs of the pool, the larger part of a small request's cost.
   using AsyncHandler = std::function<void(HttpRequest, Responder)>;
 
-  HttpServer(HttpLimits limits, std::string admin_token, ServerMetrics& metrics);
+  // `metrics` are the transport's own counters (ServerMetrics::http); they outlive the server.
+  HttpServer(HttpLimits limits, std::string admin_token, HttpMetrics& metrics);
   ~HttpServer();  // Stop()
   HttpServer(const HttpServer&) = delete;
   HttpServer& operator=(const HttpServer&) = delete;
@@ -116,7 +117,7 @@ class HttpServer {
   // read, handled and answered (with `Connection: close`); then joins the threads.
   void Stop();
 
-  // The server's state shared with its connections (http_server.cpp).
+  // The server's state shared with its connections (http_server_core.hpp).
   class Core;
 
  private:

@@ -732,7 +732,7 @@ class HttpAsyncRouteTest : public ::testing::Test {
     };
   }
 
-  server::ServerMetrics metrics_;
+  server::HttpMetrics metrics_;  // the transport sees its own counters only
   std::unique_ptr<server::HttpServer> http_;
   int port_ = 0;
 };
@@ -801,7 +801,7 @@ TEST_F(HttpAsyncRouteTest, ARequestThatWaitedPastItsDeadlineIs503) {
   ASSERT_TRUE(Eventually([&] { return held.size() == 1; }, 10s));
   ASSERT_TRUE(second.Send(PostWork("second")));
   // Read by the server (a stalled server reading it late would count its deadline from then).
-  ASSERT_TRUE(Eventually([&] { return metrics_.http_in_flight.load() == 2; }, 10s));
+  ASSERT_TRUE(Eventually([&] { return metrics_.in_flight.load() == 2; }, 10s));
   std::this_thread::sleep_for(400ms);  // past the second's deadline, by design of the test
   held.Answer(0);
   EXPECT_EQ(first.Read().status, 200);
@@ -943,7 +943,7 @@ TEST_F(HttpAsyncRouteTest, StoppingWhileOtherThreadsAnswerLosesNoAnswerOnSeededT
 // Routes are segment patterns: "{}" captures one non-empty segment, "[...]" may be absent (its
 // captures then ""), anything else is 404 naming the method and path.
 TEST(HttpRoutingTest, SegmentPatternsCaptureAndAnOptionalPartMayBeAbsent) {
-  server::ServerMetrics metrics;
+  server::HttpMetrics metrics;
   server::HttpServer http(server::HttpLimits{}, "", metrics);
   http.Get("/m/{}[/v/{}]/x", [](const server::HttpRequest& request) {
     return server::HttpResponse::Json(request.params);

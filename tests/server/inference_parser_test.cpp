@@ -158,6 +158,19 @@ TEST(InferenceParserTest, NumbersNoDoubleHoldsNameTheirPlace) {
               HasSubstr("input 'x': 'shape': 1e400 is out of range"));
   EXPECT_THAT(Error(Parse(R"({"id":"a","parameters":{"p":1e400},"inputs":[]})")),
               HasSubstr("'parameters': 1e400 is out of range"));
+  // Every place of the request names itself: the body, "inputs", an input refused whatever its
+  // data say, an input whose data came before its name, a skipped key, a scalar "data".
+  const std::string kBeyond = " is out of range (larger than any double)";
+  EXPECT_EQ(Error(Parse("1e400")), "1e400" + kBeyond);
+  EXPECT_EQ(Error(Parse(R"({"inputs":[1e400]})")), "'inputs': 1e400" + kBeyond);
+  EXPECT_EQ(Error(Parse(R"({"inputs":[[1e400]]})")), "'inputs': 1e400" + kBeyond);
+  EXPECT_EQ(Error(Parse(R"({"inputs":[{"name":"nope","data":[1,1e400]}]})")),
+            "input 'nope': element 0: 1e400" + kBeyond);
+  EXPECT_EQ(Error(Parse(R"({"inputs":[{"data":[1,2,1e400]}]})")),
+            "inputs[0]: element 2: 1e400" + kBeyond);
+  EXPECT_EQ(Error(Parse(R"({"zeta":[{"k":1e400}]})")), "'zeta': 1e400" + kBeyond);
+  EXPECT_EQ(Error(Parse(R"({"inputs":[{"name":"x","data":1e400}]})")),
+            "input 'x': 'data': 1e400" + kBeyond);
   // Finite but beyond FP32: the element and its value.
   EXPECT_THAT(
       Error(Parse(WithX(R"({"name":"x","shape":[1,3],"datatype":"FP32","data":[1,2,1e300]})"))),
