@@ -61,9 +61,8 @@ class ModelCall {
   Result<InferenceRequest> Parse(const InferenceRequestParser& parse) const {
     auto parsed = parse(version().network());
     if (!parsed.ok()) {
-      return Status(parsed.error().code(), "model '" + resolved_.model->name + "' version " +
-                                               std::to_string(version().version()) + ": " +
-                                               parsed.error().message());
+      return parsed.error().WithContext("model '" + resolved_.model->name + "' version " +
+                                        std::to_string(version().version()) + ": ");
     }
     return parsed;
   }

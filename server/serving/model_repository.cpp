@@ -485,7 +485,7 @@ Result<std::shared_ptr<const ServingModel>> ModelRepository::Prepare(const std::
     const std::string what = "model '" + name + "' version " + std::to_string(version);
     auto network = ImportOnnxFile(file);
     if (!network.ok())
-      return Status(network.error().code(), what + ": " + network.error().message());
+      return network.error().WithContext(what + ": ");
     // Before the network is placed: a model that cannot batch is refused with the reason.
     if (model->config.max_batch_size > 0) {
       if (Status batchable = CheckBatchable(network.value(), what); !batchable.ok())
@@ -507,15 +507,14 @@ Result<std::shared_ptr<const ServingModel>> ModelRepository::Prepare(const std::
     if (!id.ok()) {
       // The runtime's kNotFound is about backends (none the config prefers is registered), not
       // about the model: a client must not read "no such model" (404) for one that exists.
-      const StatusCode code = id.error().code() == StatusCode::kNotFound
-                                  ? StatusCode::kFailedPrecondition
-                                  : id.error().code();
-      return Status(code, what + ": " + id.error().message());
+      if (id.error().code() == StatusCode::kNotFound)
+        return Status(StatusCode::kFailedPrecondition, what + ": " + id.error().message());
+      return id.error().WithContext(what + ": ");
     }
     auto loaded_network = runtime_.GetNetwork(id.value());
     if (!loaded_network.ok()) {
       (void)runtime_.UnloadNetwork(id.value());
-      return Status(loaded_network.error().code(), what + ": " + loaded_network.error().message());
+      return loaded_network.error().WithContext(what + ": ");
     }
     // The request queue is chosen here, once: the request path never asks whether it batches.
     std::unique_ptr<RequestQueue> queue;

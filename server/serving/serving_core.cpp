@@ -63,7 +63,7 @@ Result<std::unique_ptr<ServingCore>> ServingCore::Start(const ServeConfig& confi
       .max_crashes = config.worker.max_crashes, .crash_window = config.worker.crash_window});
   auto made_loader = MakeLoader(config, core->crash_supervisor_);
   if (!made_loader.ok())
-    return Status(made_loader.error().code(), "backend loader: " + made_loader.error().message());
+    return made_loader.error().WithContext("backend loader: ");
   core->loader_ = std::move(made_loader).value();
 
   // Before anything is loaded: with a trusted list, no untrusted backend may load even at start.
@@ -84,7 +84,7 @@ Result<std::unique_ptr<ServingCore>> ServingCore::Start(const ServeConfig& confi
        .sandbox_candidates = config.rollout.sandbox_candidates});
   // A state_dir that cannot be used stops the start: its message begins "state_dir <path>: ".
   if (!registry.ok())
-    return Status(registry.error().code(), "backend registry: " + registry.error().message());
+    return registry.error().WithContext("backend registry: ");
   // Moved out: a copy left in the Result would keep the registry (and its leases) alive past
   // Stop.
   core->registry_ = std::move(registry).value();

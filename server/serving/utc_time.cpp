@@ -5,8 +5,7 @@
 
 namespace backplane::server {
 
-std::string UtcWithMillis(std::chrono::system_clock::time_point time,
-                          const char* strftime_format) {
+std::string UtcWithMillis(std::chrono::system_clock::time_point time, const char* strftime_format) {
   const auto since_epoch = time.time_since_epoch();
   const std::time_t seconds = std::chrono::duration_cast<std::chrono::seconds>(since_epoch).count();
   const auto millis =
