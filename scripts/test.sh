@@ -22,6 +22,44 @@ print_slowest_tests() {
     "$1/Testing/Temporary/LastTest.log" | sort -rn | awk 'NR <= 11'  # reads all: no SIGPIPE under pipefail
 }
 
+# CI as the tests read it (RunningInCi, tests/test_util.cpp): set, and not empty, 0 or false.
+in_ci() {
+  local ci=${CI:-}
+  ci=${ci,,}
+  [[ -n $ci && $ci != 0 && $ci != false ]]
+}
+
+# Whether tests/ci_skips.txt lets preset $1 skip test $2.
+skip_allowed() {
+  local presets regex _
+  while read -r presets regex _; do
+    [[ -z $presets || $presets == \#* ]] && continue
+    [[ ",$presets," == *",$1,"* && $2 =~ ^${regex}$ ]] && return 0
+  done <tests/ci_skips.txt
+  return 1
+}
+
+# Prints the tests ctest skipped (its output in file $2) by name; under CI, fails when preset $1
+# skipped one that tests/ci_skips.txt does not allow.
+check_skips() {
+  local name unexpected=0
+  local -a skipped
+  mapfile -t skipped < <(sed -nE 's/^[[:space:]]*[0-9]+ - ([^ ]+).*\(Skipped\)$/\1/p' "$2")
+  echo "=== $1: ${#skipped[@]} test(s) skipped"
+  for name in "${skipped[@]}"; do
+    if skip_allowed "$1" "$name"; then
+      echo "  $name (tests/ci_skips.txt)"
+    else
+      echo "  $name (NOT in tests/ci_skips.txt)"
+      unexpected=$((unexpected + 1))
+    fi
+  done
+  if ((unexpected > 0)) && in_ci; then
+    echo "=== $1: ${unexpected} test(s) skipped under CI that tests/ci_skips.txt does not allow"
+    return 1
+  fi
+}
+
 jobs=$(nproc)
 for preset in "${presets[@]}"; do
   echo "=== ${preset}: build"
@@ -40,8 +78,9 @@ for preset in "${presets[@]}"; do
   fi
   echo "=== ${preset}: test"
   start=$SECONDS
-  ctest --preset "$preset" -j "$jobs"
+  ctest --preset "$preset" -j "$jobs" | tee "build/${preset}/ctest-output.txt"
   echo "=== ${preset}: tested in $((SECONDS - start)) s; the slowest tests:"
   print_slowest_tests "build/${preset}"
+  check_skips "$preset" "build/${preset}/ctest-output.txt"
 done
 echo "=== all presets passed in ${SECONDS} s"
