@@ -66,7 +66,8 @@ def run_rollout(new_file, servers, directories, token=TOKEN, soak=1, extra=(),
 
 
 class Traffic:
-    """MNIST requests against every replica until stopped; counts what did not answer 200."""
+    """MNIST requests against every replica until stopped; counts what did not answer 200,
+    a dropped or refused connection included (a thread that died on one would hide the rest)."""
 
     def __init__(self, servers, request):
         self.servers, self.request = servers, request
@@ -80,7 +81,11 @@ class Traffic:
             for server in self.servers:
                 if server.url in self.paused:
                     continue
-                status, body = http("POST", server.url + "/v2/models/mnist/infer", self.request)
+                try:
+                    status, body = http("POST", server.url + "/v2/models/mnist/infer",
+                                        self.request)
+                except Exception as error:  # no answer at all: OSError, a broken response
+                    status, body = None, repr(error)
                 self.sent += 1
                 if status != 200:
                     self.failed.append((server.url, status, body))
