@@ -207,10 +207,12 @@ class BackendRegistry : public std::enable_shared_from_this<BackendRegistry> {
 
   // Observers live as long as the registry; the returned number removes one. Observers are
   // called on the thread that made the change, or on the loader's reaper thread for kUnloaded
-  // and kLeaked, after every registry lock is released. RemoveObserver waits for a call of that
-  // observer in progress, so state the observer uses may be destroyed once it returns; after it,
-  // or after the registry is gone, the observer hears nothing more, including the kUnloaded of
-  // the generations the registry held at its end (wait for those with live_generations()).
+  // and kLeaked, after every registry lock is released; one may read the registry but must not
+  // change it, nor add or remove an observer (the list's lock is held while observers run).
+  // RemoveObserver waits for a call of that observer in progress, so state the observer uses may
+  // be destroyed once it returns; after it, or after the registry is gone, the observer hears
+  // nothing more, including the kUnloaded of the generations the registry held at its end (wait
+  // for those with live_generations()).
   uint64_t AddObserver(GenerationObserver observer);
   void RemoveObserver(uint64_t observer_id);
 
