@@ -14,6 +14,11 @@
 //   BM_ExecuteInRollout/0          the network is bound on the candidate, 0 % of requests go to it:
 //                                  routed, metered (latency histogram), run on the stable one.
 //   BM_ExecuteInRollout/100        the same with every request on the candidate.
+//   BM_RouteNoRollout              RolloutRouter::Route alone, no rollout: the request path's whole
+//                                  routing cost when none is under way.
+//   BM_RoutesLoadNoRollout         for comparison, the lookup the request path made for the same
+//                                  answer before the router: a load of the published routes (a
+//                                  lock and a shared_ptr copy) and a walk of the empty map.
 // Each runs with one and two client threads. To compare two builds of the runtime, build this
 // target on each and run the binaries alternately, several times each, on an otherwise idle
 // machine (--benchmark_enable_random_interleaving=true mixes the rows of one binary); compare
@@ -23,7 +28,9 @@
 #include <filesystem>
 #include <memory>
 
+#include "backplane/core/published.hpp"
 #include "backplane/runtime/runtime.hpp"
+#include "rollout_router.hpp"
 #include "runtime/swap_test_util.hpp"
 #include "test_util.hpp"
 
@@ -127,6 +134,29 @@ void BM_ExecuteInRollout(benchmark::State& state) {
   RunRequests(state, served, served != nullptr ? served->bound : 0);
 }
 
+void BM_RouteNoRollout(benchmark::State& state) {
+  static const RolloutRouter router({});
+  NetworkId id = 1;
+  for (auto _ : state) {
+    RoutedRequest routed = router.Route(id, nullptr, {});
+    benchmark::DoNotOptimize(routed);
+  }
+}
+
+void BM_RoutesLoadNoRollout(benchmark::State& state) {
+  static const Published<CandidateRoutes> routes;
+  NetworkId id = 1;
+  for (auto _ : state) {
+    const auto loaded = routes.Load();
+    bool found = false;
+    for (const auto& [backend_id, route] : *loaded)
+      found = found || route->networks.contains(id);
+    benchmark::DoNotOptimize(found);
+  }
+}
+
+BENCHMARK(BM_RouteNoRollout)->Threads(1)->Threads(2);
+BENCHMARK(BM_RoutesLoadNoRollout)->Threads(1)->Threads(2);
 BENCHMARK(BM_ExecuteNoRollout)->Unit(benchmark::kNanosecond)->UseRealTime()->Threads(1)->Threads(2);
 BENCHMARK(BM_ExecuteBesideRollout)
     ->Unit(benchmark::kNanosecond)
