@@ -340,6 +340,11 @@ class Runtime : private BackendSubscriber {
   // Valid while backend_mutex_ is held: no slot is replaced without it.
   ContextList CurrentContexts() const BACKPLANE_REQUIRES(mutex_);
   std::shared_ptr<const LoadedNetwork> Reaped(std::unique_ptr<LoadedNetwork> network) const;
+  // The instances for `preferences`, in order, from `instances`. Ids missing from it are appended
+  // to `missing`: a preference list like "GpuAcc,CpuRef" must work on machines without GpuAcc, as
+  // ArmNN's Optimize skips unavailable backends.
+  static Instances InstancesFor(const std::vector<std::string>& preferences,
+                                const InstanceMap& instances, std::string* missing = nullptr);
   // The loaded networks with a layer on backend `id`.
   std::vector<Affected> NetworksUsing(std::string_view id) const BACKPLANE_REQUIRES(mutex_);
   // The one way a loaded network gets new bindings (a generation change, a withdrawal, an
