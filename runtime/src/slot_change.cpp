@@ -41,6 +41,7 @@ void Runtime::SlotChange::Commit() {
 }
 
 void Runtime::SlotChange::ReplaceActive() {
+  runtime_.mutex_.AssertHeld();
   runtime_.PublishMoved(bindings_);
   // The replaced slot (context, then instance) is released when this change is dropped, outside
   // every lock.
@@ -62,6 +63,7 @@ void Runtime::SlotChange::ReplaceActive() {
 }
 
 void Runtime::SlotChange::BindBeside() {
+  runtime_.mutex_.AssertHeld();
   // Released outside every lock, when this change is dropped: the route's bindings go when the
   // last request on them ends, on the reaper.
   if (auto it = runtime_.candidate_backends_.find(id_); it != runtime_.candidate_backends_.end()) {

@@ -328,6 +328,8 @@ class Runtime : private BackendSubscriber {
   Result<std::shared_ptr<const LoadedNetwork>> FindNetwork(NetworkId id) const;
 
   void AttachBackends() BACKPLANE_REQUIRES(mutex_);
+  // From here to ValidateOnProbe, network_binding.cpp: what every path that binds networks
+  // shares (a load, an option update, either policy of a slot change).
   // A slot for `instance` with this runtime's options for it applied, and its context. Calls
   // backend code: never with mutex_ held once the runtime is shared.
   static Result<BackendSlot> CreateSlot(std::shared_ptr<loader::BackendInstance> instance,
