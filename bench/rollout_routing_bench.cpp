@@ -20,9 +20,8 @@
 //                                  answer before the router: a load of the published routes (a
 //                                  lock and a shared_ptr copy) and a walk of the empty map.
 // Each runs with one and two client threads. To compare two builds of the runtime, build this
-// target on each and run the binaries alternately, several times each, on an otherwise idle
-// machine (--benchmark_enable_random_interleaving=true mixes the rows of one binary); compare
-// medians.
+// target on each and run bench/rollout_routing_bench.sh BEFORE AFTER, which runs the two binaries
+// alternately and prints each row's median over every run.
 #include <benchmark/benchmark.h>
 
 #include <filesystem>
