@@ -1,5 +1,6 @@
-// The request path's side of a progressive rollout: which generation a request runs on, and the
-// counters the rollout is judged by. Private to the runtime.
+// One rollout's draws and counters (RolloutMeter: which generation a request runs on, whether it
+// is shadowed, and what the rollout is judged by) and its route, the candidate bindings the
+// RolloutRouter sends requests to. Private to the runtime.
 #pragma once
 
 #include <atomic>

@@ -10,8 +10,8 @@
 #include "backplane/sdk/thread_limits.hpp"
 #include "loaded_network.hpp"
 #include "rollout_meter.hpp"
+#include "rollout_router.hpp"
 #include "runtime_log.hpp"
-#include "slot_change.hpp"
 
 namespace backplane {
 
@@ -22,90 +22,6 @@ std::string Join(const std::vector<std::string>& items) {
   for (const auto& item : items)
     joined += (joined.empty() ? "" : ", ") + item;
   return joined;
-}
-
-// A deterministic input for every network input (dynamic dimensions taken as 1), spread over
-// [-1, 1] so that offsets, scales and sign errors all show.
-std::vector<Tensor> ProbeInputs(const Network& network) {
-  std::vector<Tensor> inputs;
-  uint32_t state = 0x9e3779b9u;
-  auto next = [&] {
-    state = state * 1664525u + 1013904223u;
-    return static_cast<double>(state >> 8) / static_cast<double>(1u << 24) * 2.0 - 1.0;
-  };
-  for (const auto& input : network.inputs) {
-    TensorInfo info = input.info;
-    for (auto& dim : info.shape)
-      dim = dim < 0 ? 1 : dim;
-    Tensor tensor(info);
-    switch (info.type) {
-      case DataType::kFloat32:
-        for (auto& value : tensor.Elements<float>())
-          value = static_cast<float>(next());
-        break;
-      case DataType::kFloat64:
-        for (auto& value : tensor.Elements<double>())
-          value = next();
-        break;
-      case DataType::kInt32:
-        for (auto& value : tensor.Elements<int32_t>())
-          value = static_cast<int32_t>(next() * 8);
-        break;
-      case DataType::kInt64:
-        for (auto& value : tensor.Elements<int64_t>())
-          value = static_cast<int64_t>(next() * 8);
-        break;
-      default:  // bytes: uint8, int8, bool
-        for (auto& value : tensor.Elements<uint8_t>())
-          value = next() > 0 ? 1 : 0;
-    }
-    inputs.push_back(std::move(tensor));
-  }
-  return inputs;
-}
-
-// The instances for `preferences`, in order, from `instances`. Ids missing from it are appended
-// to `missing`: a preference list like "GpuAcc,CpuRef" must work on machines without GpuAcc, as
-// ArmNN's Optimize skips unavailable backends.
-std::vector<std::shared_ptr<loader::BackendInstance>> InstancesFor(
-    const std::vector<std::string>& preferences,
-    const std::map<std::string, std::shared_ptr<loader::BackendInstance>, std::less<>>& instances,
-    std::string* missing = nullptr) {
-  std::vector<std::shared_ptr<loader::BackendInstance>> ordered;
-  for (const auto& id : preferences) {
-    if (auto it = instances.find(id); it != instances.end()) {
-      ordered.push_back(it->second);
-    } else if (missing != nullptr) {
-      *missing += (missing->empty() ? "" : ", ") + id;
-    }
-  }
-  return ordered;
-}
-
-// The first output of `actual` that differs from `expected` by more than `tolerance`.
-Status CompareOnProbe(const Network& network, const std::vector<Tensor>& expected,
-                      const std::vector<Tensor>& actual, std::string_view backend_id,
-                      double tolerance) {
-  const auto& outputs = network.outputs;
-  for (std::size_t i = 0; i < expected.size(); ++i) {
-    const Tensor& want = expected[i];
-    const Tensor& got = actual[i];
-    if (want.info() != got.info()) {
-      return {LoadReason::kValidationFailed,
-              "network " + network.name + " output '" + outputs[i].name + "' is " +
-                  ToString(got.info().shape) + " on the new generation of " +
-                  std::string(backend_id) + ", " + ToString(want.info().shape) +
-                  " on the active one"};
-    }
-    const double difference = MaxDifference(want, got);
-    if (difference > tolerance) {
-      return {LoadReason::kValidationFailed,
-              "network " + network.name + " output '" + outputs[i].name + "' differs by " +
-                  std::to_string(difference) + " on the new generation of " +
-                  std::string(backend_id) + " (tolerance " + std::to_string(tolerance) + ")"};
-    }
-  }
-  return Status::Ok();
 }
 
 }  // namespace
@@ -159,6 +75,7 @@ Runtime::Runtime(std::shared_ptr<BackendRegistry> registry, RuntimeOptions& opti
       swap_validation_(std::move(options.swap_validation)),
       on_crashed_request_(std::move(options.on_crashed_request)),
       crash_retry_wait_(options.crash_retry_wait),
+      router_(std::make_unique<RolloutRouter>(on_crashed_request_)),
       shape_program_builder_(std::make_shared<ShapeProgramBuilder>()),
       scheduler_(options.scheduler) {}
 
@@ -184,22 +101,6 @@ void Runtime::AttachBackends() {
     }
     backends_.emplace(id, std::move(slot).value());
   }
-}
-
-Result<Runtime::BackendSlot> Runtime::CreateSlot(std::shared_ptr<loader::BackendInstance> instance,
-                                                 const BackendOptions* options) {
-  // Options survive a swap: a new generation gets what this runtime set on the old one.
-  if (options != nullptr) {
-    Status status = CheckThreadCounts(*options, instance->DescribeOptions(), instance->id());
-    if (status.ok())
-      status = instance->UpdateOptions(*options);
-    if (!status.ok())
-      return status.WithContext("it refuses the options this runtime set: ");
-  }
-  auto context = instance->CreateBackendContext();
-  if (!context.ok())
-    return std::move(context).error();
-  return BackendSlot{std::move(instance), std::move(context).value()};
 }
 
 std::vector<std::string> Runtime::BackendIds() const {
@@ -312,7 +213,7 @@ Status Runtime::UpdateNetworkOptions(NetworkId id, std::string_view backend_id,
       }
     }
     network = {id, it->second, PreferencesOf(id)};
-    for (const auto& [routed_id, route] : *candidate_routes_.Load()) {
+    for (const auto& [routed_id, route] : *router_->routes()) {
       if (!route->networks.contains(id))
         continue;
       InstanceMap on_candidate = instances;
@@ -348,13 +249,13 @@ Status Runtime::UpdateNetworkOptions(NetworkId id, std::string_view backend_id,
     if (!candidates.empty()) {
       // The same routes (meters, generations) with this network's candidate bindings replaced;
       // the turn keeps every candidate change out, so each route is still the one read above.
-      auto routes = std::make_shared<CandidateRoutes>(*candidate_routes_.Load());
-      for (std::size_t i = 0; i < candidates.size(); ++i) {
-        auto updated = std::make_shared<CandidateRoute>(*candidates[i].first);
-        updated->networks[id] = std::move(on_candidates[i]);
-        (*routes)[updated->backend_id] = std::move(updated);
-      }
-      candidate_routes_.Publish(std::move(routes));
+      router_->Update([&](CandidateRoutes& routes) {
+        for (std::size_t i = 0; i < candidates.size(); ++i) {
+          auto updated = std::make_shared<CandidateRoute>(*candidates[i].first);
+          updated->networks[id] = std::move(on_candidates[i]);
+          routes[updated->backend_id] = std::move(updated);
+        }
+      });
     }
     ++state_version_;  // a generation change being prepared must use the new values
   }
@@ -385,83 +286,6 @@ Status Runtime::SetNetworkInstances(NetworkId id, std::size_t instances) {
   network->instances()->SetLimit(instances);
   RuntimeLog().info("network {}: instances set to {}", network->network().name, instances);
   return Status::Ok();
-}
-
-std::vector<Runtime::Affected> Runtime::NetworksUsing(std::string_view id) const {
-  std::vector<Affected> affected;
-  for (const auto& [network_id, network] : *networks_.Load()) {
-    if (network->Uses(id))
-      affected.push_back({network_id, network, PreferencesOf(network_id, id)});
-  }
-  return affected;
-}
-
-Result<std::shared_ptr<const LoadedNetwork>> Runtime::Reprepare(
-    const Affected& network, const InstanceMap& instances,
-    const OptionsByBackend* network_options) const {
-  const Instances backends = InstancesFor(network.preferences, instances);
-  if (backends.empty())
-    return NotFound("no backend in its preference list");
-  // The shape program settings (capacity, counters), the network's own options and its limit on
-  // executions at once (the same object: requests on the old binding and the new take turns
-  // together) carry over; the cache starts empty.
-  auto prepared = LoadedNetwork::Create(
-      network.network->shared_network(), backends, network.network->shape_program_options(),
-      network_options != nullptr ? *network_options : network.network->network_options(),
-      network.network->instances());
-  if (!prepared.ok())
-    return std::move(prepared).error();
-  return Reaped(std::move(prepared).value());
-}
-
-void Runtime::PublishMoved(const MovedNetworks& moved) {
-  if (moved.empty())
-    return;
-  // The replaced bindings go when the last request using them lets go, on the reaper (Reaped).
-  auto updated = std::make_shared<NetworkMap>(*networks_.Load());
-  for (const auto& [network_id, network] : moved)
-    (*updated)[network_id] = network;
-  networks_.Publish(std::move(updated));
-}
-
-std::vector<std::string> Runtime::PreferencesOf(NetworkId id, std::string_view arriving) const {
-  auto it = preferences_.find(id);
-  std::vector<std::string> preferences =
-      it == preferences_.end() || it->second.empty() ? default_preferences_ : it->second;
-  if (preferences.empty()) {
-    // Every backend, in registration order (static ones first, then directory order), and the
-    // one about to arrive, which neither the registry nor this runtime offers yet.
-    for (const auto& backend_id : registry_->BackendIds()) {
-      if (backends_.contains(backend_id) || backend_id == arriving)
-        preferences.push_back(backend_id);
-    }
-    if (!arriving.empty() &&
-        std::find(preferences.begin(), preferences.end(), arriving) == preferences.end())
-      preferences.emplace_back(arriving);
-  }
-  return preferences;
-}
-
-Runtime::InstanceMap Runtime::CurrentInstances() const {
-  InstanceMap instances;
-  for (const auto& [id, slot] : backends_)
-    instances.emplace(id, slot.instance);
-  return instances;
-}
-
-Runtime::ContextList Runtime::CurrentContexts() const {
-  ContextList contexts;
-  for (const auto& [id, slot] : backends_) {
-    if (slot.context != nullptr)  // a backend without a context
-      contexts.push_back({id, slot.context.get(), slot.instance.get()});
-  }
-  return contexts;
-}
-
-std::shared_ptr<const LoadedNetwork> Runtime::Reaped(std::unique_ptr<LoadedNetwork> network) const {
-  // Its workloads are backend code: the last request to let go of a replaced network must not
-  // run their destructors on a request thread (docs/loading-rules.md rule 6).
-  return loader::MakeReaped(std::move(network), registry_->loader().reaper());
 }
 
 Result<NetworkId> Runtime::LoadNetwork(Network network, NetworkOptions options) {
@@ -599,206 +423,6 @@ Status Runtime::UnloadNetwork(NetworkId id) {
   return Status::Ok();
 }
 
-Status Runtime::ValidateOnProbe(const LoadedNetwork& current, const LoadedNetwork& candidate,
-                                std::string_view backend_id, double tolerance) {
-  // The probe is two requests of this runtime: it waits for a slot among the requests in flight
-  // like any other (a while, not forever: this is the registry's change sequence). It takes no
-  // turn among the network's instances (NetworkOptions::instances): there is at most one probe
-  // at a time in the whole runtime, and waiting behind the network's clients would hold up every
-  // deploy and rollback of every backend for as long as that queue is.
-  constexpr auto kWaitForSlot = std::chrono::seconds(2);
-  const auto until = scheduler::Clock::now() + kWaitForSlot;
-  std::optional<Result<scheduler::RequestScheduler::Admission>> admission;
-  while (true) {
-    admission.emplace(scheduler_.Admit());
-    if (admission->ok() || scheduler::Clock::now() >= until)
-      break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  if (!admission->ok()) {
-    return {LoadReason::kValidationFailed,
-            "the swap-validation probe of network " + current.network().name +
-                " found no free request slot for 2 s: " + admission->error().message()};
-  }
-  const auto inputs = ProbeInputs(current.network());
-  std::vector<ConstTensorView> views;
-  for (const auto& input : inputs)
-    views.push_back(input.View());
-  std::optional<Result<std::vector<Tensor>>> expected;
-  std::optional<Result<std::vector<Tensor>>> actual;
-  BACKPLANE_RETURN_IF_ERROR(scheduler_.RunOnCallerThread([&] {
-    expected.emplace(current.Execute(views));
-    actual.emplace(candidate.Execute(views));
-    return Status::Ok();
-  }));
-  if (!expected->ok())  // the current generation cannot run it: nothing to compare against
-    return Status::Ok();
-  if (!actual->ok()) {
-    return {LoadReason::kValidationFailed,
-            "network " + current.network().name +
-                " fails on the probe input with the new generation of " + std::string(backend_id) +
-                ": " + actual->error().message()};
-  }
-  return CompareOnProbe(current.network(), expected->value(), actual->value(), backend_id,
-                        tolerance);
-}
-
-// One runtime's side of a backend change: the new slot (instance and context) and the networks
-// re-prepared on it, built without the runtime's lock and switched under it.
-class Runtime::SwapChange final : public SlotChange {
- public:
-  SwapChange(Runtime& runtime, uint64_t version, const BackendChange& change)
-      : SlotChange(runtime, version, change.backend_id),
-        generation_(change.next ? change.next->info().number : 0),
-        previous_generation_(change.previous ? change.previous->info().number : 0) {}
-  ~SwapChange() override { ReleaseTurn(); }
-
-  void Commit() override {
-    runtime_.mutex_.AssertHeld();
-    runtime_.PublishMoved(moved_);
-    // The replaced slot (context, then instance) is released when this change is dropped,
-    // outside every lock.
-    if (auto it = runtime_.backends_.find(id_); it != runtime_.backends_.end()) {
-      replaced_ = std::move(it->second);
-      runtime_.backends_.erase(it);
-    }
-    // A new active generation (a promoted candidate among them) ends the id's rollout here.
-    if (auto it = runtime_.candidate_backends_.find(id_);
-        it != runtime_.candidate_backends_.end()) {
-      replaced_candidate_ = std::move(it->second);
-      runtime_.candidate_backends_.erase(it);
-      auto routes = std::make_shared<CandidateRoutes>(*runtime_.candidate_routes_.Load());
-      routes->erase(id_);
-      runtime_.candidate_routes_.Publish(std::move(routes));
-    }
-    if (slot_) {
-      auto& placed = runtime_.backends_.emplace(id_, *std::move(slot_)).first->second;
-      slot_.reset();
-      // Told in AfterCommit, which still holds the turn: the context and the networks stay.
-      placed_ = &placed;
-      for (const auto& [network_id, network] : *runtime_.networks_.Load())
-        loaded_.push_back(network_id);
-    }
-    ++runtime_.state_version_;
-  }
-
-  void AfterCommit() override {
-    // The new context heard BeforeLoadNetwork of every network while this change was prepared;
-    // now that they are committed it hears AfterLoadNetwork, outside every state lock.
-    TellLoadedAndReleaseTurn(placed_, loaded_, "");
-    if (generation_ == 0) {
-      for (const auto& [network_id, network] : moved_)
-        RuntimeLog().info("network {} moved off withdrawn backend {}", network->network().name,
-                          id_);
-    } else if (previous_generation_ != 0) {
-      RuntimeLog().info("backend {}: generation {} replaces {}; {} network(s) moved ({})", id_,
-                        generation_, previous_generation_, moved_.size(),
-                        runtime_.swap_policy_ == SwapPolicy::kMigrate ? "migrate" : "pin");
-    }
-  }
-
-  // What was prepared: the new slot (none for a withdrawal) and the networks that move.
-  std::optional<BackendSlot> slot_;
-  MovedNetworks moved_;
-
- private:
-  const uint64_t generation_;
-  const uint64_t previous_generation_;
-  std::optional<BackendSlot> replaced_;
-  std::optional<BackendSlot> replaced_candidate_;
-  const BackendSlot* placed_ = nullptr;  // the new slot, once committed
-  std::vector<NetworkId> loaded_;        // what its context hears AfterLoadNetwork of
-};
-
-Result<std::unique_ptr<PreparedChange>> Runtime::PrepareChange(const BackendChange& change) {
-  if (change.target == BackendChange::Target::kCandidate)
-    return PrepareCandidateChange(change);
-  const std::string& id = change.backend_id;
-  // What the change is prepared against, read under the lock. Everything that calls backend
-  // code runs after it is released.
-  std::vector<Affected> affected;
-  std::vector<NetworkId> all_networks;
-  InstanceMap instances;
-  std::optional<BackendOptions> options;
-  uint64_t version = 0;
-  {
-    MutexLock lock(mutex_);
-    version = state_version_;
-    instances = CurrentInstances();
-    if (auto it = applied_options_.find(id); it != applied_options_.end())
-      options = it->second;
-    // A withdrawal moves every network off the id; a new generation moves them onto it
-    // (kMigrate), including networks left on a withdrawn generation now that its file is back.
-    const bool moves = change.next == nullptr || swap_policy_ == SwapPolicy::kMigrate;
-    for (const auto& [network_id, network] : *networks_.Load())
-      all_networks.push_back(network_id);
-    if (moves)
-      affected = NetworksUsing(id);
-  }
-  auto prepared = std::make_unique<SwapChange>(*this, version, change);
-
-  if (change.next == nullptr) {
-    instances.erase(id);
-    for (const auto& network : affected) {
-      auto moved = Reprepare(network, instances);
-      if (!moved.ok()) {
-        RuntimeLog().warn("network {} keeps running on withdrawn backend {} (generation {}): {}",
-                          network.network->network().name, id, network.network->GenerationOn(id),
-                          moved.error().message());
-        continue;
-      }
-      prepared->moved_.emplace(network.id, std::move(moved).value());
-    }
-    return std::unique_ptr<PreparedChange>(std::move(prepared));
-  }
-
-  const uint64_t generation = change.next->info().number;
-  auto refuse = [&](LoadReason reason, const std::string& why) {
-    return Status(reason,
-                  "backend " + id + " generation " + std::to_string(generation) + ": " + why);
-  };
-  auto instance = registry_->loader().CreateInstance(change.next);
-  if (!instance.ok())
-    return std::move(instance).error();
-  auto slot = CreateSlot(instance.share(), options ? &*options : nullptr);
-  if (!slot.ok())
-    return refuse(LoadReason::kPrepareFailed, slot.error().message());
-  instances.insert_or_assign(id, std::move(instance).value());
-
-  // Every affected network prepared now, so that the switch is one pointer store each.
-  const auto validation = swap_validation_.find(id);
-  for (const auto& network : affected) {
-    auto moved = Reprepare(network, instances);
-    if (!moved.ok()) {
-      return refuse(LoadReason::kPrepareFailed,
-                    "network " + network.network->network().name +
-                        " does not prepare on it: " + moved.error().message());
-    }
-    if (validation != swap_validation_.end()) {
-      Status valid = ValidateOnProbe(*network.network, *moved, id, validation->second.tolerance);
-      if (!valid.ok())
-        return refuse(LoadReason::kValidationFailed, valid.message());
-    }
-    prepared->moved_.emplace(network.id, std::move(moved).value());
-  }
-  for (NetworkId network_id : all_networks) {
-    if (slot.value().context == nullptr)
-      break;
-    Status before = GuardBackendCall(id, "BeforeLoadNetwork", [&] {
-      const ScopedBackendCall hook(
-          slot.value().instance->CallSite("IBackendContext::BeforeLoadNetwork"));
-      return slot.value().context->BeforeLoadNetwork(network_id);
-    });
-    if (!before.ok()) {
-      return refuse(
-          LoadReason::kPrepareFailed,
-          "its context refuses network " + std::to_string(network_id) + ": " + before.message());
-    }
-  }
-  prepared->slot_ = std::move(slot).value();
-  return std::unique_ptr<PreparedChange>(std::move(prepared));
-}
-
 Result<std::shared_ptr<const LoadedNetwork>> Runtime::FindNetwork(NetworkId id) const {
   auto networks = networks_.Load();
   auto it = networks->find(id);
@@ -833,18 +457,19 @@ Result<std::shared_ptr<const Network>> Runtime::GetNetwork(NetworkId id) const {
 
 Result<std::vector<Tensor>> Runtime::Execute(NetworkId id, std::span<const ConstTensorView> inputs,
                                              std::string_view routing_key) {
-  auto routed = Route(id, routing_key);
-  if (!routed.ok())
-    return std::move(routed).error();
+  auto network = FindNetwork(id);
+  if (!network.ok())
+    return std::move(network).error();
+  const RoutedRequest routed = router_->Route(id, std::move(network).value(), routing_key);
   auto admission = scheduler_.Admit();
   if (!admission.ok())
     return std::move(admission).error();
   // The network's turn, waited for on this thread before it joins the arena, where a wait would
   // hold an arena slot that queued requests could use. Released when the run returns.
-  const scheduler::ConcurrencyLimit::Slot turn = routed->network->instances()->AcquireBlocking();
+  const scheduler::ConcurrencyLimit::Slot turn = routed.network->instances()->AcquireBlocking();
   std::optional<Result<std::vector<Tensor>>> result;
   Status ran = scheduler_.RunOnCallerThread([&] {
-    result.emplace(ExecuteRouted(*routed, inputs, nullptr));
+    result.emplace(ExecuteRouted(routed, inputs, nullptr));
     return Status::Ok();
   });
   if (!ran.ok())
@@ -909,7 +534,8 @@ void Runtime::ExecuteAsync(NetworkId id, InputsFactory make_inputs, ExecuteCallb
       result->emplace(std::move(inputs).error());
       return Status::Ok();
     }
-    const Routed routed = Route(id, loaded, routing_key ? routing_key() : std::string());
+    const RoutedRequest routed =
+        router_->Route(id, loaded, routing_key ? routing_key() : std::string());
     std::vector<ConstTensorView> views;
     views.reserve(inputs->size());
     for (const auto& tensor : *inputs)
@@ -950,6 +576,60 @@ void Runtime::ExecuteAsync(NetworkId id, InputsFactory make_inputs, ExecuteCallb
             std::move(finish), deadline);
       },
       deadline);
+}
+
+Result<std::vector<Tensor>> Runtime::ExecuteRouted(const RoutedRequest& routed,
+                                                   std::span<const ConstTensorView> inputs,
+                                                   std::vector<Tensor>* owned) {
+  auto result = RolloutRouter::Execute(routed, inputs);
+  if (!result.ok() && result.error().reason() == LoadReason::kCrashed)
+    return RunAgainAfterCrash(routed, inputs, std::move(result).error());
+  if (routed.shadow && result.ok())
+    router_->StartShadow(scheduler_, routed, inputs, owned, result.value());
+  return result;
+}
+
+Result<std::vector<Tensor>> Runtime::RunAgainAfterCrash(const RoutedRequest& routed,
+                                                        std::span<const ConstTensorView> inputs,
+                                                        Status crash) const {
+  if (on_crashed_request_)
+    on_crashed_request_({.network = routed.id, .inputs = inputs, .error = crash});
+  // The run again is the same request: it keeps the turn among the network's instances that its
+  // first run had (NetworkOptions::instances) and takes no second one, which with one instance
+  // would wait for itself.
+  // A candidate's crash is the rollout's to judge (the crash supervisor rolls it back): the
+  // client's request runs where it would have without the rollout.
+  if (routed.on_candidate)
+    return routed.stable->Execute(inputs);
+  // A stable generation's: its worker is being restarted (or the build rolled back, or withdrawn
+  // and the network moved along its preferences). Every such change gives the network a new
+  // binding; until then there is nothing to run on but the dead worker.
+  const auto until = std::chrono::steady_clock::now() + crash_retry_wait_;
+  while (true) {
+    auto current = FindNetwork(routed.id);
+    if (!current.ok())  // unloaded meanwhile
+      return crash;
+    if (&*current != routed.network.get()) {
+      auto again = current->Execute(inputs);
+      if (!again.ok())
+        return again.error().WithContext("run again after a crash (" + crash.message() + "): ");
+      return again;
+    }
+    if (std::chrono::steady_clock::now() >= until) {
+      return crash.WithContext("not run again: network " + routed.network->network().name +
+                               " did not move off the dead worker within " +
+                               std::to_string(crash_retry_wait_.count()) + " ms: ");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+Status Runtime::SetRolloutTraffic(std::string_view id, const RolloutTraffic& traffic) {
+  return router_->SetTraffic(id, traffic);
+}
+
+std::optional<RolloutStats> Runtime::GetRolloutStats(std::string_view id) const {
+  return router_->Stats(id);
 }
 
 std::future<Result<std::vector<Tensor>>> Runtime::ExecuteAsync(

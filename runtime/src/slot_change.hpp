@@ -1,66 +1,64 @@
-// What every change to a runtime's backend slots shares (a generation swap, a candidate arriving
-// or leaving): the runtime's turn to call its backends, the state version it was prepared
-// against, and the AfterLoadNetwork hooks of the context it placed. Private to the runtime.
+// One runtime's side of a change to a backend id's slots (BackendChange): a new active generation,
+// a withdrawal, a candidate arriving or leaving. Every such change is prepared by one path
+// (Runtime::PrepareChange, slot_change.cpp): the new slot (instance and context) created with this
+// runtime's options, the networks concerned re-prepared on it and its context told
+// BeforeLoadNetwork of them, all without the runtime's state lock. What differs is what the commit
+// does with them, the change's policy:
+//  - kReplaceActive (BackendChange::Target::kActive): the slot replaces the id's active one and
+//    the re-prepared networks replace their bindings; a rollout of the id, if any, ends.
+//  - kBindBeside (BackendChange::Target::kCandidate): the slot is the id's candidate and the
+//    networks' bindings on it are published beside their active ones, as the id's rollout route
+//    (RolloutRouter); a candidate leaving (a rollback) drops both.
+// Private to the runtime.
 #pragma once
 
 #include <mutex>
+#include <optional>
 #include <string>
-#include <string_view>
 #include <vector>
 
-#include "backplane/core/backend_call.hpp"
-#include "backplane/core/backend_call_record.hpp"
 #include "backplane/runtime/runtime.hpp"
-#include "runtime_log.hpp"
 
 namespace backplane {
 
-class Runtime::SlotChange : public PreparedChange {
+class Runtime::SlotChange final : public PreparedChange {
  public:
-  SlotChange(Runtime& runtime, uint64_t version, std::string id)
-      : runtime_(runtime), version_(version), id_(std::move(id)) {}
-  // Derived classes call ReleaseTurn() first in their destructors: what a change replaced must
-  // be unreachable before it is released, and it is a derived member.
-  ~SlotChange() override = default;
+  enum class Policy { kReplaceActive, kBindBeside };
+
+  SlotChange(Runtime& runtime, Policy policy, uint64_t version, const BackendChange& change);
+  // What the change replaced is unreachable before it is released: the turn goes first.
+  ~SlotChange() override { ReleaseTurn(); }
 
   // The runtime's turn to call its backends, kept until AfterCommit has called the placed
   // context's AfterLoadNetwork hooks: no load or unload runs in between, and no hook runs under
   // mutex_.
-  void BeginCommit() override { turn_ = std::unique_lock<Mutex>(runtime_.backend_mutex_); }
-  std::unique_lock<Mutex> LockState() override { return std::unique_lock<Mutex>(runtime_.mutex_); }
-  bool IsCurrent() const override {
-    runtime_.mutex_.AssertHeld();
-    return runtime_.state_version_ == version_;
-  }
+  void BeginCommit() override;
+  std::unique_lock<Mutex> LockState() override;
+  bool IsCurrent() const override;
+  void Commit() override;
+  void AfterCommit() override;
 
- protected:
-  // In AfterCommit: the context of `placed` (null, or no context: none to tell) hears
-  // AfterLoadNetwork of `networks`, which it heard BeforeLoadNetwork of while the change was
-  // prepared; then the turn is released. `placed` stays where it is while the turn is held.
-  void TellLoadedAndReleaseTurn(const BackendSlot* placed, const std::vector<NetworkId>& networks,
-                                std::string_view what) {
-    if (placed != nullptr && placed->context != nullptr) {
-      for (NetworkId network_id : networks) {
-        Status after = GuardBackendCall(id_, "AfterLoadNetwork", [&] {
-          const ScopedBackendCall hook(
-              placed->instance->CallSite("IBackendContext::AfterLoadNetwork"));
-          return placed->context->AfterLoadNetwork(network_id);
-        });
-        if (!after.ok()) {
-          RuntimeLog().warn("backend {}{}: AfterLoadNetwork({}) failed: {}", id_, what, network_id,
-                            after.message());
-        }
-      }
-    }
-    ReleaseTurn();
-  }
+  // What was prepared: the new slot (none for a withdrawal or a candidate leaving), the networks'
+  // new bindings (replacing theirs, or beside them) and the networks the slot's context heard
+  // BeforeLoadNetwork of (it hears AfterLoadNetwork of them once committed).
+  std::optional<BackendSlot> slot_;
+  MovedNetworks bindings_;
+  std::vector<NetworkId> hooked_;
+
+ private:
+  void ReplaceActive();
+  void BindBeside();
   void ReleaseTurn() { turn_ = {}; }
 
   Runtime& runtime_;
+  const Policy policy_;
   const uint64_t version_;
   const std::string id_;
-
- private:
+  const uint64_t generation_;           // 0: a withdrawal, or the candidate leaves
+  const uint64_t previous_generation_;  // the active one before (the candidate's stable one)
+  std::optional<BackendSlot> replaced_;
+  std::optional<BackendSlot> replaced_candidate_;
+  const BackendSlot* placed_ = nullptr;  // the new slot, once committed
   std::unique_lock<Mutex> turn_;
 };
 

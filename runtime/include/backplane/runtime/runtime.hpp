@@ -177,8 +177,8 @@ struct ShapeProgramStats {
 
 class LoadedNetwork;
 class ShapeProgramBuilder;
-struct CandidateRoute;
-using CandidateRoutes = std::map<std::string, std::shared_ptr<const CandidateRoute>, std::less<>>;
+class RolloutRouter;
+struct RoutedRequest;
 
 // Thread-safe. Follows the registry's generations: when a backend id gets a new generation (or
 // loses its file), the runtime prepares its side off the request path and switches atomically
@@ -313,21 +313,9 @@ class Runtime : private BackendSubscriber {
     const loader::BackendInstance* instance;
   };
   using ContextList = std::vector<HookedContext>;
-  class SlotChange;  // slot_change.hpp: what the two below share
-  class SwapChange;
-  class CandidateChange;
-  // Which binding a request runs on (rollout.cpp): the network's, or a rollout's candidate's,
-  // and the one it is also run on in shadow (null: none).
-  struct Routed {
-    NetworkId id = 0;
-    std::shared_ptr<const LoadedNetwork> network;
-    std::shared_ptr<const CandidateRoute> route;  // null: no rollout concerns this network
-    bool on_candidate = false;
-    bool shadow = false;
-    // The binding the request would have had without the rollout: where a candidate's crash is
-    // run again.
-    std::shared_ptr<const LoadedNetwork> stable;
-  };
+  // slot_change.hpp: a generation change prepared by one path, committed by one of two policies
+  // (replace the active slot, or bind beside it as a rollout's candidate).
+  class SlotChange;
   // A network that a change re-prepares, and the preference list it is prepared with.
   struct Affected {
     NetworkId id;
@@ -340,6 +328,8 @@ class Runtime : private BackendSubscriber {
   Result<std::shared_ptr<const LoadedNetwork>> FindNetwork(NetworkId id) const;
 
   void AttachBackends() BACKPLANE_REQUIRES(mutex_);
+  // From here to ValidateOnProbe, network_binding.cpp: what every path that binds networks
+  // shares (a load, an option update, either policy of a slot change).
   // A slot for `instance` with this runtime's options for it applied, and its context. Calls
   // backend code: never with mutex_ held once the runtime is shared.
   static Result<BackendSlot> CreateSlot(std::shared_ptr<loader::BackendInstance> instance,
@@ -352,6 +342,11 @@ class Runtime : private BackendSubscriber {
   // Valid while backend_mutex_ is held: no slot is replaced without it.
   ContextList CurrentContexts() const BACKPLANE_REQUIRES(mutex_);
   std::shared_ptr<const LoadedNetwork> Reaped(std::unique_ptr<LoadedNetwork> network) const;
+  // The instances for `preferences`, in order, from `instances`. Ids missing from it are appended
+  // to `missing`: a preference list like "GpuAcc,CpuRef" must work on machines without GpuAcc, as
+  // ArmNN's Optimize skips unavailable backends.
+  static Instances InstancesFor(const std::vector<std::string>& preferences,
+                                const InstanceMap& instances, std::string* missing = nullptr);
   // The loaded networks with a layer on backend `id`.
   std::vector<Affected> NetworksUsing(std::string_view id) const BACKPLANE_REQUIRES(mutex_);
   // The one way a loaded network gets new bindings (a generation change, a withdrawal, an
@@ -368,29 +363,21 @@ class Runtime : private BackendSubscriber {
   Status ValidateOnProbe(const LoadedNetwork& current, const LoadedNetwork& candidate,
                          std::string_view backend_id, double tolerance);
 
+  // slot_change.cpp: every generation change, active or candidate, takes this one path.
   Result<std::unique_ptr<PreparedChange>> PrepareChange(const BackendChange& change) override;
-  Result<std::unique_ptr<PreparedChange>> PrepareCandidateChange(const BackendChange& change);
 
-  Result<Routed> Route(NetworkId id, std::string_view routing_key) const;
-  Routed Route(NetworkId id, std::shared_ptr<const LoadedNetwork> network,
-               std::string_view routing_key) const;
-  // Runs one request's inputs on the routed binding and counts it for its rollout. `inputs`
-  // owned by the caller (`owned` null) are copied only when a shadow run needs them.
-  Result<std::vector<Tensor>> ExecuteRouted(const Routed& routed,
+  // Runs one request's inputs on the binding it was routed to (router_) and, during a rollout,
+  // counts it and starts its shadow run. `inputs` owned by the caller (`owned` null) are copied
+  // only when a shadow run needs them.
+  Result<std::vector<Tensor>> ExecuteRouted(const RoutedRequest& routed,
                                             std::span<const ConstTensorView> inputs,
                                             std::vector<Tensor>* owned);
-  // A routed request's run measured for its rollout (routed.route is set).
-  Result<std::vector<Tensor>> ExecuteMetered(const Routed& routed,
-                                             std::span<const ConstTensorView> inputs);
   // A run that failed because a worker died under it (reason CRASHED), run once more: a
   // candidate's on the stable binding at once, a stable generation's on the network's next
   // binding once the network has moved (crash_retry_wait at most).
-  Result<std::vector<Tensor>> RunAgainAfterCrash(const Routed& routed,
+  Result<std::vector<Tensor>> RunAgainAfterCrash(const RoutedRequest& routed,
                                                  std::span<const ConstTensorView> inputs,
                                                  Status crash) const;
-  // Queues the shadow run of a stable request on its candidate, as a request of its own.
-  void StartShadow(std::shared_ptr<const CandidateRoute> route, NetworkId id,
-                   std::vector<Tensor> inputs, std::vector<Tensor> stable_outputs);
 
   const std::shared_ptr<BackendRegistry> registry_;
   const std::vector<std::string> default_preferences_;
@@ -419,9 +406,11 @@ class Runtime : private BackendSubscriber {
   // can tell at commit time whether it still applies.
   uint64_t state_version_ BACKPLANE_GUARDED_BY(mutex_) = 0;
   Published<NetworkMap> networks_;
-  // Progressive rollouts: each candidate's slot, and the routes requests read without a lock.
+  // Progressive rollouts: each candidate's slot; the routes requests take are the router's,
+  // published by the commits that change these slots (with mutex_ held). Outlives scheduler_:
+  // shadow runs use it.
   BackendMap candidate_backends_ BACKPLANE_GUARDED_BY(mutex_);
-  Published<CandidateRoutes> candidate_routes_;
+  const std::unique_ptr<RolloutRouter> router_;
 
   // Builds shape programs off the request path; networks hold it by weak_ptr. The destructor
   // shuts it down first (queued builds dropped, the running one waited for).

@@ -1,0 +1,237 @@
+#include "slot_change.hpp"
+
+#include "backplane/core/backend_call.hpp"
+#include "backplane/core/backend_call_record.hpp"
+#include "loaded_network.hpp"
+#include "rollout_router.hpp"
+#include "runtime_log.hpp"
+
+namespace backplane {
+
+Runtime::SlotChange::SlotChange(Runtime& runtime, Policy policy, uint64_t version,
+                                const BackendChange& change)
+    : runtime_(runtime),
+      policy_(policy),
+      version_(version),
+      id_(change.backend_id),
+      generation_(change.next ? change.next->info().number : 0),
+      previous_generation_(change.previous ? change.previous->info().number : 0) {}
+
+void Runtime::SlotChange::BeginCommit() {
+  turn_ = std::unique_lock<Mutex>(runtime_.backend_mutex_);
+}
+
+std::unique_lock<Mutex> Runtime::SlotChange::LockState() {
+  return std::unique_lock<Mutex>(runtime_.mutex_);
+}
+
+bool Runtime::SlotChange::IsCurrent() const {
+  runtime_.mutex_.AssertHeld();
+  return runtime_.state_version_ == version_;
+}
+
+void Runtime::SlotChange::Commit() {
+  runtime_.mutex_.AssertHeld();
+  if (policy_ == Policy::kReplaceActive) {
+    ReplaceActive();
+  } else {
+    BindBeside();
+  }
+  ++runtime_.state_version_;
+}
+
+void Runtime::SlotChange::ReplaceActive() {
+  runtime_.mutex_.AssertHeld();
+  runtime_.PublishMoved(bindings_);
+  // The replaced slot (context, then instance) is released when this change is dropped, outside
+  // every lock.
+  if (auto it = runtime_.backends_.find(id_); it != runtime_.backends_.end()) {
+    replaced_ = std::move(it->second);
+    runtime_.backends_.erase(it);
+  }
+  // A new active generation (a promoted candidate among them) ends the id's rollout here.
+  if (auto it = runtime_.candidate_backends_.find(id_); it != runtime_.candidate_backends_.end()) {
+    replaced_candidate_ = std::move(it->second);
+    runtime_.candidate_backends_.erase(it);
+    runtime_.router_->Update([&](CandidateRoutes& routes) { routes.erase(id_); });
+  }
+  if (slot_) {
+    // Told in AfterCommit, which still holds the turn: the context and the networks stay.
+    placed_ = &runtime_.backends_.emplace(id_, *std::move(slot_)).first->second;
+    slot_.reset();
+  }
+}
+
+void Runtime::SlotChange::BindBeside() {
+  runtime_.mutex_.AssertHeld();
+  // Released outside every lock, when this change is dropped: the route's bindings go when the
+  // last request on them ends, on the reaper.
+  if (auto it = runtime_.candidate_backends_.find(id_); it != runtime_.candidate_backends_.end()) {
+    replaced_ = std::move(it->second);
+    runtime_.candidate_backends_.erase(it);
+  }
+  std::shared_ptr<CandidateRoute> route;
+  if (slot_) {
+    placed_ = &runtime_.candidate_backends_.emplace(id_, *std::move(slot_)).first->second;
+    slot_.reset();
+    route = std::make_shared<CandidateRoute>();
+    route->backend_id = id_;
+    route->stable_generation = previous_generation_;
+    route->candidate_generation = generation_;
+    route->networks = bindings_;
+    route->meter = std::make_shared<RolloutMeter>(previous_generation_, generation_);
+  }
+  runtime_.router_->Update([&](CandidateRoutes& routes) {
+    routes.erase(id_);
+    if (route != nullptr)
+      routes.emplace(id_, std::move(route));
+  });
+}
+
+void Runtime::SlotChange::AfterCommit() {
+  // The new context heard BeforeLoadNetwork of its networks while this change was prepared; now
+  // that they are committed it hears AfterLoadNetwork, outside every state lock.
+  const bool beside = policy_ == Policy::kBindBeside;
+  if (placed_ != nullptr && placed_->context != nullptr) {
+    for (NetworkId network_id : hooked_) {
+      Status after = GuardBackendCall(id_, "AfterLoadNetwork", [&] {
+        const ScopedBackendCall hook(
+            placed_->instance->CallSite("IBackendContext::AfterLoadNetwork"));
+        return placed_->context->AfterLoadNetwork(network_id);
+      });
+      if (!after.ok()) {
+        RuntimeLog().warn("backend {}{}: AfterLoadNetwork({}) failed: {}", id_,
+                          beside ? " candidate" : "", network_id, after.message());
+      }
+    }
+  }
+  ReleaseTurn();
+  if (beside) {
+    if (generation_ != 0) {
+      RuntimeLog().info(
+          "backend {}: generation {} is a candidate beside {}; {} network(s) bound on it", id_,
+          generation_, previous_generation_, bindings_.size());
+    } else if (replaced_) {
+      RuntimeLog().info("backend {}: candidate dropped; its networks' bindings on it are released",
+                        id_);
+    }
+  } else if (generation_ == 0) {
+    for (const auto& [network_id, network] : bindings_)
+      RuntimeLog().info("network {} moved off withdrawn backend {}", network->network().name, id_);
+  } else if (previous_generation_ != 0) {
+    RuntimeLog().info("backend {}: generation {} replaces {}; {} network(s) moved ({})", id_,
+                      generation_, previous_generation_, bindings_.size(),
+                      runtime_.swap_policy_ == SwapPolicy::kMigrate ? "migrate" : "pin");
+  }
+}
+
+// The one prepare path of every slot change; the policy decides which networks it concerns, and
+// whether a new binding is validated (a migration replaces what clients get; a candidate's
+// bindings are judged by its rollout instead).
+Result<std::unique_ptr<PreparedChange>> Runtime::PrepareChange(const BackendChange& change) {
+  using Policy = SlotChange::Policy;
+  const Policy policy = change.target == BackendChange::Target::kCandidate ? Policy::kBindBeside
+                                                                           : Policy::kReplaceActive;
+  const std::string& id = change.backend_id;
+  // What the change is prepared against, read under the lock. Everything that calls backend
+  // code runs after it is released.
+  std::vector<Affected> affected;
+  std::vector<NetworkId> all_networks;
+  InstanceMap instances;
+  std::optional<BackendOptions> options;
+  uint64_t version = 0;
+  {
+    MutexLock lock(mutex_);
+    version = state_version_;
+    instances = CurrentInstances();
+    if (auto it = applied_options_.find(id); it != applied_options_.end())
+      options = it->second;
+    if (policy == Policy::kReplaceActive) {
+      // A withdrawal moves every network off the id; a new generation moves them onto it
+      // (kMigrate), including networks left on a withdrawn generation now that its file is back.
+      // The new context hears of every network loaded.
+      for (const auto& [network_id, network] : *networks_.Load())
+        all_networks.push_back(network_id);
+      if (change.next == nullptr || swap_policy_ == SwapPolicy::kMigrate)
+        affected = NetworksUsing(id);
+    } else if (change.next != nullptr && change.previous != nullptr) {
+      // Only networks on the active generation take part: one pinned to an older one stays there.
+      for (auto& network : NetworksUsing(id)) {
+        if (network.network->GenerationOn(id) == change.previous->info().number)
+          affected.push_back(std::move(network));
+      }
+    }
+  }
+  auto prepared = std::make_unique<SlotChange>(*this, policy, version, change);
+
+  if (change.next == nullptr) {
+    // A withdrawal: each network moved along its preferences where it can be. (A candidate
+    // leaving concerns no network: its bindings go with its route.)
+    instances.erase(id);
+    for (const auto& network : affected) {
+      auto moved = Reprepare(network, instances);
+      if (!moved.ok()) {
+        RuntimeLog().warn("network {} keeps running on withdrawn backend {} (generation {}): {}",
+                          network.network->network().name, id, network.network->GenerationOn(id),
+                          moved.error().message());
+        continue;
+      }
+      prepared->bindings_.emplace(network.id, std::move(moved).value());
+    }
+    return std::unique_ptr<PreparedChange>(std::move(prepared));
+  }
+
+  const uint64_t generation = change.next->info().number;
+  auto refuse = [&](LoadReason reason, const std::string& why) {
+    return Status(reason,
+                  "backend " + id + " generation " + std::to_string(generation) + ": " + why);
+  };
+  auto instance = registry_->loader().CreateInstance(change.next);
+  if (!instance.ok())
+    return std::move(instance).error();
+  auto slot = CreateSlot(instance.share(), options ? &*options : nullptr);
+  if (!slot.ok())
+    return refuse(LoadReason::kPrepareFailed, slot.error().message());
+  instances.insert_or_assign(id, std::move(instance).value());
+
+  // Every network concerned prepared now, so that the commit is one pointer store each.
+  const auto validation =
+      policy == Policy::kReplaceActive ? swap_validation_.find(id) : swap_validation_.end();
+  for (const auto& network : affected) {
+    auto bound = Reprepare(network, instances);
+    if (!bound.ok()) {
+      return refuse(LoadReason::kPrepareFailed,
+                    "network " + network.network->network().name +
+                        " does not prepare on it: " + bound.error().message());
+    }
+    if (validation != swap_validation_.end()) {
+      Status valid = ValidateOnProbe(*network.network, *bound, id, validation->second.tolerance);
+      if (!valid.ok())
+        return refuse(LoadReason::kValidationFailed, valid.message());
+    }
+    prepared->bindings_.emplace(network.id, std::move(bound).value());
+  }
+  if (policy == Policy::kBindBeside) {
+    for (const auto& network : affected)
+      all_networks.push_back(network.id);
+  }
+  if (slot.value().context != nullptr) {
+    for (NetworkId network_id : all_networks) {
+      Status before = GuardBackendCall(id, "BeforeLoadNetwork", [&] {
+        const ScopedBackendCall hook(
+            slot.value().instance->CallSite("IBackendContext::BeforeLoadNetwork"));
+        return slot.value().context->BeforeLoadNetwork(network_id);
+      });
+      if (!before.ok()) {
+        return refuse(
+            LoadReason::kPrepareFailed,
+            "its context refuses network " + std::to_string(network_id) + ": " + before.message());
+      }
+      prepared->hooked_.push_back(network_id);
+    }
+  }
+  prepared->slot_ = std::move(slot).value();
+  return std::unique_ptr<PreparedChange>(std::move(prepared));
+}
+
+}  // namespace backplane
