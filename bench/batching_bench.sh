@@ -15,6 +15,7 @@
 #   bench/batching_bench.sh                       # 5 s per run
 #   DURATION=10 DELAY=2000 DELAYS="0 500 1000 2000 4000" bench/batching_bench.sh
 #   BUILD=0 bench/batching_bench.sh               # use build/release as it is
+#   ONLY=tiny bench/batching_bench.sh             # only the path's cost (tiny), 3 rounds
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -96,6 +97,14 @@ if rows:
           % (int(sys.argv[3]) / 1e3 + 2 * rows[-1][2] * 1e3, int(sys.argv[3]), rows[-1][2] * 1e3, rows[-1][0]))
 ' "$1" "$2" "$delay"
 }
+if [[ ${ONLY:-} == tiny ]]; then
+  echo "## What the transport allows: tiny (Gemm 784x10, nearly no execution), off against on, 3 rounds"
+  for _ in 1 2 3; do
+    "$client" --http "$http" --grpc "$grpc" --models "tiny tiny_batched" \
+      --seconds "${DURATION:-5}" --runs "rest:64 grpc:16 grpc-async:16" | tail -n +2
+  done
+  exit 0
+fi
 echo "## Batching off (wide) against on (wide_batched, max_queue_delay_us $delay), one row a request"
 for run in rest:64 grpc:16 grpc-async:16 rest:1 grpc:1; do
   before=$(batches_view)
