@@ -464,6 +464,36 @@ TEST(DynamicBatchingTest, RunOnSaysWhichThreadParsesAndRuns) {
   EXPECT_EQ(context.metrics.ForModel("relu_alone").batching.executions.load(), 2u);
 }
 
+// A request whose deadline has passed is answered DEADLINE_EXCEEDED without being parsed or run,
+// batched or not, wherever it runs (gRPC's unbatched calls ran past theirs before RunOn::kCaller
+// honoured it); it is not counted as an execution.
+TEST(DynamicBatchingTest, APassedDeadlineIsNeverRunBatchedOrNot) {
+  const ReluBatchingServer served(R"({"backends": ["CpuRef"], "max_batch_size": 8,
+                 "dynamic_batching": {"max_queue_delay_us": 1000}})");
+  const auto& context = served.context();
+  std::mt19937_64 random(5);
+  for (const std::string model : {"relu", "relu_alone"}) {
+    for (const auto run_on : {server::RunOn::kCaller, server::RunOn::kQueue}) {
+      SCOPED_TRACE(model + (run_on == server::RunOn::kCaller ? ", kCaller" : ", kQueue"));
+      const uint64_t executions = context.metrics.ForModel(model).batching.executions.load();
+      auto parsed = std::make_shared<std::atomic<bool>>(false);
+      server::InferenceRequestParser inner = ParserOf({RandomRows(random, 1, 3)});
+      auto answer = StartBatchedInference(
+          context, model,
+          [parsed, inner](const Network& network) {
+            parsed->store(true);
+            return inner(network);
+          },
+          std::chrono::steady_clock::now() - 1ms, run_on);
+      auto result = answer.get();
+      ASSERT_FALSE(result.ok());
+      EXPECT_EQ(result.error().code(), StatusCode::kDeadlineExceeded) << result.error().ToString();
+      EXPECT_FALSE(parsed->load()) << "parsed after its deadline";
+      EXPECT_EQ(context.metrics.ForModel(model).batching.executions.load(), executions);
+    }
+  }
+}
+
 // Batches of every size from 1 to max_batch_size execute at a few padded sizes, so the network
 // compiles one shape program per execution size and never evicts one (it compiled and evicted
 // them without end when every batch size was its own shape); the answers stay each request's own.
