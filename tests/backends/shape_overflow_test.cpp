@@ -1,7 +1,7 @@
 // Shapes whose element count overflows (issue 23), on both first-party backends: a crafted model
-// is refused at load whichever backend it would run on, a hand-built Network that skips import
-// is refused by the runtime, and each backend refuses such a description and such a request by
-// itself instead of running a kernel over a buffer its wrapped count sized. Before the checks,
+// is refused by the import whichever backend it would run on, a hand-built Network that skips
+// import is refused by the runtime, and each backend refuses such a description and such a request
+// by itself instead of running a kernel over a buffer its wrapped count sized. Before the checks,
 // Gemm and Conv on either backend and Softmax(axis=0) on CpuRef ended the process with SIGSEGV.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -70,34 +70,17 @@ const std::vector<std::vector<std::string>>& Preferences() {
   return preferences;
 }
 
-// Import, then load with `preferences`, then one request: the first refusal. Without one, the
-// request ran a kernel over the 16 bytes of x as if they held 2^64 elements.
-Status LoadAndRun(Runtime& runtime, const ModelBuilder& model,
-                  const std::vector<std::string>& preferences) {
-  auto network = model.Import();
-  if (!network.ok())
-    return network.error();
-  auto id = runtime.LoadNetwork(std::move(network).value(), {.backend_preferences = preferences});
-  if (!id.ok())
-    return id.error();
-  const std::vector<float> x = {1, 2, 3, 4};
-  const ConstTensorView input{{DataType::kFloat32, {1, 4}}, x.data()};
-  auto outputs = runtime.Execute(*id, {&input, 1});
-  Status unloaded = runtime.UnloadNetwork(*id);
-  (void)unloaded;
-  return outputs.ok() ? Status::Ok() : outputs.error();
-}
-
-TEST_F(ShapeOverflowTest, CraftedReshapeIsRefusedAtLoadOnEitherBackend) {
+// The crafted model never reaches a backend: the import refuses the Reshape itself, whichever
+// backend the model prefers (the hand-built networks below and the backends' own tests take the
+// checks after it). Asserted at the import, so that a refusal coming from elsewhere fails this.
+TEST_F(ShapeOverflowTest, CraftedReshapeIsRefusedByTheImportBeforeAnyBackend) {
   for (const auto& follower : Followers()) {
-    for (const auto& preferences : Preferences()) {
-      SCOPED_TRACE(follower.op_type + " preferring " + preferences[0]);
-      Status status = LoadAndRun(runtime(), CraftedModel(follower), preferences);
-      ASSERT_FALSE(status.ok()) << "loaded and ran";
-      EXPECT_EQ(status.code(), StatusCode::kInvalidArgument) << status.ToString();
-      EXPECT_THAT(status.message(),
-                  AllOf(HasSubstr("node 'reshape' (Reshape)"), HasSubstr("overflows")));
-    }
+    SCOPED_TRACE(follower.op_type);
+    auto network = CraftedModel(follower).Import();
+    ASSERT_FALSE(network.ok()) << "imported";
+    EXPECT_EQ(network.error().code(), StatusCode::kInvalidArgument) << network.error().ToString();
+    EXPECT_THAT(network.error().message(),
+                AllOf(HasSubstr("node 'reshape' (Reshape)"), HasSubstr("overflows")));
   }
 }
 

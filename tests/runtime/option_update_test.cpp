@@ -160,17 +160,26 @@ TEST_F(OptionUpdateTest, UpdatesRacingSwapsEndWithTheLastOptionsOnTheActiveGener
       swaps.fetch_add(1);
     }
   });
+  while (swaps.load() == 0)
+    std::this_thread::yield();
+  // At least 40 updates, and on until two swaps have completed between the first update and the
+  // last: the race the test is named for, shown rather than hoped for.
+  const int swaps_before = swaps.load();
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
   double last = 0;
-  for (int i = 0; i < 40; ++i) {
+  int updates = 0;
+  while ((updates < 40 || swaps.load() < swaps_before + 2) &&
+         std::chrono::steady_clock::now() < give_up) {
     last = static_cast<double>(random() % 100);
     Status updated = runtime->UpdateBackendOptions("TestValid", {{"prepared_offset", last}});
     ASSERT_TRUE(updated.ok()) << updated.ToString();
+    ++updates;
   }
-  while (swaps.load() < 5)
-    std::this_thread::yield();
+  const int swaps_during_updates = swaps.load() - swaps_before;
   stop.store(true);
   swapper.join();
   load.Stop();
+  EXPECT_GE(swaps_during_updates, 2) << "no swap overlapped the " << updates << " updates";
 
   // The active generation is Valid (offset 0) or ValidNext (release 1.2.4, offset 1000).
   const auto described = registry_->Describe("TestValid");
