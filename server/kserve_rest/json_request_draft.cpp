@@ -97,6 +97,32 @@ struct ValueStart {
   bool is_array = false;
 };
 
+// An object whose keys say what their values are: each value goes to Value() with the key just
+// read (key()), and a key seen twice is noted in `repeated_keys`.
+class ObjectFrame : public Frame {
+ public:
+  explicit ObjectFrame(std::vector<std::string>& repeated_keys) : repeated_keys_(repeated_keys) {}
+
+  void OnScalar(const Scalar& value) final { Value({.scalar = &value}); }
+  std::unique_ptr<Frame> OnBegin(bool is_array) final { return Value({.is_array = is_array}); }
+  bool OnEnd() final { return true; }
+  void OnKey(std::string_view name) final {
+    key_ = name;
+    if (!seen_keys_.emplace(name).second)
+      repeated_keys_.emplace_back(name);
+  }
+
+ protected:
+  // The value of key(): read by the frame returned (null when `start` is the whole value).
+  virtual std::unique_ptr<Frame> Value(const ValueStart& start) = 0;
+  const std::string& key() const { return key_; }
+
+ private:
+  std::vector<std::string>& repeated_keys_;
+  std::string key_;
+  std::set<std::string, std::less<>> seen_keys_;
+};
+
 // A value nobody reads (an unknown key's, refused later by name): its nesting is followed, its
 // contents ignored.
 class SkipFrame final : public Frame {
@@ -214,34 +240,26 @@ class DataFrame final : public Frame {
 
 // One object of "inputs". Trap: `input_` is an element of the draft's inputs, which grow only
 // between input objects, never while this frame is open.
-class InputFrame final : public Frame {
+class InputFrame final : public ObjectFrame {
  public:
   InputFrame(const ReadState& state, InputDraft& input, std::size_t position)
-      : state_(state), input_(input), position_(position) {}
+      : ObjectFrame(input.repeated_keys), state_(state), input_(input), position_(position) {}
 
-  void OnScalar(const Scalar& value) override { Value({.scalar = &value}); }
-  std::unique_ptr<Frame> OnBegin(bool is_array) override { return Value({.is_array = is_array}); }
-  bool OnEnd() override { return true; }
-  void OnKey(std::string_view name) override {
-    key_ = name;
-    if (!seen_keys_.emplace(name).second)
-      input_.repeated_keys.emplace_back(name);
-  }
   std::optional<std::string> OverflowWhere() const override {
-    return input_.Where(position_) + ": '" + key_ + "': ";
+    return input_.Where(position_) + ": '" + key() + "': ";
   }
 
  private:
-  std::unique_ptr<Frame> Value(const ValueStart& start) {
-    if (key_ == "name")
+  std::unique_ptr<Frame> Value(const ValueStart& start) override {
+    if (key() == "name")
       return ReadDocument(input_.name, start);
-    if (key_ == "datatype")
+    if (key() == "datatype")
       return ReadDocument(input_.datatype, start);
-    if (key_ == "shape")
+    if (key() == "shape")
       return ReadDocument(input_.shape, start);
-    if (key_ == "parameters")
+    if (key() == "parameters")
       return ReadDocument(input_.parameters, start);
-    if (key_ == "data") {
+    if (key() == "data") {
       StartData();
       switch (input_.mode) {
         case InputDraft::DataMode::kDirect:
@@ -254,7 +272,7 @@ class InputFrame final : public Frame {
       static DroppedData dropped;  // stateless: shared by every reader
       return Data(dropped, start);
     }
-    input_.unknown_keys.push_back(key_);
+    input_.unknown_keys.push_back(key());
     return SkipValue(start);
   }
 
@@ -306,8 +324,6 @@ class InputFrame final : public Frame {
   const ReadState& state_;
   InputDraft& input_;
   const std::size_t position_;
-  std::string key_;
-  std::set<std::string, std::less<>> seen_keys_;
 };
 
 // The "inputs" array: each element a new input, read by an InputFrame when it is an object.
@@ -333,45 +349,36 @@ class InputsFrame final : public Frame {
 };
 
 // The request object: its known keys' values, "inputs" read input by input, unknown keys noted.
-class RequestFrame final : public Frame {
+class RequestFrame final : public ObjectFrame {
  public:
-  explicit RequestFrame(const ReadState& state) : state_(state) {}
+  explicit RequestFrame(const ReadState& state)
+      : ObjectFrame(state.draft.repeated_keys), state_(state) {}
 
-  void OnScalar(const Scalar& value) override { Value({.scalar = &value}); }
-  std::unique_ptr<Frame> OnBegin(bool is_array) override { return Value({.is_array = is_array}); }
-  bool OnEnd() override { return true; }
-  void OnKey(std::string_view name) override {
-    key_ = name;
-    if (!seen_keys_.emplace(name).second)
-      state_.draft.repeated_keys.emplace_back(name);
-  }
   std::optional<std::string> OverflowWhere() const override {
-    return key_.empty() ? std::string() : "'" + key_ + "': ";
+    return key().empty() ? std::string() : "'" + key() + "': ";
   }
 
  private:
-  std::unique_ptr<Frame> Value(const ValueStart& start) {
+  std::unique_ptr<Frame> Value(const ValueStart& start) override {
     RequestDraft& draft = state_.draft;
-    if (key_ == "id")
+    if (key() == "id")
       return ReadDocument(draft.id, start);
-    if (key_ == "parameters")
+    if (key() == "parameters")
       return ReadDocument(draft.parameters, start);
-    if (key_ == "outputs")
+    if (key() == "outputs")
       return ReadDocument(draft.outputs, start);
-    if (key_ == "inputs") {
+    if (key() == "inputs") {
       draft.has_inputs = true;
       draft.inputs_is_array = start.scalar == nullptr && start.is_array;
       if (draft.inputs_is_array)
         return std::make_unique<InputsFrame>(state_);
       return SkipValue(start);
     }
-    draft.unknown_keys.push_back(key_);
+    draft.unknown_keys.push_back(key());
     return SkipValue(start);
   }
 
   const ReadState& state_;
-  std::string key_;
-  std::set<std::string, std::less<>> seen_keys_;
 };
 
 // The bottom of the stack, never popped: the body's one value, which must be an object.
