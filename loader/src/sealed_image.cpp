@@ -7,8 +7,10 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <thread>
 
 #include "file_descriptor.hpp"
 #include "read_deadline.hpp"
@@ -214,8 +216,18 @@ Result<SealedImage> SealedImage::ReadNow(const fs::path& source, const std::stri
                       " bytes): a writer is still at work; publish with write-temp + fsync + "
                       "rename"};
   }
+  // Trap: F_SEAL_WRITE fails with EBUSY while the kernel still counts a transient reference to a
+  // page of the copy (seen once in thousands of loads under load: a page not yet off another
+  // CPU's LRU batch). The kernel waits ~150 ms for it itself; a few more tries cover the rest.
   constexpr int kSeals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL;
-  if (fcntl(memory.get(), F_ADD_SEALS, kSeals) != 0)
+  int sealed = -1;
+  for (int attempt = 0; attempt < 5; ++attempt) {
+    sealed = fcntl(memory.get(), F_ADD_SEALS, kSeals);
+    if (sealed == 0 || errno != EBUSY)
+      break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20 << attempt));
+  }
+  if (sealed != 0)
     return IoError("cannot seal the memory copy of " + source.string());
   return SealedImage(memory.Release(), static_cast<uint64_t>(copied), IdentityOf(after),
                      "/memfd:" + kept_label);
