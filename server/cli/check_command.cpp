@@ -242,8 +242,14 @@ struct CheckList {
 };
 
 // `arguments`, directories expanded; none: the backend directories `default_paths`.
+// Which files of a backend family a directory argument gives.
+enum class Versions {
+  kServing,  // the name that speaks for the family: what a server would load now
+  kEvery,    // every versioned file too: what a trust list must hold to allow a rollback
+};
+
 CheckList ExpandArguments(const std::vector<std::string>& arguments,
-                          const std::vector<fs::path>& default_paths) {
+                          const std::vector<fs::path>& default_paths, Versions versions) {
   std::vector<fs::path> directories;
   std::vector<std::string> files;
   if (arguments.empty()) {
@@ -276,6 +282,10 @@ CheckList ExpandArguments(const std::vector<std::string>& arguments,
     skipped.push_back({misnamed.string(), "NAME_SCHEME", loader::MisnamedReason()});
   // Every versioned name of a backend is one backend.
   for (const auto& superseded : discovery.superseded) {
+    if (versions == Versions::kEvery) {
+      files.push_back(superseded.file.string());
+      continue;
+    }
     skipped.push_back({superseded.file.string(), "SUPERSEDED",
                        "a leftover: " + superseded.speaking.filename().string() +
                            " speaks for that backend (the least specific name), so this one "
@@ -385,10 +395,13 @@ void RefuseIfSuspected(FileReport& report, const std::vector<ActivationRecord>& 
 
 }  // namespace
 
-// `check --digest`: one sha256sum line per backend file, the line a trusted list takes. Only the
-// lines go to stdout, so that `backplane check --digest DIR >> trusted.sha256` is the whole job.
+// `check --digest`: one sha256sum line per backend file, the line a trusted list takes: of a
+// directory, every version of each backend, not only the one its main name designates, so that a
+// list made from it also allows re-pointing a link back to an older version. Only the lines go
+// to stdout, so that `backplane check --digest DIR >> trusted.sha256` is the whole job.
 int PrintDigests(const CheckOptions& options) {
-  const auto [files, skipped] = ExpandArguments(options.files, DefaultBackendPaths());
+  const auto [files, skipped] =
+      ExpandArguments(options.files, DefaultBackendPaths(), Versions::kEvery);
   for (const auto& file : skipped)
     std::cerr << "skipped " << file.file << ": " << file.message << "\n";
   if (files.empty()) {
@@ -436,7 +449,7 @@ int RunCheck(const CheckOptions& options) {
                 << " (" << options.config.string() << ")\n";
     }
   }
-  const auto [files, skipped] = ExpandArguments(options.files, backend_paths);
+  const auto [files, skipped] = ExpandArguments(options.files, backend_paths, Versions::kServing);
   if (!options.json) {
     for (const auto& file : skipped)
       std::cout << "skipped " << file.file << ": " << file.message << "\n";

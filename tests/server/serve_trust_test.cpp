@@ -7,6 +7,8 @@
 
 #include <fstream>
 #include <functional>
+#include <set>
+#include <sstream>
 #include <thread>
 
 #include "backplane/loader/trust.hpp"
@@ -82,6 +84,60 @@ TEST(CheckDigestTest, PrintsTheLineSha256sumPrintsAndTheListReadsBack) {
   EXPECT_EQ(missing.output, "");
   // --digest prints lines, never the JSON report.
   EXPECT_EQ(CheckDigest("--json " + home.backend_file().string()).exit_code, 2);
+}
+
+// Two builds of CpuRef as versioned files, the main name a link to the newer (docs/hot-reload.md,
+// "Roll back, pin"): the older build's file and the newer's.
+std::pair<fs::path, fs::path> PublishTwoVersions(const ServeHome& home) {
+  const fs::path older = home.backends() / "Backplane_CpuRef_backend.so.1";
+  const fs::path newer = home.backends() / "Backplane_CpuRef_backend.so.2";
+  fs::rename(home.backend_file(), older);
+  CopyFile(CpuRefBackend(), newer);
+  std::ofstream(newer, std::ios::app | std::ios::binary) << "the second build";
+  fs::create_symlink(newer.filename(), home.backend_file());
+  return {older, newer};
+}
+
+// Re-points the main name at `target` as `ln -sfn` does: a link beside, renamed over.
+void RepointLink(const ServeHome& home, const fs::path& target) {
+  const fs::path beside = home.backends() / ".relink.tmp";
+  fs::create_symlink(target.filename(), beside);
+  fs::rename(beside, home.backend_file());
+}
+
+// A trust list made from a directory holds every version in it, not only the one its main name
+// designates: re-pointing the link back to an older version is a rollback, not an untrusted load.
+TEST(CheckDigestTest, ADirectoryGivesALinePerVersionSoALinkRollbackStaysTrusted) {
+  ServeHome home;
+  const auto [older, newer] = PublishTwoVersions(home);
+  const CommandResult printed = CheckDigest(home.backends().string());
+  ASSERT_EQ(printed.exit_code, 0) << printed.output;
+  std::set<std::string> lines;
+  std::istringstream stream(printed.output);
+  for (std::string line; std::getline(stream, line);)
+    lines.insert(line + "\n");
+  std::set<std::string> expected;
+  for (const fs::path& file : {home.backend_file(), older, newer})
+    expected.insert(CheckDigest(file.string()).output);
+  EXPECT_EQ(lines, expected) << printed.output;
+  if (HasCommand("sha256sum")) {
+    EXPECT_TRUE(lines.contains(RunCommand("sha256sum " + older.string()).output));
+  }
+
+  home.Write("trusted.sha256", printed.output);
+  home.Write("config.json",
+             R"({"trusted_backends_file": "trusted.sha256", "watch_debounce_ms": 20})");
+  auto server =
+      ServeProcess::Start({"--config", (home.path() / "config.json").string(), "--models",
+                           home.models().string(), "--backends", home.backends().string()});
+  auto client = server->Client();
+  const uint64_t serving = ActiveGeneration(*client);
+  ASSERT_NE(serving, 0u) << server->Log();
+  RepointLink(home, older);
+  ASSERT_TRUE(Eventually([&] { return ActiveGeneration(*client) > serving; }, 10s))
+      << server->Log();
+  EXPECT_LE(UntrustedCount(*client), 0) << server->Log();
+  EXPECT_EQ(Post(*client, "/v2/models/mlp/infer", kMlpRequest).status, 200);
 }
 
 TEST(CheckTrustTest, CheckWithAServerConfigJudgesTrustAsThatServerWould) {
