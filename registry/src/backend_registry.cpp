@@ -312,10 +312,12 @@ RescanResult BackendRegistry::RescanSettling(std::chrono::milliseconds settle_ti
   {
     MutexLock change(change_mutex_);
     registry_detail::Scan scan = scanner_->ScanAll();
-    for (const fs::path& file : scanner_->NotYetSaid(scan.misnamed)) {
+    const auto misnamed = scanner_->NotYetSaid(scan.misnamed);
+    for (const fs::path& file : misnamed.to_say) {
       events.Add(spdlog::level::info, fmt::format("ignoring {} in a backend directory: {}",
                                                   file.string(), loader::MisnamedReason()));
     }
+    result.retry_soon = misnamed.second_look_due;
     std::vector<fs::path> present;
     for (const auto& candidate : scan.candidates) {
       present.push_back(candidate.family);

@@ -82,14 +82,23 @@ void BackendScanner::ForgetRejected(const fs::path& file) {
   rejected_.erase(file);
 }
 
-std::vector<fs::path> BackendScanner::NotYetSaid(const std::vector<fs::path>& misnamed) {
-  std::set<fs::path> now(misnamed.begin(), misnamed.end());
+BackendScanner::MisnamedNews BackendScanner::NotYetSaid(const std::vector<fs::path>& misnamed) {
+  const std::set<fs::path> now(misnamed.begin(), misnamed.end());
   std::erase_if(said_misnamed_, [&now](const fs::path& file) { return !now.contains(file); });
-  std::vector<fs::path> news;
-  for (const fs::path& file : misnamed) {
-    if (said_misnamed_.insert(file).second)
-      news.push_back(file);
+  MisnamedNews news;
+  std::set<fs::path> seen;
+  for (const fs::path& file : now) {
+    if (said_misnamed_.contains(file))
+      continue;
+    if (seen_misnamed_.contains(file)) {
+      said_misnamed_.insert(file);
+      news.to_say.push_back(file);
+    } else {
+      seen.insert(file);
+      news.second_look_due = true;
+    }
   }
+  seen_misnamed_ = std::move(seen);
   return news;
 }
 

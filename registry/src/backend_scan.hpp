@@ -60,9 +60,15 @@ class BackendScanner {
                         std::optional<uint64_t> trust_revision = std::nullopt);
   void ForgetRejected(const std::filesystem::path& file);
 
-  // A misnamed file is said once (at info), not at every scan: those of `misnamed` not said
-  // before. A file that disappears is forgotten, so one put back is said again.
-  std::vector<std::filesystem::path> NotYetSaid(const std::vector<std::filesystem::path>& misnamed);
+  // A misnamed file is said once (at info), not at every scan, and only once a second scan in a
+  // row still finds it: `ln -sfn` makes the new link under a temporary name and renames it over
+  // the old, and a scan between the two must not warn about a name nobody chose. A file that
+  // disappears is forgotten, so one put back is said again.
+  struct MisnamedNews {
+    std::vector<std::filesystem::path> to_say;
+    bool second_look_due = false;  // some file waits for its second scan: rescan soon
+  };
+  MisnamedNews NotYetSaid(const std::vector<std::filesystem::path>& misnamed);
 
  private:
   static std::vector<Candidate> Candidates(const loader::Discovery& discovery);
@@ -83,6 +89,7 @@ class BackendScanner {
     std::optional<uint64_t> trust_revision;  // refused as untrusted under this revision
   };
   std::map<std::filesystem::path, Rejection> rejected_;
+  std::set<std::filesystem::path> seen_misnamed_;  // by the last scan, not said yet
   std::set<std::filesystem::path> said_misnamed_;
 };
 

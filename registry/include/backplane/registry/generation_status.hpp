@@ -86,7 +86,8 @@ std::string_view ToString(DeployOutcome::Action action);
 
 struct RescanResult {
   std::vector<DeployOutcome> outcomes;  // only files whose state changed
-  bool retry_soon = false;              // some file was deferred
+  // Some file was deferred, or a misnamed one waits for a second look before it is said.
+  bool retry_soon = false;
   // Every directory worth watching: the backend directories and the directories their
   // symlinks point into.
   std::vector<std::filesystem::path> watch_directories;
