@@ -768,8 +768,12 @@ DeployOutcome BackendRegistry::RejectDeploy(const Candidate& candidate, Status e
   if (generation != 0)
     lineages_->Reject(backend_id, generation, error);
   lineages_->AddRejected({candidate.path, error, backend_id});
-  const std::string keeps =
-      backend_id.empty() ? "" : "; backend " + backend_id + " keeps what it was serving";
+  // Said only of an id that serves: a brand-new id that is refused has nothing to keep.
+  const std::optional<BackendStatus> known =
+      backend_id.empty() ? std::nullopt : lineages_->Describe(backend_id);
+  const std::string keeps = known && known->active_generation != 0
+                                ? "; backend " + backend_id + " keeps what it was serving"
+                                : "";
   events.Add(spdlog::level::err,
              fmt::format("backend file {} rejected: {}{}", candidate.path.string(),
                          error.ToString(), keeps),

@@ -3,7 +3,9 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <spdlog/sinks/ringbuffer_sink.h>
 
+#include "backplane/core/logging.hpp"
 #include "test_util.hpp"
 
 namespace backplane {
@@ -14,6 +16,7 @@ using ::testing::ElementsAre;
 using testing::Fixture;
 using ::testing::HasSubstr;
 using testing::IsCodeMapped;
+using ::testing::Not;
 using testing::TempDir;
 
 // A backend directory holding the fixtures named.
@@ -69,6 +72,38 @@ TEST(RuntimeTest, RuntimesCanShareOneRegistry) {
   auto second = Runtime::Create({.registry = registry}).value();
   EXPECT_EQ(&first->registry(), &second->registry());
   EXPECT_NE(first->Backend("TestValid"), second->Backend("TestValid"));
+}
+
+// "keeps what it was serving" is said of an id that serves, never of a brand-new id refused when
+// a runtime makes its instance (here: a backend whose second instance fails, as one that
+// registers a named spdlog logger does); there it sent operators looking for a generation that
+// never existed.
+TEST(RuntimeTest, ARejectionSaysTheIdKeepsServingOnlyWhenItServes) {
+  TempDir dir;
+  fs::create_symlink(Fixture("Valid"), dir / "Test_Valid_backend.so");
+  auto runtime = Runtime::Create({.backend_paths = std::vector{dir.path()}}).value();
+  auto lines = std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(64);
+  spdlog::logger& log = ModuleLogger("backplane.registry");
+  log.sinks().push_back(lines);
+  fs::create_symlink(Fixture("SharedLogger"), dir / "Test_SharedLogger_backend.so");
+  (void)runtime->registry().Rescan();
+  fs::remove(dir / "Test_Valid_backend.so");
+  fs::create_symlink(Fixture("ValidThrowing"), dir / "Test_Valid_backend.so");
+  (void)runtime->registry().Rescan();
+  log.sinks().pop_back();
+  std::string never_served;
+  std::string serving;
+  for (const std::string& line : lines->last_formatted()) {
+    if (line.find(" rejected: ") == std::string::npos)
+      continue;
+    if (line.find("Test_SharedLogger_backend.so") != std::string::npos)
+      never_served = line;
+    if (line.find("Test_Valid_backend.so") != std::string::npos)
+      serving = line;
+  }
+  EXPECT_THAT(never_served, HasSubstr("(backend TestSharedLogger)"));
+  EXPECT_THAT(never_served, Not(HasSubstr("keeps what it was serving")));
+  EXPECT_THAT(serving, HasSubstr("; backend TestValid keeps what it was serving"));
 }
 
 TEST(RuntimeTest, EverythingIsUnloadedWhenTheLastRuntimeGoes) {
