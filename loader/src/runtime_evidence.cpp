@@ -50,7 +50,7 @@ constexpr std::string_view kStdThreadStart = "_ZNSt6thread15_M_start_thread";
 // backend may log through the host's loggers.
 struct RegistryWrites {
   HostRegistry registry;
-  std::array<std::string_view, 12> writes;  // "" pads
+  std::array<std::string_view, 18> writes;  // "" pads
 };
 constexpr std::array kHostRegistries = {
     RegistryWrites{
@@ -66,7 +66,11 @@ constexpr std::array kHostRegistries = {
          "_ZN6spdlog7details8registry18set_default_logger", "_ZN6spdlog15register_logger",
          "_ZN6spdlog17initialize_logger", "_ZN6spdlog18set_default_logger", "_ZN6spdlog9set_level",
          "_ZN6spdlog11set_pattern", "_ZN6spdlog13set_formatter", "_ZN6spdlog11flush_every",
-         "_ZN6spdlog26set_automatic_registration", "_ZN6spdlog17set_error_handler"}},
+         "_ZN6spdlog26set_automatic_registration", "_ZN6spdlog17set_error_handler",
+         // The sink factories the compiled libspdlog instantiates itself (stdout_color_mt and
+         // the others): the backend imports the factory, which registers inside libspdlog.
+         "_ZN6spdlog15stdout_color_", "_ZN6spdlog15stderr_color_", "_ZN6spdlog16stdout_logger_",
+         "_ZN6spdlog16stderr_logger_", "_ZN6spdlog4drop", "_ZN6spdlog8drop_all"}},
     RegistryWrites{
         {"libtbb.so", "TBB's global_control limits and task_scheduler_observer list",
          "a global_control caps parallelism for every arena in the process, the host's "

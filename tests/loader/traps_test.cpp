@@ -222,6 +222,34 @@ TEST(LoaderTrapTest, BackendRegisteringAHostLoggerIsWarnedAboutAndItsFailureName
   EXPECT_EQ(loader->stats().leaked.load(), 0u);
 }
 
+// The sink factories the compiled libspdlog instantiates itself register the logger inside
+// libspdlog: the backend imports only the factory (stdout_color_mt, the call spdlog's README
+// shows first), so the evidence lists each factory family, not only the registry's functions.
+TEST(LoaderTrapTest, EverySpdlogFactoryFamilyIsWarnedAbout) {
+  auto loader = Loader::Create().value();
+  for (const auto& [fixture, import] :
+       {std::pair{"SharedColorLogger", "spdlog::stdout_color_mt<spdlog::synchronous_factory>"},
+        std::pair{"SharedStdoutLogger", "spdlog::stdout_logger_mt<spdlog::synchronous_factory>"}}) {
+    SCOPED_TRACE(fixture);
+    LoadTrace trace;
+    auto loaded = loader->Load(Fixture(fixture), &trace);
+    ASSERT_TRUE(loaded.ok()) << loaded.error().ToString();
+    const GenerationLease generation = std::move(loaded).value();
+    const LoadStage* stage = FindStage(trace, "registries");
+    ASSERT_NE(stage, nullptr) << "no warning about spdlog's registry";
+    EXPECT_TRUE(stage->warning);
+    EXPECT_THAT(stage->detail, HasSubstr("writes into spdlog's logger registry and global "
+                                         "settings (imports "));
+    EXPECT_THAT(stage->detail, HasSubstr(std::string(import) + ") of libspdlog.so"));
+    auto second = loader->CreateInstance(generation);
+    ASSERT_FALSE(second.ok());
+    EXPECT_THAT(second.error().message(), HasSubstr("already exists"));
+    spdlog::drop(std::string("Test") + fixture);
+  }
+  loader->WaitForUnloads();
+  EXPECT_EQ(loader->stats().leaked.load(), 0u);
+}
+
 // Rule 5's fallback for a backend that submits TBB tasks itself (the Tbb fixture's parallel_for
 // and background task_group): the ELF says so, every call into it runs in an arena of its own,
 // and the reaper closes it once TBB reports that no thread is inside that arena, not after a
