@@ -164,7 +164,7 @@ failure_of() {
 }
 
 start=$SECONDS
-declare -A result detail
+declare -A result=() detail=()
 stale=0
 
 # Stale mutants first, so that a list that no longer matches the code says so before any build.
@@ -180,11 +180,13 @@ for id in "${ids[@]}"; do
 done
 
 # The selections must pass on the real code and hold a test, or a kill would mean nothing.
-declare -A baseline
+declare -A baseline=()
+selections=0
 for id in "${runnable[@]}"; do
   selection=$(field "$id" test)
   [[ -n ${baseline[$selection]:-} ]] && continue
-  log=$logs/baseline-${#baseline[@]}.log
+  selections=$((selections + 1))
+  log=$logs/baseline-$selections.log
   : >"$log"
   echo "=== baseline: $selection"
   if ! build_binary "${selection%% *}" "$log"; then
