@@ -1,6 +1,7 @@
 // The loader's stages, one fixture per outcome (seed 001 "Test Strategy", ArmNN's own cases).
 #include "backplane/loader/loader.hpp"
 
+#include <dlfcn.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -85,6 +86,28 @@ TEST(LoaderTest, UnloadsWhenTheLastLeaseGoes) {
   EXPECT_EQ(loader->stats().unloaded.load(), 1u);
   EXPECT_EQ(loader->stats().leaked.load(), 0u);
   EXPECT_EQ(loader->stats().live.load(), 0u);
+}
+
+// Rule 3's check that the code really left: whatever keeps a library mapped after the reaper's
+// dlclose (here a handle of the test's own, as a unique symbol or a thread_local destructor
+// would), the generation is counted as leaked, not unloaded.
+TEST(LoaderTest, ACopyStillMappedAfterDlcloseIsCountedAsLeaked) {
+  auto loader = MakeLoader();
+  auto loaded = loader->Load(Fixture("Valid"));
+  ASSERT_TRUE(loaded.ok()) << loaded.error().ToString();
+  GenerationLease lease = loaded.share();
+  loaded = Status{LoadReason::kIoError, "released"};
+  const std::string mapped_as = lease->info().mapped_as;
+  void* held = dlopen(lease->image().ProcPath().c_str(), RTLD_NOW | RTLD_NOLOAD);
+  ASSERT_NE(held, nullptr) << dlerror();
+  lease.reset();
+  loader->WaitForUnloads();
+  EXPECT_TRUE(IsCodeMapped(mapped_as));
+  EXPECT_EQ(loader->stats().leaked.load(), 1u);
+  EXPECT_EQ(loader->stats().unloaded.load(), 0u);
+  EXPECT_EQ(loader->stats().live.load(), 0u);
+  dlclose(held);
+  EXPECT_FALSE(IsCodeMapped(mapped_as)) << "the test's own handle was the last";
 }
 
 TEST(LoaderTest, SameUnchangedFileIsCodeMappedOnce) {

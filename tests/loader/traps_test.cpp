@@ -115,6 +115,17 @@ TEST(LoaderTrapTest, MissingSymbolFailsAtLoadNotAtFirstCall) {
   EXPECT_THAT(loaded.error().message(), ::testing::Not(HasSubstr("/proc/self/fd/")));
 }
 
+// A library linked for lazy binding would bind the missing symbol at its first call: the host's
+// RTLD_NOW alone makes it a load error (the fixture above binds at load whatever the host asks).
+TEST(LoaderTrapTest, MissingSymbolOfALazilyLinkedLibraryFailsAtLoadToo) {
+  auto loader = Loader::Create().value();
+  auto loaded = loader->Load(Fixture("MissingSymbolLazy"));
+  ASSERT_FALSE(loaded.ok()) << "loaded: its first call would kill the process";
+  EXPECT_EQ(loaded.error().reason(), LoadReason::kDlopenFailed);
+  EXPECT_THAT(loaded.error().message(),
+              HasSubstr("backplane_fixture_function_that_does_not_exist"));
+}
+
 // Rule 5: the host owns TBB, so a backend that used it unloads cleanly and TBB stays.
 TEST(LoaderTrapTest, BackendUsingTbbUnloadsCleanly) {
   auto loader = Loader::Create().value();

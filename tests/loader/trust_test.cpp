@@ -343,6 +343,27 @@ TEST_F(SignatureTest, TheSignatureOfAnotherFileIsUntrusted) {
   EXPECT_THAT(refused.error().message(), HasSubstr("that no trusted signing key verifies"));
 }
 
+// A versioned file published behind a link: the signature vouches for the file that is read, so
+// it is the one beside the link's target, never one beside the link.
+TEST_F(SignatureTest, ALinkIsTrustedByTheSignatureBesideTheFileItNames) {
+  const fs::path real = dir_ / "Test_Valid_backend.so.1.2.3";
+  const fs::path real_signature = real.string() + ".sig";
+  CopyFile(Fixture("Valid"), real);
+  fs::create_symlink(real.filename(), File());
+  const auto keys = Keys({ci_pem_});
+  ci_.Sign(Fixture("Valid"), Signature());
+  auto refused = MakeLoader()->Load(File(), nullptr, Loader::Reuse::kNever, keys.get());
+  ASSERT_FALSE(refused.ok()) << "trusted by a signature beside the link";
+  EXPECT_EQ(refused.error().reason(), LoadReason::kUntrusted);
+  EXPECT_THAT(refused.error().message(),
+              HasSubstr("cannot open signature " + real_signature.string()));
+  fs::remove(Signature());
+  ci_.Sign(Fixture("Valid"), real_signature);
+  auto loaded = MakeLoader()->Load(File(), nullptr, Loader::Reuse::kNever, keys.get());
+  ASSERT_TRUE(loaded.ok()) << loaded.error().ToString();
+  EXPECT_EQ(loaded->info().real_path.filename(), real.filename());
+}
+
 TEST_F(SignatureTest, KeyRotationOldAndNewThenNewOnly) {
   const auto both = Keys({ci_pem_, next_pem_});
   ci_.Sign(Fixture("Valid"), Signature());

@@ -316,5 +316,35 @@ TEST_F(DeployTest, RollbackLoadsTheKeptCopyAsANewGenerationAndCleansUpAtTheEnd) 
     ADD_FAILURE() << entry.path() << " is left in the shadow directory";
 }
 
+// The kept copy is judged again when it is loaded back, and must still be the build that served:
+// a copy whose content changed since (another build of the same id, here) is refused, not served.
+TEST_F(DeployTest, RollbackRefusesAKeptCopyWhoseContentChanged) {
+  Publish("Valid", "Test_Valid_backend.so");
+  CreateRegistry();
+  Publish("ValidNext", "Test_Valid_backend.so");
+  ASSERT_EQ(registry_->Rescan().outcomes.at(0).action, Action::kActivated);
+  const uint64_t next = Describe().active_generation;
+
+  std::vector<fs::path> kept;
+  for (const auto& entry : fs::recursive_directory_iterator(loader_->shadow_directory().path())) {
+    if (entry.is_regular_file() && entry.path().filename() == "Test_Valid_backend.so")
+      kept.push_back(entry.path());
+  }
+  ASSERT_EQ(kept.size(), 1u) << "the copy kept for rollback";
+  const fs::perms perms = fs::status(kept[0]).permissions();
+  fs::remove(kept[0]);
+  testing::CopyFile(Fixture("ValidNext"), kept[0]);
+  fs::permissions(kept[0], perms);
+
+  auto rolled_back = registry_->Rollback("TestValid");
+  ASSERT_FALSE(rolled_back.ok()) << "rolled back to generation " << *rolled_back;
+  EXPECT_EQ(rolled_back.error().code(), StatusCode::kInternal);
+  EXPECT_THAT(rolled_back.error().message(),
+              HasSubstr("the copy kept for rollback (" + kept[0].string() +
+                        ") no longer has the content of "));
+  EXPECT_EQ(Describe().active_generation, next);
+  EXPECT_EQ(ActiveRelease(), "1.2.4");
+}
+
 }  // namespace
 }  // namespace backplane
