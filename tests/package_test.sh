@@ -49,6 +49,11 @@ cmake --build "$work/sdk_only/build" >>"$work/sdk.log" 2>&1 || { cat "$work/sdk.
 "$work/prefix/bin/backplane" check "$work/sdk_only/build/Sdk_Only_backend.so" >/dev/null
 # The installed first-party backend is checked by the installed executable too.
 "$work/prefix/bin/backplane" check "$work/prefix/lib/backplane/backends" >/dev/null
+# An installed executable never searches the build tree it came from.
+defaults=$("$work/prefix/bin/backplane" check --json 2>&1 || true)
+if grep -qF "$(cd "$build_dir" && pwd)/backends" <<<"$defaults"; then
+  echo "the installed backplane searches the build tree's backends: $defaults"; exit 1
+fi
 # The embedder's path: the complete embedding example built out of tree from the installed package
 # with find_package(Backplane COMPONENTS runtime), run against the installed backends on MNIST.
 mnist="$source_dir/../shared/data/models/mnist"

@@ -91,11 +91,22 @@ bool RegisterStaticBackend(std::string id, StaticBackendFactory factory) {
   return true;
 }
 
+bool RunsFromTheBuildTree() {
+  std::error_code error;
+  const fs::path program = fs::read_symlink("/proc/self/exe", error);
+  return !error && fs::equivalent(program.parent_path(), BACKPLANE_BUILD_TREE_BIN_DIR, error);
+}
+
 std::vector<fs::path> DefaultBackendPaths() {
   if (const char* paths = std::getenv("BACKPLANE_BACKEND_PATHS")) {
     return loader::SplitPathList(paths);
   }
-  return loader::SplitPathList(BACKPLANE_DEFAULT_BACKEND_PATHS);
+  std::vector<fs::path> paths = loader::SplitPathList(BACKPLANE_DEFAULT_BACKEND_PATHS);
+  // Only a program in the build tree's bin/ may load what the build tree holds: an installed
+  // copy loading from a build tree would run whatever a later build leaves there.
+  if (RunsFromTheBuildTree())
+    paths.insert(paths.begin(), BACKPLANE_BUILD_TREE_BACKENDS);
+  return paths;
 }
 
 std::string_view ToString(GenerationState state) {

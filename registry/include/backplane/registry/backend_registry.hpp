@@ -31,7 +31,9 @@ using StaticBackendFactory = std::function<std::unique_ptr<IBackend>()>;
 bool RegisterStaticBackend(std::string id, StaticBackendFactory factory);
 
 // The backend directories used when none are given: $BACKPLANE_BACKEND_PATHS (colon-separated;
-// set but empty disables dynamic loading) if set, else the compile-time default list.
+// set but empty disables dynamic loading) if set, else the compile-time default list (the
+// installation's <libdir>/backplane/backends), after the build tree's backends for a program that
+// runs from the build tree's bin/ directory.
 std::vector<std::filesystem::path> DefaultBackendPaths();
 
 // What a deploy (a new file for a registered id) does (docs/hot-reload.md, "Progressive
