@@ -128,28 +128,34 @@ if ((mentioned == 0)); then
 fi
 
 # --- 3. Quoted log lines -------------------------------------------------------------------------
-# What counts as a quoted log line (the form the docs use; a quote in another form is not seen):
+# What counts as a quoted log line (the forms the docs use; a quote in another form is not seen,
+# e.g. a line named in prose such as "the log has `backend file … rejected: REASON`"):
 #  - a line in a fenced block that looks like spdlog's output,
-#    `[2026-12-07 01:32:51.032] [backplane.registry] [info] text` (or `[…]` for the time);
-#  - an inline code span `[backplane.module] [level] text` (it may wrap over lines).
-# A `…` in a quote is text the doc left out: it matches anything.
+#    `[2026-12-07 01:32:51.032] [backplane.registry] [info] text` (or `[…]` for the time): real
+#    output, its values written out; a `…` in it stands for text left out;
+#  - an inline code span `[backplane.module] [level] text` (it may wrap over lines), the same;
+#  - a row of a table of lines to grep for, `| `backplane.module` | level(s) | `line` / `part`
+#    | ... |`: a word in capitals (P, N, ID, REASON) is a value, `...` text left out; the first
+#    quote of the cell is a whole line, the others may be parts of one.
 # What it is checked against: the text of every call in the product's sources that logs or
 # formats a line — a logger's info/warn/error/debug/trace/critical("format", ...), log(level,
 # "format", ...), fmt::format("format", ...) (the registry formats its event lines first and
 # logs them after its locks are released) and the HTTP server's LogAtMostEverySecond(text). In a
 # format, `{}` (any `{...}`) is a wildcard, or the argument's own text where that argument is a
 # literal or a choice between literals (`a ? "x" : "y"`); in text built with `+`, whatever is not
-# a literal is a wildcard. A quote passes when some such pattern can write it, and its level is
-# the one quoted wherever the call says its level (fmt::format's and LogAtMostEverySecond's do
-# not: the level is set elsewhere).
+# a literal is a wildcard. A quote passes when some such pattern writes it: a wildcard of the
+# code takes any text of the quote; the quote's values and elisions take only what a wildcard of
+# the code took, never the code's own words (so an elision cannot hide a changed word), except
+# that a quote ending in an elision may stop anywhere. Its level must be the one quoted wherever
+# the call says its level (fmt::format's and LogAtMostEverySecond's do not).
 # What it cannot check, so does not pretend to:
-#  - the text that fills a wildcard (a path, an id, a Status message logged with "{}": a
-#    refusal's reason is checked by the tests, not here) and a line logged whole as "{}" of a
-#    string built elsewhere (only the pattern of that string, when it is built by one of the
-#    calls above);
+#  - the text that fills a wildcard: a path, an id, a Status message logged with "{}" (a part of a
+#    table row that is such a message passes when its text is in some string literal, wherever
+#    that is logged), and a line logged whole as "{}" of a string built elsewhere;
 #  - the logger's name (`[backplane.registry]`): lines are matched on their text and level;
-#  - a `…` in the middle of a quote hides anything, so a quote that elides much matches loosely
-#    (the format's longest literal stretch must still be in what the quote shows);
+#  - a quote that ends in an elision is anchored at its start only, so a format with an early
+#    wildcard can take it (some 6-character stretch of the format's own text must be in it, and
+#    in a table row its longest stretch of text must be the code's);
 #  - output that is not a log line (`backplane check`'s stages, a program's own prints).
 log_sources=$(mktemp)
 trap 'rm -f "$log_sources"' EXIT
@@ -307,12 +313,14 @@ def fill(format_pattern, argument_texts):
 
 
 def code_formats(files):
-    """(pattern, level or None, "file:line") for every log line and format string."""
-    formats = set()
+    """(pattern, level or None, "file:line") for every log line and format string, and the text
+    of every string literal."""
+    formats, literals = set(), set()
     for path in files:
         with open(path, encoding="utf-8", errors="replace") as source:
             located = list(tokens_of(source.read()))
         tokens = [(kind, value) for kind, value, _ in located]
+        literals.update(value for kind, value in tokens if kind == "str")
         for i in range(len(tokens) - 1):
             kind, value = tokens[i]
             if kind != "ident" or value not in CALLS or tokens[i + 1] != ("punct", "("):
@@ -329,22 +337,66 @@ def code_formats(files):
                 rest = [texts_of(argument) for argument in arguments[1:]] if formatted else []
                 for pattern in fill(text, rest):
                     formats.add((pattern, LEVEL_OF.get(value), f"{path}:{located[i][2]}"))
-    return sorted(formats, key=lambda f: f[2])
+    return sorted(formats, key=lambda f: f[2]), literals
 
 
 # --- a quote against a format ---------------------------------------------------------------
-def intersect(a, b):
-    """Whether some text matches both patterns."""
+class Word:
+    """A placeholder in a table row (P, N, ID, REASON): a value the code fills in, or the same
+    word written by the code itself ("API")."""
+
+    def __init__(self, text):
+        self.text = text
+
+
+def writes(format_pattern, quote, part=False):
+    """Whether the format can write the quote (with `part`: a stretch of a line it writes). A
+    wildcard of the format takes any text, including the quote's elisions and placeholders; an
+    elision inside the quote takes no text of the format's own, only what a wildcard of the
+    format took (else a quote that elides anything would match any format sharing its first
+    word). A quote that ends with an elision may stop anywhere in the line."""
+    prefix = bool(quote) and quote[-1] is STAR
+    if prefix:
+        quote = quote[:-1]
+    shown = "".join(c.text if isinstance(c, Word) else c for c in quote if c is not STAR)
+    stretches = runs(format_pattern)
+    if part or (prefix and any(isinstance(c, Word) for c in quote)):
+        # An end is not anchored, in a quote that writes its values as placeholders (a table
+        # row): its longest stretch of text must be text the format writes itself, or a format
+        # with a wildcard would take any part and any quote that stops early.
+        if not any(longest_stretch(quote) in stretch for stretch in stretches):
+            return False
+    elif prefix:
+        # The end is not anchored: some stretch the format writes itself (of 6 characters, if it
+        # has one) must be in the quote, or a format that begins with a wildcard ("{} threw: {}")
+        # would take any quote that stops early.
+        least = min(6, max(len(stretch) for stretch in stretches))
+        if not any(len(stretch) >= least and stretch in shown for stretch in stretches):
+            return False
+    elif any(stretch not in shown for stretch in stretches):
+        return False  # a quick refusal: what the format writes itself must be in the quote
+
     @functools.lru_cache(maxsize=None)
     def go(i, j):
-        if i == len(a) and j == len(b):
-            return True
-        if i < len(a) and a[i] is STAR:
-            return go(i + 1, j) or (j < len(b) and go(i, j + 1))
-        if j < len(b) and b[j] is STAR:
-            return go(i, j + 1) or (i < len(a) and go(i + 1, j))
-        return i < len(a) and j < len(b) and a[i] == b[j] and go(i + 1, j + 1)
-    return go(0, 0)
+        if j == len(quote):
+            return part or prefix or all(c is STAR for c in format_pattern[i:])
+        if i < len(format_pattern) and format_pattern[i] is STAR:
+            return go(i + 1, j) or go(i, j + 1)
+        if quote[j] is STAR:
+            return go(i, j + 1)
+        if isinstance(quote[j], Word):
+            word = quote[j].text
+            return (format_pattern[i:i + len(word)] == tuple(word)) and go(i + len(word), j + 1)
+        return i < len(format_pattern) and format_pattern[i] == quote[j] and go(i + 1, j + 1)
+
+    starts = range(len(format_pattern)) if part else [0]
+    return any(go(i, 0) for i in starts)
+
+
+def longest_stretch(quote):
+    """The longest run of a quote's own characters (no placeholder, no elision)."""
+    stretches = "".join(c if isinstance(c, str) else "\0" for c in quote).split("\0")
+    return max(stretches, key=len)
 
 
 def runs(pattern):
@@ -360,28 +412,21 @@ def runs(pattern):
     return out
 
 
-def writes(format_pattern, quote):
-    # An elision in the quote (`…`) may hide any text, so a format that begins with a wildcard
-    # ("{} threw: {}") would otherwise match every quote with one: the format's longest literal
-    # stretch must be in what the quote shows.
-    shown = runs(quote)
-    longest = max(runs(format_pattern), key=len)
-    if not any(longest in stretch for stretch in shown):
-        return False
-    if STAR not in quote and any(run not in shown[0] for run in runs(format_pattern)):
-        return False  # quick refusal; the full test follows
-    return intersect(format_pattern, quote)
-
-
 # --- the docs' quoted log lines ---------------------------------------------------------------
 LEVELS = r"(trace|debug|info|warning|error|critical)"
 LINE = re.compile(r"^\s*\[(?:…|\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+)\] \[(backplane[a-z_.]*)\] \["
                   + LEVELS + r"\] (.*)$")
 INLINE = re.compile(r"`\[(backplane[a-z_.]*)\] \[" + LEVELS + r"\] ([^`]*)`")
+# A row of a table of lines to grep for: | `backplane.module` | level(s) | `line` / `more` | ... |,
+# with a word in capitals where a value goes (P, N, ID, REASON) and `...` for text left out.
+# The first quote of the cell is a whole line, the others may be parts of one ("`backend path P
+# dropped: it does not exist` / `it is not a directory`").
+TABLE = re.compile(r"^\|\s*`(backplane(?:\.[a-z_]+)*)`\s*\|\s*([a-z /]+?)\s*\|\s*(.*?)\s*\|")
+PLACEHOLDER = re.compile(r"(\.\.\.|…|\b[A-Z][A-Z0-9_]*\b)")
 
 
 def doc_quotes(docs):
-    """("file:line", level, message) for each quoted log line."""
+    """("file:line", levels, pattern, is a part, text) for each quoted log line."""
     quotes = []
     for path in docs:
         with open(path, encoding="utf-8") as doc:
@@ -391,18 +436,36 @@ def doc_quotes(docs):
             if line.lstrip().startswith("```"):
                 fenced = not fenced
             elif fenced and (m := LINE.match(line)):
-                quotes.append((f"{path}:{number}", m.group(2), m.group(3).rstrip()))
+                message = m.group(3).rstrip()
+                quotes.append((f"{path}:{number}", {m.group(2)}, elided(message), False, message))
+            elif not fenced and (m := TABLE.match(line)):
+                levels = {level.strip() for level in m.group(2).split("/")}
+                for i, quoted in enumerate(re.findall(r"`([^`]*)`", m.group(3))):
+                    pattern = []
+                    for piece in PLACEHOLDER.split(quoted):
+                        if piece in ("...", "…"):
+                            pattern.append(STAR)
+                        elif PLACEHOLDER.fullmatch(piece):
+                            pattern.append(Word(piece))
+                        else:
+                            pattern += piece
+                    quotes.append((f"{path}:{number}", levels, tuple(pattern), i > 0, quoted))
         for m in INLINE.finditer(text):
             number = text.count("\n", 0, m.start()) + 1
-            quotes.append((f"{path}:{number}", m.group(2), re.sub(r"\s*\n\s*", " ", m.group(3))))
+            message = re.sub(r"\s*\n\s*", " ", m.group(3))
+            quotes.append((f"{path}:{number}", {m.group(2)}, elided(message), False, message))
     return quotes
+
+
+def elided(message):
+    return compress(STAR if c == "…" else c for c in message)
 
 
 def main():
     sys.setrecursionlimit(100000)
     with open(sys.argv[1]) as listing:
         files = [line for line in listing.read().split("\n") if line]
-    formats = code_formats(files)
+    formats, literals = code_formats(files)
     quotes = doc_quotes(sys.argv[2:])
     if not formats:
         print("check_docs: found no log format strings in the sources (has the way the code "
@@ -413,15 +476,20 @@ def main():
               file=sys.stderr)
         return 2
     failures = 0
-    for where, level, message in quotes:
-        quote = compress(STAR if c == "…" else c for c in message)
+    for where, levels, quote, part, message in quotes:
+        level = " / ".join(sorted(levels))
         matches = [(code_level, site) for pattern, code_level, site in formats
-                   if writes(pattern, quote)]
+                   if writes(pattern, quote, part)]
+        if not matches and part and any(longest_stretch(quote) in text for text in literals):
+            # A part of a line that is text the code builds elsewhere (a Status message logged
+            # with "{}"): the text exists; where it is logged, and at what level, is not checked.
+            continue
         if not matches:
             print(f"check_docs: {where}: no log format string in the code writes "
                   f"'[{level}] {message}'")
             failures += 1
-        elif all(code_level not in (None, level) for code_level, _ in matches):
+        elif all(code_level is not None and code_level not in levels
+                 for code_level, _ in matches):
             sites = ", ".join(sorted({f"{site} ({code_level})" for code_level, site in matches}))
             print(f"check_docs: {where}: quoted at [{level}], but the code logs it at another "
                   f"level: {sites}")
