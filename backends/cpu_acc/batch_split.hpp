@@ -3,20 +3,21 @@
 //
 // Why: with intra_op_threads 2, oneDNN splits each primitive's work over an OpenMP team, and on
 // this kind of machine (AVX2, 2 cores) the mid-size convolutions of zoo-like models at batch 4
-// gain only 1.2-1.3x from the second thread, the layers below the two-thread thresholds nothing
-// at all, and every layer pays a barrier. A batch of independent samples needs none of that: two
-// halves of the batch run the whole run side by side, each on one thread, with no
-// synchronisation until both end (SqueezeNet-like b4: ~1.1 ms on 2 OpenMP threads, ~0.42 ms for
-// one b2 half on 1 thread). The parts run through the host's IHost::ParallelFor, so they take the
-// request's arena's threads when free and run one after the other when not: never more threads
-// than the host allows, and no OpenMP team at all.
+// gain little from the second thread, the layers below the two-thread thresholds nothing at all,
+// and every layer pays a barrier. A batch of independent samples needs none of that: two halves
+// of the batch run the whole run side by side, each on one thread, with no synchronisation until
+// both end (a SqueezeNet-like half batch on one thread took well under half the whole batch's time
+// on two OpenMP threads; docs/performance.md, bench/ort_compare.sh). The parts run through the
+// host's IHost::ParallelFor, so they take the request's arena's threads when free and run one after
+// the other when not: never more threads than the host allows, and no OpenMP team at all.
 //
 // Parts help on one thread too: a CNN's activations for a few samples stay in the core's caches
-// from one layer to the next, a large batch's do not. MobileNetV2-like [N,3,96,96], one thread,
-// per sample: ~200 µs at batches 1-4, 400-590 µs at 8-64; SqueezeNet-like ~135 µs at 4, 210-250
-// at 16-64; ResNet-like and DenseNet-like flat (bench/make_compare_models.py's models,
-// `backplane run --repeat`). So a run with a batch is also compiled as parts of kCachePartRows
-// rows run one after the other (at once with intra_op_threads > 1), and the fastest is kept.
+// from one layer to the next, a large batch's do not: per sample, MobileNetV2-like and
+// SqueezeNet-like ran about twice as long at large batches as at small ones on one thread, and
+// ResNet-like and DenseNet-like stayed flat (bench/make_compare_models.py's models, `backplane run
+// --repeat`; the numbers are in docs/performance.md). So a run with a batch is also compiled as
+// parts of kCachePartRows rows run one after the other (at once with intra_op_threads > 1), and the
+// fastest is kept.
 //
 // Only runs whose every layer treats the samples of the batch independently are split: the ops
 // and attributes that keep the first dimension a batch are listed in batch_split.cpp
@@ -45,8 +46,8 @@ std::optional<int64_t> SplittableBatch(const SubgraphDesc& run);
 
 // A part streams every weight of the run once, where oneDNN's own threads split the weights
 // between them: a run with fewer FLOPs than this per weight element and part is bound by weight
-// traffic, and a split makes it slower (MLP 784-512-512-10 at batch 64: 64 FLOPs per weight in
-// each half, 4-8% slower split; LeNet-like at batch 64: ~310, ~30% faster).
+// traffic, and a split makes it slower (an MLP 784-512-512-10 at batch 64, 64 FLOPs per weight in
+// each half, was slower split; a LeNet-like at batch 64, a few hundred, was faster).
 inline constexpr double kBatchSplitMinFlopsPerWeight = 256;
 
 // The part sizes timed against the whole batch (and against a part per thread), when smaller

@@ -157,12 +157,12 @@ std::vector<Eltwise> EltwiseSteps(const OperatorDesc& op) {
 
 // Layers whose work is at least these run with intra_op_threads OpenMP threads, smaller ones
 // with one: below them a second thread costs more (waking the team, the split, the barrier, and
-// the input's cache lines moving to the other core) than it saves. Measured on a quiet machine
-// (docs/performance.md): bench/cpu_acc_threads_bench.cpp times one layer alone, with warm caches
-// on both cores, and there 2 threads broke even near 0.1-0.3 MFLOP and 16K elements; inside a
-// model the cost is higher (LeNet-like b1's conv2, 0.48 MFLOP on 2 threads: the whole request
-// 21.8 -> 28.1 us), while a matrix product whose weights fill a core's cache gains from the
-// second core's (MLP b1's 784x512 Gemm, 0.8 MFLOP: 35 -> 25 us). Hence three thresholds.
+// the input's cache lines moving to the other core) than it saves. bench/cpu_acc_threads_bench.cpp
+// times one layer alone, with warm caches on both cores; inside a model a second thread costs
+// more than that bench shows (a small convolution made the whole request slower), while a matrix
+// product whose weights fill a core's cache gains from the second core's cache even below the
+// convolutions' break-even. Hence three thresholds, each above where the bench broke even (the
+// numbers are in docs/performance.md).
 constexpr double kParallelMinConvFlops = 1e6;
 constexpr double kParallelMinMatMulFlops = 0.5e6;
 constexpr double kParallelMinElements = 64e3;
@@ -630,19 +630,18 @@ class Compiler {
     return Shape{ElementCount(shape)};
   }
 
-  // oneDNN's first implementation is not always its fastest: on this machine (AVX-512, 1 thread)
-  // LeNet's convolutions at batch 64 run in 379 and 218 us on brgconv, its first choice, and in
-  // 219 and 167 us on jit:avx512_core (blocked layouts). Convolutions of at least this many FLOPs
-  // try each implementation once at compile time and keep the fastest. Small ones too: at batch 1
-  // LeNet's second (6 -> 16 channels, 0.48 MFLOP) ran 6.1 us on brgconv and 4.2 on jit, the whole
-  // model 24.2 -> 20.4 us a request; what it costs is compile time (MobileNetV3-like at batch 1:
-  // its program ready 8 -> 36 ms after the first request, off the request path).
+  // oneDNN's first implementation is not always its fastest: on AVX-512 LeNet's convolutions ran
+  // faster on jit:avx512_core (blocked layouts) than on brgconv, oneDNN's first choice.
+  // Convolutions of at least this many FLOPs try each implementation once at compile time and keep
+  // the fastest. Small ones too, since LeNet's small second convolution gained as well; what it
+  // costs is compile time (a program is ready later after the first request, off the request
+  // path). The numbers are in docs/performance.md (bench/ort_compare.sh).
   static constexpr double kTuneFlops = 1e5;
   static constexpr double kTuneMatMulFlops = 4e6;  // FasterWeightsLayout
   // Candidates are timed at the largest batch (up to the run's) whose convolution is within this
   // many FLOPs: the full batch where it is affordable, since the batch can change the winner (a
-  // residual block's 3x3, 16 channels at 32x32, AVX-512: jit:avx512_core 42 us at batch 1 against
-  // brgconv's 44, and 112 us at batch 2 against 88; the block 160 -> 130 us a request).
+  // residual block's 3x3 convolution on AVX-512: jit:avx512_core won at batch 1 and brgconv at
+  // batch 2, by enough to change the whole block's time; docs/performance.md has the numbers).
   static constexpr double kTuneProxyFlops = 32e6;
 
   // The fastest implementation over `descs` (the same convolution with other layouts), chosen by
@@ -650,13 +649,12 @@ class Compiler {
   // implementation is timed on zeros, best of 3. A later desc wins a near tie
   // (within 3%): the caller puts channels-last after format any, because the pools and
   // activations that follow run faster on nhwc than on 16-channel blocks when the channels do not
-  // fill the blocks (measured: LeNet's first max pool, 6 channels at batch 64, 41 us on nhwc,
-  // 58 us on nChw16c).
+  // fill the blocks (LeNet's first max pool, 6 channels, ran faster on nhwc).
   //
   // Why not always the full batch: timing at it once made a LeNet's first request at batch 64
-  // cost 1.7 s (some candidates are slow there, and each runs 4 times). The winner is then
-  // created at the full shape by its implementation name; if the full shape does not offer that
-  // implementation, its first non-reference one (oneDNN's own first choice).
+  // cost more than a second (some candidates are slow there, and each runs 4 times). The winner is
+  // then created at the full shape by its implementation name; if the full shape does not offer
+  // that implementation, its first non-reference one (oneDNN's own first choice).
   //
   // `src_now`: the input's layout as it is (at the proxies' batch), when known. A candidate that
   // wants another layout is charged the reorder into it: timed alone, a blocked kernel beat a
@@ -1006,12 +1004,12 @@ class Compiler {
   }
 
   // Constant weights of a matrix product are laid out once, so their layout is free to choose.
-  // oneDNN's format any is not always its fastest: on AVX2 (oneDNN 2.6, gemm:jit, 1 thread) the
-  // MLP's 784x512 Gemm at batch 64 runs in 1043 us with the weights as they are ([K,N], N
-  // contiguous) and in 781 us transposed (K contiguous), its 512x512 in 689 and 503 us; but the
-  // 784x512 at batch 4 is slower transposed (86 -> 117 us), and LeNet's 400x120 at batch 64 too
-  // (73 -> 95 us). So a product of at least kTuneMatMulFlops times both layouts at its own shape,
-  // on zeros, and keeps the faster (format any on a tie within 3%).
+  // oneDNN's format any is not always its fastest: on AVX2 (oneDNN 2.6, gemm:jit, 1 thread)
+  // weights transposed (K contiguous) beat the weights as they are ([K,N], N contiguous) for the
+  // MLP's large products at batch 64, and lost for the same product at batch 4 and for LeNet's
+  // smaller one at batch 64 (the numbers are in docs/performance.md). No layout wins everywhere,
+  // so a product of at least kTuneMatMulFlops times both layouts at its own shape, on zeros, and
+  // keeps the faster (format any on a tie within 3%).
   dnnl::matmul::primitive_desc FasterWeightsLayout(const dnnl::matmul::primitive_desc& chosen,
                                                    const Md& a_md, const memory::dims& b_dims,
                                                    const std::optional<Md>& bias_md, const Md& y_md,
@@ -1096,8 +1094,8 @@ class Compiler {
     }
     // A non-constant C: a binary post-op when beta is 1; else a binary primitive after the
     // matmul (src1 scaled by beta). Trap: oneDNN 2.6 mishandles two eltwise_linear post-ops
-    // around a binary one (measured on test_gemm_beta: linear(2), add C, linear(0.5) gave 4x
-    // the expected values), so no beta post-op.
+    // around a binary one (test_gemm_beta shows it: linear(2), add C, linear(0.5) gave wrong
+    // values), so no beta post-op.
     const bool separate_c = has_c && !IsConstant(op, 2) && beta != 1.0f;
     const Shape c2 = has_c ? PadTo(op.inputs[2].shape, 2) : Shape{};
     if (has_c && !IsConstant(op, 2) && !separate_c) {
@@ -1292,7 +1290,7 @@ class Compiler {
     for (int64_t d : window.dilations)
       dilation.push_back(d - 1);
     // Without padding the two averages agree, and oneDNN 2.6's include-padding kernel is the
-    // fast one (on AVX2, 8x: a 64-channel 15x15 global pool).
+    // fast one (on AVX2, by several times; pool_kernel.hpp).
     const auto zero = [](int64_t pad) { return pad == 0; };
     if (kind == algorithm::pooling_avg_exclude_padding &&
         std::all_of(window.pad_begin.begin(), window.pad_begin.end(), zero) &&
@@ -1301,7 +1299,7 @@ class Compiler {
     }
     // The input stays in whatever layout it has (blocked after a convolution), unless oneDNN
     // has only its scalar reference for that layout (plain NCHW for most pools): then the input
-    // goes to channels-last first, one fast reorder against a pool up to 10x slower.
+    // goes to channels-last first: one fast reorder costs far less than the scalar pool.
     auto pool_desc = [&](const Md& src_md) {
       const Md dst_any(Dims(expected), memory::data_type::f32, memory::format_tag::any);
       return dnnl::pooling_v2_forward::desc(
@@ -1516,7 +1514,7 @@ class Compiler {
   }
 
   // Concat as one reorder per input into its slice of the output (a submemory); oneDNN 2.6's own
-  // concat ran a scalar copy loop here (SqueezeNet-like b1: 98 of 265 us a request). The output's
+  // concat ran a scalar copy loop here (a large share of a SqueezeNet-like request). The output's
   // layout keeps the convolutions' out of a round trip to plain and back:
   //  - the inputs' channel-blocked layout, when they all share it and a channel concat's slices
   //    start on block boundaries (an Inception block: every branch a convolution);
@@ -1524,7 +1522,7 @@ class Compiler {
   //    plain (DenseNet's growth of 12 channels in 8-channel blocks): blocked inputs take one
   //    reorder either way, and what reads the output (a pool, a batch norm, a convolution) has
   //    fast kernels on channels-last; on plain NCHW, oneDNN 2.6 pools with its scalar reference
-  //    (an Inception-like block's 3x3 average pool at batch 1: 320 us, the rest of it 400);
+  //    (an Inception-like block's average pool then cost nearly as much as the rest of it);
   //  - else plain.
   std::size_t LowerConcat(std::size_t i) {
     const OperatorDesc& op = layers_[i];

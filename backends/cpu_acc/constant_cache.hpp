@@ -4,7 +4,7 @@
 //
 // Why: each compiled program laid out its own copy. A network compiled at several batch sizes
 // (shape programs; a batched model runs at up to seven execution sizes) held the wide MLP
-// 784-2048-2048-10's 21 MB of weights once per program (56 MB of resident memory each).
+// 784-2048-2048-10's 21 MB of weights once per program, resident memory growing by a copy each.
 //
 // Trap kept in mind here: entries are keyed by the address of the network's bytes. That is sound
 // only because an entry lives exactly as long as some program holds it (the cache keeps weak

@@ -21,7 +21,7 @@
 // runs on the thread that calls Execute, with that thread's OpenMP thread count set for the call
 // (a per-thread setting, restored after). The count is per step: intra_op_threads for a layer
 // with enough work, 1 below the thresholds of compiler.cpp (kParallelMinConvFlops,
-// kParallelMinMatMulFlops, kParallelMinElements; measured by bench/cpu_acc_threads_bench.cpp), so
+// kParallelMinMatMulFlops, kParallelMinElements; bench/cpu_acc_threads_bench.cpp times them), so
 // that a second thread never slows a small layer down. The host runs up to max_in_flight requests
 // at once, so requests x intra_op_threads threads may compute at once: keep that product within the
 // cores (1, the default, never oversubscribes). intra_op_threads itself is at most the CPUs this

@@ -48,11 +48,11 @@ BACKPLANE_POOL_INLINE T Accumulate(T acc, T x) {
 // written at `out + i * out_step`: the 8-lane chunks of one output pixel (in_step = out_step =
 // 8), or the same chunk of kCount output pixels side by side in a row whose windows have the same
 // span (in_step = stride * lanes, out_step = lanes; with few lanes a pixel, one pixel at a time
-// left too little work per window position: 2 to 3x slower). The sums or maxima stay in registers
-// over the whole window (accumulating through `out` serialised the loop on store forwarding: 3x
-// slower). `corner`: the window's first pixel inside the input. The positions inside form a
-// rectangle (an axis' valid positions are an interval, a window's positions are monotonic), so
-// the loop has no checks.
+// left too little work per window position, and was slower). The sums or maxima stay in registers
+// over the whole window (accumulating through `out` serialised the loop on store forwarding).
+// `corner`: the window's first pixel inside the input. The positions inside form a rectangle (an
+// axis' valid positions are an interval, a window's positions are monotonic), so the loop has no
+// checks.
 template <bool kMax, int kCount>
 BACKPLANE_POOL_INLINE void PoolRuns(const PoolGeometry& g, const float* __restrict corner,
                                     float* __restrict out, const PoolSpan& rows,

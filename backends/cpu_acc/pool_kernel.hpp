@@ -1,10 +1,10 @@
 // CpuAcc's own 2-D max and average pooling over channel-innermost layouts.
 //
-// Why not oneDNN's: on an AVX2 machine (AMD EPYC, oneDNN 2.6) its max pool and its average pool
-// that excludes the padding run 7 to 10x slower than its average pool that includes it, the same
-// loads and arithmetic (64 channels, 15x15, 3x3: 43 and 54 us against 6); on plain NCHW it has only
-// its scalar reference (330 us). This loop is what all three are: per output pixel, a max or a sum
-// over the window's input pixels, each a run of contiguous channels the compiler vectorizes.
+// Why not oneDNN's: on AVX2 (oneDNN 2.6) its max pool and its average pool that excludes the
+// padding run several times slower than its average pool that includes it, though all three are
+// the same loads and arithmetic; on plain NCHW it has only its scalar reference, slower still (the
+// timings are in docs/performance.md). This loop is what all three are: per output pixel, a max or
+// a sum over the window's input pixels, each a run of contiguous channels the compiler vectorizes.
 #pragma once
 
 #include <cstdint>

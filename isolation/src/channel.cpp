@@ -34,7 +34,7 @@ std::size_t SlotBytes(std::size_t payload_bytes) {
 }
 
 // About as long as a futex wake-up costs: longer spins take the core from the request threads of
-// a 2-core machine for nothing (bench/isolation_bench.cpp measured the choice).
+// a 2-core machine for nothing (bench/isolation_bench.cpp compares spin times).
 constexpr std::chrono::microseconds kSpinTime{20};
 constexpr int kSpinsPerYield = 32;
 

@@ -107,7 +107,8 @@ Generation::~Generation() {
   // What the generation's instances and workloads allocated was freed above, but glibc keeps
   // freed memory in the arena of the thread that allocated it (a backend compiles on the watcher
   // thread, runs on TBB workers, dies here), so resident memory would creep up swap after swap
-  // (measured: +54 MB over 1000 CpuAcc swaps). Returning it costs ~1 ms here, off every request.
+  // (`backplane_bench_hot_reload --cpu-acc` shows it; the numbers are in docs/performance.md).
+  // Returning it costs a trim on the unloading thread, which is off every request's path.
   malloc_trim(0);
 #endif
   stats_->live.fetch_sub(1, std::memory_order_relaxed);

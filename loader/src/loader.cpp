@@ -171,7 +171,7 @@ Result<std::shared_ptr<Loader>> Loader::Create(LoaderOptions options) {
   // Rule 5: the host owns the threading runtime. Calling into libtbb here makes it a real
   // dependency of every host (the linker drops unused libraries with --as-needed); otherwise the
   // first backend that uses TBB would bring libtbb in, and unloading that backend would unmap
-  // libtbb under its own worker threads (measured: SIGSEGV in a TBB worker).
+  // libtbb under its own worker threads (seen: a SIGSEGV in a TBB worker).
   [[maybe_unused]] static const int tbb_threads = tbb::this_task_arena::max_concurrency();
   auto shadows = ShadowDirectory::Create(options.shadow_root);
   if (!shadows.ok())
@@ -339,7 +339,7 @@ Result<GenerationLease> Loader::LoadNew(const BackendFile& file, LoadTrace* trac
                           .loaded_at = std::chrono::system_clock::now()};
   };
 
-  // Checked like any other: now it may run in a worker process instead (issue 39).
+  // Checked like any other: now it may run in a worker process instead (isolation/).
   if (options_.out_of_process) {
     auto remote = options_.out_of_process({.image = *image,
                                            .generation = number,

@@ -60,8 +60,8 @@ void ShapeProgramBuilder::Loop() {
     // keeps that code's thread-local runtime state while it lives; CpuAcc's OpenMP (libgomp)
     // keeps a team per thread, and while more team threads exist than cores, every team's idle
     // threads stop spinning and sleep, so each parallel region of a request pays futex wake-ups
-    // (measured: ResNet-like b1 at intra_op_threads 2, 1172 us a run with this thread's team
-    // alive vs 243 us without). A thread costs ~50 us; a build, milliseconds.
+    // (at intra_op_threads 2 that made a ResNet-like request several times slower; the numbers are
+    // in docs/performance.md, from bench/ort_compare.sh). A thread costs far less than a build.
     std::thread([&build] {
       NameThisThread("bp-shape-build");
       // A build that throws (out of memory) has released its claim on the way out; the next

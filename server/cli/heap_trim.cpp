@@ -6,19 +6,17 @@
 
 namespace backplane::server {
 
-// Measured with bench/body_burst.sh (VmRSS in MiB, before / peak / after the burst plus 3 s;
-// medians of 3 runs, except the twice-on-one-server case: one run each with body_burst.py;
-// release build, 2-core VM, Debian 12, glibc 2.36):
+// What bench/body_burst.sh showed (the numbers are in docs/operators.md, "After a burst", and
+// docs/performance.md):
 //
-// - Partial bodies, 16 clients x 15 of 16 MiB, twice on one server: the second burst left
-//   210 MiB resident (30 before) once glibc's dynamic threshold had risen past 16 MiB after the
-//   first; with the threshold fixed at 1 MiB both bursts left 30.
-// - 20,000 HTTP/2 HEADERS+RST_STREAM on gRPC: 31 / 445 / 445 MiB; glibc's tunables did not help
-//   (arena_max=1: 433 after, arena_max=2: 430, trim_threshold=0: 437), the memory being free but
-//   fragmented across arenas; malloc_trim(0) gave back 363 -> 50 MiB. With this trim on
-//   serve's timer: 31 / 428 / 53 (434 after without it, same bench, same machine).
-// - 64 clients x 15 of 16 MiB (the budget's case): 31 / 272 / 32 with the budget, 31 / 992 / 32
-//   without; the first burst on a fresh server already gave its memory back.
+// - Partial bodies, twice on one server: once glibc's dynamic mmap threshold had risen past the
+//   body size after the first burst, the second burst's bodies stayed in the heap, resident after
+//   they were freed; with the threshold fixed at 1 MiB both bursts gave their memory back.
+// - A flood of HTTP/2 HEADERS+RST_STREAM on gRPC: the memory was free but fragmented across
+//   glibc's per-thread arenas; glibc's tunables (arena_max, trim_threshold) did not return it, and
+//   malloc_trim(0) did. Hence the trim on serve's timer.
+// - Many clients with partial bodies (the budget's case): the first burst on a fresh server already
+//   gave its memory back; what bounds the peak is the body budget (body_budget.hpp).
 //
 // A threshold of 1 MiB costs a mapping and its page faults for each block of 1 MiB or more
 // (request bodies and large tensors); not measured, expected small next to reading that many

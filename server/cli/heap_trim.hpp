@@ -1,9 +1,9 @@
-// Keeps the resident memory of `backplane serve` near what is in use after a burst (issue 23,
-// item 3). glibc keeps memory that was freed: large blocks in its heaps once its dynamic mmap
-// threshold has risen past them, and small ones fragmented across its per-thread arenas, where
-// only malloc_trim gives them back. Both measured with bench/body_burst.sh (the numbers are in
-// heap_trim.cpp). No-ops on a C library other than glibc. Not thread-safe to configure:
-// ConfigureAllocator runs once, before the server's threads start.
+// Keeps the resident memory of `backplane serve` near what is in use after a burst. glibc keeps
+// memory that was freed: large blocks in its heaps once its dynamic mmap threshold has risen past
+// them, and small ones fragmented across its per-thread arenas, where only malloc_trim gives them
+// back. Both shown by bench/body_burst.sh (the numbers are in docs/operators.md, "After a burst").
+// No-ops on a C library other than glibc. Not thread-safe to configure: ConfigureAllocator runs
+// once, before the server's threads start.
 #pragma once
 
 #include <chrono>

@@ -1,9 +1,10 @@
 // The server-wide budget of request-body bytes held at once (max_buffered_body_bytes). Each
 // connection's limit (max_body_bytes) bounds one body; without a budget, N slow clients each
-// sending a partial body of max_body_bytes hold N times that until their read timeouts (issue 23:
-// 64 partial 16 MB bodies took RSS from 170 MB to 1.1 GB). A connection reserves a body's bytes
-// before reading them: the whole Content-Length at once, or a chunked body chunk by chunk as each
-// chunk's size arrives; what does not fit is refused (503) instead of buffered.
+// sending a partial body of max_body_bytes hold N times that until their read timeouts
+// (bench/body_burst.sh shows it; docs/operators.md, "After a burst", has its numbers). A
+// connection reserves a body's bytes before reading them: the whole Content-Length at once, or a
+// chunked body chunk by chunk as each chunk's size arrives; what does not fit is refused (503)
+// instead of buffered.
 #pragma once
 
 #include <atomic>

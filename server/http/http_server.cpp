@@ -42,9 +42,9 @@ class HttpServer::Core::AsyncSlot {
   AsyncSlot(const AsyncSlot&) = delete;
   AsyncSlot& operator=(const AsyncSlot&) = delete;
   // The next waiting request starts here, on the thread that freed the slot (starting only
-  // queues work): at 1024 connections that made 5-10% more requests/s than a hop through its
-  // I/O thread. Not when this thread is already starting one: a chain of requests answered at
-  // once would recurse without bound; that one goes to its own strand.
+  // queues work): at many connections that served more requests/s than a hop through its I/O
+  // thread (bench/http_bench.sh). Not when this thread is already starting one: a chain of requests
+  // answered at once would recurse without bound; that one goes to its own strand.
   ~AsyncSlot() {
     asio::any_io_executor executor;
     std::function<void(std::shared_ptr<AsyncSlot>)> start;

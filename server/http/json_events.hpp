@@ -1,8 +1,8 @@
 // A strict JSON (RFC 8259) reader that hands each value to a handler as it is read, for bodies
 // whose bulk is numbers: an infer request's "data". nlohmann's SAX parser copies every character
-// of a number into a token string and converts it with strtod, ~240 ns a number; this reader
-// converts the number in place with std::from_chars (~20 ns), so a 784-float request parses in
-// ~20 µs instead of ~190 µs (bench/binary_tensor_bench.sh).
+// of a number into a token string and converts it with strtod; this reader converts the number
+// in place with std::from_chars, several times faster for a body that is mostly numbers
+// (bench/binary_tensor_bench.sh; the numbers are in docs/performance.md).
 //
 // It accepts exactly what nlohmann::json::accept accepts (a UTF-8 byte order mark first
 // included), but for a NUL byte: nlohmann ends the text at one, as a C string ends, and ignores

@@ -126,8 +126,8 @@ class InferenceService final : public inference::GRPCInferenceService::CallbackS
     // RunOn::kCaller: the parse, and an unbatched model's execution and answer, run here, on
     // gRPC's callback thread (Execute joins the scheduler's arena on it), not queued on the
     // scheduler as REST's inference is: in gRPC 1.51 a Finish from a foreign thread waits for a
-    // poller. Through a pool of ours that cost ~1 ms a call; through a TBB worker, p50 0.145
-    // against 0.105 ms here and 0.79x the throughput at 4 clients (MNIST, bench/grpc_bench.sh).
+    // poller. Through a pool of ours or a TBB worker, calls were slower and throughput lower than
+    // here (bench/grpc_bench.sh; the numbers are in docs/performance.md).
     // Concurrency stays bounded by the runtime's admission (max_in_flight), which refuses rather
     // than queues. A batched request leaves this thread once parsed (blocked callback threads
     // would keep batches from forming) and is finished from its batch's thread, a cost batching
@@ -198,8 +198,9 @@ Result<std::unique_ptr<GrpcServer>> GrpcServer::Start(const ListenAddress& addre
   // the traffic silently instead of failing like HTTP's bind.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   // Trap: gRPC inflates a compressed message before it checks the size limit, so a 1 MB gzip
-  // message can cost 1 GiB (measured). The server cannot bound what a message inflates to, so it
-  // accepts none: a compressed call is UNIMPLEMENTED, naming the algorithm.
+  // message can cost 1 GiB (deflate compresses zeros about a thousandfold). The server cannot bound
+  // what a message inflates to, so it accepts none: a compressed call is UNIMPLEMENTED, naming the
+  // algorithm.
   builder.SetCompressionAlgorithmSupportStatus(GRPC_COMPRESS_DEFLATE, false);
   builder.SetCompressionAlgorithmSupportStatus(GRPC_COMPRESS_GZIP, false);
   builder.SetMaxReceiveMessageSize(static_cast<int>(

@@ -1,6 +1,7 @@
 // KServe v2 gRPC tensors ⇄ Backplane tensors: ModelInferRequest validated against a network
 // (typed `contents` or `raw_input_contents`), outputs rendered into a ModelInferResponse. Pure
-// functions, no I/O; the same rules and messages as the REST parser (inference_api.hpp).
+// functions, no I/O; the same rules and messages as the REST parser
+// (serving/inference_request.hpp).
 #pragma once
 
 #include <cstdint>

@@ -36,10 +36,10 @@ std::size_t RequestsToDispatch(std::span<const int64_t> rows, int64_t max_batch_
 // Whether a request that finds no company waits max_queue_delay_us for some. A wait costs its
 // request the whole delay and pays only when others arrive meanwhile: one client that sends its
 // next request after each answer never brings company, and paid the delay on every request for
-// nothing (measured: 2 ms, plus ~0.5 ms of waking an idle machine). So after kVainWaits waits in
-// a row that gathered nobody, a lone request leaves at once; every kProbeEvery-th still waits, to
-// see whether company has come; and any batch of two or more requests (a wait that paid, or
-// requests that met while every slot was busy) restores waiting. Thread-compatible: the
+// nothing, plus the cost of waking an idle machine (bench/batching_bench.sh). So after kVainWaits
+// waits in a row that gathered nobody, a lone request leaves at once; every kProbeEvery-th still
+// waits, to see whether company has come; and any batch of two or more requests (a wait that paid,
+// or requests that met while every slot was busy) restores waiting. Thread-compatible: the
 // dispatcher's.
 class CompanyOutlook {
  public:

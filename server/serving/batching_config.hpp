@@ -38,8 +38,8 @@ struct DynamicBatching {
 // that is >= R, its other rows zeros (never returned). Powers of two below max_batch_size, the
 // preferred sizes and max_batch_size, ascending. Why: a model with a symbolic batch compiles a
 // program per input shape and keeps a few (NetworkOptions::shape_program_capacity); batches of
-// every size from 1 to 64 evicted and recompiled them all the time (wide MLP, 16 gRPC clients:
-// 113 compiles and 158 of 488 batches run uncompiled in 4 s). Padding costs under 2x the rows;
+// every size from 1 to 64 evicted and recompiled them all the time (bench/batching_bench.sh: a
+// third of a wide MLP's batches ran uncompiled). Padding costs under 2x the rows;
 // TF Serving's allowed_batch_sizes pads the same way.
 std::vector<int64_t> ExecutionBatchSizes(int64_t max_batch_size,
                                          std::span<const int64_t> preferred_batch_sizes);

@@ -267,7 +267,7 @@ inline constexpr bool kIsSharedOwner<std::shared_ptr<U>> = true;
 // protocol needs its own error, e.g. an HTTP response). Thread-compatible.
 //
 // A Result that holds a std::shared_ptr (a registry, a network, a backend instance) is an owner,
-// and only the explicit ways out are offered (issue 24):
+// and only the explicit ways out are offered:
 //  - `std::move(result).value()` takes the pointer out: the Result owns nothing afterwards;
 //  - `result->Method()` and `*result` observe the pointee without taking a reference;
 //  - `result.share()` makes a second owner on purpose, visibly.

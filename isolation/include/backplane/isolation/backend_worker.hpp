@@ -1,4 +1,4 @@
-// One backend generation running in a process of its own (issue 39): the host's handle on it.
+// One backend generation running in a process of its own: the host's handle on it.
 //
 // The worker is `backplane-backend-worker` (built beside `backplane`), started with two
 // descriptors and nothing else of the host's: the shared region of call slots (channel.hpp) and

@@ -3,9 +3,10 @@
 // doorbell is the slot's state word, which the waiting side spins on briefly and then sleeps on
 // with a futex (it works across processes on a shared mapping).
 //
-// Why this doorbell: on this kind of machine a futex or eventfd round trip with both sides asleep
-// costs ~15 µs, spinning ~0.1 µs; a backend call usually returns in tens of µs, so the waiter
-// spins for about as long as a wake-up would cost and then sleeps, leaving the core to others.
+// Why this doorbell: a futex or eventfd round trip with both sides asleep costs about a hundred
+// times what a spin that sees the change costs, and a backend call often returns within a few
+// wake-ups' time (bench/isolation_bench.cpp), so the waiter spins for about as long as a wake-up
+// would cost and then sleeps, leaving the core to others.
 //
 // Trap: the worker is untrusted. The host reads only what fits in the slot, and never trusts a
 // state word it did not expect: a worker that scribbles on the region can fail its own calls,

@@ -71,7 +71,7 @@ struct GenerationInfo {
   bool submits_tbb_tasks = false;
 };
 
-// A generation whose code runs in another process (isolation/, issue 39): what its library says
+// A generation whose code runs in another process (isolation/): what its library says
 // of itself there, and its factory. The loader never maps such a generation's code; it checks the
 // same sealed bytes (ELF, dependencies, trust) and hands them to whoever runs them. Destroying it
 // ends that process. Thread-safe.

@@ -1,4 +1,4 @@
-// What a worker's death costs (issue 39): a candidate whose worker died is rolled back at once
+// What a worker's death costs (isolation/): a candidate whose worker died is rolled back at once
 // (CRASHED); an active generation's worker is restarted as a new generation of the same file, the
 // first time at once and then with a growing pause, until it has died `max_crashes` times within
 // `crash_window`: then the previous build is rolled back to (the rollback store), or, with none,

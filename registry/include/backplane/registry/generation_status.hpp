@@ -95,7 +95,7 @@ struct RescanResult {
 
 // A lifecycle event, delivered to observers after every lock of the registry is released (on the
 // thread that caused it, or on the reaper thread for kUnloaded and kLeaked). Observers must not
-// block; they may call the registry.
+// block; they may read the registry but not change it (BackendRegistry::AddObserver says why).
 struct GenerationEvent {
   enum class Kind {
     kLoaded,
