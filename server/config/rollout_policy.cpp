@@ -43,6 +43,8 @@ Status ApplyKey(const std::string& key, const json& value, RolloutPolicy& policy
   }
   if (key == "max_latency_regression")
     return number(&RolloutPolicy::max_latency_regression, 0, 1e6);
+  if (key == "worker_latency_allowance_us")
+    return number(&RolloutPolicy::worker_latency_allowance_us, 0, 1e9);
   if (key == "max_error_excess")
     return number(&RolloutPolicy::max_error_excess, 0, 1);
   if (key == "max_abs_divergence")
@@ -126,6 +128,7 @@ Status ApplyKey(const std::string& key, const json& value, RolloutPolicy& policy
   return InvalidArgument(
       "unknown key '" + name +
       "' (known: shadow_fraction, min_samples, steps, confidence, max_latency_regression, "
+      "worker_latency_allowance_us, "
       "max_error_excess, max_abs_divergence, step_max_duration_s, inconclusive_limit, "
       "on_inconclusive, candidate_isolation)");
 }
@@ -160,6 +163,7 @@ json RolloutPolicyJson(const RolloutPolicy& policy) {
           {"steps", policy.steps},
           {"confidence", policy.confidence},
           {"max_latency_regression", policy.max_latency_regression},
+          {"worker_latency_allowance_us", policy.worker_latency_allowance_us},
           {"max_error_excess", policy.max_error_excess},
           {"max_abs_divergence", policy.max_abs_divergence},
           {"step_max_duration_s", policy.step_max_duration_s},

@@ -49,8 +49,8 @@ std::string Percent(double value) {
   return fmt::format("{:g} %", value);
 }
 
-// Transitions kept per rollout: an operator reads the latest; a rollout held for days under
-// `advance` calls must not grow every admin answer without end.
+// History entries kept per rollout: every admin answer carries them, and thousands of verbs on
+// one long rollout must not make each answer hundreds of kilobytes. An operator reads the latest.
 constexpr std::size_t kHistoryLimit = 100;
 
 // Shadow runs as the judge compares them: the candidate's failures against the same requests,
@@ -67,9 +67,10 @@ JudgeWindow ShadowWindow(const RolloutStats& window) {
 // window (the same load on the machine), or over the whole rollout when the window has too few
 // of them (at 100 % it has none).
 JudgeWindow CanaryWindow(const RolloutStats& window, const RolloutStats& totals,
-                         uint64_t min_samples) {
-  return {.stable = window.stable.requests >= min_samples ? window.stable : totals.stable,
-          .candidate = window.candidate};
+                         const RolloutPolicy& policy, bool candidate_in_worker) {
+  return {.stable = window.stable.requests >= policy.min_samples ? window.stable : totals.stable,
+          .candidate = window.candidate,
+          .latency_allowance_us = candidate_in_worker ? policy.worker_latency_allowance_us : 0};
 }
 
 }  // namespace
@@ -104,7 +105,10 @@ struct RolloutController::Rollout {
   // the share it had (the step is then the next one to move to).
   double share = 0;
   RolloutPolicy policy;
-  bool pinned = false;        // the registry's pin on the backend: the rollout holds until unpinned
+  bool pinned = false;  // the registry's pin on the backend: the rollout holds until unpinned
+  // The candidate runs in a worker process and the stable generation does not: its latency gets
+  // policy.worker_latency_allowance_us.
+  bool candidate_in_worker = false;
   RolloutStats window_start;  // the runtime's counters when the current window began
   // The current phase or step: when its time is up (step_max_duration_s; max() once used or
   // while held), the verdicts given on it (one per min_samples runs) and how many in a row were
@@ -302,6 +306,14 @@ void RolloutController::OnGenerationEvent(const GenerationEvent& event) {
     if (auto status = registry_.Describe(event.backend_id)) {
       rollout->stable = status->active_generation;
       rollout->pinned = status->pinned;
+      std::string stable_runs_in = "?", candidate_runs_in;
+      for (const auto& generation : status->generations) {
+        if (generation.generation == rollout->stable)
+          stable_runs_in = generation.runs_in;
+        if (generation.generation == rollout->candidate)
+          candidate_runs_in = generation.runs_in;
+      }
+      rollout->candidate_in_worker = !candidate_runs_in.empty() && stable_runs_in.empty();
     }
     rollout->policy = default_policy_;
     Rollout& started = *rollout;
@@ -379,8 +391,8 @@ RolloutController::Decision RolloutController::Evaluate(Rollout& rollout) {
   Verdict verdict = Judge(ShadowWindow(window), policy, JudgedPhase::kShadow);
   if (canary) {
     const Verdict shadowed = std::move(verdict);
-    verdict =
-        Judge(CanaryWindow(window, *totals, policy.min_samples), policy, JudgedPhase::kCanary);
+    verdict = Judge(CanaryWindow(window, *totals, policy, rollout.candidate_in_worker), policy,
+                    JudgedPhase::kCanary);
     if (shadowed.outcome == Verdict::Outcome::kFail && verdict.outcome != Verdict::Outcome::kFail) {
       verdict = shadowed;
       verdict.reason = "shadow runs: " + verdict.reason;

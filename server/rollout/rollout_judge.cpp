@@ -270,7 +270,17 @@ Verdict Judge(const JudgeWindow& window, const RolloutPolicy& policy, JudgedPhas
                     candidate.total(), policy.min_samples));
   }
   const ShiftedRankTest test(candidate, stable);
-  const double margin_shift = ChangeToShift(policy.max_latency_regression);
+  // The tolerated slowdown: the policy's fraction, or the allowance in microseconds as a fraction
+  // of the stable median when that is larger.
+  double margin = policy.max_latency_regression;
+  std::string tolerance = "max_latency_regression " + PercentOf(margin);
+  if (const double median = stable.QuantileMicros(0.5);
+      window.latency_allowance_us > 0 && window.latency_allowance_us / median > margin) {
+    margin = window.latency_allowance_us / median;
+    tolerance = fmt::format("{} (worker_latency_allowance_us {:g} at the stable p50 {:.0f} µs)",
+                            PercentOf(margin), window.latency_allowance_us, median);
+  }
+  const double margin_shift = ChangeToShift(margin);
   Verdict verdict;
   if (auto estimate = test.ShiftWhere(test.NullMean()))
     verdict.latency_change = ShiftToChange(*estimate);
@@ -287,19 +297,18 @@ Verdict Judge(const JudgeWindow& window, const RolloutPolicy& policy, JudgedPhas
     verdict.outcome = Outcome::kFail;
     verdict.reason = fmt::format(
         "latency: the candidate is {} than the stable generation (at {} confidence, slower by "
-        "more than {}), above max_latency_regression {}; {}",
-        slower, confidence, lower_bound, PercentOf(policy.max_latency_regression), quantiles);
-  } else if (change > policy.max_latency_regression) {
+        "more than {}), above {}; {}",
+        slower, confidence, lower_bound, tolerance, quantiles);
+  } else if (change > margin) {
     verdict.outcome = Outcome::kInconclusive;
     verdict.reason = fmt::format(
-        "{}; latency: the candidate looks {} than the stable generation, above "
-        "max_latency_regression {}, but not at {} confidence (slower by more than {}); {}",
-        errors, slower, PercentOf(policy.max_latency_regression), confidence, lower_bound,
-        quantiles);
+        "{}; latency: the candidate looks {} than the stable generation, above {}, but not at {} "
+        "confidence (slower by more than {}); {}",
+        errors, slower, tolerance, confidence, lower_bound, quantiles);
   } else {
     verdict.outcome = Outcome::kPass;
-    verdict.reason = fmt::format("{}; latency {}, within max_latency_regression {}; {}", errors,
-                                 slower, PercentOf(policy.max_latency_regression), quantiles);
+    verdict.reason =
+        fmt::format("{}; latency {}, within {}; {}", errors, slower, tolerance, quantiles);
   }
   return verdict;
 }

@@ -24,6 +24,9 @@ enum class JudgedPhase { kShadow, kCanary };
 struct JudgeWindow {
   RolloutArmStats stable;
   RolloutArmStats candidate;
+  // Microseconds per run the candidate may be slower by, beyond max_latency_regression, because of
+  // where it runs (policy.worker_latency_allowance_us for a candidate in a worker process).
+  double latency_allowance_us = 0;
 };
 
 struct Verdict {

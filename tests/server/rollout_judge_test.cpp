@@ -226,6 +226,28 @@ TEST(RolloutJudgeTest, OneBucketOfIdenticalRunsPasses) {
   EXPECT_EQ(server::Judge(window, RolloutPolicy{}, JudgedPhase::kCanary).outcome, Outcome::kFail);
 }
 
+TEST(RolloutJudgeTest, ACandidateInAWorkerIsAllowedItsCrossingsMicroseconds) {
+  // Every stable run at about 10 µs, every candidate run at about 15 µs: 5 µs more per run, what
+  // a crossing to a worker process can leave in a measurement of a microsecond model.
+  JudgeWindow window;
+  window.stable.requests = window.stable.latency.counts[LatencyHistogram::BucketOf(10)] = 5000;
+  window.candidate.requests = window.candidate.latency.counts[LatencyHistogram::BucketOf(15)] = 500;
+  EXPECT_EQ(server::Judge(window, RolloutPolicy{}, JudgedPhase::kCanary).outcome, Outcome::kFail);
+  window.latency_allowance_us = RolloutPolicy{}.worker_latency_allowance_us;
+  const Verdict allowed = server::Judge(window, RolloutPolicy{}, JudgedPhase::kCanary);
+  EXPECT_EQ(allowed.outcome, Outcome::kPass) << allowed.reason;
+  EXPECT_THAT(allowed.reason,
+              HasSubstr("within 96.4 % (worker_latency_allowance_us 10 at the stable p50 10 µs)"));
+  // On a model of milliseconds the allowance is nothing: 20 % slower still fails.
+  window.stable.latency = {};
+  window.candidate.latency = {};
+  window.stable.latency.counts[LatencyHistogram::BucketOf(2000)] = 5000;
+  window.candidate.latency.counts[LatencyHistogram::BucketOf(2400)] = 500;
+  const Verdict slower = server::Judge(window, RolloutPolicy{}, JudgedPhase::kCanary);
+  EXPECT_EQ(slower.outcome, Outcome::kFail) << slower.reason;
+  EXPECT_THAT(slower.reason, HasSubstr("above max_latency_regression 10 %"));
+}
+
 TEST(RolloutJudgeTest, ALookingSlowerButSmallWindowIsInconclusive) {
   // Runs spread evenly over 21 buckets, the candidate's two buckets (19 %) up, and few of them:
   // above the margin, not shown.
