@@ -36,7 +36,7 @@ install -m 755 build/release/backends/Backplane_CpuAcc_backend.so "$work/backend
 cat >"$work/config.json" <<'JSON'
 {"http_threads": 64, "watch_backends": false, "deploy_policy": "progressive",
  "rollout": {"shadow_fraction": 0.1, "min_samples": 100000000, "steps": [10, 50, 100],
-             "max_error_rate": 1, "max_p99_ratio": 1000000000, "max_abs_divergence": 1e-3}}
+             "max_error_excess": 1, "max_latency_regression": 1000000000, "max_abs_divergence": 1e-3}}
 JSON
 build/release/bin/backplane serve --config "$work/config.json" --models "$work/models" \
   --backends "$work/backends" --listen 127.0.0.1:0 --grpc-listen 127.0.0.1:0 2>"$log" &

@@ -326,6 +326,8 @@ json RolloutJson(const RolloutView& view) {
                {"window", RolloutStatsJson(view.window)},
                {"totals", view.totals ? RolloutStatsJson(*view.totals) : json(nullptr)},
                {"history", history},
+               {"history_dropped", view.history_dropped},
+               {"pinned", view.pinned},
                {"rejected", nullptr}};
   if (view.phase == RolloutPhase::kPaused)
     body["paused_in"] = PhaseName(view.paused_in);

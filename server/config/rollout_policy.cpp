@@ -32,12 +32,54 @@ Status ApplyKey(const std::string& key, const json& value, RolloutPolicy& policy
   };
   if (key == "shadow_fraction")
     return number(&RolloutPolicy::shadow_fraction, 0, 1);
-  if (key == "max_error_rate")
-    return number(&RolloutPolicy::max_error_rate, 0, 1);
-  if (key == "max_p99_ratio")
-    return number(&RolloutPolicy::max_p99_ratio, 1, 1e9);
+  if (key == "confidence") {
+    // 0.5 would call a coin toss a regression; 1 would never decide.
+    if (!value.is_number() || !(value.get<double>() > 0.5 && value.get<double>() < 1)) {
+      return InvalidArgument(
+          "'" + name + "' must be a number above 0.5 and below 1, e.g. 0.99, got " + value.dump());
+    }
+    policy.confidence = value.get<double>();
+    return Status::Ok();
+  }
+  if (key == "max_latency_regression")
+    return number(&RolloutPolicy::max_latency_regression, 0, 1e6);
+  if (key == "worker_latency_allowance_us")
+    return number(&RolloutPolicy::worker_latency_allowance_us, 0, 1e9);
+  if (key == "max_error_excess")
+    return number(&RolloutPolicy::max_error_excess, 0, 1);
   if (key == "max_abs_divergence")
     return number(&RolloutPolicy::max_abs_divergence, 0, 1e300);
+  if (key == "step_max_duration_s")
+    return number(&RolloutPolicy::step_max_duration_s, 0, 1e7);
+  if (key == "inconclusive_limit") {
+    if (!value.is_number_unsigned() || value.get<uint64_t>() < 1 || value.get<uint64_t>() > 1000) {
+      return InvalidArgument("'" + name + "' must be an integer between 1 and 1000, got " +
+                             value.dump());
+    }
+    policy.inconclusive_limit = value.get<uint32_t>();
+    return Status::Ok();
+  }
+  if (key == "on_inconclusive") {
+    if (!value.is_string() || (value != "advance" && value != "hold"))
+      return InvalidArgument("'" + name + "' must be \"advance\" or \"hold\", got " + value.dump());
+    policy.on_inconclusive = value == "advance" ? RolloutPolicy::OnInconclusive::kAdvance
+                                                : RolloutPolicy::OnInconclusive::kHold;
+    return Status::Ok();
+  }
+  // Keys of the fixed thresholds the judge replaced: a config that still sets them meant
+  // something the server no longer does, so it is refused rather than ignored.
+  if (key == "max_p99_ratio") {
+    return InvalidArgument("'" + name +
+                           "' is no longer a key: latency is judged by a rank test of every run, "
+                           "set 'rollout.max_latency_regression' (the slowdown tolerated, e.g. "
+                           "0.1) and 'rollout.confidence' instead");
+  }
+  if (key == "max_error_rate") {
+    return InvalidArgument("'" + name +
+                           "' is no longer a key: errors are judged by a two-proportion test "
+                           "against the stable generation's rate, set 'rollout.max_error_excess' "
+                           "(the excess tolerated, e.g. 0.01) and 'rollout.confidence' instead");
+  }
   if (key == "min_samples") {
     if (!value.is_number_unsigned() || value.get<uint64_t>() < 1 ||
         value.get<uint64_t>() > 100000000) {
@@ -66,6 +108,12 @@ Status ApplyKey(const std::string& key, const json& value, RolloutPolicy& policy
       if (step.value() <= 0 || (!steps.empty() && step.value() <= steps.back())) {
         return InvalidArgument("'" + name + "' must increase from above 0, got " + value.dump());
       }
+      if (step.value() < RolloutPolicy::kSmallestStep) {
+        return InvalidArgument(fmt::format(
+            "'{}' entry {} is below {:g}, the smallest share the router sends the candidate (one "
+            "request in 10,000): the step would route nothing",
+            name, element.dump(), RolloutPolicy::kSmallestStep));
+      }
       steps.push_back(step.value());
     }
     if (steps.back() != 100) {
@@ -79,8 +127,10 @@ Status ApplyKey(const std::string& key, const json& value, RolloutPolicy& policy
   }
   return InvalidArgument(
       "unknown key '" + name +
-      "' (known: shadow_fraction, min_samples, steps, max_error_rate, max_p99_ratio, "
-      "max_abs_divergence, candidate_isolation)");
+      "' (known: shadow_fraction, min_samples, steps, confidence, max_latency_regression, "
+      "worker_latency_allowance_us, "
+      "max_error_excess, max_abs_divergence, step_max_duration_s, inconclusive_limit, "
+      "on_inconclusive, candidate_isolation)");
 }
 
 }  // namespace
@@ -111,9 +161,15 @@ json RolloutPolicyJson(const RolloutPolicy& policy) {
   return {{"shadow_fraction", policy.shadow_fraction},
           {"min_samples", policy.min_samples},
           {"steps", policy.steps},
-          {"max_error_rate", policy.max_error_rate},
-          {"max_p99_ratio", policy.max_p99_ratio},
+          {"confidence", policy.confidence},
+          {"max_latency_regression", policy.max_latency_regression},
+          {"worker_latency_allowance_us", policy.worker_latency_allowance_us},
+          {"max_error_excess", policy.max_error_excess},
           {"max_abs_divergence", policy.max_abs_divergence},
+          {"step_max_duration_s", policy.step_max_duration_s},
+          {"inconclusive_limit", policy.inconclusive_limit},
+          {"on_inconclusive",
+           policy.on_inconclusive == RolloutPolicy::OnInconclusive::kAdvance ? "advance" : "hold"},
           {"candidate_isolation", policy.sandbox_candidates ? "process" : "none"}};
 }
 

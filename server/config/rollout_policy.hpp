@@ -19,18 +19,40 @@ struct RolloutPolicy {
   // Shadow phase: this share of the requests is also run on the candidate, off the response
   // path, and compared; 0 skips the phase. Shadow runs go on through the canary steps.
   double shadow_fraction = 0.1;
-  // Candidate runs (shadow samples in the shadow phase, candidate requests in a canary step)
-  // observed before a phase or step may advance.
+  // Candidate runs (shadow samples in the shadow phase, candidate requests in a canary step) in
+  // a window the judge gives its verdict on; an inconclusive window grows by as many again.
   uint64_t min_samples = 200;
   // Canary steps: the candidate's share of requests, in percent, increasing, ending at 100.
   std::vector<double> steps = {1, 10, 50, 100};
-  // Roll back when the candidate fails more than this share of its runs beyond the stable
-  // generation's own error rate (a client's bad input fails on both)...
-  double max_error_rate = 0.01;
-  // ...when its p99 latency in a step exceeds this multiple of the stable generation's...
-  double max_p99_ratio = 1.5;
-  // ...or when a shadow sample's outputs differ from the stable ones by more than this.
+  // Steps below this share are refused: the router splits requests in basis points, and a
+  // smaller share would send the candidate nothing.
+  static constexpr double kSmallestStep = 0.01;
+  // The rollout judge (server/rollout/rollout_judge.hpp) calls a window a fail only when the
+  // difference is shown at this confidence (0.99: a good build is rolled back by chance in
+  // about one window of a hundred at most)...
+  double confidence = 0.99;
+  // ...and exceeds these: the candidate slower than the stable generation by more than this
+  // fraction of its latency (the whole distribution, not one quantile)...
+  double max_latency_regression = 0.1;
+  // A candidate tried in a worker process (candidate_isolation "process") may be slower by this
+  // many microseconds per run too: its measurement leaves out the crossing to the worker, but not
+  // all of what the crossing costs, and on a model of a few microseconds that rest would read as
+  // a regression of the build.
+  double worker_latency_allowance_us = 10;
+  // ...or failing more than this share of its runs beyond the stable generation's own error rate
+  // (a client's bad input fails on both). 0: any excess shown at `confidence`.
+  double max_error_excess = 0;
+  // Roll back when a shadow sample's outputs differ from the stable ones by more than this.
   double max_abs_divergence = 0.001;
+  // A phase or step ends at min_samples candidate runs, or after this many seconds with fewer
+  // (so that rollouts finish at low traffic); 0: no time limit.
+  double step_max_duration_s = 60;
+  // Consecutive inconclusive verdicts at a step (one per min_samples runs) before
+  // `on_inconclusive` applies; it applies at once when step_max_duration_s is up.
+  uint32_t inconclusive_limit = 3;
+  // "advance" moves on as after a pass; "hold" keeps the step (and its traffic) until a pass, a
+  // fail or an operator decides.
+  enum class OnInconclusive { kAdvance, kHold } on_inconclusive = OnInconclusive::kAdvance;
   // "candidate_isolation": "process" runs each candidate in a worker process during its rollout
   // (the build that is promoted is loaded again where its backend's generations run); "none" runs
   // it where they run. A start-up setting: a candidate's place is chosen when its file loads.

@@ -2,12 +2,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <deque>
 
 #include <fmt/format.h>
 
 #include "backplane/core/logging.hpp"
 #include "backplane/core/thread_name.hpp"
 #include "metrics/metrics.hpp"
+#include "rollout/rollout_judge.hpp"
 
 namespace backplane::server {
 
@@ -47,6 +49,30 @@ std::string Percent(double value) {
   return fmt::format("{:g} %", value);
 }
 
+// History entries kept per rollout: every admin answer carries them, and thousands of verbs on
+// one long rollout must not make each answer hundreds of kilobytes. An operator reads the latest.
+constexpr std::size_t kHistoryLimit = 100;
+
+// Shadow runs as the judge compares them: the candidate's failures against the same requests,
+// every one of which the stable generation answered.
+JudgeWindow ShadowWindow(const RolloutStats& window) {
+  JudgeWindow judged;
+  judged.candidate.requests = window.shadow.samples;
+  judged.candidate.errors = window.shadow.errors;
+  judged.stable.requests = window.shadow.samples;
+  return judged;
+}
+
+// A canary window as the judge compares it: against the stable generation's requests in the same
+// window (the same load on the machine), or over the whole rollout when the window has too few
+// of them (at 100 % it has none).
+JudgeWindow CanaryWindow(const RolloutStats& window, const RolloutStats& totals,
+                         const RolloutPolicy& policy, bool candidate_in_worker) {
+  return {.stable = window.stable.requests >= policy.min_samples ? window.stable : totals.stable,
+          .candidate = window.candidate,
+          .latency_allowance_us = candidate_in_worker ? policy.worker_latency_allowance_us : 0};
+}
+
 }  // namespace
 
 std::string_view PhaseName(RolloutPhase phase) {
@@ -75,9 +101,23 @@ struct RolloutController::Rollout {
   uint64_t candidate = 0;
   uint64_t promoted = 0;  // the generation activated by the promotion (see RolloutView)
   std::size_t step = 0;
+  // The candidate's share in canary: policy.steps[step], or below it after a policy edit kept
+  // the share it had (the step is then the next one to move to).
+  double share = 0;
   RolloutPolicy policy;
+  bool pinned = false;  // the registry's pin on the backend: the rollout holds until unpinned
+  // The candidate runs in a worker process and the stable generation does not: its latency gets
+  // policy.worker_latency_allowance_us.
+  bool candidate_in_worker = false;
   RolloutStats window_start;  // the runtime's counters when the current window began
-  RolloutStats totals;        // the latest counters read (kept after the rollout ends)
+  // The current phase or step: when its time is up (step_max_duration_s; max() once used or
+  // while held), the verdicts given on it (one per min_samples runs) and how many in a row were
+  // inconclusive; `held` once on_inconclusive "hold" applied.
+  std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
+  uint64_t verdicts = 0;
+  uint32_t inconclusive = 0;
+  bool held = false;
+  RolloutStats totals;  // the latest counters read (kept after the rollout ends)
   std::string decided_by;
   std::string reason;
   // A promotion or rollback handed to the registry: who decided and why, until its event.
@@ -85,12 +125,13 @@ struct RolloutController::Rollout {
   std::string pending_decided_by;
   std::string pending_reason;
   std::optional<GenerationStatus> rejected;
-  std::vector<RolloutView::Transition> history;
+  std::deque<RolloutView::Transition> history;  // the newest kHistoryLimit
+  uint64_t history_dropped = 0;
 
   double weight() const {
     if (phase == RolloutPhase::kCanary ||
         (phase == RolloutPhase::kPaused && paused_in == RolloutPhase::kCanary))
-      return policy.steps[step];
+      return share;
     return phase == RolloutPhase::kPromoted ? 100 : 0;
   }
   // The phase whose rules apply (a paused rollout keeps its phase's numbers).
@@ -103,7 +144,9 @@ RolloutController::RolloutController(Runtime& runtime, BackendRegistry& registry
   observer_ = registry_.AddObserver([this](const GenerationEvent& event) {
     if (event.kind == GenerationEvent::Kind::kCandidate ||
         event.kind == GenerationEvent::Kind::kActivated ||
-        event.kind == GenerationEvent::Kind::kRejected)
+        event.kind == GenerationEvent::Kind::kRejected ||
+        event.kind == GenerationEvent::Kind::kPinned ||
+        event.kind == GenerationEvent::Kind::kUnpinned)
       OnGenerationEvent(event);
   });
   thread_ = std::thread([this] {
@@ -156,15 +199,27 @@ void RolloutController::EnterPhase(Rollout& rollout, RolloutPhase phase, std::si
                                    std::string why) {
   rollout.phase = phase;
   rollout.step = step;
+  if (phase == RolloutPhase::kCanary)
+    rollout.share = rollout.policy.steps[step];
   if (auto totals = runtime_.GetRolloutStats(rollout.backend_id))
     rollout.totals = *totals;
-  if (UnderWay(phase))  // an ended rollout keeps the window that decided it
+  if (UnderWay(phase)) {  // an ended rollout keeps the window that decided it
     rollout.window_start = rollout.totals;
+    StartStepClock(rollout);
+    rollout.verdicts = 0;
+    rollout.inconclusive = 0;
+    rollout.held = false;
+  }
   ApplyTraffic(rollout);
   Record(rollout, std::move(why));
 }
 
 void RolloutController::Record(Rollout& rollout, std::string why) {
+  ++transitions_[{rollout.backend_id, rollout.phase}];
+  Note(rollout, std::move(why));
+}
+
+void RolloutController::Note(Rollout& rollout, std::string why) {
   const RolloutPhase phase = rollout.phase;
   Log().info("rollout of backend {} generation {}: {}{} ({})", rollout.backend_id,
              rollout.candidate, PhaseName(phase),
@@ -174,7 +229,10 @@ void RolloutController::Record(Rollout& rollout, std::string why) {
              why);
   rollout.history.push_back(
       {std::chrono::system_clock::now(), phase, rollout.weight(), std::move(why)});
-  ++transitions_[{rollout.backend_id, phase}];
+  if (rollout.history.size() > kHistoryLimit) {
+    rollout.history.pop_front();
+    ++rollout.history_dropped;
+  }
 }
 
 RolloutController::Decision RolloutController::Decide(Rollout& rollout, Decision::Kind kind,
@@ -227,12 +285,36 @@ void RolloutController::Carry(const Decision& decision) {
 
 void RolloutController::OnGenerationEvent(const GenerationEvent& event) {
   MutexLock lock(mutex_);
+  if (event.kind == GenerationEvent::Kind::kPinned ||
+      event.kind == GenerationEvent::Kind::kUnpinned) {
+    Rollout* rollout = Find(event.backend_id);
+    const bool pinned = event.kind == GenerationEvent::Kind::kPinned;
+    if (rollout == nullptr || !UnderWay(rollout->phase) || rollout->pinned == pinned)
+      return;
+    rollout->pinned = pinned;
+    if (!pinned)
+      StartStepClock(*rollout);  // the time held does not count against the step
+    Note(*rollout, pinned ? "backend pinned: the rollout holds (no step, no promotion; a "
+                            "failing candidate is still rolled back) until it is unpinned"
+                          : "backend unpinned: the rollout goes on");
+    return;
+  }
   if (event.kind == GenerationEvent::Kind::kCandidate) {
     auto rollout = std::make_unique<Rollout>();
     rollout->backend_id = event.backend_id;
     rollout->candidate = event.generation;
-    if (auto status = registry_.Describe(event.backend_id))
+    if (auto status = registry_.Describe(event.backend_id)) {
       rollout->stable = status->active_generation;
+      rollout->pinned = status->pinned;
+      std::string stable_runs_in = "?", candidate_runs_in;
+      for (const auto& generation : status->generations) {
+        if (generation.generation == rollout->stable)
+          stable_runs_in = generation.runs_in;
+        if (generation.generation == rollout->candidate)
+          candidate_runs_in = generation.runs_in;
+      }
+      rollout->candidate_in_worker = !candidate_runs_in.empty() && stable_runs_in.empty();
+    }
     rollout->policy = default_policy_;
     Rollout& started = *rollout;
     rollouts_.insert_or_assign(event.backend_id, std::move(rollout));
@@ -286,14 +368,13 @@ RolloutController::Decision RolloutController::Evaluate(Rollout& rollout) {
   rollout.totals = *totals;
   const RolloutStats window = Minus(*totals, rollout.window_start);
   const RolloutPolicy& policy = rollout.policy;
-  const auto min_samples = static_cast<double>(policy.min_samples);
   auto roll_back = [&](std::string why) {
     mutex_.AssertHeld();  // the analysis does not follow the enclosing function into a lambda
     return Decide(rollout, Decision::Kind::kRollBack, "policy", std::move(why));
   };
 
-  // Roll back, in any phase (paused too): the first number out of bounds. An error count is
-  // judged early once it already exceeds what a whole window of min_samples allows.
+  // One shadow sample out of tolerance rolls back, in any phase (paused and pinned too): a wrong
+  // answer is not a matter of chance.
   const ShadowStats& shadow = window.shadow;
   if (shadow.diverged > 0) {
     return roll_back(fmt::format(
@@ -302,66 +383,87 @@ RolloutController::Decision RolloutController::Evaluate(Rollout& rollout) {
         shadow.diverged, shadow.samples, policy.max_abs_divergence, shadow.max_abs_difference,
         shadow.argmax_disagreements));
   }
-  const double shadow_runs = static_cast<double>(shadow.samples);
-  if (static_cast<double>(shadow.errors) >
-      policy.max_error_rate * std::max(min_samples, shadow_runs)) {
-    return roll_back(fmt::format("shadow: the candidate failed {} of {} runs (max_error_rate {:g})",
-                                 shadow.errors, shadow.samples, policy.max_error_rate));
-  }
-  // A client's bad input fails on both generations: the candidate answers for the errors beyond
-  // the stable generation's rate in the same window.
-  const RolloutArmStats& candidate = window.candidate;
-  const double requests = static_cast<double>(candidate.requests);
-  const double stable_rate =
-      window.stable.requests == 0
-          ? 0
-          : static_cast<double>(window.stable.errors) / static_cast<double>(window.stable.requests);
-  const double excess_errors = static_cast<double>(candidate.errors) - stable_rate * requests;
-  if (excess_errors > policy.max_error_rate * std::max(min_samples, requests)) {
-    return roll_back(fmt::format(
-        "canary at {}: the candidate failed {} of {} requests, the stable generation {:.2g} % of "
-        "its own (max_error_rate {:g} beyond it)",
-        Percent(rollout.weight()), candidate.errors, candidate.requests, stable_rate * 100,
-        policy.max_error_rate));
-  }
+
+  // The judge's verdict on the window. Shadow runs go on through the canary steps: their errors
+  // still fail a canary step.
   const bool canary = rollout.effective() == RolloutPhase::kCanary;
-  std::string latency;
-  if (canary && requests >= min_samples && totals->stable.requests > 0) {
-    const double candidate_p99 = candidate.latency.QuantileMicros(0.99);
-    // The larger of the stable generation's p99 in the same window (the same load on the
-    // machine; at 100 % it has none there) and over the whole rollout (more samples): one noisy
-    // window of a fast model must not roll a good build back, and a slow build is slower than
-    // both.
-    const double window_p99 = window.stable.requests >= policy.min_samples
-                                  ? window.stable.latency.QuantileMicros(0.99)
-                                  : 0;
-    const double stable_p99 = std::max(window_p99, totals->stable.latency.QuantileMicros(0.99));
-    const double ratio = candidate_p99 / stable_p99;
-    latency = fmt::format("p99 {:.0f} µs against the stable generation's {:.0f} µs ({:.2f}×)",
-                          candidate_p99, stable_p99, ratio);
-    if (ratio > policy.max_p99_ratio) {
-      return roll_back(fmt::format("canary at {}: {}, above max_p99_ratio {:g}",
-                                   Percent(rollout.weight()), latency, policy.max_p99_ratio));
+  const std::string where = canary ? "canary at " + Percent(rollout.weight()) : "shadow";
+  Verdict verdict = Judge(ShadowWindow(window), policy, JudgedPhase::kShadow);
+  if (canary) {
+    const Verdict shadowed = std::move(verdict);
+    verdict = Judge(CanaryWindow(window, *totals, policy, rollout.candidate_in_worker), policy,
+                    JudgedPhase::kCanary);
+    if (shadowed.outcome == Verdict::Outcome::kFail && verdict.outcome != Verdict::Outcome::kFail) {
+      verdict = shadowed;
+      verdict.reason = "shadow runs: " + verdict.reason;
     }
   }
-  if (rollout.phase == RolloutPhase::kPaused)
+  // A verdict counts once per min_samples runs (or when the step's time is up), not at every
+  // tick: every look at a window is another chance of a false alarm.
+  const uint64_t samples = canary ? window.candidate.requests : shadow.samples;
+  const bool checkpoint = samples >= (rollout.verdicts + 1) * policy.min_samples;
+  const bool expired = std::chrono::steady_clock::now() >= rollout.deadline;
+  if (verdict.outcome == Verdict::Outcome::kFail && (verdict.early || checkpoint || expired))
+    return roll_back(where + ": " + verdict.reason);
+  if (!checkpoint && !expired)
     return {};
-
-  // Move on once the window has its samples.
-  if (rollout.phase == RolloutPhase::kShadow && shadow_runs >= min_samples) {
-    EnterPhase(rollout, RolloutPhase::kCanary, 0,
-               fmt::format("shadow: {} samples within max_abs_divergence {:g} (largest {:g})",
-                           shadow.samples, policy.max_abs_divergence, shadow.max_abs_difference));
-  } else if (canary && requests >= min_samples) {
-    const std::string passed = fmt::format(
-        "{} requests at {}, {} failed, {}", candidate.requests, Percent(rollout.weight()),
-        candidate.errors, latency.empty() ? "no stable latency to compare with" : latency);
-    if (rollout.step + 1 < policy.steps.size())
-      EnterPhase(rollout, RolloutPhase::kCanary, rollout.step + 1, passed);
-    else
-      return Decide(rollout, Decision::Kind::kPromote, "policy", passed);
+  if (checkpoint)
+    ++rollout.verdicts;
+  if (expired)
+    rollout.deadline = std::chrono::steady_clock::time_point::max();
+  // Paused or pinned: the verdicts are given (and a fail acts), the rollout does not move.
+  const bool holding = rollout.phase == RolloutPhase::kPaused || rollout.pinned;
+  if (verdict.outcome == Verdict::Outcome::kPass) {
+    rollout.inconclusive = 0;
+    if (holding)
+      return {};
+    return MoveOn(rollout, "policy", where + ": pass: " + verdict.reason);
+  }
+  ++rollout.inconclusive;
+  if (holding)
+    return {};
+  const std::string why =
+      expired ? fmt::format("{}: inconclusive when step_max_duration_s {:g} was up: {}", where,
+                            policy.step_max_duration_s, verdict.reason)
+              : fmt::format("{}: inconclusive {} times in a row (inconclusive_limit {}): {}", where,
+                            rollout.inconclusive, policy.inconclusive_limit, verdict.reason);
+  if (!expired && rollout.inconclusive < policy.inconclusive_limit) {
+    Log().info("rollout of backend {} generation {}: {}; the window grows", rollout.backend_id,
+               rollout.candidate, why);
+    return {};
+  }
+  if (policy.on_inconclusive == RolloutPolicy::OnInconclusive::kAdvance)
+    return MoveOn(rollout, "policy", why + "; on_inconclusive advance");
+  if (!rollout.held) {
+    rollout.held = true;
+    Note(rollout, why + "; on_inconclusive hold: held until a verdict or an operator decides");
   }
   return {};
+}
+
+RolloutController::Decision RolloutController::MoveOn(Rollout& rollout, std::string decided_by,
+                                                      std::string why) {
+  if (rollout.effective() == RolloutPhase::kShadow) {
+    EnterPhase(rollout, RolloutPhase::kCanary, 0, std::move(why));
+    return {};
+  }
+  // After a policy edit the share may lie below its step: the step's own share comes first.
+  const std::size_t next =
+      rollout.policy.steps[rollout.step] > rollout.share ? rollout.step : rollout.step + 1;
+  if (next < rollout.policy.steps.size()) {
+    EnterPhase(rollout, RolloutPhase::kCanary, next, std::move(why));
+    return {};
+  }
+  return Decide(rollout, Decision::Kind::kPromote, std::move(decided_by), std::move(why));
+}
+
+void RolloutController::StartStepClock(Rollout& rollout) {
+  const double seconds = rollout.policy.step_max_duration_s;
+  rollout.deadline = seconds > 0
+                         ? std::chrono::steady_clock::now() +
+                               std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                   std::chrono::duration<double>(seconds))
+                         : std::chrono::steady_clock::time_point::max();
 }
 
 void RolloutController::Run() {
@@ -393,15 +495,12 @@ Status RolloutController::Advance(std::string_view backend_id) {
     Rollout* rollout = FindUnderWay(backend_id, &error);
     if (rollout == nullptr)
       return error;
-    const RolloutPhase phase = rollout->effective();
-    if (phase == RolloutPhase::kShadow) {
-      EnterPhase(*rollout, RolloutPhase::kCanary, 0, "advanced by an operator");
-    } else if (rollout->step + 1 < rollout->policy.steps.size()) {
-      EnterPhase(*rollout, RolloutPhase::kCanary, rollout->step + 1, "advanced by an operator");
-    } else {
-      decision = Decide(*rollout, Decision::Kind::kPromote, "operator",
-                        "advanced past the last canary step");
+    if (rollout->pinned) {
+      return FailedPrecondition("backend " + std::string(backend_id) +
+                                " is pinned: its rollout holds (no step, no promotion) until it "
+                                "is unpinned");
     }
+    decision = MoveOn(*rollout, "operator", "advanced by an operator");
   }
   Carry(decision);
   return Status::Ok();
@@ -432,6 +531,7 @@ Status RolloutController::Resume(std::string_view backend_id) {
                               " is not paused (" + std::string(PhaseName(rollout->phase)) + ")");
   rollout->phase = rollout->paused_in;
   rollout->paused_in = RolloutPhase::kNone;
+  StartStepClock(*rollout);  // the time paused does not count against the step
   Record(*rollout, "resumed by an operator");
   return Status::Ok();
 }
@@ -458,10 +558,23 @@ Status RolloutController::SetPolicy(std::string_view backend_id, const RolloutPo
   if (rollout == nullptr)
     return error;
   rollout->policy = policy;
-  rollout->step = std::min(rollout->step, policy.steps.size() - 1);
+  std::string why = "policy replaced by an operator";
+  if (rollout->effective() == RolloutPhase::kCanary) {
+    // The traffic stays where it is; the rollout goes on from the first new step at or above it
+    // (the last one is 100, so there is one). Clamping the old index instead could send the
+    // candidate every request at once.
+    const auto& steps = policy.steps;
+    rollout->step = static_cast<std::size_t>(
+        std::lower_bound(steps.begin(), steps.end(), rollout->share) - steps.begin());
+    why +=
+        fmt::format(": stays at {}, next {}", Percent(rollout->share),
+                    steps[rollout->step] > rollout->share ? "step " + Percent(steps[rollout->step])
+                    : rollout->step + 1 < steps.size() ? "step " + Percent(steps[rollout->step + 1])
+                                                       : std::string("the promotion"));
+  }
+  StartStepClock(*rollout);
   ApplyTraffic(*rollout);
-  Log().info("rollout of backend {} generation {}: policy replaced by an operator",
-             rollout->backend_id, rollout->candidate);
+  Note(*rollout, std::move(why));
   return Status::Ok();
 }
 
@@ -478,7 +591,9 @@ RolloutView RolloutController::ViewOf(const Rollout& rollout) const {
                    .reason = rollout.reason,
                    .policy = rollout.policy,
                    .rejected = rollout.rejected,
-                   .history = rollout.history};
+                   .history = {rollout.history.begin(), rollout.history.end()},
+                   .history_dropped = rollout.history_dropped,
+                   .pinned = rollout.pinned};
   RolloutStats totals = rollout.totals;
   if (UnderWay(rollout.phase)) {
     if (auto now = runtime_.GetRolloutStats(rollout.backend_id))

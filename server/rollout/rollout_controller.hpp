@@ -59,7 +59,9 @@ struct RolloutView {
     double weight_percent = 0;
     std::string why;
   };
-  std::vector<Transition> history;
+  std::vector<Transition> history;  // the newest, oldest first
+  uint64_t history_dropped = 0;     // older transitions no longer kept
+  bool pinned = false;              // the backend is pinned: the rollout holds
 };
 
 // Thread-safe. Owns one thread that looks at every rollout each `tick`; decisions that change
@@ -78,13 +80,15 @@ class RolloutController {
   std::vector<RolloutView> Views() const BACKPLANE_EXCLUDES(mutex_);  // every rollout on record
 
   // The admin API's verbs. kFailedPrecondition when no rollout is under way (or, for resume,
-  // none is paused). Advance moves to the next phase or step now, promoting after the last;
-  // pause holds the traffic where it is (automatic rollback still applies); abort rolls back.
+  // none is paused; for advance, the backend is pinned). Advance moves to the next phase or step
+  // now, promoting after the last; pause holds the traffic where it is (automatic rollback still
+  // applies, as while the backend is pinned); abort rolls back.
   Status Advance(std::string_view backend_id) BACKPLANE_EXCLUDES(mutex_, decision_mutex_);
   Status Pause(std::string_view backend_id) BACKPLANE_EXCLUDES(mutex_);
   Status Resume(std::string_view backend_id) BACKPLANE_EXCLUDES(mutex_);
   Status Abort(std::string_view backend_id) BACKPLANE_EXCLUDES(mutex_, decision_mutex_);
-  // Replaces the policy of the rollout under way (the server's default stays as it is).
+  // Replaces the policy of the rollout under way (the server's default stays as it is). A canary
+  // keeps its share of requests and goes on from the first new step at or above it.
   Status SetPolicy(std::string_view backend_id, const RolloutPolicy& policy)
       BACKPLANE_EXCLUDES(mutex_);
 
@@ -104,11 +108,18 @@ class RolloutController {
   void Run();
   // Looks at one rollout's numbers: moves it on within the runtime, or asks for a decision.
   Decision Evaluate(Rollout& rollout) BACKPLANE_REQUIRES(mutex_);
+  // The next phase or step, or the promotion after the last step (a decision to carry).
+  Decision MoveOn(Rollout& rollout, std::string decided_by, std::string why)
+      BACKPLANE_REQUIRES(mutex_);
+  // The current step's time limit (step_max_duration_s) counts from now.
+  void StartStepClock(Rollout& rollout) BACKPLANE_REQUIRES(mutex_);
   // Moves `rollout` to `phase` (and `step`), applies its traffic and starts a new window.
   void EnterPhase(Rollout& rollout, RolloutPhase phase, std::size_t step, std::string why)
       BACKPLANE_REQUIRES(mutex_);
   // The rollout's phase now, on record: its history, the transition counter and the log.
   void Record(Rollout& rollout, std::string why) BACKPLANE_REQUIRES(mutex_);
+  // On record in its history and the log only: the phase stays (a pin, a hold, a policy edit).
+  void Note(Rollout& rollout, std::string why) BACKPLANE_REQUIRES(mutex_);
   Decision Decide(Rollout& rollout, Decision::Kind kind, std::string decided_by, std::string why)
       BACKPLANE_REQUIRES(mutex_);
   void Carry(const Decision& decision) BACKPLANE_EXCLUDES(mutex_, decision_mutex_);
