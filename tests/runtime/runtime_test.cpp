@@ -76,7 +76,8 @@ TEST(RuntimeTest, RuntimesCanShareOneRegistry) {
 
 // "keeps what it was serving" is said of an id that serves, never of a brand-new id refused when
 // a runtime makes its instance (here: a backend whose second instance fails, as one that
-// registers a named spdlog logger does); there it sent operators looking for a generation that
+// registers a named spdlog logger does: the SharedLogger fixture is not used, its logger would
+// outlive its code in spdlog's registry); there it sent operators looking for a generation that
 // never existed.
 TEST(RuntimeTest, ARejectionSaysTheIdKeepsServingOnlyWhenItServes) {
   TempDir dir;
@@ -85,7 +86,7 @@ TEST(RuntimeTest, ARejectionSaysTheIdKeepsServingOnlyWhenItServes) {
   auto lines = std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(64);
   spdlog::logger& log = ModuleLogger("backplane.registry");
   log.sinks().push_back(lines);
-  fs::create_symlink(Fixture("SharedLogger"), dir / "Test_SharedLogger_backend.so");
+  fs::create_symlink(Fixture("OneInstanceOnly"), dir / "Test_OneInstanceOnly_backend.so");
   (void)runtime->registry().Rescan();
   fs::remove(dir / "Test_Valid_backend.so");
   fs::create_symlink(Fixture("ValidThrowing"), dir / "Test_Valid_backend.so");
@@ -96,12 +97,12 @@ TEST(RuntimeTest, ARejectionSaysTheIdKeepsServingOnlyWhenItServes) {
   for (const std::string& line : lines->last_formatted()) {
     if (line.find(" rejected: ") == std::string::npos)
       continue;
-    if (line.find("Test_SharedLogger_backend.so") != std::string::npos)
+    if (line.find("Test_OneInstanceOnly_backend.so") != std::string::npos)
       never_served = line;
     if (line.find("Test_Valid_backend.so") != std::string::npos)
       serving = line;
   }
-  EXPECT_THAT(never_served, HasSubstr("(backend TestSharedLogger)"));
+  EXPECT_THAT(never_served, HasSubstr("(backend TestOneInstanceOnly)"));
   EXPECT_THAT(never_served, Not(HasSubstr("keeps what it was serving")));
   EXPECT_THAT(serving, HasSubstr("; backend TestValid keeps what it was serving"));
 }
