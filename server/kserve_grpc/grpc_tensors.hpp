@@ -19,8 +19,7 @@ namespace backplane::server {
 // duplicate input; a datatype or shape the model does not take; contents of the wrong type or
 // count (INT8 and UINT8 travel in the 32-bit fields and are range-checked); raw contents whose
 // count differs from the inputs' or whose size is not elements × element size, or a raw BOOL
-// byte other than 0 or 1; raw and typed
-// contents together; an unknown requested output.
+// byte other than 0 or 1; raw and typed contents together; an unknown requested output.
 Result<InferenceRequest> ParseGrpcInferRequest(const inference::ModelInferRequest& request,
                                                const Network& network);
 

@@ -11,9 +11,9 @@
 // with SplitInferenceBody and ParseInferenceRequest (server/kserve_rest/). The REST reader must
 // accept both and give the same id, the same inputs (datatype, shape, bytes) and the same
 // requested outputs, none of them binary. What REST cannot say is left out, not compared:
-//  - the JSON rendering is skipped when an element has no JSON form (a NaN or infinite float, a
-//    BOOL byte other than 0 or 1 in raw contents) or a string is not UTF-8; the binary one carries
-//    any bytes;
+//  - the JSON rendering is skipped when an element has no JSON form (a NaN or infinite float; a
+//    raw BOOL byte other than 0 or 1 too, though gRPC refuses those now) or a string is not
+//    UTF-8; the binary one carries any bytes;
 //  - parameters are rendered with their keys and values, except the binary extension's own keys
 //    (binary_data_size, binary_data, binary_data_output), which mean something over REST and
 //    nothing over gRPC;
