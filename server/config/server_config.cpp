@@ -483,6 +483,14 @@ std::string ConfigToJson(const ServeConfig& config) {
   } else {
     object["backends"] = nullptr;
   }
+  // The key's own show() describes the default for --help; the value is what is configured.
+  if (config.backend_isolation.empty()) {
+    object["backend_isolation"] = nullptr;
+  } else {
+    object["backend_isolation"] = json::object();
+    for (const auto& [id, process] : config.backend_isolation)
+      object["backend_isolation"][id] = process ? "process" : "none";
+  }
   object["admin_token"] = config.admin_token.empty() ? json(nullptr) : json("(set)");
   object["trusted_backends"] =
       config.trusted_backends ? json(*config.trusted_backends) : json(nullptr);

@@ -6,8 +6,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
-#include <memory>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -140,8 +140,11 @@ Result<std::shared_ptr<const loader::TrustPolicy>> MakeTrustPolicy(const ServeCo
 std::vector<std::string> DescribeConfigKeys();
 
 // `config` as a JSON object of the config file's keys (what `serve --check-config` prints).
-// `backends` is null for the default backend paths; a set admin token is shown as "(set)", never
-// in clear.
+// A key left at a default that has no value of its own (`backends`: the default backend paths,
+// `backend_isolation`, the trust keys, the directories) is null; a set admin token is shown as
+// "(set)", never in clear. Every other value is as the config file writes it: the object without
+// its null keys and `admin_token`, applied over the defaults, gives the same config again but the
+// admin token (tests/fuzz/server_config_fuzz.cpp checks it).
 std::string ConfigToJson(const ServeConfig& config);
 
 struct ListenAddress {

@@ -150,6 +150,14 @@ Result<Tensor> ParseInput(const inference::ModelInferRequest::InferInputTensor& 
     std::vector<std::byte> bytes(needed);
     if (needed != 0)
       std::memcpy(bytes.data(), raw->data(), needed);
+    // Trap: a bool whose byte is neither 0 nor 1 is undefined behaviour wherever a backend or the
+    // response reads it as bool. REST's binary data is refused alike, with the same message.
+    if (type == DataType::kBool) {
+      for (const std::byte flag : bytes) {
+        if (flag != std::byte{0} && flag != std::byte{1})
+          return InvalidArgument(where + ": BOOL binary data holds a byte other than 0 or 1");
+      }
+    }
     return Tensor(TensorInfo{type, shape}, std::move(bytes));
   }
   BACKPLANE_RETURN_IF_ERROR(CheckContents(input.contents(), TensorInfo{type, shape}, where));

@@ -19,8 +19,8 @@ namespace backplane::server {
 // Every failure is kInvalidArgument naming the input (or field) and why: an unknown, missing or
 // duplicate input; a datatype or shape the model does not take; contents of the wrong type or
 // count (INT8 and UINT8 travel in the 32-bit fields and are range-checked); raw contents whose
-// count differs from the inputs' or whose size is not elements × element size; raw and typed
-// contents together; an unknown requested output.
+// count differs from the inputs' or whose size is not elements × element size, or a raw BOOL
+// byte other than 0 or 1; raw and typed contents together; an unknown requested output.
 Result<InferenceRequest> ParseGrpcInferRequest(const inference::ModelInferRequest& request,
                                                const Network& network);
 

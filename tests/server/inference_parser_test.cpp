@@ -1,6 +1,6 @@
 // The streaming parser of infer bodies (kserve_rest/kserve_json.hpp): key order, errors in
 // document order, numbers JSON cannot hold, the depth limit, and the binary tensor data
-// extension.
+// extension; and where gRPC's mapping (kserve_grpc/grpc_tensors.hpp) must answer as REST does.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -9,6 +9,8 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "grpc_service.pb.h"
+#include "kserve_grpc/grpc_tensors.hpp"
 #include "kserve_rest/kserve_json.hpp"
 
 namespace backplane::server {
@@ -275,6 +277,42 @@ TEST(InferenceParserTest, BadBinaryRequestsNameWhatIsWrong) {
       R"({"name":"ids","shape":[2],"datatype":"INT64","data":[1,2]}]})";
   EXPECT_THAT(Error(Parse(flags_binary, std::string("\x01\x02", 2))),
               HasSubstr("input 'flags': BOOL binary data holds a byte other than 0 or 1"));
+}
+
+// Found by grpc_request_fuzz (REST and gRPC must agree): raw_input_contents for a BOOL input were
+// copied as they came, so a byte of 2 became a bool no C++ code may read, where REST's binary
+// data refuses it.
+TEST(InferenceParserTest, GrpcRawBoolBytesAreZeroOrOneAsInRestBinaryData) {
+  const Network network = ThreeInputs();
+  auto request = [](std::string flags) {
+    inference::ModelInferRequest message;
+    const std::pair<const char*, const char*> inputs[] = {
+        {"x", "FP32"}, {"flags", "BOOL"}, {"ids", "INT64"}};
+    for (const auto& [name, datatype] : inputs) {
+      auto* input = message.add_inputs();
+      input->set_name(name);
+      input->set_datatype(datatype);
+    }
+    message.mutable_inputs(0)->add_shape(1);
+    message.mutable_inputs(0)->add_shape(3);
+    message.mutable_inputs(1)->add_shape(2);
+    message.mutable_inputs(2)->add_shape(2);
+    message.add_raw_input_contents(std::string(12, '\0'));
+    message.add_raw_input_contents(std::move(flags));
+    message.add_raw_input_contents(std::string(16, '\0'));
+    return message;
+  };
+  const auto accepted = ParseGrpcInferRequest(request(std::string("\x01\x00", 2)), network);
+  ASSERT_TRUE(accepted.ok()) << accepted.error().ToString();
+  ASSERT_EQ(accepted->inputs[1].bytes().size(), 2u);
+  EXPECT_EQ(accepted->inputs[1].bytes()[0], std::byte{1});
+  EXPECT_EQ(accepted->inputs[1].bytes()[1], std::byte{0});
+
+  const auto refused = ParseGrpcInferRequest(request(std::string("\x01\x02", 2)), network);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.error().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(refused.error().message(),
+            "input 'flags': BOOL binary data holds a byte other than 0 or 1");
 }
 
 TEST(InferenceParserTest, SplitsTheBodyAtTheHeaderLength) {

@@ -242,6 +242,24 @@ TEST(ServeConfigTest, TrustedBackendsAreDigestsFromOneSource) {
                                                  (dir / "trusted.sha256").string() + "\""));
 }
 
+// --check-config printed the key's description ("none (every backend runs in the server)")
+// whatever the file set, so an operator could not see which backends run isolated, and the
+// rendering could not be applied again (found by server_config_fuzz, which applies it again).
+TEST(ServeConfigTest, CheckConfigShowsTheConfiguredBackendIsolation) {
+  ServeConfig config = DefaultServeConfig();
+  EXPECT_TRUE(json::parse(ConfigToJson(config))["backend_isolation"].is_null());
+  const Status applied = ApplyConfigText(
+      R"({"backend_isolation": {"AcmeFast": "process", "*": "none"}})", "/etc/serve.json", config);
+  ASSERT_TRUE(applied.ok()) << applied.ToString();
+  const json shown = json::parse(ConfigToJson(config))["backend_isolation"];
+  EXPECT_EQ(shown, json::parse(R"({"*": "none", "AcmeFast": "process"})"));
+
+  ServeConfig again = DefaultServeConfig();
+  ASSERT_TRUE(
+      ApplyConfigText(json{{"backend_isolation", shown}}.dump(), "/etc/serve.json", again).ok());
+  EXPECT_EQ(again.backend_isolation, config.backend_isolation);
+}
+
 TEST(ServeConfigTest, ListenAddresses) {
   auto ipv4 = ParseListenAddress("127.0.0.1:8000");
   ASSERT_TRUE(ipv4.ok());
