@@ -17,6 +17,8 @@
 #include <stdexcept>
 #include <thread>
 
+#include "backplane/core/logging.hpp"
+
 namespace backplane::testing {
 namespace fs = std::filesystem;
 
@@ -161,6 +163,19 @@ uint64_t TestSeed() {
   if (const char* fixed = std::getenv("BACKPLANE_TEST_SEED"))
     return std::stoull(fixed);
   return std::random_device()();
+}
+
+LogCapture::LogCapture(const std::string& logger, spdlog::level::level_enum level)
+    : lines_(std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(256)),
+      log_(ModuleLogger(logger)),
+      level_(log_.level()) {
+  log_.sinks().push_back(lines_);
+  log_.set_level(level);
+}
+
+LogCapture::~LogCapture() {
+  log_.sinks().pop_back();
+  log_.set_level(level_);
 }
 
 }  // namespace backplane::testing

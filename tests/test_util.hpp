@@ -10,6 +10,10 @@
 #include <set>
 #include <string>
 #include <string_view>
+#include <vector>
+
+#include <spdlog/sinks/ringbuffer_sink.h>
+#include <spdlog/spdlog.h>
 
 #include "backplane/sdk/thread_limits.hpp"
 
@@ -112,5 +116,23 @@ std::optional<int64_t> ProcStatusBytes(pid_t pid, const std::string& field);
 // The seed of a randomised test: BACKPLANE_TEST_SEED when set (to replay a failure), else fresh.
 // Every such test prints it with its failures.
 uint64_t TestSeed();
+
+// What one module's logger (ModuleLogger("backplane.registry")…) writes while this lives, at
+// `level` and above: the lines an operator reads, for tests that assert them. Put the logger back
+// as it was on destruction. Thread-compatible: one capture of a logger at a time.
+class LogCapture {
+ public:
+  explicit LogCapture(const std::string& logger,
+                      spdlog::level::level_enum level = spdlog::level::info);
+  ~LogCapture();
+  LogCapture(const LogCapture&) = delete;
+  LogCapture& operator=(const LogCapture&) = delete;
+  std::vector<std::string> Lines() const { return lines_->last_formatted(); }
+
+ private:
+  std::shared_ptr<spdlog::sinks::ringbuffer_sink_mt> lines_;
+  spdlog::logger& log_;
+  spdlog::level::level_enum level_;
+};
 
 }  // namespace backplane::testing

@@ -3,9 +3,7 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <spdlog/sinks/ringbuffer_sink.h>
 
-#include "backplane/core/logging.hpp"
 #include "test_util.hpp"
 
 namespace backplane {
@@ -83,18 +81,16 @@ TEST(RuntimeTest, ARejectionSaysTheIdKeepsServingOnlyWhenItServes) {
   TempDir dir;
   fs::create_symlink(Fixture("Valid"), dir / "Test_Valid_backend.so");
   auto runtime = Runtime::Create({.backend_paths = std::vector{dir.path()}}).value();
-  auto lines = std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(64);
-  spdlog::logger& log = ModuleLogger("backplane.registry");
-  log.sinks().push_back(lines);
+  const testing::LogCapture log("backplane.registry", spdlog::level::err);
   fs::create_symlink(Fixture("OneInstanceOnly"), dir / "Test_OneInstanceOnly_backend.so");
   (void)runtime->registry().Rescan();
   fs::remove(dir / "Test_Valid_backend.so");
   fs::create_symlink(Fixture("ValidThrowing"), dir / "Test_Valid_backend.so");
   (void)runtime->registry().Rescan();
-  log.sinks().pop_back();
+  const std::vector<std::string> lines = log.Lines();
   std::string never_served;
   std::string serving;
-  for (const std::string& line : lines->last_formatted()) {
+  for (const std::string& line : lines) {
     if (line.find(" rejected: ") == std::string::npos)
       continue;
     if (line.find("Test_OneInstanceOnly_backend.so") != std::string::npos)
