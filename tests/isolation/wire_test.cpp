@@ -70,7 +70,7 @@ void ExpectSame(const OperatorDesc& a, const OperatorDesc& b) {
 // A bool comes from the peer as a byte: 0 and 1 read back, anything else is out of range (under
 // UBSan, copying 236 into a bool was undefined behaviour, found by the corruption rounds below).
 TEST(WireTest, ABoolByteOtherThanZeroOrOneIsOutOfRange) {
-  for (const auto [byte, value] : {std::pair{0, false}, std::pair{1, true}}) {
+  for (const auto& [byte, value] : {std::pair{0, false}, std::pair{1, true}}) {
     const std::byte bytes[] = {static_cast<std::byte>(byte)};
     WireReader in(bytes);
     EXPECT_EQ(in.Get<bool>(), value);

@@ -104,8 +104,9 @@ class Round {
     EXPECT_EQ(queue_.NextDue(true), std::nullopt) << "something still waits";
     EXPECT_TRUE(queue_.TakeAll().empty()) << "requests left after every wait ended";
     for (uint64_t sequence = 0; sequence < sent_.size(); ++sequence) {
-      if (!sent_[sequence].answered)
+      if (!sent_[sequence].answered) {
         EXPECT_EQ(left_.count(sequence), 1u) << "request " << sequence << " never left";
+      }
     }
   }
 
@@ -122,8 +123,9 @@ class Round {
       const BatchRequest& request = batch[i];
       rows += request.rows;
       ASSERT_EQ(request.key, batch.front().key) << "a batch mixed keys";
-      if (i > 0)
+      if (i > 0) {
         ASSERT_GT(request.sequence, batch[i - 1].sequence) << "a batch out of arrival order";
+      }
       // Requests join in arrival order: every earlier arrival was handed over.
       for (uint64_t earlier = 0; earlier < request.sequence; ++earlier)
         ASSERT_EQ(added_.count(earlier), 1u) << request.sequence << " grouped before " << earlier;
@@ -138,13 +140,15 @@ class Round {
       }
     }
     ASSERT_LE(rows, options_.max_batch_size) << "a batch past max_batch_size";
-    if (batch.front().alone)
+    if (batch.front().alone) {
       ASSERT_EQ(batch.size(), 1u) << "a zero-row request joined others";
+    }
     if (options_.preserve_ordering) {
       // An unbroken run of arrivals, after everything that left before it.
       for (uint64_t earlier = 0; earlier < batch.front().sequence; ++earlier) {
-        if (!sent_[earlier].answered)
+        if (!sent_[earlier].answered) {
           ASSERT_EQ(left_.count(earlier), 1u) << batch.front().sequence << " overtook " << earlier;
+        }
       }
       for (uint64_t between = batch.front().sequence; between < batch.back().sequence; ++between) {
         const bool in_batch = std::any_of(batch.begin(), batch.end(), [&](const BatchRequest& r) {
