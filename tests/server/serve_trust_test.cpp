@@ -263,8 +263,7 @@ std::function<int()> MakeSigningKey(const ServeHome& home) {
 
 // Signed builds, with the openssl command line as an operator uses it (docs/operators.md).
 TEST(ServeTrustTest, SignedBuildsLoadAndOthersAreRefused) {
-  if (!HasCommand("openssl"))
-    GTEST_SKIP() << "no openssl command";
+  BACKPLANE_REQUIRE_COMMAND("openssl", "openssl");
   ServeHome home;
   const fs::path keys = home.path() / "keys";
   const auto sign = MakeSigningKey(home);
@@ -301,8 +300,7 @@ TEST(ServeTrustTest, SignedBuildsLoadAndOthersAreRefused) {
 }
 
 TEST(ServeTrustTest, ASignaturePublishedAfterItsLibraryIsSeenAtTheNextRescan) {
-  if (!HasCommand("openssl"))
-    GTEST_SKIP() << "no openssl command";
+  BACKPLANE_REQUIRE_COMMAND("openssl", "openssl");
   ServeHome home;
   const auto sign = MakeSigningKey(home);
   ASSERT_TRUE(sign);
