@@ -442,6 +442,17 @@ void ExitWithHost(pid_t host) {
 }  // namespace
 }  // namespace backplane::isolation
 
+// A backend that calls exit() ends its worker at once, with that status: this definition, exported
+// to the backend library (isolation/CMakeLists.txt), replaces glibc's. glibc's exit tears the
+// process down (atexit handlers, every library's static destructors) on the calling thread while
+// the worker's other threads still run calls, and two exits at once free its list of handlers
+// twice: the host would report whatever the teardown did (seen: SIGABRT) instead of the exit. A
+// worker has nothing to tear down; the kernel takes everything back.
+extern "C" [[noreturn]] void exit(int status) noexcept {
+  std::fflush(nullptr);  // what the backend printed still reaches the worker's output
+  ::_exit(status);
+}
+
 // In a sanitizer build the worker leaves fatal signals to the kernel, as a release build does:
 // the host must see the signal a backend died of (SIGSEGV, SIGABRT), not the sanitizer's exit.
 #if defined(__SANITIZE_ADDRESS__)

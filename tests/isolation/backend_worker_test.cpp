@@ -18,6 +18,7 @@
 #include "backplane/isolation/backend_worker.hpp"
 #include "backplane/isolation/isolated_backend.hpp"
 #include "backplane/loader/sealed_image.hpp"
+#include "sanitizer_build.hpp"
 #include "test_util.hpp"
 
 namespace backplane::isolation {
@@ -26,7 +27,8 @@ namespace {
 using ::testing::HasSubstr;
 
 constexpr int kCrashNullWrite = 9110, kCrashAbort = 9060, kCrashExitThree = 9030,
-              kCrashExitZero = 9000, kCrashLoop = 9090, kCrashLeak = 9120, kCrashStack = 9130;
+              kCrashExitZero = 9000, kCrashExitBrokenTeardown = 9031, kCrashLoop = 9090,
+              kCrashLeak = 9120, kCrashStack = 9130;
 
 OperatorDesc Identity(int64_t elements) {
   OperatorDesc op;
@@ -344,8 +346,52 @@ INSTANTIATE_TEST_SUITE_P(
                       DeathCase{kCrashAbort, SIGABRT, 0, "was killed by signal 6 (SIGABRT)"},
                       DeathCase{kCrashExitThree, 0, 3, "exited with status 3"},
                       DeathCase{kCrashExitZero, 0, 0, "exited with status 0"},
+                      // Its teardown would abort: the worker ends without running it.
+                      DeathCase{kCrashExitBrokenTeardown, 0, 3, "exited with status 3"},
                       DeathCase{kCrashStack, SIGSEGV, 0, "was killed by signal 11 (SIGSEGV)"}),
     [](const auto& info) { return "Mark" + std::to_string(info.param.mark); });
+
+// Every slot's call exits at once: glibc's exit, run twice concurrently, frees its handler list
+// twice (an abort under AddressSanitizer, seen in CI); the worker's own exit ends it with the
+// status, whichever call comes first. Ten workers, to give the race its chances (three under
+// ThreadSanitizer, where each takes a second to start).
+TEST(BackendWorkerTest, ExitsFromEverySlotAtOnceEndTheWorkerWithTheirStatus) {
+#ifdef BACKPLANE_TSAN_BUILD
+  constexpr int kRounds = 3;
+#else
+  constexpr int kRounds = 10;
+#endif
+  for (int round = 0; round < kRounds; ++round) {
+    auto isolated = StartIsolated("Crash");
+    ASSERT_NE(isolated, nullptr);
+    auto died = isolated->died.get_future();
+    std::vector<std::unique_ptr<IWorkload>> workloads;
+    for (int slot = 0; slot < 4; ++slot) {
+      auto workload = isolated->backend->CreateWorkload(Identity(4));
+      ASSERT_TRUE(workload.ok());
+      workloads.push_back(std::move(workload).value());
+    }
+    std::atomic<int> ready{0};
+    std::vector<std::future<Status>> calls;
+    for (auto& workload : workloads) {
+      calls.push_back(std::async(std::launch::async, [&ready, &workload] {
+        ++ready;
+        while (ready.load() < 4) {
+        }
+        auto out = Execute(*workload, {static_cast<float>(kCrashExitThree), 0, 0, 0});
+        return out.ok() ? Status::Ok() : out.error();
+      }));
+    }
+    for (auto& call : calls) {
+      const Status status = call.get();
+      EXPECT_THAT(status.message(), HasSubstr("exited with status 3")) << "round " << round;
+    }
+    ASSERT_EQ(died.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+    const WorkerDeath death = died.get();
+    EXPECT_EQ(death.signal, 0) << death.how << ", round " << round;
+    EXPECT_EQ(death.exit_status, 3) << death.how << ", round " << round;
+  }
+}
 
 TEST(BackendWorkerTest, ACallPastTheTimeoutKillsTheWorkerAndSaysSo) {
   WorkerOptions options;
