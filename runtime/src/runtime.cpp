@@ -581,11 +581,12 @@ void Runtime::ExecuteAsync(NetworkId id, InputsFactory make_inputs, ExecuteCallb
 Result<std::vector<Tensor>> Runtime::ExecuteRouted(const RoutedRequest& routed,
                                                    std::span<const ConstTensorView> inputs,
                                                    std::vector<Tensor>* owned) {
-  auto result = RolloutRouter::Execute(routed, inputs);
+  double micros = 0;
+  auto result = RolloutRouter::Execute(routed, inputs, &micros);
   if (!result.ok() && result.error().reason() == LoadReason::kCrashed)
     return RunAgainAfterCrash(routed, inputs, std::move(result).error());
   if (routed.shadow && result.ok())
-    router_->StartShadow(scheduler_, routed, inputs, owned, result.value());
+    router_->StartShadow(scheduler_, routed, inputs, owned, result.value(), micros);
   return result;
 }
 

@@ -408,7 +408,8 @@ class Runtime : private BackendSubscriber {
   Published<NetworkMap> networks_;
   // Progressive rollouts: each candidate's slot; the routes requests take are the router's,
   // published by the commits that change these slots (with mutex_ held). Outlives scheduler_:
-  // shadow runs use it.
+  // requests use it. Its shadow runner, which runs no request of the scheduler's, is stopped
+  // when it goes, before the candidates' slots.
   BackendMap candidate_backends_ BACKPLANE_GUARDED_BY(mutex_);
   const std::unique_ptr<RolloutRouter> router_;
 
