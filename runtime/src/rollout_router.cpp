@@ -75,9 +75,10 @@ RolloutRouter::RolloutRouter(std::function<void(const CrashedRequest&)> on_crash
 
 RoutedRequest RolloutRouter::RouteDuringRollout(NetworkId id,
                                                 std::shared_ptr<const LoadedNetwork> network,
-                                                std::string_view routing_key) const {
+                                                std::string_view routing_key,
+                                                uint64_t options_epoch) const {
   RoutedRequest routed{.id = id, .network = std::move(network)};
-  routed.options_epoch = options_epoch_.load(std::memory_order_seq_cst);
+  routed.options_epoch = options_epoch;
   const auto routes = routes_.Load();
   for (const auto& [backend_id, route] : *routes) {
     const auto bound = route->networks.find(id);

@@ -82,16 +82,21 @@ class RolloutRouter {
   // on_crashed_request); may be empty.
   explicit RolloutRouter(std::function<void(const CrashedRequest&)> on_crashed_request);
 
+  // The option epoch now: read before a request takes its network binding, and given to Route.
+  uint64_t options_epoch() const { return options_epoch_.load(std::memory_order_seq_cst); }
+
   // Whether request `id`, about to run on `network`, runs on a candidate instead, and whether it
   // is shadowed; `routing_key` keeps a request id on one generation (RolloutMeter).
+  // `options_epoch`: options_epoch() from before `network` was read (a request may keep a binding
+  // from before an option update and be routed after it: its shadow run must not be compared).
   RoutedRequest Route(NetworkId id, std::shared_ptr<const LoadedNetwork> network,
-                      std::string_view routing_key) const {
+                      std::string_view routing_key, uint64_t options_epoch) const {
     // The no-rollout case: every request of a runtime without a candidate pays this load and no
     // more (no lock, no reference count). A request that reads it just before a candidate is
     // published runs on the stable binding, as one that started a moment earlier would.
     if (!under_way_.load(std::memory_order_acquire))
       return {.id = id, .network = std::move(network)};
-    return RouteDuringRollout(id, std::move(network), routing_key);
+    return RouteDuringRollout(id, std::move(network), routing_key, options_epoch);
   }
 
   // Runs a routed request on its binding: measured for its rollout when it has one (the backend
@@ -130,7 +135,7 @@ class RolloutRouter {
 
  private:
   RoutedRequest RouteDuringRollout(NetworkId id, std::shared_ptr<const LoadedNetwork> network,
-                                   std::string_view routing_key) const;
+                                   std::string_view routing_key, uint64_t options_epoch) const;
 
   const std::function<void(const CrashedRequest&)> on_crashed_request_;
   // Odd while an option update is under way (Begin/EndOptionUpdate).

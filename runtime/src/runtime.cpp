@@ -544,10 +544,12 @@ Result<std::shared_ptr<const Network>> Runtime::GetNetwork(NetworkId id) const {
 
 Result<std::vector<Tensor>> Runtime::Execute(NetworkId id, std::span<const ConstTensorView> inputs,
                                              std::string_view routing_key) {
+  const uint64_t options_epoch = router_->options_epoch();  // before the binding is read
   auto network = FindNetwork(id);
   if (!network.ok())
     return std::move(network).error();
-  const RoutedRequest routed = router_->Route(id, std::move(network).value(), routing_key);
+  const RoutedRequest routed =
+      router_->Route(id, std::move(network).value(), routing_key, options_epoch);
   auto admission = scheduler_.Admit();
   if (!admission.ok())
     return std::move(admission).error();
@@ -605,6 +607,7 @@ void Runtime::ExecuteAsync(NetworkId id, std::vector<Tensor> inputs, ExecuteCall
 void Runtime::ExecuteAsync(NetworkId id, InputsFactory make_inputs, ExecuteCallback done,
                            std::optional<scheduler::Clock::time_point> deadline,
                            std::function<std::string()> routing_key) {
+  const uint64_t options_epoch = router_->options_epoch();  // before the binding is read
   auto network = FindNetwork(id);
   if (!network.ok())
     return done(std::move(network).error());
@@ -615,14 +618,15 @@ void Runtime::ExecuteAsync(NetworkId id, InputsFactory make_inputs, ExecuteCallb
   const std::shared_ptr<scheduler::ConcurrencyLimit> instances = network->instances();
   auto result = std::make_shared<std::optional<Result<std::vector<Tensor>>>>();
   auto work = [this, id, result, make_inputs = std::move(make_inputs),
-               routing_key = std::move(routing_key), loaded = std::move(network).value()] {
+               routing_key = std::move(routing_key), loaded = std::move(network).value(),
+               options_epoch] {
     auto inputs = make_inputs();
     if (!inputs.ok()) {
       result->emplace(std::move(inputs).error());
       return Status::Ok();
     }
     const RoutedRequest routed =
-        router_->Route(id, loaded, routing_key ? routing_key() : std::string());
+        router_->Route(id, loaded, routing_key ? routing_key() : std::string(), options_epoch);
     std::vector<ConstTensorView> views;
     views.reserve(inputs->size());
     for (const auto& tensor : *inputs)
