@@ -89,7 +89,7 @@ class RolloutMeter {
   std::atomic<double> shadow_tolerance_{0};
   Arm stable_;
   Arm candidate_;
-  std::atomic<double> shadow_timeout_ms_{0};
+  std::atomic<double> shadow_timeout_ms_{RolloutTraffic{}.shadow_timeout_ms};
   std::atomic<bool> shadow_in_flight_{false};
   // When the running shadow run started (steady clock, ns); 0: none running; kShadowCounted: it
   // was counted as timed out already (by a snapshot, while it ran). Exchanged, so that each run
