@@ -137,7 +137,7 @@ void BM_RouteNoRollout(benchmark::State& state) {
   static const RolloutRouter router({});
   NetworkId id = 1;
   for (auto _ : state) {
-    RoutedRequest routed = router.Route(id, nullptr, {});
+    RoutedRequest routed = router.Route(id, nullptr, {}, 0);
     benchmark::DoNotOptimize(routed);
   }
 }

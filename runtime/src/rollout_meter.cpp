@@ -1,6 +1,7 @@
 #include "rollout_meter.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <functional>
 #include <random>
@@ -10,6 +11,12 @@ namespace backplane {
 namespace {
 
 constexpr uint32_t kBasisPoints = 10000;
+
+int64_t SteadyNanos() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
 
 uint32_t ToBasisPoints(double fraction) {
   return static_cast<uint32_t>(std::lround(std::clamp(fraction, 0.0, 1.0) * kBasisPoints));
@@ -156,6 +163,10 @@ ShadowStats ShadowStats::operator-(const ShadowStats& earlier) const {
   window.skipped -= earlier.skipped;
   window.diverged -= earlier.diverged;
   window.argmax_disagreements -= earlier.argmax_disagreements;
+  window.timeouts -= earlier.timeouts;
+  window.latency = latency - earlier.latency;
+  window.stable_latency = stable_latency - earlier.stable_latency;
+  window.slower -= earlier.slower;
   return window;
 }
 
@@ -163,6 +174,7 @@ RolloutMeter::RolloutMeter(uint64_t stable_generation, uint64_t candidate_genera
     : stable_(stable_generation), candidate_(candidate_generation) {}
 
 void RolloutMeter::SetTraffic(const RolloutTraffic& traffic) {
+  shadow_timeout_ms_.store(traffic.shadow_timeout_ms, std::memory_order_relaxed);
   shadow_tolerance_.store(traffic.shadow_tolerance, std::memory_order_relaxed);
   shadow_basis_points_.store(ToBasisPoints(traffic.shadow_fraction), std::memory_order_relaxed);
   candidate_basis_points_.store(ToBasisPoints(traffic.candidate_percent / 100.0),
@@ -174,7 +186,8 @@ RolloutTraffic RolloutMeter::traffic() const {
       .candidate_percent =
           candidate_basis_points_.load(std::memory_order_relaxed) * 100.0 / kBasisPoints,
       .shadow_fraction = shadow_basis_points_.load(std::memory_order_relaxed) * 1.0 / kBasisPoints,
-      .shadow_tolerance = shadow_tolerance_.load(std::memory_order_relaxed)};
+      .shadow_tolerance = shadow_tolerance_.load(std::memory_order_relaxed),
+      .shadow_timeout_ms = shadow_timeout_ms_.load(std::memory_order_relaxed)};
 }
 
 bool RolloutMeter::ChooseCandidate(std::string_view key) const {
@@ -202,15 +215,42 @@ void RolloutMeter::RecordShadowSkipped() {
   shadow_skipped_.fetch_add(1, std::memory_order_relaxed);
 }
 
-bool RolloutMeter::BeginShadow(int limit) {
-  if (shadows_in_flight_.fetch_add(1, std::memory_order_relaxed) < limit)
-    return true;
-  shadows_in_flight_.fetch_sub(1, std::memory_order_relaxed);
-  return false;
+bool RolloutMeter::BeginShadow() {
+  // Read first: while one runs, nearly every sampled request finds it so, and a read keeps the
+  // line shared between the cores where an exchange would bounce it at every request.
+  return !shadow_in_flight_.load(std::memory_order_relaxed) &&
+         !shadow_in_flight_.exchange(true, std::memory_order_acq_rel);
 }
 
 void RolloutMeter::EndShadow() {
-  shadows_in_flight_.fetch_sub(1, std::memory_order_relaxed);
+  shadow_in_flight_.store(false, std::memory_order_release);
+}
+
+void RolloutMeter::ShadowStarted() {
+  shadow_started_ns_.store(SteadyNanos(), std::memory_order_relaxed);
+}
+
+void RolloutMeter::ShadowDiscarded(double elapsed_micros) {
+  StopShadowClock(elapsed_micros);
+  shadow_skipped_.fetch_add(1, std::memory_order_relaxed);
+}
+
+void RolloutMeter::StopShadowClock(double elapsed_micros) {
+  // Counted here unless a snapshot counted it while it ran.
+  if (shadow_started_ns_.exchange(0, std::memory_order_relaxed) != kShadowCounted &&
+      elapsed_micros > shadow_timeout_ms_.load(std::memory_order_relaxed) * 1000)
+    shadow_timeouts_.fetch_add(1, std::memory_order_relaxed);
+}
+
+void RolloutMeter::CountOverdueShadow() const {
+  int64_t started = shadow_started_ns_.load(std::memory_order_relaxed);
+  if (started <= 0)
+    return;
+  const double elapsed_ms = static_cast<double>(SteadyNanos() - started) / 1e6;
+  if (elapsed_ms > shadow_timeout_ms_.load(std::memory_order_relaxed) &&
+      shadow_started_ns_.compare_exchange_strong(started, kShadowCounted,
+                                                 std::memory_order_relaxed))
+    shadow_timeouts_.fetch_add(1, std::memory_order_relaxed);
 }
 
 void RolloutMeter::RaiseTo(std::atomic<double>& maximum, double value) {
@@ -220,7 +260,15 @@ void RolloutMeter::RaiseTo(std::atomic<double>& maximum, double value) {
 }
 
 void RolloutMeter::RecordShadow(const Result<std::vector<Tensor>>& candidate,
-                                const std::vector<Tensor>& stable) {
+                                const std::vector<Tensor>& stable, double candidate_micros,
+                                double stable_micros, double elapsed_micros) {
+  StopShadowClock(elapsed_micros);
+  shadow_latency_[LatencyHistogram::BucketOf(candidate_micros)].fetch_add(
+      1, std::memory_order_relaxed);
+  shadow_stable_latency_[LatencyHistogram::BucketOf(stable_micros)].fetch_add(
+      1, std::memory_order_relaxed);
+  if (candidate_micros > stable_micros)
+    shadow_slower_.fetch_add(1, std::memory_order_relaxed);
   if (!candidate.ok()) {
     shadow_errors_.fetch_add(1, std::memory_order_relaxed);
   } else {
@@ -240,13 +288,20 @@ void RolloutMeter::RecordShadow(const Result<std::vector<Tensor>>& candidate,
   shadow_samples_.fetch_add(1, std::memory_order_release);
 }
 
+LatencyHistogram RolloutMeter::Read(const Histogram& histogram) {
+  LatencyHistogram read;
+  for (std::size_t bucket = 0; bucket < LatencyHistogram::kBuckets; ++bucket)
+    read.counts[bucket] = histogram[bucket].load(std::memory_order_relaxed);
+  return read;
+}
+
 RolloutStats RolloutMeter::Snapshot() const {
+  CountOverdueShadow();
   auto arm = [](const Arm& from) {
     RolloutArmStats stats{.generation = from.generation};
     stats.requests = from.requests.load(std::memory_order_acquire);
     stats.errors = from.errors.load(std::memory_order_relaxed);
-    for (std::size_t bucket = 0; bucket < LatencyHistogram::kBuckets; ++bucket)
-      stats.latency.counts[bucket] = from.latency[bucket].load(std::memory_order_relaxed);
+    stats.latency = Read(from.latency);
     return stats;
   };
   RolloutStats stats{.traffic = traffic(), .stable = arm(stable_), .candidate = arm(candidate_)};
@@ -257,6 +312,10 @@ RolloutStats RolloutMeter::Snapshot() const {
   stats.shadow.argmax_disagreements = shadow_argmax_.load(std::memory_order_relaxed);
   stats.shadow.max_abs_difference = shadow_max_abs_.load(std::memory_order_relaxed);
   stats.shadow.max_relative_difference = shadow_max_relative_.load(std::memory_order_relaxed);
+  stats.shadow.timeouts = shadow_timeouts_.load(std::memory_order_relaxed);
+  stats.shadow.latency = Read(shadow_latency_);
+  stats.shadow.stable_latency = Read(shadow_stable_latency_);
+  stats.shadow.slower = shadow_slower_.load(std::memory_order_relaxed);
   return stats;
 }
 

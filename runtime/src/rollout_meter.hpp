@@ -49,14 +49,23 @@ class RolloutMeter {
 
   void RecordExecution(bool on_candidate, double micros, const Status& status);
   void RecordShadowSkipped();
-  // A shadow run may start when fewer than `limit` of this rollout's are running or queued (so
-  // that shadows never take the request slots clients need); EndShadow when it is over.
-  bool BeginShadow(int limit);
+  // At most one shadow run of a rollout is queued or running: BeginShadow claims it (false when
+  // it is taken), EndShadow gives it back, run or not. A slow candidate then costs one run at a
+  // time however many requests are sampled.
+  bool BeginShadow();
   void EndShadow();
-  // `candidate` failed where the stable run did not: an error; else compared.
-  void RecordShadow(const Result<std::vector<Tensor>>& candidate,
-                    const std::vector<Tensor>& stable);
+  // The claimed shadow run starts now: its timeout counts from here.
+  void ShadowStarted();
+  // The shadow run ran but is not compared: counted as skipped (its timeout still counts).
+  void ShadowDiscarded(double elapsed_micros);
+  // `candidate` failed where the stable run did not: an error; else compared. `candidate_micros`
+  // and `stable_micros`: the backend code's time of the shadow run and of the stable run of the
+  // same request; `elapsed_micros`, the shadow run's wall time, judged against the timeout.
+  void RecordShadow(const Result<std::vector<Tensor>>& candidate, const std::vector<Tensor>& stable,
+                    double candidate_micros, double stable_micros, double elapsed_micros);
 
+  // Also counts the running shadow run as timed out once it is past its timeout (so a hung
+  // candidate shows before it returns, if it ever does).
   RolloutStats Snapshot() const;
 
  private:
@@ -68,13 +77,29 @@ class RolloutMeter {
     std::array<std::atomic<uint64_t>, LatencyHistogram::kBuckets> latency{};
   };
   static void RaiseTo(std::atomic<double>& maximum, double value);
+  using Histogram = std::array<std::atomic<uint64_t>, LatencyHistogram::kBuckets>;
+  static LatencyHistogram Read(const Histogram& histogram);
+  // The shadow run is over: counted as timed out when past the timeout, unless already.
+  void StopShadowClock(double elapsed_micros);
+  // Counts the running shadow run as timed out when it is past the timeout and not yet counted.
+  void CountOverdueShadow() const;
 
   std::atomic<uint32_t> candidate_basis_points_{0};  // of 10000
   std::atomic<uint32_t> shadow_basis_points_{0};
   std::atomic<double> shadow_tolerance_{0};
   Arm stable_;
   Arm candidate_;
-  std::atomic<int> shadows_in_flight_{0};
+  std::atomic<double> shadow_timeout_ms_{RolloutTraffic{}.shadow_timeout_ms};
+  std::atomic<bool> shadow_in_flight_{false};
+  // When the running shadow run started (steady clock, ns); 0: none running; kShadowCounted: it
+  // was counted as timed out already (by a snapshot, while it ran). Exchanged, so that each run
+  // is counted at most once and the count only grows (windows are differences of snapshots).
+  static constexpr int64_t kShadowCounted = -1;
+  mutable std::atomic<int64_t> shadow_started_ns_{0};
+  mutable std::atomic<uint64_t> shadow_timeouts_{0};
+  std::atomic<uint64_t> shadow_slower_{0};
+  Histogram shadow_latency_{};
+  Histogram shadow_stable_latency_{};
   std::atomic<uint64_t> shadow_samples_{0};
   std::atomic<uint64_t> shadow_errors_{0};
   std::atomic<uint64_t> shadow_skipped_{0};

@@ -1,22 +1,84 @@
 #include "rollout_router.hpp"
 
+#include <tbb/task_arena.h>
+
 #include <algorithm>
 #include <chrono>
+#include <exception>
 #include <thread>
 #include <utility>
 
 #include "backplane/core/crossing_time.hpp"
+#include "backplane/core/thread_name.hpp"
 #include "loaded_network.hpp"
+#include "runtime_log.hpp"
 
 namespace backplane {
+
+ShadowRunner::~ShadowRunner() {
+  std::thread thread;
+  std::deque<Run> dropped;
+  {
+    MutexLock lock(mutex_);
+    stopping_ = true;
+    dropped.swap(queue_);
+    thread = std::move(thread_);
+  }
+  wake_.notify_all();
+  for (Run& run : dropped)
+    run(false);
+  if (thread.joinable())
+    thread.join();
+}
+
+void ShadowRunner::Post(Run run) {
+  {
+    MutexLock lock(mutex_);
+    if (!stopping_) {
+      queue_.push_back(std::move(run));
+      if (!thread_.joinable())
+        thread_ = std::thread([this] { Loop(); });
+      wake_.notify_one();
+      return;
+    }
+  }
+  run(false);  // the runner is going
+}
+
+void ShadowRunner::Loop() {
+  NameThisThread("bp-shadow");
+  // One slot, this thread's: a shadow run's parallel kernels (IHost::ParallelFor) run serially
+  // here instead of taking the runtime arena's workers.
+  tbb::task_arena arena(/*max_concurrency=*/1, /*reserved_for_masters=*/1);
+  while (true) {
+    Run run;
+    {
+      MutexLock lock(mutex_);
+      while (!stopping_ && queue_.empty())
+        wake_.wait(mutex_);
+      if (stopping_)
+        return;  // the destructor drops what is queued
+      run = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    // Host code (backend calls catch their own): an exception here would end the process.
+    try {
+      arena.execute([&] { run(true); });
+    } catch (const std::exception& e) {
+      RuntimeLog().error("shadow run threw: {}", e.what());
+    }
+  }
+}
 
 RolloutRouter::RolloutRouter(std::function<void(const CrashedRequest&)> on_crashed_request)
     : on_crashed_request_(std::move(on_crashed_request)) {}
 
 RoutedRequest RolloutRouter::RouteDuringRollout(NetworkId id,
                                                 std::shared_ptr<const LoadedNetwork> network,
-                                                std::string_view routing_key) const {
+                                                std::string_view routing_key,
+                                                uint64_t options_epoch) const {
   RoutedRequest routed{.id = id, .network = std::move(network)};
+  routed.options_epoch = options_epoch;
   const auto routes = routes_.Load();
   for (const auto& [backend_id, route] : *routes) {
     const auto bound = route->networks.find(id);
@@ -37,7 +99,8 @@ RoutedRequest RolloutRouter::RouteDuringRollout(NetworkId id,
 }
 
 Result<std::vector<Tensor>> RolloutRouter::Execute(const RoutedRequest& routed,
-                                                   std::span<const ConstTensorView> inputs) {
+                                                   std::span<const ConstTensorView> inputs,
+                                                   double* micros_out) {
   if (routed.route == nullptr)
     return routed.network->Execute(inputs);
   // Judged on the backend code's time: crossings to worker processes (a sandboxed candidate's
@@ -49,32 +112,33 @@ Result<std::vector<Tensor>> RolloutRouter::Execute(const RoutedRequest& routed,
       std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start -
                                                 (ThreadCrossingTime() - crossed_before))
           .count();
+  if (micros_out != nullptr)
+    *micros_out = micros;
   routed.route->meter->RecordExecution(routed.on_candidate, micros,
                                        result.ok() ? Status::Ok() : result.error());
   return result;
 }
 
-void RolloutRouter::StartShadow(scheduler::RequestScheduler& scheduler, const RoutedRequest& routed,
+void RolloutRouter::StartShadow(const scheduler::RequestScheduler& scheduler,
+                                const RoutedRequest& routed,
                                 std::span<const ConstTensorView> inputs, std::vector<Tensor>* owned,
-                                const std::vector<Tensor>& stable_outputs) const {
+                                const std::vector<Tensor>& stable_outputs,
+                                double stable_micros) const {
   const std::shared_ptr<const CandidateRoute>& route = routed.route;
-  // A request of its own: it needs a slot like any other and never waits for one (the sample is
-  // skipped). At most one per arena thread is queued or running, so that shadows can neither
-  // queue work without bound nor take the slots (max_in_flight) that clients' requests need.
-  // Nor does it take a turn among the network's instances (NetworkOptions::instances): it answers
-  // nobody, so waiting in that queue would only delay the clients behind it, and it starts while
-  // its stable request still holds its turn (with one instance it could never have one). The
-  // bound above and the shadow sampling rate are what limit the cores it takes.
-  const int limit = std::max(1, scheduler.options().max_threads > 0
-                                    ? scheduler.options().max_threads
-                                    : static_cast<int>(std::thread::hardware_concurrency()));
-  if (!route->meter->BeginShadow(limit)) {
-    route->meter->RecordShadowSkipped();
-    return;
-  }
-  auto admission = scheduler.Admit();
-  if (!admission.ok()) {
-    route->meter->EndShadow();
+  // Only capacity that no client request is waiting for: the requests admitted besides this one
+  // (running, queued in the arena, or waiting for a network's turn) must leave an arena thread
+  // idle. Checked when the run is queued; the runner's low priority covers the load that comes
+  // while it runs. And one at a time per rollout, so that a slow candidate costs one run's
+  // worth, whatever the sampling rate.
+  const int threads = std::max(1, scheduler.options().max_threads > 0
+                                      ? scheduler.options().max_threads
+                                      : static_cast<int>(std::thread::hardware_concurrency()));
+  // An option update began since the request was routed, or was under way then.
+  const bool options_changed =
+      routed.options_epoch % 2 != 0 ||
+      options_epoch_.load(std::memory_order_seq_cst) != routed.options_epoch;
+  if (options_changed || scheduler.in_flight() > static_cast<std::size_t>(threads) ||
+      !route->meter->BeginShadow()) {
     route->meter->RecordShadowSkipped();
     return;
   }
@@ -87,23 +151,36 @@ void RolloutRouter::StartShadow(scheduler::RequestScheduler& scheduler, const Ro
   }
   const NetworkId id = routed.id;
   const auto bound = route->networks.find(id);
-  // `this` outlives it: the router outlives the scheduler's requests.
+  // `this` outlives it: the runner is the router's, and its destructor waits for a running one.
   auto work = [this, route, id, candidate = bound->second, inputs = std::move(shadow_inputs),
-               stable = stable_outputs] {
+               stable = stable_outputs, stable_micros, epoch = routed.options_epoch](bool run) {
+    if (!run) {
+      route->meter->EndShadow();
+      return;
+    }
     std::vector<ConstTensorView> views;
     for (const auto& tensor : inputs)
       views.push_back(tensor.View());
+    route->meter->ShadowStarted();
+    const auto start = std::chrono::steady_clock::now();
+    const auto crossed_before = ThreadCrossingTime();
     auto result = candidate->Execute(views);
+    const auto elapsed = std::chrono::steady_clock::now() - start;
+    const double micros =
+        std::chrono::duration<double, std::micro>(elapsed - (ThreadCrossingTime() - crossed_before))
+            .count();
     // A shadow run answers nobody, but its input is a client's and may be what killed the worker.
     if (!result.ok() && result.error().reason() == LoadReason::kCrashed && on_crashed_request_)
       on_crashed_request_({.network = id, .inputs = views, .error = result.error()});
-    route->meter->RecordShadow(std::move(result), stable);
-    return Status::Ok();
+    const double elapsed_micros = std::chrono::duration<double, std::micro>(elapsed).count();
+    if (options_epoch_.load(std::memory_order_seq_cst) != epoch)
+      route->meter->ShadowDiscarded(elapsed_micros);  // the runs may have seen other values
+    else
+      route->meter->RecordShadow(result, stable, micros, stable_micros, elapsed_micros);
+    route->meter->EndShadow();
   };
-  scheduler.Enqueue(
-      std::move(admission).value(),
-      [work = std::make_shared<decltype(work)>(std::move(work))] { return (*work)(); },
-      [meter = route->meter](Status) { meter->EndShadow(); });  // run or not, it is over
+  shadow_runner_.Post(
+      [work = std::make_shared<decltype(work)>(std::move(work))](bool run) { (*work)(run); });
 }
 
 Status RolloutRouter::SetTraffic(std::string_view backend_id, const RolloutTraffic& traffic) const {

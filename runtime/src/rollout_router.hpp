@@ -6,11 +6,14 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <optional>
 #include <span>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "backplane/core/published.hpp"
@@ -33,6 +36,41 @@ struct RoutedRequest {
   // The binding the request would have had without the rollout (set when on_candidate): where a
   // candidate's crash is run again.
   std::shared_ptr<const LoadedNetwork> stable;
+  // RolloutRouter's option epoch when the request was routed: a shadow run is compared only when
+  // no option update began or was under way since (its stable run and its shadow run may
+  // otherwise have seen different values of an option that changes outputs).
+  uint64_t options_epoch = 0;
+};
+
+// Runs rollouts' shadow runs one after another on a thread of its own, started with the first
+// and outside the runtime's arena: a shadow run answers nobody, so it must hold none of the
+// threads or request slots that clients' requests need. Its parallel kernels run serially (a
+// one-slot arena of its own), so a candidate that burns cores takes one at most, and only while
+// its one run lasts. Why not a lower priority too: at nice 19 on a machine whose other
+// processes kept the cores busy, the thread got so little time that a rollout gathered a
+// handful of samples a second, and a canary request waiting for a lock of the candidate's that
+// a shadow run held would have waited on that starved thread. Thread-safe.
+class ShadowRunner {
+ public:
+  // Called with true to run, or with false when dropped unrun (the runner is being destroyed).
+  using Run = std::function<void(bool run)>;
+  ShadowRunner() = default;
+  // Drops the queued runs and waits for the running one.
+  ~ShadowRunner();
+  ShadowRunner(const ShadowRunner&) = delete;
+  ShadowRunner& operator=(const ShadowRunner&) = delete;
+
+  void Post(Run run) BACKPLANE_EXCLUDES(mutex_);
+
+ private:
+  void Loop() BACKPLANE_EXCLUDES(mutex_);
+
+  Mutex mutex_;
+  std::condition_variable_any wake_;  // waits on mutex_ itself
+  // At most one per rollout: RolloutMeter::BeginShadow bounds it.
+  std::deque<Run> queue_ BACKPLANE_GUARDED_BY(mutex_);
+  bool stopping_ BACKPLANE_GUARDED_BY(mutex_) = false;
+  std::thread thread_ BACKPLANE_GUARDED_BY(mutex_);  // started by the first Post
 };
 
 // Thread-safe. Route and Execute are the request path: with no rollout under way, Route is one
@@ -44,30 +82,44 @@ class RolloutRouter {
   // on_crashed_request); may be empty.
   explicit RolloutRouter(std::function<void(const CrashedRequest&)> on_crashed_request);
 
+  // The option epoch now: read before a request takes its network binding, and given to Route.
+  uint64_t options_epoch() const { return options_epoch_.load(std::memory_order_seq_cst); }
+
   // Whether request `id`, about to run on `network`, runs on a candidate instead, and whether it
   // is shadowed; `routing_key` keeps a request id on one generation (RolloutMeter).
+  // `options_epoch`: options_epoch() from before `network` was read (a request may keep a binding
+  // from before an option update and be routed after it: its shadow run must not be compared).
   RoutedRequest Route(NetworkId id, std::shared_ptr<const LoadedNetwork> network,
-                      std::string_view routing_key) const {
+                      std::string_view routing_key, uint64_t options_epoch) const {
     // The no-rollout case: every request of a runtime without a candidate pays this load and no
     // more (no lock, no reference count). A request that reads it just before a candidate is
     // published runs on the stable binding, as one that started a moment earlier would.
     if (!under_way_.load(std::memory_order_acquire))
       return {.id = id, .network = std::move(network)};
-    return RouteDuringRollout(id, std::move(network), routing_key);
+    return RouteDuringRollout(id, std::move(network), routing_key, options_epoch);
   }
 
   // Runs a routed request on its binding: measured for its rollout when it has one (the backend
-  // code's time, without crossings to a worker process).
+  // code's time, without crossings to a worker process; in `micros` when not null).
   static Result<std::vector<Tensor>> Execute(const RoutedRequest& routed,
-                                             std::span<const ConstTensorView> inputs);
-  // After a successful stable run of a request sampled for shadowing (routed.shadow): queues its
-  // run on the candidate in `scheduler` as a request of its own, compared with `stable_outputs`
-  // and never answered. `inputs` owned by the caller (`owned` null) are copied; `owned` ones are
-  // moved from. Skipped (and counted) when no slot is free. The router must outlive `scheduler`'s
-  // requests.
-  void StartShadow(scheduler::RequestScheduler& scheduler, const RoutedRequest& routed,
+                                             std::span<const ConstTensorView> inputs,
+                                             double* micros = nullptr);
+  // After a successful stable run of a request sampled for shadowing (routed.shadow), which took
+  // `stable_micros`: its run on the candidate, on the shadow runner, compared with
+  // `stable_outputs` and never answered. `inputs` owned by the caller (`owned` null) are copied;
+  // `owned` ones are moved from. Skipped (and counted) while the rollout's previous shadow run is
+  // queued or running, or when `scheduler` has a client request waiting for a thread (the
+  // sampled request, which is done, not counted).
+  void StartShadow(const scheduler::RequestScheduler& scheduler, const RoutedRequest& routed,
                    std::span<const ConstTensorView> inputs, std::vector<Tensor>* owned,
-                   const std::vector<Tensor>& stable_outputs) const;
+                   const std::vector<Tensor>& stable_outputs, double stable_micros) const;
+
+  // Around an option update (backend or network options): the shadow runs of requests routed
+  // before it ended are not compared (counted as skipped), since the two generations' instances
+  // and bindings are updated one after the other. Called by the control plane, one update at a
+  // time.
+  void BeginOptionUpdate() { options_epoch_.fetch_add(1, std::memory_order_seq_cst); }
+  void EndOptionUpdate() { options_epoch_.fetch_add(1, std::memory_order_seq_cst); }
 
   // kNotFound when backend `backend_id` has no rollout here.
   Status SetTraffic(std::string_view backend_id, const RolloutTraffic& traffic) const;
@@ -83,14 +135,18 @@ class RolloutRouter {
 
  private:
   RoutedRequest RouteDuringRollout(NetworkId id, std::shared_ptr<const LoadedNetwork> network,
-                                   std::string_view routing_key) const;
+                                   std::string_view routing_key, uint64_t options_epoch) const;
 
   const std::function<void(const CrashedRequest&)> on_crashed_request_;
+  // Odd while an option update is under way (Begin/EndOptionUpdate).
+  std::atomic<uint64_t> options_epoch_{0};
   // Set after the routes it describes are published: true while any backend id has a rollout.
   std::atomic<bool> under_way_{false};
   Published<CandidateRoutes> routes_;
   // Serialises Update: two commits must not publish copies of the same routes.
   Mutex update_mutex_;
+  // Last: destroyed first, waiting for a running shadow run while what it uses still lives.
+  mutable ShadowRunner shadow_runner_;
 };
 
 }  // namespace backplane

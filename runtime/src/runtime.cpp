@@ -117,13 +117,44 @@ std::shared_ptr<loader::BackendInstance> Runtime::Backend(std::string_view id) c
   return it == backends_.end() ? nullptr : it->second.instance;
 }
 
+namespace {
+
+// Marks an option update for the rollout router from before the first instance or binding
+// changes to after the last is published: shadow runs straddling it are not compared.
+class OptionUpdateMark {
+ public:
+  explicit OptionUpdateMark(RolloutRouter& router) : router_(router) {
+    router_.BeginOptionUpdate();
+  }
+  ~OptionUpdateMark() { router_.EndOptionUpdate(); }
+  OptionUpdateMark(const OptionUpdateMark&) = delete;
+  OptionUpdateMark& operator=(const OptionUpdateMark&) = delete;
+
+ private:
+  RolloutRouter& router_;
+};
+
+}  // namespace
+
 Status Runtime::UpdateBackendOptions(std::string_view id, const BackendOptions& changes) {
   // The turn, throughout: the instance stays this runtime's, and no load, unload or generation
   // change commits until the networks re-prepared below are switched.
   MutexLock turn(backend_mutex_);
+  const OptionUpdateMark mark(*router_);
   std::shared_ptr<loader::BackendInstance> instance;
   std::vector<Affected> affected;
   InstanceMap instances;
+  // During a rollout of `id`, its candidate's instance: a good build must not diverge from the
+  // stable one because an option that changes outputs reached only the stable instance.
+  std::shared_ptr<loader::BackendInstance> candidate;
+  // Every rollout's candidate bindings of networks on `id` (a rollout of another backend id
+  // binds the network's layers on `id` too), with the instances they are prepared on.
+  struct CandidateBinding {
+    std::shared_ptr<const CandidateRoute> route;
+    Affected network;
+    InstanceMap instances;
+  };
+  std::vector<CandidateBinding> candidate_bindings;
   {
     MutexLock lock(mutex_);
     auto it = backends_.find(id);
@@ -137,6 +168,17 @@ Status Runtime::UpdateBackendOptions(std::string_view id, const BackendOptions& 
       if (network.network->GenerationOn(id) == instance->generation_number())
         affected.push_back(std::move(network));
     }
+    if (auto found = candidate_backends_.find(id); found != candidate_backends_.end())
+      candidate = found->second.instance;
+    for (const auto& [routed_id, route] : *router_->routes()) {
+      InstanceMap on_candidate = instances;
+      on_candidate.insert_or_assign(routed_id, candidate_backends_.at(routed_id).instance);
+      for (const auto& [network_id, bound] : route->networks) {
+        if (bound->Uses(id))
+          candidate_bindings.push_back(
+              {route, {network_id, bound, PreferencesOf(network_id)}, on_candidate});
+      }
+    }
   }
   // What to restore when a network does not prepare with the new values.
   BackendOptions previous;
@@ -149,6 +191,26 @@ Status Runtime::UpdateBackendOptions(std::string_view id, const BackendOptions& 
   // (sdk/thread_limits.hpp): refused before anything is applied.
   BACKPLANE_RETURN_IF_ERROR(CheckThreadCounts(changes, instance->DescribeOptions(), id));
   BACKPLANE_RETURN_IF_ERROR(instance->UpdateOptions(changes));
+  const auto restore = [&] {
+    Status restored = instance->UpdateOptions(previous);
+    if (restored.ok() && candidate != nullptr)
+      restored = candidate->UpdateOptions(previous);
+    if (!restored.ok()) {
+      RuntimeLog().error("backend {}: restoring its options after a failed update failed: {}", id,
+                         restored.message());
+    }
+  };
+  if (candidate != nullptr) {
+    Status applied = candidate->UpdateOptions(changes);
+    if (!applied.ok()) {
+      const uint64_t generation = candidate->generation_number();
+      candidate = nullptr;  // nothing of it to restore
+      restore();
+      return applied.WithContext("backend " + std::string(id) +
+                                 ": options not applied: the rollout's candidate generation " +
+                                 std::to_string(generation) + " refused them: ");
+    }
+  }
 
   // An option may be read when a workload is created (CpuAcc's intra_op_threads sizes oneDNN's
   // kernels then), so every network on the instance is re-prepared with the new values, off the
@@ -158,28 +220,52 @@ Status Runtime::UpdateBackendOptions(std::string_view id, const BackendOptions& 
   for (const auto& network : affected) {
     auto reprepared = Reprepare(network, instances);
     if (!reprepared.ok()) {
-      Status restored = instance->UpdateOptions(previous);
-      if (!restored.ok()) {
-        RuntimeLog().error("backend {}: restoring its options after a failed update failed: {}", id,
-                           restored.message());
-      }
+      restore();
       return FailedPrecondition("backend " + std::string(id) + ": options not applied: network " +
                                 network.network->network().name +
                                 " does not prepare with them: " + reprepared.error().message());
     }
     moved.emplace(network.id, std::move(reprepared).value());
   }
+  std::vector<std::shared_ptr<const LoadedNetwork>> rebound;
+  for (const auto& binding : candidate_bindings) {
+    auto reprepared = Reprepare(binding.network, binding.instances);
+    if (!reprepared.ok()) {
+      restore();
+      return FailedPrecondition("backend " + std::string(id) + ": options not applied: network " +
+                                binding.network.network->network().name +
+                                " does not prepare with them on candidate " + "generation " +
+                                std::to_string(binding.route->candidate_generation) + " of " +
+                                binding.route->backend_id + ": " + reprepared.error().message());
+    }
+    rebound.push_back(std::move(reprepared).value());
+  }
   {
     MutexLock lock(mutex_);
     PublishMoved(moved);
+    if (!candidate_bindings.empty()) {
+      // The same routes (meters, generations) with the candidate bindings replaced; the turn
+      // keeps every candidate change out, so each route is still the one read above.
+      router_->Update([&](CandidateRoutes& routes) {
+        for (std::size_t i = 0; i < candidate_bindings.size(); ++i) {
+          const std::string& routed_id = candidate_bindings[i].route->backend_id;
+          auto updated = std::make_shared<CandidateRoute>(*routes.at(routed_id));
+          updated->networks[candidate_bindings[i].network.id] = std::move(rebound[i]);
+          routes[routed_id] = std::move(updated);
+        }
+      });
+    }
     auto& applied = applied_options_[std::string(id)];
     for (const auto& [key, value] : changes)
       applied.insert_or_assign(key, value);
     ++state_version_;  // a new generation being prepared must get these options too
   }
-  if (!moved.empty())
-    RuntimeLog().info("backend {}: options updated; {} network(s) re-prepared with them", id,
-                      moved.size());
+  if (!moved.empty() || !rebound.empty()) {
+    RuntimeLog().info(
+        "backend {}: options updated; {} network(s) re-prepared with them, {} candidate "
+        "binding(s)",
+        id, moved.size(), rebound.size());
+  }
   return Status::Ok();
 }
 
@@ -188,6 +274,7 @@ Status Runtime::UpdateNetworkOptions(NetworkId id, std::string_view backend_id,
   // The turn, as in UpdateBackendOptions: no load, unload or generation change commits between
   // reading the bindings and switching them.
   MutexLock turn(backend_mutex_);
+  const OptionUpdateMark mark(*router_);
   Affected network;
   InstanceMap instances;
   // Each rollout that bound the network on its candidate, and the instances that binding uses.
@@ -457,10 +544,12 @@ Result<std::shared_ptr<const Network>> Runtime::GetNetwork(NetworkId id) const {
 
 Result<std::vector<Tensor>> Runtime::Execute(NetworkId id, std::span<const ConstTensorView> inputs,
                                              std::string_view routing_key) {
+  const uint64_t options_epoch = router_->options_epoch();  // before the binding is read
   auto network = FindNetwork(id);
   if (!network.ok())
     return std::move(network).error();
-  const RoutedRequest routed = router_->Route(id, std::move(network).value(), routing_key);
+  const RoutedRequest routed =
+      router_->Route(id, std::move(network).value(), routing_key, options_epoch);
   auto admission = scheduler_.Admit();
   if (!admission.ok())
     return std::move(admission).error();
@@ -518,6 +607,7 @@ void Runtime::ExecuteAsync(NetworkId id, std::vector<Tensor> inputs, ExecuteCall
 void Runtime::ExecuteAsync(NetworkId id, InputsFactory make_inputs, ExecuteCallback done,
                            std::optional<scheduler::Clock::time_point> deadline,
                            std::function<std::string()> routing_key) {
+  const uint64_t options_epoch = router_->options_epoch();  // before the binding is read
   auto network = FindNetwork(id);
   if (!network.ok())
     return done(std::move(network).error());
@@ -528,14 +618,15 @@ void Runtime::ExecuteAsync(NetworkId id, InputsFactory make_inputs, ExecuteCallb
   const std::shared_ptr<scheduler::ConcurrencyLimit> instances = network->instances();
   auto result = std::make_shared<std::optional<Result<std::vector<Tensor>>>>();
   auto work = [this, id, result, make_inputs = std::move(make_inputs),
-               routing_key = std::move(routing_key), loaded = std::move(network).value()] {
+               routing_key = std::move(routing_key), loaded = std::move(network).value(),
+               options_epoch] {
     auto inputs = make_inputs();
     if (!inputs.ok()) {
       result->emplace(std::move(inputs).error());
       return Status::Ok();
     }
     const RoutedRequest routed =
-        router_->Route(id, loaded, routing_key ? routing_key() : std::string());
+        router_->Route(id, loaded, routing_key ? routing_key() : std::string(), options_epoch);
     std::vector<ConstTensorView> views;
     views.reserve(inputs->size());
     for (const auto& tensor : *inputs)
@@ -581,11 +672,12 @@ void Runtime::ExecuteAsync(NetworkId id, InputsFactory make_inputs, ExecuteCallb
 Result<std::vector<Tensor>> Runtime::ExecuteRouted(const RoutedRequest& routed,
                                                    std::span<const ConstTensorView> inputs,
                                                    std::vector<Tensor>* owned) {
-  auto result = RolloutRouter::Execute(routed, inputs);
+  double micros = 0;
+  auto result = RolloutRouter::Execute(routed, inputs, &micros);
   if (!result.ok() && result.error().reason() == LoadReason::kCrashed)
     return RunAgainAfterCrash(routed, inputs, std::move(result).error());
   if (routed.shadow && result.ok())
-    router_->StartShadow(scheduler_, routed, inputs, owned, result.value());
+    router_->StartShadow(scheduler_, routed, inputs, owned, result.value(), micros);
   return result;
 }
 

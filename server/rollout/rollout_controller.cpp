@@ -60,6 +60,8 @@ JudgeWindow ShadowWindow(const RolloutStats& window) {
   judged.candidate.requests = window.shadow.samples;
   judged.candidate.errors = window.shadow.errors;
   judged.stable.requests = window.shadow.samples;
+  judged.candidate.latency = window.shadow.latency;
+  judged.stable.latency = window.shadow.stable_latency;
   return judged;
 }
 
@@ -382,6 +384,10 @@ RolloutController::Decision RolloutController::Evaluate(Rollout& rollout) {
         "{:g} (largest difference {:g}, {} with another argmax)",
         shadow.diverged, shadow.samples, policy.max_abs_divergence, shadow.max_abs_difference,
         shadow.argmax_disagreements));
+  }
+  if (shadow.timeouts > 0) {
+    return roll_back(fmt::format("shadow: {} run(s) of the candidate took longer than {:g} ms",
+                                 shadow.timeouts, totals->traffic.shadow_timeout_ms));
   }
 
   // The judge's verdict on the window. Shadow runs go on through the canary steps: their errors

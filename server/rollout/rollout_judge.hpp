@@ -14,8 +14,10 @@
 
 namespace backplane::server {
 
-// What is being judged: shadow runs (errors only: a shadow run waits for a free slot after the
-// response, so its latency is not comparable) or a canary step's requests (errors and latency).
+// What is being judged: shadow runs (errors, and latency against the same requests' stable runs
+// when measured, failing only a candidate twice as slow or worse: a shadow run runs on idle
+// capacity after its stable run, so finer differences are not comparable) or a canary step's
+// requests (errors and latency).
 enum class JudgedPhase { kShadow, kCanary };
 
 // The two arms compared. In a canary step, `stable` is the stable generation's requests in the

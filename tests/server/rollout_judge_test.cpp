@@ -287,15 +287,21 @@ TEST(RolloutJudgeTest, FewerRunsThanMinSamplesAreInconclusive) {
                                          "to compare with, fewer than min_samples 200"));
 }
 
-TEST(RolloutJudgeTest, ShadowRunsAreJudgedOnErrorsOnly) {
-  // Shadow runs wait for a free slot: their latency is no measure of the build's.
+TEST(RolloutJudgeTest, ShadowRunsFailOnlyWhenMoreThanTwiceAsSlow) {
+  // A shadow run meets none of its stable run's load and may find the candidate cold: 50 %
+  // slower passes there (the canary steps judge it), five times slower fails.
   std::mt19937_64 random(4);
   const auto draw = LogNormalLatency(100, 0.3);
-  const JudgeWindow window{.stable = JudgedArm(random, draw, 400),
-                           .candidate = JudgedArm(random, draw, 400, 5)};
-  const Verdict verdict = server::Judge(window, RolloutPolicy{}, JudgedPhase::kShadow);
+  const JudgeWindow slower{.stable = JudgedArm(random, draw, 400),
+                           .candidate = JudgedArm(random, draw, 400, 1.5)};
+  const Verdict verdict = server::Judge(slower, RolloutPolicy{}, JudgedPhase::kShadow);
   EXPECT_EQ(verdict.outcome, Outcome::kPass) << verdict.reason;
-  EXPECT_FALSE(verdict.latency_change.has_value());
+  EXPECT_TRUE(verdict.latency_change.has_value());
+  const JudgeWindow slowest{.stable = JudgedArm(random, draw, 400),
+                            .candidate = JudgedArm(random, draw, 400, 5)};
+  const Verdict failed = server::Judge(slowest, RolloutPolicy{}, JudgedPhase::kShadow);
+  EXPECT_EQ(failed.outcome, Outcome::kFail) << failed.reason;
+  EXPECT_THAT(failed.reason, HasSubstr("(in shadow)"));
 }
 
 JudgeWindow ErrorsOnlyWindow(uint64_t candidate_errors, uint64_t candidate_runs,

@@ -16,12 +16,17 @@ struct RolloutTraffic {
   // The share of requests that run on the candidate instead of the stable generation, 0 to 100.
   double candidate_percent = 0;
   // Of the requests that run on the stable generation, the share also run on the candidate off
-  // the response path (after the response is made, as a request of their own, skipped when no
-  // slot is free); its outputs are compared with the stable ones and never returned.
+  // the response path (after the stable run, on a thread of the runtime's own outside the
+  // arena; skipped when one of the rollout's is still running or client requests are waiting);
+  // its outputs are compared with the stable ones and never returned.
   double shadow_fraction = 0;
   // A shadow sample whose outputs differ from the stable ones by more than this (largest
   // absolute difference of any element) counts as diverged.
   double shadow_tolerance = 0;
+  // A shadow run taking longer than this counts as timed out (ShadowStats::timeouts), as soon as
+  // it is past it: a run cannot be stopped, and while it runs no other shadow run of the
+  // rollout starts, so a hung candidate would otherwise only stop producing samples.
+  double shadow_timeout_ms = 1000;
 };
 
 // Latencies in log-spaced buckets, eight per octave from 1 µs (about 9 % wide): fine enough to
@@ -50,15 +55,26 @@ struct RolloutArmStats {
 };
 
 struct ShadowStats {
-  uint64_t samples = 0;   // shadow runs compared (or failed on the candidate)
-  uint64_t errors = 0;    // shadow runs the candidate failed (the stable run had succeeded)
-  uint64_t skipped = 0;   // sampled but not run: no request slot was free
+  uint64_t samples = 0;  // shadow runs compared (or failed on the candidate)
+  uint64_t errors = 0;   // shadow runs the candidate failed (the stable run had succeeded)
+  // Sampled but not run: the rollout's previous shadow run was still running, or client
+  // requests were waiting (a shadow run only takes capacity no client needs).
+  uint64_t skipped = 0;
   uint64_t diverged = 0;  // differed by more than RolloutTraffic::shadow_tolerance, or in shape
   // Outputs whose argmax over the last axis differs in some row (classification changed).
   uint64_t argmax_disagreements = 0;
   double max_abs_difference = 0;  // over every sample so far
   // The largest absolute difference over the largest magnitude of the stable output.
   double max_relative_difference = 0;
+  // Runs past RolloutTraffic::shadow_timeout_ms (one still running is counted once it is past).
+  uint64_t timeouts = 0;
+  // Latencies of the shadow runs on the candidate and of the same requests' runs on the stable
+  // generation (the backend code's time, as for requests), and how many of the shadow runs were
+  // the slower of the two. Not the arms' requests: a shadow run meets none of the load the
+  // stable run met, and its code and data may be cold, so only a gross slowdown is telling.
+  LatencyHistogram latency;
+  LatencyHistogram stable_latency;
+  uint64_t slower = 0;
   ShadowStats operator-(const ShadowStats& earlier) const;  // the maxima are kept, not subtracted
 };
 

@@ -194,12 +194,14 @@ class Runtime : private BackendSubscriber {
   // This runtime's instance of backend `id`, or null.
   std::shared_ptr<loader::BackendInstance> Backend(std::string_view id) const;
 
-  // Validated by the backend: an unknown key or a wrong type applies nothing. Takes effect on the
-  // networks already loaded, whether the backend reads the option at Execute or when it prepares
-  // a workload: before returning, every network bound to the backend's current instance is
-  // re-prepared with the new values off the request path and switched atomically, as a swap
-  // switches (requests in flight finish on the old bindings; none fails). A network that does not
-  // prepare with them fails the update (kFailedPrecondition naming it) and the old values are
+  // Validated by the backend: an unknown key or a wrong type applies nothing. Reaches the
+  // candidate generation of a rollout of `id` too, and every candidate binding of the networks
+  // re-prepared (a good build must not diverge because only the stable one changed its outputs).
+  // Takes effect on the networks already loaded, whether the backend reads the option at Execute or
+  // when it prepares a workload: before returning, every network bound to the backend's current
+  // instance is re-prepared with the new values off the request path and switched atomically, as a
+  // swap switches (requests in flight finish on the old bindings; none fails). A network that does
+  // not prepare with them fails the update (kFailedPrecondition naming it) and the old values are
   // restored. Networks pinned to an older generation (SwapPolicy::kPin) keep that generation's
   // options. Options set here (or at Create) are given to every later generation too. Costs one
   // preparation of each such network: an update is a control-plane call, not a per-request one.
@@ -408,7 +410,8 @@ class Runtime : private BackendSubscriber {
   Published<NetworkMap> networks_;
   // Progressive rollouts: each candidate's slot; the routes requests take are the router's,
   // published by the commits that change these slots (with mutex_ held). Outlives scheduler_:
-  // shadow runs use it.
+  // requests use it. Its shadow runner, which runs no request of the scheduler's, is stopped
+  // when it goes, before the candidates' slots.
   BackendMap candidate_backends_ BACKPLANE_GUARDED_BY(mutex_);
   const std::unique_ptr<RolloutRouter> router_;
 
