@@ -105,6 +105,10 @@ class RolloutController {
   };
 
   void OnGenerationEvent(const GenerationEvent& event) BACKPLANE_EXCLUDES(mutex_);
+  // `activated` made another generation active than the rollout's promotion (a rollback through
+  // the API or the directory, a restart): the rollout's record starts afresh, phase kNone, on
+  // record in its history.
+  void Reset(Rollout& rollout, const GenerationEvent& activated) BACKPLANE_REQUIRES(mutex_);
   void Run();
   // Looks at one rollout's numbers: moves it on within the runtime, or asks for a decision.
   Decision Evaluate(Rollout& rollout) BACKPLANE_REQUIRES(mutex_);
@@ -122,7 +126,8 @@ class RolloutController {
   void Note(Rollout& rollout, std::string why) BACKPLANE_REQUIRES(mutex_);
   Decision Decide(Rollout& rollout, Decision::Kind kind, std::string decided_by, std::string why)
       BACKPLANE_REQUIRES(mutex_);
-  void Carry(const Decision& decision) BACKPLANE_EXCLUDES(mutex_, decision_mutex_);
+  // What the registry answered (ok for kNone).
+  Status Carry(const Decision& decision) BACKPLANE_EXCLUDES(mutex_, decision_mutex_);
   void ApplyTraffic(const Rollout& rollout) BACKPLANE_REQUIRES(mutex_);
   RolloutView ViewOf(const Rollout& rollout) const BACKPLANE_REQUIRES(mutex_);
   Rollout* Find(std::string_view backend_id) BACKPLANE_REQUIRES(mutex_);
