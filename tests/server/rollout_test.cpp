@@ -819,16 +819,19 @@ TEST(RolloutPinTest, APinThatRacesAPromotionHoldsWhatItPinned) {
       ASSERT_EQ(outcome->action, DeployOutcome::Action::kCandidate) << outcome->message;
     }
     const uint64_t candidate = registry.Describe(kRolloutBackend)->candidate_generation;
+    // Each side waits a random while after the start, so that either comes first about as often.
     std::atomic<bool> go{false};
     Status advanced;
+    const auto advance_after = std::chrono::microseconds(random() % 300);
+    const auto pin_after = std::chrono::microseconds(random() % 300);
     std::thread advancer([&] {
       while (!go.load()) {
       }
+      std::this_thread::sleep_for(advance_after);
       advanced = context.rollouts.Advance(kRolloutBackend);
     });
-    const auto delay = std::chrono::microseconds(random() % 400);
     go.store(true);
-    std::this_thread::sleep_for(delay);
+    std::this_thread::sleep_for(pin_after);
     EXPECT_TRUE(registry.Pin(kRolloutBackend).ok());  // no ASSERT: the thread must be joined
     const uint64_t pinned_to = registry.Describe(kRolloutBackend)->active_generation;
     advancer.join();
