@@ -31,6 +31,7 @@ std::string_view PhaseName(RolloutPhase phase);  // "none", "shadow", "canary", 
 // One backend id's rollout as the admin API shows it.
 struct RolloutView {
   std::string backend_id;
+  // kNone also after a rollback made another generation active: the record starts afresh.
   RolloutPhase phase = RolloutPhase::kNone;
   RolloutPhase paused_in = RolloutPhase::kNone;  // kPaused: the phase it resumes
   uint64_t stable_generation = 0;
@@ -80,7 +81,8 @@ class RolloutController {
   std::vector<RolloutView> Views() const BACKPLANE_EXCLUDES(mutex_);  // every rollout on record
 
   // The admin API's verbs. kFailedPrecondition when no rollout is under way (or, for resume,
-  // none is paused; for advance, the backend is pinned). Advance moves to the next phase or step
+  // none is paused; for advance, the backend is pinned, or the registry refused the promotion:
+  // a pin that came after the decision). Advance moves to the next phase or step
   // now, promoting after the last; pause holds the traffic where it is (automatic rollback still
   // applies, as while the backend is pinned); abort rolls back.
   Status Advance(std::string_view backend_id) BACKPLANE_EXCLUDES(mutex_, decision_mutex_);
