@@ -496,15 +496,33 @@ DeployOutcome BackendRegistry::Deploy(const Candidate& candidate, bool registeri
   // new id, or one coming back after its file was deleted, has nothing to compare with, and
   // content identical to the active generation's (the previous file restored after a stopped
   // fleet rollout) has nothing to roll out: it is activated at once, ending a rollout under way.
+  // Nor has the version the active generation replaced (a link re-pointed back to the previous
+  // file): it served before and is kept for rollback, so it comes back at once, as POST
+  // …/rollback would bring it, instead of a rollout that may take minutes at low traffic.
+  Activation kind = Activation::kDeploy;
   if (deploy_policy_ == DeployPolicy::kProgressive && !registering && by_id &&
       by_id->active != nullptr) {
-    if (next->info().sha256 != by_id->active->info().sha256)
+    const std::string& sha256 = next->info().sha256;
+    const auto previous = rollback_store_->Find(id);
+    const bool served_before = previous && previous->sha256 == sha256;
+    if (sha256 != by_id->active->info().sha256 && !served_before)
       return Propose(id, std::move(next), candidate, identity, events);
     DropCandidateLocked(
         id,
         {LoadReason::kRolledBack,
-         "the directory designates the stable generation's content again (" + file.string() + ")"},
+         served_before ? "the directory designates " + file.string() + ", the version generation " +
+                             std::to_string(by_id->active->info().number) +
+                             " replaced, again: rolled back to it"
+                       : "the directory designates the stable generation's content again (" +
+                             file.string() + ")"},
         events);
+    if (served_before) {
+      kind = Activation::kRollback;
+      events.Add(spdlog::level::info,
+                 fmt::format("backend {}: {} (sha256 {}) is the version generation {} replaced, "
+                             "kept for rollback: activated at once, without a rollout",
+                             id, file.string(), sha256, by_id->active->info().number));
+    }
   }
   if (sandboxed) {  // not a candidate after all: where the id's generations run
     const std::string sha256 = next->info().sha256;
@@ -521,7 +539,7 @@ DeployOutcome BackendRegistry::Deploy(const Candidate& candidate, bool registeri
     }
     next = std::move(placed).value();
   }
-  return Activate(id, std::move(next), candidate, identity, events);
+  return Activate(id, std::move(next), candidate, identity, events, kind);
 }
 
 DeployOutcome BackendRegistry::Propose(const std::string& id, loader::GenerationLease next,
@@ -609,6 +627,15 @@ Result<DeployOutcome> BackendRegistry::Promote(std::string_view id, uint64_t gen
     if (!lineage)
       return NotFound("no backend with id " + std::string(id) + " is registered");
     BACKPLANE_RETURN_IF_ERROR(CheckCandidate(id, lineage->candidate, generation, "promote"));
+    // Checked in the change sequence, where Pin sets it: a promotion decided before a pin and
+    // carried after it must not switch what the pin holds.
+    if (lineage->pinned) {
+      return FailedPrecondition("backend " + lineage->id + " is pinned to generation " +
+                                std::to_string(lineage->active->info().number) +
+                                ": candidate generation " +
+                                std::to_string(lineage->candidate->info().number) +
+                                " is not promoted until it is unpinned");
+    }
     loader::GenerationLease next = lineage->candidate;
     if (candidate_placement_ == loader::Loader::Placement::kWorker) {
       // The build that survived its rollout in a sandbox, loaded again where its id's generations
@@ -706,7 +733,7 @@ Result<DeployOutcome> BackendRegistry::Restart(std::string_view id, uint64_t gen
     return Activate(
         lineage->id, std::move(loaded).value(),
         {lineage->file, crashed.file, Status::Ok(), registry_detail::FileFingerprint(crashed.file)},
-        crashed.identity, events, /*retain_previous=*/false);
+        crashed.identity, events, Activation::kRestart);
   }();
   Deliver(events);
   return restarted;
@@ -715,7 +742,7 @@ Result<DeployOutcome> BackendRegistry::Restart(std::string_view id, uint64_t gen
 DeployOutcome BackendRegistry::Activate(const std::string& id, loader::GenerationLease next,
                                         const Candidate& candidate,
                                         std::optional<loader::FileIdentity> identity,
-                                        Events& events, bool retain_previous) {
+                                        Events& events, Activation kind) {
   const auto& info = next->info();
   loader::GenerationLease previous = lineages_->BeginLoading(id, candidate.family, next);
   events.Add(
@@ -727,7 +754,8 @@ DeployOutcome BackendRegistry::Activate(const std::string& id, loader::Generatio
   // anything: runtimes prepare on it next, and a crash from here on is its. A build found at start
   // is not (a crash soon after a start says nothing about any one build, and refusing it would
   // leave its id nothing to serve), nor is a rollback (an operator's choice of a known build).
-  const bool probation = journal_ != nullptr && previous != nullptr && identity.has_value();
+  const bool probation = journal_ != nullptr && previous != nullptr && identity.has_value() &&
+                         kind != Activation::kRollback;
   if (probation) {
     (void)rollback_store_->Retain(ServedBeforeProbationKey(id), *previous);
     journal_->Activated(id, info.sha256, info.real_path, info.number);
@@ -744,14 +772,14 @@ DeployOutcome BackendRegistry::Activate(const std::string& id, loader::Generatio
   // process once it drains.
   // process once it drains. Not a restarted worker's build: the version before it stays the one a
   // rollback returns to.
-  if (previous != nullptr && retain_previous)
+  if (previous != nullptr && kind != Activation::kRestart)
     (void)rollback_store_->Retain(id, *previous);
   lineages_->Activate(id, next, identity);
 
   std::string message = previous == nullptr
                             ? "new backend id"
                             : "replaces generation " + std::to_string(previous->info().number);
-  if (!identity)
+  if (!identity || kind == Activation::kRollback)
     message = "rollback; " + message;
   events.Add(spdlog::level::info,
              fmt::format("backend {} generation {} active ({}) from {}{}, sha256 {}{}", id,
@@ -773,12 +801,15 @@ DeployOutcome BackendRegistry::RejectDeploy(const Candidate& candidate, Status e
                                             std::string backend_id, uint64_t generation,
                                             Events& events, uint64_t trust_revision) {
   if (error.reason() == LoadReason::kUntrusted)
-    scanner_->RememberRejected(candidate, trust_revision);
+    scanner_->RememberRejected(candidate, trust_revision, error);
   else
-    scanner_->RememberRejected(candidate);
+    scanner_->RememberRejected(candidate, std::nullopt, error);
   if (generation != 0)
     lineages_->Reject(backend_id, generation, error);
-  lineages_->AddRejected({candidate.path, error, backend_id});
+  // The versioned file behind a link is what was refused: after `ln -sfn`, the link's own name
+  // says nothing of which build that was.
+  const fs::path resolved = registry_detail::ResolvedFile(candidate);
+  lineages_->AddRejected({candidate.path, error, backend_id, resolved});
   // Said only of an id that serves: a brand-new id that is refused has nothing to keep.
   const std::optional<BackendStatus> known =
       backend_id.empty() ? std::nullopt : lineages_->Describe(backend_id);
@@ -786,7 +817,8 @@ DeployOutcome BackendRegistry::RejectDeploy(const Candidate& candidate, Status e
                                 ? "; backend " + backend_id + " keeps what it was serving"
                                 : "";
   events.Add(spdlog::level::err,
-             fmt::format("backend file {} rejected: {}{}", candidate.path.string(),
+             fmt::format("backend file {}{} rejected: {}{}", candidate.path.string(),
+                         resolved == candidate.path ? "" : " -> " + resolved.string(),
                          error.ToString(), keeps),
              GenerationEvent{GenerationEvent::Kind::kRejected, backend_id, generation,
                              candidate.path, error, error.message()});
@@ -929,6 +961,25 @@ Result<DeployOutcome> BackendRegistry::ReloadLocked(std::string_view id, Events&
     return DeployOutcome{DeployOutcome::Action::kUnchanged, lineage->id, lineage->file, 0,
                          lineage->file.string() + " does not exist"};
   }
+  // A build rolled back stays refused until another file is published (a new rollout of it is a
+  // new publish, which an operator can make): the reload says so and loads nothing.
+  if (const auto rolled_back = scanner_->RolledBackAndUnchanged(*candidate)) {
+    const fs::path resolved = registry_detail::ResolvedFile(*candidate);
+    const std::string named =
+        candidate->path.string() + (resolved == candidate->path ? "" : " -> " + resolved.string());
+    Status refused{LoadReason::kRolledBack,
+                   named + " was rolled back (" + rolled_back->message() +
+                       ") and stays refused until another file is published; publish it again "
+                       "(write a new file, rename it into place) to roll it out anew"};
+    events.Add(spdlog::level::warn,
+               fmt::format("backend {}: reload refused: {}", lineage->id, refused.message()));
+    return DeployOutcome{DeployOutcome::Action::kRejected,
+                         lineage->id,
+                         candidate->path,
+                         0,
+                         refused.ToString(),
+                         refused};
+  }
   // An explicit reload looks again even at a rejected file, says again that it is pinned, and
   // takes the file as it is now: an incomplete one is rejected, not deferred.
   scanner_->ForgetRejected(candidate->path);
@@ -982,7 +1033,7 @@ Result<uint64_t> BackendRegistry::Rollback(std::string_view id) {
     DeployOutcome outcome = Activate(lineage->id, std::move(loaded).value(),
                                      {lineage->file, retained->copy, Status::Ok(),
                                       registry_detail::FileFingerprint(retained->copy)},
-                                     std::nullopt, events);
+                                     std::nullopt, events, Activation::kRollback);
     if (outcome.action != DeployOutcome::Action::kActivated)
       return outcome.error.WithContext("backend " + lineage->id + ": rollback refused: ");
     return outcome.generation;

@@ -19,6 +19,12 @@ std::string FileFingerprint(const fs::path& path) {
          std::to_string(identity->mtime_ns) + ":" + std::to_string(identity->ctime_ns);
 }
 
+fs::path ResolvedFile(const Candidate& candidate) {
+  // The identity after the last '|' holds none; the path before it may.
+  const std::size_t bar = candidate.fingerprint.rfind('|');
+  return bar == std::string::npos ? candidate.path : fs::path(candidate.fingerprint.substr(0, bar));
+}
+
 BackendScanner::BackendScanner(std::vector<fs::path> directories, loader::FilePolicy policy)
     : directories_(std::move(directories)), policy_(policy) {}
 
@@ -60,8 +66,16 @@ bool BackendScanner::RejectedAndUnchanged(const Candidate& candidate,
          (!it->second.trust_revision || *it->second.trust_revision == trust_revision);
 }
 
+std::optional<Status> BackendScanner::RolledBackAndUnchanged(const Candidate& candidate) const {
+  auto it = rejected_.find(candidate.path);
+  if (it == rejected_.end() || it->second.fingerprint != candidate.fingerprint ||
+      it->second.why.reason() != LoadReason::kRolledBack)
+    return std::nullopt;
+  return it->second.why;
+}
+
 void BackendScanner::RememberRejected(const Candidate& candidate,
-                                      std::optional<uint64_t> trust_revision) {
+                                      std::optional<uint64_t> trust_revision, Status why) {
   // Trap: the fingerprint of the listing, not one read now. A link re-pointed from a dangling
   // target to a good file while the rejection was being decided would otherwise be remembered as
   // rejected and never loaded (found by DeployModelTest). And when the name resolves differently
@@ -75,7 +89,8 @@ void BackendScanner::RememberRejected(const Candidate& candidate,
     rejected_.erase(candidate.path);
     return;
   }
-  rejected_[candidate.path] = {candidate.fingerprint, !candidate.unusable.ok(), trust_revision};
+  rejected_[candidate.path] = {candidate.fingerprint, !candidate.unusable.ok(), trust_revision,
+                               std::move(why)};
 }
 
 void BackendScanner::ForgetRejected(const fs::path& file) {

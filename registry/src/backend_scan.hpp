@@ -29,6 +29,9 @@ struct Candidate {
 // The real file a path resolves to and that file's identity: any change of it (a link
 // re-pointed, a file renamed over or rewritten) changes the fingerprint. Empty for nothing.
 std::string FileFingerprint(const std::filesystem::path& path);
+// The real file `candidate`'s name resolved to when it was listed (from its fingerprint): the
+// versioned file behind a link, which a rejection names. Its path when the fingerprint is empty.
+std::filesystem::path ResolvedFile(const Candidate& candidate);
 
 struct Scan {
   std::vector<Candidate> candidates;  // one per family, in directory order, then name order
@@ -56,9 +59,15 @@ class BackendScanner {
   bool RejectedAndUnchanged(const Candidate& candidate, uint64_t trust_revision = 0) const;
   // Remembers `candidate` as rejected, unless its name no longer resolves as the listing said
   // (then the change that moved it brings another scan, which decides again).
+  // `why`: the refusal, kept to be told again (RolledBackAndUnchanged).
   void RememberRejected(const Candidate& candidate,
-                        std::optional<uint64_t> trust_revision = std::nullopt);
+                        std::optional<uint64_t> trust_revision = std::nullopt,
+                        Status why = Status::Ok());
   void ForgetRejected(const std::filesystem::path& file);
+  // The refusal of `candidate` when it was rolled back (LoadReason::kRolledBack) in the state its
+  // name resolves to now; nullopt otherwise. A rolled-back build stays refused until another file
+  // is published, even to an operator's reload: rolling it out again is a new publish.
+  std::optional<Status> RolledBackAndUnchanged(const Candidate& candidate) const;
 
   // A misnamed file is said once (at info), not at every scan, and only once a second scan in a
   // row still finds it: `ln -sfn` makes the new link under a temporary name and renames it over
@@ -87,6 +96,7 @@ class BackendScanner {
     std::string fingerprint;
     bool before_opening = false;
     std::optional<uint64_t> trust_revision;  // refused as untrusted under this revision
+    Status why;
   };
   std::map<std::filesystem::path, Rejection> rejected_;
   std::set<std::filesystem::path> seen_misnamed_;  // by the last scan, not said yet

@@ -1,5 +1,8 @@
 #include "admin/admin_api.hpp"
 
+#include <algorithm>
+#include <charconv>
+
 #include "backplane/core/quoted.hpp"
 
 #include "config/option_json.hpp"
@@ -304,9 +307,55 @@ json RolloutStatsJson(const RolloutStats& stats) {
             {"max_relative_difference", shadow.max_relative_difference}}}};
 }
 
-json RolloutJson(const RolloutView& view) {
+// Which transitions of a rollout's history an answer carries. They are numbered from 0, the
+// rollout's first, dropped ones included, so that a client that polls with `from` one past the
+// last number it saw gets only what is new.
+struct HistoryPage {
+  uint64_t from = 0;  // clamped up to the oldest kept
+  uint64_t limit = kMaxHistoryPage;
+  static constexpr uint64_t kMaxHistoryPage = 100;
+};
+
+// ?history_from=N&history_limit=M; a malformed or unknown parameter is refused, not ignored: a
+// typo would otherwise silently return another page.
+Result<HistoryPage> ParseHistoryPage(std::string_view query) {
+  HistoryPage page;
+  while (!query.empty()) {
+    const std::string_view pair = query.substr(0, query.find('&'));
+    query.remove_prefix(std::min(query.size(), pair.size() + 1));
+    if (pair.empty())
+      continue;
+    const std::size_t equals = pair.find('=');
+    const std::string_view key = pair.substr(0, equals);
+    const std::string_view text =
+        equals == std::string_view::npos ? std::string_view() : pair.substr(equals + 1);
+    if (key != "history_from" && key != "history_limit") {
+      return InvalidArgument("unknown query parameter " + Quoted(key) +
+                             " (known: history_from, history_limit)");
+    }
+    uint64_t value = 0;
+    const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+    const bool limit = key == "history_limit";
+    if (text.empty() || error != std::errc() || end != text.data() + text.size() ||
+        (limit && (value == 0 || value > HistoryPage::kMaxHistoryPage))) {
+      return InvalidArgument(
+          "query parameter " + std::string(key) + " must be " +
+          (limit ? "an integer from 1 to " + std::to_string(HistoryPage::kMaxHistoryPage)
+                 : std::string("a transition number, an integer from 0")) +
+          ", got " + Quoted(text));
+    }
+    (limit ? page.limit : page.from) = value;
+  }
+  return page;
+}
+
+json RolloutJson(const RolloutView& view, const HistoryPage& page) {
+  // view.history holds the transitions numbered history_dropped onwards.
+  const uint64_t total = view.history_dropped + view.history.size();
+  const uint64_t first = std::clamp(page.from, view.history_dropped, total);
   json history = json::array();
-  for (const auto& transition : view.history) {
+  for (uint64_t number = first; number < total && number < first + page.limit; ++number) {
+    const auto& transition = view.history[number - view.history_dropped];
     history.push_back({{"at", Rfc3339(transition.at)},
                        {"phase", PhaseName(transition.to)},
                        {"weight_percent", transition.weight_percent},
@@ -326,6 +375,8 @@ json RolloutJson(const RolloutView& view) {
                {"window", RolloutStatsJson(view.window)},
                {"totals", view.totals ? RolloutStatsJson(*view.totals) : json(nullptr)},
                {"history", history},
+               {"history_first", first},
+               {"history_total", total},
                {"history_dropped", view.history_dropped},
                {"pinned", view.pinned},
                {"rejected", nullptr}};
@@ -340,11 +391,15 @@ json RolloutJson(const RolloutView& view) {
   return body;
 }
 
-HttpResponse RolloutResponse(const ServeContext& context, std::string_view id) {
+// `page`: the history the answer carries; nullopt (an admin verb's answer) only the newest
+// transition, the one the verb made: GET …/rollout pages through the rest.
+HttpResponse RolloutResponse(const ServeContext& context, std::string_view id,
+                             std::optional<HistoryPage> page) {
   auto view = context.rollouts.View(id);
   if (!view.ok())
     return UnknownBackend(context.registry, id);
-  json body = RolloutJson(view.value());
+  const uint64_t total = view->history_dropped + view->history.size();
+  json body = RolloutJson(view.value(), page.value_or(HistoryPage{total == 0 ? 0 : total - 1, 1}));
   // What a deploy does on this server, so that fleet tooling can check before it publishes.
   body["deploy_policy"] =
       context.registry.deploy_policy() == DeployPolicy::kProgressive ? "progressive" : "immediate";
@@ -355,6 +410,9 @@ HttpResponse RolloutResponse(const ServeContext& context, std::string_view id) {
 
 json RejectedFileJson(const loader::RejectedFile& rejected) {
   return {{"file", rejected.file.string()},
+          // The versioned file behind a link: the build that was refused.
+          {"resolved_file", rejected.resolved_file.empty() ? rejected.file.string()
+                                                           : rejected.resolved_file.string()},
           {"reason", rejected.error.name()},
           {"message", rejected.error.message()}};
 }
@@ -489,7 +547,10 @@ void AddAdminRoutes(HttpServer& http, const ServeContext& context) {
 
   // Progressive rollouts (docs/hot-reload.md, "Progressive rollout").
   http.Get(std::string(kBackendPath) + "/rollout", [context](const HttpRequest& request) {
-    return RolloutResponse(context, request.params[0]);
+    auto page = ParseHistoryPage(request.query);
+    if (!page.ok())
+      return HttpResponse::FromStatus(page.error());
+    return RolloutResponse(context, request.params[0], page.value());
   });
   http.Post(std::string(kBackendPath) + "/rollout/{}", Access::kAdmin,
             [context](const HttpRequest& request) {
@@ -513,7 +574,7 @@ void AddAdminRoutes(HttpServer& http, const ServeContext& context) {
               if (!done.ok())
                 return HttpResponse::FromStatus(done);
               Log().info("rollout of backend {}: {} asked through the admin API", id, verb);
-              return RolloutResponse(context, id);
+              return RolloutResponse(context, id, std::nullopt);
             });
   http.Put(std::string(kBackendPath) + "/rollout/policy", Access::kAdmin,
            [context](const HttpRequest& request) {
@@ -535,7 +596,7 @@ void AddAdminRoutes(HttpServer& http, const ServeContext& context) {
                applied = context.rollouts.SetPolicy(id, policy);
              if (!applied.ok())
                return HttpResponse::FromStatus(applied);
-             return RolloutResponse(context, id);
+             return RolloutResponse(context, id, std::nullopt);
            });
 
   http.Get(std::string(kBackendPath) + "/options", [context](const HttpRequest& request) {

@@ -271,6 +271,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
       request.method = "GET";
     const auto target = message->target();
     request.path = DecodedPath(std::string_view(target.data(), target.size()));
+    if (const auto mark = target.find('?'); mark != target.npos)
+      request.query = std::string(target.substr(mark + 1));
     request.body = std::move(message->body());
     // A field sent on several lines reads as one value, the lines joined by ", " (RFC 9110
     // 5.3): a handler then sees "12, 13" for a repeated single-valued field and refuses it,

@@ -28,6 +28,7 @@ struct HttpRequest {
   std::string method;
   std::string path;
   std::vector<std::string> params;  // the route pattern's captures ("{}"), in order
+  std::string query;                // the target after '?', not decoded; "" when none
   std::string body;                 // read in full, at most HttpLimits::max_body_bytes
   // "" when absent; a field sent on several lines, its values joined by ", " (RFC 9110 5.3).
   std::function<std::string(std::string_view name)> header;

@@ -249,9 +249,9 @@ RolloutController::Decision RolloutController::Decide(Rollout& rollout, Decision
   return {kind, rollout.backend_id, rollout.candidate};
 }
 
-void RolloutController::Carry(const Decision& decision) {
+Status RolloutController::Carry(const Decision& decision) {
   if (decision.kind == Decision::Kind::kNone)
-    return;
+    return Status::Ok();
   Status carried;
   {
     MutexLock one_at_a_time(decision_mutex_);
@@ -271,10 +271,25 @@ void RolloutController::Carry(const Decision& decision) {
         carried = dropped.error();
     }
   }
-  // The registry's event (activated or rejected) ended the rollout; without one (the candidate
-  // had gone meanwhile), it is over anyway.
+  // The registry's event (activated or rejected) ended the rollout. A promotion it refused while
+  // the candidate is still its candidate (the backend was pinned between the decision and the
+  // promotion) leaves the rollout where it was, holding. Otherwise (the candidate had gone
+  // meanwhile) it is over anyway.
+  std::optional<BackendStatus> status;
+  if (!carried.ok())
+    status = registry_.Describe(decision.backend_id);
   MutexLock lock(mutex_);
   Rollout* rollout = Find(decision.backend_id);
+  if (rollout != nullptr && rollout->candidate == decision.candidate && rollout->deciding &&
+      decision.kind == Decision::Kind::kPromote && status &&
+      status->candidate_generation == decision.candidate) {
+    rollout->deciding = false;
+    rollout->pinned = status->pinned;
+    ApplyTraffic(*rollout);
+    Note(*rollout, "promotion refused by the registry: " + carried.message() +
+                       "; the rollout holds where it was");
+    return carried;
+  }
   if (rollout != nullptr && rollout->candidate == decision.candidate && rollout->deciding) {
     Log().warn("rollout of backend {} generation {}: the registry did not act: {}",
                decision.backend_id, decision.candidate, carried.message());
@@ -283,6 +298,7 @@ void RolloutController::Carry(const Decision& decision) {
     rollout->decided_by = "registry";
     rollout->reason = carried.message();
   }
+  return carried;
 }
 
 void RolloutController::OnGenerationEvent(const GenerationEvent& event) {
@@ -334,6 +350,10 @@ void RolloutController::OnGenerationEvent(const GenerationEvent& event) {
   const bool promoted = event.kind == GenerationEvent::Kind::kActivated &&
                         event.promoted_candidate != 0 &&
                         event.promoted_candidate == (rollout ? rollout->candidate : 0);
+  if (rollout != nullptr && event.kind == GenerationEvent::Kind::kActivated && !promoted) {
+    Reset(*rollout, event);
+    return;
+  }
   if (rollout == nullptr || (rollout->candidate != event.generation && !promoted) ||
       !UnderWay(rollout->phase))
     return;
@@ -359,6 +379,41 @@ void RolloutController::OnGenerationEvent(const GenerationEvent& event) {
   }
   EnterPhase(*rollout, promoted ? RolloutPhase::kPromoted : RolloutPhase::kRolledBack,
              rollout->step, rollout->decided_by + ": " + rollout->reason);
+}
+
+void RolloutController::Reset(Rollout& rollout, const GenerationEvent& activated) {
+  if (UnderWay(rollout.phase)) {
+    // The stable side changed under a candidate still on offer (its worker restarted): the
+    // rollout goes on against the new stable generation.
+    rollout.stable = activated.generation;
+    Note(rollout, "the stable generation is now " + std::to_string(activated.generation) + " (" +
+                      activated.message + ")");
+    return;
+  }
+  // A candidate under way was dropped first (its own event ended the rollout): what is left is
+  // the record of a rollout that no longer describes what serves, e.g. a "promoted" whose
+  // promoted generation was just rolled back.
+  rollout.phase = RolloutPhase::kNone;
+  rollout.paused_in = RolloutPhase::kNone;
+  rollout.stable = activated.generation;
+  rollout.candidate = 0;
+  rollout.promoted = 0;
+  rollout.step = 0;
+  rollout.share = 0;
+  rollout.deciding = false;
+  rollout.decided_by.clear();
+  rollout.reason = "generation " + std::to_string(activated.generation) + " active (" +
+                   activated.message + "): no rollout under way";
+  rollout.totals = {};
+  rollout.window_start = {};
+  rollout.deadline = std::chrono::steady_clock::time_point::max();
+  rollout.verdicts = 0;
+  rollout.inconclusive = 0;
+  rollout.held = false;
+  if (auto status = registry_.Describe(rollout.backend_id))
+    rollout.pinned = status->pinned;
+  ApplyTraffic(rollout);
+  Record(rollout, rollout.reason);
 }
 
 RolloutController::Decision RolloutController::Evaluate(Rollout& rollout) {
@@ -489,7 +544,7 @@ void RolloutController::Run() {
       }
     }
     for (const auto& decision : decisions)
-      Carry(decision);
+      (void)Carry(decision);  // what the registry refused is on record in the rollout
   }
 }
 
@@ -508,8 +563,7 @@ Status RolloutController::Advance(std::string_view backend_id) {
     }
     decision = MoveOn(*rollout, "operator", "advanced by an operator");
   }
-  Carry(decision);
-  return Status::Ok();
+  return Carry(decision);
 }
 
 Status RolloutController::Pause(std::string_view backend_id) {
@@ -553,8 +607,7 @@ Status RolloutController::Abort(std::string_view backend_id) {
     decision =
         Decide(*rollout, Decision::Kind::kRollBack, "operator", "aborted through the admin API");
   }
-  Carry(decision);
-  return Status::Ok();
+  return Carry(decision);
 }
 
 Status RolloutController::SetPolicy(std::string_view backend_id, const RolloutPolicy& policy) {
@@ -606,7 +659,8 @@ RolloutView RolloutController::ViewOf(const Rollout& rollout) const {
       totals = *now;
   }
   view.window = Minus(totals, rollout.window_start);
-  view.totals = totals;
+  if (rollout.phase != RolloutPhase::kNone)  // reset by a rollback: no numbers to show
+    view.totals = totals;
   view.samples = rollout.effective() == RolloutPhase::kShadow ? view.window.shadow.samples
                                                               : view.window.candidate.requests;
   if (rollout.deciding)

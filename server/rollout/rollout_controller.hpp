@@ -31,6 +31,7 @@ std::string_view PhaseName(RolloutPhase phase);  // "none", "shadow", "canary", 
 // One backend id's rollout as the admin API shows it.
 struct RolloutView {
   std::string backend_id;
+  // kNone also after a rollback made another generation active: the record starts afresh.
   RolloutPhase phase = RolloutPhase::kNone;
   RolloutPhase paused_in = RolloutPhase::kNone;  // kPaused: the phase it resumes
   uint64_t stable_generation = 0;
@@ -80,7 +81,8 @@ class RolloutController {
   std::vector<RolloutView> Views() const BACKPLANE_EXCLUDES(mutex_);  // every rollout on record
 
   // The admin API's verbs. kFailedPrecondition when no rollout is under way (or, for resume,
-  // none is paused; for advance, the backend is pinned). Advance moves to the next phase or step
+  // none is paused; for advance, the backend is pinned, or the registry refused the promotion:
+  // a pin that came after the decision). Advance moves to the next phase or step
   // now, promoting after the last; pause holds the traffic where it is (automatic rollback still
   // applies, as while the backend is pinned); abort rolls back.
   Status Advance(std::string_view backend_id) BACKPLANE_EXCLUDES(mutex_, decision_mutex_);
@@ -105,6 +107,10 @@ class RolloutController {
   };
 
   void OnGenerationEvent(const GenerationEvent& event) BACKPLANE_EXCLUDES(mutex_);
+  // `activated` made another generation active than the rollout's promotion (a rollback through
+  // the API or the directory, a restart): the rollout's record starts afresh, phase kNone, on
+  // record in its history.
+  void Reset(Rollout& rollout, const GenerationEvent& activated) BACKPLANE_REQUIRES(mutex_);
   void Run();
   // Looks at one rollout's numbers: moves it on within the runtime, or asks for a decision.
   Decision Evaluate(Rollout& rollout) BACKPLANE_REQUIRES(mutex_);
@@ -122,7 +128,8 @@ class RolloutController {
   void Note(Rollout& rollout, std::string why) BACKPLANE_REQUIRES(mutex_);
   Decision Decide(Rollout& rollout, Decision::Kind kind, std::string decided_by, std::string why)
       BACKPLANE_REQUIRES(mutex_);
-  void Carry(const Decision& decision) BACKPLANE_EXCLUDES(mutex_, decision_mutex_);
+  // What the registry answered (ok for kNone).
+  Status Carry(const Decision& decision) BACKPLANE_EXCLUDES(mutex_, decision_mutex_);
   void ApplyTraffic(const Rollout& rollout) BACKPLANE_REQUIRES(mutex_);
   RolloutView ViewOf(const Rollout& rollout) const BACKPLANE_REQUIRES(mutex_);
   Rollout* Find(std::string_view backend_id) BACKPLANE_REQUIRES(mutex_);

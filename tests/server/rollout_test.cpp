@@ -5,6 +5,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <random>
 #include <set>
 
@@ -126,12 +127,17 @@ struct RolloutServer {
   }
 };
 
-std::unique_ptr<RolloutServer> StartRolloutServer(const std::string& rollout_policy,
-                                                  const std::string& admin_token = "") {
+// `files` (default: the Valid fixture as TestValid's file) writes the backend directory.
+std::unique_ptr<RolloutServer> StartRolloutServer(
+    const std::string& rollout_policy, const std::string& admin_token = "",
+    const std::function<void(const RolloutServer&)>& files = {}) {
   auto server = std::make_unique<RolloutServer>();
   server->home.Write("models/identity/1/model.onnx", RowIdentityModel());
   server->home.Write("models/identity/config.json", R"({"backends": ["TestValid"]})");
-  CopyFile(Fixture("Valid"), server->backend_file());
+  if (files)
+    files(*server);
+  else
+    CopyFile(Fixture("Valid"), server->backend_file());
   // deploys are explicit: the admin API's reload
   ServeConfig config = InProcessConfig(server->home);
   config.admin_token = admin_token;
@@ -457,9 +463,12 @@ TEST(RolloutTest, OperatorsAdvancePauseResumeAndAbortThroughTheAdminApi) {
   view = Post(*client, base + "/abort", "", token).body;
   EXPECT_EQ(view["phase"], "rolled_back") << view.dump(2);
   EXPECT_EQ(view["decided_by"], "operator");
-  // The policy edit is on record at the share it kept.
-  EXPECT_EQ(Phases(view), (std::vector<std::string>{"shadow", "canary 1", "paused", "canary 1",
-                                                    "canary 10", "canary 10", "rolled_back"}));
+  // The policy edit is on record at the share it kept (the verb's answer carries only the
+  // newest transition, GET pages through them all).
+  EXPECT_EQ(Phases(view), (std::vector<std::string>{"rolled_back"}));
+  EXPECT_EQ(Phases(Rollout(*server)),
+            (std::vector<std::string>{"shadow", "canary 1", "paused", "canary 1", "canary 10",
+                                      "canary 10", "rolled_back"}));
   EXPECT_EQ(
       server->running.core->context().registry.Describe(kRolloutBackend)->candidate_generation, 0u);
 
@@ -609,6 +618,302 @@ TEST(RolloutTest, AStepEndsWhenItsTimeIsUpAndOnInconclusiveDecides) {
   EXPECT_EQ(Phases(holding), (std::vector<std::string>{"shadow", "shadow"}));
   EXPECT_THAT(Whys(holding)[1], HasSubstr("; on_inconclusive hold: held until a verdict or an "
                                           "operator decides"));
+}
+
+// ---- Rollbacks, pins and paging ------------------------------------------------------------
+
+// TestValid's directory with versioned files: Test_Valid_backend.so.1.2 (the Valid build) and
+// .so.1.3 (`next`), the link Test_Valid_backend.so designating .so.1.2.
+std::function<void(const RolloutServer&)> VersionedFiles(std::string_view next) {
+  return [next = std::string(next)](const RolloutServer& server) {
+    CopyFile(Fixture("Valid"), server.home.backends() / "Test_Valid_backend.so.1.2");
+    CopyFile(Fixture(next), server.home.backends() / "Test_Valid_backend.so.1.3");
+    fs::create_symlink("Test_Valid_backend.so.1.2", server.backend_file());
+  };
+}
+
+// `ln -sfn TARGET Test_Valid_backend.so` (a new link renamed over the old one), then the reload
+// the watcher would make; the reload's answer.
+JsonReply Relink(const RolloutServer& server, const std::string& target,
+                 const httplib::Headers& token) {
+  const fs::path temporary = server.home.backends() / ".relink.tmp";
+  fs::create_symlink(target, temporary);
+  fs::rename(temporary, server.backend_file());
+  auto client = server.Client();
+  return Post(*client, std::string("/v2/backends/") + kRolloutBackend + "/reload", "", token);
+}
+
+GenerationStatus ActiveRecord(const RolloutServer& server) {
+  auto status = server.running.core->context().registry.Describe(kRolloutBackend);
+  for (const auto& record : status->generations) {
+    if (record.generation == status->active_generation)
+      return record;
+  }
+  return {};
+}
+
+TEST(RolloutRollbackTest, ALinkPointedBackToThePreviousFileRollsBackAtOnceAndResetsTheView) {
+  const httplib::Headers token = {{"Authorization", "Bearer link-token"}};
+  auto server =
+      StartRolloutServer(R"({"shadow_fraction": 0, "min_samples": 100000000, "steps": [50, 100]})",
+                         "link-token", VersionedFiles("ValidGoodFix"));
+  auto client = server->Client();
+  const std::string base = std::string("/v2/backends/") + kRolloutBackend + "/rollout";
+  const uint64_t first = ActiveRecord(*server).generation;
+
+  // Forward to .so.1.3: a rollout, promoted by an operator.
+  const JsonReply forward = Relink(*server, "Test_Valid_backend.so.1.3", token);
+  ASSERT_EQ(forward.body["action"], "candidate") << forward.text;
+  ASSERT_EQ(Post(*client, base + "/advance", "", token).status, 200);
+  ASSERT_EQ(Post(*client, base + "/advance", "", token).status, 200);
+  ASSERT_EQ(Rollout(*server)["phase"], "promoted");
+  const uint64_t promoted = ActiveRecord(*server).generation;
+  ASSERT_NE(promoted, first);
+  EXPECT_THAT(ActiveRecord(*server).resolved_file.string(), ::testing::EndsWith(".so.1.3"));
+
+  // Back to .so.1.2, the version the promotion replaced: active at once, no new rollout.
+  const JsonReply back = Relink(*server, "Test_Valid_backend.so.1.2", token);
+  EXPECT_EQ(back.status, 200) << back.text;
+  EXPECT_EQ(back.body["action"], "activated") << back.text;
+  EXPECT_THAT(back.body["message"].get<std::string>(), HasSubstr("rollback"));
+  const GenerationStatus active = ActiveRecord(*server);
+  EXPECT_GT(active.generation, promoted);
+  EXPECT_EQ(back.body["generation"], active.generation);
+  EXPECT_THAT(active.resolved_file.string(), ::testing::EndsWith(".so.1.2"));
+  EXPECT_EQ(
+      server->running.core->context().registry.Describe(kRolloutBackend)->candidate_generation, 0u);
+
+  // The view no longer shows the promotion of .so.1.3 as what serves.
+  const json view = Rollout(*server);
+  EXPECT_EQ(view["phase"], "none") << view.dump(2);
+  EXPECT_EQ(view["stable_generation"], active.generation);
+  EXPECT_EQ(view["candidate_generation"], 0);
+  EXPECT_EQ(view["promoted_generation"], 0);
+  EXPECT_EQ(view["weight_percent"], 0);
+  EXPECT_TRUE(view["totals"].is_null()) << view.dump(2);
+  EXPECT_EQ(Phases(view),
+            (std::vector<std::string>{"canary 50", "canary 100", "promoted", "none"}));
+  EXPECT_THAT(Whys(view).back(),
+              HasSubstr(fmt::format("generation {} active (rollback; replaces generation {})",
+                                    active.generation, promoted)));
+  // And a look at the directory does not start anything either.
+  server->running.core->context().registry.Rescan();
+  EXPECT_EQ(Rollout(*server)["phase"], "none");
+}
+
+TEST(RolloutRollbackTest, TheRolloutViewIsResetAfterARollbackThroughTheApi) {
+  const httplib::Headers token = {{"Authorization", "Bearer api-token"}};
+  auto server = StartRolloutServer(
+      R"({"shadow_fraction": 0, "min_samples": 100000000, "steps": [100]})", "api-token");
+  auto client = server->Client();
+  const std::string backend = std::string("/v2/backends/") + kRolloutBackend;
+  Deploy(*server, "ValidGoodFix", token);
+  ASSERT_EQ(Post(*client, backend + "/rollout/advance", "", token).status, 200);
+  ASSERT_EQ(Rollout(*server)["phase"], "promoted");
+
+  const JsonReply rolled_back = Post(*client, backend + "/rollback", "", token);
+  ASSERT_EQ(rolled_back.status, 200) << rolled_back.text;
+  const json view = Rollout(*server);
+  EXPECT_EQ(view["phase"], "none") << view.dump(2);
+  EXPECT_EQ(view["stable_generation"], rolled_back.body["active_generation"]);
+  EXPECT_EQ(view["candidate_generation"], 0);
+  EXPECT_EQ(view["promoted_generation"], 0);
+  EXPECT_EQ(view["decided_by"], "");
+  EXPECT_EQ(Phases(view), (std::vector<std::string>{"canary 100", "promoted", "none"}));
+  EXPECT_THAT(view["reason"].get<std::string>(), HasSubstr("rollback; replaces generation"));
+
+  // A rollback during a rollout ends it (rolled back) and then resets the view.
+  Deploy(*server, "ValidNext", token);
+  ASSERT_EQ(Rollout(*server)["phase"], "canary");
+  ASSERT_EQ(Post(*client, backend + "/rollback", "", token).status, 200);
+  const json after = Rollout(*server);
+  EXPECT_EQ(after["phase"], "none") << after.dump(2);
+  EXPECT_EQ(after["candidate_generation"], 0);
+  // (A new candidate starts a new record.)
+  EXPECT_EQ(Phases(after), (std::vector<std::string>{"canary 100", "rolled_back", "none"}));
+}
+
+TEST(RolloutRollbackTest, AReloadOfARolledBackFileIsRefusedNamingTheVersionedFileAndWhy) {
+  const httplib::Headers token = {{"Authorization", "Bearer reload-token"}};
+  auto server = StartRolloutServer(R"({"shadow_fraction": 0, "min_samples": 100000000})",
+                                   "reload-token", VersionedFiles("ValidNext"));
+  auto client = server->Client();
+  const std::string backend = std::string("/v2/backends/") + kRolloutBackend;
+  ASSERT_EQ(Relink(*server, "Test_Valid_backend.so.1.3", token).body["action"], "candidate");
+  const uint64_t candidate = Rollout(*server)["candidate_generation"];
+  ASSERT_EQ(Post(*client, backend + "/rollout/abort", "", token).status, 200);
+
+  // The rejection names the versioned file behind the link.
+  const json status = Get(*client, backend).body;
+  ASSERT_FALSE(status["rejected"].empty()) << status.dump(2);
+  EXPECT_THAT(status["rejected"][0]["file"].get<std::string>(),
+              ::testing::EndsWith("/Test_Valid_backend.so"));
+  EXPECT_THAT(status["rejected"][0]["resolved_file"].get<std::string>(),
+              ::testing::EndsWith("/Test_Valid_backend.so.1.3"));
+  EXPECT_EQ(status["rejected"][0]["reason"], "ROLLED_BACK");
+
+  // An operator's reload does not start it again: 422, saying which file and why.
+  const JsonReply reload = Post(*client, backend + "/reload", "", token);
+  EXPECT_EQ(reload.status, 422) << reload.text;
+  EXPECT_EQ(reload.body["action"], "rejected") << reload.text;
+  const std::string error = reload.body["error"];
+  EXPECT_THAT(error, HasSubstr("Test_Valid_backend.so -> "));
+  EXPECT_THAT(error, HasSubstr("/Test_Valid_backend.so.1.3 was rolled back (operator: aborted "
+                               "through the admin API) and stays refused until another file is "
+                               "published"));
+  EXPECT_THAT(error, HasSubstr("ROLLED_BACK"));
+  EXPECT_EQ(Rollout(*server)["phase"], "rolled_back");
+  EXPECT_EQ(Rollout(*server)["candidate_generation"], candidate);
+  EXPECT_EQ(
+      server->running.core->context().registry.Describe(kRolloutBackend)->candidate_generation, 0u);
+
+  // Published again (a new file, renamed into place), it is rolled out anew.
+  server->home.Publish(Fixture("ValidNext"), "Test_Valid_backend.so.1.3");
+  const JsonReply again = Post(*client, backend + "/reload", "", token);
+  EXPECT_EQ(again.body["action"], "candidate") << again.text;
+  EXPECT_GT(Rollout(*server)["candidate_generation"].get<uint64_t>(), candidate);
+}
+
+TEST(RolloutPinTest, ThePromotionOfAPinnedBackendIsRefusedNamingThePin) {
+  const httplib::Headers token = {{"Authorization", "Bearer pinned-token"}};
+  auto server = StartRolloutServer(
+      R"({"shadow_fraction": 0, "min_samples": 100000000, "steps": [100]})", "pinned-token");
+  auto& registry = server->running.core->context().registry;
+  Deploy(*server, "ValidGoodFix", token);
+  const uint64_t stable = registry.Describe(kRolloutBackend)->active_generation;
+  const uint64_t candidate = registry.Describe(kRolloutBackend)->candidate_generation;
+  ASSERT_NE(candidate, 0u);
+  ASSERT_TRUE(registry.Pin(kRolloutBackend).ok());
+
+  auto promoted = registry.Promote(kRolloutBackend, candidate);
+  ASSERT_FALSE(promoted.ok());
+  EXPECT_EQ(promoted.error().code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(promoted.error().message(),
+            fmt::format("backend TestValid is pinned to generation {}: candidate generation {} "
+                        "is not promoted until it is unpinned",
+                        stable, candidate));
+  EXPECT_EQ(registry.Describe(kRolloutBackend)->active_generation, stable);
+  EXPECT_EQ(registry.Describe(kRolloutBackend)->candidate_generation, candidate);
+}
+
+// The controller decides to promote (an operator's advance at the last step) while another
+// thread pins: whichever comes first, once Pin returns nothing switches, and the rollout's view
+// agrees with the registry (never "rolled back" while the candidate is still on offer).
+TEST(RolloutPinTest, APinThatRacesAPromotionHoldsWhatItPinned) {
+  const uint64_t seed = TestSeed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 random(seed);
+  auto server =
+      StartRolloutServer(R"({"shadow_fraction": 0, "min_samples": 100000000, "steps": [100]})");
+  auto& context = server->running.core->context();
+  auto& registry = context.registry;
+  // Builds published in turn: never the version before the active one, which would come back at
+  // once instead of as a candidate.
+  const char* builds[] = {"ValidGoodFix", "ValidNext", "ValidSlow", "Valid"};
+  int held = 0, promoted_first = 0;
+  for (int round = 0; round < 24; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    if (registry.Describe(kRolloutBackend)->candidate_generation == 0) {
+      server->home.Publish(Fixture(builds[round % 4]), server->backend_file().filename());
+      auto outcome = registry.Reload(kRolloutBackend);
+      ASSERT_TRUE(outcome.ok());
+      ASSERT_EQ(outcome->action, DeployOutcome::Action::kCandidate) << outcome->message;
+    }
+    const uint64_t candidate = registry.Describe(kRolloutBackend)->candidate_generation;
+    // Each side waits a random while after the start, so that either comes first about as often.
+    std::atomic<bool> go{false};
+    Status advanced;
+    const auto advance_after = std::chrono::microseconds(random() % 300);
+    const auto pin_after = std::chrono::microseconds(random() % 300);
+    std::thread advancer([&] {
+      while (!go.load()) {
+      }
+      std::this_thread::sleep_for(advance_after);
+      advanced = context.rollouts.Advance(kRolloutBackend);
+    });
+    go.store(true);
+    std::this_thread::sleep_for(pin_after);
+    EXPECT_TRUE(registry.Pin(kRolloutBackend).ok());  // no ASSERT: the thread must be joined
+    const uint64_t pinned_to = registry.Describe(kRolloutBackend)->active_generation;
+    advancer.join();
+    if (!advanced.ok()) {
+      EXPECT_EQ(advanced.code(), StatusCode::kFailedPrecondition);
+      EXPECT_THAT(advanced.message(), HasSubstr("pinned")) << advanced.ToString();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    const auto status = registry.Describe(kRolloutBackend);
+    EXPECT_EQ(status->active_generation, pinned_to) << "switched after Pin returned";
+    if (status->candidate_generation == candidate) {
+      ++held;
+      const json view = Rollout(*server);
+      EXPECT_EQ(view["phase"], "canary") << view.dump(2);
+      EXPECT_EQ(view["pinned"], true) << view.dump(2);
+      EXPECT_EQ(view["candidate_generation"], candidate);
+      const Status refused = context.rollouts.Advance(kRolloutBackend);
+      EXPECT_EQ(refused.code(), StatusCode::kFailedPrecondition) << refused.ToString();
+    } else {
+      ++promoted_first;
+      EXPECT_EQ(status->candidate_generation, 0u);
+      EXPECT_TRUE(Eventually([&] { return Rollout(*server)["phase"] == "promoted"; },
+                             std::chrono::seconds(10)))
+          << Rollout(*server).dump(2);
+      EXPECT_EQ(Rollout(*server)["promoted_generation"], pinned_to);
+    }
+    ASSERT_TRUE(registry.Unpin(kRolloutBackend).ok());
+    // Unpinned, a held rollout is not stuck: the next advance promotes it.
+    if (status->candidate_generation == candidate) {
+      const Status resumed = context.rollouts.Advance(kRolloutBackend);
+      EXPECT_TRUE(resumed.ok()) << resumed.ToString();
+      EXPECT_EQ(registry.Describe(kRolloutBackend)->candidate_generation, 0u);
+      EXPECT_EQ(Rollout(*server)["phase"], "promoted");
+    }
+  }
+  RecordProperty("held", held);
+  RecordProperty("promoted_first", promoted_first);
+  std::printf("pin first: %d rounds, promotion first: %d rounds\n", held, promoted_first);
+}
+
+TEST(RolloutTest, TheHistoryIsPagedAndVerbAnswersCarryOnlyTheNewestTransition) {
+  const httplib::Headers token = {{"Authorization", "Bearer paging-token"}};
+  auto server =
+      StartRolloutServer(R"({"shadow_fraction": 0.1, "min_samples": 100000000})", "paging-token");
+  auto client = server->Client();
+  const std::string base = std::string("/v2/backends/") + kRolloutBackend + "/rollout";
+  Deploy(*server, "ValidGoodFix", token);
+  for (int i = 0; i < 60; ++i) {
+    ASSERT_EQ(Post(*client, base + "/pause", "", token).status, 200);
+    const json resumed = Post(*client, base + "/resume", "", token).body;
+    ASSERT_EQ(resumed["history"].size(), 1u) << resumed.dump(2);
+    ASSERT_EQ(resumed["history"][0]["why"], "resumed by an operator");
+    ASSERT_EQ(resumed["history_first"], 2 * i + 2);
+    ASSERT_EQ(resumed["history_total"], 2 * i + 3);
+  }
+  // 121 transitions, numbered 0 to 120; the oldest 21 dropped.
+  json page = Get(*client, base + "?history_from=0&history_limit=10").body;
+  EXPECT_EQ(page["history_total"], 121);
+  EXPECT_EQ(page["history_dropped"], 21);
+  EXPECT_EQ(page["history_first"], 21);  // 0 is gone: from the oldest kept
+  ASSERT_EQ(page["history"].size(), 10u);
+  EXPECT_EQ(Whys(page).front(), "paused by an operator");
+  page = Get(*client, base + "?history_from=115").body;
+  EXPECT_EQ(page["history_first"], 115);
+  ASSERT_EQ(page["history"].size(), 6u);
+  EXPECT_EQ(Whys(page).back(), "resumed by an operator");
+  page = Get(*client, base + "?history_limit=1&history_from=121").body;
+  EXPECT_EQ(page["history_first"], 121);
+  EXPECT_TRUE(page["history"].empty());
+  EXPECT_EQ(Get(*client, base).body["history"].size(), 100u);  // every one kept, by default
+
+  for (const char* query : {"?history_limit=0", "?history_limit=101", "?history_from=-1",
+                            "?history_from=1x", "?history_from=", "?page=2"}) {
+    const JsonReply refused = Get(*client, base + query);
+    EXPECT_EQ(refused.status, 400) << query << ": " << refused.text;
+  }
+  EXPECT_THAT(Get(*client, base + "?history_limit=500").text,
+              HasSubstr("query parameter history_limit must be an integer from 1 to 100, got "
+                        "'500'"));
+  EXPECT_THAT(Get(*client, base + "?page=2").text,
+              HasSubstr("unknown query parameter 'page' (known: history_from, history_limit)"));
 }
 
 }  // namespace

@@ -68,6 +68,7 @@ struct RejectedFile {
   std::filesystem::path file;
   Status error;            // why; its reason() is set
   std::string backend_id;  // when the file got far enough to name it, or replaced a known one
+  std::filesystem::path resolved_file;  // the real file `file` resolved to; empty when unknown
 };
 
 // A name left out because another name of its family speaks for the backend.

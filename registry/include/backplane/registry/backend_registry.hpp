@@ -250,12 +250,19 @@ class BackendRegistry : public std::enable_shared_from_this<BackendRegistry> {
   DeployOutcome Deploy(const Candidate& candidate, bool registering,
                        std::chrono::milliseconds settle_time, loader::LoadTrace* trace,
                        registry_detail::Events& events) BACKPLANE_REQUIRES(change_mutex_);
-  // `identity` is the file's as loaded; nullopt for a rollback, which loads a kept copy.
-  // `retain_previous`: whether the outgoing generation becomes the one Rollback returns to (not
-  // when a worker's build is restarted as itself).
+  enum class Activation {
+    kDeploy,
+    // A version that served before (Rollback, or the directory designating it again): not on
+    // probation, an operator's choice of a known build.
+    kRollback,
+    // A worker's build restarted as itself: the outgoing generation does not become the one
+    // Rollback returns to (the version before it stays).
+    kRestart,
+  };
+  // `identity` is the file's as loaded; nullopt for a rollback that loads a kept copy.
   DeployOutcome Activate(const std::string& id, loader::GenerationLease next,
                          const Candidate& candidate, std::optional<loader::FileIdentity> identity,
-                         registry_detail::Events& events, bool retain_previous = true)
+                         registry_detail::Events& events, Activation kind = Activation::kDeploy)
       BACKPLANE_REQUIRES(change_mutex_);
   // `why`: what withdraws it ("" : its file was deleted).
   // `id`'s lineage while `generation` is its active one; kNotFound or kFailedPrecondition else.
