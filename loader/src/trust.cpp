@@ -229,6 +229,14 @@ std::string DigestAllowlist::DescribeLocked() const {
   return file_ ? count + " from " + file_->string() : count + " given at start";
 }
 
+TrustHealth DigestAllowlist::Health() const {
+  MutexLock lock(mutex_);
+  RefreshLocked();
+  return {.digests = digests_.size(),
+          .list_files = file_ ? 1u : 0u,
+          .unreadable_lists = file_ && !broken_.ok() ? 1u : 0u};
+}
+
 bool DigestAllowlist::Contains(std::string_view sha256) const {
   auto digest = ParseSha256(sha256);  // in any case, as the list itself is read
   if (!digest.ok())
@@ -405,6 +413,10 @@ std::string SignaturePolicy::Describe() const {
   return std::to_string(keys_.size()) + " signing key(s): " + files;
 }
 
+TrustHealth SignaturePolicy::Health() const {
+  return {.keys = keys_.size()};
+}
+
 AnyOfTrust::AnyOfTrust(std::vector<std::shared_ptr<const TrustPolicy>> policies)
     : policies_(std::move(policies)) {}
 
@@ -431,6 +443,18 @@ std::string AnyOfTrust::Describe() const {
   for (const auto& policy : policies_)
     described += (described.empty() ? "" : " or ") + policy->Describe();
   return described;
+}
+
+TrustHealth AnyOfTrust::Health() const {
+  TrustHealth sum;
+  for (const auto& policy : policies_) {
+    const TrustHealth health = policy->Health();
+    sum.digests += health.digests;
+    sum.keys += health.keys;
+    sum.list_files += health.list_files;
+    sum.unreadable_lists += health.unreadable_lists;
+  }
+  return sum;
 }
 
 }  // namespace backplane::loader

@@ -137,6 +137,14 @@ std::vector<ShapeProgramSample> ShapeProgramSamples(const ServeContext& context)
   return samples;
 }
 
+// Whether each model version of the repository serves (backplane_model_ready).
+std::vector<ModelReadySample> ModelReadySamples(const ServeContext& context) {
+  std::vector<ModelReadySample> samples;
+  for (const auto& entry : context.repository.Index())
+    samples.push_back({entry.name, entry.version, entry.state == "READY"});
+  return samples;
+}
+
 // A model's batching configuration and how its requests were executed: requests against
 // executions, the batch-size and queue-delay histograms' counts and sums, and batches' execution
 // times by size (the buckets are in /metrics).
@@ -469,9 +477,10 @@ void AddAdminRoutes(HttpServer& http, const ServeContext& context) {
   http.Get("/metrics", [context](const HttpRequest&) {
     HttpResponse response;
     response.content_type = "text/plain; version=0.0.4; charset=utf-8";
-    response.body = context.metrics.Render(&context.registry, context.loader_stats,
-                                           ShapeProgramSamples(context)) +
-                    context.rollouts.RenderMetrics();
+    response.body =
+        context.metrics.Render(&context.registry, context.loader_stats,
+                               ShapeProgramSamples(context), ModelReadySamples(context)) +
+        context.rollouts.RenderMetrics();
     if (context.crash_supervisor != nullptr)
       response.body += RenderWorkerMetrics(context.registry, context.crash_supervisor->Counts());
     return response;

@@ -10,27 +10,64 @@ namespace {
 // pinned to it until unloaded).
 constexpr double kDrainBounds[] = {0.001, 0.01, 0.1, 0.5, 1, 5, 30, 120, 600};
 
+constexpr const char* kRollbackDeciders[] = {"policy", "operator", "deploy"};
+
 }  // namespace
+
+std::string_view RollbackDecidedBy(std::string_view message) {
+  // The rollout controller drops a candidate with "<decided_by>: <why>" as its message.
+  for (std::string_view by : {"policy", "operator"}) {
+    if (message.size() > by.size() && message.substr(0, by.size()) == by &&
+        message[by.size()] == ':')
+      return by;
+  }
+  return "deploy";
+}
 
 // ---- BackendEventMetrics --------------------------------------------------------------------
 
 BackendEventMetrics::Events& BackendEventMetrics::BackendLocked(const std::string& id) {
   Events& events = backends_[id];
-  if (!events.drain_seconds)
+  if (!events.drain_seconds) {
+    // Every series of a backend exists from the start, at 0: a counter born at 1 has no earlier
+    // sample, so increase() over it is 0 and an alert on the first rejection would never fire.
     events.drain_seconds = std::make_unique<Histogram>(kDrainBounds);
+    for (int i = 0; i <= static_cast<int>(LoadReason::kLastReason); ++i) {
+      if (static_cast<LoadReason>(i) != LoadReason::kRolledBack)
+        events.rejected[static_cast<LoadReason>(i)] = 0;
+    }
+    for (const char* by : kRollbackDeciders)
+      events.rollbacks[by] = 0;
+  }
   return events;
+}
+
+void BackendEventMetrics::CountRejectedLocked(const std::string& id, uint64_t generation,
+                                              const Status& error) {
+  // The registry gives every rejection a reason code (PREPARE_FAILED when a runtime could not
+  // prepare its networks on the new generation); count one without as that, too.
+  const LoadReason reason = error.reason().value_or(LoadReason::kPrepareFailed);
+  // A candidate rolled back was not at fault as a file: it loaded and served, and a working
+  // rollout rolls candidates back. Counted apart, so that an alert on broken files stays quiet.
+  if (reason == LoadReason::kRolledBack) {
+    if (generation != 0)
+      ++BackendLocked(id).rollbacks[std::string(RollbackDecidedBy(error.message()))];
+    return;
+  }
+  ++BackendLocked(id).rejected[reason];
 }
 
 void BackendEventMetrics::AttachRegistry(const BackendRegistry& registry) {
   const auto ids = registry.BackendIds();
   const auto rejected = registry.Rejected();
   MutexLock lock(mutex_);
+  BackendLocked("");
   for (const auto& id : ids) {
     known_backends_.insert(id);
     BackendLocked(id);
   }
   for (const auto& file : rejected)
-    ++rejected_by_reason_[std::string(file.error.name())];
+    CountRejectedLocked(file.backend_id, 0, file.error);
 }
 
 void BackendEventMetrics::OnGenerationEvent(const GenerationEvent& event) {
@@ -46,10 +83,7 @@ void BackendEventMetrics::OnGenerationEvent(const GenerationEvent& event) {
       break;
     }
     case GenerationEvent::Kind::kRejected:
-      // The registry gives every rejection a reason code (PREPARE_FAILED when a runtime could
-      // not prepare its networks on the new generation); count one without as that, too.
-      ++rejected_by_reason_[event.error.reason() ? std::string(event.error.name())
-                                                 : std::string("PREPARE_FAILED")];
+      CountRejectedLocked(event.backend_id, event.generation, event.error);
       break;
     case GenerationEvent::Kind::kLeaked:
       ++BackendLocked(event.backend_id).leaked;
@@ -67,19 +101,41 @@ void BackendEventMetrics::Render(PrometheusWriter& out) const {
   MutexLock lock(mutex_);
   out.Family("backplane_backend_swaps_total", "counter",
              "Times a backend's active generation was replaced (deploys and rollbacks).");
-  for (const auto& [id, events] : backends_)
-    out.Sample("backplane_backend_swaps_total", {{"backend", id}}, events.swaps);
+  for (const auto& [id, events] : backends_) {
+    if (!id.empty())
+      out.Sample("backplane_backend_swaps_total", {{"backend", id}}, events.swaps);
+  }
   out.Family("backplane_backend_rejected_loads_total", "counter",
-             "Backend files refused, by reason code (docs/troubleshooting.md).");
-  for (const auto& [reason, count] : rejected_by_reason_)
-    out.Sample("backplane_backend_rejected_loads_total", {{"reason", reason}}, count);
+             "Backend files refused, by backend (empty: the file named none) and reason code "
+             "(docs/troubleshooting.md); rollout candidates rolled back are in "
+             "backplane_backend_rollbacks_total.");
+  for (const auto& [id, events] : backends_) {
+    for (const auto& [reason, count] : events.rejected) {
+      out.Sample("backplane_backend_rejected_loads_total",
+                 {{"backend", id}, {"reason", std::string(ToString(reason))}}, count);
+    }
+  }
+  out.Family("backplane_backend_rollbacks_total", "counter",
+             "Rollout candidates rolled back, by who decided: policy (the rollout's verdict), "
+             "operator (the admin API), deploy (superseded by a newer file, or the stable file "
+             "designated again).");
+  for (const auto& [id, events] : backends_) {
+    if (id.empty())
+      continue;
+    for (const auto& [by, count] : events.rollbacks)
+      out.Sample("backplane_backend_rollbacks_total", {{"backend", id}, {"by", by}}, count);
+  }
   out.Family("backplane_backend_leaked_generations_total", "counter",
              "Generations still mapped after dlclose, by backend.");
-  for (const auto& [id, events] : backends_)
-    out.Sample("backplane_backend_leaked_generations_total", {{"backend", id}}, events.leaked);
+  for (const auto& [id, events] : backends_) {
+    if (!id.empty())
+      out.Sample("backplane_backend_leaked_generations_total", {{"backend", id}}, events.leaked);
+  }
   out.Family("backplane_backend_drain_seconds", "histogram",
              "Time from a generation being replaced to its code leaving the process.");
   for (const auto& [id, events] : backends_) {
+    if (id.empty())
+      continue;
     out.HistogramSamples("backplane_backend_drain_seconds", {{"backend", id}},
                          events.drain_seconds->Read());
   }
@@ -129,6 +185,22 @@ void RenderBackendGenerations(PrometheusWriter& out, const BackendRegistry& regi
                  int64_t{1});
     }
   }
+}
+
+void RenderTrustHealth(PrometheusWriter& out, const loader::TrustPolicy* trust) {
+  if (trust == nullptr)
+    return;
+  const loader::TrustHealth health = trust->Health();
+  out.Family("backplane_trust_digests", "gauge",
+             "Digests on the trusted backend lists now (0 while a list file trusts nothing).");
+  out.Sample("backplane_trust_digests", {}, health.digests);
+  out.Family("backplane_trust_signing_keys", "gauge",
+             "Public keys whose signatures make backend content trusted.");
+  out.Sample("backplane_trust_signing_keys", {}, health.keys);
+  out.Family("backplane_trust_list_unreadable", "gauge",
+             "Trusted-list files that cannot be read or parsed: they trust nothing (fail "
+             "closed) until fixed.");
+  out.Sample("backplane_trust_list_unreadable", {}, health.unreadable_lists);
 }
 
 void RenderLoaderStats(PrometheusWriter& out, const loader::LoaderStats& stats) {

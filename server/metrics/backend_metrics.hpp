@@ -23,22 +23,37 @@ class BackendEventMetrics {
   void AttachRegistry(const BackendRegistry& registry) BACKPLANE_EXCLUDES(mutex_);
   void OnGenerationEvent(const GenerationEvent& event) BACKPLANE_EXCLUDES(mutex_);
 
-  // backplane_backend_{swaps,rejected_loads,leaked_generations}_total and _drain_seconds.
+  // backplane_backend_{swaps,rejected_loads,rollbacks,leaked_generations}_total and
+  // _drain_seconds.
   void Render(PrometheusWriter& out) const BACKPLANE_EXCLUDES(mutex_);
 
  private:
   struct Events {
     uint64_t swaps = 0;
     uint64_t leaked = 0;
+    std::map<LoadReason, uint64_t> rejected;    // files at fault, by reason
+    std::map<std::string, uint64_t> rollbacks;  // candidates rolled back, by who decided
     std::unique_ptr<Histogram> drain_seconds;
   };
+  // `id` "" holds the files rejected before they named a backend.
   Events& BackendLocked(const std::string& id) BACKPLANE_REQUIRES(mutex_);
+  void CountRejectedLocked(const std::string& id, uint64_t generation, const Status& error)
+      BACKPLANE_REQUIRES(mutex_);
 
   mutable Mutex mutex_;
   std::set<std::string> known_backends_ BACKPLANE_GUARDED_BY(mutex_);
   std::map<std::string, Events> backends_ BACKPLANE_GUARDED_BY(mutex_);
-  std::map<std::string, uint64_t> rejected_by_reason_ BACKPLANE_GUARDED_BY(mutex_);
 };
+
+// Who rolled a rollout candidate back, from its rejection's message: "policy" (its numbers),
+// "operator" (the admin API), or "deploy" (a newer file superseded it, the stable file was
+// designated again, the file was deleted, the backend was rolled back).
+std::string_view RollbackDecidedBy(std::string_view message);
+
+// The trust policy's health (docs/operators.md, "Securing the backend directory"): digests and
+// keys trusted, whether an allowlist file trusts nothing because it could not be read. Nothing
+// without a policy.
+void RenderTrustHealth(PrometheusWriter& out, const loader::TrustPolicy* trust);
 
 // The generations per backend and state, and each backend's active generation (a number and an
 // info series naming its file and content), read from the registry at scrape time.

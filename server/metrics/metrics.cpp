@@ -2,6 +2,8 @@
 
 #include <utility>
 
+#include "metrics/process_metrics.hpp"
+
 namespace backplane::server {
 
 namespace {
@@ -139,6 +141,17 @@ void RenderShapeProgramFamilies(PrometheusWriter& out,
   }
 }
 
+// 1 for each model version that serves, 0 for a model of the repository that does not.
+void RenderModelReadiness(PrometheusWriter& out, std::span<const ModelReadySample> models) {
+  out.Family("backplane_model_ready", "gauge",
+             "1 when a model version serves requests (READY), 0 for a model of the repository "
+             "that does not (version empty).");
+  for (const auto& model : models) {
+    out.Sample("backplane_model_ready", {{"model", model.model}, {"version", model.version}},
+               int64_t{model.ready ? 1 : 0});
+  }
+}
+
 }  // namespace
 
 // ---- ModelMetrics ---------------------------------------------------------------------------
@@ -188,7 +201,8 @@ ModelMetrics& ServerMetrics::ForModel(std::string_view name) {
 
 std::string ServerMetrics::Render(const BackendRegistry* registry,
                                   const loader::LoaderStats* loader_stats,
-                                  std::span<const ShapeProgramSample> shape_programs) const {
+                                  std::span<const ShapeProgramSample> shape_programs,
+                                  std::span<const ModelReadySample> model_states) const {
   ModelList models;
   {
     MutexLock lock(models_mutex_);
@@ -196,11 +210,16 @@ std::string ServerMetrics::Render(const BackendRegistry* registry,
       models.emplace_back(name, metrics.get());
   }
   PrometheusWriter out;
+  RenderBuildInfo(out);
+  RenderProcessMetrics(out, ReadProcessSample());
   http.Render(out);
+  RenderModelReadiness(out, model_states);
   RenderModelFamilies(out, models);
   RenderShapeProgramFamilies(out, shape_programs);
-  if (registry != nullptr)
+  if (registry != nullptr) {
     RenderBackendGenerations(out, *registry);
+    RenderTrustHealth(out, registry->trust().get());
+  }
   backend_events_.Render(out);
   if (loader_stats != nullptr)
     RenderLoaderStats(out, *loader_stats);

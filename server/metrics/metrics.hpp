@@ -78,6 +78,14 @@ struct ShapeProgramSample {
   uint64_t capacity = 0;
 };
 
+// Whether one model version of the repository serves (Triton's READY), read at scrape time from
+// the repository index: a model that is not serving has one sample with an empty version.
+struct ModelReadySample {
+  std::string model;
+  std::string version;
+  bool ready = false;
+};
+
 // Every metric of the server. Thread-safe.
 class ServerMetrics {
  public:
@@ -95,11 +103,13 @@ class ServerMetrics {
   void AttachRegistry(const BackendRegistry& registry) { backend_events_.AttachRegistry(registry); }
   void OnGenerationEvent(const GenerationEvent& event) { backend_events_.OnGenerationEvent(event); }
 
-  // The whole exposition. `registry` (optional) adds the generations per backend and state; the
-  // loader counters come from `loader_stats` when given; `shape_programs`, one per served model
-  // version with dynamic input dimensions.
+  // The whole exposition. `registry` (optional) adds the generations per backend and state and
+  // the trust policy's health; the loader counters come from `loader_stats` when given;
+  // `shape_programs`, one per served model version with dynamic input dimensions; `models`, the
+  // repository's index (backplane_model_ready). Build info and process_* always.
   std::string Render(const BackendRegistry* registry, const loader::LoaderStats* loader_stats,
-                     std::span<const ShapeProgramSample> shape_programs = {}) const
+                     std::span<const ShapeProgramSample> shape_programs = {},
+                     std::span<const ModelReadySample> models = {}) const
       BACKPLANE_EXCLUDES(models_mutex_);
 
  private:

@@ -21,6 +21,10 @@ std::string FormatDouble(double value) {
 
 }  // namespace
 
+std::string FormatSampleValue(double value) {
+  return FormatDouble(value);
+}
+
 std::string EscapeLabelValue(std::string_view value) {
   std::string escaped;
   escaped.reserve(value.size());

@@ -58,6 +58,9 @@ class PrometheusWriter {
   std::string text_;
 };
 
+// A sample value: the shortest text that reads back as the same double (+Inf, -Inf, NaN).
+std::string FormatSampleValue(double value);
+
 // Prometheus label value escaping: backslash, double quote and newline.
 std::string EscapeLabelValue(std::string_view value);
 

@@ -262,8 +262,10 @@ TEST(ServeAdminTest, ARejectedDeployIs422AndTheOldVersionServesOn) {
   EXPECT_EQ(Post(*client, "/v2/models/mlp/infer", kMlpRequest).status, 200);
   const auto metrics = client->Get("/metrics");
   ASSERT_TRUE(metrics);
-  EXPECT_THAT(metrics->body,
-              HasSubstr("backplane_backend_rejected_loads_total{reason=\"NOT_ELF\"} 1\n"));
+  EXPECT_THAT(
+      metrics->body,
+      HasSubstr("backplane_backend_rejected_loads_total{backend=\"CpuRef\",reason=\"NOT_ELF\"} "
+                "1\n"));
 
   // A good file again: the next reload takes it.
   home.PublishBackendCopy();

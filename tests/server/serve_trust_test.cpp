@@ -23,7 +23,7 @@ using ::testing::HasSubstr;
 
 constexpr char kMlpRequest[] =
     R"({"inputs":[{"name":"features","shape":[1,4],"datatype":"FP32","data":[1,2,3,4]}]})";
-constexpr char kUntrustedMetric[] = "backplane_backend_rejected_loads_total{reason=\"UNTRUSTED\"} ";
+constexpr char kUntrustedMetric[] = "backplane_backend_rejected_loads_total{";
 
 CommandResult CheckDigest(const std::string& arguments) {
   return RunCommand(std::string(BACKPLANE_EXECUTABLE) + " check --digest " + arguments +
@@ -35,15 +35,20 @@ uint64_t ActiveGeneration(httplib::Client& client) {
   return reply.status == 200 ? reply.body["active_generation"].get<uint64_t>() : 0;
 }
 
-// The rejected-loads count for UNTRUSTED in /metrics; -1 when absent.
+// The rejected-loads count for UNTRUSTED in /metrics, summed over backends (a file refused
+// before it named one counts under backend ""); -1 when absent.
 int UntrustedCount(httplib::Client& client) {
   const auto reply = client.Get("/metrics");
   if (!reply)
     return -1;
-  const auto at = reply->body.find(kUntrustedMetric);
-  if (at == std::string::npos)
-    return -1;
-  return std::stoi(reply->body.substr(at + std::string_view(kUntrustedMetric).size()));
+  int count = -1;
+  std::istringstream lines(reply->body);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind(kUntrustedMetric, 0) != 0 || line.find("reason=\"UNTRUSTED\"}") == line.npos)
+      continue;
+    count = std::max(count, 0) + std::stoi(line.substr(line.rfind(' ') + 1));
+  }
+  return count;
 }
 
 std::size_t Occurrences(const std::string& text, std::string_view needle) {

@@ -37,6 +37,15 @@ struct TrustSubject {
   std::filesystem::path real_path;
 };
 
+// What a trust policy holds now, for the server's metrics: an alert must hear of a list that
+// trusts nothing because it could not be read.
+struct TrustHealth {
+  uint64_t digests = 0;           // digests on allowlists
+  uint64_t keys = 0;              // public keys of signature policies
+  uint64_t list_files = 0;        // allowlists read from a file
+  uint64_t unreadable_lists = 0;  // of them, unreadable or malformed when last read (trust none)
+};
+
 // Thread-safe: one policy serves every load of a registry, and registries load concurrently.
 class TrustPolicy {
  public:
@@ -50,6 +59,9 @@ class TrustPolicy {
   virtual uint64_t Revision() const = 0;
   // What the policy trusts, for `check` and logs ("3 digests from /etc/backplane/trusted").
   virtual std::string Describe() const = 0;
+  // What the policy trusts now: a list file that changed is re-read first, as Check would, so
+  // that a list broken between two loads is seen before the next deploy fails on it.
+  virtual TrustHealth Health() const { return {}; }
 };
 
 // `text` as a SHA-256 digest: 64 hex digits, returned in lowercase (sha256sum's format).
@@ -87,6 +99,7 @@ class DigestAllowlist final : public TrustPolicy {
   Status Check(const TrustSubject& subject) const override BACKPLANE_EXCLUDES(mutex_);
   uint64_t Revision() const override BACKPLANE_EXCLUDES(mutex_);
   std::string Describe() const override BACKPLANE_EXCLUDES(mutex_);
+  TrustHealth Health() const override BACKPLANE_EXCLUDES(mutex_);
 
   // Whether `sha256` (hex, any case) is on the list now.
   bool Contains(std::string_view sha256) const BACKPLANE_EXCLUDES(mutex_);
@@ -132,6 +145,7 @@ class SignaturePolicy final : public TrustPolicy {
   Status Check(const TrustSubject& subject) const override BACKPLANE_EXCLUDES(mutex_);
   uint64_t Revision() const override BACKPLANE_EXCLUDES(mutex_);
   std::string Describe() const override;
+  TrustHealth Health() const override;
 
  private:
   struct Key;
@@ -157,6 +171,7 @@ class AnyOfTrust final : public TrustPolicy {
   Status Check(const TrustSubject& subject) const override;
   uint64_t Revision() const override;
   std::string Describe() const override;
+  TrustHealth Health() const override;  // the sum of its policies'
 
  private:
   const std::vector<std::shared_ptr<const TrustPolicy>> policies_;

@@ -145,6 +145,8 @@ class BackendRegistry : public std::enable_shared_from_this<BackendRegistry> {
   std::optional<RegisteredBackend> Find(std::string_view id) const;
   std::vector<loader::RejectedFile> Rejected() const;  // bounded, oldest first
   const std::vector<std::filesystem::path>& directories() const { return directories_; }
+  // Which content may load (null: any); its health is in the server's metrics.
+  const std::shared_ptr<const loader::TrustPolicy>& trust() const { return trust_; }
 
   // A new instance of backend `id` for one runtime (the factory is called every time).
   Result<std::shared_ptr<loader::BackendInstance>> CreateInstance(std::string_view id);
