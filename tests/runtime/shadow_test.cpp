@@ -26,21 +26,11 @@ constexpr char kId[] = "TestValid";
 // ValidSlow: the same outputs as Valid, every execution 5 ms longer (a sleep: it holds whatever
 // thread runs it, as a slow build holds a client's slot).
 constexpr double kSlowMicros = 5000;
-// The load's network: two Identity layers over this many floats, a few tens of µs a run on
+// The load's network: TwoLayerIdentityNetwork over this many floats, a few tens of µs a run on
 // Valid (each layer a pass over 256 KiB), so that ValidSlow is over a hundred times slower
 // and the rollout's bookkeeping per request (a few atomics) is not what is measured.
 constexpr int64_t kWideElements = 64 * 1024;
 
-Network WideIdentityNetwork() {
-  const TensorInfo info{DataType::kFloat32, {kWideElements}};
-  Network network{.name = "wide_two_layers"};
-  network.inputs = {{"x", info}};
-  network.outputs = {{"y", info}};
-  network.nodes = {{.name = "first", .op_type = "Identity", .inputs = {"x"}, .outputs = {"h"}},
-                   {.name = "second", .op_type = "Identity", .inputs = {"h"}, .outputs = {"y"}}};
-  network.values = {{"x", info}, {"h", info}, {"y", info}};
-  return network;
-}
 // Clients and arena threads: as many as the cores of the machine this runs on in CI.
 constexpr int kThreads = 2;
 #if defined(BACKPLANE_ASAN_BUILD) || defined(BACKPLANE_TSAN_BUILD)
@@ -64,7 +54,7 @@ class ShadowTest : public ::testing::Test {
     auto network = runtime_->LoadNetwork(testing::TwoLayerIdentityNetwork());
     ASSERT_TRUE(network.ok()) << network.error().ToString();
     network_ = network.value();
-    auto wide = runtime_->LoadNetwork(WideIdentityNetwork());
+    auto wide = runtime_->LoadNetwork(testing::TwoLayerIdentityNetwork(kWideElements));
     ASSERT_TRUE(wide.ok()) << wide.error().ToString();
     wide_ = wide.value();
   }

@@ -4,8 +4,8 @@
 
 namespace backplane::testing {
 
-Network TwoLayerIdentityNetwork() {
-  const TensorInfo info{DataType::kFloat32, {4}};
+Network TwoLayerIdentityNetwork(int64_t elements) {
+  const TensorInfo info{DataType::kFloat32, {elements}};
   Network network{.name = "two_layers"};
   network.inputs = {{"x", info}};
   network.outputs = {{"y", info}};

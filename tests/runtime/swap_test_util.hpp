@@ -26,9 +26,9 @@ bool WaitFor(Predicate done,
 
 // Hot reload: the fixture builds Valid and ValidNext run Identity adding 0 and 1000 per layer.
 constexpr float kNextOffset = 1000.0f;
-// x -> Identity -> h -> Identity -> y on FP32[4]. Two layers on one backend, so that a request
-// that mixed generations would be off by exactly one offset.
-Network TwoLayerIdentityNetwork();
+// x -> Identity -> h -> Identity -> y on FP32[elements]. Two layers on one backend, so that a
+// request that mixed generations would be off by exactly one offset.
+Network TwoLayerIdentityNetwork(int64_t elements = 4);
 // x -> Relu "relu" -> h -> Add(h, x) "add" -> s -> Identity "copy" -> y on FP32 `shape` (a
 // negative dim: dynamic): one run of three layers, computing relu(x) + x.
 Network ChainNetwork(Shape shape = {4});
