@@ -24,9 +24,6 @@ using nlohmann::json;
 using server::ServeConfig;
 using ::testing::HasSubstr;
 
-constexpr char kRolloutBackend[] = "TestValid";
-constexpr auto kRolloutDecisionTimeout = std::chrono::seconds(90);
-
 // ---- Config ---------------------------------------------------------------------------------
 
 TEST(RolloutConfigTest, ReadsTheKeysOverTheDefaults) {
@@ -116,69 +113,6 @@ TEST(RolloutConfigTest, RefusesEveryBadValueNamingTheKeyAndWhy) {
 
 // ---- Whole servers --------------------------------------------------------------------------
 
-struct RolloutServer {
-  ServeHome home;
-  server::RunningServer running;
-  fs::path backend_file() const { return home.backends() / "Test_Valid_backend.so"; }
-  std::unique_ptr<httplib::Client> Client() const {
-    auto client = std::make_unique<httplib::Client>("127.0.0.1", running.http.port);
-    client->set_read_timeout(30, 0);
-    return client;
-  }
-};
-
-// `files` (default: the Valid fixture as TestValid's file) writes the backend directory.
-std::unique_ptr<RolloutServer> StartRolloutServer(
-    const std::string& rollout_policy, const std::string& admin_token = "",
-    const std::function<void(const RolloutServer&)>& files = {}) {
-  auto server = std::make_unique<RolloutServer>();
-  server->home.Write("models/identity/1/model.onnx", RowIdentityModel());
-  server->home.Write("models/identity/config.json", R"({"backends": ["TestValid"]})");
-  if (files)
-    files(*server);
-  else
-    CopyFile(Fixture("Valid"), server->backend_file());
-  // deploys are explicit: the admin API's reload
-  ServeConfig config = InProcessConfig(server->home);
-  config.admin_token = admin_token;
-  Status applied = server::ApplyConfigText(
-      R"({"deploy_policy": "progressive", "rollout": )" + rollout_policy + "}", "test.json",
-      config);
-  if (!applied.ok())
-    throw std::runtime_error(applied.ToString());
-  auto started = server::StartServer(config);
-  if (!started.ok())
-    throw std::runtime_error("server did not start: " + started.error().ToString());
-  server->running = std::move(started).value();
-  return server;
-}
-
-// Publishes fixture `name` as TestValid's file (write beside, rename into place) and has the
-// server look at it, as the watcher would.
-json Deploy(const RolloutServer& server, std::string_view name,
-            const httplib::Headers& token = {}) {
-  server.home.Publish(Fixture(name), server.backend_file().filename());
-  auto client = server.Client();
-  return Post(*client, std::string("/v2/backends/") + kRolloutBackend + "/reload", "", token).body;
-}
-
-json Rollout(const RolloutServer& server) {
-  auto client = server.Client();
-  return Get(*client, std::string("/v2/backends/") + kRolloutBackend + "/rollout").body;
-}
-
-// Waits until the rollout has ended (promoted or rolled back); its last view.
-json WaitForDecision(const RolloutServer& server) {
-  json view;
-  Eventually(
-      [&] {
-        view = Rollout(server);
-        return view["phase"] == "promoted" || view["phase"] == "rolled_back";
-      },
-      kRolloutDecisionTimeout);
-  return view;
-}
-
 // REST clients sending one row each, continuously, and checking every answer against the
 // stable build's (identity): an answer that differs is a wrong answer a client saw.
 class RolloutClients {
@@ -260,7 +194,7 @@ std::vector<std::string> Phases(const json& view) {
 
 // The generation's state in the registry's history, "" when not on record.
 std::string GenerationState(const RolloutServer& server, uint64_t generation) {
-  auto status = server.running.core->context().registry.Describe(kRolloutBackend);
+  auto status = server.running.core->context().registry.Describe(RolloutServer::kBackend);
   for (const auto& record : status->generations) {
     if (record.generation == generation)
       return std::string(ToString(record.state));
@@ -275,12 +209,12 @@ TEST(RolloutTest, AGoodFixGoesThroughShadowAndEveryStepAndIsPromoted) {
       R"({"shadow_fraction": 0.5, "min_samples": 30, "steps": [10, 50, 100],
           "max_latency_regression": 1000000})");
   const uint64_t stable =
-      server->running.core->context().registry.Describe(kRolloutBackend)->active_generation;
+      server->running.core->context().registry.Describe(RolloutServer::kBackend)->active_generation;
   RolloutClients clients(*server, 4, seed);
   ASSERT_TRUE(Eventually([&] { return clients.answers() > 20; }, std::chrono::seconds(30)));
-  const json deployed = Deploy(*server, "ValidGoodFix");
+  const json deployed = server->Deploy("ValidGoodFix");
   EXPECT_EQ(deployed["action"], "candidate") << deployed.dump();
-  const json view = WaitForDecision(*server);
+  const json view = server->WaitForDecision();
   clients.Stop();
 
   ASSERT_EQ(view["phase"], "promoted") << view.dump(2);
@@ -292,7 +226,7 @@ TEST(RolloutTest, AGoodFixGoesThroughShadowAndEveryStepAndIsPromoted) {
   EXPECT_EQ(view["stable_generation"], stable);
   // The candidate was tried in a worker (candidate_isolation "process", the default); what is
   // promoted is its build loaded again in the server, a generation of its own.
-  const auto status = server->running.core->context().registry.Describe(kRolloutBackend);
+  const auto status = server->running.core->context().registry.Describe(RolloutServer::kBackend);
   EXPECT_GT(status->active_generation, candidate);
   std::string tried_sha256, active_sha256;
   for (const auto& record : status->generations) {
@@ -303,7 +237,7 @@ TEST(RolloutTest, AGoodFixGoesThroughShadowAndEveryStepAndIsPromoted) {
   }
   EXPECT_FALSE(tried_sha256.empty());
   EXPECT_EQ(active_sha256, tried_sha256);
-  const auto active = server->running.core->context().runtime.Backend(kRolloutBackend);
+  const auto active = server->running.core->context().runtime.Backend(RolloutServer::kBackend);
   ASSERT_NE(active, nullptr);
   EXPECT_EQ(active->generation_number(), status->active_generation);
   EXPECT_EQ(active->generation()->out_of_process(), nullptr) << "the promoted build runs here";
@@ -327,8 +261,8 @@ TEST(RolloutTest, AFixThatChangesOutputsIsStoppedInShadowBeforeAnsweringAnyClien
   auto server = StartRolloutServer(R"({"shadow_fraction": 0.5, "min_samples": 30})");
   RolloutClients clients(*server, 4, seed);
   ASSERT_TRUE(Eventually([&] { return clients.answers() > 20; }, std::chrono::seconds(30)));
-  Deploy(*server, "ValidNext");  // adds 1000 to every output
-  const json view = WaitForDecision(*server);
+  server->Deploy("ValidNext");  // adds 1000 to every output
+  const json view = server->WaitForDecision();
   // RolloutClients keep being answered by the stable generation after the rollback.
   const int answered_at_rollback = clients.answers();
   ASSERT_TRUE(Eventually([&] { return clients.answers() > answered_at_rollback + 20; },
@@ -354,8 +288,8 @@ TEST(RolloutTest, AFixThatChangesOutputsIsStoppedInShadowBeforeAnsweringAnyClien
                          std::chrono::seconds(10)));
   // The same file is not deployed again by a look at the directory (the watcher's rescan).
   server->running.core->context().registry.Rescan();
-  EXPECT_EQ(Rollout(*server)["candidate_generation"], candidate);
-  EXPECT_EQ(Rollout(*server)["phase"], "rolled_back");
+  EXPECT_EQ(server->Rollout()["candidate_generation"], candidate);
+  EXPECT_EQ(server->Rollout()["phase"], "rolled_back");
 }
 
 TEST(RolloutTest, AFixThatFailsOnSomeInputsIsRolledBackInCanaryAndOnlyItsRequestsFail) {
@@ -368,8 +302,8 @@ TEST(RolloutTest, AFixThatFailsOnSomeInputsIsRolledBackInCanaryAndOnlyItsRequest
   RolloutClients clients(*server, 4, seed, /*negative_share=*/0.3);
   ASSERT_TRUE(Eventually([&] { return clients.answers() > 20; }, std::chrono::seconds(30)));
   EXPECT_TRUE(clients.failures().empty()) << "the stable build fails";
-  Deploy(*server, "ValidFailsSome");  // fails an execution with a negative input
-  const json view = WaitForDecision(*server);
+  server->Deploy("ValidFailsSome");  // fails an execution with a negative input
+  const json view = server->WaitForDecision();
   clients.Stop();
 
   ASSERT_EQ(view["phase"], "rolled_back") << view.dump(2);
@@ -385,7 +319,7 @@ TEST(RolloutTest, AFixThatFailsOnSomeInputsIsRolledBackInCanaryAndOnlyItsRequest
   // The totals are the rollout's last reading of the candidate's counters, taken when it was
   // decided: a request then in flight on the candidate (one per client at most) failed after it,
   // uncounted.
-  const json totals = Rollout(*server)["totals"];
+  const json totals = server->Rollout()["totals"];
   EXPECT_EQ(totals["stable"]["errors"], 0);
   const auto counted = totals["candidate"]["errors"].get<std::size_t>();
   EXPECT_LE(counted, failures.size());
@@ -401,8 +335,8 @@ TEST(RolloutTest, ASlowFixIsRolledBackInCanaryByTheJudge) {
       StartRolloutServer(R"({"shadow_fraction": 0, "min_samples": 30, "steps": [25, 100]})");
   RolloutClients clients(*server, 4, seed);
   ASSERT_TRUE(Eventually([&] { return clients.answers() > 20; }, std::chrono::seconds(30)));
-  Deploy(*server, "ValidSlow");  // the same outputs, 5 ms slower
-  const json view = WaitForDecision(*server);
+  server->Deploy("ValidSlow");  // the same outputs, 5 ms slower
+  const json view = server->WaitForDecision();
   clients.Stop();
 
   ASSERT_EQ(view["phase"], "rolled_back") << view.dump(2);
@@ -424,18 +358,18 @@ TEST(RolloutTest, OperatorsAdvancePauseResumeAndAbortThroughTheAdminApi) {
   // Samples enough that the policy never moves on by itself during the test.
   auto server = StartRolloutServer(R"({"shadow_fraction": 0.1, "min_samples": 100000000})", kToken);
   auto client = server->Client();
-  const std::string base = std::string("/v2/backends/") + kRolloutBackend + "/rollout";
+  const std::string base = std::string("/v2/backends/") + RolloutServer::kBackend + "/rollout";
 
-  const json idle = Rollout(*server);
+  const json idle = server->Rollout();
   EXPECT_EQ(idle["phase"], "none");
   EXPECT_EQ(idle["candidate_generation"], 0);
   EXPECT_EQ(Post(*client, base + "/advance", "", token).status, 409);  // none under way
   EXPECT_EQ(Get(*client, "/v2/backends/Nope/rollout").status, 404);
 
-  Deploy(*server, "ValidGoodFix", token);
-  EXPECT_EQ(Rollout(*server)["phase"], "shadow");
+  server->Deploy("ValidGoodFix", token);
+  EXPECT_EQ(server->Rollout()["phase"], "shadow");
   EXPECT_EQ(Post(*client, base + "/advance", "").status, 401);  // the token is required
-  EXPECT_EQ(Rollout(*server)["phase"], "shadow");
+  EXPECT_EQ(server->Rollout()["phase"], "shadow");
   const auto unknown = Post(*client, base + "/jump", "", token);
   EXPECT_EQ(unknown.status, 404);
   EXPECT_THAT(unknown.text, HasSubstr("known: advance, pause, resume, abort"));
@@ -466,11 +400,13 @@ TEST(RolloutTest, OperatorsAdvancePauseResumeAndAbortThroughTheAdminApi) {
   // The policy edit is on record at the share it kept (the verb's answer carries only the
   // newest transition, GET pages through them all).
   EXPECT_EQ(Phases(view), (std::vector<std::string>{"rolled_back"}));
-  EXPECT_EQ(Phases(Rollout(*server)),
+  EXPECT_EQ(Phases(server->Rollout()),
             (std::vector<std::string>{"shadow", "canary 1", "paused", "canary 1", "canary 10",
                                       "canary 10", "rolled_back"}));
-  EXPECT_EQ(
-      server->running.core->context().registry.Describe(kRolloutBackend)->candidate_generation, 0u);
+  EXPECT_EQ(server->running.core->context()
+                .registry.Describe(RolloutServer::kBackend)
+                ->candidate_generation,
+            0u);
 
   // Counted in /metrics, labelled by backend and phase.
   const auto metrics = client->Get("/metrics");
@@ -499,30 +435,32 @@ TEST(RolloutTest, APinnedBackendHoldsItsRolloutUntilUnpinned) {
           "max_latency_regression": 1000000})",
       "pin-token");
   auto client = server->Client();
-  const std::string backend = std::string("/v2/backends/") + kRolloutBackend;
+  const std::string backend = std::string("/v2/backends/") + RolloutServer::kBackend;
   RolloutClients clients(*server, 2, seed);
   ASSERT_TRUE(Eventually([&] { return clients.answers() > 20; }, std::chrono::seconds(30)));
-  Deploy(*server, "ValidGoodFix", token);
-  ASSERT_EQ(Rollout(*server)["weight_percent"], 10);
+  server->Deploy("ValidGoodFix", token);
+  ASSERT_EQ(server->Rollout()["weight_percent"], 10);
   ASSERT_EQ(Post(*client, backend + "/pin", "", token).status, 200);
   // The policy now has a verdict every 20 runs, and would move on at the first pass.
   json view = Put(*client, backend + "/rollout/policy", R"({"min_samples": 20})", token).body;
   ASSERT_EQ(view["pinned"], true) << view.dump(2);
-  ASSERT_TRUE(Eventually([&] { return Rollout(*server)["samples"].get<int>() >= 100; },
+  ASSERT_TRUE(Eventually([&] { return server->Rollout()["samples"].get<int>() >= 100; },
                          std::chrono::seconds(60)));
-  view = Rollout(*server);
+  view = server->Rollout();
   EXPECT_EQ(view["phase"], "canary") << view.dump(2);
   EXPECT_EQ(view["weight_percent"], 10);
   const auto advanced = Post(*client, backend + "/rollout/advance", "", token);
   EXPECT_EQ(advanced.status, 409);
   EXPECT_THAT(advanced.text, HasSubstr("backend TestValid is pinned: its rollout holds (no step, "
                                        "no promotion) until it is unpinned"));
-  EXPECT_EQ(Rollout(*server)["weight_percent"], 10);
-  EXPECT_NE(
-      server->running.core->context().registry.Describe(kRolloutBackend)->candidate_generation, 0u);
+  EXPECT_EQ(server->Rollout()["weight_percent"], 10);
+  EXPECT_NE(server->running.core->context()
+                .registry.Describe(RolloutServer::kBackend)
+                ->candidate_generation,
+            0u);
 
   ASSERT_EQ(Post(*client, backend + "/unpin", "", token).status, 200);
-  view = WaitForDecision(*server);
+  view = server->WaitForDecision();
   clients.Stop();
   ASSERT_EQ(view["phase"], "promoted") << view.dump(2);
   EXPECT_EQ(Phases(view), (std::vector<std::string>{"canary 10", "canary 10", "canary 10",
@@ -540,11 +478,11 @@ TEST(RolloutTest, APolicyEditKeepsTheShareAndGoesOnFromTheNextStepAboveIt) {
       R"({"shadow_fraction": 0, "min_samples": 100000000, "steps": [10, 20, 30, 40, 100]})",
       "edit-token");
   auto client = server->Client();
-  const std::string base = std::string("/v2/backends/") + kRolloutBackend + "/rollout";
-  Deploy(*server, "ValidGoodFix", token);
+  const std::string base = std::string("/v2/backends/") + RolloutServer::kBackend + "/rollout";
+  server->Deploy("ValidGoodFix", token);
   for (int i = 0; i < 3; ++i)
     ASSERT_EQ(Post(*client, base + "/advance", "", token).status, 200);
-  ASSERT_EQ(Rollout(*server)["weight_percent"], 40);
+  ASSERT_EQ(server->Rollout()["weight_percent"], 40);
 
   // Fewer steps: the candidate keeps 40 %, not the 100 % the old step index would now name.
   json view = Put(*client, base + "/policy", R"({"steps": [50, 100]})", token).body;
@@ -565,7 +503,7 @@ TEST(RolloutTest, APolicyEditKeepsTheShareAndGoesOnFromTheNextStepAboveIt) {
   const auto refused = Put(*client, base + "/policy", R"({"steps": [0.004, 100]})", token);
   EXPECT_EQ(refused.status, 400);
   EXPECT_THAT(refused.text, HasSubstr("'rollout.steps' entry 0.004 is below 0.01"));
-  EXPECT_EQ(Phases(Rollout(*server)),
+  EXPECT_EQ(Phases(server->Rollout()),
             (std::vector<std::string>{"canary 10", "canary 20", "canary 30", "canary 40",
                                       "canary 40", "canary 50", "canary 100", "canary 100"}));
 }
@@ -575,13 +513,13 @@ TEST(RolloutTest, TheHistoryKeepsTheNewestTransitionsAndCountsTheOthers) {
   auto server =
       StartRolloutServer(R"({"shadow_fraction": 0.1, "min_samples": 100000000})", "history-token");
   auto client = server->Client();
-  const std::string base = std::string("/v2/backends/") + kRolloutBackend + "/rollout";
-  Deploy(*server, "ValidGoodFix", token);
+  const std::string base = std::string("/v2/backends/") + RolloutServer::kBackend + "/rollout";
+  server->Deploy("ValidGoodFix", token);
   for (int i = 0; i < 60; ++i) {
     ASSERT_EQ(Post(*client, base + "/pause", "", token).status, 200);
     ASSERT_EQ(Post(*client, base + "/resume", "", token).status, 200);
   }
-  const json view = Rollout(*server);
+  const json view = server->Rollout();
   ASSERT_EQ(view["history"].size(), 100u);
   EXPECT_EQ(view["history_dropped"], 21);  // the start, 120 transitions, 100 kept
   EXPECT_EQ(Whys(view).back(), "resumed by an operator");
@@ -593,8 +531,8 @@ TEST(RolloutTest, AStepEndsWhenItsTimeIsUpAndOnInconclusiveDecides) {
   auto server = StartRolloutServer(
       R"({"shadow_fraction": 0.5, "steps": [50, 100], "step_max_duration_s": 0.2})");
   const auto started = std::chrono::steady_clock::now();
-  Deploy(*server, "ValidGoodFix");
-  const json view = WaitForDecision(*server);
+  server->Deploy("ValidGoodFix");
+  const json view = server->WaitForDecision();
   ASSERT_EQ(view["phase"], "promoted") << view.dump(2);
   EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(30));
   EXPECT_EQ(Phases(view),
@@ -609,11 +547,11 @@ TEST(RolloutTest, AStepEndsWhenItsTimeIsUpAndOnInconclusiveDecides) {
   // "hold": the step stays, on record once, until an operator (or a verdict) decides.
   auto held = StartRolloutServer(
       R"({"shadow_fraction": 0.5, "step_max_duration_s": 0.2, "on_inconclusive": "hold"})");
-  Deploy(*held, "ValidGoodFix");
+  held->Deploy("ValidGoodFix");
   ASSERT_TRUE(
-      Eventually([&] { return Rollout(*held)["history"].size() == 2; }, std::chrono::seconds(30)));
+      Eventually([&] { return held->Rollout()["history"].size() == 2; }, std::chrono::seconds(30)));
   std::this_thread::sleep_for(std::chrono::milliseconds(500));  // a few more deadlines' worth
-  const json holding = Rollout(*held);
+  const json holding = held->Rollout();
   EXPECT_EQ(holding["phase"], "shadow") << holding.dump(2);
   EXPECT_EQ(Phases(holding), (std::vector<std::string>{"shadow", "shadow"}));
   EXPECT_THAT(Whys(holding)[1], HasSubstr("; on_inconclusive hold: held until a verdict or an "
@@ -640,11 +578,12 @@ JsonReply Relink(const RolloutServer& server, const std::string& target,
   fs::create_symlink(target, temporary);
   fs::rename(temporary, server.backend_file());
   auto client = server.Client();
-  return Post(*client, std::string("/v2/backends/") + kRolloutBackend + "/reload", "", token);
+  return Post(*client, std::string("/v2/backends/") + RolloutServer::kBackend + "/reload", "",
+              token);
 }
 
 GenerationStatus ActiveRecord(const RolloutServer& server) {
-  auto status = server.running.core->context().registry.Describe(kRolloutBackend);
+  auto status = server.running.core->context().registry.Describe(RolloutServer::kBackend);
   for (const auto& record : status->generations) {
     if (record.generation == status->active_generation)
       return record;
@@ -658,7 +597,7 @@ TEST(RolloutRollbackTest, ALinkPointedBackToThePreviousFileRollsBackAtOnceAndRes
       StartRolloutServer(R"({"shadow_fraction": 0, "min_samples": 100000000, "steps": [50, 100]})",
                          "link-token", VersionedFiles("ValidGoodFix"));
   auto client = server->Client();
-  const std::string base = std::string("/v2/backends/") + kRolloutBackend + "/rollout";
+  const std::string base = std::string("/v2/backends/") + RolloutServer::kBackend + "/rollout";
   const uint64_t first = ActiveRecord(*server).generation;
 
   // Forward to .so.1.3: a rollout, promoted by an operator.
@@ -666,7 +605,7 @@ TEST(RolloutRollbackTest, ALinkPointedBackToThePreviousFileRollsBackAtOnceAndRes
   ASSERT_EQ(forward.body["action"], "candidate") << forward.text;
   ASSERT_EQ(Post(*client, base + "/advance", "", token).status, 200);
   ASSERT_EQ(Post(*client, base + "/advance", "", token).status, 200);
-  ASSERT_EQ(Rollout(*server)["phase"], "promoted");
+  ASSERT_EQ(server->Rollout()["phase"], "promoted");
   const uint64_t promoted = ActiveRecord(*server).generation;
   ASSERT_NE(promoted, first);
   EXPECT_THAT(ActiveRecord(*server).resolved_file.string(), ::testing::EndsWith(".so.1.3"));
@@ -680,11 +619,13 @@ TEST(RolloutRollbackTest, ALinkPointedBackToThePreviousFileRollsBackAtOnceAndRes
   EXPECT_GT(active.generation, promoted);
   EXPECT_EQ(back.body["generation"], active.generation);
   EXPECT_THAT(active.resolved_file.string(), ::testing::EndsWith(".so.1.2"));
-  EXPECT_EQ(
-      server->running.core->context().registry.Describe(kRolloutBackend)->candidate_generation, 0u);
+  EXPECT_EQ(server->running.core->context()
+                .registry.Describe(RolloutServer::kBackend)
+                ->candidate_generation,
+            0u);
 
   // The view no longer shows the promotion of .so.1.3 as what serves.
-  const json view = Rollout(*server);
+  const json view = server->Rollout();
   EXPECT_EQ(view["phase"], "none") << view.dump(2);
   EXPECT_EQ(view["stable_generation"], active.generation);
   EXPECT_EQ(view["candidate_generation"], 0);
@@ -698,7 +639,7 @@ TEST(RolloutRollbackTest, ALinkPointedBackToThePreviousFileRollsBackAtOnceAndRes
                                     active.generation, promoted)));
   // And a look at the directory does not start anything either.
   server->running.core->context().registry.Rescan();
-  EXPECT_EQ(Rollout(*server)["phase"], "none");
+  EXPECT_EQ(server->Rollout()["phase"], "none");
 }
 
 TEST(RolloutRollbackTest, TheRolloutViewIsResetAfterARollbackThroughTheApi) {
@@ -706,14 +647,14 @@ TEST(RolloutRollbackTest, TheRolloutViewIsResetAfterARollbackThroughTheApi) {
   auto server = StartRolloutServer(
       R"({"shadow_fraction": 0, "min_samples": 100000000, "steps": [100]})", "api-token");
   auto client = server->Client();
-  const std::string backend = std::string("/v2/backends/") + kRolloutBackend;
-  Deploy(*server, "ValidGoodFix", token);
+  const std::string backend = std::string("/v2/backends/") + RolloutServer::kBackend;
+  server->Deploy("ValidGoodFix", token);
   ASSERT_EQ(Post(*client, backend + "/rollout/advance", "", token).status, 200);
-  ASSERT_EQ(Rollout(*server)["phase"], "promoted");
+  ASSERT_EQ(server->Rollout()["phase"], "promoted");
 
   const JsonReply rolled_back = Post(*client, backend + "/rollback", "", token);
   ASSERT_EQ(rolled_back.status, 200) << rolled_back.text;
-  const json view = Rollout(*server);
+  const json view = server->Rollout();
   EXPECT_EQ(view["phase"], "none") << view.dump(2);
   EXPECT_EQ(view["stable_generation"], rolled_back.body["active_generation"]);
   EXPECT_EQ(view["candidate_generation"], 0);
@@ -723,10 +664,10 @@ TEST(RolloutRollbackTest, TheRolloutViewIsResetAfterARollbackThroughTheApi) {
   EXPECT_THAT(view["reason"].get<std::string>(), HasSubstr("rollback; replaces generation"));
 
   // A rollback during a rollout ends it (rolled back) and then resets the view.
-  Deploy(*server, "ValidNext", token);
-  ASSERT_EQ(Rollout(*server)["phase"], "canary");
+  server->Deploy("ValidNext", token);
+  ASSERT_EQ(server->Rollout()["phase"], "canary");
   ASSERT_EQ(Post(*client, backend + "/rollback", "", token).status, 200);
-  const json after = Rollout(*server);
+  const json after = server->Rollout();
   EXPECT_EQ(after["phase"], "none") << after.dump(2);
   EXPECT_EQ(after["candidate_generation"], 0);
   // (A new candidate starts a new record.)
@@ -738,9 +679,9 @@ TEST(RolloutRollbackTest, AReloadOfARolledBackFileIsRefusedNamingTheVersionedFil
   auto server = StartRolloutServer(R"({"shadow_fraction": 0, "min_samples": 100000000})",
                                    "reload-token", VersionedFiles("ValidNext"));
   auto client = server->Client();
-  const std::string backend = std::string("/v2/backends/") + kRolloutBackend;
+  const std::string backend = std::string("/v2/backends/") + RolloutServer::kBackend;
   ASSERT_EQ(Relink(*server, "Test_Valid_backend.so.1.3", token).body["action"], "candidate");
-  const uint64_t candidate = Rollout(*server)["candidate_generation"];
+  const uint64_t candidate = server->Rollout()["candidate_generation"];
   ASSERT_EQ(Post(*client, backend + "/rollout/abort", "", token).status, 200);
 
   // The rejection names the versioned file behind the link.
@@ -762,16 +703,18 @@ TEST(RolloutRollbackTest, AReloadOfARolledBackFileIsRefusedNamingTheVersionedFil
                                "through the admin API) and stays refused until another file is "
                                "published"));
   EXPECT_THAT(error, HasSubstr("ROLLED_BACK"));
-  EXPECT_EQ(Rollout(*server)["phase"], "rolled_back");
-  EXPECT_EQ(Rollout(*server)["candidate_generation"], candidate);
-  EXPECT_EQ(
-      server->running.core->context().registry.Describe(kRolloutBackend)->candidate_generation, 0u);
+  EXPECT_EQ(server->Rollout()["phase"], "rolled_back");
+  EXPECT_EQ(server->Rollout()["candidate_generation"], candidate);
+  EXPECT_EQ(server->running.core->context()
+                .registry.Describe(RolloutServer::kBackend)
+                ->candidate_generation,
+            0u);
 
   // Published again (a new file, renamed into place), it is rolled out anew.
   server->home.Publish(Fixture("ValidNext"), "Test_Valid_backend.so.1.3");
   const JsonReply again = Post(*client, backend + "/reload", "", token);
   EXPECT_EQ(again.body["action"], "candidate") << again.text;
-  EXPECT_GT(Rollout(*server)["candidate_generation"].get<uint64_t>(), candidate);
+  EXPECT_GT(server->Rollout()["candidate_generation"].get<uint64_t>(), candidate);
 }
 
 TEST(RolloutPinTest, ThePromotionOfAPinnedBackendIsRefusedNamingThePin) {
@@ -779,21 +722,21 @@ TEST(RolloutPinTest, ThePromotionOfAPinnedBackendIsRefusedNamingThePin) {
   auto server = StartRolloutServer(
       R"({"shadow_fraction": 0, "min_samples": 100000000, "steps": [100]})", "pinned-token");
   auto& registry = server->running.core->context().registry;
-  Deploy(*server, "ValidGoodFix", token);
-  const uint64_t stable = registry.Describe(kRolloutBackend)->active_generation;
-  const uint64_t candidate = registry.Describe(kRolloutBackend)->candidate_generation;
+  server->Deploy("ValidGoodFix", token);
+  const uint64_t stable = registry.Describe(RolloutServer::kBackend)->active_generation;
+  const uint64_t candidate = registry.Describe(RolloutServer::kBackend)->candidate_generation;
   ASSERT_NE(candidate, 0u);
-  ASSERT_TRUE(registry.Pin(kRolloutBackend).ok());
+  ASSERT_TRUE(registry.Pin(RolloutServer::kBackend).ok());
 
-  auto promoted = registry.Promote(kRolloutBackend, candidate);
+  auto promoted = registry.Promote(RolloutServer::kBackend, candidate);
   ASSERT_FALSE(promoted.ok());
   EXPECT_EQ(promoted.error().code(), StatusCode::kFailedPrecondition);
   EXPECT_EQ(promoted.error().message(),
             fmt::format("backend TestValid is pinned to generation {}: candidate generation {} "
                         "is not promoted until it is unpinned",
                         stable, candidate));
-  EXPECT_EQ(registry.Describe(kRolloutBackend)->active_generation, stable);
-  EXPECT_EQ(registry.Describe(kRolloutBackend)->candidate_generation, candidate);
+  EXPECT_EQ(registry.Describe(RolloutServer::kBackend)->active_generation, stable);
+  EXPECT_EQ(registry.Describe(RolloutServer::kBackend)->candidate_generation, candidate);
 }
 
 // The controller decides to promote (an operator's advance at the last step) while another
@@ -813,13 +756,13 @@ TEST(RolloutPinTest, APinThatRacesAPromotionHoldsWhatItPinned) {
   int held = 0, promoted_first = 0;
   for (int round = 0; round < 24; ++round) {
     SCOPED_TRACE("round " + std::to_string(round));
-    if (registry.Describe(kRolloutBackend)->candidate_generation == 0) {
+    if (registry.Describe(RolloutServer::kBackend)->candidate_generation == 0) {
       server->home.Publish(Fixture(builds[round % 4]), server->backend_file().filename());
-      auto outcome = registry.Reload(kRolloutBackend);
+      auto outcome = registry.Reload(RolloutServer::kBackend);
       ASSERT_TRUE(outcome.ok());
       ASSERT_EQ(outcome->action, DeployOutcome::Action::kCandidate) << outcome->message;
     }
-    const uint64_t candidate = registry.Describe(kRolloutBackend)->candidate_generation;
+    const uint64_t candidate = registry.Describe(RolloutServer::kBackend)->candidate_generation;
     // Each side waits a random while after the start, so that either comes first about as often.
     std::atomic<bool> go{false};
     Status advanced;
@@ -829,43 +772,44 @@ TEST(RolloutPinTest, APinThatRacesAPromotionHoldsWhatItPinned) {
       while (!go.load()) {
       }
       std::this_thread::sleep_for(advance_after);
-      advanced = context.rollouts.Advance(kRolloutBackend);
+      advanced = context.rollouts.Advance(RolloutServer::kBackend);
     });
     go.store(true);
     std::this_thread::sleep_for(pin_after);
-    EXPECT_TRUE(registry.Pin(kRolloutBackend).ok());  // no ASSERT: the thread must be joined
-    const uint64_t pinned_to = registry.Describe(kRolloutBackend)->active_generation;
+    EXPECT_TRUE(
+        registry.Pin(RolloutServer::kBackend).ok());  // no ASSERT: the thread must be joined
+    const uint64_t pinned_to = registry.Describe(RolloutServer::kBackend)->active_generation;
     advancer.join();
     if (!advanced.ok()) {
       EXPECT_EQ(advanced.code(), StatusCode::kFailedPrecondition);
       EXPECT_THAT(advanced.message(), HasSubstr("pinned")) << advanced.ToString();
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    const auto status = registry.Describe(kRolloutBackend);
+    const auto status = registry.Describe(RolloutServer::kBackend);
     EXPECT_EQ(status->active_generation, pinned_to) << "switched after Pin returned";
     if (status->candidate_generation == candidate) {
       ++held;
-      const json view = Rollout(*server);
+      const json view = server->Rollout();
       EXPECT_EQ(view["phase"], "canary") << view.dump(2);
       EXPECT_EQ(view["pinned"], true) << view.dump(2);
       EXPECT_EQ(view["candidate_generation"], candidate);
-      const Status refused = context.rollouts.Advance(kRolloutBackend);
+      const Status refused = context.rollouts.Advance(RolloutServer::kBackend);
       EXPECT_EQ(refused.code(), StatusCode::kFailedPrecondition) << refused.ToString();
     } else {
       ++promoted_first;
       EXPECT_EQ(status->candidate_generation, 0u);
-      EXPECT_TRUE(Eventually([&] { return Rollout(*server)["phase"] == "promoted"; },
+      EXPECT_TRUE(Eventually([&] { return server->Rollout()["phase"] == "promoted"; },
                              std::chrono::seconds(10)))
-          << Rollout(*server).dump(2);
-      EXPECT_EQ(Rollout(*server)["promoted_generation"], pinned_to);
+          << server->Rollout().dump(2);
+      EXPECT_EQ(server->Rollout()["promoted_generation"], pinned_to);
     }
-    ASSERT_TRUE(registry.Unpin(kRolloutBackend).ok());
+    ASSERT_TRUE(registry.Unpin(RolloutServer::kBackend).ok());
     // Unpinned, a held rollout is not stuck: the next advance promotes it.
     if (status->candidate_generation == candidate) {
-      const Status resumed = context.rollouts.Advance(kRolloutBackend);
+      const Status resumed = context.rollouts.Advance(RolloutServer::kBackend);
       EXPECT_TRUE(resumed.ok()) << resumed.ToString();
-      EXPECT_EQ(registry.Describe(kRolloutBackend)->candidate_generation, 0u);
-      EXPECT_EQ(Rollout(*server)["phase"], "promoted");
+      EXPECT_EQ(registry.Describe(RolloutServer::kBackend)->candidate_generation, 0u);
+      EXPECT_EQ(server->Rollout()["phase"], "promoted");
     }
   }
   RecordProperty("held", held);
@@ -878,8 +822,8 @@ TEST(RolloutTest, TheHistoryIsPagedAndVerbAnswersCarryOnlyTheNewestTransition) {
   auto server =
       StartRolloutServer(R"({"shadow_fraction": 0.1, "min_samples": 100000000})", "paging-token");
   auto client = server->Client();
-  const std::string base = std::string("/v2/backends/") + kRolloutBackend + "/rollout";
-  Deploy(*server, "ValidGoodFix", token);
+  const std::string base = std::string("/v2/backends/") + RolloutServer::kBackend + "/rollout";
+  server->Deploy("ValidGoodFix", token);
   for (int i = 0; i < 60; ++i) {
     ASSERT_EQ(Post(*client, base + "/pause", "", token).status, 200);
     const json resumed = Post(*client, base + "/resume", "", token).body;

@@ -381,4 +381,58 @@ JsonReply Put(httplib::Client& client, const std::string& path, const std::strin
   return ToReply(client.Put(path.c_str(), headers, body, "application/json"));
 }
 
+// ---- Progressive rollouts of TestValid -----------------------------------------------------
+
+std::unique_ptr<httplib::Client> RolloutServer::Client() const {
+  auto client = std::make_unique<httplib::Client>("127.0.0.1", running.http.port);
+  client->set_read_timeout(30, 0);
+  return client;
+}
+
+json RolloutServer::Deploy(std::string_view name, const httplib::Headers& token) const {
+  home.Publish(Fixture(name), backend_file().filename());
+  auto client = Client();
+  return Post(*client, std::string("/v2/backends/") + kBackend + "/reload", "", token).body;
+}
+
+json RolloutServer::Rollout() const {
+  auto client = Client();
+  return Get(*client, std::string("/v2/backends/") + kBackend + "/rollout").body;
+}
+
+json RolloutServer::WaitForDecision() const {
+  json view;
+  Eventually(
+      [&] {
+        view = Rollout();
+        return view["phase"] == "promoted" || view["phase"] == "rolled_back";
+      },
+      kDecisionTimeout);
+  return view;
+}
+
+std::unique_ptr<RolloutServer> StartRolloutServer(
+    const std::string& rollout_policy, const std::string& admin_token,
+    const std::function<void(const RolloutServer&)>& files) {
+  auto server = std::make_unique<RolloutServer>();
+  server->home.Write("models/identity/1/model.onnx", RowIdentityModel());
+  server->home.Write("models/identity/config.json", R"({"backends": ["TestValid"]})");
+  if (files)
+    files(*server);
+  else
+    CopyFile(Fixture("Valid"), server->backend_file());
+  server::ServeConfig config = InProcessConfig(server->home);
+  config.admin_token = admin_token;
+  Status applied = server::ApplyConfigText(
+      R"({"deploy_policy": "progressive", "rollout": )" + rollout_policy + "}", "test.json",
+      config);
+  if (!applied.ok())
+    throw std::runtime_error(applied.ToString());
+  auto started = server::StartServer(config);
+  if (!started.ok())
+    throw std::runtime_error("server did not start: " + started.error().ToString());
+  server->running = std::move(started).value();
+  return server;
+}
+
 }  // namespace backplane::testing

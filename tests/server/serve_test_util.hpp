@@ -185,6 +185,33 @@ class RowClients {
   std::vector<std::thread> threads_;
 };
 
+// ---- Progressive rollouts of TestValid -----------------------------------------------------
+
+// A server in this process serving `identity` (RowIdentityModel) on TestValid, deploy policy
+// progressive; deploys are explicit (the admin API's reload).
+struct RolloutServer {
+  static constexpr char kBackend[] = "TestValid";
+  static constexpr auto kDecisionTimeout = std::chrono::seconds(90);
+
+  ServeHome home;
+  server::RunningServer running;
+  std::filesystem::path backend_file() const { return home.backends() / "Test_Valid_backend.so"; }
+  std::unique_ptr<httplib::Client> Client() const;
+  // Publishes fixture `name` as TestValid's file (write beside, rename into place) and has the
+  // server look at it, as the watcher would; the reload's answer.
+  nlohmann::json Deploy(std::string_view name, const httplib::Headers& token = {}) const;
+  nlohmann::json Rollout() const;  // GET …/rollout
+  // Waits until the rollout has ended (promoted or rolled back); its last view.
+  nlohmann::json WaitForDecision() const;
+};
+
+// `rollout_policy`: the config's "rollout" object. `files` (default: the Valid fixture as
+// TestValid's file) writes the backend directory. Throws std::runtime_error when the server does
+// not start.
+std::unique_ptr<RolloutServer> StartRolloutServer(
+    const std::string& rollout_policy, const std::string& admin_token = "",
+    const std::function<void(const RolloutServer&)>& files = {});
+
 // One server shared by every test of a suite: starting one per test would cost a second each.
 // `Suite::PrepareHome(home)` (optional) writes what the suite needs before the start (a config,
 // models) and returns arguments to add. Each suite (CRTP) has a server of its own.

@@ -20,60 +20,11 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 using ::testing::HasSubstr;
 
-constexpr char kBackend[] = "TestValid";
-constexpr auto kDecisionTimeout = std::chrono::seconds(90);
-
-struct Server {
-  ServeHome home;
-  server::RunningServer running;
-  fs::path backend_file() const { return home.backends() / "Test_Valid_backend.so"; }
-  std::unique_ptr<httplib::Client> Client() const {
-    auto client = std::make_unique<httplib::Client>("127.0.0.1", running.http.port);
-    client->set_read_timeout(30, 0);
-    return client;
-  }
-  json Rollout() const {
-    auto client = Client();
-    return Get(*client, std::string("/v2/backends/") + kBackend + "/rollout").body;
-  }
-  // Publishes fixture `name` as TestValid's file and has the server look at it.
-  json Deploy(std::string_view name) const {
-    home.Publish(Fixture(name), backend_file().filename());
-    auto client = Client();
-    return Post(*client, std::string("/v2/backends/") + kBackend + "/reload", "").body;
-  }
-  json WaitForDecision() const {
-    json view;
-    Eventually(
-        [&] {
-          view = Rollout();
-          return view["phase"] == "promoted" || view["phase"] == "rolled_back";
-        },
-        kDecisionTimeout);
-    return view;
-  }
-};
-
-std::unique_ptr<Server> StartServer(const std::string& rollout_policy) {
-  auto server = std::make_unique<Server>();
-  server->home.Write("models/identity/1/model.onnx", RowIdentityModel());
-  server->home.Write("models/identity/config.json", R"({"backends": ["TestValid"]})");
-  CopyFile(Fixture("Valid"), server->backend_file());
-  server::ServeConfig config = InProcessConfig(server->home);
-  Status applied = server::ApplyConfigText(
-      R"({"deploy_policy": "progressive", "rollout": )" + rollout_policy + "}", "test.json",
-      config);
-  if (!applied.ok())
-    throw std::runtime_error(applied.ToString());
-  server->running = StartInProcess(config);
-  return server;
-}
-
 // Clients sending rows back to back; an answer other than 200 is kept. The values are not
 // checked: the option test changes them on purpose.
 class Clients {
  public:
-  Clients(const Server& server, int count) : joiner_{stop_, threads_} {
+  Clients(const RolloutServer& server, int count) : joiner_{stop_, threads_} {
     for (int c = 0; c < count; ++c) {
       threads_.emplace_back([this, &server] {
         auto client = server.Client();
@@ -162,7 +113,8 @@ TEST(ShadowJudgeTest, FailsACandidateTwiceAsSlowAndPassesColdRunsOfAFewMicroseco
 // ---- Whole servers ------------------------------------------------------------------------------
 
 TEST(ShadowRolloutTest, ACandidateThousandsOfTimesSlowerIsRolledBackInShadowOnItsLatency) {
-  auto server = StartServer(R"({"shadow_fraction": 1.0, "min_samples": 30, "steps": [50, 100]})");
+  auto server =
+      StartRolloutServer(R"({"shadow_fraction": 1.0, "min_samples": 30, "steps": [50, 100]})");
   Clients clients(*server, 2);
   ASSERT_TRUE(Eventually([&] { return clients.answers() > 20; }, std::chrono::seconds(30)));
   server->Deploy("ValidSlow");  // the same outputs, 5 ms slower
@@ -178,7 +130,8 @@ TEST(ShadowRolloutTest, ACandidateThousandsOfTimesSlowerIsRolledBackInShadowOnIt
 }
 
 TEST(ShadowRolloutTest, ACandidateWhoseShadowRunTimesOutIsRolledBackWhileItRuns) {
-  auto server = StartServer(R"({"shadow_fraction": 1.0, "min_samples": 30, "steps": [50, 100]})");
+  auto server =
+      StartRolloutServer(R"({"shadow_fraction": 1.0, "min_samples": 30, "steps": [50, 100]})");
   Clients clients(*server, 2);
   ASSERT_TRUE(Eventually([&] { return clients.answers() > 20; }, std::chrono::seconds(30)));
   const auto deployed = std::chrono::steady_clock::now();
@@ -198,7 +151,7 @@ TEST(ShadowRolloutTest, ACandidateWhoseShadowRunTimesOutIsRolledBackWhileItRuns)
 // Issue 40, item 12: set during shadow, the option reached the stable instance only; the
 // identical build then diverged and was rolled back.
 TEST(ShadowRolloutTest, AnOptionSetDuringShadowReachesTheCandidateAndAnIdenticalBuildIsPromoted) {
-  auto server = StartServer(
+  auto server = StartRolloutServer(
       R"({"shadow_fraction": 1.0, "min_samples": 300, "steps": [50, 100],
           "max_latency_regression": 1000000})");
   Clients clients(*server, 2);
@@ -214,8 +167,9 @@ TEST(ShadowRolloutTest, AnOptionSetDuringShadowReachesTheCandidateAndAnIdentical
       << server->Rollout().dump(2);
   {
     auto client = server->Client();
-    const auto reply = Put(*client, std::string("/v2/backends/") + kBackend + "/options",
-                           R"({"execute_offset": 0.5, "prepared_offset": 0.25})");
+    const auto reply =
+        Put(*client, std::string("/v2/backends/") + RolloutServer::kBackend + "/options",
+            R"({"execute_offset": 0.5, "prepared_offset": 0.25})");
     ASSERT_EQ(reply.status, 200) << reply.text;
   }
   EXPECT_EQ(server->Rollout()["phase"], "shadow") << "the option came too late to test anything";
