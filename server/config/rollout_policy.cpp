@@ -95,6 +95,12 @@ Status ApplyKey(const std::string& key, const json& value, RolloutPolicy& policy
     policy.sandbox_candidates = value == "process";
     return Status::Ok();
   }
+  if (key == "baseline") {
+    if (!value.is_boolean())
+      return InvalidArgument("'" + name + "' must be true or false, got " + value.dump());
+    policy.baseline = value.get<bool>();
+    return Status::Ok();
+  }
   if (key == "steps") {
     if (!value.is_array() || value.empty()) {
       return InvalidArgument("'" + name +
@@ -130,7 +136,7 @@ Status ApplyKey(const std::string& key, const json& value, RolloutPolicy& policy
       "' (known: shadow_fraction, min_samples, steps, confidence, max_latency_regression, "
       "worker_latency_allowance_us, "
       "max_error_excess, max_abs_divergence, step_max_duration_s, inconclusive_limit, "
-      "on_inconclusive, candidate_isolation)");
+      "on_inconclusive, candidate_isolation, baseline)");
 }
 
 }  // namespace
@@ -170,7 +176,8 @@ json RolloutPolicyJson(const RolloutPolicy& policy) {
           {"inconclusive_limit", policy.inconclusive_limit},
           {"on_inconclusive",
            policy.on_inconclusive == RolloutPolicy::OnInconclusive::kAdvance ? "advance" : "hold"},
-          {"candidate_isolation", policy.sandbox_candidates ? "process" : "none"}};
+          {"candidate_isolation", policy.sandbox_candidates ? "process" : "none"},
+          {"baseline", policy.baseline}};
 }
 
 }  // namespace backplane::server

@@ -57,6 +57,11 @@ struct RolloutPolicy {
   // (the build that is promoted is loaded again where its backend's generations run); "none" runs
   // it where they run. A start-up setting: a candidate's place is chosen when its file loads.
   bool sandbox_candidates = true;
+  // "baseline": true loads the stable build again beside each candidate, placed as the candidate
+  // is, and gives it the candidate's share of requests (up to half of them); canary steps judge
+  // the candidate against it (Kayenta's baseline), without worker_latency_allowance_us. false
+  // judges against the stable generation. A start-up setting, as candidate_isolation.
+  bool baseline = true;
 };
 
 // "immediate" or "progressive": kInvalidArgument otherwise.

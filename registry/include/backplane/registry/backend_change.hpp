@@ -28,6 +28,10 @@ struct BackendChange {
   loader::GenerationLease next;      // null: the id is withdrawn (its file was deleted)
   loader::GenerationLease previous;  // null: a new id
   Target target = Target::kActive;
+  // kCandidate arriving: the stable build loaded again as the rollout's baseline (placed where
+  // the candidate is), bound beside it and judged against it; null: none (the candidate is
+  // judged against `previous`). Dropped with the candidate.
+  loader::GenerationLease baseline;
 };
 
 // One subscriber's prepared side of a change. It owns no lock: it holds what was prepared (new

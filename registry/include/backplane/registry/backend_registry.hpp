@@ -79,6 +79,12 @@ struct BackendRegistryOptions {
   // again as `loader` places it and swapped in as any deploy. Needs a loader with an
   // out_of_process runner (Create fails without one).
   bool sandbox_candidates = false;
+  // DeployPolicy::kProgressive: beside each candidate, the active generation's build (its kept
+  // copy, the bytes that ran) is loaded again as the rollout's baseline, placed as the candidate
+  // is (BackendChange::baseline), so that the candidate is compared with the same code under
+  // the same conditions, not with code that is hot and runs in the server. A baseline that does
+  // not load is logged and the rollout goes on without one.
+  bool baseline_generations = false;
 };
 
 // One registered backend id and the generation it offers now.

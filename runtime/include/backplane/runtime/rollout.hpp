@@ -15,6 +15,12 @@ namespace backplane {
 struct RolloutTraffic {
   // The share of requests that run on the candidate instead of the stable generation, 0 to 100.
   double candidate_percent = 0;
+  // The share that runs on the rollout's baseline generation instead (the stable build loaded
+  // again beside the candidate, placed as the candidate is; CandidateRoute::baseline), 0 to
+  // 100 - candidate_percent; ignored without a baseline. The candidate is judged against it:
+  // code that runs on a small share is cold, and in a worker it pays for the crossing, on both
+  // arms alike, so neither reads as a regression of the build.
+  double baseline_percent = 0;
   // Of the requests that run on the stable generation, the share also run on the candidate off
   // the response path (after the stable run, on a thread of the runtime's own outside the
   // arena; skipped when one of the rollout's is still running or client requests are waiting);
@@ -84,6 +90,12 @@ struct RolloutStats {
   RolloutTraffic traffic;
   RolloutArmStats stable;
   RolloutArmStats candidate;
+  // The baseline generation's requests (RolloutTraffic::baseline_percent); generation 0: the
+  // rollout has none.
+  RolloutArmStats baseline;
+  // The baseline's worker died: its share runs on the stable generation since, and its numbers
+  // stop (the candidate is judged against the stable generation then).
+  bool baseline_lost = false;
   ShadowStats shadow;
   uint64_t networks = 0;  // networks bound on the candidate (loaded before it arrived)
 };
