@@ -38,6 +38,20 @@ uint32_t PointOf(std::string_view key) {
   return static_cast<uint32_t>(x % kBasisPoints);
 }
 
+// The candidate's and the baseline's shares, as RolloutMeter::shares_ holds them.
+struct Shares {
+  uint32_t candidate = 0;
+  uint32_t baseline = 0;
+};
+
+uint64_t Pack(Shares shares) {
+  return uint64_t{shares.baseline} << 32 | shares.candidate;
+}
+
+Shares Unpack(uint64_t word) {
+  return {.candidate = static_cast<uint32_t>(word), .baseline = static_cast<uint32_t>(word >> 32)};
+}
+
 // A tensor's elements as doubles, converted once for every comparison made of them.
 std::vector<double> Values(const Tensor& tensor) {
   auto convert = [&](auto tag) {
@@ -84,6 +98,18 @@ bool ArgmaxDiffers(std::span<const double> expected, std::span<const double> act
 }
 
 }  // namespace
+
+std::string_view ArmName(RolloutArm arm) {
+  switch (arm) {
+    case RolloutArm::kCandidate:
+      return "candidate";
+    case RolloutArm::kBaseline:
+      return "baseline";
+    case RolloutArm::kStable:
+      break;
+  }
+  return "stable";
+}
 
 double MaxDifference(const Tensor& a, const Tensor& b) {
   return MaxDifference(Values(a), Values(b));
@@ -170,31 +196,46 @@ ShadowStats ShadowStats::operator-(const ShadowStats& earlier) const {
   return window;
 }
 
-RolloutMeter::RolloutMeter(uint64_t stable_generation, uint64_t candidate_generation)
-    : stable_(stable_generation), candidate_(candidate_generation) {}
+RolloutMeter::RolloutMeter(uint64_t stable_generation, uint64_t candidate_generation,
+                           uint64_t baseline_generation)
+    : stable_(stable_generation),
+      candidate_(candidate_generation),
+      baseline_(baseline_generation) {}
 
 void RolloutMeter::SetTraffic(const RolloutTraffic& traffic) {
   shadow_timeout_ms_.store(traffic.shadow_timeout_ms, std::memory_order_relaxed);
   shadow_tolerance_.store(traffic.shadow_tolerance, std::memory_order_relaxed);
   shadow_basis_points_.store(ToBasisPoints(traffic.shadow_fraction), std::memory_order_relaxed);
-  candidate_basis_points_.store(ToBasisPoints(traffic.candidate_percent / 100.0),
-                                std::memory_order_relaxed);
+  Shares shares{.candidate = ToBasisPoints(traffic.candidate_percent / 100.0)};
+  // Without a baseline its share stays 0, so that traffic() says what is routed.
+  if (baseline_.generation != 0)
+    shares.baseline =
+        std::min(ToBasisPoints(traffic.baseline_percent / 100.0), kBasisPoints - shares.candidate);
+  shares_.store(Pack(shares), std::memory_order_relaxed);
 }
 
 RolloutTraffic RolloutMeter::traffic() const {
+  const Shares shares = Unpack(shares_.load(std::memory_order_relaxed));
   return {
-      .candidate_percent =
-          candidate_basis_points_.load(std::memory_order_relaxed) * 100.0 / kBasisPoints,
+      .candidate_percent = shares.candidate * 100.0 / kBasisPoints,
+      .baseline_percent = shares.baseline * 100.0 / kBasisPoints,
       .shadow_fraction = shadow_basis_points_.load(std::memory_order_relaxed) * 1.0 / kBasisPoints,
       .shadow_tolerance = shadow_tolerance_.load(std::memory_order_relaxed),
       .shadow_timeout_ms = shadow_timeout_ms_.load(std::memory_order_relaxed)};
 }
 
-bool RolloutMeter::ChooseCandidate(std::string_view key) const {
-  const uint32_t share = candidate_basis_points_.load(std::memory_order_relaxed);
-  if (share == 0)
-    return false;
-  return (key.empty() ? Draw() : PointOf(key)) < share;
+RolloutArm RolloutMeter::ChooseArm(std::string_view key) const {
+  Shares shares = Unpack(shares_.load(std::memory_order_relaxed));
+  if (baseline_lost_.load(std::memory_order_relaxed))
+    shares.baseline = 0;
+  if (shares.candidate == 0 && shares.baseline == 0)
+    return RolloutArm::kStable;
+  const uint32_t point = key.empty() ? Draw() : PointOf(key);
+  if (point < shares.candidate)
+    return RolloutArm::kCandidate;
+  if (point < shares.candidate + shares.baseline)
+    return RolloutArm::kBaseline;
+  return RolloutArm::kStable;
 }
 
 bool RolloutMeter::SampleShadow() const {
@@ -202,13 +243,29 @@ bool RolloutMeter::SampleShadow() const {
   return share != 0 && Draw() < share;
 }
 
-void RolloutMeter::RecordExecution(bool on_candidate, double micros, const Status& status) {
-  Arm& arm = on_candidate ? candidate_ : stable_;
+RolloutMeter::Arm& RolloutMeter::ArmOf(RolloutArm arm) {
+  switch (arm) {
+    case RolloutArm::kCandidate:
+      return candidate_;
+    case RolloutArm::kBaseline:
+      return baseline_;
+    case RolloutArm::kStable:
+      break;
+  }
+  return stable_;
+}
+
+void RolloutMeter::RecordExecution(RolloutArm which, double micros, const Status& status) {
+  Arm& arm = ArmOf(which);
   arm.latency[LatencyHistogram::BucketOf(micros)].fetch_add(1, std::memory_order_relaxed);
   if (!status.ok())
     arm.errors.fetch_add(1, std::memory_order_relaxed);
   // Last: a snapshot that sees the request counted sees its error too (it reads requests first).
   arm.requests.fetch_add(1, std::memory_order_release);
+}
+
+bool RolloutMeter::LoseBaseline() {
+  return !baseline_lost_.exchange(true, std::memory_order_relaxed);
 }
 
 void RolloutMeter::RecordShadowSkipped() {
@@ -304,7 +361,11 @@ RolloutStats RolloutMeter::Snapshot() const {
     stats.latency = Read(from.latency);
     return stats;
   };
-  RolloutStats stats{.traffic = traffic(), .stable = arm(stable_), .candidate = arm(candidate_)};
+  RolloutStats stats{.traffic = traffic(),
+                     .stable = arm(stable_),
+                     .candidate = arm(candidate_),
+                     .baseline = arm(baseline_),
+                     .baseline_lost = baseline_lost_.load(std::memory_order_relaxed)};
   stats.shadow.samples = shadow_samples_.load(std::memory_order_acquire);
   stats.shadow.errors = shadow_errors_.load(std::memory_order_relaxed);
   stats.shadow.skipped = shadow_skipped_.load(std::memory_order_relaxed);

@@ -1,8 +1,9 @@
-// One rollout's draws and counters (RolloutMeter: which generation a request runs on, whether it
-// is shadowed, and what the rollout is judged by) and its route, the candidate bindings the
+// One rollout's draws and counters (RolloutMeter: which arm a request runs on, whether it is
+// shadowed, and what the rollout is judged by) and its route, the trial arms' bindings the
 // RolloutRouter sends requests to. Private to the runtime.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <map>
@@ -20,6 +21,16 @@
 namespace backplane {
 
 class LoadedNetwork;
+namespace loader {
+class BackendInstance;
+}
+
+// Where a request of a rollout runs: the stable generation, or one of the two trial arms beside
+// it, the candidate and its baseline (the stable build loaded again and placed as the candidate
+// is, so that the candidate is compared with the same code under the same conditions).
+enum class RolloutArm { kStable, kCandidate, kBaseline };
+// "stable", "candidate" or "baseline": how logs and messages name an arm.
+std::string_view ArmName(RolloutArm arm);
 
 // How far two runs' outputs are apart (a shadow sample, or the swap-validation probe).
 struct OutputDivergence {
@@ -36,18 +47,27 @@ OutputDivergence CompareOutputs(std::span<const Tensor> expected, std::span<cons
 // Thread-safe: lock-free counters, written by every request of the rollout, read by snapshots.
 class RolloutMeter {
  public:
-  RolloutMeter(uint64_t stable_generation, uint64_t candidate_generation);
+  // `baseline_generation` 0: the rollout has no baseline (its share is ignored).
+  RolloutMeter(uint64_t stable_generation, uint64_t candidate_generation,
+               uint64_t baseline_generation = 0);
 
+  // candidate_percent + baseline_percent is clamped to 100, the candidate's share first.
   void SetTraffic(const RolloutTraffic& traffic);
   RolloutTraffic traffic() const;
 
-  // A request's generation: with a key, the same key gets the same answer while the share stays
-  // (and keeps it as the share grows); without, a fresh draw.
-  bool ChooseCandidate(std::string_view key) const;
+  // A request's arm: one point in [0, 10000) per request, the candidate's share at the bottom,
+  // the baseline's above it, the stable generation's the rest. With a key, the same key gets the
+  // same point, so it keeps its arm while the shares stay, and a key on the candidate stays
+  // there as its share grows; without, a fresh draw. A lost baseline's share goes to the stable
+  // generation.
+  RolloutArm ChooseArm(std::string_view key) const;
   // Whether a request that ran on the stable generation is also run in shadow.
   bool SampleShadow() const;
 
-  void RecordExecution(bool on_candidate, double micros, const Status& status);
+  void RecordExecution(RolloutArm arm, double micros, const Status& status);
+  // The baseline's worker died: nothing more is routed to it (its numbers stop, and the
+  // candidate is judged against the stable generation). True for the call that lost it.
+  bool LoseBaseline();
   void RecordShadowSkipped();
   // At most one shadow run of a rollout is queued or running: BeginShadow claims it (false when
   // it is taken), EndShadow gives it back, run or not. A slow candidate then costs one run at a
@@ -84,11 +104,18 @@ class RolloutMeter {
   // Counts the running shadow run as timed out when it is past the timeout and not yet counted.
   void CountOverdueShadow() const;
 
-  std::atomic<uint32_t> candidate_basis_points_{0};  // of 10000
+  Arm& ArmOf(RolloutArm arm);
+
+  // Both shares in one word (the candidate's in the low half, the baseline's in the high), basis
+  // points of 10000: a request reads them together, so that it never sees one share of an
+  // update with the other share of the one before (their sum over 100 %).
+  std::atomic<uint64_t> shares_{0};
+  std::atomic<bool> baseline_lost_{false};
   std::atomic<uint32_t> shadow_basis_points_{0};
   std::atomic<double> shadow_tolerance_{0};
   Arm stable_;
   Arm candidate_;
+  Arm baseline_;
   std::atomic<double> shadow_timeout_ms_{RolloutTraffic{}.shadow_timeout_ms};
   std::atomic<bool> shadow_in_flight_{false};
   // When the running shadow run started (steady clock, ns); 0: none running; kShadowCounted: it
@@ -109,14 +136,37 @@ class RolloutMeter {
   std::atomic<double> shadow_max_relative_{0};
 };
 
+// One trial arm of a rollout (the candidate, or its baseline): a generation of the id beside the
+// stable one, this runtime's instance of it, and the networks bound on it. The two arms are
+// built, bound and updated alike; only the share and the judging tell them apart.
+struct TrialBindings {
+  uint64_t generation = 0;  // 0: the arm is absent (a rollout without a baseline)
+  std::shared_ptr<loader::BackendInstance> instance;
+  std::map<NetworkId, std::shared_ptr<const LoadedNetwork>> networks;
+};
+
 // One backend id's rollout as the request path sees it: immutable once published (the meter's
-// counters aside). Holds the candidate bindings: the last request using one releases it.
+// counters aside). Holds the trial arms' bindings: the last request using one releases it.
 struct CandidateRoute {
   std::string backend_id;
   uint64_t stable_generation = 0;
-  uint64_t candidate_generation = 0;
-  std::map<NetworkId, std::shared_ptr<const LoadedNetwork>> networks;  // bound on the candidate
+  TrialBindings candidate;
+  TrialBindings baseline;
   std::shared_ptr<RolloutMeter> meter;
+
+  // The trial arms this rollout has, the candidate first: what code that treats them alike
+  // (option updates, rebinding) loops over.
+  std::span<const RolloutArm> trial_arms() const {
+    static constexpr std::array kBoth{RolloutArm::kCandidate, RolloutArm::kBaseline};
+    return std::span(kBoth).first(baseline.generation != 0 ? 2 : 1);
+  }
+  // kCandidate or kBaseline.
+  const TrialBindings& trial(RolloutArm arm) const {
+    return arm == RolloutArm::kBaseline ? baseline : candidate;
+  }
+  TrialBindings& trial(RolloutArm arm) {
+    return arm == RolloutArm::kBaseline ? baseline : candidate;
+  }
 };
 using CandidateRoutes = std::map<std::string, std::shared_ptr<const CandidateRoute>, std::less<>>;
 

@@ -81,17 +81,23 @@ RoutedRequest RolloutRouter::RouteDuringRollout(NetworkId id,
   routed.options_epoch = options_epoch;
   const auto routes = routes_.Load();
   for (const auto& [backend_id, route] : *routes) {
-    const auto bound = route->networks.find(id);
-    // Still on the generation the candidate was bound beside (not moved off it since).
-    if (bound == route->networks.end() ||
+    // Still on the generation the trial arms were bound beside (not moved off it since).
+    if (!route->candidate.networks.contains(id) ||
         routed.network->GenerationOn(backend_id) != route->stable_generation)
       continue;
     routed.route = route;
-    if (route->meter->ChooseCandidate(routing_key)) {
-      routed.stable = std::exchange(routed.network, bound->second);
-      routed.on_candidate = true;
-    } else {
+    routed.arm = route->meter->ChooseArm(routing_key);
+    if (routed.arm == RolloutArm::kStable) {
       routed.shadow = route->meter->SampleShadow();
+    } else {
+      // Both trial arms bind the same networks (Runtime::PrepareChange); were one to lack it,
+      // the request would stay on its stable binding.
+      const auto& trial = route->trial(routed.arm).networks;
+      const auto on_trial = trial.find(id);
+      if (on_trial != trial.end())
+        routed.stable = std::exchange(routed.network, on_trial->second);
+      else
+        routed.arm = RolloutArm::kStable;
     }
     break;  // one rollout per request: the first backend id (by id) that has one for it
   }
@@ -114,8 +120,16 @@ Result<std::vector<Tensor>> RolloutRouter::Execute(const RoutedRequest& routed,
           .count();
   if (micros_out != nullptr)
     *micros_out = micros;
-  routed.route->meter->RecordExecution(routed.on_candidate, micros,
-                                       result.ok() ? Status::Ok() : result.error());
+  RolloutMeter& meter = *routed.route->meter;
+  meter.RecordExecution(routed.arm, micros, result.ok() ? Status::Ok() : result.error());
+  if (routed.arm == RolloutArm::kBaseline && !result.ok() &&
+      result.error().reason() == LoadReason::kCrashed && meter.LoseBaseline()) {
+    RuntimeLog().warn(
+        "backend {}: baseline generation {} crashed; its share runs on the stable generation {} "
+        "from now on, and the candidate is judged against that: {}",
+        routed.route->backend_id, routed.route->baseline.generation,
+        routed.route->stable_generation, result.error().message());
+  }
   return result;
 }
 
@@ -150,7 +164,7 @@ void RolloutRouter::StartShadow(const scheduler::RequestScheduler& scheduler,
       shadow_inputs.push_back(Tensor::CopyOf(view));
   }
   const NetworkId id = routed.id;
-  const auto bound = route->networks.find(id);
+  const auto bound = route->candidate.networks.find(id);
   // `this` outlives it: the runner is the router's, and its destructor waits for a running one.
   auto work = [this, route, id, candidate = bound->second, inputs = std::move(shadow_inputs),
                stable = stable_outputs, stable_micros, epoch = routed.options_epoch](bool run) {
@@ -201,7 +215,7 @@ std::optional<RolloutStats> RolloutRouter::Stats(std::string_view backend_id) co
     return std::nullopt;
   RolloutStats stats = it->second->meter->Snapshot();
   stats.backend_id = it->first;
-  stats.networks = it->second->networks.size();
+  stats.networks = it->second->candidate.networks.size();
   return stats;
 }
 

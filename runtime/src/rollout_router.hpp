@@ -25,16 +25,16 @@
 
 namespace backplane {
 
-// Which binding a request runs on: the network's own, or a rollout's candidate binding of it, and
-// whether it is also run on the candidate in shadow.
+// Which binding a request runs on: the network's own, or one of a rollout's trial bindings of it
+// (the candidate's or the baseline's), and whether it is also run on the candidate in shadow.
 struct RoutedRequest {
   NetworkId id = 0;
   std::shared_ptr<const LoadedNetwork> network;
   std::shared_ptr<const CandidateRoute> route;  // null: no rollout concerns this request
-  bool on_candidate = false;
-  bool shadow = false;
-  // The binding the request would have had without the rollout (set when on_candidate): where a
-  // candidate's crash is run again.
+  RolloutArm arm = RolloutArm::kStable;
+  bool shadow = false;  // only on the stable arm
+  // The binding the request would have had without the rollout (set on a trial arm): where a
+  // trial arm's crash is run again.
   std::shared_ptr<const LoadedNetwork> stable;
   // RolloutRouter's option epoch when the request was routed: a shadow run is compared only when
   // no option update began or was under way since (its stable run and its shadow run may
@@ -99,8 +99,10 @@ class RolloutRouter {
     return RouteDuringRollout(id, std::move(network), routing_key, options_epoch);
   }
 
-  // Runs a routed request on its binding: measured for its rollout when it has one (the backend
-  // code's time, without crossings to a worker process; in `micros` when not null).
+  // Runs a routed request on its binding: measured on its arm when it has a rollout (the backend
+  // code's time, without crossings to a worker process; in `micros` when not null). A baseline
+  // run whose worker died (kCrashed) loses the rollout its baseline: nothing more is routed to
+  // it; the caller runs the request again as it does a candidate's.
   static Result<std::vector<Tensor>> Execute(const RoutedRequest& routed,
                                              std::span<const ConstTensorView> inputs,
                                              double* micros = nullptr);

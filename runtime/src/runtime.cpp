@@ -144,17 +144,24 @@ Status Runtime::UpdateBackendOptions(std::string_view id, const BackendOptions& 
   std::shared_ptr<loader::BackendInstance> instance;
   std::vector<Affected> affected;
   InstanceMap instances;
-  // During a rollout of `id`, its candidate's instance: a good build must not diverge from the
-  // stable one because an option that changes outputs reached only the stable instance.
-  std::shared_ptr<loader::BackendInstance> candidate;
-  // Every rollout's candidate bindings of networks on `id` (a rollout of another backend id
-  // binds the network's layers on `id` too), with the instances they are prepared on.
-  struct CandidateBinding {
+  // During a rollout of `id`, its trial arms' instances (the candidate's, and the baseline's when
+  // it has one): a good build must not diverge from the stable one because an option that
+  // changes outputs reached only the stable instance, and a baseline that did not get it would
+  // not be the stable build any more.
+  struct TrialInstance {
+    RolloutArm arm;
+    std::shared_ptr<loader::BackendInstance> instance;
+  };
+  std::vector<TrialInstance> trials;
+  // Every rollout's trial bindings of networks on `id` (a rollout of another backend id binds
+  // the network's layers on `id` too), with the instances they are prepared on.
+  struct TrialBinding {
     std::shared_ptr<const CandidateRoute> route;
+    RolloutArm arm;
     Affected network;
     InstanceMap instances;
   };
-  std::vector<CandidateBinding> candidate_bindings;
+  std::vector<TrialBinding> trial_bindings;
   {
     MutexLock lock(mutex_);
     auto it = backends_.find(id);
@@ -168,15 +175,22 @@ Status Runtime::UpdateBackendOptions(std::string_view id, const BackendOptions& 
       if (network.network->GenerationOn(id) == instance->generation_number())
         affected.push_back(std::move(network));
     }
-    if (auto found = candidate_backends_.find(id); found != candidate_backends_.end())
-      candidate = found->second.instance;
-    for (const auto& [routed_id, route] : *router_->routes()) {
-      InstanceMap on_candidate = instances;
-      on_candidate.insert_or_assign(routed_id, candidate_backends_.at(routed_id).instance);
-      for (const auto& [network_id, bound] : route->networks) {
-        if (bound->Uses(id))
-          candidate_bindings.push_back(
-              {route, {network_id, bound, PreferencesOf(network_id)}, on_candidate});
+    // Published with mutex_ held: these are the routes of the slots committed.
+    const auto routes = router_->routes();
+    if (auto found = routes->find(id); found != routes->end()) {
+      for (RolloutArm arm : found->second->trial_arms())
+        trials.push_back({arm, found->second->trial(arm).instance});
+    }
+    for (const auto& [routed_id, route] : *routes) {
+      for (RolloutArm arm : route->trial_arms()) {
+        const TrialBindings& trial = route->trial(arm);
+        InstanceMap on_trial = instances;
+        on_trial.insert_or_assign(routed_id, trial.instance);
+        for (const auto& [network_id, bound] : trial.networks) {
+          if (bound->Uses(id))
+            trial_bindings.push_back(
+                {route, arm, {network_id, bound, PreferencesOf(network_id)}, on_trial});
+        }
       }
     }
   }
@@ -191,25 +205,26 @@ Status Runtime::UpdateBackendOptions(std::string_view id, const BackendOptions& 
   // (sdk/thread_limits.hpp): refused before anything is applied.
   BACKPLANE_RETURN_IF_ERROR(CheckThreadCounts(changes, instance->DescribeOptions(), id));
   BACKPLANE_RETURN_IF_ERROR(instance->UpdateOptions(changes));
+  std::size_t trials_applied = 0;  // trials[0, trials_applied) have the new values
   const auto restore = [&] {
     Status restored = instance->UpdateOptions(previous);
-    if (restored.ok() && candidate != nullptr)
-      restored = candidate->UpdateOptions(previous);
+    for (std::size_t i = 0; restored.ok() && i < trials_applied; ++i)
+      restored = trials[i].instance->UpdateOptions(previous);
     if (!restored.ok()) {
       RuntimeLog().error("backend {}: restoring its options after a failed update failed: {}", id,
                          restored.message());
     }
   };
-  if (candidate != nullptr) {
-    Status applied = candidate->UpdateOptions(changes);
+  for (const TrialInstance& trial : trials) {
+    Status applied = trial.instance->UpdateOptions(changes);
     if (!applied.ok()) {
-      const uint64_t generation = candidate->generation_number();
-      candidate = nullptr;  // nothing of it to restore
       restore();
-      return applied.WithContext("backend " + std::string(id) +
-                                 ": options not applied: the rollout's candidate generation " +
-                                 std::to_string(generation) + " refused them: ");
+      return applied.WithContext("backend " + std::string(id) + ": options not applied: the " +
+                                 "rollout's " + std::string(ArmName(trial.arm)) + " generation " +
+                                 std::to_string(trial.instance->generation_number()) +
+                                 " refused them: ");
     }
+    ++trials_applied;
   }
 
   // An option may be read when a workload is created (CpuAcc's intra_op_threads sizes oneDNN's
@@ -228,29 +243,31 @@ Status Runtime::UpdateBackendOptions(std::string_view id, const BackendOptions& 
     moved.emplace(network.id, std::move(reprepared).value());
   }
   std::vector<std::shared_ptr<const LoadedNetwork>> rebound;
-  for (const auto& binding : candidate_bindings) {
+  for (const auto& binding : trial_bindings) {
     auto reprepared = Reprepare(binding.network, binding.instances);
     if (!reprepared.ok()) {
       restore();
-      return FailedPrecondition("backend " + std::string(id) + ": options not applied: network " +
-                                binding.network.network->network().name +
-                                " does not prepare with them on candidate " + "generation " +
-                                std::to_string(binding.route->candidate_generation) + " of " +
-                                binding.route->backend_id + ": " + reprepared.error().message());
+      return FailedPrecondition(
+          "backend " + std::string(id) + ": options not applied: network " +
+          binding.network.network->network().name + " does not prepare with them on " +
+          std::string(ArmName(binding.arm)) + " generation " +
+          std::to_string(binding.route->trial(binding.arm).generation) + " of " +
+          binding.route->backend_id + ": " + reprepared.error().message());
     }
     rebound.push_back(std::move(reprepared).value());
   }
   {
     MutexLock lock(mutex_);
     PublishMoved(moved);
-    if (!candidate_bindings.empty()) {
-      // The same routes (meters, generations) with the candidate bindings replaced; the turn
-      // keeps every candidate change out, so each route is still the one read above.
+    if (!trial_bindings.empty()) {
+      // The same routes (meters, generations) with the trial bindings replaced; the turn keeps
+      // every candidate change out, so each route is still the one read above.
       router_->Update([&](CandidateRoutes& routes) {
-        for (std::size_t i = 0; i < candidate_bindings.size(); ++i) {
-          const std::string& routed_id = candidate_bindings[i].route->backend_id;
+        for (std::size_t i = 0; i < trial_bindings.size(); ++i) {
+          const TrialBinding& binding = trial_bindings[i];
+          const std::string& routed_id = binding.route->backend_id;
           auto updated = std::make_shared<CandidateRoute>(*routes.at(routed_id));
-          updated->networks[candidate_bindings[i].network.id] = std::move(rebound[i]);
+          updated->trial(binding.arm).networks[binding.network.id] = std::move(rebound[i]);
           routes[routed_id] = std::move(updated);
         }
       });
@@ -262,7 +279,7 @@ Status Runtime::UpdateBackendOptions(std::string_view id, const BackendOptions& 
   }
   if (!moved.empty() || !rebound.empty()) {
     RuntimeLog().info(
-        "backend {}: options updated; {} network(s) re-prepared with them, {} candidate "
+        "backend {}: options updated; {} network(s) re-prepared with them, {} rollout "
         "binding(s)",
         id, moved.size(), rebound.size());
   }
@@ -277,8 +294,13 @@ Status Runtime::UpdateNetworkOptions(NetworkId id, std::string_view backend_id,
   const OptionUpdateMark mark(*router_);
   Affected network;
   InstanceMap instances;
-  // Each rollout that bound the network on its candidate, and the instances that binding uses.
-  std::vector<std::pair<std::shared_ptr<const CandidateRoute>, InstanceMap>> candidates;
+  // Each rollout's trial arm that bound the network, and the instances that binding uses.
+  struct TrialBinding {
+    std::shared_ptr<const CandidateRoute> route;
+    RolloutArm arm;
+    InstanceMap instances;
+  };
+  std::vector<TrialBinding> trials;
   {
     MutexLock lock(mutex_);
     const auto networks = networks_.Load();
@@ -301,11 +323,14 @@ Status Runtime::UpdateNetworkOptions(NetworkId id, std::string_view backend_id,
     }
     network = {id, it->second, PreferencesOf(id)};
     for (const auto& [routed_id, route] : *router_->routes()) {
-      if (!route->networks.contains(id))
-        continue;
-      InstanceMap on_candidate = instances;
-      on_candidate.insert_or_assign(routed_id, candidate_backends_.at(routed_id).instance);
-      candidates.emplace_back(route, std::move(on_candidate));
+      for (RolloutArm arm : route->trial_arms()) {
+        const TrialBindings& trial = route->trial(arm);
+        if (!trial.networks.contains(id))
+          continue;
+        InstanceMap on_trial = instances;
+        on_trial.insert_or_assign(routed_id, trial.instance);
+        trials.push_back({route, arm, std::move(on_trial)});
+      }
     }
   }
   OptionsByBackend options = network.network->network_options();
@@ -320,27 +345,29 @@ Status Runtime::UpdateNetworkOptions(NetworkId id, std::string_view backend_id,
   auto reprepared = Reprepare(network, instances, &options);
   if (!reprepared.ok())
     return refuse(reprepared.error());
-  std::vector<std::shared_ptr<const LoadedNetwork>> on_candidates;
-  for (const auto& [route, on_candidate] : candidates) {
-    auto bound = Reprepare(network, on_candidate, &options);
+  std::vector<std::shared_ptr<const LoadedNetwork>> on_trials;
+  for (const auto& trial : trials) {
+    auto bound = Reprepare(network, trial.instances, &options);
     if (!bound.ok()) {
-      return refuse(bound.error().WithContext("on candidate generation " +
-                                              std::to_string(route->candidate_generation) + " of " +
-                                              route->backend_id + ": "));
+      return refuse(
+          bound.error().WithContext("on " + std::string(ArmName(trial.arm)) + " generation " +
+                                    std::to_string(trial.route->trial(trial.arm).generation) +
+                                    " of " + trial.route->backend_id + ": "));
     }
-    on_candidates.push_back(std::move(bound).value());
+    on_trials.push_back(std::move(bound).value());
   }
   {
     MutexLock lock(mutex_);
     PublishMoved({{id, std::move(reprepared).value()}});
-    if (!candidates.empty()) {
-      // The same routes (meters, generations) with this network's candidate bindings replaced;
-      // the turn keeps every candidate change out, so each route is still the one read above.
+    if (!trials.empty()) {
+      // The same routes (meters, generations) with this network's trial bindings replaced; the
+      // turn keeps every candidate change out, so each route is still the one read above.
       router_->Update([&](CandidateRoutes& routes) {
-        for (std::size_t i = 0; i < candidates.size(); ++i) {
-          auto updated = std::make_shared<CandidateRoute>(*candidates[i].first);
-          updated->networks[id] = std::move(on_candidates[i]);
-          routes[updated->backend_id] = std::move(updated);
+        for (std::size_t i = 0; i < trials.size(); ++i) {
+          const std::string& routed_id = trials[i].route->backend_id;
+          auto updated = std::make_shared<CandidateRoute>(*routes.at(routed_id));
+          updated->trial(trials[i].arm).networks[id] = std::move(on_trials[i]);
+          routes[routed_id] = std::move(updated);
         }
       });
     }
@@ -689,9 +716,12 @@ Result<std::vector<Tensor>> Runtime::RunAgainAfterCrash(const RoutedRequest& rou
   // The run again is the same request: it keeps the turn among the network's instances that its
   // first run had (NetworkOptions::instances) and takes no second one, which with one instance
   // would wait for itself.
-  // A candidate's crash is the rollout's to judge (the crash supervisor rolls it back): the
-  // client's request runs where it would have without the rollout.
-  if (routed.on_candidate)
+  // A trial arm's crash is the rollout's to judge (the crash supervisor rolls a candidate back;
+  // a baseline that crashed routes nothing more, RolloutRouter::Execute): the client's request
+  // runs where it would have without the rollout. The baseline's crash is told above as the
+  // candidate's is: it is the stable build's crash on a client's input, which the stable
+  // generation may meet next, so the crash journal wants it as much.
+  if (routed.arm != RolloutArm::kStable)
     return routed.stable->Execute(inputs);
   // A stable generation's: its worker is being restarted (or the build rolled back, or withdrawn
   // and the network moved along its preferences). Every such change gives the network a new

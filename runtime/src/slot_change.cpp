@@ -14,8 +14,9 @@ Runtime::SlotChange::SlotChange(Runtime& runtime, Policy policy, uint64_t versio
       policy_(policy),
       version_(version),
       id_(change.backend_id),
-      generation_(change.next ? change.next->info().number : 0),
-      previous_generation_(change.previous ? change.previous->info().number : 0) {}
+      previous_generation_(change.previous ? change.previous->info().number : 0) {
+  next_.generation = change.next ? change.next->info().number : 0;
+}
 
 void Runtime::SlotChange::BeginCommit() {
   turn_ = std::unique_lock<Mutex>(runtime_.backend_mutex_);
@@ -42,23 +43,24 @@ void Runtime::SlotChange::Commit() {
 
 void Runtime::SlotChange::ReplaceActive() {
   runtime_.mutex_.AssertHeld();
-  runtime_.PublishMoved(bindings_);
+  runtime_.PublishMoved(next_.bindings);
   // The replaced slot (context, then instance) is released when this change is dropped, outside
   // every lock.
   if (auto it = runtime_.backends_.find(id_); it != runtime_.backends_.end()) {
     replaced_ = std::move(it->second);
     runtime_.backends_.erase(it);
   }
-  // A new active generation (a promoted candidate among them) ends the id's rollout here.
-  if (auto it = runtime_.candidate_backends_.find(id_); it != runtime_.candidate_backends_.end()) {
-    replaced_candidate_ = std::move(it->second);
-    runtime_.candidate_backends_.erase(it);
+  // A new active generation (a promoted candidate among them) ends the id's rollout here, both
+  // of its trial arms.
+  if (auto it = runtime_.rollout_slots_.find(id_); it != runtime_.rollout_slots_.end()) {
+    replaced_rollout_ = std::move(it->second);
+    runtime_.rollout_slots_.erase(it);
     runtime_.router_->Update([&](CandidateRoutes& routes) { routes.erase(id_); });
   }
-  if (slot_) {
+  if (next_.slot) {
     // Told in AfterCommit, which still holds the turn: the context and the networks stay.
-    placed_ = &runtime_.backends_.emplace(id_, *std::move(slot_)).first->second;
-    slot_.reset();
+    next_.placed = &runtime_.backends_.emplace(id_, *std::move(next_.slot)).first->second;
+    next_.slot.reset();
   }
 }
 
@@ -66,20 +68,35 @@ void Runtime::SlotChange::BindBeside() {
   runtime_.mutex_.AssertHeld();
   // Released outside every lock, when this change is dropped: the route's bindings go when the
   // last request on them ends, on the reaper.
-  if (auto it = runtime_.candidate_backends_.find(id_); it != runtime_.candidate_backends_.end()) {
-    replaced_ = std::move(it->second);
-    runtime_.candidate_backends_.erase(it);
+  if (auto it = runtime_.rollout_slots_.find(id_); it != runtime_.rollout_slots_.end()) {
+    replaced_rollout_ = std::move(it->second);
+    runtime_.rollout_slots_.erase(it);
   }
   std::shared_ptr<CandidateRoute> route;
-  if (slot_) {
-    placed_ = &runtime_.candidate_backends_.emplace(id_, *std::move(slot_)).first->second;
-    slot_.reset();
+  if (next_.slot) {
+    RolloutSlots& placed =
+        runtime_.rollout_slots_.emplace(id_, RolloutSlots{.candidate = *std::move(next_.slot)})
+            .first->second;
+    next_.slot.reset();
+    next_.placed = &placed.candidate;
+    if (baseline_) {
+      placed.baseline = *std::move(baseline_->slot);
+      baseline_->slot.reset();
+      baseline_->placed = &*placed.baseline;
+    }
     route = std::make_shared<CandidateRoute>();
     route->backend_id = id_;
     route->stable_generation = previous_generation_;
-    route->candidate_generation = generation_;
-    route->networks = bindings_;
-    route->meter = std::make_shared<RolloutMeter>(previous_generation_, generation_);
+    const auto arm = [](const PreparedSlot& prepared) {
+      return TrialBindings{.generation = prepared.generation,
+                           .instance = prepared.placed->instance,
+                           .networks = prepared.bindings};
+    };
+    route->candidate = arm(next_);
+    if (baseline_)
+      route->baseline = arm(*baseline_);
+    route->meter = std::make_shared<RolloutMeter>(previous_generation_, next_.generation,
+                                                  route->baseline.generation);
   }
   runtime_.router_->Update([&](CandidateRoutes& routes) {
     routes.erase(id_);
@@ -89,40 +106,102 @@ void Runtime::SlotChange::BindBeside() {
 }
 
 void Runtime::SlotChange::AfterCommit() {
-  // The new context heard BeforeLoadNetwork of its networks while this change was prepared; now
-  // that they are committed it hears AfterLoadNetwork, outside every state lock.
+  // The new contexts heard BeforeLoadNetwork of their networks while this change was prepared;
+  // now that they are committed they hear AfterLoadNetwork, outside every state lock.
   const bool beside = policy_ == Policy::kBindBeside;
-  if (placed_ != nullptr && placed_->context != nullptr) {
-    for (NetworkId network_id : hooked_) {
+  for (const PreparedSlot* prepared : {&next_, baseline_ ? &*baseline_ : nullptr}) {
+    if (prepared == nullptr || prepared->placed == nullptr || prepared->placed->context == nullptr)
+      continue;
+    const BackendSlot& placed = *prepared->placed;
+    const char* role = !beside ? "" : prepared == &next_ ? " candidate" : " baseline";
+    for (NetworkId network_id : prepared->hooked) {
       Status after = GuardBackendCall(id_, "AfterLoadNetwork", [&] {
         const ScopedBackendCall hook(
-            placed_->instance->CallSite("IBackendContext::AfterLoadNetwork"));
-        return placed_->context->AfterLoadNetwork(network_id);
+            placed.instance->CallSite("IBackendContext::AfterLoadNetwork"));
+        return placed.context->AfterLoadNetwork(network_id);
       });
       if (!after.ok()) {
-        RuntimeLog().warn("backend {}{}: AfterLoadNetwork({}) failed: {}", id_,
-                          beside ? " candidate" : "", network_id, after.message());
+        RuntimeLog().warn("backend {}{}: AfterLoadNetwork({}) failed: {}", id_, role, network_id,
+                          after.message());
       }
     }
   }
   ReleaseTurn();
+  const uint64_t generation = next_.generation;
   if (beside) {
-    if (generation_ != 0) {
+    if (generation != 0 && baseline_) {
+      RuntimeLog().info(
+          "backend {}: generation {} is a candidate beside {} (baseline generation {}); {} "
+          "network(s) bound on each",
+          id_, generation, previous_generation_, baseline_->generation, next_.bindings.size());
+    } else if (generation != 0) {
       RuntimeLog().info(
           "backend {}: generation {} is a candidate beside {}; {} network(s) bound on it", id_,
-          generation_, previous_generation_, bindings_.size());
-    } else if (replaced_) {
-      RuntimeLog().info("backend {}: candidate dropped; its networks' bindings on it are released",
-                        id_);
+          generation, previous_generation_, next_.bindings.size());
+    } else if (replaced_rollout_) {
+      RuntimeLog().info("backend {}: candidate dropped{}; its networks' bindings on {} released",
+                        id_, replaced_rollout_->baseline ? " with its baseline" : "",
+                        replaced_rollout_->baseline ? "both are" : "it are");
     }
-  } else if (generation_ == 0) {
-    for (const auto& [network_id, network] : bindings_)
+  } else if (generation == 0) {
+    for (const auto& [network_id, network] : next_.bindings)
       RuntimeLog().info("network {} moved off withdrawn backend {}", network->network().name, id_);
   } else if (previous_generation_ != 0) {
     RuntimeLog().info("backend {}: generation {} replaces {}; {} network(s) moved ({})", id_,
-                      generation_, previous_generation_, bindings_.size(),
+                      generation, previous_generation_, next_.bindings.size(),
                       runtime_.swap_policy_ == SwapPolicy::kMigrate ? "migrate" : "pin");
   }
+}
+
+Status Runtime::SlotChange::PrepareSlot(
+    PreparedSlot& into, const loader::GenerationLease& generation, std::string_view label,
+    const std::vector<Affected>& affected, InstanceMap instances, const BackendOptions* options,
+    const SwapValidation* validation, const std::vector<NetworkId>& hooked) {
+  into.generation = generation->info().number;
+  auto refuse = [&](LoadReason reason, const std::string& why) {
+    return Status(reason, "backend " + id_ + " " + std::string(label) + " " +
+                              std::to_string(into.generation) + ": " + why);
+  };
+  auto instance = runtime_.registry_->loader().CreateInstance(generation);
+  if (!instance.ok())
+    return std::move(instance).error();
+  auto slot = CreateSlot(instance.share(), options);
+  if (!slot.ok())
+    return refuse(LoadReason::kPrepareFailed, slot.error().message());
+  instances.insert_or_assign(id_, std::move(instance).value());
+
+  // Every network concerned prepared now, so that the commit is one pointer store each.
+  for (const auto& network : affected) {
+    auto bound = runtime_.Reprepare(network, instances);
+    if (!bound.ok()) {
+      return refuse(LoadReason::kPrepareFailed,
+                    "network " + network.network->network().name +
+                        " does not prepare on it: " + bound.error().message());
+    }
+    if (validation != nullptr) {
+      Status valid = runtime_.ValidateOnProbe(*network.network, *bound, id_, validation->tolerance);
+      if (!valid.ok())
+        return refuse(LoadReason::kValidationFailed, valid.message());
+    }
+    into.bindings.emplace(network.id, std::move(bound).value());
+  }
+  if (slot.value().context != nullptr) {
+    for (NetworkId network_id : hooked) {
+      Status before = GuardBackendCall(id_, "BeforeLoadNetwork", [&] {
+        const ScopedBackendCall hook(
+            slot.value().instance->CallSite("IBackendContext::BeforeLoadNetwork"));
+        return slot.value().context->BeforeLoadNetwork(network_id);
+      });
+      if (!before.ok()) {
+        return refuse(
+            LoadReason::kPrepareFailed,
+            "its context refuses network " + std::to_string(network_id) + ": " + before.message());
+      }
+      into.hooked.push_back(network_id);
+    }
+  }
+  into.slot = std::move(slot).value();
+  return Status::Ok();
 }
 
 // The one prepare path of every slot change; the policy decides which networks it concerns, and
@@ -176,61 +255,29 @@ Result<std::unique_ptr<PreparedChange>> Runtime::PrepareChange(const BackendChan
                           moved.error().message());
         continue;
       }
-      prepared->bindings_.emplace(network.id, std::move(moved).value());
+      prepared->next_.bindings.emplace(network.id, std::move(moved).value());
     }
     return std::unique_ptr<PreparedChange>(std::move(prepared));
   }
 
-  const uint64_t generation = change.next->info().number;
-  auto refuse = [&](LoadReason reason, const std::string& why) {
-    return Status(reason,
-                  "backend " + id + " generation " + std::to_string(generation) + ": " + why);
-  };
-  auto instance = registry_->loader().CreateInstance(change.next);
-  if (!instance.ok())
-    return std::move(instance).error();
-  auto slot = CreateSlot(instance.share(), options ? &*options : nullptr);
-  if (!slot.ok())
-    return refuse(LoadReason::kPrepareFailed, slot.error().message());
-  instances.insert_or_assign(id, std::move(instance).value());
-
-  // Every network concerned prepared now, so that the commit is one pointer store each.
-  const auto validation =
-      policy == Policy::kReplaceActive ? swap_validation_.find(id) : swap_validation_.end();
-  for (const auto& network : affected) {
-    auto bound = Reprepare(network, instances);
-    if (!bound.ok()) {
-      return refuse(LoadReason::kPrepareFailed,
-                    "network " + network.network->network().name +
-                        " does not prepare on it: " + bound.error().message());
-    }
-    if (validation != swap_validation_.end()) {
-      Status valid = ValidateOnProbe(*network.network, *bound, id, validation->second.tolerance);
-      if (!valid.ok())
-        return refuse(LoadReason::kValidationFailed, valid.message());
-    }
-    prepared->bindings_.emplace(network.id, std::move(bound).value());
-  }
   if (policy == Policy::kBindBeside) {
     for (const auto& network : affected)
       all_networks.push_back(network.id);
   }
-  if (slot.value().context != nullptr) {
-    for (NetworkId network_id : all_networks) {
-      Status before = GuardBackendCall(id, "BeforeLoadNetwork", [&] {
-        const ScopedBackendCall hook(
-            slot.value().instance->CallSite("IBackendContext::BeforeLoadNetwork"));
-        return slot.value().context->BeforeLoadNetwork(network_id);
-      });
-      if (!before.ok()) {
-        return refuse(
-            LoadReason::kPrepareFailed,
-            "its context refuses network " + std::to_string(network_id) + ": " + before.message());
-      }
-      prepared->hooked_.push_back(network_id);
-    }
+  const auto validation =
+      policy == Policy::kReplaceActive ? swap_validation_.find(id) : swap_validation_.end();
+  const BackendOptions* applied = options ? &*options : nullptr;
+  BACKPLANE_RETURN_IF_ERROR(prepared->PrepareSlot(
+      prepared->next_, change.next, "generation", affected, instances, applied,
+      validation != swap_validation_.end() ? &validation->second : nullptr, all_networks));
+  // The rollout's baseline: the stable build beside the candidate, prepared exactly as the
+  // candidate is (it is judged against it), and refusing the change as the candidate would.
+  if (policy == Policy::kBindBeside && change.baseline != nullptr) {
+    prepared->baseline_.emplace();
+    BACKPLANE_RETURN_IF_ERROR(prepared->PrepareSlot(*prepared->baseline_, change.baseline,
+                                                    "baseline generation", affected, instances,
+                                                    applied, nullptr, all_networks));
   }
-  prepared->slot_ = std::move(slot).value();
   return std::unique_ptr<PreparedChange>(std::move(prepared));
 }
 

@@ -8,13 +8,16 @@
 //    the re-prepared networks replace their bindings; a rollout of the id, if any, ends.
 //  - kBindBeside (BackendChange::Target::kCandidate): the slot is the id's candidate and the
 //    networks' bindings on it are published beside their active ones, as the id's rollout route
-//    (RolloutRouter); a candidate leaving (a rollback) drops both.
+//    (RolloutRouter). With a baseline (BackendChange::baseline) a second slot is prepared for it
+//    exactly as the candidate's is, and placed and routed beside it: the rollout's two trial
+//    arms. A candidate leaving (a rollback) drops both arms.
 // Private to the runtime.
 #pragma once
 
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "backplane/runtime/runtime.hpp"
@@ -38,12 +41,28 @@ class Runtime::SlotChange final : public PreparedChange {
   void Commit() override;
   void AfterCommit() override;
 
-  // What was prepared: the new slot (none for a withdrawal or a candidate leaving), the networks'
-  // new bindings (replacing theirs, or beside them) and the networks the slot's context heard
-  // BeforeLoadNetwork of (it hears AfterLoadNetwork of them once committed).
-  std::optional<BackendSlot> slot_;
-  MovedNetworks bindings_;
-  std::vector<NetworkId> hooked_;
+  // One slot a change prepares and what was prepared on it: the change's next generation (no
+  // slot for a withdrawal or a candidate leaving), and beside a candidate, its baseline, alike.
+  struct PreparedSlot {
+    uint64_t generation = 0;
+    std::optional<BackendSlot> slot;
+    // The networks' new bindings on it (replacing theirs, or beside them; a withdrawal's moved
+    // elsewhere) and the networks its context heard BeforeLoadNetwork of (it hears
+    // AfterLoadNetwork of them once committed).
+    MovedNetworks bindings;
+    std::vector<NetworkId> hooked;
+    const BackendSlot* placed = nullptr;  // the slot, once committed
+  };
+  PreparedSlot next_;
+  std::optional<PreparedSlot> baseline_;
+
+  // Prepares `into` on `generation`: this runtime's instance and slot (with `options`), each of
+  // `affected` bound on it with `instances` (validated on the probe when `validation`), and the
+  // context told BeforeLoadNetwork of `hooked`. A refusal names `label`'s generation.
+  Status PrepareSlot(PreparedSlot& into, const loader::GenerationLease& generation,
+                     std::string_view label, const std::vector<Affected>& affected,
+                     InstanceMap instances, const BackendOptions* options,
+                     const SwapValidation* validation, const std::vector<NetworkId>& hooked);
 
  private:
   void ReplaceActive();
@@ -54,11 +73,9 @@ class Runtime::SlotChange final : public PreparedChange {
   const Policy policy_;
   const uint64_t version_;
   const std::string id_;
-  const uint64_t generation_;           // 0: a withdrawal, or the candidate leaves
   const uint64_t previous_generation_;  // the active one before (the candidate's stable one)
   std::optional<BackendSlot> replaced_;
-  std::optional<BackendSlot> replaced_candidate_;
-  const BackendSlot* placed_ = nullptr;  // the new slot, once committed
+  std::optional<RolloutSlots> replaced_rollout_;
   std::unique_lock<Mutex> turn_;
 };
 

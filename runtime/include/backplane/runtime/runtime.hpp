@@ -304,6 +304,12 @@ class Runtime : private BackendSubscriber {
     std::unique_ptr<IBackendContext> context;  // destroyed before the instance (declared after)
   };
   using BackendMap = std::map<std::string, BackendSlot, std::less<>>;
+  // A progressive rollout's trial arms' slots: its candidate's, and its baseline's when the change
+  // brought one (BackendChange::baseline), created and bound alike.
+  struct RolloutSlots {
+    BackendSlot candidate;
+    std::optional<BackendSlot> baseline;
+  };
   using NetworkMap = std::map<NetworkId, std::shared_ptr<const LoadedNetwork>>;
   using Instances = std::vector<std::shared_ptr<loader::BackendInstance>>;
   using InstanceMap = std::map<std::string, std::shared_ptr<loader::BackendInstance>, std::less<>>;
@@ -408,11 +414,11 @@ class Runtime : private BackendSubscriber {
   // can tell at commit time whether it still applies.
   uint64_t state_version_ BACKPLANE_GUARDED_BY(mutex_) = 0;
   Published<NetworkMap> networks_;
-  // Progressive rollouts: each candidate's slot; the routes requests take are the router's,
+  // Progressive rollouts: each one's trial slots; the routes requests take are the router's,
   // published by the commits that change these slots (with mutex_ held). Outlives scheduler_:
   // requests use it. Its shadow runner, which runs no request of the scheduler's, is stopped
-  // when it goes, before the candidates' slots.
-  BackendMap candidate_backends_ BACKPLANE_GUARDED_BY(mutex_);
+  // when it goes, before the trial slots.
+  std::map<std::string, RolloutSlots, std::less<>> rollout_slots_ BACKPLANE_GUARDED_BY(mutex_);
   const std::unique_ptr<RolloutRouter> router_;
 
   // Builds shape programs off the request path; networks hold it by weak_ptr. The destructor
