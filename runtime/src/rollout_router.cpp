@@ -70,6 +70,39 @@ void ShadowRunner::Loop() {
   }
 }
 
+namespace {
+
+// A rollout's shadow run claimed (RolloutMeter::BeginShadow), given back on every way out of the
+// run, a throw included (the runner catches and logs it): a claim never given back would end the
+// rollout's shadow runs for good. A run that started and ends without its outcome recorded (it
+// threw) is counted as skipped and its clock stopped, so that it is neither missing from the
+// counts nor taken for a timeout later.
+class ShadowClaim {
+ public:
+  explicit ShadowClaim(RolloutMeter& meter) : meter_(meter) {}
+  ~ShadowClaim() {
+    if (running_)
+      meter_.ShadowDiscarded(0);
+    meter_.EndShadow();
+  }
+  ShadowClaim(const ShadowClaim&) = delete;
+  ShadowClaim& operator=(const ShadowClaim&) = delete;
+
+  // The run starts now: its timeout counts from here (RolloutMeter::ShadowStarted).
+  void Start() {
+    meter_.ShadowStarted();
+    running_ = true;
+  }
+  // Its outcome was recorded (RecordShadow or ShadowDiscarded).
+  void Recorded() { running_ = false; }
+
+ private:
+  RolloutMeter& meter_;
+  bool running_ = false;
+};
+
+}  // namespace
+
 RolloutRouter::RolloutRouter(std::function<void(const CrashedRequest&)> on_crashed_request)
     : on_crashed_request_(std::move(on_crashed_request)) {}
 
@@ -168,14 +201,13 @@ void RolloutRouter::StartShadow(const scheduler::RequestScheduler& scheduler,
   // `this` outlives it: the runner is the router's, and its destructor waits for a running one.
   auto work = [this, route, id, candidate = bound->second, inputs = std::move(shadow_inputs),
                stable = stable_outputs, stable_micros, epoch = routed.options_epoch](bool run) {
-    if (!run) {
-      route->meter->EndShadow();
+    ShadowClaim claim(*route->meter);
+    if (!run)
       return;
-    }
     std::vector<ConstTensorView> views;
     for (const auto& tensor : inputs)
       views.push_back(tensor.View());
-    route->meter->ShadowStarted();
+    claim.Start();
     const auto start = std::chrono::steady_clock::now();
     const auto crossed_before = ThreadCrossingTime();
     auto result = candidate->Execute(views);
@@ -191,7 +223,7 @@ void RolloutRouter::StartShadow(const scheduler::RequestScheduler& scheduler,
       route->meter->ShadowDiscarded(elapsed_micros);  // the runs may have seen other values
     else
       route->meter->RecordShadow(result, stable, micros, stable_micros, elapsed_micros);
-    route->meter->EndShadow();
+    claim.Recorded();
   };
   shadow_runner_.Post(
       [work = std::make_shared<decltype(work)>(std::move(work))](bool run) { (*work)(run); });

@@ -683,5 +683,36 @@ TEST_F(RolloutBaselineTest, ABaselineThatCrashesIsLostAndItsRequestRunsAgainOnTh
   EXPECT_EQ(crashed_requests_.load(), 1);
 }
 
+// A throw out of a shadow run (here the crash callback's, a user's code) used to leave the
+// rollout's one shadow claim taken for good: every later sampled request was skipped.
+TEST_F(RolloutBaselineTest, AShadowRunThatThrowsGivesItsClaimBack) {
+  candidate_ = Load("ValidCrashes", loader::Loader::Placement::kWorker);
+  ASSERT_TRUE(Propose({.backend_id = kId,
+                       .next = candidate_,
+                       .previous = stable_lease_,
+                       .target = BackendChange::Target::kCandidate})
+                  .ok());
+  ASSERT_TRUE(runtime_->SetRolloutTraffic(kId, {.shadow_fraction = 1.0}).ok());
+  throw_on_crash_ = true;
+  constexpr float kNullWrite = 9110;
+  ASSERT_EQ(Run({}, kNullWrite), 0.0f);  // its shadow run kills the candidate's worker
+  ASSERT_TRUE(testing::WaitFor([&] { return crashed_requests_.load() == 1; }));
+  // The dead worker fails every later shadow run at once, and the callback throws again: each
+  // one is a shadow run that threw, and each needs the claim the one before gave back.
+  uint64_t requests = 1;
+  EXPECT_TRUE(testing::WaitFor([&] {
+    EXPECT_EQ(Run(), 0.0f);
+    ++requests;
+    return crashed_requests_.load() >= 3;
+  })) << "shadow runs skipped since the throw: "
+      << runtime_->GetRolloutStats(kId)->shadow.skipped;
+  // The runs that threw are counted as skipped, not lost: every sampled request is accounted.
+  EXPECT_TRUE(testing::WaitFor([&] {
+    const RolloutStats stats = *runtime_->GetRolloutStats(kId);
+    return stats.shadow.samples + stats.shadow.skipped == requests;
+  }));
+  EXPECT_EQ(runtime_->GetRolloutStats(kId)->shadow.timeouts, 0u);
+}
+
 }  // namespace
 }  // namespace backplane
