@@ -195,8 +195,9 @@ class Runtime : private BackendSubscriber {
   std::shared_ptr<loader::BackendInstance> Backend(std::string_view id) const;
 
   // Validated by the backend: an unknown key or a wrong type applies nothing. Reaches the
-  // candidate generation of a rollout of `id` too, and every candidate binding of the networks
-  // re-prepared (a good build must not diverge because only the stable one changed its outputs).
+  // candidate and baseline generations of a rollout of `id` too, and every binding of the
+  // networks re-prepared on them (a good build must not diverge because only the stable one
+  // changed its outputs).
   // Takes effect on the networks already loaded, whether the backend reads the option at Execute or
   // when it prepares a workload: before returning, every network bound to the backend's current
   // instance is re-prepared with the new values off the request path and switched atomically, as a
@@ -209,11 +210,11 @@ class Runtime : private BackendSubscriber {
 
   // The RFC's per-program update: `changes` over network `id`'s own options for backend
   // `backend_id` (NetworkOptions::backend_options), checked by the backend first, then that
-  // network alone re-prepared off the request path and switched atomically (its candidate binding
-  // too, during a rollout); requests in flight finish on the old binding. All-or-nothing: a
-  // refusal (kInvalidArgument naming the key, kFailedPrecondition for a backend older than SDK
-  // 1.3 or a network that does not prepare with them) changes nothing. kNotFound for an unknown
-  // network or backend; kFailedPrecondition for a network pinned to an older generation
+  // network alone re-prepared off the request path and switched atomically (its candidate and
+  // baseline bindings too, during a rollout); requests in flight finish on the old binding.
+  // All-or-nothing: a refusal (kInvalidArgument naming the key, kFailedPrecondition for a backend
+  // older than SDK 1.3 or a network that does not prepare with them) changes nothing. kNotFound for
+  // an unknown network or backend; kFailedPrecondition for a network pinned to an older generation
   // (SwapPolicy::kPin: re-preparing would move it).
   Status UpdateNetworkOptions(NetworkId id, std::string_view backend_id,
                               const BackendOptions& changes);
@@ -233,9 +234,11 @@ class Runtime : private BackendSubscriber {
 
   // ---- Progressive rollout (docs/hot-reload.md) ---------------------------------------------
   // While backend `id` has a candidate generation (DeployPolicy::kProgressive), every network
-  // loaded before it arrived that runs on the id's active generation is bound on both; a request
-  // runs wholly on one of them, chosen when it starts by `traffic` (nothing goes to the
-  // candidate until this is called). kNotFound when this runtime has no candidate of `id`.
+  // loaded before it arrived that runs on the id's active generation is bound on both, and on
+  // the rollout's baseline generation too when the registry loaded one (BackendChange::
+  // baseline); a request runs wholly on one of them, chosen when it starts by `traffic` (nothing
+  // goes to the candidate or the baseline until this is called). kNotFound when this runtime has
+  // no candidate of `id`.
   Status SetRolloutTraffic(std::string_view id, const RolloutTraffic& traffic);
   // The counters of the rollout of `id` since its candidate arrived; nullopt when none.
   std::optional<RolloutStats> GetRolloutStats(std::string_view id) const;
