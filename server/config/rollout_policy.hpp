@@ -44,6 +44,14 @@ struct RolloutPolicy {
   double max_error_excess = 0;
   // Roll back when a shadow sample's outputs differ from the stable ones by more than this.
   double max_abs_divergence = 0.001;
+  // Roll back when a shadow run is still going after this many milliseconds
+  // (RolloutTraffic::shadow_timeout_ms): a run cannot be stopped, and while it runs no other
+  // shadow run of the rollout starts, so a hung candidate would otherwise only stop producing
+  // samples. Above 0 and at most kMaxShadowTimeoutMs.
+  double shadow_timeout_ms = 1000;
+  // An hour: a longer run is a hung one by any standard, and a bound keeps a typo (a value in
+  // microseconds) from disabling the check in effect.
+  static constexpr double kMaxShadowTimeoutMs = 3600000;
   // A phase or step ends at min_samples candidate runs, or after this many seconds with fewer
   // (so that rollouts finish at low traffic); 0: no time limit.
   double step_max_duration_s = 60;

@@ -33,7 +33,8 @@ TEST(RolloutConfigTest, ReadsTheKeysOverTheDefaults) {
       R"({"deploy_policy": "progressive", "rollout": {"shadow_fraction": 0.25,
           "min_samples": 50, "steps": [0.01, 5, 100], "max_error_excess": 0.02,
           "confidence": 0.995, "max_latency_regression": 0.2, "step_max_duration_s": 30,
-          "inconclusive_limit": 5, "on_inconclusive": "hold", "worker_latency_allowance_us": 0}})",
+          "inconclusive_limit": 5, "on_inconclusive": "hold", "worker_latency_allowance_us": 0,
+          "shadow_timeout_ms": 250, "baseline": false}})",
       "serve.json", config);
   ASSERT_TRUE(applied.ok()) << applied.ToString();
   EXPECT_EQ(config.deploy_policy, "progressive");
@@ -47,6 +48,8 @@ TEST(RolloutConfigTest, ReadsTheKeysOverTheDefaults) {
   EXPECT_EQ(config.rollout.inconclusive_limit, 5u);
   EXPECT_EQ(config.rollout.on_inconclusive, server::RolloutPolicy::OnInconclusive::kHold);
   EXPECT_EQ(config.rollout.worker_latency_allowance_us, 0);
+  EXPECT_EQ(config.rollout.shadow_timeout_ms, 250);
+  EXPECT_FALSE(config.rollout.baseline);
   // Keys left out keep their defaults.
   EXPECT_EQ(config.rollout.max_abs_divergence, server::RolloutPolicy{}.max_abs_divergence);
 }
@@ -96,7 +99,25 @@ TEST(RolloutConfigTest, RefusesEveryBadValueNamingTheKeyAndWhy) {
        "against the stable generation's rate, set 'rollout.max_error_excess'"},
       {R"({"rollout": {"max_abs_divergence": -1}})",
        "'rollout.max_abs_divergence' must be between 0"},
-      {R"({"rollout": {"window": 3}})", "unknown key 'rollout.window' (known: shadow_fraction"},
+      {R"({"rollout": {"shadow_timeout_ms": 0}})",
+       "'rollout.shadow_timeout_ms' must be a number of milliseconds above 0 and at most 3600000 "
+       "(an hour), got 0"},
+      {R"({"rollout": {"shadow_timeout_ms": -5}})",
+       "'rollout.shadow_timeout_ms' must be a number of milliseconds above 0"},
+      {R"({"rollout": {"shadow_timeout_ms": 3600001}})",
+       "'rollout.shadow_timeout_ms' must be a number of milliseconds above 0 and at most 3600000 "
+       "(an hour), got 3600001"},
+      {R"({"rollout": {"shadow_timeout_ms": "1s"}})",
+       "'rollout.shadow_timeout_ms' must be a number of milliseconds above 0 and at most 3600000 "
+       "(an hour), got \"1s\""},
+      {R"({"rollout": {"baseline": "yes"}})",
+       "'rollout.baseline' must be true or false, got \"yes\""},
+      {R"({"rollout": {"baseline": 1}})", "'rollout.baseline' must be true or false, got 1"},
+      {R"({"rollout": {"window": 3}})",
+       "unknown key 'rollout.window' (known: shadow_fraction, min_samples, steps, confidence, "
+       "max_latency_regression, worker_latency_allowance_us, max_error_excess, "
+       "max_abs_divergence, shadow_timeout_ms, step_max_duration_s, inconclusive_limit, "
+       "on_inconclusive, candidate_isolation, baseline)"},
   };
   for (const auto& [text, message] : cases) {
     ServeConfig config = server::DefaultServeConfig();
@@ -109,6 +130,23 @@ TEST(RolloutConfigTest, RefusesEveryBadValueNamingTheKeyAndWhy) {
     EXPECT_EQ(config.rollout.steps, before.rollout.steps) << text;  // nothing applied
     EXPECT_EQ(config.deploy_policy, before.deploy_policy) << text;
   }
+}
+
+TEST(RolloutConfigTest, ThePolicyIsRenderedWithEveryKeyAndReadBackTheSame) {
+  server::RolloutPolicy policy;
+  policy.shadow_timeout_ms = 250;
+  policy.baseline = false;
+  const json rendered = server::RolloutPolicyJson(policy);
+  EXPECT_EQ(rendered["shadow_timeout_ms"], 250);
+  EXPECT_EQ(rendered["baseline"], false);
+  EXPECT_EQ(server::RolloutPolicyJson(server::RolloutPolicy{})["shadow_timeout_ms"], 1000);
+  EXPECT_EQ(server::RolloutPolicyJson(server::RolloutPolicy{})["baseline"], true);
+  // What the admin API shows is what a config may say.
+  server::RolloutPolicy read;
+  ASSERT_TRUE(server::ApplyRolloutPolicy(rendered, "the view", read).ok());
+  EXPECT_EQ(read.shadow_timeout_ms, 250);
+  EXPECT_FALSE(read.baseline);
+  EXPECT_EQ(server::RolloutPolicyJson(read), rendered);
 }
 
 // ---- Whole servers --------------------------------------------------------------------------
