@@ -101,8 +101,8 @@ struct RolloutController::Rollout {
   double share = 0;
   RolloutPolicy policy;
   bool pinned = false;  // the registry's pin on the backend: the rollout holds until unpinned
-  // The candidate runs in a worker process and the stable generation does not: its latency gets
-  // policy.worker_latency_allowance_us.
+  // The candidate runs in a worker process and the stable generation does not: judged against the
+  // stable generation (without a baseline), its latency gets policy.worker_latency_allowance_us.
   bool candidate_in_worker = false;
   // The baseline's loss (RolloutStats::baseline_lost) is on record in the history.
   bool baseline_lost_noted = false;

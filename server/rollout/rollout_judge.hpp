@@ -35,7 +35,8 @@ struct JudgeWindow {
   RolloutArmStats candidate;
   JudgedAgainst against = JudgedAgainst::kStable;
   // Microseconds per run the candidate may be slower by, beyond max_latency_regression, because of
-  // where it runs (policy.worker_latency_allowance_us for a candidate in a worker process).
+  // where it runs (policy.worker_latency_allowance_us for a candidate in a worker process judged
+  // against the stable generation; 0 against a baseline, which runs where the candidate does).
   double latency_allowance_us = 0;
 };
 
