@@ -305,6 +305,9 @@ json RolloutStatsJson(const RolloutStats& stats) {
   const ShadowStats& shadow = stats.shadow;
   return {{"stable", ArmJson(stats.stable)},
           {"candidate", ArmJson(stats.candidate)},
+          // Generation 0: the rollout has no baseline (rollout.baseline false, or its build did
+          // not load again).
+          {"baseline", ArmJson(stats.baseline)},
           {"shadow",
            {{"samples", shadow.samples},
             {"errors", shadow.errors},
@@ -312,7 +315,15 @@ json RolloutStatsJson(const RolloutStats& stats) {
             {"diverged", shadow.diverged},
             {"argmax_disagreements", shadow.argmax_disagreements},
             {"max_abs_difference", shadow.max_abs_difference},
-            {"max_relative_difference", shadow.max_relative_difference}}}};
+            {"max_relative_difference", shadow.max_relative_difference},
+            {"timeouts", shadow.timeouts},
+            // The shadow runs on the candidate and the same requests' runs on the stable
+            // generation: what the shadow phase's latency verdict compares.
+            {"p50_us", shadow.latency.QuantileMicros(0.5)},
+            {"p99_us", shadow.latency.QuantileMicros(0.99)},
+            {"stable_p50_us", shadow.stable_latency.QuantileMicros(0.5)},
+            {"stable_p99_us", shadow.stable_latency.QuantileMicros(0.99)},
+            {"slower", shadow.slower}}}};
 }
 
 // Which transitions of a rollout's history an answer carries. They are numbered from 0, the
@@ -374,6 +385,8 @@ json RolloutJson(const RolloutView& view, const HistoryPage& page) {
                {"stable_generation", view.stable_generation},
                {"candidate_generation", view.candidate_generation},
                {"promoted_generation", view.promoted_generation},
+               {"baseline_generation", view.baseline_generation},
+               {"baseline_lost", view.baseline_lost},
                {"weight_percent", view.weight_percent},
                {"step", view.step},
                {"samples", view.samples},
@@ -594,10 +607,16 @@ void AddAdminRoutes(HttpServer& http, const ServeContext& context) {
              auto body = ParseJsonBody(request.body, context.max_json_depth);
              if (!body.ok())
                return HttpResponse::FromStatus(body.error());
+             // Start-up settings: what they choose is loaded with the candidate's file.
              if (body->is_object() && body->contains("candidate_isolation")) {
                return HttpResponse::FromStatus(InvalidArgument(
                    "'candidate_isolation' is a start-up setting (server config 'rollout'): a "
                    "candidate's place is chosen when its file loads"));
+             }
+             if (body->is_object() && body->contains("baseline")) {
+               return HttpResponse::FromStatus(InvalidArgument(
+                   "'baseline' is a start-up setting (server config 'rollout'): a candidate's "
+                   "baseline is loaded with it, when its file loads"));
              }
              RolloutPolicy policy = view->policy;
              Status applied = ApplyRolloutPolicy(body.value(), "the request body", policy);

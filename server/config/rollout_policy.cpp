@@ -49,6 +49,17 @@ Status ApplyKey(const std::string& key, const json& value, RolloutPolicy& policy
     return number(&RolloutPolicy::max_error_excess, 0, 1);
   if (key == "max_abs_divergence")
     return number(&RolloutPolicy::max_abs_divergence, 0, 1e300);
+  if (key == "shadow_timeout_ms") {
+    // 0 would time out every run: the rollout would roll back at its first shadow sample.
+    if (!value.is_number() ||
+        !(value.get<double>() > 0 && value.get<double>() <= RolloutPolicy::kMaxShadowTimeoutMs)) {
+      return InvalidArgument(fmt::format(
+          "'{}' must be a number of milliseconds above 0 and at most {:.0f} (an hour), got {}",
+          name, RolloutPolicy::kMaxShadowTimeoutMs, value.dump()));
+    }
+    policy.shadow_timeout_ms = value.get<double>();
+    return Status::Ok();
+  }
   if (key == "step_max_duration_s")
     return number(&RolloutPolicy::step_max_duration_s, 0, 1e7);
   if (key == "inconclusive_limit") {
@@ -134,9 +145,9 @@ Status ApplyKey(const std::string& key, const json& value, RolloutPolicy& policy
   return InvalidArgument(
       "unknown key '" + name +
       "' (known: shadow_fraction, min_samples, steps, confidence, max_latency_regression, "
-      "worker_latency_allowance_us, "
-      "max_error_excess, max_abs_divergence, step_max_duration_s, inconclusive_limit, "
-      "on_inconclusive, candidate_isolation, baseline)");
+      "worker_latency_allowance_us, max_error_excess, max_abs_divergence, shadow_timeout_ms, "
+      "step_max_duration_s, inconclusive_limit, on_inconclusive, candidate_isolation, "
+      "baseline)");
 }
 
 }  // namespace
@@ -172,6 +183,7 @@ json RolloutPolicyJson(const RolloutPolicy& policy) {
           {"worker_latency_allowance_us", policy.worker_latency_allowance_us},
           {"max_error_excess", policy.max_error_excess},
           {"max_abs_divergence", policy.max_abs_divergence},
+          {"shadow_timeout_ms", policy.shadow_timeout_ms},
           {"step_max_duration_s", policy.step_max_duration_s},
           {"inconclusive_limit", policy.inconclusive_limit},
           {"on_inconclusive",

@@ -31,19 +31,28 @@ struct RolloutPolicy {
   // difference is shown at this confidence (0.99: a good build is rolled back by chance in
   // about one window of a hundred at most)...
   double confidence = 0.99;
-  // ...and exceeds these: the candidate slower than the stable generation by more than this
-  // fraction of its latency (the whole distribution, not one quantile)...
+  // ...and exceeds these: the candidate slower than its baseline (or the stable generation) by
+  // more than this fraction of its latency (the whole distribution, not one quantile)...
   double max_latency_regression = 0.1;
-  // A candidate tried in a worker process (candidate_isolation "process") may be slower by this
-  // many microseconds per run too: its measurement leaves out the crossing to the worker, but not
-  // all of what the crossing costs, and on a model of a few microseconds that rest would read as
-  // a regression of the build.
+  // A candidate tried in a worker process (candidate_isolation "process") and judged against the
+  // stable generation (no baseline, or it was lost) may be slower by this many microseconds per
+  // run too: its measurement leaves out the crossing to the worker, but not all of what the
+  // crossing costs, and on a model of a few microseconds that rest would read as a regression of
+  // the build. Against a baseline, which crosses as the candidate does, it does not apply.
   double worker_latency_allowance_us = 10;
-  // ...or failing more than this share of its runs beyond the stable generation's own error rate
+  // ...or failing more than this share of its runs beyond the reference arm's own error rate
   // (a client's bad input fails on both). 0: any excess shown at `confidence`.
   double max_error_excess = 0;
   // Roll back when a shadow sample's outputs differ from the stable ones by more than this.
   double max_abs_divergence = 0.001;
+  // Roll back when a shadow run is still going after this many milliseconds
+  // (RolloutTraffic::shadow_timeout_ms): a run cannot be stopped, and while it runs no other
+  // shadow run of the rollout starts, so a hung candidate would otherwise only stop producing
+  // samples. Above 0 and at most kMaxShadowTimeoutMs.
+  double shadow_timeout_ms = 1000;
+  // An hour: a longer run is a hung one by any standard, and a bound keeps a typo (a value in
+  // microseconds) from disabling the check in effect.
+  static constexpr double kMaxShadowTimeoutMs = 3600000;
   // A phase or step ends at min_samples candidate runs, or after this many seconds with fewer
   // (so that rollouts finish at low traffic); 0: no time limit.
   double step_max_duration_s = 60;

@@ -9,6 +9,7 @@
 #include "backplane/core/logging.hpp"
 #include "backplane/core/thread_name.hpp"
 #include "metrics/metrics.hpp"
+#include "rollout/rollout_arms.hpp"
 #include "rollout/rollout_judge.hpp"
 
 namespace backplane::server {
@@ -41,8 +42,22 @@ RolloutStats Minus(const RolloutStats& now, const RolloutStats& then) {
   RolloutStats window = now;
   window.stable = Minus(now.stable, then.stable);
   window.candidate = Minus(now.candidate, then.candidate);
+  // A baseline that arrived after the window began (generation 0 then) counts from nothing.
+  window.baseline = then.baseline.generation == now.baseline.generation
+                        ? Minus(now.baseline, then.baseline)
+                        : now.baseline;
   window.shadow = now.shadow - then.shadow;
   return window;
+}
+
+// The arms of `stats` that exist, by their metrics' role label: the baseline only when the
+// rollout has one (a series of generation 0 would be a generation that never was).
+std::vector<std::pair<std::string_view, const RolloutArmStats*>> Arms(const RolloutStats& stats) {
+  std::vector<std::pair<std::string_view, const RolloutArmStats*>> arms = {
+      {"stable", &stats.stable}, {"candidate", &stats.candidate}};
+  if (stats.baseline.generation != 0)
+    arms.emplace_back("baseline", &stats.baseline);
+  return arms;
 }
 
 std::string Percent(double value) {
@@ -52,28 +67,6 @@ std::string Percent(double value) {
 // History entries kept per rollout: every admin answer carries them, and thousands of verbs on
 // one long rollout must not make each answer hundreds of kilobytes. An operator reads the latest.
 constexpr std::size_t kHistoryLimit = 100;
-
-// Shadow runs as the judge compares them: the candidate's failures against the same requests,
-// every one of which the stable generation answered.
-JudgeWindow ShadowWindow(const RolloutStats& window) {
-  JudgeWindow judged;
-  judged.candidate.requests = window.shadow.samples;
-  judged.candidate.errors = window.shadow.errors;
-  judged.stable.requests = window.shadow.samples;
-  judged.candidate.latency = window.shadow.latency;
-  judged.stable.latency = window.shadow.stable_latency;
-  return judged;
-}
-
-// A canary window as the judge compares it: against the stable generation's requests in the same
-// window (the same load on the machine), or over the whole rollout when the window has too few
-// of them (at 100 % it has none).
-JudgeWindow CanaryWindow(const RolloutStats& window, const RolloutStats& totals,
-                         const RolloutPolicy& policy, bool candidate_in_worker) {
-  return {.stable = window.stable.requests >= policy.min_samples ? window.stable : totals.stable,
-          .candidate = window.candidate,
-          .latency_allowance_us = candidate_in_worker ? policy.worker_latency_allowance_us : 0};
-}
 
 }  // namespace
 
@@ -108,9 +101,11 @@ struct RolloutController::Rollout {
   double share = 0;
   RolloutPolicy policy;
   bool pinned = false;  // the registry's pin on the backend: the rollout holds until unpinned
-  // The candidate runs in a worker process and the stable generation does not: its latency gets
-  // policy.worker_latency_allowance_us.
+  // The candidate runs in a worker process and the stable generation does not: judged against the
+  // stable generation (without a baseline), its latency gets policy.worker_latency_allowance_us.
   bool candidate_in_worker = false;
+  // The baseline's loss (RolloutStats::baseline_lost) is on record in the history.
+  bool baseline_lost_noted = false;
   RolloutStats window_start;  // the runtime's counters when the current window began
   // The current phase or step: when its time is up (step_max_duration_s; max() once used or
   // while held), the verdicts given on it (one per min_samples runs) and how many in a row were
@@ -188,11 +183,16 @@ RolloutController::Rollout* RolloutController::FindUnderWay(std::string_view bac
 
 void RolloutController::ApplyTraffic(const Rollout& rollout) {
   const bool shadowing = UnderWay(rollout.phase);
+  const double candidate_percent = rollout.deciding ? 0 : rollout.weight();
   Status applied = runtime_.SetRolloutTraffic(
       rollout.backend_id,
-      {.candidate_percent = rollout.deciding ? 0 : rollout.weight(),
+      {.candidate_percent = candidate_percent,
+       .baseline_percent = BaselinePercent(
+           rollout.policy, rollout.effective() == RolloutPhase::kCanary && !rollout.deciding,
+           candidate_percent),
        .shadow_fraction = shadowing && !rollout.deciding ? rollout.policy.shadow_fraction : 0,
-       .shadow_tolerance = rollout.policy.max_abs_divergence});
+       .shadow_tolerance = rollout.policy.max_abs_divergence,
+       .shadow_timeout_ms = rollout.policy.shadow_timeout_ms});
   if (!applied.ok() && UnderWay(rollout.phase))
     Log().warn("rollout of backend {}: {}", rollout.backend_id, applied.message());
 }
@@ -425,6 +425,13 @@ RolloutController::Decision RolloutController::Evaluate(Rollout& rollout) {
   rollout.totals = *totals;
   const RolloutStats window = Minus(*totals, rollout.window_start);
   const RolloutPolicy& policy = rollout.policy;
+  if (totals->baseline_lost && !rollout.baseline_lost_noted) {
+    rollout.baseline_lost_noted = true;
+    Note(rollout, "the worker of the baseline generation " +
+                      std::to_string(totals->baseline.generation) +
+                      " died: its share runs on the stable generation, and the candidate is "
+                      "judged against the stable generation from now on");
+  }
   auto roll_back = [&](std::string why) {
     mutex_.AssertHeld();  // the analysis does not follow the enclosing function into a lambda
     return Decide(rollout, Decision::Kind::kRollBack, "policy", std::move(why));
@@ -452,8 +459,10 @@ RolloutController::Decision RolloutController::Evaluate(Rollout& rollout) {
   Verdict verdict = Judge(ShadowWindow(window), policy, JudgedPhase::kShadow);
   if (canary) {
     const Verdict shadowed = std::move(verdict);
-    verdict = Judge(CanaryWindow(window, *totals, policy, rollout.candidate_in_worker), policy,
-                    JudgedPhase::kCanary);
+    verdict =
+        Judge(CanaryWindow(window, *totals, policy, BaselinePercent(policy, true, rollout.weight()),
+                           rollout.candidate_in_worker),
+              policy, JudgedPhase::kCanary);
     if (shadowed.outcome == Verdict::Outcome::kFail && verdict.outcome != Verdict::Outcome::kFail) {
       verdict = shadowed;
       verdict.reason = "shadow runs: " + verdict.reason;
@@ -659,6 +668,8 @@ RolloutView RolloutController::ViewOf(const Rollout& rollout) const {
       totals = *now;
   }
   view.window = Minus(totals, rollout.window_start);
+  view.baseline_generation = totals.baseline.generation;
+  view.baseline_lost = totals.baseline_lost;
   if (rollout.phase != RolloutPhase::kNone)  // reset by a rollback: no numbers to show
     view.totals = totals;
   view.samples = rollout.effective() == RolloutPhase::kShadow ? view.window.shadow.samples
@@ -728,10 +739,9 @@ std::string RolloutController::RenderMetrics() const {
     for (const auto& view : views) {
       if (!view.totals)
         continue;
-      for (const auto* arm : {&view.totals->stable, &view.totals->candidate}) {
+      for (const auto& [role, arm] : Arms(*view.totals)) {
         text += fmt::format("{}{{{},generation=\"{}\",role=\"{}\"}} {}\n", name, backend(view),
-                            arm->generation, arm == &view.totals->stable ? "stable" : "candidate",
-                            value(*arm));
+                            arm->generation, role, value(*arm));
       }
     }
   };
@@ -743,11 +753,10 @@ std::string RolloutController::RenderMetrics() const {
   family("backplane_rollout_p99_seconds", "gauge",
          "p99 execution latency of each generation in the rollout's current window");
   for (const auto& view : views) {
-    for (const auto* arm : {&view.window.stable, &view.window.candidate}) {
+    for (const auto& [role, arm] : Arms(view.window)) {
       text += fmt::format(
           "backplane_rollout_p99_seconds{{{},generation=\"{}\",role=\"{}\"}} {:g}\n", backend(view),
-          arm->generation, arm == &view.window.stable ? "stable" : "candidate",
-          arm->latency.QuantileMicros(0.99) / 1e6);
+          arm->generation, role, arm->latency.QuantileMicros(0.99) / 1e6);
     }
   }
   family("backplane_rollout_shadow_samples_total", "counter",

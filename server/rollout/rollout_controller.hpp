@@ -39,6 +39,11 @@ struct RolloutView {
   // Once promoted: the generation that became active, the candidate itself or (a candidate tried
   // in a worker, rollout.candidate_isolation) its build loaded again in the server.
   uint64_t promoted_generation = 0;
+  // The rollout's baseline (the stable build loaded again, placed as the candidate is, and given
+  // as many requests; policy.baseline), 0 when it has none; its arm is in `window` and `totals`.
+  uint64_t baseline_generation = 0;
+  // Its worker died: canary steps judge the candidate against the stable generation since.
+  bool baseline_lost = false;
   double weight_percent = 0;  // the candidate's share of requests now
   std::size_t step = 0;       // canary: index into policy.steps
   // Candidate runs observed in the current phase or step (shadow samples in shadow, candidate

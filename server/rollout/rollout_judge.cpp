@@ -177,14 +177,33 @@ double ErrorExcessZ(double candidate_errors, double candidate_runs, double stabl
   return (candidate_rate - stable_rate - margin) / deviation;
 }
 
+// What the candidate was compared with, for the reasons: an operator must not take a verdict
+// against the baseline for one against the code that serves, nor the other way round.
+std::string ReferenceName(const JudgeWindow& window) {
+  if (window.against == JudgedAgainst::kBaseline) {
+    return fmt::format("the baseline generation {} (the stable build loaded again beside it)",
+                       window.stable.generation);
+  }
+  return "the stable generation";
+}
+
+// `counts` of the reference arm: "the stable generation's 0 of 5000", or "0 of 5000 on the
+// baseline generation 7 (...)".
+std::string ReferenceCounts(const JudgeWindow& window, const std::string& counts) {
+  return window.against == JudgedAgainst::kBaseline ? counts + " on " + ReferenceName(window)
+                                                    : ReferenceName(window) + "'s " + counts;
+}
+
 std::string ErrorCounts(const JudgeWindow& window) {
   auto rate = [](uint64_t errors, uint64_t runs) {
     return runs == 0 ? std::string("-") : PercentOf(static_cast<double>(errors) / runs);
   };
-  return fmt::format("{} of {} ({}) against the stable generation's {} of {} ({})",
-                     window.candidate.errors, window.candidate.requests,
-                     rate(window.candidate.errors, window.candidate.requests), window.stable.errors,
-                     window.stable.requests, rate(window.stable.errors, window.stable.requests));
+  return fmt::format(
+      "{} of {} ({}) against {}", window.candidate.errors, window.candidate.requests,
+      rate(window.candidate.errors, window.candidate.requests),
+      ReferenceCounts(window,
+                      fmt::format("{} of {} ({})", window.stable.errors, window.stable.requests,
+                                  rate(window.stable.errors, window.stable.requests))));
 }
 
 std::string Quantiles(const LatencyHistogram& candidate, const LatencyHistogram& stable) {
@@ -237,9 +256,11 @@ Verdict Judge(const JudgeWindow& window, const RolloutPolicy& policy, JudgedPhas
           fmt::format(
               "errors: the candidate failed {} of its first {} runs: even if the rest "
               "of a window of min_samples {} succeeded, more than max_error_excess {} above "
-              "the stable generation's {} of {} at {} confidence",
+              "{} at {} confidence",
               window.candidate.errors, window.candidate.requests, policy.min_samples,
-              PercentOf(policy.max_error_excess), window.stable.errors, window.stable.requests,
+              PercentOf(policy.max_error_excess),
+              ReferenceCounts(
+                  window, fmt::format("{} of {}", window.stable.errors, window.stable.requests)),
               confidence));
       verdict.early = true;
       return verdict;
@@ -267,9 +288,9 @@ Verdict Judge(const JudgeWindow& window, const RolloutPolicy& policy, JudgedPhas
   if (static_cast<double>(stable.total()) < min_samples) {
     return MakeVerdict(
         Outcome::kInconclusive,
-        fmt::format("{}; latency not judged: the stable generation has {} runs to compare "
-                    "with, fewer than min_samples {}",
-                    errors, stable.total(), policy.min_samples));
+        fmt::format("{}; latency not judged: {} has {} runs to compare with, fewer than "
+                    "min_samples {}",
+                    errors, ReferenceName(window), stable.total(), policy.min_samples));
   }
   if (static_cast<double>(candidate.total()) < min_samples) {
     return MakeVerdict(
@@ -316,15 +337,15 @@ Verdict Judge(const JudgeWindow& window, const RolloutPolicy& policy, JudgedPhas
   if (test.Z(margin_shift) > critical) {
     verdict.outcome = Outcome::kFail;
     verdict.reason = fmt::format(
-        "latency: the candidate is {} than the stable generation (at {} confidence, slower by "
-        "more than {}), above {}; {}",
-        slower, confidence, lower_bound, tolerance, quantiles);
+        "latency: the candidate is {} than {} (at {} confidence, slower by more than {}), above "
+        "{}; {}",
+        slower, ReferenceName(window), confidence, lower_bound, tolerance, quantiles);
   } else if (change > margin) {
     verdict.outcome = Outcome::kInconclusive;
     verdict.reason = fmt::format(
-        "{}; latency: the candidate looks {} than the stable generation, above {}, but not at {} "
-        "confidence (slower by more than {}); {}",
-        errors, slower, tolerance, confidence, lower_bound, quantiles);
+        "{}; latency: the candidate looks {} than {}, above {}, but not at {} confidence (slower "
+        "by more than {}); {}",
+        errors, slower, ReferenceName(window), tolerance, confidence, lower_bound, quantiles);
   } else {
     verdict.outcome = Outcome::kPass;
     verdict.reason =

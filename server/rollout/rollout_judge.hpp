@@ -20,14 +20,23 @@ namespace backplane::server {
 // requests (errors and latency).
 enum class JudgedPhase { kShadow, kCanary };
 
-// The two arms compared. In a canary step, `stable` is the stable generation's requests in the
-// same window (or, when they are too few, as at 100 %, over the whole rollout); in shadow, the
+// The arm the candidate is compared with in a canary step (named in the verdict's reason).
+enum class JudgedAgainst {
+  kStable,    // the stable generation, the code that serves the other requests
+  kBaseline,  // the rollout's baseline: the stable build loaded again, placed as the candidate is
+};
+
+// The two arms compared. In a canary step, `stable` is the reference arm's requests, of the
+// generation `against` names (RolloutArmStats::generation), in the same window (or, when they
+// are too few, as at 100 %, over the whole rollout: rollout_arms.hpp chooses); in shadow, the
 // same requests as the candidate's, all of which the stable generation answered.
 struct JudgeWindow {
   RolloutArmStats stable;
   RolloutArmStats candidate;
+  JudgedAgainst against = JudgedAgainst::kStable;
   // Microseconds per run the candidate may be slower by, beyond max_latency_regression, because of
-  // where it runs (policy.worker_latency_allowance_us for a candidate in a worker process).
+  // where it runs (policy.worker_latency_allowance_us for a candidate in a worker process judged
+  // against the stable generation; 0 against a baseline, which runs where the candidate does).
   double latency_allowance_us = 0;
 };
 

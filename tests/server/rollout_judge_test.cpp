@@ -1,6 +1,8 @@
 // The rollout judge on generated windows, without threads or servers: identical builds pass at
 // the rate the confidence promises, slower and failing ones fail, small windows wait. Every
-// window comes from a seeded generator; a failure names the seeds that produced it.
+// window comes from a seeded generator; a failure names the seeds that produced it. And the
+// rollout's arms (rollout_arms.hpp): the baseline's share, and which arm a canary is judged
+// against.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -11,11 +13,13 @@
 
 #include <fmt/format.h>
 
+#include "rollout/rollout_arms.hpp"
 #include "rollout/rollout_judge.hpp"
 
 namespace backplane::testing {
 namespace {
 
+using server::JudgedAgainst;
 using server::JudgedPhase;
 using server::JudgeWindow;
 using server::RolloutPolicy;
@@ -362,6 +366,201 @@ TEST(RolloutJudgeTest, TheErrorMarginToleratesAKnownExcess) {
   EXPECT_EQ(
       server::Judge(ErrorsOnlyWindow(30, 1000, 0, 10000), policy, JudgedPhase::kShadow).outcome,
       Outcome::kPass);
+}
+
+// ---- The baseline arm ------------------------------------------------------------------------
+
+TEST(RolloutArmsTest, TheBaselineGetsTheCandidatesShareUpToWhatTheStableGenerationHasLeft) {
+  const RolloutPolicy policy;  // baseline true
+  EXPECT_EQ(server::BaselinePercent(policy, true, 1), 1);
+  EXPECT_EQ(server::BaselinePercent(policy, true, 10), 10);
+  EXPECT_EQ(server::BaselinePercent(policy, true, 50), 50);  // the stable generation has none
+  EXPECT_EQ(server::BaselinePercent(policy, true, 70), 30);
+  EXPECT_EQ(server::BaselinePercent(policy, true, 100), 0);
+  // Shadow runs are compared with the same requests' stable runs: no baseline share.
+  EXPECT_EQ(server::BaselinePercent(policy, false, 0), 0);
+  EXPECT_EQ(server::BaselinePercent(policy, false, 10), 0);
+  RolloutPolicy without = policy;
+  without.baseline = false;
+  EXPECT_EQ(server::BaselinePercent(without, true, 10), 0);
+}
+
+RolloutArmStats CountedArm(uint64_t generation, uint64_t requests, std::size_t bucket = 40) {
+  RolloutArmStats arm;
+  arm.generation = generation;
+  arm.requests = arm.latency.counts[bucket] = requests;
+  return arm;
+}
+
+// A canary step's counters: stable generation 2, candidate 5, baseline 6 (0: none), with the
+// given requests in the window; the totals hold `before` more of each arm.
+struct CanaryCounters {
+  RolloutStats window, totals;
+};
+CanaryCounters Counters(uint64_t stable, uint64_t candidate, uint64_t baseline,
+                        uint64_t baseline_generation = 6, uint64_t before = 1000) {
+  CanaryCounters counters;
+  counters.window.stable = CountedArm(2, stable, 40);
+  counters.window.candidate = CountedArm(5, candidate, 41);
+  counters.window.baseline = CountedArm(baseline_generation, baseline, 42);
+  counters.totals.stable = CountedArm(2, stable + before, 40);
+  counters.totals.candidate = CountedArm(5, candidate + before, 41);
+  counters.totals.baseline = CountedArm(baseline_generation, baseline + before, 42);
+  return counters;
+}
+
+TEST(RolloutArmsTest, ACanaryIsJudgedAgainstItsBaselineInTheSameWindowWithoutAnAllowance) {
+  const RolloutPolicy policy;  // min_samples 200
+  const auto [window, totals] = Counters(9000, 1000, 1000);
+  const JudgeWindow judged = server::CanaryWindow(window, totals, policy, 10, true);
+  EXPECT_EQ(judged.against, JudgedAgainst::kBaseline);
+  EXPECT_EQ(judged.stable.generation, 6u);
+  EXPECT_EQ(judged.stable.requests, 1000u) << "the window's, not the totals'";
+  EXPECT_EQ(judged.stable.latency.counts[42], 1000u);
+  EXPECT_EQ(judged.candidate.requests, 1000u);
+  // The same code in the same place as the candidate: what the worker costs is on both arms.
+  EXPECT_EQ(judged.latency_allowance_us, 0);
+
+  // Fewer than min_samples in the window (a grown window at a small step): over the rollout,
+  // still against the baseline.
+  const auto [few, few_totals] = Counters(9000, 1000, 150);
+  const JudgeWindow grown = server::CanaryWindow(few, few_totals, policy, 10, true);
+  EXPECT_EQ(grown.against, JudgedAgainst::kBaseline);
+  EXPECT_EQ(grown.stable.requests, 1150u);
+}
+
+TEST(RolloutArmsTest, ALostOrAbsentBaselineLeavesTheStableGenerationAndItsAllowance) {
+  const RolloutPolicy policy;
+  auto [window, totals] = Counters(9000, 1000, 1000);
+  totals.baseline_lost = window.baseline_lost = true;
+  const JudgeWindow lost = server::CanaryWindow(window, totals, policy, 10, true);
+  EXPECT_EQ(lost.against, JudgedAgainst::kStable);
+  EXPECT_EQ(lost.stable.generation, 2u);
+  EXPECT_EQ(lost.stable.requests, 9000u);
+  EXPECT_EQ(lost.latency_allowance_us, policy.worker_latency_allowance_us);
+  // Lost in the latest counters only (it died during the window): lost for the whole window.
+  window.baseline_lost = false;
+  EXPECT_EQ(server::CanaryWindow(window, totals, policy, 10, true).against, JudgedAgainst::kStable);
+
+  const auto [none, none_totals] = Counters(9000, 1000, 0, /*baseline_generation=*/0, 0);
+  const JudgeWindow absent = server::CanaryWindow(none, none_totals, policy, 10, true);
+  EXPECT_EQ(absent.against, JudgedAgainst::kStable);
+  EXPECT_EQ(absent.stable.requests, 9000u);
+  EXPECT_EQ(absent.latency_allowance_us, policy.worker_latency_allowance_us);
+  // A candidate in the server beside a stable generation in the server: no allowance either.
+  EXPECT_EQ(server::CanaryWindow(none, none_totals, policy, 10, false).latency_allowance_us, 0);
+}
+
+TEST(RolloutArmsTest, AtAHundredPercentTheBaselinesTotalsAreTheReference) {
+  const RolloutPolicy policy;
+  // At 100 % neither the stable generation nor the baseline runs a request: the baseline's runs
+  // over the rollout (at the earlier steps) are the reference.
+  const auto [window, totals] = Counters(0, 1000, 0);
+  const JudgeWindow judged = server::CanaryWindow(window, totals, policy, 0, true);
+  EXPECT_EQ(judged.against, JudgedAgainst::kBaseline);
+  EXPECT_EQ(judged.stable.generation, 6u);
+  EXPECT_EQ(judged.stable.requests, 1000u);
+  EXPECT_EQ(judged.latency_allowance_us, 0);
+  // A rollout whose only step is 100 never ran its baseline: against the stable generation's
+  // totals, as without one.
+  const auto [only, only_totals] = Counters(0, 1000, 0, 6, /*before=*/50);
+  const JudgeWindow never = server::CanaryWindow(only, only_totals, policy, 0, true);
+  EXPECT_EQ(never.against, JudgedAgainst::kStable);
+  EXPECT_EQ(never.stable.requests, 50u);
+  EXPECT_EQ(never.latency_allowance_us, policy.worker_latency_allowance_us);
+}
+
+TEST(RolloutArmsTest, AShadowWindowIsTheSameRequestsOnTheStableGeneration) {
+  RolloutStats window;
+  window.baseline = CountedArm(6, 500);
+  window.shadow.samples = 300;
+  window.shadow.errors = 4;
+  window.shadow.latency.counts[41] = 300;
+  window.shadow.stable_latency.counts[40] = 300;
+  const JudgeWindow judged = server::ShadowWindow(window);
+  EXPECT_EQ(judged.against, JudgedAgainst::kStable);
+  EXPECT_EQ(judged.candidate.requests, 300u);
+  EXPECT_EQ(judged.candidate.errors, 4u);
+  EXPECT_EQ(judged.stable.requests, 300u);
+  EXPECT_EQ(judged.stable.errors, 0u);
+  EXPECT_EQ(judged.stable.latency.counts[40], 300u);
+}
+
+TEST(RolloutJudgeTest, TheReasonNamesTheBaselineItComparedWith) {
+  JudgeWindow window{.stable = CountedArm(6, 5000, 40),
+                     .candidate = CountedArm(5, 500, 42),
+                     .against = JudgedAgainst::kBaseline};
+  const Verdict slower = server::Judge(window, RolloutPolicy{}, JudgedPhase::kCanary);
+  EXPECT_EQ(slower.outcome, Outcome::kFail) << slower.reason;
+  EXPECT_THAT(slower.reason,
+              HasSubstr("slower than the baseline generation 6 (the stable build loaded again "
+                        "beside it) (at 99 % confidence"));
+  EXPECT_THAT(slower.reason, ::testing::Not(HasSubstr("stable generation")));
+
+  window.candidate = CountedArm(5, 500, 40);
+  window.candidate.errors = 1;
+  const Verdict passed = server::Judge(window, RolloutPolicy{}, JudgedPhase::kCanary);
+  EXPECT_EQ(passed.outcome, Outcome::kPass) << passed.reason;
+  EXPECT_THAT(passed.reason,
+              HasSubstr("errors 1 of 500 (0.2 %) against 0 of 5000 (0 %) on the baseline "
+                        "generation 6 (the stable build loaded again beside it)"));
+
+  window.candidate.requests = 20;
+  window.candidate.errors = 10;
+  const Verdict early = server::Judge(window, RolloutPolicy{}, JudgedPhase::kCanary);
+  EXPECT_TRUE(early.early);
+  EXPECT_THAT(early.reason, HasSubstr("more than max_error_excess 0 % above 0 of 5000 on the "
+                                      "baseline generation 6 (the stable build loaded again "
+                                      "beside it) at 99 % confidence"));
+
+  window.stable = CountedArm(6, 150, 40);
+  window.candidate = CountedArm(5, 500, 40);
+  EXPECT_THAT(server::Judge(window, RolloutPolicy{}, JudgedPhase::kCanary).reason,
+              HasSubstr("latency not judged: the baseline generation 6 (the stable build loaded "
+                        "again beside it) has 150 runs to compare with"));
+
+  // Against the stable generation the reasons say so.
+  window = {.stable = CountedArm(2, 5000, 40), .candidate = CountedArm(5, 500, 42)};
+  EXPECT_THAT(server::Judge(window, RolloutPolicy{}, JudgedPhase::kCanary).reason,
+              HasSubstr("slower than the stable generation (at 99 % confidence"));
+}
+
+// Why the baseline: a build of a model of a few microseconds runs slower on a small share in a
+// worker process than the same build hot in the server. Against the stable generation that
+// reads as a regression unless an allowance excuses it, and the allowance then excuses a real
+// one; against the baseline, which runs as cold and crosses as often, neither happens.
+TEST(RolloutJudgeTest, AgainstTheBaselineAnIdenticalBuildPassesAndATwentyPercentSlowerOneFails) {
+  const auto hot = LogNormalLatency(3, 0.04);
+  const auto cold = LogNormalLatency(3.5, 0.04);  // the same build on a small share, in a worker
+  const RolloutPolicy policy;
+  for (uint64_t seed = 1; seed <= 20; ++seed) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    std::mt19937_64 random(seed);
+    RolloutStats window;
+    window.stable = JudgedArm(random, hot, 9000);
+    window.stable.generation = 2;
+    window.baseline = JudgedArm(random, cold, 1000);
+    window.baseline.generation = 6;
+    RolloutStats identical = window;
+    identical.candidate = JudgedArm(random, cold, 1000);
+    RolloutStats slower = window;
+    slower.candidate = JudgedArm(random, cold, 1000, 1.2);
+
+    const Verdict good = server::Judge(server::CanaryWindow(identical, identical, policy, 10, true),
+                                       policy, JudgedPhase::kCanary);
+    EXPECT_NE(good.outcome, Outcome::kFail) << good.reason;
+    const Verdict bad = server::Judge(server::CanaryWindow(slower, slower, policy, 10, true),
+                                      policy, JudgedPhase::kCanary);
+    EXPECT_EQ(bad.outcome, Outcome::kFail) << bad.reason;
+    EXPECT_THAT(bad.reason, HasSubstr("than the baseline generation 6"));
+
+    // Without the baseline, the allowance that lets the identical build through hides the slow
+    // one too.
+    slower.baseline = {};
+    const Verdict hidden = server::Judge(server::CanaryWindow(slower, slower, policy, 10, true),
+                                         policy, JudgedPhase::kCanary);
+    EXPECT_EQ(hidden.outcome, Outcome::kPass) << hidden.reason;
+  }
 }
 
 }  // namespace

@@ -33,7 +33,8 @@ TEST(RolloutConfigTest, ReadsTheKeysOverTheDefaults) {
       R"({"deploy_policy": "progressive", "rollout": {"shadow_fraction": 0.25,
           "min_samples": 50, "steps": [0.01, 5, 100], "max_error_excess": 0.02,
           "confidence": 0.995, "max_latency_regression": 0.2, "step_max_duration_s": 30,
-          "inconclusive_limit": 5, "on_inconclusive": "hold", "worker_latency_allowance_us": 0}})",
+          "inconclusive_limit": 5, "on_inconclusive": "hold", "worker_latency_allowance_us": 0,
+          "shadow_timeout_ms": 250, "baseline": false}})",
       "serve.json", config);
   ASSERT_TRUE(applied.ok()) << applied.ToString();
   EXPECT_EQ(config.deploy_policy, "progressive");
@@ -47,6 +48,8 @@ TEST(RolloutConfigTest, ReadsTheKeysOverTheDefaults) {
   EXPECT_EQ(config.rollout.inconclusive_limit, 5u);
   EXPECT_EQ(config.rollout.on_inconclusive, server::RolloutPolicy::OnInconclusive::kHold);
   EXPECT_EQ(config.rollout.worker_latency_allowance_us, 0);
+  EXPECT_EQ(config.rollout.shadow_timeout_ms, 250);
+  EXPECT_FALSE(config.rollout.baseline);
   // Keys left out keep their defaults.
   EXPECT_EQ(config.rollout.max_abs_divergence, server::RolloutPolicy{}.max_abs_divergence);
 }
@@ -96,7 +99,25 @@ TEST(RolloutConfigTest, RefusesEveryBadValueNamingTheKeyAndWhy) {
        "against the stable generation's rate, set 'rollout.max_error_excess'"},
       {R"({"rollout": {"max_abs_divergence": -1}})",
        "'rollout.max_abs_divergence' must be between 0"},
-      {R"({"rollout": {"window": 3}})", "unknown key 'rollout.window' (known: shadow_fraction"},
+      {R"({"rollout": {"shadow_timeout_ms": 0}})",
+       "'rollout.shadow_timeout_ms' must be a number of milliseconds above 0 and at most 3600000 "
+       "(an hour), got 0"},
+      {R"({"rollout": {"shadow_timeout_ms": -5}})",
+       "'rollout.shadow_timeout_ms' must be a number of milliseconds above 0"},
+      {R"({"rollout": {"shadow_timeout_ms": 3600001}})",
+       "'rollout.shadow_timeout_ms' must be a number of milliseconds above 0 and at most 3600000 "
+       "(an hour), got 3600001"},
+      {R"({"rollout": {"shadow_timeout_ms": "1s"}})",
+       "'rollout.shadow_timeout_ms' must be a number of milliseconds above 0 and at most 3600000 "
+       "(an hour), got \"1s\""},
+      {R"({"rollout": {"baseline": "yes"}})",
+       "'rollout.baseline' must be true or false, got \"yes\""},
+      {R"({"rollout": {"baseline": 1}})", "'rollout.baseline' must be true or false, got 1"},
+      {R"({"rollout": {"window": 3}})",
+       "unknown key 'rollout.window' (known: shadow_fraction, min_samples, steps, confidence, "
+       "max_latency_regression, worker_latency_allowance_us, max_error_excess, "
+       "max_abs_divergence, shadow_timeout_ms, step_max_duration_s, inconclusive_limit, "
+       "on_inconclusive, candidate_isolation, baseline)"},
   };
   for (const auto& [text, message] : cases) {
     ServeConfig config = server::DefaultServeConfig();
@@ -109,6 +130,23 @@ TEST(RolloutConfigTest, RefusesEveryBadValueNamingTheKeyAndWhy) {
     EXPECT_EQ(config.rollout.steps, before.rollout.steps) << text;  // nothing applied
     EXPECT_EQ(config.deploy_policy, before.deploy_policy) << text;
   }
+}
+
+TEST(RolloutConfigTest, ThePolicyIsRenderedWithEveryKeyAndReadBackTheSame) {
+  server::RolloutPolicy policy;
+  policy.shadow_timeout_ms = 250;
+  policy.baseline = false;
+  const json rendered = server::RolloutPolicyJson(policy);
+  EXPECT_EQ(rendered["shadow_timeout_ms"], 250);
+  EXPECT_EQ(rendered["baseline"], false);
+  EXPECT_EQ(server::RolloutPolicyJson(server::RolloutPolicy{})["shadow_timeout_ms"], 1000);
+  EXPECT_EQ(server::RolloutPolicyJson(server::RolloutPolicy{})["baseline"], true);
+  // What the admin API shows is what a config may say.
+  server::RolloutPolicy read;
+  ASSERT_TRUE(server::ApplyRolloutPolicy(rendered, "the view", read).ok());
+  EXPECT_EQ(read.shadow_timeout_ms, 250);
+  EXPECT_FALSE(read.baseline);
+  EXPECT_EQ(server::RolloutPolicyJson(read), rendered);
 }
 
 // ---- Whole servers --------------------------------------------------------------------------
@@ -180,6 +218,21 @@ class RolloutClients {
   std::vector<std::string> failures_ BACKPLANE_GUARDED_BY(mutex_);
   std::vector<std::string> wrong_ BACKPLANE_GUARDED_BY(mutex_);
 };
+
+// `promtool check metrics` on an exposition (not checked without promtool, except under CI,
+// where every tool is installed).
+void ExpectPromtoolAccepts(const std::string& exposition) {
+  if (!HasCommand("promtool")) {
+    if (RunningInCi())
+      ADD_FAILURE() << "promtool is not installed (Debian package prometheus)";
+    return;
+  }
+  TempDir dir;
+  WriteFile(dir / "metrics.txt", exposition);
+  const auto checked =
+      RunCommand("promtool check metrics < " + (dir / "metrics.txt").string() + " 2>&1");
+  EXPECT_EQ(checked.exit_code, 0) << checked.output;
+}
 
 std::vector<std::string> Phases(const json& view) {
   std::vector<std::string> phases;
@@ -331,8 +384,10 @@ TEST(RolloutTest, AFixThatFailsOnSomeInputsIsRolledBackInCanaryAndOnlyItsRequest
 TEST(RolloutTest, ASlowFixIsRolledBackInCanaryByTheJudge) {
   const uint64_t seed = TestSeed();
   SCOPED_TRACE("seed " + std::to_string(seed));
-  auto server =
-      StartRolloutServer(R"({"shadow_fraction": 0, "min_samples": 30, "steps": [25, 100]})");
+  // Without a baseline: judged against the stable generation, with the allowance (the baseline's
+  // case is RolloutBaselineTest's).
+  auto server = StartRolloutServer(
+      R"({"shadow_fraction": 0, "min_samples": 30, "steps": [25, 100], "baseline": false})");
   RolloutClients clients(*server, 4, seed);
   ASSERT_TRUE(Eventually([&] { return clients.answers() > 20; }, std::chrono::seconds(30)));
   server->Deploy("ValidSlow");  // the same outputs, 5 ms slower
@@ -347,9 +402,85 @@ TEST(RolloutTest, ASlowFixIsRolledBackInCanaryByTheJudge) {
   // its crossings applies, and is no excuse for 5 ms.
   EXPECT_THAT(view["reason"].get<std::string>(),
               HasSubstr("(worker_latency_allowance_us 10 at the stable p50 "));
+  EXPECT_THAT(view["reason"].get<std::string>(), HasSubstr("than the stable generation"));
+  EXPECT_EQ(view["baseline_generation"], 0);
   EXPECT_EQ(Phases(view), (std::vector<std::string>{"canary 25", "rolled_back"}));
   EXPECT_TRUE(clients.failures().empty()) << clients.failures().front();
   EXPECT_TRUE(clients.wrong().empty()) << clients.wrong().front();
+}
+
+// ---- Baselines ------------------------------------------------------------------------------
+// These need the registry's and the runtime's halves of the baseline (the registry loading it
+// with rollout.baseline, the router giving it its share): until both are in, the rollout has no
+// baseline (baseline_generation 0) and they fail at their first assertion on it.
+
+TEST(RolloutBaselineTest, AGoodFixIsJudgedAgainstItsBaselineAndPromoted) {
+  const uint64_t seed = TestSeed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  auto server =
+      StartRolloutServer(R"({"shadow_fraction": 0, "min_samples": 30, "steps": [25, 100]})");
+  const uint64_t stable =
+      server->running.core->context().registry.Describe(RolloutServer::kBackend)->active_generation;
+  RolloutClients clients(*server, 4, seed);
+  ASSERT_TRUE(Eventually([&] { return clients.answers() > 20; }, std::chrono::seconds(30)));
+  server->Deploy("ValidGoodFix");
+  json view = server->Rollout();
+  ASSERT_NE(view["baseline_generation"], 0) << "no baseline: " << view.dump(2);
+  const uint64_t baseline = view["baseline_generation"];
+  EXPECT_NE(baseline, stable);
+  EXPECT_NE(baseline, view["candidate_generation"]);
+  // At 25 % the baseline runs as many requests as the candidate.
+  ASSERT_TRUE(
+      Eventually([&] { return server->Rollout()["window"]["baseline"]["requests"].get<int>() > 0; },
+                 std::chrono::seconds(30)));
+  const auto metrics = server->Client()->Get("/metrics");
+  ASSERT_TRUE(metrics);
+  EXPECT_THAT(metrics->body,
+              HasSubstr(fmt::format("backplane_rollout_requests_total{{backend=\"TestValid\","
+                                    "generation=\"{}\",role=\"baseline\"}} ",
+                                    baseline)));
+  ExpectPromtoolAccepts(metrics->body);
+
+  view = server->WaitForDecision();
+  clients.Stop();
+  ASSERT_EQ(view["phase"], "promoted") << view.dump(2);
+  EXPECT_EQ(view["baseline_lost"], false);
+  EXPECT_EQ(view["totals"]["baseline"]["generation"], baseline);
+  EXPECT_GT(view["totals"]["baseline"]["requests"].get<int>(), 0);
+  const std::string judged = fmt::format(
+      "on the baseline generation {} (the stable build loaded again beside it)", baseline);
+  bool named = false;
+  for (const auto& transition : view["history"])
+    named = named || transition["why"].get<std::string>().find(judged) != std::string::npos;
+  EXPECT_TRUE(named) << view.dump(2);
+  EXPECT_TRUE(clients.failures().empty()) << clients.failures().front();
+  EXPECT_TRUE(clients.wrong().empty()) << clients.wrong().front();
+  // The baseline leaves with the rollout.
+  EXPECT_TRUE(Eventually([&] { return GenerationState(*server, baseline) == "unloaded"; },
+                         std::chrono::seconds(30)))
+      << GenerationState(*server, baseline);
+}
+
+TEST(RolloutBaselineTest, ASlowFixIsRolledBackAgainstItsBaselineWithoutAnAllowance) {
+  const uint64_t seed = TestSeed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  auto server =
+      StartRolloutServer(R"({"shadow_fraction": 0, "min_samples": 30, "steps": [25, 100]})");
+  RolloutClients clients(*server, 4, seed);
+  ASSERT_TRUE(Eventually([&] { return clients.answers() > 20; }, std::chrono::seconds(30)));
+  server->Deploy("ValidSlow");  // the same outputs, 5 ms slower
+  ASSERT_NE(server->Rollout()["baseline_generation"], 0) << server->Rollout().dump(2);
+  const json view = server->WaitForDecision();
+  clients.Stop();
+
+  ASSERT_EQ(view["phase"], "rolled_back") << view.dump(2);
+  const std::string reason = view["reason"];
+  EXPECT_THAT(reason, HasSubstr("canary at 25 %: latency: the candidate is "));
+  EXPECT_THAT(reason, HasSubstr(fmt::format("than the baseline generation {} (the stable build "
+                                            "loaded again beside it)",
+                                            view["baseline_generation"].get<uint64_t>())));
+  EXPECT_THAT(reason, HasSubstr("above max_latency_regression 10 %"));
+  EXPECT_THAT(reason, ::testing::Not(HasSubstr("worker_latency_allowance_us")));
 }
 
 TEST(RolloutTest, OperatorsAdvancePauseResumeAndAbortThroughTheAdminApi) {
@@ -367,7 +498,23 @@ TEST(RolloutTest, OperatorsAdvancePauseResumeAndAbortThroughTheAdminApi) {
   EXPECT_EQ(Get(*client, "/v2/backends/Nope/rollout").status, 404);
 
   server->Deploy("ValidGoodFix", token);
-  EXPECT_EQ(server->Rollout()["phase"], "shadow");
+  const json shadowing = server->Rollout();
+  EXPECT_EQ(shadowing["phase"], "shadow");
+  // The baseline's fields are there whether or not the rollout has one (generation 0: none), and
+  // the shadow runs' timeouts and latencies beside their counts.
+  EXPECT_TRUE(shadowing["baseline_generation"].is_number_unsigned()) << shadowing.dump(2);
+  EXPECT_EQ(shadowing["baseline_lost"], false);
+  for (const char* stats : {"window", "totals"}) {
+    SCOPED_TRACE(stats);
+    EXPECT_EQ(shadowing[stats]["baseline"]["generation"], shadowing["baseline_generation"]);
+    for (const char* key : {"requests", "errors", "p50_us", "p99_us"})
+      EXPECT_TRUE(shadowing[stats]["baseline"][key].is_number()) << key;
+    for (const char* key :
+         {"timeouts", "p50_us", "p99_us", "stable_p50_us", "stable_p99_us", "slower"})
+      EXPECT_TRUE(shadowing[stats]["shadow"][key].is_number()) << key;
+  }
+  EXPECT_EQ(shadowing["policy"]["shadow_timeout_ms"], 1000);
+  EXPECT_EQ(shadowing["policy"]["baseline"], true);
   EXPECT_EQ(Post(*client, base + "/advance", "").status, 401);  // the token is required
   EXPECT_EQ(server->Rollout()["phase"], "shadow");
   const auto unknown = Post(*client, base + "/jump", "", token);
@@ -393,16 +540,37 @@ TEST(RolloutTest, OperatorsAdvancePauseResumeAndAbortThroughTheAdminApi) {
   EXPECT_THAT(refused.text, HasSubstr("'rollout.steps' must end at 100"));
   view = Put(*client, base + "/policy", R"({"max_error_excess": 0.05})", token).body;
   EXPECT_EQ(view["policy"]["max_error_excess"], 0.05);
+  // The baseline is loaded with the candidate's file, like the place it runs in: start-up
+  // settings, refused (and nothing else of the body applied).
+  for (const char* key : {"baseline", "candidate_isolation"}) {
+    const auto startup = Put(*client, base + "/policy",
+                             fmt::format(R"({{"{}": false, "min_samples": 5}})", key), token);
+    EXPECT_EQ(startup.status, 400) << key;
+    EXPECT_THAT(startup.text, HasSubstr(fmt::format(
+                                  "'{}' is a start-up setting (server config 'rollout')", key)));
+  }
+  EXPECT_EQ(server->Rollout()["policy"]["min_samples"], 100000000);
+  // The shadow runs' time limit reaches the runtime's traffic.
+  const auto timeout = Put(*client, base + "/policy", R"({"shadow_timeout_ms": 0})", token);
+  EXPECT_EQ(timeout.status, 400);
+  EXPECT_THAT(timeout.text, HasSubstr("'rollout.shadow_timeout_ms' must be a number of "
+                                      "milliseconds above 0"));
+  view = Put(*client, base + "/policy", R"({"shadow_timeout_ms": 5000})", token).body;
+  EXPECT_EQ(view["policy"]["shadow_timeout_ms"], 5000);
+  EXPECT_EQ(server->running.core->context()
+                .runtime.GetRolloutStats(RolloutServer::kBackend)
+                ->traffic.shadow_timeout_ms,
+            5000);
 
   view = Post(*client, base + "/abort", "", token).body;
   EXPECT_EQ(view["phase"], "rolled_back") << view.dump(2);
   EXPECT_EQ(view["decided_by"], "operator");
-  // The policy edit is on record at the share it kept (the verb's answer carries only the
-  // newest transition, GET pages through them all).
+  // The policy edits are on record at the share they kept (the verb's answer carries only the
+  // newest transition, GET pages through them all); the refused ones are not.
   EXPECT_EQ(Phases(view), (std::vector<std::string>{"rolled_back"}));
   EXPECT_EQ(Phases(server->Rollout()),
             (std::vector<std::string>{"shadow", "canary 1", "paused", "canary 1", "canary 10",
-                                      "canary 10", "rolled_back"}));
+                                      "canary 10", "canary 10", "rolled_back"}));
   EXPECT_EQ(server->running.core->context()
                 .registry.Describe(RolloutServer::kBackend)
                 ->candidate_generation,
@@ -416,6 +584,7 @@ TEST(RolloutTest, OperatorsAdvancePauseResumeAndAbortThroughTheAdminApi) {
   EXPECT_THAT(
       metrics->body,
       HasSubstr("backplane_rollout_transitions_total{backend=\"TestValid\",to=\"canary\"} 3"));
+  ExpectPromtoolAccepts(metrics->body);
 }
 
 // The reasons on record, oldest first.
