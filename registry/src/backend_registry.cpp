@@ -77,8 +77,9 @@ std::string ServedBeforeProbationKey(const std::string& id) {
 }
 
 // The rollback store's key for the copy a rollout's baseline is loaded from when no copy of the
-// stable build's bytes is kept already. Only until it is loaded: the loader reads it once into a
-// sealed copy of its own.
+// stable build's bytes is kept already. Kept until the next baseline of the id replaces it (the
+// loader needs it only once, but what the baseline's record names as its file must hold its
+// bytes: a crash capture copies the build that died from there).
 std::string BaselineKey(const std::string& id) {
   return "baseline/" + id;
 }
@@ -637,7 +638,7 @@ loader::GenerationLease BackendRegistry::LoadBaseline(const std::string& id,
   // From the sealed bytes that ran, never from the file: by now the file may hold the candidate
   // (copied over in place), and a baseline of other bytes would judge nothing. The copy kept for
   // the start after a crash was made from `active` a moment ago when there is a state directory;
-  // else a copy of its own, deleted once loaded.
+  // else a copy of its own.
   std::string key = ServedBeforeProbationKey(id);
   auto retained = rollback_store_->Find(key);
   const bool own_copy = !retained || retained->sha256 != stable.sha256;
@@ -663,8 +664,6 @@ loader::GenerationLease BackendRegistry::LoadBaseline(const std::string& id,
       baseline = std::move(loaded).value();
     }
   }
-  if (own_copy)
-    rollback_store_->Forget(key);
   if (!failed.ok()) {
     events.Add(spdlog::level::warn,
                fmt::format("backend {}: candidate generation {} has no baseline (it is judged "

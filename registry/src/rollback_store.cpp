@@ -103,14 +103,4 @@ std::optional<RollbackStore::Retained> RollbackStore::Find(const std::string& id
   return it->second;
 }
 
-void RollbackStore::Forget(const std::string& id) {
-  auto it = kept_.find(id);
-  if (it == kept_.end())
-    return;
-  unlink(it->second.copy.c_str());
-  kept_.erase(it);
-  if (durable_)
-    WriteIndex();
-}
-
 }  // namespace backplane::registry_detail

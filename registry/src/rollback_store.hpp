@@ -38,9 +38,6 @@ class RollbackStore {
   };
   // The version to roll `id` back to, if one is kept.
   std::optional<Retained> Find(const std::string& id) const;
-  // Deletes the copy kept under `id` (a key whose copy served its purpose once loaded: the loader
-  // reads a file once into a sealed copy of its own).
-  void Forget(const std::string& id);
 
  private:
   void WriteIndex() const;

@@ -336,6 +336,8 @@ TEST_F(BaselineTest, ACandidateArrivesWithTheStableBuildLoadedAgainAsItsBaseline
   EXPECT_EQ(record->state, GenerationState::kBaseline);
   EXPECT_EQ(ToString(record->state), "baseline");
   EXPECT_EQ(record->sha256, stable_sha256_);
+  // What its record names holds its bytes while it lives (a crash capture copies it from there).
+  EXPECT_EQ(BaselineSha256Of(record->resolved_file), stable_sha256_);
   EXPECT_THAT(log.Text(),
               HasSubstr("backend TestValid generation " + std::to_string(arrival->baseline) +
                         " is the rollout's baseline: generation " + std::to_string(active) +
@@ -536,6 +538,7 @@ TEST_F(BaselineTest, ABaselinesWorkerDyingCostsOnlyTheBaseline) {
   const pid_t worker = WorkerPid(arrival->baseline_runs_in);
   ASSERT_NE(worker, 0);
 
+  EXPECT_EQ(BaselineSha256Of(Generation(arrival->baseline)->resolved_file), stable_sha256_);
   ASSERT_EQ(::kill(worker, SIGKILL), 0);
   ASSERT_TRUE(BaselineWaitFor([&] { return supervisor_->decided() >= 1; }));
 
