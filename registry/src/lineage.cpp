@@ -75,15 +75,16 @@ class LineageTable::Lineage {
   }
 
   // The candidate's baseline is let go of with it: it drains (its worker ends once the runtimes'
-  // bindings on it are gone).
-  void ReleaseBaseline() {
+  // bindings on it are gone). Returned, so that the caller drops what may be its last lease after
+  // the table's lock is released.
+  [[nodiscard]] loader::GenerationLease ReleaseBaseline() {
     if (baseline == nullptr)
-      return;
+      return nullptr;
     if (Record* record = Find(baseline->info().number)) {
       record->status.state = GenerationState::kDraining;
       record->deactivated_at = SteadyClock::now();
     }
-    baseline = nullptr;
+    return std::exchange(baseline, nullptr);
   }
 
   // The active generation stops being active (replaced or withdrawn): it drains.
@@ -210,6 +211,7 @@ loader::GenerationLease LineageTable::BeginLoading(const std::string& id, const 
 
 void LineageTable::Activate(const std::string& id, const loader::GenerationLease& next,
                             std::optional<loader::FileIdentity> identity) {
+  loader::GenerationLease released;  // after the lock
   MutexLock lock(mutex_);
   Lineage* lineage = Find(id);
   lineage->Deactivate();
@@ -220,7 +222,7 @@ void LineageTable::Activate(const std::string& id, const loader::GenerationLease
   if (lineage->candidate == next) {  // promoted
     lineage->candidate = nullptr;
     lineage->candidate_identity.reset();
-    lineage->ReleaseBaseline();
+    released = lineage->ReleaseBaseline();
   }
   if (Lineage::Record* record = lineage->Find(next->info().number))
     record->status.state = GenerationState::kActive;
@@ -239,13 +241,14 @@ void LineageTable::Reject(const std::string& id, uint64_t generation, const Stat
 void LineageTable::Propose(const std::string& id, const loader::GenerationLease& next,
                            const loader::FileIdentity& identity,
                            const loader::GenerationLease& baseline) {
+  loader::GenerationLease released;  // after the lock
   MutexLock lock(mutex_);
   Lineage* lineage = Find(id);
   lineage->candidate = next;
   lineage->candidate_identity = identity;
   if (Lineage::Record* record = lineage->Find(next->info().number))
     record->status.state = GenerationState::kCandidate;
-  lineage->ReleaseBaseline();  // a caller drops the candidate before; never two baselines
+  released = lineage->ReleaseBaseline();  // a caller drops the candidate before; never two
   lineage->baseline = baseline;
   if (baseline == nullptr)
     return;
@@ -254,16 +257,18 @@ void LineageTable::Propose(const std::string& id, const loader::GenerationLease&
 }
 
 loader::GenerationLease LineageTable::DropCandidate(const std::string& id) {
+  loader::GenerationLease released;  // after the lock
   MutexLock lock(mutex_);
   Lineage* lineage = Find(id);
   if (lineage == nullptr)
     return nullptr;
   lineage->candidate_identity.reset();
-  lineage->ReleaseBaseline();
+  released = lineage->ReleaseBaseline();
   return std::exchange(lineage->candidate, nullptr);
 }
 
 loader::GenerationLease LineageTable::RetireCandidate(const std::string& id) {
+  loader::GenerationLease released;  // after the lock
   MutexLock lock(mutex_);
   Lineage* lineage = Find(id);
   if (lineage == nullptr || lineage->candidate == nullptr)
@@ -273,7 +278,7 @@ loader::GenerationLease LineageTable::RetireCandidate(const std::string& id) {
     record->deactivated_at = SteadyClock::now();
   }
   lineage->candidate_identity.reset();
-  lineage->ReleaseBaseline();
+  released = lineage->ReleaseBaseline();
   return std::exchange(lineage->candidate, nullptr);
 }
 

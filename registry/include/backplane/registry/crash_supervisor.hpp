@@ -4,8 +4,8 @@
 // `crash_window`: then the previous build is rolled back to (the rollback store), or, with none,
 // the dead generation stays and the log says so. A rollout baseline's worker (the stable build
 // loaded again beside a candidate) costs nothing but itself: logged, nothing rolled back or
-// restarted. The decisions run on a thread of their own: a
-// restart prepares every network again, which must not hold a worker's monitor.
+// restarted. The decisions run on a thread of their own: a restart prepares every network again,
+// which must not hold a worker's monitor.
 #pragma once
 
 #include <chrono>

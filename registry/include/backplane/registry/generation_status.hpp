@@ -58,8 +58,7 @@ struct BackendStatus {
   bool is_static = false;
   uint64_t active_generation = 0;     // 0 for a static backend or when withdrawn
   uint64_t candidate_generation = 0;  // 0 unless a progressive rollout is under way
-  uint64_t baseline_generation =
-      0;  // the candidate's baseline (GenerationState::kBaseline); 0: none
+  uint64_t baseline_generation = 0;   // the candidate's (GenerationState::kBaseline); 0: none
   bool pinned = false;
   bool withdrawn = false;                      // its file was deleted: offered to no new load
   std::filesystem::path file;                  // the file its generations come from
