@@ -76,6 +76,14 @@ std::string ServedBeforeProbationKey(const std::string& id) {
   return "before-probation/" + id;
 }
 
+// The rollback store's key for the copy a rollout's baseline is loaded from when no copy of the
+// stable build's bytes is kept already. Kept until the next baseline of the id replaces it (the
+// loader needs it only once, but what the baseline's record names as its file must hold its
+// bytes: a crash capture copies the build that died from there).
+std::string BaselineKey(const std::string& id) {
+  return "baseline/" + id;
+}
+
 // A unique directory for one registry's rollback copies inside the loader's shadow directory.
 fs::path RollbackDirectory(const loader::Loader& loader) {
   static std::atomic<uint64_t> next{1};
@@ -117,6 +125,8 @@ std::string_view ToString(GenerationState state) {
       return "active";
     case GenerationState::kCandidate:
       return "candidate";
+    case GenerationState::kBaseline:
+      return "baseline";
     case GenerationState::kDraining:
       return "draining";
     case GenerationState::kUnloaded:
@@ -219,7 +229,8 @@ Result<std::shared_ptr<BackendRegistry>> BackendRegistry::Create(BackendRegistry
   std::shared_ptr<BackendRegistry> registry(new BackendRegistry(
       std::move(shared_loader), std::move(directories), options.settle_time,
       std::move(options.trust), options.deploy_policy, std::move(rollback_directory),
-      durable_rollback, std::move(journal), sandbox_candidates));
+      durable_rollback, std::move(journal), sandbox_candidates,
+      options.baseline_generations && options.deploy_policy == DeployPolicy::kProgressive));
   // The reaper tells when a drained generation has left the process (or leaked).
   registry->unload_listener_ = registry->loader_->stats().unload_listeners.Add(
       [raw = registry.get()](const loader::GenerationInfo& generation, bool leaked) {
@@ -252,7 +263,7 @@ BackendRegistry::BackendRegistry(std::shared_ptr<loader::Loader> loader,
                                  std::shared_ptr<const loader::TrustPolicy> trust,
                                  DeployPolicy deploy_policy, fs::path rollback_directory,
                                  bool durable_rollback, std::unique_ptr<ActivationJournal> journal,
-                                 bool sandbox_candidates)
+                                 bool sandbox_candidates, bool baseline_generations)
     : loader_(std::move(loader)),
       directories_(std::move(directories)),
       settle_time_(settle_time),
@@ -260,6 +271,7 @@ BackendRegistry::BackendRegistry(std::shared_ptr<loader::Loader> loader,
       deploy_policy_(deploy_policy),
       candidate_placement_(sandbox_candidates ? loader::Loader::Placement::kWorker
                                               : loader::Loader::Placement::kAsConfigured),
+      baseline_generations_(baseline_generations),
       scanner_(std::make_unique<registry_detail::BackendScanner>(directories_,
                                                                  loader_->options().file_policy)),
       coordinator_(std::make_unique<registry_detail::ChangeCoordinator>()),
@@ -563,13 +575,40 @@ DeployOutcome BackendRegistry::Propose(const std::string& id, loader::Generation
     (void)rollback_store_->Retain(ServedBeforeProbationKey(id), *active);
     journal_->Activated(id, info.sha256, info.real_path, info.number);
   }
-  Status applied = coordinator_->Apply({id, next, active, BackendChange::Target::kCandidate});
+  loader::GenerationLease baseline;
+  if (baseline_generations_) {
+    baseline = LoadBaseline(id, active, info.number, events);
+    if (baseline != nullptr)
+      (void)lineages_->BeginLoading(id, candidate.family, baseline);
+  }
+  Status applied =
+      coordinator_->Apply({id, next, active, BackendChange::Target::kCandidate, baseline});
+  if (!applied.ok() && baseline != nullptr) {
+    // A runtime may have refused the baseline, not the candidate: the rollout goes on without
+    // one rather than lose a candidate to its yardstick. A candidate refused on its own merits
+    // is refused again.
+    const uint64_t number = baseline->info().number;
+    const Status with_baseline = std::move(applied);
+    baseline.reset();
+    applied = coordinator_->Apply({id, next, active, BackendChange::Target::kCandidate});
+    if (applied.ok()) {
+      lineages_->Reject(id, number,
+                        with_baseline.WithContext("refused as the rollout's baseline: "));
+      events.Add(spdlog::level::warn,
+                 fmt::format("backend {}: candidate generation {} has no baseline (it is judged "
+                             "against the stable generation): the runtimes refused baseline "
+                             "generation {}: {}",
+                             id, info.number, number, with_baseline.ToString()));
+    } else {
+      lineages_->Reject(id, number, applied.WithContext("its candidate was refused: "));
+    }
+  }
   if (!applied.ok()) {
     if (journal_ != nullptr)
       journal_->Abandoned(id, info.sha256);
     return RejectDeploy(candidate, std::move(applied), id, info.number, events);
   }
-  lineages_->Propose(id, next, identity);
+  lineages_->Propose(id, next, identity, baseline);
   candidate_files_.insert_or_assign(id, std::make_unique<Candidate>(candidate));
   const std::string message = "candidate beside generation " +
                               std::to_string(active->info().number) + " (progressive deploy)";
@@ -580,7 +619,65 @@ DeployOutcome BackendRegistry::Propose(const std::string& id, loader::Generation
                          info.sha256, info.release.empty() ? "" : ", release " + info.release),
              GenerationEvent{GenerationEvent::Kind::kCandidate, id, info.number, info.file,
                              Status::Ok(), message});
+  if (baseline != nullptr) {
+    const auto& copy = baseline->info();
+    events.Add(
+        spdlog::level::info,
+        fmt::format("backend {} generation {} is the rollout's baseline: generation {}'s "
+                    "build (sha256 {}) loaded again {}, beside candidate generation {}",
+                    id, copy.number, active->info().number, copy.sha256,
+                    copy.runs_in.empty() ? "in the server" : "in a " + copy.runs_in, info.number));
+  }
   return {DeployOutcome::Action::kCandidate, id, candidate.path, info.number, message};
+}
+
+loader::GenerationLease BackendRegistry::LoadBaseline(const std::string& id,
+                                                      const loader::GenerationLease& active,
+                                                      uint64_t candidate, Events& events) {
+  const loader::GenerationInfo& stable = active->info();
+  // From the sealed bytes that ran, never from the file: by now the file may hold the candidate
+  // (copied over in place), and a baseline of other bytes would judge nothing. The copy kept for
+  // the start after a crash was made from `active` a moment ago when there is a state directory;
+  // else a copy of its own.
+  std::string key = ServedBeforeProbationKey(id);
+  auto retained = rollback_store_->Find(key);
+  const bool own_copy = !retained || retained->sha256 != stable.sha256;
+  if (own_copy) {
+    key = BaselineKey(id);
+    retained = rollback_store_->Retain(key, *active) ? rollback_store_->Find(key) : std::nullopt;
+  }
+  Status failed;
+  loader::GenerationLease baseline;
+  if (!retained) {
+    failed = Internal("its bytes could not be copied (see the warning before)");
+  } else {
+    // kNever: a mapping (or worker) of its own, as cold as the candidate's, never the active
+    // generation shared.
+    auto loaded = loader_->Load(retained->copy, nullptr, loader::Loader::Reuse::kNever,
+                                trust_.get(), candidate_placement_);
+    if (!loaded.ok()) {
+      failed = std::move(loaded).error();
+    } else if (loaded->info().sha256 != stable.sha256) {
+      failed = Internal("the copy " + retained->copy.string() + " holds sha256 " +
+                        loaded->info().sha256 + ", not the stable build's");
+    } else {
+      baseline = std::move(loaded).value();
+    }
+  }
+  if (!failed.ok()) {
+    events.Add(spdlog::level::warn,
+               fmt::format("backend {}: candidate generation {} has no baseline (it is judged "
+                           "against the stable generation): generation {}'s build (sha256 {}) "
+                           "does not load again: {}",
+                           id, candidate, stable.number, stable.sha256, failed.ToString()));
+    return nullptr;
+  }
+  const auto& info = baseline->info();
+  events.Add(spdlog::level::debug,
+             fmt::format("backend {} generation {} loaded from {} (generation {}'s kept bytes)", id,
+                         info.number, info.file.string(), stable.number),
+             GenerationEvent{GenerationEvent::Kind::kLoaded, id, info.number, info.file});
+  return baseline;
 }
 
 uint64_t BackendRegistry::DropCandidateLocked(const std::string& id, Status why, Events& events) {

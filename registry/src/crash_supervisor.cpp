@@ -99,6 +99,19 @@ void CrashSupervisor::Decide(BackendRegistry& registry, const isolation::WorkerC
         dropped.ok() ? "rolled back (CRASHED)" : dropped.error().message());
     return;
   }
+  if (status->baseline_generation == crash.generation) {
+    // The stable build's second copy, not the stable generation: the runtimes run its share on
+    // the stable generation from now on. Its death says nothing against the candidate, and its
+    // content already serves in the active generation, which did not die: nothing is rolled
+    // back or restarted, and the death does not count against the active generation's window.
+    registry_detail::Log().warn(
+        "backend {} baseline generation {} (the stable build loaded again beside candidate "
+        "generation {}; {}, sha256 {}): {}; its share runs on the stable generation, the "
+        "rollout goes on",
+        crash.backend_id, crash.generation, status->candidate_generation, crash.file, crash.sha256,
+        died);
+    return;
+  }
   if (status->active_generation != crash.generation)
     return;  // an older generation, draining: it ends anyway
 

@@ -33,13 +33,15 @@ class LineageTable::Lineage {
   std::optional<loader::FileIdentity> pinned_seen;
   loader::GenerationLease candidate;  // a progressive rollout's; null: none
   std::optional<loader::FileIdentity> candidate_identity;
-  std::deque<Record> history;  // newest first, bounded
+  loader::GenerationLease baseline;  // the candidate's; null: none
+  std::deque<Record> history;        // newest first, bounded
 
   bool is_static() const { return factory != nullptr; }
   bool offered() const { return is_static() || active != nullptr; }
 
   LineageView View() const {
-    return {id, is_static(), active, file, identity, pinned, candidate, candidate_identity};
+    return {id,        is_static(),        active,  file, identity, pinned,
+            candidate, candidate_identity, baseline};
   }
 
   const Record* Find(uint64_t number) const {
@@ -70,6 +72,19 @@ class LineageTable::Lineage {
       if (over)
         it = history.erase(it);
     }
+  }
+
+  // The candidate's baseline is let go of with it: it drains (its worker ends once the runtimes'
+  // bindings on it are gone). Returned, so that the caller drops what may be its last lease after
+  // the table's lock is released.
+  [[nodiscard]] loader::GenerationLease ReleaseBaseline() {
+    if (baseline == nullptr)
+      return nullptr;
+    if (Record* record = Find(baseline->info().number)) {
+      record->status.state = GenerationState::kDraining;
+      record->deactivated_at = SteadyClock::now();
+    }
+    return std::exchange(baseline, nullptr);
   }
 
   // The active generation stops being active (replaced or withdrawn): it drains.
@@ -196,6 +211,7 @@ loader::GenerationLease LineageTable::BeginLoading(const std::string& id, const 
 
 void LineageTable::Activate(const std::string& id, const loader::GenerationLease& next,
                             std::optional<loader::FileIdentity> identity) {
+  loader::GenerationLease released;  // after the lock
   MutexLock lock(mutex_);
   Lineage* lineage = Find(id);
   lineage->Deactivate();
@@ -206,6 +222,7 @@ void LineageTable::Activate(const std::string& id, const loader::GenerationLease
   if (lineage->candidate == next) {  // promoted
     lineage->candidate = nullptr;
     lineage->candidate_identity.reset();
+    released = lineage->ReleaseBaseline();
   }
   if (Lineage::Record* record = lineage->Find(next->info().number))
     record->status.state = GenerationState::kActive;
@@ -222,25 +239,36 @@ void LineageTable::Reject(const std::string& id, uint64_t generation, const Stat
 }
 
 void LineageTable::Propose(const std::string& id, const loader::GenerationLease& next,
-                           const loader::FileIdentity& identity) {
+                           const loader::FileIdentity& identity,
+                           const loader::GenerationLease& baseline) {
+  loader::GenerationLease released;  // after the lock
   MutexLock lock(mutex_);
   Lineage* lineage = Find(id);
   lineage->candidate = next;
   lineage->candidate_identity = identity;
   if (Lineage::Record* record = lineage->Find(next->info().number))
     record->status.state = GenerationState::kCandidate;
+  released = lineage->ReleaseBaseline();  // a caller drops the candidate before; never two
+  lineage->baseline = baseline;
+  if (baseline == nullptr)
+    return;
+  if (Lineage::Record* record = lineage->Find(baseline->info().number))
+    record->status.state = GenerationState::kBaseline;
 }
 
 loader::GenerationLease LineageTable::DropCandidate(const std::string& id) {
+  loader::GenerationLease released;  // after the lock
   MutexLock lock(mutex_);
   Lineage* lineage = Find(id);
   if (lineage == nullptr)
     return nullptr;
   lineage->candidate_identity.reset();
+  released = lineage->ReleaseBaseline();
   return std::exchange(lineage->candidate, nullptr);
 }
 
 loader::GenerationLease LineageTable::RetireCandidate(const std::string& id) {
+  loader::GenerationLease released;  // after the lock
   MutexLock lock(mutex_);
   Lineage* lineage = Find(id);
   if (lineage == nullptr || lineage->candidate == nullptr)
@@ -250,6 +278,7 @@ loader::GenerationLease LineageTable::RetireCandidate(const std::string& id) {
     record->deactivated_at = SteadyClock::now();
   }
   lineage->candidate_identity.reset();
+  released = lineage->ReleaseBaseline();
   return std::exchange(lineage->candidate, nullptr);
 }
 
@@ -329,6 +358,7 @@ BackendStatus LineageTable::DescribeLocked(const Lineage& lineage) const {
       .is_static = lineage.is_static(),
       .active_generation = lineage.active ? lineage.active->info().number : 0,
       .candidate_generation = lineage.candidate ? lineage.candidate->info().number : 0,
+      .baseline_generation = lineage.baseline ? lineage.baseline->info().number : 0,
       .pinned = lineage.pinned,
       .withdrawn = !lineage.offered() && !lineage.history.empty() &&
                    lineage.history.front().status.state != GenerationState::kRejected,

@@ -30,6 +30,7 @@ struct LineageView {
   // A progressive rollout's candidate (null: none) and the identity of its file.
   loader::GenerationLease candidate;
   std::optional<loader::FileIdentity> candidate_identity;
+  loader::GenerationLease baseline;  // the candidate's baseline; null: none
 
   bool offered() const { return is_static || active != nullptr; }
 };
@@ -43,7 +44,11 @@ struct Offer {
 // Thread-safe: one short lock around every lineage; it is never held while backend code, file
 // copies, logging or observers run. The transitions are the generation state machine:
 //   loading -> active -> draining -> unloaded | leaked;  loading -> rejected;
-//   loading -> candidate -> active (promoted) | rejected (rolled back).
+//   loading -> candidate -> active (promoted) | rejected (rolled back);
+//   loading -> baseline -> draining (its candidate promoted or dropped) -> unloaded | leaked.
+// A baseline lives exactly as long as its candidate: whatever ends the candidate (promoted,
+// retired, dropped, superseded, withdrawn) lets go of the baseline in the same call, so that no
+// path can leave a stable build's second copy (and its worker) behind.
 class LineageTable {
  public:
   LineageTable();
@@ -74,14 +79,17 @@ class LineageTable {
                 std::optional<loader::FileIdentity> identity) BACKPLANE_EXCLUDES(mutex_);
   void Reject(const std::string& id, uint64_t generation, const Status& why)
       BACKPLANE_EXCLUDES(mutex_);
-  // `next` (loading) becomes the id's candidate beside its active generation.
+  // `next` (loading) becomes the id's candidate beside its active generation, with `baseline`
+  // (loading, recorded by BeginLoading; null: none) as the arm it is judged against.
   void Propose(const std::string& id, const loader::GenerationLease& next,
-               const loader::FileIdentity& identity) BACKPLANE_EXCLUDES(mutex_);
-  // The id has no candidate any more (the caller records why with Reject). Returns the one it had.
+               const loader::FileIdentity& identity, const loader::GenerationLease& baseline)
+      BACKPLANE_EXCLUDES(mutex_);
+  // The id has no candidate any more (the caller records why with Reject); its baseline drains.
+  // Returns the candidate it had.
   loader::GenerationLease DropCandidate(const std::string& id) BACKPLANE_EXCLUDES(mutex_);
   // The id's candidate served its rollout and was promoted as another generation of the same
   // build (a sandboxed candidate, loaded again as configured): it drains as a replaced active
-  // generation does. Returns the one it had.
+  // generation does, and so does its baseline. Returns the one it had.
   loader::GenerationLease RetireCandidate(const std::string& id) BACKPLANE_EXCLUDES(mutex_);
   // The id's file was deleted: no generation is offered any more. Returns the one that was.
   loader::GenerationLease Withdraw(const std::string& id) BACKPLANE_EXCLUDES(mutex_);

@@ -81,7 +81,8 @@ Result<std::unique_ptr<ServingCore>> ServingCore::Start(const ServeConfig& confi
                                                               : DeployPolicy::kImmediate,
        .state_dir = config.state_dir,
        .crash_grace = config.crash_grace,
-       .sandbox_candidates = config.rollout.sandbox_candidates});
+       .sandbox_candidates = config.rollout.sandbox_candidates,
+       .baseline_generations = config.deploy_policy == "progressive" && config.rollout.baseline});
   // A state_dir that cannot be used stops the start: its message begins "state_dir <path>: ".
   if (!registry.ok())
     return registry.error().WithContext("backend registry: ");

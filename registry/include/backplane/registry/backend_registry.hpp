@@ -240,7 +240,8 @@ class BackendRegistry : public std::enable_shared_from_this<BackendRegistry> {
                   std::chrono::milliseconds settle_time,
                   std::shared_ptr<const loader::TrustPolicy> trust, DeployPolicy deploy_policy,
                   std::filesystem::path rollback_directory, bool durable_rollback,
-                  std::unique_ptr<ActivationJournal> journal, bool sandbox_candidates);
+                  std::unique_ptr<ActivationJournal> journal, bool sandbox_candidates,
+                  bool baseline_generations);
   void Unsubscribe(uint64_t subscriber_id);
 
   // The change sequence: each of these runs with change_mutex_ held and reports what it did
@@ -282,6 +283,12 @@ class BackendRegistry : public std::enable_shared_from_this<BackendRegistry> {
   DeployOutcome Propose(const std::string& id, loader::GenerationLease next,
                         const Candidate& candidate, const loader::FileIdentity& identity,
                         registry_detail::Events& events) BACKPLANE_REQUIRES(change_mutex_);
+  // `active`'s build loaded again, from its kept bytes, where candidates run: the baseline of
+  // candidate generation `candidate`. Null (and a warning in `events` saying why) when it does
+  // not load; the rollout goes on without one.
+  loader::GenerationLease LoadBaseline(const std::string& id, const loader::GenerationLease& active,
+                                       uint64_t candidate, registry_detail::Events& events)
+      BACKPLANE_REQUIRES(change_mutex_);
   // The candidate of `id`, if any, leaves every runtime and is recorded as rejected with `why`.
   // Returns its number, 0 when there was none.
   uint64_t DropCandidateLocked(const std::string& id, Status why, registry_detail::Events& events)
@@ -317,6 +324,8 @@ class BackendRegistry : public std::enable_shared_from_this<BackendRegistry> {
   const DeployPolicy deploy_policy_;
   // Where a candidate's code runs during its rollout (BackendRegistryOptions::sandbox_candidates).
   const loader::Loader::Placement candidate_placement_;
+  // BackendRegistryOptions::baseline_generations, with a progressive policy.
+  const bool baseline_generations_;
   uint64_t unload_listener_ = 0;
 
   // Orders changes: taken first, held across a whole change (backend code runs in it, observers

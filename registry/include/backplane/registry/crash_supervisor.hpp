@@ -2,8 +2,10 @@
 // (CRASHED); an active generation's worker is restarted as a new generation of the same file, the
 // first time at once and then with a growing pause, until it has died `max_crashes` times within
 // `crash_window`: then the previous build is rolled back to (the rollback store), or, with none,
-// the dead generation stays and the log says so. The decisions run on a thread of their own: a
-// restart prepares every network again, which must not hold a worker's monitor.
+// the dead generation stays and the log says so. A rollout baseline's worker (the stable build
+// loaded again beside a candidate) costs nothing but itself: logged, nothing rolled back or
+// restarted. The decisions run on a thread of their own: a restart prepares every network again,
+// which must not hold a worker's monitor.
 #pragma once
 
 #include <chrono>

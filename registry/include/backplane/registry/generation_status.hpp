@@ -24,6 +24,10 @@ enum class GenerationState {
   // Loaded beside the active one during a progressive rollout (DeployPolicy::kProgressive): the
   // runtimes bind their networks on it and send it the share of requests they are told to.
   kCandidate,
+  // The active generation's build loaded again beside a candidate, placed as the candidate is
+  // (BackendRegistryOptions::baseline_generations): the arm the candidate is judged against.
+  // Never offered to new work; it drains when the candidate is promoted or dropped.
+  kBaseline,
   kDraining,  // replaced; still mapped while networks or requests hold leases on it
   kUnloaded,  // dlclosed and verified gone from the process
   kLeaked,    // dlclosed but still mapped (docs/loading-rules.md rule 3); counted and warned
@@ -54,6 +58,7 @@ struct BackendStatus {
   bool is_static = false;
   uint64_t active_generation = 0;     // 0 for a static backend or when withdrawn
   uint64_t candidate_generation = 0;  // 0 unless a progressive rollout is under way
+  uint64_t baseline_generation = 0;   // the candidate's (GenerationState::kBaseline); 0: none
   bool pinned = false;
   bool withdrawn = false;                      // its file was deleted: offered to no new load
   std::filesystem::path file;                  // the file its generations come from
