@@ -149,7 +149,7 @@ void BM_RoutesLoadNoRollout(benchmark::State& state) {
     const auto loaded = routes.Load();
     bool found = false;
     for (const auto& [backend_id, route] : *loaded)
-      found = found || route->networks.contains(id);
+      found = found || route->candidate.networks.contains(id);
     benchmark::DoNotOptimize(found);
   }
 }
