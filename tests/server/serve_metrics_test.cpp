@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <ctime>
+#include <fstream>
 #include <regex>
 #include <sstream>
 
@@ -25,6 +26,22 @@ using ::testing::Not;
 
 constexpr char kMlpRequest[] =
     R"({"inputs":[{"name":"features","shape":[1,4],"datatype":"FP32","data":[1,2,3,4]}]})";
+
+// The CPU time /proc/<pid>/stat holds (utime + stime), in seconds.
+double ProcCpuSeconds(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  std::getline(stat, line);
+  // Fields after the command name, which may hold spaces: state is field 3, utime 14, stime 15.
+  std::istringstream fields(line.substr(line.rfind(')') + 2));
+  std::string field;
+  double ticks = 0;
+  for (int index = 3; index <= 15 && fields >> field; ++index) {
+    if (index >= 14)
+      ticks += std::stod(field);
+  }
+  return ticks / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
 
 std::string Metrics(httplib::Client& client) {
   const auto reply = client.Get("/metrics");
@@ -77,9 +94,14 @@ TEST(ServeMetricsExtraTest, ExposeReadinessBuildInfoAndProcessMetrics) {
   const double now = static_cast<double>(std::time(nullptr));
   EXPECT_LE(*started, now + 1);
   EXPECT_GT(*started, now - 120);  // started by this test
-  const auto cpu = Value(text, "process_cpu_seconds_total");
+  // A server that started a moment ago may have used less than one clock tick: the value is
+  // checked against the kernel's count read around a scrape, not against 0.
+  const double cpu_before = ProcCpuSeconds(server->pid());
+  const auto cpu = Value(Metrics(*client), "process_cpu_seconds_total");
+  const double cpu_after = ProcCpuSeconds(server->pid());
   ASSERT_TRUE(cpu);
-  EXPECT_GT(*cpu, 0);
+  EXPECT_GE(*cpu, cpu_before);
+  EXPECT_LE(*cpu, cpu_after);
 
   // Unloaded, the model stays in the gauge at 0 (its directory is still in the repository).
   ASSERT_EQ(Post(*client, "/v2/repository/models/mlp/unload", "").status, 200);
