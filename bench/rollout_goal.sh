@@ -12,6 +12,7 @@
 #   ROLLOUTS=3 MODELS=fast CLIENTS="1 6" CASES="identical slower" bench/rollout_goal.sh
 #   POLICY='{"candidate_isolation": "none"}' MODELS=fast CLIENTS=1 bench/rollout_goal.sh
 #   RATE=100 MODELS=ms CLIENTS=1 CASES=identical ROLLOUTS=1 bench/rollout_goal.sh   # ~100 req/s
+#   VERBOSE=1 ...                                          # and every transition's verdict
 #
 # Prints one line per rollout as it ends, then a table: per model, clients and case, how many
 # were promoted, rolled back, or not done within steps × step_max_duration_s (plus the shadow
@@ -123,6 +124,10 @@ for model in $models; do
         why=$(/usr/bin/python3 -c 'import json,sys; h=json.load(sys.stdin)["history"]; print(h[-1]["why"][:150] if h else "")' <<<"$view")
         printf '%-4s %d clients  %-9s #%-2d %-11s %6.1f s  %s\n' "$model" "$clients" "$case_name" \
           "$round" "$ended" "$took" "$why"
+        if [[ ${VERBOSE:-0} != 0 ]]; then  # every transition of the rollout, with its numbers
+          /usr/bin/python3 -c 'import json,sys
+for h in json.load(sys.stdin)["history"]: print("      ", h["phase"], h["weight_percent"], h["why"][:400])' <<<"$view"
+        fi
         echo "$model $clients $case_name $ended $took" >>"$work/results"
         if [[ $ended == stuck ]]; then  # leave the next rollout a clean start
           curl -sf -X POST "$admin/rollout/abort" >/dev/null || true

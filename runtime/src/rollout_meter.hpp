@@ -68,6 +68,7 @@ class RolloutMeter {
   // The baseline's worker died: nothing more is routed to it (its numbers stop, and the
   // candidate is judged against the stable generation). True for the call that lost it.
   bool LoseBaseline();
+  bool baseline_lost() const { return baseline_lost_.load(std::memory_order_acquire); }
   void RecordShadowSkipped();
   // At most one shadow run of a rollout is queued or running: BeginShadow claims it (false when
   // it is taken), EndShadow gives it back, run or not. A slow candidate then costs one run at a

@@ -28,10 +28,12 @@ JudgeWindow CanaryWindow(const RolloutStats& window, const RolloutStats& totals,
   // The flags of the latest counters: a baseline that died since the window began is lost for
   // the whole window (its numbers stopped when it died).
   const bool baseline = totals.baseline.generation != 0 && !totals.baseline_lost;
-  const bool enough_in_window = window.baseline.requests >= policy.min_samples;
-  if (baseline && (baseline_percent > 0 || enough_in_window ||
-                   totals.baseline.requests >= policy.min_samples)) {
-    return {.stable = enough_in_window ? window.baseline : totals.baseline,
+  // While the baseline has a share, its window is the reference even when it holds fewer runs
+  // than min_samples (it has the candidate's share, so about as many; the judge weighs small
+  // samples): its totals include the steps where it ran colder than the candidate does now.
+  const bool from_window = baseline_percent > 0 || window.baseline.requests >= policy.min_samples;
+  if (baseline && (from_window || totals.baseline.requests >= policy.min_samples)) {
+    return {.stable = from_window ? window.baseline : totals.baseline,
             .candidate = window.candidate,
             .against = JudgedAgainst::kBaseline};
   }

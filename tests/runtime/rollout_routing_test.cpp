@@ -683,6 +683,24 @@ TEST_F(RolloutBaselineTest, ABaselineThatCrashesIsLostAndItsRequestRunsAgainOnTh
   EXPECT_EQ(crashed_requests_.load(), 1);
 }
 
+// A shadow run warms the candidate: the baseline it is judged against runs the same input after
+// it (its outcome unused), or the candidate would read faster than the same build. Seen here by
+// an input that only the baseline's build dies of, on a request no client sent to the baseline.
+TEST_F(RolloutBaselineTest, EveryShadowRunIsFollowedByTheSameInputOnTheBaseline) {
+  baseline_ = Load("ValidCrashes", loader::Loader::Placement::kWorker);
+  ASSERT_TRUE(ProposeCandidateWithBaseline().ok());
+  ASSERT_TRUE(runtime_->SetRolloutTraffic(kId, {.shadow_fraction = 1.0}).ok());
+  constexpr float kNullWrite = 9110;  // ValidCrashes dies of a SIGSEGV on it
+  ASSERT_EQ(Run({}, kNullWrite), 0.0f) << "answered by the stable generation";
+  EXPECT_TRUE(testing::WaitFor([&] { return runtime_->GetRolloutStats(kId)->baseline_lost; }))
+      << "the shadow run's input never reached the baseline";
+  const RolloutStats stats = *runtime_->GetRolloutStats(kId);
+  EXPECT_EQ(stats.baseline.requests, 0u) << "no client request ran on it";
+  EXPECT_EQ(stats.shadow.samples, 1u);
+  EXPECT_EQ(stats.shadow.errors, 0u) << "the candidate's run of it succeeded";
+  EXPECT_EQ(crashed_requests_.load(), 1) << "the input that killed it is told as any crash's";
+}
+
 // A throw out of a shadow run (here the crash callback's, a user's code) used to leave the
 // rollout's one shadow claim taken for good: every later sampled request was skipped.
 TEST_F(RolloutBaselineTest, AShadowRunThatThrowsGivesItsClaimBack) {
