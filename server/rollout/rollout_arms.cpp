@@ -35,7 +35,8 @@ JudgeWindow CanaryWindow(const RolloutStats& window, const RolloutStats& totals,
   if (baseline && (from_window || totals.baseline.requests >= policy.min_samples)) {
     return {.stable = from_window ? window.baseline : totals.baseline,
             .candidate = window.candidate,
-            .against = JudgedAgainst::kBaseline};
+            .against = JudgedAgainst::kBaseline,
+            .judge_latency = from_window};
   }
   return {.stable = window.stable.requests >= policy.min_samples ? window.stable : totals.stable,
           .candidate = window.candidate,

@@ -281,6 +281,12 @@ Verdict Judge(const JudgeWindow& window, const RolloutPolicy& policy, JudgedPhas
   const std::string errors = "errors " + ErrorCounts(window);
   if (phase == JudgedPhase::kShadow && window.candidate.latency.total() == 0)
     return MakeVerdict(Outcome::kPass, errors);
+  if (!window.judge_latency) {
+    return MakeVerdict(Outcome::kPass,
+                       errors + "; latency not judged here: " + ReferenceName(window) +
+                           " has no share at this step (it was judged at the steps before, "
+                           "against the same windows' runs)");
+  }
 
   // Latency, on the histograms' counts (every run measured, failed ones too).
   const LatencyHistogram& candidate = window.candidate.latency;

@@ -38,6 +38,11 @@ struct JudgeWindow {
   // where it runs (policy.worker_latency_allowance_us for a candidate in a worker process judged
   // against the stable generation; 0 against a baseline, which runs where the candidate does).
   double latency_allowance_us = 0;
+  // false: errors only. A canary at 100 % against a baseline, which has no share there: its runs
+  // are from the earlier steps, under other load on the machine, so a latency comparison would
+  // judge the machine's moments, not the build (latency was judged at the earlier steps, against
+  // the baseline's runs of the same windows).
+  bool judge_latency = true;
 };
 
 struct Verdict {

@@ -451,16 +451,20 @@ TEST(RolloutArmsTest, ALostOrAbsentBaselineLeavesTheStableGenerationAndItsAllowa
   EXPECT_EQ(server::CanaryWindow(none, none_totals, policy, 10, false).latency_allowance_us, 0);
 }
 
-TEST(RolloutArmsTest, AtAHundredPercentTheBaselinesTotalsAreTheReference) {
+TEST(RolloutArmsTest, AtAHundredPercentTheBaselinesTotalsAreTheReferenceForErrorsOnly) {
   const RolloutPolicy policy;
   // At 100 % neither the stable generation nor the baseline runs a request: the baseline's runs
-  // over the rollout (at the earlier steps) are the reference.
+  // over the rollout (at the earlier steps) are the reference, for errors only (other moments,
+  // other load: their latencies say nothing of the build).
   const auto [window, totals] = Counters(0, 1000, 0);
   const JudgeWindow judged = server::CanaryWindow(window, totals, policy, 0, true);
   EXPECT_EQ(judged.against, JudgedAgainst::kBaseline);
   EXPECT_EQ(judged.stable.generation, 6u);
   EXPECT_EQ(judged.stable.requests, 1000u);
   EXPECT_EQ(judged.latency_allowance_us, 0);
+  EXPECT_FALSE(judged.judge_latency);
+  EXPECT_TRUE(server::CanaryWindow(window, totals, policy, 10, true).judge_latency)
+      << "while the baseline has a share, its runs are of the same window";
   // A rollout whose only step is 100 never ran its baseline: against the stable generation's
   // totals, as without one.
   const auto [only, only_totals] = Counters(0, 1000, 0, 6, /*before=*/50);
@@ -468,6 +472,25 @@ TEST(RolloutArmsTest, AtAHundredPercentTheBaselinesTotalsAreTheReference) {
   EXPECT_EQ(never.against, JudgedAgainst::kStable);
   EXPECT_EQ(never.stable.requests, 50u);
   EXPECT_EQ(never.latency_allowance_us, policy.worker_latency_allowance_us);
+  EXPECT_TRUE(never.judge_latency);
+}
+
+TEST(RolloutJudgeTest, AWindowJudgedOnErrorsOnlyPassesASlowerCandidateButNotAFailingOne) {
+  const RolloutPolicy policy;
+  JudgeWindow window{.stable = CountedArm(6, 1000, 40),
+                     .candidate = CountedArm(5, 1000, 60),  // 20 buckets: over 5x slower
+                     .against = JudgedAgainst::kBaseline,
+                     .judge_latency = false};
+  Verdict verdict = server::Judge(window, policy, JudgedPhase::kCanary);
+  EXPECT_EQ(verdict.outcome, Outcome::kPass) << verdict.reason;
+  EXPECT_THAT(verdict.reason, HasSubstr("latency not judged here"));
+  window.judge_latency = true;
+  EXPECT_EQ(server::Judge(window, policy, JudgedPhase::kCanary).outcome, Outcome::kFail);
+  window.judge_latency = false;
+  window.candidate.errors = 100;
+  verdict = server::Judge(window, policy, JudgedPhase::kCanary);
+  EXPECT_EQ(verdict.outcome, Outcome::kFail) << verdict.reason;
+  EXPECT_THAT(verdict.reason, HasSubstr("errors"));
 }
 
 TEST(RolloutArmsTest, AShadowWindowIsTheSameRequestsOnTheStableGeneration) {
