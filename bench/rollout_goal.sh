@@ -131,6 +131,10 @@ for h in json.load(sys.stdin)["history"]: print("      ", h["phase"], h["weight_
         echo "$model $clients $case_name $ended $took" >>"$work/results"
         if [[ $ended == stuck ]]; then  # leave the next rollout a clean start
           curl -sf -X POST "$admin/rollout/abort" >/dev/null || true
+        elif [[ $ended == promoted && $case_name != identical ]]; then
+          # A bad build promoted serves now: the next rollout of the case would compare it with
+          # itself. Back to the build before it, as an operator would.
+          curl -sf -X POST "$admin/rollback" >/dev/null || echo "# rollback after #$round failed" >&2
         fi
       done
     done

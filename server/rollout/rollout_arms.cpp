@@ -34,7 +34,7 @@ JudgeWindow CanaryWindow(const RolloutStats& window, const RolloutStats& totals,
   const bool from_window = baseline_percent > 0 || window.baseline.requests >= policy.min_samples;
   if (baseline && (from_window || totals.baseline.requests >= policy.min_samples)) {
     return {.stable = from_window ? window.baseline : totals.baseline,
-            .candidate = window.candidate,
+            .candidate = from_window ? window.candidate : totals.candidate,
             .against = JudgedAgainst::kBaseline,
             .judge_latency = from_window};
   }

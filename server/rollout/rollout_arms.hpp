@@ -26,9 +26,10 @@ JudgeWindow ShadowWindow(const RolloutStats& window);
 //   it is the same code as the stable generation, as cold and placed as the candidate is, so
 //   whatever the placement costs is on both arms. In the same window while it has a share (its
 //   totals hold earlier steps, where it ran colder than the candidate does now); at
-//   `baseline_percent` 0 (a step at 100 %) its totals, if they are min_samples or more, for
-//   errors only (judge_latency false: runs of other moments, under other load); a rollout whose
-//   only step is 100 never ran one, and is judged as without a baseline;
+//   `baseline_percent` 0 (a step at 100 %) its totals, if they are min_samples or more, against
+//   the candidate's totals, for errors only (judge_latency false: runs of other moments, under
+//   other load); a rollout whose only step is 100 never ran one, and is judged as without a
+//   baseline;
 // - else the stable generation's, in the same window (the same load on the machine) or over the
 //   whole rollout when the window has too few (at 100 % it has none), with
 //   worker_latency_allowance_us for a candidate in a worker process that the stable generation

@@ -274,11 +274,13 @@ Verdict Judge(const JudgeWindow& window, const RolloutPolicy& policy, JudgedPhas
                    policy.max_error_excess) > critical) {
     return MakeVerdict(
         Outcome::kFail,
-        fmt::format("errors: the candidate failed {}: more than max_error_excess {} above "
+        fmt::format("errors: the candidate failed {}{}: more than max_error_excess {} above "
                     "it at {} confidence",
-                    ErrorCounts(window), PercentOf(policy.max_error_excess), confidence));
+                    ErrorCounts(window), window.judge_latency ? "" : " over the rollout",
+                    PercentOf(policy.max_error_excess), confidence));
   }
-  const std::string errors = "errors " + ErrorCounts(window);
+  const std::string errors =
+      "errors " + ErrorCounts(window) + (window.judge_latency ? "" : " over the rollout");
   if (phase == JudgedPhase::kShadow && window.candidate.latency.total() == 0)
     return MakeVerdict(Outcome::kPass, errors);
   if (!window.judge_latency) {

@@ -38,10 +38,12 @@ struct JudgeWindow {
   // where it runs (policy.worker_latency_allowance_us for a candidate in a worker process judged
   // against the stable generation; 0 against a baseline, which runs where the candidate does).
   double latency_allowance_us = 0;
-  // false: errors only. A canary at 100 % against a baseline, which has no share there: its runs
-  // are from the earlier steps, under other load on the machine, so a latency comparison would
-  // judge the machine's moments, not the build (latency was judged at the earlier steps, against
-  // the baseline's runs of the same windows).
+  // false: errors only, over the rollout. A canary at 100 % against a baseline, which has no
+  // share there: its runs are from the earlier steps, under other load on the machine, so a
+  // latency comparison would judge the machine's moments, not the build (latency was judged at
+  // the earlier steps, against the baseline's runs of the same windows). Errors do not depend on
+  // the moment, and the candidate's runs at every step (its totals) are the last gate's power: a
+  // build failing 2 % of its runs shows in a thousand runs, not in the 200 of one window.
   bool judge_latency = true;
 };
 

@@ -463,6 +463,7 @@ TEST(RolloutArmsTest, AtAHundredPercentTheBaselinesTotalsAreTheReferenceForError
   EXPECT_EQ(judged.stable.requests, 1000u);
   EXPECT_EQ(judged.latency_allowance_us, 0);
   EXPECT_FALSE(judged.judge_latency);
+  EXPECT_EQ(judged.candidate.requests, 2000u) << "the candidate's runs at every step";
   EXPECT_TRUE(server::CanaryWindow(window, totals, policy, 10, true).judge_latency)
       << "while the baseline has a share, its runs are of the same window";
   // A rollout whose only step is 100 never ran its baseline: against the stable generation's
@@ -490,7 +491,8 @@ TEST(RolloutJudgeTest, AWindowJudgedOnErrorsOnlyPassesASlowerCandidateButNotAFai
   window.candidate.errors = 100;
   verdict = server::Judge(window, policy, JudgedPhase::kCanary);
   EXPECT_EQ(verdict.outcome, Outcome::kFail) << verdict.reason;
-  EXPECT_THAT(verdict.reason, HasSubstr("errors"));
+  EXPECT_THAT(verdict.reason,
+              HasSubstr("errors: the candidate failed 100 of 1000 (10 %) over the rollout"));
 }
 
 TEST(RolloutArmsTest, AShadowWindowIsTheSameRequestsOnTheStableGeneration) {
