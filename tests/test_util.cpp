@@ -178,4 +178,11 @@ LogCapture::~LogCapture() {
   log_.set_level(level_);
 }
 
+std::string LogCapture::Text() const {
+  std::string text;
+  for (const auto& line : Lines())
+    text += line;
+  return text;
+}
+
 }  // namespace backplane::testing

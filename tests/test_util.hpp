@@ -128,6 +128,7 @@ class LogCapture {
   LogCapture(const LogCapture&) = delete;
   LogCapture& operator=(const LogCapture&) = delete;
   std::vector<std::string> Lines() const { return lines_->last_formatted(); }
+  std::string Text() const;  // the lines, joined
 
  private:
   std::shared_ptr<spdlog::sinks::ringbuffer_sink_mt> lines_;

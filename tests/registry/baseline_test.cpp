@@ -14,7 +14,6 @@
 #include <mutex>
 #include <thread>
 
-#include "backplane/core/logging.hpp"
 #include "backplane/isolation/worker_runner.hpp"
 #include "backplane/loader/digest.hpp"
 #include "backplane/registry/backend_registry.hpp"
@@ -62,31 +61,6 @@ pid_t WorkerPid(const std::string& runs_in) {
 bool ProcessGone(pid_t pid) {
   return ::kill(pid, 0) != 0 && errno == ESRCH;
 }
-
-// The registry's log lines while it lives.
-class BaselineLog {
- public:
-  BaselineLog() : log_(ModuleLogger("backplane.registry")), level_(log_.level()) {
-    log_.sinks().push_back(lines_);
-    log_.set_level(spdlog::level::info);
-  }
-  ~BaselineLog() {
-    log_.sinks().pop_back();
-    log_.set_level(level_);
-  }
-  std::string Text() const {
-    std::string text;
-    for (const auto& line : lines_->last_formatted())
-      text += line;
-    return text;
-  }
-
- private:
-  std::shared_ptr<spdlog::sinks::ringbuffer_sink_mt> lines_ =
-      std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(256);
-  spdlog::logger& log_;
-  spdlog::level::level_enum level_;
-};
 
 // Trusts everything until told to refuse one digest (as an allowlist revised meanwhile would).
 class RevisableTrust final : public loader::TrustPolicy {
@@ -307,7 +281,7 @@ class BaselineTest : public ::testing::Test {
 };
 
 TEST_F(BaselineTest, ACandidateArrivesWithTheStableBuildLoadedAgainAsItsBaseline) {
-  BaselineLog log;
+  const testing::LogCapture log("backplane.registry");
   CreateRegistry({});
   const uint64_t active = Describe().active_generation;
   const DeployOutcome outcome = DeployCandidate("ValidNext");
@@ -433,7 +407,7 @@ TEST_F(BaselineTest, ABaselineNoLongerTrustedIsLeftOutAndTheCandidateStillArrive
   auto trust = std::make_shared<RevisableTrust>();
   CreateRegistry({.trust = trust});
   trust->Refuse(stable_sha256_);  // revoked after it loaded: the active one serves on
-  BaselineLog log;
+  const testing::LogCapture log("backplane.registry");
   const DeployOutcome outcome = DeployCandidate("ValidNext");
   ASSERT_EQ(outcome.action, Action::kCandidate) << outcome.message;
   const auto arrival = subscriber_.LastArrival();
@@ -456,7 +430,7 @@ TEST_F(BaselineTest, ABaselineWhoseBytesCannotBeCopiedIsLeftOutAndTheCandidateSt
   testing::WriteFile(state_dir / "rollback" / "before-probation", "in the way");
   testing::WriteFile(state_dir / "rollback" / "baseline", "in the way");
   CreateRegistry({.state_dir = state_dir});
-  BaselineLog log;
+  const testing::LogCapture log("backplane.registry");
   const DeployOutcome outcome = DeployCandidate("ValidNext");
   ASSERT_EQ(outcome.action, Action::kCandidate) << outcome.message;
   EXPECT_EQ(subscriber_.LastArrival()->baseline, 0u);
@@ -468,7 +442,7 @@ TEST_F(BaselineTest, ABaselineWhoseBytesCannotBeCopiedIsLeftOutAndTheCandidateSt
 TEST_F(BaselineTest, ARuntimeThatRefusesTheBaselineStillGetsTheCandidate) {
   CreateRegistry({});
   subscriber_.refuse_baselines = true;
-  BaselineLog log;
+  const testing::LogCapture log("backplane.registry");
   const DeployOutcome outcome = DeployCandidate("ValidNext");
   ASSERT_EQ(outcome.action, Action::kCandidate) << outcome.message;
   const auto arrival = subscriber_.LastArrival();
@@ -490,7 +464,7 @@ TEST_F(BaselineTest, ARuntimeThatRefusesTheBaselineStillGetsTheCandidate) {
 // ---- Sandboxed candidates: the baseline runs in a worker of its own ------------------------
 
 TEST_F(BaselineTest, ASandboxedCandidatesBaselineRunsInAWorkerAndEndsWithThePromotion) {
-  BaselineLog log;
+  const testing::LogCapture log("backplane.registry");
   CreateRegistry({.sandbox = true});
   const uint64_t active = Describe().active_generation;
   const DeployOutcome outcome = DeployCandidate("ValidNext");
@@ -531,7 +505,7 @@ TEST_F(BaselineTest, ASandboxedCandidateDroppedTakesItsBaselinesWorkerAlong) {
 TEST_F(BaselineTest, ABaselinesWorkerDyingCostsOnlyTheBaseline) {
   CreateRegistry({.sandbox = true, .state_dir = state_root_ / "state"});
   const uint64_t active = Describe().active_generation;
-  BaselineLog log;
+  const testing::LogCapture log("backplane.registry");
   const DeployOutcome outcome = DeployCandidate("ValidNext");
   ASSERT_EQ(outcome.action, Action::kCandidate) << outcome.message;
   const auto arrival = subscriber_.LastArrival();

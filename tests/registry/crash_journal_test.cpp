@@ -2,7 +2,6 @@
 // the process dying inside the crash grace is refused at the next start (SUSPECTED_CRASH), which
 // serves the build before it from the copy kept in the state directory. The crash is real: a
 // child process deploys and dies by a signal.
-#include <spdlog/sinks/ringbuffer_sink.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -15,7 +14,6 @@
 #include <sstream>
 #include <thread>
 
-#include "backplane/core/logging.hpp"
 #include "backplane/loader/digest.hpp"
 #include "backplane/registry/activation_journal.hpp"
 #include "backplane/registry/backend_registry.hpp"
@@ -35,31 +33,6 @@ std::string Sha256Of(const fs::path& file) {
   EXPECT_TRUE(digest.ok()) << digest.error().ToString();
   return digest.ok() ? digest.value() : "";
 }
-
-// The lines the registry logs while it lives.
-class CapturedLog {
- public:
-  CapturedLog() : log_(ModuleLogger("backplane.registry")), level_(log_.level()) {
-    log_.sinks().push_back(lines_);
-    log_.set_level(spdlog::level::info);
-  }
-  ~CapturedLog() {
-    log_.sinks().pop_back();
-    log_.set_level(level_);
-  }
-  std::string Text() const {
-    std::string text;
-    for (const auto& line : lines_->last_formatted())
-      text += line;
-    return text;
-  }
-
- private:
-  std::shared_ptr<spdlog::sinks::ringbuffer_sink_mt> lines_ =
-      std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(256);
-  spdlog::logger& log_;
-  spdlog::level::level_enum level_;
-};
 
 class CrashJournalTest : public ::testing::Test {
  protected:
@@ -141,7 +114,7 @@ TEST_F(CrashJournalTest, RefusesTheBuildActiveWhenTheProcessDiedAndServesTheOneB
   ASSERT_TRUE(WIFSIGNALED(status)) << "child exit status " << WEXITSTATUS(status);
   ASSERT_EQ(WTERMSIG(status), SIGKILL);
 
-  CapturedLog log;
+  const testing::LogCapture log("backplane.registry");
   auto registry = CreateOrFail();
   ASSERT_NE(registry, nullptr);
   // The file holds the crashing build only: Valid comes from the state directory's copy.
@@ -323,7 +296,7 @@ TEST_F(CrashJournalTest, ACorruptJournalIsReportedAndIgnored) {
   fs::create_directories(state_dir());
   testing::WriteFile(state_dir() / "activations",
                      "backplane-activations 1\nsuspected\tTestValid\tnot-a-digest\n");
-  CapturedLog log;
+  const testing::LogCapture log("backplane.registry");
   auto registry = CreateOrFail();
   ASSERT_NE(registry, nullptr);
   EXPECT_EQ(ActiveSha(*registry), valid_sha_);
