@@ -273,7 +273,9 @@ Result<std::unique_ptr<PreparedChange>> Runtime::PrepareChange(const BackendChan
   // The rollout's baseline: the stable build beside the candidate, prepared exactly as the
   // candidate is (it is judged against it), and refusing the change as the candidate would.
   if (policy == Policy::kBindBeside && change.baseline != nullptr) {
-    prepared->baseline_.emplace();
+    // Assigned, not emplace()d: clang 14 decides whether a nested struct with member
+    // initializers is default-constructible before its enclosing class is complete, and no.
+    prepared->baseline_ = SlotChange::PreparedSlot{};
     BACKPLANE_RETURN_IF_ERROR(prepared->PrepareSlot(*prepared->baseline_, change.baseline,
                                                     "baseline generation", affected, instances,
                                                     applied, nullptr, all_networks));
