@@ -3,6 +3,7 @@
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <cstdint>
 
 #include <filesystem>
@@ -10,6 +11,7 @@
 #include <set>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include <spdlog/sinks/ringbuffer_sink.h>
@@ -116,6 +118,21 @@ std::optional<int64_t> ProcStatusBytes(pid_t pid, const std::string& field);
 // The seed of a randomised test: BACKPLANE_TEST_SEED when set (to replay a failure), else fresh.
 // Every such test prints it with its failures.
 uint64_t TestSeed();
+
+// Polls `done` until it holds (true) or `deadline` passes (false): tests wait on deadlines, not
+// sleeps.
+template <typename Predicate>
+bool WaitFor(Predicate done,
+             std::chrono::steady_clock::duration deadline = std::chrono::seconds(20),
+             std::chrono::milliseconds poll = std::chrono::milliseconds(5)) {
+  const auto until = std::chrono::steady_clock::now() + deadline;
+  while (!done()) {
+    if (std::chrono::steady_clock::now() > until)
+      return false;
+    std::this_thread::sleep_for(poll);
+  }
+  return true;
+}
 
 // What one module's logger (ModuleLogger("backplane.registry")…) writes while this lives, at
 // `level` and above: the lines an operator reads, for tests that assert them. Put the logger back

@@ -15,9 +15,9 @@
 #include <thread>
 
 #include "backplane/isolation/worker_runner.hpp"
-#include "backplane/loader/digest.hpp"
 #include "backplane/registry/backend_registry.hpp"
 #include "backplane/registry/crash_supervisor.hpp"
+#include "loader/loader_test_util.hpp"
 #include "test_util.hpp"
 
 namespace backplane {
@@ -32,23 +32,6 @@ using ::testing::Not;
 using testing::TempDir;
 
 constexpr char kBaselineFile[] = "Test_Valid_backend.so";
-
-std::string BaselineSha256Of(const fs::path& file) {
-  auto digest = loader::Sha256OfFile(file);
-  EXPECT_TRUE(digest.ok()) << digest.error().ToString();
-  return digest.ok() ? digest.value() : "";
-}
-
-template <typename Predicate>
-bool BaselineWaitFor(Predicate done, std::chrono::seconds deadline = 20s) {
-  const auto until = std::chrono::steady_clock::now() + deadline;
-  while (!done()) {
-    if (std::chrono::steady_clock::now() > until)
-      return false;
-    std::this_thread::sleep_for(5ms);
-  }
-  return true;
-}
 
 // "worker process 1234" -> 1234; 0 in the server.
 pid_t WorkerPid(const std::string& runs_in) {
@@ -179,7 +162,7 @@ class BaselineTest : public ::testing::Test {
  protected:
   void SetUp() override {
     testing::CopyFile(Fixture("Valid"), dir_ / kBaselineFile);
-    stable_sha256_ = BaselineSha256Of(Fixture("Valid"));
+    stable_sha256_ = testing::FileDigest(Fixture("Valid"));
   }
 
   void TearDown() override {
@@ -256,13 +239,13 @@ class BaselineTest : public ::testing::Test {
   // (and its worker, if it had one, ends).
   void ExpectGone(uint64_t number, pid_t worker = 0) {
     EXPECT_FALSE(subscriber_.Bound());
-    EXPECT_TRUE(BaselineWaitFor([&] { return Unloaded(number); })) << "generation " << number;
+    EXPECT_TRUE(testing::WaitFor([&] { return Unloaded(number); })) << "generation " << number;
     const auto record = Generation(number);
     ASSERT_TRUE(record.has_value());
     EXPECT_EQ(record->state, GenerationState::kUnloaded);
     EXPECT_EQ(record->refcount, 0);
     if (worker != 0) {
-      EXPECT_TRUE(BaselineWaitFor([&] { return ProcessGone(worker); })) << "worker " << worker;
+      EXPECT_TRUE(testing::WaitFor([&] { return ProcessGone(worker); })) << "worker " << worker;
     }
   }
 
@@ -312,7 +295,7 @@ TEST_F(BaselineTest, ACandidateArrivesWithTheStableBuildLoadedAgainAsItsBaseline
   EXPECT_EQ(ToString(record->state), "baseline");
   EXPECT_EQ(record->sha256, stable_sha256_);
   // What its record names holds its bytes while it lives (a crash capture copies it from there).
-  EXPECT_EQ(BaselineSha256Of(record->resolved_file), stable_sha256_);
+  EXPECT_EQ(testing::FileDigest(record->resolved_file), stable_sha256_);
   EXPECT_THAT(log.Text(),
               HasSubstr("backend TestValid generation " + std::to_string(arrival->baseline) +
                         " is the rollout's baseline: generation " + std::to_string(active) +
@@ -359,7 +342,7 @@ TEST_F(BaselineTest, ASupersededCandidateTakesItsBaselineAlongAndTheNewOneGetsIt
   EXPECT_NE(arrival->baseline, first);
   EXPECT_EQ(arrival->baseline_sha256, stable_sha256_);
   EXPECT_EQ(Describe().baseline_generation, arrival->baseline);
-  EXPECT_TRUE(BaselineWaitFor([&] { return Unloaded(first); }));
+  EXPECT_TRUE(testing::WaitFor([&] { return Unloaded(first); }));
   EXPECT_EQ(Generation(first)->state, GenerationState::kUnloaded);
 }
 
@@ -396,7 +379,7 @@ TEST_F(BaselineTest, ABaselineComesFromTheBytesThatRanNotFromTheFileCopiedOverIn
   // `cp` onto the served file: the stable build's bytes are nowhere in the directory now.
   const DeployOutcome outcome = DeployCandidate("ValidNext");
   ASSERT_EQ(outcome.action, Action::kCandidate);
-  ASSERT_EQ(BaselineSha256Of(dir_ / kBaselineFile), BaselineSha256Of(Fixture("ValidNext")));
+  ASSERT_EQ(testing::FileDigest(dir_ / kBaselineFile), testing::FileDigest(Fixture("ValidNext")));
   const auto arrival = subscriber_.LastArrival();
   ASSERT_TRUE(arrival.has_value());
   ASSERT_NE(arrival->baseline, 0u);
@@ -513,9 +496,9 @@ TEST_F(BaselineTest, ABaselinesWorkerDyingCostsOnlyTheBaseline) {
   const pid_t worker = WorkerPid(arrival->baseline_runs_in);
   ASSERT_NE(worker, 0);
 
-  EXPECT_EQ(BaselineSha256Of(Generation(arrival->baseline)->resolved_file), stable_sha256_);
+  EXPECT_EQ(testing::FileDigest(Generation(arrival->baseline)->resolved_file), stable_sha256_);
   ASSERT_EQ(::kill(worker, SIGKILL), 0);
-  ASSERT_TRUE(BaselineWaitFor([&] { return supervisor_->decided() >= 1; }));
+  ASSERT_TRUE(testing::WaitFor([&] { return supervisor_->decided() >= 1; }));
 
   const BackendStatus status = Describe();
   EXPECT_EQ(status.active_generation, active);

@@ -14,9 +14,9 @@
 #include <sstream>
 #include <thread>
 
-#include "backplane/loader/digest.hpp"
 #include "backplane/registry/activation_journal.hpp"
 #include "backplane/registry/backend_registry.hpp"
+#include "loader/loader_test_util.hpp"
 #include "test_util.hpp"
 
 namespace backplane {
@@ -28,20 +28,14 @@ using testing::Fixture;
 using ::testing::HasSubstr;
 using testing::TempDir;
 
-std::string Sha256Of(const fs::path& file) {
-  auto digest = loader::Sha256OfFile(file);
-  EXPECT_TRUE(digest.ok()) << digest.error().ToString();
-  return digest.ok() ? digest.value() : "";
-}
-
 class CrashJournalTest : public ::testing::Test {
  protected:
   static constexpr char kFile[] = "Test_Valid_backend.so";
 
   void SetUp() override {
     testing::CopyFile(Fixture("Valid"), dir_ / kFile);
-    valid_sha_ = Sha256Of(Fixture("Valid"));
-    crashing_sha_ = Sha256Of(Fixture("ValidCrashesAlways"));
+    valid_sha_ = testing::FileDigest(Fixture("Valid"));
+    crashing_sha_ = testing::FileDigest(Fixture("ValidCrashesAlways"));
   }
 
   // A registry of its own loader (a forked child has none of the parent's threads, the shared
@@ -118,7 +112,7 @@ TEST_F(CrashJournalTest, RefusesTheBuildActiveWhenTheProcessDiedAndServesTheOneB
   auto registry = CreateOrFail();
   ASSERT_NE(registry, nullptr);
   // The file holds the crashing build only: Valid comes from the state directory's copy.
-  EXPECT_EQ(Sha256Of(dir_ / kFile), crashing_sha_);
+  EXPECT_EQ(testing::FileDigest(dir_ / kFile), crashing_sha_);
   EXPECT_EQ(ActiveSha(*registry), valid_sha_);
   const BackendStatus described = registry->Describe("TestValid").value();
   ASSERT_FALSE(described.rejected.empty());
@@ -183,7 +177,7 @@ TEST_F(CrashJournalTest, PublishingAnotherFileEndsTheSuspicion) {
   const auto result = registry->Rescan();
   ASSERT_EQ(result.outcomes.size(), 1u);
   EXPECT_EQ(result.outcomes[0].action, DeployOutcome::Action::kActivated);
-  EXPECT_EQ(ActiveSha(*registry), Sha256Of(Fixture("ValidNext")));
+  EXPECT_EQ(ActiveSha(*registry), testing::FileDigest(Fixture("ValidNext")));
   for (const auto& record : registry->ActivationRecords())
     EXPECT_NE(record.state, ActivationRecord::State::kSuspected);
 
@@ -251,7 +245,7 @@ TEST_F(CrashJournalTest, ACandidateThatCrashedIsRefusedAndTheStableBuildServes) 
 
   auto registry = CreateOrFail();
   ASSERT_NE(registry, nullptr);
-  EXPECT_EQ(ActiveSha(*registry), Sha256Of(Fixture("ValidNext")));
+  EXPECT_EQ(ActiveSha(*registry), testing::FileDigest(Fixture("ValidNext")));
   ASSERT_FALSE(registry->Rejected().empty());
   EXPECT_EQ(registry->Rejected().back().error.reason(), LoadReason::kSuspectedCrash);
 }
@@ -265,7 +259,7 @@ TEST_F(CrashJournalTest, ARollbackAfterARestartLoadsTheCopyKeptInTheStateDirecto
   }
   auto registry = CreateOrFail();
   ASSERT_NE(registry, nullptr);
-  ASSERT_EQ(ActiveSha(*registry), Sha256Of(Fixture("ValidNext")));
+  ASSERT_EQ(ActiveSha(*registry), testing::FileDigest(Fixture("ValidNext")));
   auto rolled_back = registry->Rollback("TestValid");
   ASSERT_TRUE(rolled_back.ok()) << rolled_back.error().ToString();
   EXPECT_EQ(ActiveSha(*registry), valid_sha_);
@@ -403,7 +397,7 @@ TEST_F(CrashJournalTest, FollowsTheRuleOverRandomLivesOfTheProcess) {
   const std::vector<std::string> builds = {"Valid", "ValidNext", "ValidBuild3", "ValidBuild4"};
   std::vector<std::string> shas;
   for (const auto& build : builds)
-    shas.push_back(Sha256Of(Fixture(build)));
+    shas.push_back(testing::FileDigest(Fixture(build)));
   constexpr auto kGrace = 1000ms;
   const fs::path report = state_root_ / "report";
 

@@ -23,17 +23,6 @@ using testing::Fixture;
 using ::testing::HasSubstr;
 using testing::TempDir;
 
-template <typename Predicate>
-bool WaitFor(Predicate done, std::chrono::seconds deadline = 20s) {
-  const auto until = std::chrono::steady_clock::now() + deadline;
-  while (!done()) {
-    if (std::chrono::steady_clock::now() > until)
-      return false;
-    std::this_thread::sleep_for(5ms);
-  }
-  return true;
-}
-
 class RegistryTrustTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -84,7 +73,7 @@ class RegistryTrustTest : public ::testing::Test {
     for (int round = 0; round < 2; ++round) {
       const uint64_t before = reloader_->stats().scans.load();
       reloader_->RescanNow();
-      EXPECT_TRUE(WaitFor([&] { return reloader_->stats().scans.load() > before; }));
+      EXPECT_TRUE(testing::WaitFor([&] { return reloader_->stats().scans.load() > before; }));
     }
   }
 
@@ -119,7 +108,7 @@ TEST_F(RegistryTrustTest, UntrustedDeployIsRefusedOnceAndTheServingGenerationSer
   StartWatching();
 
   Publish("ValidNext");  // a build nobody put on the list
-  ASSERT_TRUE(WaitFor([&] { return untrusted_.load() >= 1; })) << "never refused";
+  ASSERT_TRUE(testing::WaitFor([&] { return untrusted_.load() >= 1; })) << "never refused";
   const std::string next_digest = testing::FileDigest(Fixture("ValidNext"));
   BackendStatus status = Describe();
   EXPECT_EQ(status.active_generation, serving);
@@ -150,7 +139,8 @@ TEST_F(RegistryTrustTest, UntrustedDeployIsRefusedOnceAndTheServingGenerationSer
   testing::WriteFile(
       list_file_, testing::ReadFile(list_file_) + loader::DigestLine(next_digest, File()) + "\n");
   reloader_->RescanNow();
-  ASSERT_TRUE(WaitFor([&] { return activated_.load() == 1; })) << "never loaded once trusted";
+  ASSERT_TRUE(testing::WaitFor([&] { return activated_.load() == 1; }))
+      << "never loaded once trusted";
   EXPECT_EQ(ActiveSha256(), next_digest);
   EXPECT_NE(Describe().active_generation, serving);
   Settle();

@@ -6,23 +6,9 @@
 #include <thread>
 
 #include "backplane/runtime/runtime.hpp"
+#include "test_util.hpp"
 
 namespace backplane::testing {
-
-// Polls `done` until it holds (true) or `deadline` passes (false): tests wait on deadlines, not
-// sleeps.
-template <typename Predicate>
-bool WaitFor(Predicate done,
-             std::chrono::steady_clock::duration deadline = std::chrono::seconds(20),
-             std::chrono::milliseconds poll = std::chrono::milliseconds(5)) {
-  const auto until = std::chrono::steady_clock::now() + deadline;
-  while (!done()) {
-    if (std::chrono::steady_clock::now() > until)
-      return false;
-    std::this_thread::sleep_for(poll);
-  }
-  return true;
-}
 
 // Hot reload: the fixture builds Valid and ValidNext run Identity adding 0 and 1000 per layer.
 constexpr float kNextOffset = 1000.0f;
