@@ -16,6 +16,7 @@
 #   DURATION=10 DELAY=2000 DELAYS="0 500 1000 2000 4000" bench/batching_bench.sh
 #   BUILD=0 bench/batching_bench.sh               # use build/release as it is
 #   ONLY=tiny bench/batching_bench.sh             # only the path's cost (tiny), 3 rounds
+#   ONLY=tiny AGAINST=/tmp/old/backplane bench/batching_bench.sh  # ... alternating with another build
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -31,8 +32,7 @@ fi
 
 work=$(mktemp -d /tmp/backplane-batching-bench-XXXXXX)
 log=$work/serve.log
-server_pid=
-trap '[[ -z $server_pid ]] || { kill -TERM $server_pid 2>/dev/null; wait $server_pid 2>/dev/null; }; rm -rf "$work"' EXIT
+trap 'for pid in "${servers[@]}"; do kill -TERM $pid 2>/dev/null; wait $pid 2>/dev/null; done; rm -rf "$work"' EXIT
 
 # The models, from the script: Gemm+Relu, Gemm+Relu, Gemm, batch dimension symbolic (`wide`);
 # and one Gemm 784x10 (`tiny`: the same request and answer, nearly no execution, so what it
@@ -61,16 +61,22 @@ echo '{"max_batch_size": 16, "dynamic_batching": {"max_queue_delay_us": 1000}}' 
 
 # 64 clients need 64 requests handled at once (http_threads defaults to 32), batching or not.
 echo '{"http_threads": 128}' >"$work/config.json"
-build/release/bin/backplane serve --config "$work/config.json" --models "$work/models" \
-  --listen 127.0.0.1:0 --grpc-listen 127.0.0.1:0 2>"$log" &
-server_pid=$!
-for _ in $(seq 1 600); do
-  grep -qs "listening on grpc://" "$log" && break
-  kill -0 "$server_pid" 2>/dev/null || { cat "$log" >&2; exit 1; }
-  sleep 0.1
-done
-http=$(grep -o "listening on http://[0-9.:]*" "$log" | sed 's|listening on http://||')
-grpc=$(grep -o "listening on grpc://[0-9.:]*" "$log" | sed 's|listening on grpc://||')
+# start_server BINARY LOG: starts a server on the models above; sets server_http, server_grpc.
+servers=()
+start_server() {
+  "$1" serve --config "$work/config.json" --models "$work/models" \
+    --listen 127.0.0.1:0 --grpc-listen 127.0.0.1:0 2>"$2" &
+  servers+=($!)
+  for _ in $(seq 1 600); do
+    grep -qs "listening on grpc://" "$2" && break
+    kill -0 "${servers[-1]}" 2>/dev/null || { cat "$2" >&2; exit 1; }
+    sleep 0.1
+  done
+  server_http=$(grep -o "listening on http://[0-9.:]*" "$2" | sed 's|listening on http://||')
+  server_grpc=$(grep -o "listening on grpc://[0-9.:]*" "$2" | sed 's|listening on grpc://||')
+}
+start_server build/release/bin/backplane "$log"
+http=$server_http grpc=$server_grpc
 client=build/release/bin/backplane_bench_batching
 echo "# bench/batching_bench.sh, $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
 grep -o "backends: .*" "$log" | head -1
@@ -99,9 +105,18 @@ if rows:
 }
 if [[ ${ONLY:-} == tiny ]]; then
   echo "## What the transport allows: tiny (Gemm 784x10, nearly no execution), off against on, 3 rounds"
+  # CPU time per request (the server's; the machine's: server and client): the path's cost,
+  # which a shared machine's other work disturbs less than requests/s.
+  # AGAINST=BINARY: the same runs against a second server, another build, in alternation.
+  [[ -z ${AGAINST:-} ]] || start_server "$AGAINST" "$work/against.log"
   for _ in 1 2 3; do
-    "$client" --http "$http" --grpc "$grpc" --models "tiny tiny_batched" \
-      --seconds "${DURATION:-5}" --runs "rest:64 grpc:16 grpc-async:16" | tail -n +2
+    for server in "$grpc $http ${servers[0]} this" \
+      ${AGAINST:+"$server_grpc $server_http ${servers[-1]} against"}; do
+      read -r g h pid name <<<"$server"
+      [[ -z ${AGAINST:-} ]] || echo "# $name build"
+      "$client" --http "$h" --grpc "$g" --server-pid "$pid" --models "tiny tiny_batched" \
+        --seconds "${DURATION:-5}" --runs "${RUNS:-rest:64 grpc:16 grpc-async:16}" | tail -n +2
+    done
   done
   exit 0
 fi

@@ -4,7 +4,7 @@
 // (default 5) that alternate between the models (A B A B ...), so that the machine's noise, which
 // drifts over seconds on a shared machine, falls on all of them alike.
 //   backplane_bench_batching --http HOST:PORT --grpc HOST:PORT --models "wide wide_batched"
-//       [--features 784] [--seconds S] [--slices N] [--think-us T]
+//       [--features 784] [--seconds S] [--slices N] [--think-us T] [--server-pid PID]
 //       [--runs "rest:64 grpc:16 rest:1 grpc:1:64"]
 // A run is transport:clients[:rows] (rows per request, default 1); transport rest, grpc (a thread
 // per client, blocking calls) or grpc-async (calls kept in flight by their completions on gRPC's
@@ -14,7 +14,8 @@
 // must get the same outputs every time and from every model (within 1e-4: a batched row may run at
 // another batch size, on other kernels). A wrong answer counts as failed. Prints one line per run
 // and model: requests/s, rows/s, p50 and p99 latency, failures, and the largest difference of an
-// answer from that client's first answer of the first model.
+// answer from that client's first answer of the first model. With --server-pid PID, also the
+// server's CPU time per request and the machine's (server and this client, /proc/PID/stat).
 #include <grpcpp/grpcpp.h>
 #include <httplib.h>
 
@@ -25,6 +26,7 @@
 #include <condition_variable>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <functional>
 #include <iostream>
 #include <latch>
@@ -37,6 +39,8 @@
 #include <thread>
 #include <vector>
 
+#include <unistd.h>
+
 #include "grpc_service.grpc.pb.h"
 
 namespace {
@@ -44,6 +48,8 @@ using Clock = std::chrono::steady_clock;
 
 struct RunResult {
   double requests_per_second = 0;
+  double server_us_per_request = 0;   // with --server-pid: its CPU time per request
+  double machine_us_per_request = 0;  // the server's and this client's CPU time per request
   double p50_ms = 0;
   double p99_ms = 0;
   int failures = 0;
@@ -76,6 +82,8 @@ struct Tally {
   std::vector<double> latencies_ms;
   double seconds = 0;
   int failures = 0;
+  double server_cpu_seconds = 0;
+  double client_cpu_seconds = 0;
 
   // One run's clients: their latencies, its length, its failed answers.
   void Add(const std::vector<std::vector<double>>& latencies, double run_seconds, int failed) {
@@ -92,11 +100,35 @@ struct Tally {
     if (latencies_ms.empty())
       return result;
     result.requests_per_second = latencies_ms.size() / seconds;
+    result.server_us_per_request = server_cpu_seconds * 1e6 / latencies_ms.size();
+    result.machine_us_per_request =
+        (server_cpu_seconds + client_cpu_seconds) * 1e6 / latencies_ms.size();
     result.p50_ms = latencies_ms[latencies_ms.size() / 2];
     result.p99_ms = latencies_ms[std::min(latencies_ms.size() - 1, latencies_ms.size() * 99 / 100)];
     return result;
   }
 };
+
+// CPU seconds (user and system) process `pid` ("self", or a number) has used so far; 0 when it
+// cannot be read. /proc/PID/stat's utime and stime, fields 14 and 15, after the name in
+// parentheses (which may hold spaces).
+double ProcessCpuSeconds(const std::string& pid) {
+  std::ifstream file("/proc/" + pid + "/stat");
+  std::string text((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  const auto name_end = text.rfind(')');
+  if (name_end == std::string::npos)
+    return 0;
+  std::istringstream fields(text.substr(name_end + 2));
+  std::string field;
+  double utime = 0, stime = 0;
+  for (int i = 3; i <= 15 && fields >> field; ++i) {
+    if (i == 14)
+      utime = std::stod(field);
+    if (i == 15)
+      stime = std::stod(field);
+  }
+  return (utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
 
 // Runs `clients` threads for `seconds`, each with the call `make_caller(c)` returns (a call gives
 // its outputs, empty on failure), into `tally`.
@@ -243,6 +275,7 @@ int main(int argc, char** argv) {
   int slices = 5;
   std::chrono::microseconds think{0};
   int features = 784;
+  std::string server_pid;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     if (flag == "--http")
@@ -259,6 +292,8 @@ int main(int argc, char** argv) {
       features = std::stoi(argv[i + 1]);
     else if (flag == "--slices")
       slices = std::max(1, std::stoi(argv[i + 1]));
+    else if (flag == "--server-pid")
+      server_pid = argv[i + 1];
     else if (flag == "--think-us")
       think = std::chrono::microseconds(std::stoll(argv[i + 1]));
   }
@@ -277,8 +312,9 @@ int main(int argc, char** argv) {
   const int http_port = std::stoi(http_address.substr(colon + 1));
   int connection = 0;
 
-  std::printf("%-5s %7s %4s  %-22s %10s %10s %8s %8s %6s %9s\n", "proto", "clients", "rows",
-              "model", "requests/s", "rows/s", "p50 ms", "p99 ms", "failed", "max diff");
+  std::printf("%-5s %7s %4s  %-22s %10s %10s %8s %8s %6s %9s", "proto", "clients", "rows", "model",
+              "requests/s", "rows/s", "p50 ms", "p99 ms", "failed", "max diff");
+  std::printf(server_pid.empty() ? "\n" : " %10s %11s\n", "server us", "machine us");
   std::istringstream run_words(runs_text);
   for (std::string run; run_words >> run;) {
     std::istringstream parts(run);
@@ -358,12 +394,17 @@ int main(int argc, char** argv) {
                 });
           };
         };
+        const double server_before = server_pid.empty() ? 0 : ProcessCpuSeconds(server_pid);
+        const double client_before = ProcessCpuSeconds("self");
         if (transport == "grpc-async")
           RunAsyncClients(clients, seconds / slices, grpc_async_caller, references, tallies[m]);
         else if (transport == "grpc")
           RunClients(clients, seconds / slices, think, grpc_caller, references, tallies[m]);
         else
           RunClients(clients, seconds / slices, think, rest_caller, references, tallies[m]);
+        if (!server_pid.empty())
+          tallies[m].server_cpu_seconds += ProcessCpuSeconds(server_pid) - server_before;
+        tallies[m].client_cpu_seconds += ProcessCpuSeconds("self") - client_before;
       }
     }
     double largest_difference = 0;
@@ -371,10 +412,13 @@ int main(int argc, char** argv) {
       largest_difference = std::max(largest_difference, reference.largest_difference);
     for (std::size_t m = 0; m < models.size(); ++m) {
       const RunResult result = tallies[m].Result();
-      std::printf("%-5s %7d %4d  %-22s %10.0f %10.0f %8.3f %8.3f %6d %9.2g\n", transport.c_str(),
+      std::printf("%-5s %7d %4d  %-22s %10.0f %10.0f %8.3f %8.3f %6d %9.2g", transport.c_str(),
                   clients, rows, models[m].c_str(), result.requests_per_second,
                   result.requests_per_second * rows, result.p50_ms, result.p99_ms, result.failures,
                   largest_difference);
+      if (!server_pid.empty())
+        std::printf(" %10.1f %11.1f", result.server_us_per_request, result.machine_us_per_request);
+      std::printf("\n");
     }
     std::fflush(stdout);
   }
