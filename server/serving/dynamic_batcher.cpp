@@ -48,21 +48,53 @@ struct DynamicBatcher::Arrival {
   Runtime::ExecuteCallback done;
 };
 
-// The state the dispatcher and the batches' callbacks share; a callback keeps it alive past the
-// batcher (see the traps in the header).
+// One batch's requests, oldest first, and its rows.
+struct DynamicBatcher::Batch {
+  std::vector<BatchRequest> requests;
+  int64_t rows = 0;
+};
+
+// The state the batcher's threads, the callers and the batches' callbacks share; a callback keeps
+// it alive past the batcher (see the traps in the header).
 struct DynamicBatcher::Shared {
+  explicit Shared(BatchQueue::Options options) : queue(std::move(options)) {}
+
   Mutex mutex;
-  std::condition_variable_any changed;  // waits on `mutex` itself: analysed as held
-  std::deque<Arrival> arrivals BACKPLANE_GUARDED_BY(mutex);     // to parse
-  std::deque<BatchRequest> parsed BACKPLANE_GUARDED_BY(mutex);  // to group, by the dispatcher
+  std::condition_variable_any changed;  // for the dispatcher; waits on `mutex` itself
+  std::deque<Arrival> arrivals BACKPLANE_GUARDED_BY(mutex);  // to parse
+  // Every parsed request, grouped; whoever adds to it takes what is due (DynamicBatcher::Add).
+  BatchQueue queue BACKPLANE_GUARDED_BY(mutex);
   // Requests taken and not yet handed to a batch or answered: arrivals and grouped.
   std::size_t waiting BACKPLANE_GUARDED_BY(mutex) = 0;
-  int executing BACKPLANE_GUARDED_BY(mutex) = 0;              // batches handed to the runtime
-  uint64_t finished BACKPLANE_GUARDED_BY(mutex) = 0;          // batches done: a slot came free
+  int executing BACKPLANE_GUARDED_BY(mutex) = 0;      // batches handed to the runtime
+  uint64_t finished BACKPLANE_GUARDED_BY(mutex) = 0;  // batches done: a slot came free
+  // When the dispatcher wakes up without news (nullopt: never). An addition that makes
+  // something due sooner sets `due_sooner` and wakes it; nothing else does.
+  std::optional<Clock::time_point> dispatcher_wakes_at BACKPLANE_GUARDED_BY(mutex);
+  bool due_sooner BACKPLANE_GUARDED_BY(mutex) = false;
   bool stopping BACKPLANE_GUARDED_BY(mutex) = false;          // the dispatcher's
   bool parsers_stopping BACKPLANE_GUARDED_BY(mutex) = false;  // set and joined first
   uint64_t next_sequence BACKPLANE_GUARDED_BY(mutex) = 0;     // arrival order (preserve_ordering)
   std::condition_variable_any arrived;  // for the parsers: an arrival, or stopping
+
+  // The batches due at `now`, an execution slot taken for each while one of `slots` is free.
+  std::vector<std::shared_ptr<Batch>> TakeDueBatches(Clock::time_point now, int slots)
+      BACKPLANE_REQUIRES(mutex) {
+    std::vector<std::shared_ptr<Batch>> batches;
+    while (executing < slots && !stopping) {
+      auto requests = queue.TakeBatch(now);
+      if (requests.empty())
+        break;
+      waiting -= requests.size();
+      ++executing;
+      auto batch = std::make_shared<Batch>();
+      for (const auto& request : requests)
+        batch->rows += request.rows;
+      batch->requests = std::move(requests);
+      batches.push_back(std::move(batch));
+    }
+    return batches;
+  }
 
   void FinishBatch() BACKPLANE_EXCLUDES(mutex) {
     {
@@ -72,12 +104,6 @@ struct DynamicBatcher::Shared {
     }
     changed.notify_all();
   }
-};
-
-// One batch's requests, oldest first, and its rows.
-struct DynamicBatcher::Batch {
-  std::vector<BatchRequest> requests;
-  int64_t rows = 0;
 };
 
 namespace {
@@ -158,7 +184,13 @@ DynamicBatcher::DynamicBatcher(Runtime& runtime, Options options)
       max_executing_(options_.batching.preserve_ordering
                          ? 1
                          : std::max(1, options_.limits.max_concurrent_batches)),
-      shared_(std::make_shared<Shared>()) {
+      shared_(std::make_shared<Shared>(BatchQueue::Options{
+          .max_queue_delay = std::chrono::microseconds(options_.batching.max_queue_delay_us),
+          .preserve_ordering = options_.batching.preserve_ordering,
+          .max_batch_size = options_.max_batch_size,
+          .preferred_batch_sizes = options_.batching.preferred_batch_sizes,
+          .waits_skipped =
+              options_.metrics != nullptr ? &options_.metrics->batching.waits_skipped : nullptr})) {
   // Parsers finish out of order; the dispatcher groups in arrival order (preserve_ordering too).
   const int parsers = std::max(1, options_.limits.max_concurrent_batches);
   for (int i = 0; i < parsers; ++i)
@@ -173,7 +205,7 @@ DynamicBatcher::DynamicBatcher(Runtime& runtime, Options options)
 }
 
 DynamicBatcher::~DynamicBatcher() {
-  // Parsers first: what one is parsing reaches `parsed`, which the dispatcher then drains.
+  // Parsers first: what one is parsing reaches the queue, which the dispatcher then drains.
   {
     MutexLock lock(shared_->mutex);
     shared_->parsers_stopping = true;
@@ -209,7 +241,7 @@ void DynamicBatcher::Submit(QueuedRequest request) {
     }
   }
   if (parse_here) {
-    ParseArrival(std::move(*parse_here));
+    ParseArrival(std::move(*parse_here), RunOn::kCaller);
   } else if (taken) {
     shared_->arrived.notify_one();
   } else {
@@ -234,29 +266,17 @@ void DynamicBatcher::Parse() {
       arrival = std::move(shared_->arrivals.front());
       shared_->arrivals.pop_front();
     }
-    ParseArrival(std::move(arrival));
+    ParseArrival(std::move(arrival), RunOn::kQueue);
   }
 }
 
-void DynamicBatcher::ParseArrival(Arrival arrival) {
-  // The dispatcher is woken only when it could act (see the class comment): a parsed request
-  // waits in `parsed` until the next wake-up otherwise, which a batch's end brings.
-  const auto hand_to_dispatcher = [&](BatchRequest parsed) {
-    const bool has_deadline = parsed.deadline.has_value();
-    bool wake = false;
-    {
-      MutexLock lock(shared_->mutex);
-      shared_->parsed.push_back(std::move(parsed));
-      wake = has_deadline || shared_->executing < max_executing_;
-    }
-    if (wake)
-      shared_->changed.notify_all();
-  };
-  // A failure is answered here, alone, and never reaches a batch; the dispatcher still hears
-  // of it, to keep the arrival order (and to count it as no longer waiting).
+void DynamicBatcher::ParseArrival(Arrival arrival, RunOn run_on) {
+  // A failure is answered here, alone, and never reaches a batch; the queue still hears of it,
+  // to keep the arrival order (and to count it as no longer waiting).
+  // The mark goes first: the answer may release the model version that owns this batcher.
   const auto answer_alone = [&](Status status) {
+    Add(BatchRequest{.sequence = arrival.sequence, .answered = true}, run_on);
     arrival.done(std::move(status));
-    hand_to_dispatcher(BatchRequest{.sequence = arrival.sequence, .answered = true});
   };
   if (arrival.deadline && Clock::now() > *arrival.deadline)
     return answer_alone(DeadlinePassed());
@@ -285,87 +305,93 @@ void DynamicBatcher::ParseArrival(Arrival arrival) {
     parsed.key += "alone#" + std::to_string(parsed.sequence);
     parsed.alone = true;
   }
-  hand_to_dispatcher(std::move(parsed));
+  Add(std::move(parsed), run_on);
+}
+
+void DynamicBatcher::Add(BatchRequest request, RunOn run_on) {
+  // Whoever adds a request takes the batches it makes due, so that a full batch leaves without
+  // waking the dispatcher; the dispatcher hears of an addition only when it makes something due
+  // sooner than it would wake (a new group's wait, a deadline).
+  std::vector<std::shared_ptr<Batch>> batches;
+  const auto now = Clock::now();
+  bool wake = false;
+  {
+    MutexLock lock(shared_->mutex);
+    shared_->waiting -= shared_->queue.Add(std::move(request));
+    batches = shared_->TakeDueBatches(now, max_executing_);
+    const auto due = shared_->queue.NextDue(shared_->executing < max_executing_);
+    if (due && !shared_->stopping &&
+        (!shared_->dispatcher_wakes_at || *due < *shared_->dispatcher_wakes_at)) {
+      shared_->dispatcher_wakes_at = due;
+      shared_->due_sooner = true;
+      wake = true;
+    }
+  }
+  if (wake)
+    shared_->changed.notify_all();
+  // On the caller's thread (RunOn::kCaller), the first batch runs here: its requests are
+  // answered without a hand-off to a worker and back. Trap: the answers may release the model
+  // version that owns this batcher, so nothing of `this` is touched once they are given.
+  for (std::size_t i = 0; i < batches.size(); ++i) {
+    const bool here = i + 1 == batches.size() && run_on == RunOn::kCaller;
+    Execute(std::move(batches[i]), now, here ? RunOn::kCaller : RunOn::kQueue);
+  }
 }
 
 void DynamicBatcher::Dispatch() {
-  // Only this thread touches the queue.
-  BatchQueue queue(
-      {.max_queue_delay = std::chrono::microseconds(options_.batching.max_queue_delay_us),
-       .preserve_ordering = options_.batching.preserve_ordering,
-       .max_batch_size = options_.max_batch_size,
-       .preferred_batch_sizes = options_.batching.preferred_batch_sizes,
-       .waits_skipped =
-           options_.metrics != nullptr ? &options_.metrics->batching.waits_skipped : nullptr});
-  std::size_t released = 0;  // requests answered or batched since the last look at `waiting`
   uint64_t finished_seen = 0;
-  bool stopping = false;
-  while (!stopping) {
-    // Wait for news (a parsed request, a batch's end, stopping) or for what is due without any.
-    std::deque<BatchRequest> parsed;
-    int free_slots = 0;
+  while (true) {
+    // Wait for news (a batch's end, something due sooner, stopping) or for what is due.
+    std::vector<BatchRequest> expired;
+    std::vector<std::shared_ptr<Batch>> batches;
+    Clock::time_point now;
     {
       MutexLock lock(shared_->mutex);
-      shared_->waiting -= released;
-      released = 0;
       const auto news = [&] {
         shared_->mutex.AssertHeld();
-        return shared_->stopping || !shared_->parsed.empty() || shared_->finished != finished_seen;
+        return shared_->stopping || shared_->due_sooner || shared_->finished != finished_seen;
       };
-      if (const auto due = queue.NextDue(shared_->executing < max_executing_))
-        shared_->changed.wait_until(shared_->mutex, *due, news);
+      // A copy: adders change the shared one while the wait has the mutex released.
+      const auto wakes_at = shared_->queue.NextDue(shared_->executing < max_executing_);
+      shared_->dispatcher_wakes_at = wakes_at;
+      shared_->due_sooner = false;
+      if (wakes_at)
+        shared_->changed.wait_until(shared_->mutex, *wakes_at, news);
       else
         shared_->changed.wait(shared_->mutex, news);
-      stopping = shared_->stopping;
-      finished_seen = shared_->finished;
-      parsed.swap(shared_->parsed);
-      free_slots = max_executing_ - shared_->executing;
-    }
-    // Act: group what was parsed, answer what expired, send what is due while slots are free.
-    const auto now = Clock::now();
-    for (auto& request : parsed)
-      released += queue.Add(std::move(request));
-    for (auto& expired : queue.TakeExpired(now)) {
-      expired.done(DeadlinePassed());
-      ++released;
-    }
-    for (; free_slots > 0 && !stopping; --free_slots) {
-      auto requests = queue.TakeBatch(now);
-      if (requests.empty())
+      if (shared_->stopping)
         break;
-      released += requests.size();
-      auto batch = std::make_shared<Batch>();
-      for (const auto& request : requests)
-        batch->rows += request.rows;
-      batch->requests = std::move(requests);
-      Execute(std::move(batch), now);
+      finished_seen = shared_->finished;
+      // Act: answer what expired, send what is due while slots are free.
+      now = Clock::now();
+      expired = shared_->queue.TakeExpired(now);
+      shared_->waiting -= expired.size();
+      batches = shared_->TakeDueBatches(now, max_executing_);
     }
+    for (auto& request : expired)
+      request.done(DeadlinePassed());
+    for (auto& batch : batches)
+      Execute(std::move(batch), now, RunOn::kQueue);
   }
-  AnswerStopped(queue);
+  AnswerStopped();
 }
 
-void DynamicBatcher::AnswerStopped(BatchQueue& queue) {
+void DynamicBatcher::AnswerStopped() {
   std::deque<Arrival> arrivals;
-  std::deque<BatchRequest> parsed;
+  std::vector<BatchRequest> grouped;
   {
     MutexLock lock(shared_->mutex);
     arrivals.swap(shared_->arrivals);
-    parsed.swap(shared_->parsed);
+    grouped = shared_->queue.TakeAll();
   }
-  for (auto& request : parsed)
-    queue.Add(std::move(request));
   const Status stopped(StatusCode::kUnavailable, options_.what + " stopped serving");
   for (auto& arrival : arrivals)
     arrival.done(stopped);
-  for (auto& request : queue.TakeAll())
+  for (auto& request : grouped)
     request.done(stopped);
 }
 
-void DynamicBatcher::Execute(std::shared_ptr<Batch> batch, Clock::time_point now) {
-  {
-    MutexLock lock(shared_->mutex);
-    ++shared_->executing;
-  }
+void DynamicBatcher::Execute(std::shared_ptr<Batch> batch, Clock::time_point now, RunOn run_on) {
   if (options_.metrics != nullptr) {
     BatchingMetrics& metrics = options_.metrics->batching;
     metrics.executions.fetch_add(1, std::memory_order_relaxed);
@@ -384,35 +410,44 @@ void DynamicBatcher::Execute(std::shared_ptr<Batch> batch, Clock::time_point now
           : *std::lower_bound(execution_sizes_.begin(), execution_sizes_.end(), batch->rows);
   std::vector<Tensor> inputs = JoinInputs(*batch, execution_rows);
   const bool answer_before_freeing = options_.batching.preserve_ordering;
-  // The callback holds the shared state and the batch, never `this` (see the header's traps).
+  // The completion holds the shared state and the batch, never `this` (see the header's traps).
   // The metrics outlive this batcher, which outlives the batch's requests: it may use them until
   // it answers the first request.
-  runtime_.ExecuteAsync(
-      options_.network, std::move(inputs),
-      [shared = shared_, batch, rows = std::move(rows), what = options_.what, answer_before_freeing,
-       execution_rows, metrics = options_.metrics,
-       left = Clock::now()](Result<std::vector<Tensor>> outputs) {
-        if (metrics != nullptr && outputs.ok()) {
-          metrics->batching.ObserveExecution(
-              execution_rows, std::chrono::duration<double>(Clock::now() - left).count());
-        }
-        std::vector<Result<std::vector<Tensor>>> answers;
-        if (outputs.ok()) {
-          answers = SplitOutputs(std::move(outputs).value(), rows, execution_rows, what);
-        } else {
-          answers.assign(batch->requests.size(), outputs.error());
-        }
-        // With preserve_ordering the next batch may not start answering before
-        // this one has.
-        if (!answer_before_freeing)
-          shared->FinishBatch();
-        for (std::size_t i = 0; i < batch->requests.size(); ++i) {
-          auto done = std::move(batch->requests[i].done);
-          done(std::move(answers[i]));
-        }
-        if (answer_before_freeing)
-          shared->FinishBatch();
-      });
+  auto complete = [shared = shared_, batch, rows = std::move(rows), what = options_.what,
+                   answer_before_freeing, execution_rows, metrics = options_.metrics,
+                   left = Clock::now()](Result<std::vector<Tensor>> outputs) {
+    if (metrics != nullptr && outputs.ok()) {
+      metrics->batching.ObserveExecution(
+          execution_rows, std::chrono::duration<double>(Clock::now() - left).count());
+    }
+    std::vector<Result<std::vector<Tensor>>> answers;
+    if (outputs.ok()) {
+      answers = SplitOutputs(std::move(outputs).value(), rows, execution_rows, what);
+    } else {
+      answers.assign(batch->requests.size(), outputs.error());
+    }
+    // With preserve_ordering the next batch may not start answering before this one has.
+    if (!answer_before_freeing)
+      shared->FinishBatch();
+    for (std::size_t i = 0; i < batch->requests.size(); ++i) {
+      auto done = std::move(batch->requests[i].done);
+      done(std::move(answers[i]));
+    }
+    if (answer_before_freeing)
+      shared->FinishBatch();
+  };
+  if (run_on == RunOn::kQueue) {
+    runtime_.ExecuteAsync(options_.network, std::move(inputs), std::move(complete));
+    return;
+  }
+  std::vector<ConstTensorView> views;
+  views.reserve(inputs.size());
+  for (const auto& tensor : inputs)
+    views.push_back(tensor.View());
+  auto outputs = runtime_.Execute(options_.network, views);
+  views.clear();
+  inputs.clear();  // the batch's memory back before the answers are rendered
+  complete(std::move(outputs));
 }
 
 }  // namespace backplane::server

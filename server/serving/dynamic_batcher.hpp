@@ -58,13 +58,16 @@ struct BatcherLimits {
 };
 
 // Thread-safe. Owns parser threads (one per execution slot), which parse arrivals off the
-// transports' threads (RunOn::kQueue), and one dispatcher thread, which groups them (a BatchQueue)
-// in arrival order, answers expired deadlines, and dispatches batches to the runtime; the runtime's
-// TBB workers execute them and answer the requests. One thread parsed everything before: REST's
-// JSON of a 784-float row cost more than its share of a batched execution, and that thread capped
-// the batched wide MLP at about one core's worth of parsing. Every hand-off costs a wake-up, so
-// the dispatcher hears of a parsed request only when it could act on it: when an execution slot
-// is free (all busy, a batch's end wakes it) or the request has a deadline to watch.
+// transports' threads (RunOn::kQueue), and one dispatcher thread, which sends the batches that
+// become due with time (a wait's end) and answers expired deadlines. JSON of a 784-float row
+// cost more than its share of a batched execution, so one thread that parsed everything capped
+// the batched wide MLP at about one core's worth of parsing.
+//
+// Every hand-off costs a wake-up, so the thread that adds a request to the queue (a BatchQueue,
+// under one mutex) takes the batches the addition makes due: a parser sends them to the
+// runtime's workers; a caller that may spend its thread on the request (RunOn::kCaller: gRPC's)
+// executes the batch it completed and answers its requests itself. The dispatcher is woken only
+// when an addition makes something due sooner than it would wake, or a batch's end frees a slot.
 class DynamicBatcher final : public RequestQueue {
  public:
   using Clock = std::chrono::steady_clock;
@@ -85,11 +88,12 @@ class DynamicBatcher final : public RequestQueue {
   DynamicBatcher& operator=(const DynamicBatcher&) = delete;
 
   // Queues one request: its parse runs first (on a parser thread, or before Submit returns with
-  // RunOn::kCaller); `finish` gets this request's rows of every output, or its error, on a TBB
-  // worker, a parser or the dispatcher thread. Refused at once on the caller's thread with
-  // kResourceExhausted when max_waiting_requests wait already. kInvalidArgument for inputs whose
-  // first dimensions differ or exceed max_batch_size; kDeadlineExceeded when the deadline passes
-  // before the request's batch leaves. The routing key is not read: a batch mixes clients.
+  // RunOn::kCaller, which may also execute a batch there); `finish` gets this request's rows of
+  // every output, or its error, on a TBB worker, a parser, the dispatcher or a caller's thread.
+  // Refused at once on the caller's thread with kResourceExhausted when max_waiting_requests wait
+  // already. kInvalidArgument for inputs whose first dimensions differ or exceed max_batch_size;
+  // kDeadlineExceeded when the deadline passes before the request's batch leaves. The routing key
+  // is not read: a batch mixes clients.
   void Submit(QueuedRequest request) override;
 
  private:
@@ -97,15 +101,18 @@ class DynamicBatcher final : public RequestQueue {
   struct Arrival;
   struct Batch;
   void Parse();  // a parser thread's loop
-  // Parses one arrival and hands it to the dispatcher (or answers it alone when it fails).
-  void ParseArrival(Arrival arrival);
+  // Parses one arrival and adds it to the queue (or answers it alone when it fails).
+  void ParseArrival(Arrival arrival, RunOn run_on);
+  // Groups `request` and takes the batches now due while slots are free: on the caller's thread
+  // (RunOn::kCaller) the last of them executes here, the others go to the runtime's workers.
+  void Add(BatchRequest request, RunOn run_on);
   void Dispatch();  // the dispatcher thread's loop: wait for news or what is due, then act
   // Stopping (the parsers have stopped): answers every request still held kUnavailable. None
   // should be: each holds the model version that owns this batcher.
-  void AnswerStopped(BatchQueue& queue);
-  // Hands `batch` to the runtime (one execution slot is taken for it); its callback answers
+  void AnswerStopped();
+  // Executes `batch` (its slot taken) here (kCaller) or on a runtime worker (kQueue), answers
   // every request of it and frees the slot.
-  void Execute(std::shared_ptr<Batch> batch, Clock::time_point now);
+  void Execute(std::shared_ptr<Batch> batch, Clock::time_point now, RunOn run_on);
 
   Runtime& runtime_;
   const Options options_;

@@ -464,6 +464,64 @@ TEST(DynamicBatchingTest, RunOnSaysWhichThreadParsesAndRuns) {
   EXPECT_EQ(context.metrics.ForModel("relu_alone").batching.executions.load(), 2u);
 }
 
+// The caller whose request completes a batch (RunOn::kCaller: gRPC's threads) executes it and
+// answers every request of it before its call returns, on its own thread: a batch's answers
+// take no hand-off to a worker and back. kQueue callers never do (REST's I/O threads).
+TEST(DynamicBatchingTest, TheCallerThatCompletesABatchRunsItAndAnswersItsRequests) {
+  // Only a preferred size sends a batch in time: the wait is a second (the most allowed).
+  const ReluBatchingServer served(R"({"backends": ["CpuRef"], "max_batch_size": 8,
+      "dynamic_batching": {"max_queue_delay_us": 1000000, "preferred_batch_sizes": [4]}})");
+  const auto& context = served.context();
+  std::mt19937_64 random(4);
+  for (const auto run_on : {server::RunOn::kCaller, server::RunOn::kQueue}) {
+    const bool on_caller = run_on == server::RunOn::kCaller;
+    SCOPED_TRACE(on_caller ? "kCaller" : "kQueue");
+    std::vector<Tensor> inputs;
+    std::vector<std::future<Result<std::vector<Tensor>>>> answers;
+    std::vector<std::future<std::thread::id>> answered_on;
+    for (int i = 0; i < 4; ++i) {
+      inputs.push_back(RandomRows(random, 1, 3));
+      auto on = std::make_shared<std::promise<std::thread::id>>();
+      answered_on.push_back(on->get_future());
+      auto answer = std::make_shared<std::promise<Result<std::vector<Tensor>>>>();
+      answers.push_back(answer->get_future());
+      context.inference.Infer(
+          server::InferenceCall{.model = "relu",
+                                .parse = ParserOf({inputs.back()}),
+                                .run_on = run_on,
+                                .done = [on, answer](Result<server::InferenceOutcome> outcome) {
+                                  on->set_value(std::this_thread::get_id());
+                                  if (!outcome.ok())
+                                    answer->set_value(outcome.error());
+                                  else
+                                    answer->set_value(std::move(outcome->outputs));
+                                }});
+      if (i < 3) {
+        EXPECT_EQ(answers.back().wait_for(0s), std::future_status::timeout)
+            << "request " << i << " left before its batch was complete";
+      }
+    }
+    for (int i = 0; i < 4; ++i) {
+      if (on_caller) {
+        ASSERT_EQ(answers[i].wait_for(0s), std::future_status::ready)
+            << "request " << i << " was not answered before the completing call returned";
+        EXPECT_EQ(answered_on[i].get(), std::this_thread::get_id()) << "request " << i;
+      } else {
+        EXPECT_NE(answered_on[i].get(), std::this_thread::get_id()) << "request " << i;
+      }
+      auto answer = answers[i].get();
+      ASSERT_TRUE(answer.ok()) << answer.error().ToString();
+      auto alone = InferNow(context.inference, "relu_alone", ParserOf({inputs[i]}));
+      ASSERT_TRUE(alone.ok()) << alone.error().ToString();
+      EXPECT_EQ(Floats(answer->front()), Floats(alone->outputs.front())) << "request " << i;
+    }
+  }
+  // One execution of four rows each time.
+  const auto& batching = context.metrics.ForModel("relu").batching;
+  EXPECT_EQ(batching.executions.load(), 2u);
+  EXPECT_EQ(batching.batch_size.Read().sum, 8);
+}
+
 // A request whose deadline has passed is answered DEADLINE_EXCEEDED without being parsed or run,
 // batched or not, wherever it runs (gRPC's unbatched calls ran past theirs before RunOn::kCaller
 // honoured it); it is not counted as an execution.
