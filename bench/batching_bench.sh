@@ -17,6 +17,7 @@
 #   BUILD=0 bench/batching_bench.sh               # use build/release as it is
 #   ONLY=tiny bench/batching_bench.sh             # only the path's cost (tiny), 3 rounds
 #   ONLY=tiny AGAINST=/tmp/old/backplane bench/batching_bench.sh  # ... alternating with another build
+#   ONLY=tiny PAIR="wide wide_batched" RUNS="grpc:16" bench/batching_bench.sh  # ... other models, runs
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -114,7 +115,7 @@ if [[ ${ONLY:-} == tiny ]]; then
       ${AGAINST:+"$server_grpc $server_http ${servers[-1]} against"}; do
       read -r g h pid name <<<"$server"
       [[ -z ${AGAINST:-} ]] || echo "# $name build"
-      "$client" --http "$h" --grpc "$g" --server-pid "$pid" --models "tiny tiny_batched" \
+      "$client" --http "$h" --grpc "$g" --server-pid "$pid" --models "${PAIR:-tiny tiny_batched}" \
         --seconds "${DURATION:-5}" --runs "${RUNS:-rest:64 grpc:16 grpc-async:16}" | tail -n +2
     done
   done
