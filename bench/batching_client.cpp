@@ -26,7 +26,6 @@
 #include <condition_variable>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <functional>
 #include <iostream>
 #include <latch>
@@ -39,8 +38,7 @@
 #include <thread>
 #include <vector>
 
-#include <unistd.h>
-
+#include "bench_util.hpp"
 #include "grpc_service.grpc.pb.h"
 
 namespace {
@@ -108,27 +106,6 @@ struct Tally {
     return result;
   }
 };
-
-// CPU seconds (user and system) process `pid` ("self", or a number) has used so far; 0 when it
-// cannot be read. /proc/PID/stat's utime and stime, fields 14 and 15, after the name in
-// parentheses (which may hold spaces).
-double ProcessCpuSeconds(const std::string& pid) {
-  std::ifstream file("/proc/" + pid + "/stat");
-  std::string text((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
-  const auto name_end = text.rfind(')');
-  if (name_end == std::string::npos)
-    return 0;
-  std::istringstream fields(text.substr(name_end + 2));
-  std::string field;
-  double utime = 0, stime = 0;
-  for (int i = 3; i <= 15 && fields >> field; ++i) {
-    if (i == 14)
-      utime = std::stod(field);
-    if (i == 15)
-      stime = std::stod(field);
-  }
-  return (utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
-}
 
 // Runs `clients` threads for `seconds`, each with the call `make_caller(c)` returns (a call gives
 // its outputs, empty on failure), into `tally`.
@@ -394,8 +371,9 @@ int main(int argc, char** argv) {
                 });
           };
         };
-        const double server_before = server_pid.empty() ? 0 : ProcessCpuSeconds(server_pid);
-        const double client_before = ProcessCpuSeconds("self");
+        const double server_before =
+            server_pid.empty() ? 0 : backplane::bench::ProcessCpuSeconds(server_pid);
+        const double client_before = backplane::bench::ProcessCpuSeconds("self");
         if (transport == "grpc-async")
           RunAsyncClients(clients, seconds / slices, grpc_async_caller, references, tallies[m]);
         else if (transport == "grpc")
@@ -403,8 +381,10 @@ int main(int argc, char** argv) {
         else
           RunClients(clients, seconds / slices, think, rest_caller, references, tallies[m]);
         if (!server_pid.empty())
-          tallies[m].server_cpu_seconds += ProcessCpuSeconds(server_pid) - server_before;
-        tallies[m].client_cpu_seconds += ProcessCpuSeconds("self") - client_before;
+          tallies[m].server_cpu_seconds +=
+              backplane::bench::ProcessCpuSeconds(server_pid) - server_before;
+        tallies[m].client_cpu_seconds +=
+            backplane::bench::ProcessCpuSeconds("self") - client_before;
       }
     }
     double largest_difference = 0;
