@@ -1,6 +1,7 @@
 // The grouping of one dynamic batcher, without threads or clocks: which waiting requests leave
-// together, and when. The batcher's dispatcher thread owns one BatchQueue, feeds it parsed
-// requests and the time, and executes what it hands back (dynamic_batcher.hpp). Tested with
+// together, and when. The batcher holds one BatchQueue under its mutex; whoever adds a parsed
+// request passes the time and executes what it hands back, and the dispatcher thread sends what
+// becomes due with time (dynamic_batcher.hpp). Tested with
 // made-up times like RequestsToDispatch, its core rule.
 #pragma once
 
@@ -39,8 +40,8 @@ std::size_t RequestsToDispatch(std::span<const int64_t> rows, int64_t max_batch_
 // nothing, plus the cost of waking an idle machine (bench/batching_bench.sh). So after kVainWaits
 // waits in a row that gathered nobody, a lone request leaves at once; every kProbeEvery-th still
 // waits, to see whether company has come; and any batch of two or more requests (a wait that paid,
-// or requests that met while every slot was busy) restores waiting. Thread-compatible: the
-// dispatcher's.
+// or requests that met while every slot was busy) restores waiting. Thread-compatible: its
+// BatchQueue's.
 class CompanyOutlook {
  public:
   static constexpr int kVainWaits = 8;
@@ -77,7 +78,7 @@ struct BatchRequest {
   bool skips_wait = false;
 };
 
-// Thread-compatible: one thread (the dispatcher) uses it.
+// Thread-compatible: the batcher calls it under its mutex.
 class BatchQueue {
  public:
   using Clock = BatchRequest::Clock;
