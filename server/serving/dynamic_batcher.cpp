@@ -77,10 +77,17 @@ struct DynamicBatcher::Shared {
   uint64_t next_sequence BACKPLANE_GUARDED_BY(mutex) = 0;     // arrival order (preserve_ordering)
   std::condition_variable_any arrived;  // for the parsers: an arrival, or stopping
 
-  // The batches due at `now`, an execution slot taken for each while one of `slots` is free.
-  std::vector<std::shared_ptr<Batch>> TakeDueBatches(Clock::time_point now, int slots)
-      BACKPLANE_REQUIRES(mutex) {
+  // What is due at `now`: the requests whose deadline passed (never run: a batch taken here
+  // holds none), and the batches to send, an execution slot taken for each while one of
+  // `slots` is free.
+  struct Due {
+    std::vector<BatchRequest> expired;
     std::vector<std::shared_ptr<Batch>> batches;
+  };
+  Due TakeDue(Clock::time_point now, int slots) BACKPLANE_REQUIRES(mutex) {
+    Due due;
+    due.expired = queue.TakeExpired(now);
+    waiting -= due.expired.size();
     while (executing < slots && !stopping) {
       auto requests = queue.TakeBatch(now);
       if (requests.empty())
@@ -91,9 +98,9 @@ struct DynamicBatcher::Shared {
       for (const auto& request : requests)
         batch->rows += request.rows;
       batch->requests = std::move(requests);
-      batches.push_back(std::move(batch));
+      due.batches.push_back(std::move(batch));
     }
-    return batches;
+    return due;
   }
 
   void FinishBatch() BACKPLANE_EXCLUDES(mutex) {
@@ -309,29 +316,32 @@ void DynamicBatcher::ParseArrival(Arrival arrival, RunOn run_on) {
 }
 
 void DynamicBatcher::Add(BatchRequest request, RunOn run_on) {
-  // Whoever adds a request takes the batches it makes due, so that a full batch leaves without
+  // Whoever adds a request takes what the addition makes due, so that a full batch leaves without
   // waking the dispatcher; the dispatcher hears of an addition only when it makes something due
   // sooner than it would wake (a new group's wait, a deadline).
-  std::vector<std::shared_ptr<Batch>> batches;
+  Shared::Due due;
   const auto now = Clock::now();
   bool wake = false;
   {
     MutexLock lock(shared_->mutex);
     shared_->waiting -= shared_->queue.Add(std::move(request));
-    batches = shared_->TakeDueBatches(now, max_executing_);
-    const auto due = shared_->queue.NextDue(shared_->executing < max_executing_);
-    if (due && !shared_->stopping &&
-        (!shared_->dispatcher_wakes_at || *due < *shared_->dispatcher_wakes_at)) {
-      shared_->dispatcher_wakes_at = due;
+    due = shared_->TakeDue(now, max_executing_);
+    const auto next = shared_->queue.NextDue(shared_->executing < max_executing_);
+    if (next && !shared_->stopping &&
+        (!shared_->dispatcher_wakes_at || *next < *shared_->dispatcher_wakes_at)) {
+      shared_->dispatcher_wakes_at = next;
       shared_->due_sooner = true;
       wake = true;
     }
   }
   if (wake)
     shared_->changed.notify_all();
-  // On the caller's thread (RunOn::kCaller), the first batch runs here: its requests are
+  for (auto& expired : due.expired)
+    expired.done(DeadlinePassed());
+  // On the caller's thread (RunOn::kCaller), the last batch runs here: its requests are
   // answered without a hand-off to a worker and back. Trap: the answers may release the model
   // version that owns this batcher, so nothing of `this` is touched once they are given.
+  auto& batches = due.batches;
   for (std::size_t i = 0; i < batches.size(); ++i) {
     const bool here = i + 1 == batches.size() && run_on == RunOn::kCaller;
     Execute(std::move(batches[i]), now, here ? RunOn::kCaller : RunOn::kQueue);
@@ -342,8 +352,7 @@ void DynamicBatcher::Dispatch() {
   uint64_t finished_seen = 0;
   while (true) {
     // Wait for news (a batch's end, something due sooner, stopping) or for what is due.
-    std::vector<BatchRequest> expired;
-    std::vector<std::shared_ptr<Batch>> batches;
+    Shared::Due due;
     Clock::time_point now;
     {
       MutexLock lock(shared_->mutex);
@@ -364,13 +373,11 @@ void DynamicBatcher::Dispatch() {
       finished_seen = shared_->finished;
       // Act: answer what expired, send what is due while slots are free.
       now = Clock::now();
-      expired = shared_->queue.TakeExpired(now);
-      shared_->waiting -= expired.size();
-      batches = shared_->TakeDueBatches(now, max_executing_);
+      due = shared_->TakeDue(now, max_executing_);
     }
-    for (auto& request : expired)
+    for (auto& request : due.expired)
       request.done(DeadlinePassed());
-    for (auto& batch : batches)
+    for (auto& batch : due.batches)
       Execute(std::move(batch), now, RunOn::kQueue);
   }
   AnswerStopped();
