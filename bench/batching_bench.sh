@@ -33,7 +33,8 @@ fi
 
 work=$(mktemp -d /tmp/backplane-batching-bench-XXXXXX)
 log=$work/serve.log
-trap 'for pid in "${servers[@]}"; do kill -TERM $pid 2>/dev/null; wait $pid 2>/dev/null; done; rm -rf "$work"' EXIT
+source bench/serve_util.sh
+trap 'bench_stop_servers; rm -rf "$work"' EXIT
 
 # The models, from the script: Gemm+Relu, Gemm+Relu, Gemm, batch dimension symbolic (`wide`);
 # and one Gemm 784x10 (`tiny`: the same request and answer, nearly no execution, so what it
@@ -62,22 +63,13 @@ echo '{"max_batch_size": 16, "dynamic_batching": {"max_queue_delay_us": 1000}}' 
 
 # 64 clients need 64 requests handled at once (http_threads defaults to 32), batching or not.
 echo '{"http_threads": 128}' >"$work/config.json"
-# start_server BINARY LOG: starts a server on the models above; sets server_http, server_grpc.
-servers=()
+# start_server BINARY LOG: a server on the models above (bench/serve_util.sh).
 start_server() {
-  "$1" serve --config "$work/config.json" --models "$work/models" \
-    --listen 127.0.0.1:0 --grpc-listen 127.0.0.1:0 2>"$2" &
-  servers+=($!)
-  for _ in $(seq 1 600); do
-    grep -qs "listening on grpc://" "$2" && break
-    kill -0 "${servers[-1]}" 2>/dev/null || { cat "$2" >&2; exit 1; }
-    sleep 0.1
-  done
-  server_http=$(grep -o "listening on http://[0-9.:]*" "$2" | sed 's|listening on http://||')
-  server_grpc=$(grep -o "listening on grpc://[0-9.:]*" "$2" | sed 's|listening on grpc://||')
+  bench_serve "$2" "$1" --config "$work/config.json" --models "$work/models" \
+    --listen 127.0.0.1:0 --grpc-listen 127.0.0.1:0
 }
 start_server build/release/bin/backplane "$log"
-http=$server_http grpc=$server_grpc
+http=$served_http grpc=$served_grpc
 client=build/release/bin/backplane_bench_batching
 echo "# bench/batching_bench.sh, $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
 grep -o "backends: .*" "$log" | head -1
@@ -111,8 +103,8 @@ if [[ ${ONLY:-} == tiny ]]; then
   # AGAINST=BINARY: the same runs against a second server, another build, in alternation.
   [[ -z ${AGAINST:-} ]] || start_server "$AGAINST" "$work/against.log"
   for _ in 1 2 3; do
-    for server in "$grpc $http ${servers[0]} this" \
-      ${AGAINST:+"$server_grpc $server_http ${servers[-1]} against"}; do
+    for server in "$grpc $http ${bench_servers[0]} this" \
+      ${AGAINST:+"$served_grpc $served_http ${bench_servers[-1]} against"}; do
       read -r g h pid name <<<"$server"
       [[ -z ${AGAINST:-} ]] || echo "# $name build"
       "$client" --http "$h" --grpc "$g" --server-pid "$pid" --models "${PAIR:-tiny tiny_batched}" \

@@ -46,17 +46,11 @@ row = [round(random.uniform(-1, 1), 6) for _ in range(784)]
 json.dump({"inputs": [{"name": "x", "shape": [1, 784], "datatype": "FP32", "data": row}]},
           open(sys.argv[2], "w"))
 PY
-build/release/bin/backplane serve --models "$work/models" --listen 127.0.0.1:0 \
-  --grpc-listen 127.0.0.1:0 2>"$log" &
-server_pid=$!
-trap 'kill -TERM $server_pid 2>/dev/null; wait $server_pid 2>/dev/null; rm -rf "$work"' EXIT
-for _ in $(seq 1 300); do
-  grep -q "listening on grpc://" "$log" && break
-  kill -0 "$server_pid" 2>/dev/null || { cat "$log" >&2; exit 1; }
-  sleep 0.1
-done
-http_url=$(grep -o "listening on http://[0-9.:]*" "$log" | sed 's/listening on //')
-grpc_target=$(grep -o "listening on grpc://[0-9.:]*" "$log" | sed 's|listening on grpc://||')
+source bench/serve_util.sh
+trap 'bench_stop_servers; rm -rf "$work"' EXIT
+bench_serve "$log" build/release/bin/backplane --models "$work/models" --listen 127.0.0.1:0 \
+  --grpc-listen 127.0.0.1:0
+server_pid=$served_pid http_url=http://$served_http grpc_target=$served_grpc
 echo "# bench/grpc_bench.sh, $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
 grep -o "backends: .*" "$log" | head -1
 build/release/bin/backplane_bench_transport --http "${http_url#http://}" --grpc "$grpc_target" \

@@ -28,6 +28,7 @@ rounds=${ROUNDS:-3}
 duration=${DURATION:-5}
 work=$(mktemp -d /tmp/backplane-model-options-XXXXXX)
 server_pid=
+source bench/serve_util.sh  # bench_serve
 stop_server() {
   [[ -z $server_pid ]] || { kill -TERM "$server_pid" 2>/dev/null; wait "$server_pid" 2>/dev/null || true; }
   server_pid=
@@ -53,16 +54,9 @@ echo '{"http_threads": 128}' >"$work/config.json"
 
 http=
 start_server() {  # repository
-  local log=$work/$1.log
-  build/release/bin/backplane serve --config "$work/config.json" --models "$work/$1" \
-    --listen 127.0.0.1:0 --grpc-listen off 2>"$log" &
-  server_pid=$!
-  for _ in $(seq 1 600); do
-    grep -qs "listening on http://" "$log" && break
-    kill -0 "$server_pid" 2>/dev/null || { cat "$log" >&2; exit 1; }
-    sleep 0.1
-  done
-  http=$(grep -o "listening on http://[0-9.:]*" "$log" | sed 's|listening on http://||')
+  bench_serve "$work/$1.log" build/release/bin/backplane --config "$work/config.json" \
+    --models "$work/$1" --listen 127.0.0.1:0 --grpc-listen off
+  server_pid=$served_pid http=$served_http
   if [[ $1 == wide_alone ]]; then
     curl -sf -X PUT "http://$http/v2/backends/CpuAcc/options" -d '{"intra_op_threads": 2}' >/dev/null
   fi

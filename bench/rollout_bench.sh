@@ -26,8 +26,8 @@ fi
 
 work=$(mktemp -d /tmp/backplane-rollout-bench-XXXXXX)
 log=$work/serve.log
-server_pid=
-trap '[[ -z $server_pid ]] || { kill -TERM $server_pid 2>/dev/null; wait $server_pid 2>/dev/null; }; rm -rf "$work"' EXIT
+source bench/serve_util.sh
+trap 'bench_stop_servers; rm -rf "$work"' EXIT
 
 mkdir -p "$work/models/mlp/1" "$work/backends"
 /usr/bin/python3 bench/make_mlp.py "$work/models/mlp/1/model.onnx" 784 512 512 10
@@ -36,18 +36,12 @@ install -m 755 build/release/backends/Backplane_CpuAcc_backend.so "$work/backend
 cat >"$work/config.json" <<'JSON'
 {"http_threads": 64, "watch_backends": false, "deploy_policy": "progressive",
  "rollout": {"shadow_fraction": 0.1, "min_samples": 100000000, "steps": [10, 50, 100],
-             "max_error_excess": 1, "max_latency_regression": 1000000000, "max_abs_divergence": 1e-3}}
+             "max_error_excess": 1, "max_latency_regression": 1000000, "max_abs_divergence": 1e-3}}
 JSON
-build/release/bin/backplane serve --config "$work/config.json" --models "$work/models" \
-  --backends "$work/backends" --listen 127.0.0.1:0 --grpc-listen 127.0.0.1:0 2>"$log" &
-server_pid=$!
-for _ in $(seq 1 600); do
-  grep -qs "listening on grpc://" "$log" && break
-  kill -0 "$server_pid" 2>/dev/null || { cat "$log" >&2; exit 1; }
-  sleep 0.1
-done
-http=$(grep -o "listening on http://[0-9.:]*" "$log" | sed 's|listening on http://||')
-grpc=$(grep -o "listening on grpc://[0-9.:]*" "$log" | sed 's|listening on grpc://||')
+bench_serve "$log" build/release/bin/backplane --config "$work/config.json" \
+  --models "$work/models" --backends "$work/backends" --listen 127.0.0.1:0 \
+  --grpc-listen 127.0.0.1:0
+server_pid=$served_pid http=$served_http grpc=$served_grpc
 admin=http://$http/v2/backends/CpuAcc
 rollout() { curl -sf -X POST "$admin/rollout/$1" >/dev/null; }
 phase() {

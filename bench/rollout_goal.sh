@@ -39,6 +39,7 @@ declare -A work_ns=([fast]=3000 [ms]=3000000)
 
 work=$(mktemp -d /tmp/backplane-rollout-goal-XXXXXX)
 server_pid= load_pid=
+source bench/serve_util.sh  # bench_serve
 stop() {
   [[ -z $load_pid ]] || { kill -TERM "$load_pid" 2>/dev/null; wait "$load_pid" 2>/dev/null || true; }
   [[ -z $server_pid ]] || { kill -TERM "$server_pid" 2>/dev/null; wait "$server_pid" 2>/dev/null || true; }
@@ -84,15 +85,9 @@ for model in $models; do
   for clients in $client_counts; do
     rm -rf "$work/backends" && mkdir -p "$work/backends"
     cp "$(readlink -f "$fixtures/Test_Work_backend.so")" "$work/backends/Test_Work_backend.so"
-    build/release/bin/backplane serve --config "$work/serve.json" --models "$work/models" \
-      --backends "$work/backends" --listen 127.0.0.1:0 2>"$work/serve.log" &
-    server_pid=$!
-    for _ in $(seq 1 600); do
-      grep -qs "listening on http://" "$work/serve.log" && break
-      kill -0 "$server_pid" 2>/dev/null || { cat "$work/serve.log" >&2; exit 1; }
-      sleep 0.1
-    done
-    http=$(grep -o "listening on http://[0-9.:]*" "$work/serve.log" | sed 's|listening on http://||')
+    bench_serve "$work/serve.log" build/release/bin/backplane --config "$work/serve.json" \
+      --models "$work/models" --backends "$work/backends" --listen 127.0.0.1:0
+    server_pid=$served_pid http=$served_http
     admin=http://$http/v2/backends/TestWork
     curl -sf -X PUT "$admin/options" -d "{\"work_ns\": ${work_ns[$model]}}" >/dev/null
     limit_s=$(curl -sf "$admin/rollout" | policy_limit_s)
