@@ -7,7 +7,7 @@
 #   bench/grpc_bench.sh                          # 5 s per run, 1 and 4 clients
 #   DURATION=10 CLIENTS="1 2 8" bench/grpc_bench.sh
 #   BUILD=0 bench/grpc_bench.sh                  # use build/release as it is
-# Then the same native clients on `relu`, one Relu over 784 floats (a model that costs nothing to
+# Then the same native clients on `relu`, one Relu over 16 floats (a model that costs nothing to
 # run: what remains is the transport's cost), with each transport's cheapest call beside it, and
 # the CPU time per request of the server and of the machine (server and client, /proc/PID/stat).
 set -euo pipefail
@@ -37,13 +37,13 @@ backplane_install_packages python3-onnx
 import json, random, sys
 import onnx
 from onnx import TensorProto, helper
-x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 784])
-y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 784])
+x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 16])
+y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 16])
 graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "relu", [x], [y])
 onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), sys.argv[1])
 random.seed(20261207)
-row = [round(random.uniform(-1, 1), 6) for _ in range(784)]
-json.dump({"inputs": [{"name": "x", "shape": [1, 784], "datatype": "FP32", "data": row}]},
+row = [round(random.uniform(-1, 1), 6) for _ in range(16)]
+json.dump({"inputs": [{"name": "x", "shape": [1, 16], "datatype": "FP32", "data": row}]},
           open(sys.argv[2], "w"))
 PY
 source bench/serve_util.sh
@@ -57,7 +57,7 @@ build/release/bin/backplane_bench_transport --http "${http_url#http://}" --grpc 
   --request "$root/models/mnist/example_request.json" --seconds "${DURATION:-5}" \
   --clients "${CLIENTS:-1 4}" --server-pid "$server_pid"
 echo
-echo "relu (one Relu over 784 floats: the transport's cost), and each transport's cheapest call:"
+echo "relu (one Relu over 16 floats: the transport's cost), and each transport's cheapest call:"
 build/release/bin/backplane_bench_transport --http "${http_url#http://}" --grpc "$grpc_target" \
   --request "$work/relu_request.json" --model relu --seconds "${DURATION:-5}" \
   --clients "${CLIENTS:-1 4}" --server-pid "$server_pid" --bare | tail -n +2
