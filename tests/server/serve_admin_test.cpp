@@ -112,9 +112,10 @@ TEST(ServeAdminTest, OptionsAreTypedAndUpdatedAllOrNothing) {
   auto unknown =
       Put(*client, "/v2/backends/CpuRef/options", R"({"deterministic": true, "threads": 4})");
   EXPECT_EQ(unknown.status, 400);
-  EXPECT_THAT(unknown.body["error"].get<std::string>(),
-              HasSubstr("backend CpuRef has no option 'threads' (known: deterministic); "
-                        "nothing applied"));
+  EXPECT_THAT(
+      unknown.body["error"].get<std::string>(),
+      HasSubstr("backend CpuRef has no option 'threads' (known: deterministic, check_finite); "
+                "nothing applied"));
   auto wrong_type = Put(*client, "/v2/backends/CpuRef/options", R"({"deterministic": 1})");
   EXPECT_EQ(wrong_type.status, 400);
   EXPECT_THAT(wrong_type.body["error"].get<std::string>(),
