@@ -104,6 +104,8 @@ TEST(ServeAdminTest, OptionsAreTypedAndUpdatedAllOrNothing) {
   EXPECT_EQ(deterministic["default"], true);
   EXPECT_EQ(deterministic["value"], true);
   EXPECT_FALSE(deterministic["help"].get<std::string>().empty());
+  EXPECT_EQ(deterministic["per_call"], false);
+  EXPECT_EQ(options.body["options"]["check_finite"]["per_call"], true) << "SDK 1.4";
 
   auto changed = Put(*client, "/v2/backends/CpuRef/options", R"({"deterministic": false})");
   ASSERT_EQ(changed.status, 200) << changed.text;
