@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "backplane/isolation/worker_runner.hpp"
 #include "backplane/onnx/network.hpp"
 #include "backplane/runtime/runtime.hpp"
 #include "runtime/swap_test_util.hpp"
@@ -203,6 +204,34 @@ TEST_F(CallOptionsTest, CallOptionsReachTheNetworkAfterAHotSwap) {
   ASSERT_TRUE(outcome.ok()) << outcome.error().ToString();
   EXPECT_EQ(Offset(*runtime, network.value(), CallOffset(1)), 2.0f + 2 * testing::kNextOffset);
   EXPECT_EQ(Offset(*runtime, network.value()), 20.0f + 2 * testing::kNextOffset);
+}
+
+// A backend run in a worker process: the call's merged values cross with the request
+// (kExecuteWithOptions) and the refusals are the host's, before anything crosses.
+TEST_F(CallOptionsTest, CallOptionsReachABackendInAWorkerProcess) {
+  loader::LoaderOptions loader_options;
+  loader_options.out_of_process = isolation::MakeWorkerRunner({.by_default = true});
+  auto loader = loader::Loader::Create(std::move(loader_options));
+  ASSERT_TRUE(loader.ok()) << loader.error().ToString();
+  auto registry = BackendRegistry::Create({.backend_paths = std::vector{dir_.path()},
+                                           .loader = std::move(loader).value(),
+                                           .settle_time = std::chrono::milliseconds(0)});
+  ASSERT_TRUE(registry.ok()) << registry.error().ToString();
+  registry_ = std::move(registry).value();
+  ASSERT_NE(registry_->Find("TestValid")->generation->out_of_process(), nullptr);
+  auto runtime = MakeRuntime();
+  auto network =
+      runtime->LoadNetwork(testing::TwoLayerIdentityNetwork(),
+                           {.backend_options = {{"TestValid", {{"call_offset", 10.0}}}}});
+  ASSERT_TRUE(network.ok()) << network.error().ToString();
+  EXPECT_EQ(Offset(*runtime, network.value()), 20.0f);
+  EXPECT_EQ(Offset(*runtime, network.value(), CallOffset(3)), 6.0f);
+  EXPECT_EQ(Offset(*runtime, network.value()), 20.0f);
+  auto refused = RunWith(*runtime, network.value(), {{"TestValid", {{"limit", int64_t{1}}}}});
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.error().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused.error().message(),
+              HasSubstr("backend TestValid option 'limit' is not taken per call"));
 }
 
 }  // namespace
