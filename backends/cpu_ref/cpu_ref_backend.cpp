@@ -28,6 +28,7 @@
 //    Flatten and Identity copy bytes.
 //  - Workloads are thread-safe: immutable after creation, per-request state on the stack. Errors
 //    are returned as Status; an exception inside a kernel becomes kInternal (WorkloadBase).
+#include <cmath>
 #include <string>
 
 #include "kernel_support.hpp"
@@ -56,6 +57,60 @@ Status NotImplemented(const OperatorDesc& op) {
   return Unimplemented("CpuRef does not implement op " + op.op_type + " (node '" + op.name + "')");
 }
 
+constexpr std::string_view kCheckFinite = "check_finite";
+
+// Option check_finite (SDK 1.4, may be given per call): after the kernel, every FP32 output
+// element is looked at, and a NaN or an infinity fails the request naming the node and the
+// output, so that whoever asks on a request learns which layer first made it non-finite (a
+// reference backend is where one goes to find out). Off by default: it reads every output once
+// more. The prepared value (the network's, else the instance's) is what a call without values of
+// its own runs with; a call's value comes with ExecuteWithOptions, never from the instance, since
+// concurrent calls may differ.
+//
+// Thread-safe like the kernel it wraps.
+class FiniteCheckedWorkload final : public IWorkload {
+ public:
+  FiniteCheckedWorkload(std::unique_ptr<IWorkload> kernel, std::string node, bool check)
+      : kernel_(std::move(kernel)), node_(std::move(node)), check_(check) {}
+
+  Status Execute(std::span<const ConstTensorView> inputs,
+                 std::span<const TensorView> outputs) override {
+    return Run(inputs, outputs, check_);
+  }
+  Status ExecuteWithOptions(std::span<const ConstTensorView> inputs,
+                            std::span<const TensorView> outputs,
+                            const BackendOptions& options) override {
+    const auto it = options.find(kCheckFinite);
+    const bool* check = it != options.end() ? std::get_if<bool>(&it->second) : nullptr;
+    return Run(inputs, outputs, check != nullptr ? *check : check_);
+  }
+
+ private:
+  Status Run(std::span<const ConstTensorView> inputs, std::span<const TensorView> outputs,
+             bool check) {
+    BACKPLANE_RETURN_IF_ERROR(kernel_->Execute(inputs, outputs));
+    if (!check)
+      return Status::Ok();
+    for (std::size_t o = 0; o < outputs.size(); ++o) {
+      if (outputs[o].info.type != DataType::kFloat32 || outputs[o].data == nullptr)
+        continue;
+      const auto values = outputs[o].Elements<float>();
+      for (std::size_t i = 0; i < values.size(); ++i) {
+        if (!std::isfinite(values[i])) {
+          return InvalidArgument("CpuRef check_finite: node '" + node_ + "' output " +
+                                 std::to_string(o) + " element " + std::to_string(i) + " is " +
+                                 std::to_string(values[i]));
+        }
+      }
+    }
+    return Status::Ok();
+  }
+
+  const std::unique_ptr<IWorkload> kernel_;
+  const std::string node_;
+  const bool check_;  // as prepared
+};
+
 // Thread-safe: no mutable state besides the option set, which locks.
 class CpuRefBackend final : public IBackend {
  public:
@@ -67,10 +122,18 @@ class CpuRefBackend final : public IBackend {
   }
 
   Result<std::unique_ptr<IWorkload>> CreateWorkload(const OperatorDesc& op) override {
-    const KernelEntry* kernel = FindKernel(op.op_type);
-    if (kernel == nullptr)
-      return NotImplemented(op);
-    return kernel->create(op);
+    return Prepare(op, options_.GetAs<bool>(kCheckFinite));
+  }
+  // SDK 1.3: check_finite as this network runs with it.
+  Result<std::unique_ptr<IWorkload>> CreateWorkloadWithOptions(
+      const OperatorDesc& op, const BackendOptions& options) override {
+    const auto it = options.find(kCheckFinite);
+    const bool* check = it != options.end() ? std::get_if<bool>(&it->second) : nullptr;
+    return Prepare(op, check != nullptr ? *check : options_.GetAs<bool>(kCheckFinite));
+  }
+  // SDK 1.4.
+  std::vector<std::string> DescribeCallOptions() const override {
+    return {std::string(kCheckFinite)};
   }
 
   std::vector<OptionDescriptor> DescribeOptions() const override { return options_.descriptors(); }
@@ -78,10 +141,24 @@ class CpuRefBackend final : public IBackend {
   Result<OptionValue> GetOption(std::string_view key) const override { return options_.Get(key); }
 
  private:
+  Result<std::unique_ptr<IWorkload>> Prepare(const OperatorDesc& op, bool check_finite) {
+    const KernelEntry* kernel = FindKernel(op.op_type);
+    if (kernel == nullptr)
+      return NotImplemented(op);
+    auto created = kernel->create(op);
+    if (!created.ok())
+      return std::move(created).error();
+    return std::unique_ptr<IWorkload>(
+        new FiniteCheckedWorkload(std::move(created).value(), op.name, check_finite));
+  }
+
   OptionSet options_{std::string(kId),
                      {{"deterministic", OptionType::kBool, true,
                        "run kernels single-threaded in a fixed order (CpuRef always does; kept "
-                       "for option compatibility with optimised backends)"}}};
+                       "for option compatibility with optimised backends)"},
+                      {std::string(kCheckFinite), OptionType::kBool, false,
+                       "fail the request naming the first node whose FP32 output holds a NaN or "
+                       "an infinity (reads every output once more); may be given per call"}}};
 };
 
 }  // namespace

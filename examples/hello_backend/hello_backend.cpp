@@ -50,7 +50,7 @@ void ReluChunk(void* context, std::size_t begin, std::size_t end) {
 // members. check_finite is either the network's value, fixed when the workload is prepared (SDK
 // 1.3: the host re-prepares loaded networks when an option changes), or, on a host older than
 // 1.3, read from the instance at each call, so that an update applies to workloads created
-// earlier.
+// earlier; a call may also give its own value (SDK 1.4, ExecuteWithOptions).
 class ReluWorkload final : public IWorkload {
  public:
   // SDK 1.3: `check_finite` is the value of the network this workload belongs to. `host` is null
@@ -65,9 +65,25 @@ class ReluWorkload final : public IWorkload {
 
   Status Execute(std::span<const ConstTensorView> inputs,
                  std::span<const TensorView> outputs) override {
+    return Run(inputs, outputs,
+               options_ != nullptr ? options_->GetAs<bool>(kCheckFinite) : check_finite_);
+  }
+
+  // SDK 1.4: a call that gives check_finite (DescribeCallOptions names it). `options` holds every
+  // declared option at this call's value, checked by the host. Read from `options`, never stored:
+  // concurrent calls may give different values.
+  Status ExecuteWithOptions(std::span<const ConstTensorView> inputs,
+                            std::span<const TensorView> outputs,
+                            const BackendOptions& options) override {
+    return Run(inputs, outputs, std::get<bool>(options.at(std::string(kCheckFinite))));
+  }
+
+ private:
+  Status Run(std::span<const ConstTensorView> inputs, std::span<const TensorView> outputs,
+             bool check_finite) {
     const auto in = inputs[0].Elements<float>();
     const auto out = outputs[0].Elements<float>();
-    if (options_ != nullptr ? options_->GetAs<bool>(kCheckFinite) : check_finite_) {
+    if (check_finite) {
       for (std::size_t i = 0; i < in.size(); ++i) {
         if (!std::isfinite(in[i])) {
           return backplane::InvalidArgument("Relu node '" + node_ + "': input element " +
@@ -86,7 +102,6 @@ class ReluWorkload final : public IWorkload {
     return host_->ParallelFor(in.size(), kGrain, &ReluChunk, &job);
   }
 
- private:
   const std::string node_;
   const bool check_finite_ = false;
   const OptionSet* const options_ = nullptr;  // null: check_finite_ holds the value
@@ -134,6 +149,11 @@ class HelloBackend final : public backplane::IBackend {
 
   // SDK 1.2: the host's services for parallel work, given once right after creation.
   void SetHost(IHost* host) override { host_ = host; }
+
+  // SDK 1.4: check_finite may be given per call (a client debugging one request).
+  std::vector<std::string> DescribeCallOptions() const override {
+    return {std::string(kCheckFinite)};
+  }
 
   // OptionSet validates (unknown key, wrong type: nothing applied) and is thread-safe.
   std::vector<backplane::OptionDescriptor> DescribeOptions() const override {

@@ -1,6 +1,6 @@
 // A host program that exercises ExampleHello through the public Runtime API: finds it in a backend
-// directory, sets its option for the runtime and for one network (SDK 1.3), and runs its Relu on a
-// small tensor. Not part of the backend.
+// directory, sets its option for the runtime, for one network (SDK 1.3) and for one call (SDK
+// 1.4), and runs its Relu on a small tensor. Not part of the backend.
 //
 //   example_hello_host [backend-dir...]     (default: $BACKPLANE_BACKEND_PATHS, else the build's)
 #include <cmath>
@@ -47,8 +47,11 @@ int main(int argc, char** argv) {
   const backplane::OperatorDesc relu{
       .op_type = "Relu", .name = "relu0", .inputs = {info}, .outputs = {info}};
   // Prepares the Relu as a network with `network_options` (its own option values, SDK 1.3) and
-  // runs it; false when it cannot be prepared.
-  auto run = [&](const backplane::BackendOptions& network_options, std::vector<float> input) {
+  // runs it, with `call_options` over them for this call when given (SDK 1.4; a Runtime checks
+  // them and merges them over the network's: Execute's CallOptions); false when it cannot be
+  // prepared.
+  auto run = [&](const backplane::BackendOptions& network_options, std::vector<float> input,
+                 const backplane::BackendOptions& call_options = {}) {
     auto workload = hello->CreateWorkload(relu, network_options);
     if (!workload.ok()) {
       std::fprintf(stderr, "CreateWorkload: %s\n", workload.error().ToString().c_str());
@@ -58,7 +61,12 @@ int main(int argc, char** argv) {
     const backplane::ConstTensorView in{info, input.data()};
     const backplane::TensorView out{info, output.data()};
     Print("in: ", input);
-    const backplane::Status status = workload.value()->Execute({&in, 1}, {&out, 1});
+    backplane::BackendOptions merged = hello->EffectiveOptions(network_options);
+    for (const auto& [key, value] : call_options)
+      merged[key] = value;
+    const backplane::Status status = call_options.empty()
+                                         ? workload.value()->Execute({&in, 1}, {&out, 1})
+                                         : workload.value()->Execute({&in, 1}, {&out, 1}, merged);
     if (status.ok()) {
       Print("out:", output);
     } else {
@@ -85,6 +93,10 @@ int main(int argc, char** argv) {
   // A network may set its own value (SDK 1.3): this one does not check.
   std::printf("network check_finite=false:\n");
   if (!run({{"check_finite", false}}, {-2, -1, 0, 1, 2, NAN}))
+    return 1;
+  // One call may ask for the check on that network all the same (SDK 1.4).
+  std::printf("call check_finite=true:\n");
+  if (!run({{"check_finite", false}}, {-2, -1, 0, 1, 2, NAN}, {{"check_finite", true}}))
     return 1;
 
   const backplane::OperatorDesc sigmoid{

@@ -34,10 +34,26 @@ class IsolatedWorkload final : public IWorkload {
 
   Status Execute(std::span<const ConstTensorView> inputs,
                  std::span<const TensorView> outputs) override {
+    return Run(inputs, outputs, nullptr);
+  }
+
+  // SDK 1.4. Called by the host only on a library that reported 1.4 or later (loader::Workload
+  // gates on the version kHello gave), so the options always cross: the default would fall back
+  // to Execute here and the call's values would be lost.
+  Status ExecuteWithOptions(std::span<const ConstTensorView> inputs,
+                            std::span<const TensorView> outputs,
+                            const BackendOptions& options) override {
+    return Run(inputs, outputs, &options);
+  }
+
+ private:
+  // kExecute, or with `options` (not null) kExecuteWithOptions.
+  Status Run(std::span<const ConstTensorView> inputs, std::span<const TensorView> outputs,
+             const BackendOptions* options) {
     const auto start = std::chrono::steady_clock::now();
     std::chrono::nanoseconds in_backend{0};
     Status status = worker_->Invoke(
-        Code(Call::kExecute),
+        Code(options != nullptr ? Call::kExecuteWithOptions : Call::kExecute),
         [&](WireWriter& out) {
           out.Put(handle_);
           out.Put(static_cast<uint64_t>(inputs.size()));
@@ -49,6 +65,8 @@ class IsolatedWorkload final : public IWorkload {
           out.Put(static_cast<uint64_t>(outputs.size()));
           for (const auto& output : outputs)
             out.Put(output.info);
+          if (options != nullptr)
+            out.Put(*options);
         },
         [&](WireReader& in) {
           in_backend = std::chrono::nanoseconds(in.Get<uint64_t>());
@@ -63,13 +81,12 @@ class IsolatedWorkload final : public IWorkload {
           }
           return Status::Ok();
         },
-        "IWorkload::Execute");
+        options != nullptr ? "IWorkload::ExecuteWithOptions" : "IWorkload::Execute");
     ThreadCrossingTime() += std::max(std::chrono::nanoseconds(0),
                                      std::chrono::steady_clock::now() - start - in_backend);
     return status;
   }
 
- private:
   const std::shared_ptr<BackendWorker> worker_;
   const uint64_t handle_;
 };
@@ -195,6 +212,19 @@ class IsolatedBackend final : public IBackend {
           out.Put(changes);
         },
         {}, "UpdateOptions");
+  }
+
+  // SDK 1.4, asked only of a library that reported 1.4 or later (BackendInstance gates).
+  std::vector<std::string> DescribeCallOptions() const override {
+    std::vector<std::string> names;
+    (void)worker_->Invoke(
+        Code(Call::kDescribeCallOptions), [&](WireWriter& out) { out.Put(handle_); },
+        [&](WireReader& in) {
+          names = in.GetStrings();
+          return Status::Ok();
+        },
+        "DescribeCallOptions");
+    return names;
   }
 
   Result<OptionValue> GetOption(std::string_view key) const override {

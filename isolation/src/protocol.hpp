@@ -27,6 +27,11 @@ enum class Call : uint32_t {
   kCreateWorkloadWithOptions,   // handle, OperatorDesc, options -> workload handle
   kCompileSubgraphWithOptions,  // handle, SubgraphDesc, options -> workload handle, layer notes
   kCheckOptions,                // handle, options -> Status
+  // SDK 1.4, sent only for a library built against 1.4 or later, like the 1.3 calls.
+  kDescribeCallOptions,  // handle -> option names
+  // As kExecute, with the call's options (every declared option at this call's value) after the
+  // output infos, so that the tensors' alignment is kExecute's.
+  kExecuteWithOptions,
 };
 
 // Tensor data in a slot starts on a cache line.

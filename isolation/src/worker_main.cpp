@@ -148,8 +148,8 @@ class Worker {
   // Answers one request in place; returns the reply's size.
   std::size_t Handle(WireReader& in, std::span<std::byte> payload, std::size_t request_bytes) {
     const auto call = static_cast<Call>(in.Get<uint32_t>());
-    if (call == Call::kExecute)
-      return Execute(in, payload, request_bytes);
+    if (call == Call::kExecute || call == Call::kExecuteWithOptions)
+      return Execute(in, payload, request_bytes, call == Call::kExecuteWithOptions);
     // Everything is read before the reply overwrites the request.
     std::vector<std::byte> reply(payload.size() < 65536 ? payload.size() : 65536);
     WireWriter out(reply);
@@ -292,7 +292,22 @@ class Worker {
         return GuardBackendCall(id, "CheckOptions",
                                 [&] { return backend->backend->CheckOptions(options); });
       }
+      case Call::kDescribeCallOptions: {
+        auto backend = backends_.Find(in.Get<uint64_t>());
+        if (backend == nullptr)
+          return NotFound("no such backend instance");
+        BACKPLANE_RETURN_IF_ERROR(Requires({1, 4}, "DescribeCallOptions"));
+        auto names =
+            GuardBackendCall(id, "DescribeCallOptions", [&]() -> Result<std::vector<std::string>> {
+              return backend->backend->DescribeCallOptions();
+            });
+        if (!names.ok())
+          return std::move(names).error();
+        out.Put(*names);
+        return Status::Ok();
+      }
       case Call::kExecute:
+      case Call::kExecuteWithOptions:
         break;
     }
     return InvalidArgument("unknown call " + std::to_string(static_cast<uint32_t>(call)));
@@ -361,7 +376,9 @@ class Worker {
 
   // Inputs are read where the host wrote them; outputs are written after the request, and the
   // reply (status, then each output's offset) over the request's start once Execute returned.
-  std::size_t Execute(WireReader& in, std::span<std::byte> payload, std::size_t request_bytes) {
+  // kExecute, or kExecuteWithOptions (SDK 1.4) with the call's options after the output infos.
+  std::size_t Execute(WireReader& in, std::span<std::byte> payload, std::size_t request_bytes,
+                      bool with_options) {
     auto entry = workloads_.Find(in.Get<uint64_t>());
     std::vector<ConstTensorView> inputs(std::min<uint64_t>(in.Get<uint64_t>(), 4096));
     for (auto& input : inputs) {
@@ -387,13 +404,23 @@ class Worker {
       offsets.push_back(end);
       end += *bytes;
     }
+    BackendOptions options;
+    if (status.ok() && with_options) {
+      options = in.GetOptions();
+      status = Requires({1, 4}, "IWorkload::ExecuteWithOptions");
+    }
     if (status.ok() && (!in.ok() || entry == nullptr))
       status = !in.ok() ? in.Error("an Execute request") : NotFound("no such workload");
     std::chrono::nanoseconds in_backend{0};
     if (status.ok()) {
       const auto start = std::chrono::steady_clock::now();
-      status = GuardBackendCall(library_.id, "IWorkload::Execute",
-                                [&] { return entry->workload->Execute(inputs, outputs); });
+      status =
+          with_options
+              ? GuardBackendCall(
+                    library_.id, "IWorkload::ExecuteWithOptions",
+                    [&] { return entry->workload->ExecuteWithOptions(inputs, outputs, options); })
+              : GuardBackendCall(library_.id, "IWorkload::Execute",
+                                 [&] { return entry->workload->Execute(inputs, outputs); });
       in_backend = std::chrono::steady_clock::now() - start;
     }
     WireWriter out(payload.first(request_bytes));

@@ -26,6 +26,17 @@ Status Workload::Execute(std::span<const ConstTensorView> inputs,
   });
 }
 
+Status Workload::Execute(std::span<const ConstTensorView> inputs,
+                         std::span<const TensorView> outputs, const BackendOptions& options) {
+  if (!instance_->Implements({1, 4}))
+    return Execute(inputs, outputs);
+  return GuardBackendCall(instance_->id(), "IWorkload::ExecuteWithOptions", [&] {
+    return instance_->Confined("IWorkload::ExecuteWithOptions", [&] {
+      return workload_->ExecuteWithOptions(inputs, outputs, options);
+    });
+  });
+}
+
 BackendInstance::BackendInstance(std::string id, std::unique_ptr<IBackend> backend,
                                  GenerationLease lease)
     : id_(std::move(id)), lease_(std::move(lease)), backend_(std::move(backend)) {
@@ -139,6 +150,21 @@ std::vector<OptionDescriptor> BackendInstance::DescribeOptions() const {
   auto described =
       GuardBackendCall(id_, "DescribeOptions", [&]() -> Result<std::vector<OptionDescriptor>> {
         return Confined("IBackend::DescribeOptions", [&] { return backend_->DescribeOptions(); });
+      });
+  if (!described.ok()) {
+    Log().error("{}", described.error().message());
+    return {};
+  }
+  return std::move(described).value();
+}
+
+std::vector<std::string> BackendInstance::DescribeCallOptions() const {
+  if (!Implements({1, 4}))
+    return {};
+  auto described =
+      GuardBackendCall(id_, "DescribeCallOptions", [&]() -> Result<std::vector<std::string>> {
+        return Confined("IBackend::DescribeCallOptions",
+                        [&] { return backend_->DescribeCallOptions(); });
       });
   if (!described.ok()) {
     Log().error("{}", described.error().message());

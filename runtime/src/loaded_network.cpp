@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "backplane/core/backend_call_record.hpp"
+#include "backplane/sdk/thread_limits.hpp"
 #include "runtime_log.hpp"
 
 namespace backplane {
@@ -223,8 +224,43 @@ const BackendOptions& LoadedNetwork::EffectiveOptionsOn(const loader::BackendIns
     it = effective_options_
              .emplace(backend.id(), backend.EffectiveOptions(NetworkOptionsFor(backend.id())))
              .first;
+    call_option_rules_.insert_or_assign(
+        backend.id(), CallOptionRules{backend.DescribeOptions(), backend.DescribeCallOptions()});
   }
   return it->second;
+}
+
+const LoadedNetwork::CallOptionRules* LoadedNetwork::CallOptionRulesFor(std::string_view id) const {
+  auto it = call_option_rules_.find(id);
+  return it == call_option_rules_.end() ? nullptr : &it->second;
+}
+
+Status LoadedNetwork::CheckCallOptions(const CallOptions& call_options) const {
+  for (const auto& [backend_id, values] : call_options) {
+    const CallOptionRules* rules = CallOptionRulesFor(backend_id);
+    if (rules == nullptr || values.empty())
+      continue;
+    BACKPLANE_RETURN_IF_ERROR(
+        ValidateCallOptions(values, rules->declared, rules->per_call, backend_id));
+    BACKPLANE_RETURN_IF_ERROR(CheckThreadCounts(values, rules->declared, backend_id));
+  }
+  return Status::Ok();
+}
+
+LoadedNetwork::MergedCallOptions LoadedNetwork::MergeCallOptions(
+    const CallOptions& call_options) const {
+  MergedCallOptions merged;
+  for (const auto& [backend_id, values] : call_options) {
+    auto prepared = effective_options_.find(backend_id);
+    const CallOptionRules* rules = CallOptionRulesFor(backend_id);
+    if (values.empty() || prepared == effective_options_.end() || rules == nullptr)
+      continue;  // no layer of this binding runs there
+    BackendOptions options = prepared->second;
+    for (auto& [key, value] : WidenedCallOptions(values, rules->declared))
+      options.insert_or_assign(key, std::move(value));
+    merged.emplace_back(prepared->first, std::move(options));
+  }
+  return merged;
 }
 
 // Defined here, where DeclinedRun and ShapeProgram are complete.
@@ -661,17 +697,25 @@ Status LoadedNetwork::ValidateInputs(std::span<const ConstTensorView> inputs) co
   return Status::Ok();
 }
 
-Result<std::vector<Tensor>> LoadedNetwork::Execute(std::span<const ConstTensorView> inputs) const {
+Result<std::vector<Tensor>> LoadedNetwork::Execute(std::span<const ConstTensorView> inputs,
+                                                   const CallOptions* call_options) const {
   // Whoever executes the network holds it, and so its name, until this returns.
   const ScopedModelRun running(network_->name.c_str());
   BACKPLANE_RETURN_IF_ERROR(ValidateInputs(inputs));
+  // Merged once per call, and only for a call that gives values: a plain request pays a test.
+  MergedCallOptions merged_options;
+  if (call_options != nullptr && !call_options->empty()) {
+    BACKPLANE_RETURN_IF_ERROR(CheckCallOptions(*call_options));
+    merged_options = MergeCallOptions(*call_options);
+  }
+  const MergedCallOptions* merged = merged_options.empty() ? nullptr : &merged_options;
   if (!has_dynamic_shapes_)
-    return RunSteps(load_time_steps_, load_time_shapes_, inputs);
+    return RunSteps(load_time_steps_, load_time_shapes_, inputs, merged);
   if (shape_programs_ == nullptr) {
     auto slot_shapes = InferSlotShapes(inputs);
     if (!slot_shapes.ok())
       return std::move(slot_shapes).error();
-    return RunSteps(load_time_steps_, slot_shapes.value(), inputs);
+    return RunSteps(load_time_steps_, slot_shapes.value(), inputs, merged);
   }
 
   InputShapes shapes;
@@ -680,14 +724,14 @@ Result<std::vector<Tensor>> LoadedNetwork::Execute(std::span<const ConstTensorVi
     shapes.push_back(input.info.shape);
   auto found = shape_programs_->Find(shapes);
   if (found.program != nullptr)
-    return RunSteps(found.program->steps, found.program->slot_shapes, inputs);
+    return RunSteps(found.program->steps, found.program->slot_shapes, inputs, merged);
   // A miss. Inferred before claiming anything durable: a shape the network cannot take is this
   // request's error, and dropping the claim lets the next request of that shape try again.
   auto slot_shapes = InferSlotShapes(inputs);
   if (!slot_shapes.ok())
     return std::move(slot_shapes).error();
   if (!found.claim)  // being built: run the load-time steps, do not wait
-    return RunSteps(load_time_steps_, slot_shapes.value(), inputs);
+    return RunSteps(load_time_steps_, slot_shapes.value(), inputs, merged);
   std::shared_ptr<ShapeProgramBuilder> builder = shape_program_options_.builder.lock();
   std::weak_ptr<const LoadedNetwork> self = weak_from_this();
   if (builder != nullptr && !self.expired()) {
@@ -696,17 +740,18 @@ Result<std::vector<Tensor>> LoadedNetwork::Execute(std::span<const ConstTensorVi
     auto pending = std::make_shared<PendingBuild>(std::move(self), std::move(found.claim),
                                                   std::move(shapes), slot_shapes.value());
     builder->Submit([pending = std::move(pending)] { pending->Build(); });
-    return RunSteps(load_time_steps_, slot_shapes.value(), inputs);
+    return RunSteps(load_time_steps_, slot_shapes.value(), inputs, merged);
   }
   // No builder (a LoadedNetwork outside a Runtime, or the Runtime is shutting down): built here.
   auto program = BuildShapeProgram(shapes, std::move(slot_shapes).value());
   found.claim.Publish(program);
-  return RunSteps(program->steps, program->slot_shapes, inputs);
+  return RunSteps(program->steps, program->slot_shapes, inputs, merged);
 }
 
 Result<std::vector<Tensor>> LoadedNetwork::RunSteps(std::span<const Step* const> steps,
                                                     const std::vector<TensorInfo>& slot_shapes,
-                                                    std::span<const ConstTensorView> inputs) const {
+                                                    std::span<const ConstTensorView> inputs,
+                                                    const MergedCallOptions* merged) const {
   // Per-request working memory: one tensor per non-constant value, views into the inputs.
   std::vector<Tensor> owned(slot_names_.size());
   std::vector<ConstTensorView> views(slot_names_.size());
@@ -735,7 +780,15 @@ Result<std::vector<Tensor>> LoadedNetwork::RunSteps(std::span<const Step* const>
       views[slot] = owned[slot].View();
       step_outputs.push_back(owned[slot].MutableView());
     }
-    Status status = step.workload->Execute(step_inputs, step_outputs);
+    const BackendOptions* options = nullptr;
+    if (merged != nullptr) {
+      for (const auto& [backend_id, values] : *merged) {
+        if (backend_id == step.workload->instance().id())
+          options = &values;
+      }
+    }
+    Status status = options != nullptr ? step.workload->Execute(step_inputs, step_outputs, *options)
+                                       : step.workload->Execute(step_inputs, step_outputs);
     // WithContext keeps the reason: CRASHED is what makes the runtime run a request again after
     // its worker died (and tell on_crashed_request).
     if (!status.ok())

@@ -95,9 +95,28 @@ class LoadedNetwork : public std::enable_shared_from_this<LoadedNetwork> {
   const std::shared_ptr<scheduler::ConcurrencyLimit>& instances() const { return instances_; }
   ShapeProgramStats shape_program_stats() const;
 
+  // What a call may give a backend this network runs on (SDK 1.4): its declared options, and the
+  // names of those it takes per call. Asked of each backend once per Create, so that checking a
+  // request's options calls no backend code.
+  struct CallOptionRules {
+    std::vector<OptionDescriptor> declared;
+    std::vector<std::string> per_call;  // IBackend::DescribeCallOptions
+  };
+  // Null when no layer runs on backend `id`.
+  const CallOptionRules* CallOptionRulesFor(std::string_view id) const;
+  // A call's values for the backends this binding runs on (the others are not looked at): each
+  // declared by its backend, of the declared type, taken per call, thread counts within the
+  // usable CPUs. kInvalidArgument naming backend and key.
+  Status CheckCallOptions(const CallOptions& call_options) const;
+
   // Runs one request. `inputs` in the order of network().inputs; returns the outputs in the
-  // order of network().outputs.
-  Result<std::vector<Tensor>> Execute(std::span<const ConstTensorView> inputs) const;
+  // order of network().outputs. `call_options` (null: none): this call's values per backend id,
+  // checked first (CheckCallOptions: a refusal runs nothing); each workload on a backend they
+  // name runs with them over the values it was prepared with (IWorkload::ExecuteWithOptions),
+  // the others as without. Every binding of a request checks them itself (a rollout's arms, a
+  // run again after a crash, a shadow run): two generations may declare different options.
+  Result<std::vector<Tensor>> Execute(std::span<const ConstTensorView> inputs,
+                                      const CallOptions* call_options = nullptr) const;
 
  private:
   // One workload and the slots it reads and writes. A compiled subgraph is a step like any
@@ -167,10 +186,16 @@ class LoadedNetwork : public std::enable_shared_from_this<LoadedNetwork> {
   // The program for `shapes`: each declined run offered again with concrete dimensions.
   std::shared_ptr<const ShapeProgram> BuildShapeProgram(const InputShapes& shapes,
                                                         std::vector<TensorInfo> slot_shapes) const;
-  // The request itself, over `steps` with value shapes `slot_shapes`.
+  // Per backend id a call gives values for: every declared option at this call's value (the
+  // call's, else what the backend's workloads here were prepared with). Few entries: searched.
+  using MergedCallOptions = std::vector<std::pair<std::string_view, BackendOptions>>;
+  MergedCallOptions MergeCallOptions(const CallOptions& call_options) const;
+  // The request itself, over `steps` with value shapes `slot_shapes`; `merged` (null: none) as
+  // MergeCallOptions made it.
   Result<std::vector<Tensor>> RunSteps(std::span<const Step* const> steps,
                                        const std::vector<TensorInfo>& slot_shapes,
-                                       std::span<const ConstTensorView> inputs) const;
+                                       std::span<const ConstTensorView> inputs,
+                                       const MergedCallOptions* merged) const;
   std::string Describe(const Step& step) const;
   // The network's own options for backend `id`; empty when it has none.
   const BackendOptions& NetworkOptionsFor(std::string_view id) const;
@@ -197,6 +222,7 @@ class LoadedNetwork : public std::enable_shared_from_this<LoadedNetwork> {
   OptionsByBackend network_options_;
   std::shared_ptr<scheduler::ConcurrencyLimit> instances_;
   OptionsByBackend effective_options_;  // by backend id, filled as Create places layers
+  std::map<std::string, CallOptionRules, std::less<>> call_option_rules_;  // filled alike
   // Null without dynamic inputs or at capacity 0. Declared last: programs (whose steps point into
   // steps_) are released first.
   std::unique_ptr<ShapeProgramCache<ShapeProgram>> shape_programs_;

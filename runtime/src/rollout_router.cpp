@@ -151,12 +151,12 @@ Result<std::vector<Tensor>> RolloutRouter::Execute(const RoutedRequest& routed,
                                                    std::span<const ConstTensorView> inputs,
                                                    double* micros_out) {
   if (routed.route == nullptr)
-    return routed.network->Execute(inputs);
+    return routed.network->Execute(inputs, routed.call_options);
   // Judged on the backend code's time: crossings to worker processes (a sandboxed candidate's
   // every call) are left out.
   const auto start = std::chrono::steady_clock::now();
   const auto crossed_before = ThreadCrossingTime();
-  auto result = routed.network->Execute(inputs);
+  auto result = routed.network->Execute(inputs, routed.call_options);
   const double micros =
       std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start -
                                                 (ThreadCrossingTime() - crossed_before))
@@ -212,7 +212,9 @@ void RolloutRouter::StartShadow(const scheduler::RequestScheduler& scheduler,
   // `this` outlives it: the runner is the router's, and its destructor waits for a running one.
   auto work = [this, route, id, candidate = bound->second, baseline = std::move(baseline),
                inputs = std::move(shadow_inputs), stable = stable_outputs, stable_micros,
-               epoch = routed.options_epoch](bool run) {
+               epoch = routed.options_epoch,
+               call_options = routed.call_options != nullptr ? *routed.call_options
+                                                             : CallOptions{}](bool run) {
     ShadowClaim claim(*route->meter);
     if (!run)
       return;
@@ -222,7 +224,7 @@ void RolloutRouter::StartShadow(const scheduler::RequestScheduler& scheduler,
     claim.Start();
     const auto start = std::chrono::steady_clock::now();
     const auto crossed_before = ThreadCrossingTime();
-    auto result = candidate->Execute(views);
+    auto result = candidate->Execute(views, &call_options);
     const auto elapsed = std::chrono::steady_clock::now() - start;
     const double micros =
         std::chrono::duration<double, std::micro>(elapsed - (ThreadCrossingTime() - crossed_before))
@@ -237,7 +239,7 @@ void RolloutRouter::StartShadow(const scheduler::RequestScheduler& scheduler,
       route->meter->RecordShadow(result, stable, micros, stable_micros, elapsed_micros);
     claim.Recorded();
     if (baseline != nullptr && !route->meter->baseline_lost()) {
-      auto warmed = baseline->Execute(views);
+      auto warmed = baseline->Execute(views, &call_options);
       if (!warmed.ok()) {
         if (warmed.error().reason() == LoadReason::kCrashed && on_crashed_request_)
           on_crashed_request_({.network = id, .inputs = views, .error = warmed.error()});

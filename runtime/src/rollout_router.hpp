@@ -40,6 +40,9 @@ struct RoutedRequest {
   // no option update began or was under way since (its stable run and its shadow run may
   // otherwise have seen different values of an option that changes outputs).
   uint64_t options_epoch = 0;
+  // The call's per-call options (Runtime::CallOptions), null when none; owned by the caller for
+  // the request's run. Every binding the request runs on gets them, a shadow run a copy.
+  const CallOptions* call_options = nullptr;
 };
 
 // Runs rollouts' shadow runs one after another on a thread of its own, started with the first

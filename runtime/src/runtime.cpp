@@ -569,14 +569,42 @@ Result<std::shared_ptr<const Network>> Runtime::GetNetwork(NetworkId id) const {
   return network->shared_network();
 }
 
+Status Runtime::CheckCallOptionsElsewhere(const LoadedNetwork& network,
+                                          const CallOptions& call_options) const {
+  for (const auto& [backend_id, values] : call_options) {
+    if (network.CallOptionRulesFor(backend_id) != nullptr)
+      continue;  // the binding checks these itself, as it runs
+    const std::shared_ptr<loader::BackendInstance> instance = Backend(backend_id);
+    if (instance == nullptr) {
+      std::string known;
+      for (const auto& have : BackendIds())
+        known += (known.empty() ? "" : ", ") + have;
+      return InvalidArgument("the call's options name backend " + backend_id +
+                             ", which this runtime does not have (backends: " + known + ")");
+    }
+    if (values.empty())
+      continue;
+    const std::vector<OptionDescriptor> declared = instance->DescribeOptions();
+    BACKPLANE_RETURN_IF_ERROR(
+        ValidateCallOptions(values, declared, instance->DescribeCallOptions(), backend_id));
+    BACKPLANE_RETURN_IF_ERROR(CheckThreadCounts(values, declared, backend_id));
+  }
+  return Status::Ok();
+}
+
 Result<std::vector<Tensor>> Runtime::Execute(NetworkId id, std::span<const ConstTensorView> inputs,
-                                             std::string_view routing_key) {
+                                             std::string_view routing_key,
+                                             const CallOptions& call_options) {
   const uint64_t options_epoch = router_->options_epoch();  // before the binding is read
   auto network = FindNetwork(id);
   if (!network.ok())
     return std::move(network).error();
-  const RoutedRequest routed =
-      router_->Route(id, std::move(network).value(), routing_key, options_epoch);
+  std::shared_ptr<const LoadedNetwork> loaded = std::move(network).value();
+  if (!call_options.empty())
+    BACKPLANE_RETURN_IF_ERROR(CheckCallOptionsElsewhere(*loaded, call_options));
+  RoutedRequest routed = router_->Route(id, std::move(loaded), routing_key, options_epoch);
+  if (!call_options.empty())
+    routed.call_options = &call_options;
   auto admission = scheduler_.Admit();
   if (!admission.ok())
     return std::move(admission).error();
@@ -623,17 +651,25 @@ Result<std::vector<Tensor>> Runtime::ExecuteByName(NetworkId id, const NamedInpu
 }
 
 void Runtime::ExecuteAsync(NetworkId id, std::vector<Tensor> inputs, ExecuteCallback done,
-                           std::optional<scheduler::Clock::time_point> deadline) {
+                           std::optional<scheduler::Clock::time_point> deadline,
+                           CallOptions call_options) {
   // std::function wants a copyable callable: the inputs ride in a shared_ptr, taken once.
   auto owned = std::make_shared<std::vector<Tensor>>(std::move(inputs));
+  std::function<CallOptions()> options;
+  if (!call_options.empty()) {
+    options = [call_options = std::make_shared<const CallOptions>(std::move(call_options))] {
+      return *call_options;
+    };
+  }
   ExecuteAsync(
       id, [owned]() -> Result<std::vector<Tensor>> { return std::move(*owned); }, std::move(done),
-      deadline);
+      deadline, {}, std::move(options));
 }
 
 void Runtime::ExecuteAsync(NetworkId id, InputsFactory make_inputs, ExecuteCallback done,
                            std::optional<scheduler::Clock::time_point> deadline,
-                           std::function<std::string()> routing_key) {
+                           std::function<std::string()> routing_key,
+                           std::function<CallOptions()> call_options) {
   const uint64_t options_epoch = router_->options_epoch();  // before the binding is read
   auto network = FindNetwork(id);
   if (!network.ok())
@@ -645,15 +681,24 @@ void Runtime::ExecuteAsync(NetworkId id, InputsFactory make_inputs, ExecuteCallb
   const std::shared_ptr<scheduler::ConcurrencyLimit> instances = network->instances();
   auto result = std::make_shared<std::optional<Result<std::vector<Tensor>>>>();
   auto work = [this, id, result, make_inputs = std::move(make_inputs),
-               routing_key = std::move(routing_key), loaded = std::move(network).value(),
-               options_epoch] {
+               routing_key = std::move(routing_key), call_options = std::move(call_options),
+               loaded = std::move(network).value(), options_epoch] {
     auto inputs = make_inputs();
     if (!inputs.ok()) {
       result->emplace(std::move(inputs).error());
       return Status::Ok();
     }
-    const RoutedRequest routed =
+    const CallOptions options = call_options ? call_options() : CallOptions{};
+    if (!options.empty()) {
+      if (Status refused = CheckCallOptionsElsewhere(*loaded, options); !refused.ok()) {
+        result->emplace(std::move(refused));
+        return Status::Ok();
+      }
+    }
+    RoutedRequest routed =
         router_->Route(id, loaded, routing_key ? routing_key() : std::string(), options_epoch);
+    if (!options.empty())
+      routed.call_options = &options;
     std::vector<ConstTensorView> views;
     views.reserve(inputs->size());
     for (const auto& tensor : *inputs)
@@ -722,7 +767,7 @@ Result<std::vector<Tensor>> Runtime::RunAgainAfterCrash(const RoutedRequest& rou
   // candidate's is: it is the stable build's crash on a client's input, which the stable
   // generation may meet next, so the crash journal wants it as much.
   if (routed.arm != RolloutArm::kStable)
-    return routed.stable->Execute(inputs);
+    return routed.stable->Execute(inputs, routed.call_options);
   // A stable generation's: its worker is being restarted (or the build rolled back, or withdrawn
   // and the network moved along its preferences). Every such change gives the network a new
   // binding; until then there is nothing to run on but the dead worker.
@@ -732,7 +777,7 @@ Result<std::vector<Tensor>> Runtime::RunAgainAfterCrash(const RoutedRequest& rou
     if (!current.ok())  // unloaded meanwhile
       return crash;
     if (&*current != routed.network.get()) {
-      auto again = current->Execute(inputs);
+      auto again = current->Execute(inputs, routed.call_options);
       if (!again.ok())
         return again.error().WithContext("run again after a crash (" + crash.message() + "): ");
       return again;
@@ -755,14 +800,14 @@ std::optional<RolloutStats> Runtime::GetRolloutStats(std::string_view id) const 
 }
 
 std::future<Result<std::vector<Tensor>>> Runtime::ExecuteAsync(
-    NetworkId id, std::vector<Tensor> inputs,
-    std::optional<scheduler::Clock::time_point> deadline) {
+    NetworkId id, std::vector<Tensor> inputs, std::optional<scheduler::Clock::time_point> deadline,
+    CallOptions call_options) {
   auto promise = std::make_shared<std::promise<Result<std::vector<Tensor>>>>();
   auto future = promise->get_future();
   ExecuteAsync(
       id, std::move(inputs),
       [promise](Result<std::vector<Tensor>> result) { promise->set_value(std::move(result)); },
-      deadline);
+      deadline, std::move(call_options));
   return future;
 }
 

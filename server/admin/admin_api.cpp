@@ -38,11 +38,13 @@ HttpResponse UnknownBackend(const BackendRegistry& registry, std::string_view id
       404, "unknown backend " + Quoted(id) + " (known: " + KnownBackends(registry) + ")");
 }
 
-// The options of this server's instance of `id`: current value, type, default and help.
+// The options of this server's instance of `id`: current value, type, default, help, and
+// whether a request may give it for itself (SDK 1.4 per-call options).
 HttpResponse DescribeBackendOptions(const Runtime& runtime, std::string_view id) {
   const auto instance = runtime.Backend(id);  // dropped before returning: it pins the code
   if (instance == nullptr)
     return HttpResponse::Error(404, "this server has no backend " + Quoted(id));
+  const std::vector<std::string> per_call = instance->DescribeCallOptions();
   json options = json::object();
   for (const auto& descriptor : instance->DescribeOptions()) {
     auto current = instance->GetOption(descriptor.name);
@@ -50,7 +52,9 @@ HttpResponse DescribeBackendOptions(const Runtime& runtime, std::string_view id)
         {"type", ToString(descriptor.type)},
         {"value", current.ok() ? OptionValueJson(current.value()) : json(nullptr)},
         {"default", OptionValueJson(descriptor.default_value)},
-        {"help", descriptor.help}};
+        {"help", descriptor.help},
+        {"per_call",
+         std::find(per_call.begin(), per_call.end(), descriptor.name) != per_call.end()}};
   }
   return HttpResponse::Json({{"id", instance->id()},
                              {"generation", instance->generation_number()},

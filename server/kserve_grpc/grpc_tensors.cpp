@@ -195,6 +195,47 @@ void FillContents(const Tensor& tensor, inference::InferTensorContents& contents
   }
 }
 
+// The request's per-call backend options: its parameters named options.<BackendId>.<key>
+// (AddRequestOption), by the parameter's kind. An int64 is taken for a double option too by the
+// runtime; a uint64 beyond int64 and an unset parameter are refused.
+Result<RequestOptions> RequestOptionsOf(
+    const google::protobuf::Map<std::string, inference::InferParameter>& parameters) {
+  RequestOptions options;
+  for (const auto& [name, parameter] : parameters) {
+    if (!std::string_view(name).starts_with(kRequestOptionPrefix))
+      continue;
+    OptionValue value;
+    switch (parameter.parameter_choice_case()) {
+      case inference::InferParameter::kBoolParam:
+        value = parameter.bool_param();
+        break;
+      case inference::InferParameter::kInt64Param:
+        value = parameter.int64_param();
+        break;
+      case inference::InferParameter::kDoubleParam:
+        value = parameter.double_param();
+        break;
+      case inference::InferParameter::kStringParam:
+        value = parameter.string_param();
+        break;
+      case inference::InferParameter::kUint64Param:
+        if (parameter.uint64_param() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+          return InvalidArgument("inference request: parameter " + Quoted(name) +
+                                 " is beyond int64, got " +
+                                 std::to_string(parameter.uint64_param()));
+        }
+        value = static_cast<int64_t>(parameter.uint64_param());
+        break;
+      default:
+        return InvalidArgument("inference request: parameter " + Quoted(name) + " has no value");
+    }
+    auto added = AddRequestOption(name, std::move(value), options);
+    if (!added.ok())
+      return added.error().WithContext("inference request: ");
+  }
+  return options;
+}
+
 }  // namespace
 
 Result<InferenceRequest> ParseGrpcInferRequest(const inference::ModelInferRequest& message,
@@ -232,6 +273,10 @@ Result<InferenceRequest> ParseGrpcInferRequest(const inference::ModelInferReques
   InferenceRequest request;
   if (!message.id().empty())
     request.id = message.id();
+  auto options = RequestOptionsOf(message.parameters());
+  if (!options.ok())
+    return options.error();
+  request.options = std::move(options).value();
   auto ordered = InputsInNetworkOrder(std::move(by_name), network);
   if (!ordered.ok())
     return ordered.error();

@@ -91,6 +91,42 @@ Result<bool> CheckRequestParameters(const std::optional<json>& parameters) {
   return output->get<bool>();
 }
 
+// The request's per-call backend options: its "parameters" named options.<BackendId>.<key>
+// (AddRequestOption). A JSON integer is an int64 (the runtime takes it for a double option too),
+// a number with a fraction or an exponent a double.
+Result<RequestOptions> RequestOptionsOf(const std::optional<json>& parameters) {
+  RequestOptions options;
+  if (!parameters || !parameters->is_object())
+    return options;  // CheckRequestParameters refused a non-object already
+  for (const auto& [name, value] : parameters->items()) {
+    OptionValue option;
+    if (value.is_boolean()) {
+      option = value.get<bool>();
+    } else if (value.is_number_integer() && !value.is_number_unsigned()) {
+      option = value.get<int64_t>();
+    } else if (value.is_number_unsigned()) {
+      if (value.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+        return InvalidArgument("inference request: parameter " + Quoted(name) +
+                               " is beyond int64, got " + DumpExcerpt(value));
+      }
+      option = static_cast<int64_t>(value.get<uint64_t>());
+    } else if (value.is_number_float()) {
+      option = value.get<double>();
+    } else if (value.is_string()) {
+      option = value.get<std::string>();
+    } else if (std::string_view(name).starts_with(kRequestOptionPrefix)) {
+      return InvalidArgument("inference request: parameter " + Quoted(name) +
+                             " must be a bool, a number or a string, got " + DumpExcerpt(value));
+    } else {
+      continue;
+    }
+    auto added = AddRequestOption(name, std::move(option), options);
+    if (!added.ok())
+      return added.error().WithContext("inference request: ");
+  }
+  return options;
+}
+
 // An input's "parameters": its binary_data_size when it has one.
 Result<std::optional<uint64_t>> CheckInputParameters(const std::optional<json>& parameters,
                                                      const std::string& where) {
@@ -305,8 +341,12 @@ Result<InferenceRequest> ParseInferenceRequest(const InferenceBody& body, const 
   auto binary_output = CheckRequestParameters(draft.parameters);
   if (!binary_output.ok())
     return binary_output.error();
+  auto options = RequestOptionsOf(draft.parameters);
+  if (!options.ok())
+    return options.error();
 
   InferenceRequest request;
+  request.options = std::move(options).value();
   if (draft.id) {
     if (!draft.id->is_string())
       return InvalidArgument("'id' must be a string, got " + DumpExcerpt(*draft.id));

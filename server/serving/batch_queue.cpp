@@ -1,9 +1,46 @@
 #include "serving/batch_queue.hpp"
 
 #include <algorithm>
+#include <charconv>
 #include <utility>
 
 namespace backplane::server {
+
+std::string BatchKey(const std::vector<Tensor>& inputs, const CallOptions& call_options) {
+  std::string key;
+  for (const auto& input : inputs) {
+    key += ToString(input.info().type);
+    for (std::size_t d = 1; d < input.info().shape.size(); ++d) {
+      key += ',';
+      key += std::to_string(input.info().shape[d]);
+    }
+    key += ';';
+  }
+  // Unambiguous whatever the names hold: each name and value is prefixed with its length, each
+  // value with its type (1 and 1.0 and "1" are different options), a double in its shortest
+  // exact form (ToString's six decimals would join 0.1000001 and 0.1000002).
+  const auto append = [&key](std::string_view text) {
+    key += std::to_string(text.size());
+    key += ':';
+    key += text;
+  };
+  for (const auto& [backend_id, values] : call_options) {
+    key += '|';
+    append(backend_id);
+    for (const auto& [name, value] : values) {
+      append(name);
+      key += std::to_string(value.index());
+      if (const auto* real = std::get_if<double>(&value)) {
+        char digits[32];
+        const auto written = std::to_chars(digits, digits + sizeof digits, *real);
+        append(std::string_view(digits, written.ptr - digits));
+      } else {
+        append(ToString(value));
+      }
+    }
+  }
+  return key;
+}
 
 std::size_t RequestsToDispatch(std::span<const int64_t> rows, int64_t max_batch_size,
                                std::span<const int64_t> preferred_batch_sizes, bool delay_passed) {

@@ -56,6 +56,12 @@ class CompanyOutlook {
   int skipped_since_probe_ = 0;
 };
 
+// The key under which a request joins others (BatchRequest::key): the datatype and every
+// dimension but the first of each input, so that requests with equal keys can be joined along the
+// first dimension, and the request's per-call backend options, since one execution runs with one
+// set of them: a request must never run with another client's options.
+std::string BatchKey(const std::vector<Tensor>& inputs, const CallOptions& call_options);
+
 // One request waiting for a batch.
 struct BatchRequest {
   using Clock = std::chrono::steady_clock;
@@ -64,9 +70,10 @@ struct BatchRequest {
   std::optional<Clock::time_point> deadline;
   std::vector<Tensor> inputs;
   int64_t rows = 0;
-  // Requests join only requests of the same key (the datatypes and every dimension but the
-  // first of their inputs).
+  // Requests join only requests of the same key (BatchKey: the datatypes and every dimension but
+  // the first of their inputs, and the per-call options).
   std::string key;
+  CallOptions call_options;  // the request's per-call backend options, which its batch runs with
   Runtime::ExecuteCallback done;
   // Its parser answered it (its parse failed, or its deadline had passed): it only marks its
   // place in the arrival order.

@@ -18,21 +18,6 @@ using Clock = DynamicBatcher::Clock;
 
 namespace {
 
-// The datatype and every dimension but the first of each input: requests with equal keys can be
-// joined along the first dimension.
-std::string JoinKey(const std::vector<Tensor>& inputs) {
-  std::string key;
-  for (const auto& input : inputs) {
-    key += ToString(input.info().type);
-    for (std::size_t d = 1; d < input.info().shape.size(); ++d) {
-      key += ',';
-      key += std::to_string(input.info().shape[d]);
-    }
-    key += ';';
-  }
-  return key;
-}
-
 Status DeadlinePassed() {
   return Status(StatusCode::kDeadlineExceeded,
                 "the request's deadline passed while it waited for a batch; it was not run");
@@ -45,6 +30,7 @@ struct DynamicBatcher::Arrival {
   Clock::time_point arrived;
   std::optional<Clock::time_point> deadline;
   Runtime::InputsFactory make_inputs;
+  std::function<CallOptions()> call_options;  // read after the parse; null: none
   Runtime::ExecuteCallback done;
 };
 
@@ -240,6 +226,7 @@ void DynamicBatcher::Submit(QueuedRequest request) {
                       .arrived = Clock::now(),
                       .deadline = request.deadline,
                       .make_inputs = std::move(request.inputs),
+                      .call_options = std::move(request.call_options),
                       .done = std::move(request.finish)};
       if (request.run_on == RunOn::kCaller)
         parse_here = std::move(arrival);
@@ -303,7 +290,9 @@ void DynamicBatcher::ParseArrival(Arrival arrival, RunOn run_on) {
                       .rows = rows.value(),
                       .key = {},
                       .done = std::move(arrival.done)};
-  parsed.key = JoinKey(parsed.inputs);
+  if (arrival.call_options)
+    parsed.call_options = arrival.call_options();
+  parsed.key = BatchKey(parsed.inputs, parsed.call_options);
   if (parsed.rows == 0) {
     // Zero rows run alone, untouched, as the model unbatched runs them, so that they get its
     // answer: joined to others they would get an empty slice of a batch's outputs where the
@@ -443,15 +432,18 @@ void DynamicBatcher::Execute(std::shared_ptr<Batch> batch, Clock::time_point now
     if (answer_before_freeing)
       shared->FinishBatch();
   };
+  // Every request of a batch has the same options (they are part of its key).
+  CallOptions call_options = batch->requests.front().call_options;
   if (run_on == RunOn::kQueue) {
-    runtime_.ExecuteAsync(options_.network, std::move(inputs), std::move(complete));
+    runtime_.ExecuteAsync(options_.network, std::move(inputs), std::move(complete), std::nullopt,
+                          std::move(call_options));
     return;
   }
   std::vector<ConstTensorView> views;
   views.reserve(inputs.size());
   for (const auto& tensor : inputs)
     views.push_back(tensor.View());
-  auto outputs = runtime_.Execute(options_.network, views);
+  auto outputs = runtime_.Execute(options_.network, views, {}, call_options);
   views.clear();
   inputs.clear();  // the batch's memory back before the answers are rendered
   complete(std::move(outputs));

@@ -136,6 +136,8 @@ void InferenceApi::Infer(InferenceCall call) const {
       .run_on = call.run_on,
       // During a backend rollout, a request id keeps its client's requests on one generation.
       .routing_key = [pending] { return pending->request.id.value_or(""); },
+      // The client's per-call backend options, from the request's parameters.
+      .call_options = [pending] { return pending->request.options; },
   });
 }
 

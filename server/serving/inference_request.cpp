@@ -90,4 +90,25 @@ DataType ParseDataType(std::string_view name) {
   return DataType::kUndefined;
 }
 
+Result<bool> AddRequestOption(std::string_view name, OptionValue value, RequestOptions& options) {
+  if (!name.starts_with(kRequestOptionPrefix))
+    return false;
+  const std::string_view rest = name.substr(kRequestOptionPrefix.size());
+  const std::size_t dot = rest.find('.');
+  if (dot == std::string_view::npos || dot == 0 || dot + 1 == rest.size()) {
+    return InvalidArgument("request parameter " + Quoted(name) +
+                           " must be named options.<backend>.<option>, e.g. "
+                           "options.CpuRef.check_finite");
+  }
+  // The runtime's refusals name backend and key as given: bounded here, so that a hostile name
+  // is not echoed back whole.
+  if (dot > kMaxQuotedBytes || rest.size() - dot - 1 > kMaxQuotedBytes) {
+    return InvalidArgument("request parameter " + Quoted(name) + ": a backend id or option name " +
+                           "longer than " + std::to_string(kMaxQuotedBytes) + " bytes");
+  }
+  options[std::string(rest.substr(0, dot))].insert_or_assign(std::string(rest.substr(dot + 1)),
+                                                             std::move(value));
+  return true;
+}
+
 }  // namespace backplane::server

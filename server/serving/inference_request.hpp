@@ -12,6 +12,7 @@
 #include <string_view>
 #include <vector>
 
+#include "backplane/core/options.hpp"
 #include "backplane/core/status.hpp"
 #include "backplane/core/tensor.hpp"
 #include "backplane/onnx/network.hpp"
@@ -54,6 +55,17 @@ Status CheckNoClassification(const std::string& where, bool has_classification);
 Result<std::vector<Tensor>> InputsInNetworkOrder(std::map<std::string, Tensor, std::less<>> by_name,
                                                  const Network& network);
 
+// One request's per-call backend options by backend id (what Runtime::Execute takes as
+// CallOptions): the request-level parameters named "options.<BackendId>.<key>".
+using RequestOptions = std::map<std::string, BackendOptions, std::less<>>;
+inline constexpr std::string_view kRequestOptionPrefix = "options.";
+// For a request-level parameter `name` (REST's and gRPC's alike): false when it is not a per-call
+// option (every other parameter is the transport's, or ignored); true when it is one and `value`
+// was added to `options`; kInvalidArgument when its name does not split into a backend and a key
+// after the prefix. The values are checked against what the backend declares by the runtime, before
+// the request runs.
+Result<bool> AddRequestOption(std::string_view name, OptionValue value, RequestOptions& options);
+
 // A validated inference request. Value type.
 struct InferenceRequest {
   std::optional<std::string> id;     // echoed in the response
@@ -63,6 +75,9 @@ struct InferenceRequest {
   // binary tensor data extension: its "binary_data" parameter, else the request's
   // "binary_data_output").
   std::vector<bool> binary_outputs;
+  // Per-call backend options (AddRequestOption); empty: none. A batched model's requests join
+  // only requests with equal options (BatchKey).
+  RequestOptions options;
 };
 
 }  // namespace backplane::server

@@ -28,7 +28,8 @@ void RuntimeQueue::Submit(QueuedRequest request) {
   };
   if (request.run_on == RunOn::kQueue) {
     runtime_.ExecuteAsync(options_.network, std::move(inputs), std::move(request.finish),
-                          request.deadline, std::move(request.routing_key));
+                          request.deadline, std::move(request.routing_key),
+                          std::move(request.call_options));
     return;
   }
   if (request.deadline && std::chrono::steady_clock::now() > *request.deadline) {
@@ -44,7 +45,8 @@ void RuntimeQueue::Submit(QueuedRequest request) {
   for (const auto& tensor : *taken)
     views.push_back(tensor.View());
   const std::string routing_key = request.routing_key ? request.routing_key() : std::string();
-  auto outputs = runtime_.Execute(options_.network, views, routing_key);
+  const CallOptions call_options = request.call_options ? request.call_options() : CallOptions{};
+  auto outputs = runtime_.Execute(options_.network, views, routing_key, call_options);
   views.clear();
   taken = std::vector<Tensor>();  // the inputs' memory back before the answer is rendered
   request.finish(std::move(outputs));

@@ -39,6 +39,9 @@ struct QueuedRequest {
   // Read after the parse: the request's id, which keeps a client's requests on one generation
   // while a backend rollout runs (Runtime::ExecuteAsync). Null: none.
   std::function<std::string()> routing_key;
+  // Read after the parse: the request's per-call backend options (Runtime::CallOptions). Null:
+  // none. A batcher joins only requests whose options are equal.
+  std::function<CallOptions()> call_options;
 };
 
 // Thread-safe.

@@ -1,4 +1,6 @@
 // CpuRef: what IsSupported and CreateWorkload accept and refuse, and how Execute treats bad calls.
+#include <cmath>
+
 #include "cpu_ref_test_util.hpp"
 
 namespace backplane::cpu_ref_test {
@@ -170,13 +172,46 @@ TEST_F(CpuRefSupportTest, ExecuteRefusesBadCallsWithoutWriting) {
   EXPECT_EQ(y[1], -7);
 }
 
-TEST_F(CpuRefSupportTest, DescribesItsOption) {
+TEST_F(CpuRefSupportTest, DescribesItsOptions) {
   const auto options = backend().DescribeOptions();
-  ASSERT_EQ(options.size(), 1u);
+  ASSERT_EQ(options.size(), 2u);
   EXPECT_EQ(options[0].name, "deterministic");
+  EXPECT_EQ(options[1].name, "check_finite");
+  EXPECT_EQ(backend().DescribeCallOptions(), std::vector<std::string>{"check_finite"});
   EXPECT_TRUE(backend().UpdateOptions({{"deterministic", true}}).ok());
   EXPECT_EQ(backend().UpdateOptions({{"threads", int64_t{2}}}).code(),
             StatusCode::kInvalidArgument);
+}
+
+// check_finite (SDK 1.4, per call): a Div by zero makes an infinity, which a call that asks for
+// the check gets as an error naming the node; the same workload without the call's value runs
+// as prepared (off), and one prepared with it on checks every call.
+TEST_F(CpuRefSupportTest, CheckFiniteNamesTheNodeOnlyWhenAsked) {
+  const OperatorDesc op = MakeOp("Div", {{2}, {2}}, {{2}});
+  const float a[] = {1, 2};
+  const float b[] = {1, 0};
+  float y[2] = {};
+  const std::vector<ConstTensorView> inputs = {{{DataType::kFloat32, {2}}, a},
+                                               {{DataType::kFloat32, {2}}, b}};
+  const std::vector<TensorView> outputs = {{{DataType::kFloat32, {2}}, y}};
+  auto workload = backend().CreateWorkload(op);
+  ASSERT_TRUE(workload.ok()) << workload.error().ToString();
+  EXPECT_TRUE(workload.value()->Execute(inputs, outputs).ok()) << "prepared with the default";
+  EXPECT_TRUE(std::isinf(y[1]));
+
+  BackendOptions call = backend().EffectiveOptions();
+  call["check_finite"] = true;
+  const Status refused = workload.value()->Execute(inputs, outputs, call);
+  EXPECT_EQ(refused.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused.message(),
+              HasSubstr("CpuRef check_finite: node '" + op.name + "' output 0 element 1 is inf"));
+  EXPECT_TRUE(workload.value()->Execute(inputs, outputs).ok()) << "for that call alone";
+
+  auto checking = backend().CreateWorkload(op, {{"check_finite", true}});
+  ASSERT_TRUE(checking.ok()) << checking.error().ToString();
+  EXPECT_EQ(checking.value()->Execute(inputs, outputs).code(), StatusCode::kInvalidArgument);
+  call["check_finite"] = false;
+  EXPECT_TRUE(checking.value()->Execute(inputs, outputs, call).ok()) << "the call's value wins";
 }
 
 }  // namespace

@@ -1,7 +1,8 @@
-// SDK 1.3 per-network options on a backend run in a worker process, through the host's
-// BackendInstance as a runtime uses it: the options one network is prepared with cross to the
-// worker with each workload, the backend's own CheckOptions runs there, and a library built
-// against 1.2 gets the calls it has (the instance reports the library's API, not the host's).
+// SDK 1.3 per-network options (and SDK 1.4 per-call options, below) on a backend run in a worker
+// process, through the host's BackendInstance as a runtime uses it: the options one network is
+// prepared with cross to the worker with each workload, the backend's own CheckOptions runs there,
+// and a library built against 1.2 gets the calls it has (the instance reports the library's API,
+// not the host's).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -126,6 +127,58 @@ TEST_P(NetworkOptionsTest, ABackendBuiltAgainst12GetsTheOldCallsAndNoNetworkOpti
 }
 
 INSTANTIATE_TEST_SUITE_P(InProcessAndIsolated, NetworkOptionsTest, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "Isolated" : "InProcess"; });
+
+// SDK 1.4 per-call options, in process and across the worker protocol: the names a backend
+// takes per call come from the worker, and one call's values cross with its tensors
+// (kExecuteWithOptions) and reach that call alone.
+using CallOptionsTest = NetworkOptionsTest;
+
+// RunIdentity with the call's values for every declared option (ExecuteWithOptions).
+std::vector<float> RunIdentityWith(loader::Workload& workload, const BackendOptions& options) {
+  std::vector<float> in(kElements), out(kElements, -1.0f);
+  for (int64_t i = 0; i < kElements; ++i)
+    in[i] = static_cast<float>(i);
+  const ConstTensorView input{{DataType::kFloat32, {kElements}}, in.data()};
+  const TensorView output{{DataType::kFloat32, {kElements}}, out.data()};
+  Status status = workload.Execute({&input, 1}, {&output, 1}, options);
+  EXPECT_TRUE(status.ok()) << status.ToString();
+  return out;
+}
+
+TEST_P(CallOptionsTest, OneCallsValuesCrossWithItAndReachThatCallAlone) {
+  Loaded loaded = Load("Valid", GetParam());
+  ASSERT_NE(loaded.instance, nullptr);
+  loader::BackendInstance& instance = *loaded.instance;
+  ASSERT_TRUE(instance.Implements({1, 4}));
+  EXPECT_EQ(instance.DescribeCallOptions(),
+            (std::vector<std::string>{"call_offset", "worker_threads"}));
+  // Prepared with the network's call_offset: what a call without values of its own adds.
+  BackendOptions prepared = instance.EffectiveOptions({{"call_offset", 5.0}});
+  auto workload = instance.CreateWorkload(IdentityOp(kElements), {{"call_offset", 5.0}});
+  ASSERT_TRUE(workload.ok()) << workload.error().ToString();
+  EXPECT_EQ(RunIdentity(**workload, kElements), Offset(5.0f));
+  BackendOptions call = prepared;
+  call["call_offset"] = 7.0;
+  EXPECT_EQ(RunIdentityWith(**workload, call), Offset(7.0f));
+  EXPECT_EQ(RunIdentity(**workload, kElements), Offset(5.0f)) << "for that call alone";
+}
+
+// Built against 1.3: no per-call names are asked for (the worker would refuse the call), and a
+// workload given values anyway runs as Execute, which its vtable has.
+TEST_P(CallOptionsTest, ABackendBuiltAgainst13IsNeverSentThe14Calls) {
+  Loaded loaded = Load("Api13", GetParam());
+  ASSERT_NE(loaded.instance, nullptr);
+  loader::BackendInstance& instance = *loaded.instance;
+  EXPECT_EQ(instance.api_version(), (BackendApiVersion{1, 3}));
+  EXPECT_TRUE(instance.DescribeCallOptions().empty());
+  auto workload = instance.CreateWorkload(IdentityOp(kElements), {{"call_offset", 5.0}});
+  ASSERT_TRUE(workload.ok()) << workload.error().ToString();
+  BackendOptions call = instance.EffectiveOptions({{"call_offset", 7.0}});
+  EXPECT_EQ(RunIdentityWith(**workload, call), Offset(5.0f));
+}
+
+INSTANTIATE_TEST_SUITE_P(InProcessAndIsolated, CallOptionsTest, ::testing::Bool(),
                          [](const auto& info) { return info.param ? "Isolated" : "InProcess"; });
 
 }  // namespace

@@ -161,34 +161,41 @@ TEST(LoaderTest, ApiVersionMatrixAgainstHost24) {
 
 // SDK 1.1 made the minor rule real: the host loads every minor up to its own and refuses a newer
 // one; a host still at 1.0 refuses a backend built against 1.1, whose code may rely on being
-// offered subgraphs. SDK 1.2 (IHost) and 1.3 (per-network options) follow the same rule.
-TEST(LoaderTest, ApiVersionMatrixAgainstHost13Host12AndHost10) {
-  ASSERT_EQ(kBackendApiVersion, (BackendApiVersion{1, 3})) << "update this test with the SDK";
-  auto host13 = MakeLoader();
-  for (const char* ok : {"Api10", "Api11", "Api12", "Subgraph"}) {
-    auto loaded = host13->Load(Fixture(ok));
+// offered subgraphs. SDK 1.2 (IHost), 1.3 (per-network options) and 1.4 (per-call options)
+// follow the same rule.
+TEST(LoaderTest, ApiVersionMatrixAgainstHost14Host13Host12AndHost10) {
+  ASSERT_EQ(kBackendApiVersion, (BackendApiVersion{1, 4})) << "update this test with the SDK";
+  auto host14 = MakeLoader();
+  for (const char* ok : {"Api10", "Api11", "Api12", "Api13", "Api14", "Subgraph"}) {
+    auto loaded = host14->Load(Fixture(ok));
     EXPECT_TRUE(loaded.ok()) << ok << ": " << loaded.error().ToString();
   }
-  Status newer = LoadFailure(*host13, Fixture("Api14"));
+  Status newer = LoadFailure(*host14, Fixture("Api15"));
   EXPECT_EQ(newer.reason(), LoadReason::kApiIncompatible);
-  EXPECT_THAT(newer.message(), HasSubstr("built against backend API 1.4"));
-  EXPECT_THAT(newer.message(), HasSubstr("this host implements 1.3"));
+  EXPECT_THAT(newer.message(), HasSubstr("built against backend API 1.5"));
+  EXPECT_THAT(newer.message(), HasSubstr("this host implements 1.4"));
+
+  auto host13 = MakeLoader({.host_api = {1, 3}});
+  EXPECT_TRUE(host13->Load(Fixture("Api13")).ok());
+  Status too_new_for_13 = LoadFailure(*host13, Fixture("Api14"));
+  EXPECT_EQ(too_new_for_13.reason(), LoadReason::kApiIncompatible);
+  EXPECT_THAT(too_new_for_13.message(), HasSubstr("built against backend API 1.4"));
 
   auto host12 = MakeLoader({.host_api = {1, 2}});
   EXPECT_TRUE(host12->Load(Fixture("Api12")).ok());
   Status too_new_for_12 = LoadFailure(*host12, Fixture("Subgraph"));
   EXPECT_EQ(too_new_for_12.reason(), LoadReason::kApiIncompatible);
-  EXPECT_THAT(too_new_for_12.message(), HasSubstr("built against backend API 1.3"));
+  EXPECT_THAT(too_new_for_12.message(), HasSubstr("built against backend API 1.4"));
 
   auto host11 = MakeLoader({.host_api = {1, 1}});
   EXPECT_TRUE(host11->Load(Fixture("Api11")).ok());
   Status too_new = LoadFailure(*host11, Fixture("HostParallel"));
   EXPECT_EQ(too_new.reason(), LoadReason::kApiIncompatible);
-  EXPECT_THAT(too_new.message(), HasSubstr("built against backend API 1.3"));
+  EXPECT_THAT(too_new.message(), HasSubstr("built against backend API 1.4"));
 
   auto host10 = MakeLoader({.host_api = {1, 0}});
   EXPECT_TRUE(host10->Load(Fixture("Api10")).ok());
-  for (const auto& [refused, built] : {std::pair{"Api11", "1.1"}, std::pair{"Subgraph", "1.3"}}) {
+  for (const auto& [refused, built] : {std::pair{"Api11", "1.1"}, std::pair{"Subgraph", "1.4"}}) {
     Status error = LoadFailure(*host10, Fixture(refused));
     EXPECT_EQ(error.reason(), LoadReason::kApiIncompatible) << refused;
     EXPECT_THAT(error.message(), HasSubstr(std::string("built against backend API ") + built))

@@ -222,6 +222,23 @@ TEST_F(RolloutRoutingTest, RequestsRunWhollyOnOneGenerationWhileTheShareMovesAnd
   EXPECT_EQ(registry_->Promote(kId, candidate).error().code(), StatusCode::kFailedPrecondition);
 }
 
+// Per-call options (SDK 1.4) go with the request to whichever arm it is routed to: the
+// candidate's binding runs with the call's values as the stable one does.
+TEST_F(RolloutRoutingTest, CallOptionsGoWithTheRequestToEitherArm) {
+  const CallOptions options = {{kId, {{"call_offset", 1.0}}}};
+  const auto run = [&] {
+    Tensor input(TensorInfo{DataType::kFloat32, {4}});
+    const ConstTensorView views[] = {input.View()};
+    auto outputs = runtime_->Execute(network_, views, {}, options);
+    return outputs.ok() ? outputs->front().Elements<float>()[0] : NAN;
+  };
+  DeployCandidate();
+  EXPECT_EQ(run(), 2.0f);
+  ASSERT_TRUE(runtime_->SetRolloutTraffic(kId, {.candidate_percent = 100}).ok());
+  EXPECT_EQ(run(), kCandidateOffset + 2.0f);
+  EXPECT_EQ(Run(), kCandidateOffset) << "for that call alone";
+}
+
 TEST_F(RolloutRoutingTest, ARolledBackCandidateLeavesAndItsFileIsNotDeployedAgain) {
   const uint64_t candidate = DeployCandidate();
   ASSERT_TRUE(runtime_->SetRolloutTraffic(kId, {.candidate_percent = 100}).ok());

@@ -154,7 +154,7 @@ TEST(RuntimeTest, EveryBackendMethodCanBeCalled) {
   EXPECT_EQ(out[0], 1.5f);
   EXPECT_EQ(out[1], -2.0f);
 
-  EXPECT_EQ(backend->DescribeOptions().size(), 7u);
+  EXPECT_EQ(backend->DescribeOptions().size(), 8u);
   EXPECT_TRUE(backend->UpdateOptions({{"limit", int64_t{3}}, {"label", std::string("x")}}).ok());
   EXPECT_EQ(OptionInt(*backend, "limit"), 3);
   EXPECT_EQ(std::get<std::string>(backend->GetOption("label").value()), "x");

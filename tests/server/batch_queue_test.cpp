@@ -256,5 +256,56 @@ TEST(BatchQueueTest, ARequestParsedAheadWaitsForTheEarlierArrival) {
   EXPECT_EQ(batch.front().sequence, 1u);
 }
 
+// Per-call options are part of the key: one execution runs with one set of them, so requests whose
+// options differ in any way (a value, its type, a backend, none at all) never share a batch, and
+// requests with equal ones do.
+TEST(BatchQueueTest, RequestsWithDifferentCallOptionsNeverShareABatch) {
+  std::vector<Tensor> inputs;
+  inputs.emplace_back(TensorInfo{DataType::kFloat32, {1, 4}});
+  const CallOptions none;
+  const CallOptions one = {{"CpuAcc", {{"intra_op_threads", int64_t{1}}}}};
+  const std::vector<CallOptions> distinct = {
+      none,
+      one,
+      {{"CpuAcc", {{"intra_op_threads", int64_t{2}}}}},
+      {{"CpuAcc", {{"intra_op_threads", 1.0}}}},
+      {{"CpuAcc", {{"intra_op_threads", std::string("1")}}}},
+      {{"CpuRef", {{"intra_op_threads", int64_t{1}}}}},
+      {{"CpuAcc", {{"intra_op_threads", int64_t{1}}, {"batch_split", std::string("never")}}}},
+      {{"TestValid", {{"call_offset", 0.1000001}}}},
+      {{"TestValid", {{"call_offset", 0.1000002}}}},
+      {{"A", {{"b.c", true}}}},
+      {{"A.b", {{"c", true}}}},
+  };
+  std::set<std::string> keys;
+  for (const auto& options : distinct)
+    keys.insert(server::BatchKey(inputs, options));
+  EXPECT_EQ(keys.size(), distinct.size());
+  EXPECT_EQ(server::BatchKey(inputs, one), server::BatchKey(inputs, CallOptions(one)));
+
+  // Through the queue: two groups leave as two batches, each with its own options.
+  const Clock::time_point t0 = Clock::time_point() + std::chrono::hours(1);
+  BatchQueue queue({.max_queue_delay = microseconds(100), .max_batch_size = 8});
+  uint64_t sequence = 0;
+  for (const CallOptions* options : {&none, &one, &none, &one}) {
+    queue.Add(BatchRequest{.sequence = sequence++,
+                           .arrived = t0,
+                           .rows = 1,
+                           .key = server::BatchKey(inputs, *options),
+                           .call_options = *options});
+  }
+  std::vector<std::vector<BatchRequest>> batches;
+  for (auto batch = queue.TakeBatch(t0 + microseconds(200)); !batch.empty();
+       batch = queue.TakeBatch(t0 + microseconds(200))) {
+    batches.push_back(std::move(batch));
+  }
+  ASSERT_EQ(batches.size(), 2u);
+  for (const auto& batch : batches) {
+    ASSERT_EQ(batch.size(), 2u);
+    EXPECT_EQ(batch[0].call_options, batch[1].call_options);
+  }
+  EXPECT_NE(batches[0][0].call_options, batches[1][0].call_options);
+}
+
 }  // namespace
 }  // namespace backplane::testing

@@ -35,7 +35,7 @@ TEST(CheckCommandTest, FirstPartyBackendWouldLoad) {
   ASSERT_EQ(report.size(), 1u);
   EXPECT_EQ(report[0]["ok"], true);
   EXPECT_EQ(report[0]["id"], "CpuRef");
-  EXPECT_EQ(report[0]["api_version"], "1.3");  // rebuilt with the 1.3 SDK header
+  EXPECT_EQ(report[0]["api_version"], "1.4");  // rebuilt with the 1.4 SDK header
   EXPECT_EQ(report[0]["reason"], nullptr);
   for (const char* key : {"file", "ok", "id", "api_version", "stage", "reason", "message"}) {
     EXPECT_TRUE(report[0].contains(key)) << key;
@@ -118,7 +118,7 @@ TEST(CheckCommandTest, TextOutputHasAStageLineAndAVerdictPerFile) {
                                        "verbose (bool), limit (int64), scale (double), label "
                                        "(string)"));
   EXPECT_THAT(result.output, HasSubstr("  unload        ok    unmapped after dlclose"));
-  EXPECT_THAT(result.output, HasSubstr("verdict: OK, backend TestValid (API 1.3, release 1.2.3)"));
+  EXPECT_THAT(result.output, HasSubstr("verdict: OK, backend TestValid (API 1.4, release 1.2.3)"));
   EXPECT_THAT(result.output, HasSubstr("verdict: REJECTED API_INCOMPATIBLE"));
 }
 
@@ -221,7 +221,7 @@ TEST(CheckCommandTest, WarnsAboutABackendThatSubmitsTbbTasksItself) {
   testing::CommandResult host = RunBackplaneStdout("check " + Fixture("HostParallel").string());
   EXPECT_EQ(host.exit_code, 0) << host.output;
   EXPECT_THAT(host.output, ::testing::Not(HasSubstr("WARN")));
-  EXPECT_THAT(host.output, HasSubstr("version       ok    backend API 1.3 on host 1.3"));
+  EXPECT_THAT(host.output, HasSubstr("version       ok    backend API 1.4 on host 1.4"));
 }
 
 TEST(CheckCommandTest, ListsEveryDependencyAndWhetherItStaysResident) {

@@ -200,7 +200,8 @@ TEST_F(RunCommandTest, OptionsOfEachTypeReachTheBackendAndArePrintedAsItReadsThe
   EXPECT_THAT(result.output, ContainsRegex("layer copy +Identity +on TestValid"));
   // After the layers, every option of their backend at the value they were prepared with.
   EXPECT_THAT(result.output,
-              HasSubstr("options on TestValid: execute_offset=0.000000, label=\"two words\", "
+              HasSubstr("options on TestValid: call_offset=0.000000, execute_offset=0.000000, "
+                        "label=\"two words\", "
                         "limit=3, prepared_offset=0.000000, scale=2.000000, verbose=true, "
                         "worker_threads=1\n"));
   EXPECT_LT(result.output.find("layer copy"), result.output.find("options on TestValid"));
@@ -218,7 +219,7 @@ TEST_F(RunCommandTest, BadOptionsExitOneNamingTheOptionAndWhy) {
        "--option GpuAcc.threads=2: no backend GpuAcc in this runtime (have: CpuRef, TestValid)"},
       {"TestValid.limits=2",
        "--option TestValid.limits=2: backend TestValid has no option 'limits' (known: verbose, "
-       "limit, scale, label, prepared_offset, execute_offset, worker_threads)"},
+       "limit, scale, label, prepared_offset, execute_offset, worker_threads, call_offset)"},
       {"TestValid.limit=two",
        "--option TestValid.limit=two: backend TestValid option 'limit' is int64, got \"two\""},
       {"TestValid.limit=2.5",

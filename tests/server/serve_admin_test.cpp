@@ -104,6 +104,8 @@ TEST(ServeAdminTest, OptionsAreTypedAndUpdatedAllOrNothing) {
   EXPECT_EQ(deterministic["default"], true);
   EXPECT_EQ(deterministic["value"], true);
   EXPECT_FALSE(deterministic["help"].get<std::string>().empty());
+  EXPECT_EQ(deterministic["per_call"], false);
+  EXPECT_EQ(options.body["options"]["check_finite"]["per_call"], true) << "SDK 1.4";
 
   auto changed = Put(*client, "/v2/backends/CpuRef/options", R"({"deterministic": false})");
   ASSERT_EQ(changed.status, 200) << changed.text;
@@ -112,9 +114,10 @@ TEST(ServeAdminTest, OptionsAreTypedAndUpdatedAllOrNothing) {
   auto unknown =
       Put(*client, "/v2/backends/CpuRef/options", R"({"deterministic": true, "threads": 4})");
   EXPECT_EQ(unknown.status, 400);
-  EXPECT_THAT(unknown.body["error"].get<std::string>(),
-              HasSubstr("backend CpuRef has no option 'threads' (known: deterministic); "
-                        "nothing applied"));
+  EXPECT_THAT(
+      unknown.body["error"].get<std::string>(),
+      HasSubstr("backend CpuRef has no option 'threads' (known: deterministic, check_finite); "
+                "nothing applied"));
   auto wrong_type = Put(*client, "/v2/backends/CpuRef/options", R"({"deterministic": 1})");
   EXPECT_EQ(wrong_type.status, 400);
   EXPECT_THAT(wrong_type.body["error"].get<std::string>(),

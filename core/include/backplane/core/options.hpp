@@ -93,6 +93,50 @@ inline Status ValidateOptions(const BackendOptions& changes,
   return Status::Ok();
 }
 
+// One call's values (SDK 1.4 per-call options) as `descriptors` declare them: an int64 value of
+// a double option becomes that double, since a request's `1` (JSON) or int64 parameter (gRPC)
+// means 1.0 there. Everything else is left as given, for ValidateCallOptions to judge.
+inline BackendOptions WidenedCallOptions(BackendOptions values,
+                                         const std::vector<OptionDescriptor>& descriptors) {
+  for (const auto& descriptor : descriptors) {
+    if (descriptor.type != OptionType::kDouble)
+      continue;
+    auto it = values.find(descriptor.name);
+    if (it == values.end())
+      continue;
+    if (const auto* integer = std::get_if<int64_t>(&it->second))
+      it->second = static_cast<double>(*integer);
+  }
+  return values;
+}
+
+// Checks one call's values for a backend (SDK 1.4 per-call options): every key declared by
+// `descriptors` with a value of its type (ValidateOptions; an int64 for a double option is taken,
+// WidenedCallOptions), and named among `per_call`, the options the backend takes per call
+// (IBackend::DescribeCallOptions).
+inline Status ValidateCallOptions(const BackendOptions& call_options,
+                                  const std::vector<OptionDescriptor>& descriptors,
+                                  const std::vector<std::string>& per_call,
+                                  std::string_view backend_id) {
+  BACKPLANE_RETURN_IF_ERROR(
+      ValidateOptions(WidenedCallOptions(call_options, descriptors), descriptors, backend_id));
+  for (const auto& [key, value] : call_options) {
+    bool allowed = false;
+    for (const auto& name : per_call)
+      allowed = allowed || name == key;
+    if (!allowed) {
+      std::string names;
+      for (const auto& name : per_call)
+        names += (names.empty() ? "" : ", ") + name;
+      return InvalidArgument("backend " + std::string(backend_id) + " option '" + key +
+                             "' is not taken per call, only per network or per runtime (per "
+                             "call: " +
+                             (names.empty() ? "none" : names) + ")");
+    }
+  }
+  return Status::Ok();
+}
+
 // The current values of a backend's options, validated against its descriptors. A ready-made
 // implementation of the IBackend option calls for authors.
 //

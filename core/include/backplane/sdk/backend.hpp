@@ -26,6 +26,9 @@
 //       as soon as the waits return (docs/loading-rules.md rule 5).
 //  1.3  Per-network options: CreateWorkloadWithOptions and CompileSubgraphWithOptions receive
 //       the options one network is prepared with; CheckOptions validates a set without applying.
+//  1.4  Per-call options: IBackend::DescribeCallOptions names the options a caller may give for
+//       one execution, and IWorkload::ExecuteWithOptions receives them merged over the values the
+//       workload was prepared with.
 #pragma once
 
 #include <cstddef>
@@ -46,7 +49,7 @@ namespace backplane {
 
 // The backend API this header describes.
 inline constexpr uint32_t kBackendApiMajor = 1;
-inline constexpr uint32_t kBackendApiMinor = 3;
+inline constexpr uint32_t kBackendApiMinor = 4;
 
 struct BackendApiVersion {
   uint32_t major = 0;
@@ -75,6 +78,25 @@ class IWorkload {
   // with dynamic dimensions resolved; outputs are preallocated by the host.
   virtual Status Execute(std::span<const ConstTensorView> inputs,
                          std::span<const TensorView> outputs) = 0;
+
+  // ---- Added in API 1.4 (append only below this line) ----
+
+  // Per-call options (the ExecuTorch RFC's option 2, options at execute). The host calls this
+  // instead of Execute when the request gives values for options the backend names in
+  // IBackend::DescribeCallOptions, and only on a backend that reports API >= 1.4 (an older
+  // workload's vtable has no slot for it). `options` holds every option the backend declares, at
+  // the value this one call runs with: the call's own for the options it gives, else the values
+  // the workload was prepared with (the network's, else the runtime's, else the default; what
+  // CreateWorkloadWithOptions received). A workload reads the options it declares per call from
+  // `options` here, never from the instance: two concurrent calls may give different values.
+  // Without per-call values the host calls Execute, so a workload must behave as if it had been
+  // given its prepared values. The default ignores `options`.
+  virtual Status ExecuteWithOptions(std::span<const ConstTensorView> inputs,
+                                    std::span<const TensorView> outputs,
+                                    const BackendOptions& options) {
+    (void)options;
+    return Execute(inputs, outputs);
+  }
 };
 
 // SDK 1.1: a run of layers the host placed on one backend, in execution order, offered whole to
@@ -266,6 +288,19 @@ class IBackend {
   virtual Status CheckOptions(const BackendOptions& options) const {
     return ValidateOptions(options, DescribeOptions(), GetId());
   }
+
+  // ---- Added in API 1.4 (append only below this line) ----
+
+  // The names of the declared options (DescribeOptions) that a caller may give for one execution
+  // (IWorkload::ExecuteWithOptions), e.g. a check that costs time and is wanted on some requests
+  // only. The host refuses a call's value for any other option (kInvalidArgument naming backend
+  // and key) before the request runs, and checks names and types against DescribeOptions (and
+  // thread counts against the usable CPUs) so that ExecuteWithOptions gets only declared options
+  // of their declared types; ranges are the workload's to check. Asked once per prepared network,
+  // not per call: the answer must not change over an instance's life. Called only on backends
+  // that report API >= 1.4. Why a list of names and not a field of OptionDescriptor: a backend
+  // built against 1.3 returns OptionDescriptors of 1.3's size, so the struct cannot grow.
+  virtual std::vector<std::string> DescribeCallOptions() const { return {}; }
 };
 
 }  // namespace backplane

@@ -25,6 +25,12 @@ class Workload {
   ~Workload();
 
   Status Execute(std::span<const ConstTensorView> inputs, std::span<const TensorView> outputs);
+  // API 1.4, gated: one call with per-call values (IWorkload::ExecuteWithOptions; `options`: every
+  // declared option at this call's value). On a backend built against 1.3 or older it calls
+  // Execute, whose vtable has no other slot; the runtime refuses per-call values for such a
+  // backend before the request runs, so this never drops a value it was given.
+  Status Execute(std::span<const ConstTensorView> inputs, std::span<const TensorView> outputs,
+                 const BackendOptions& options);
   const BackendInstance& instance() const { return *instance_; }
 
  private:
@@ -79,6 +85,9 @@ class BackendInstance : public std::enable_shared_from_this<BackendInstance> {
                                            const BackendOptions& network_options = {});
   Result<std::unique_ptr<IBackendContext>> CreateBackendContext();
   std::vector<OptionDescriptor> DescribeOptions() const;
+  // API 1.4, gated: the declared options a call may give (IBackend::DescribeCallOptions); none on
+  // a backend built against 1.3 or older.
+  std::vector<std::string> DescribeCallOptions() const;
   // On success the instance's values (what EffectiveOptions starts from) take the changes.
   Status UpdateOptions(const BackendOptions& changes);
   Result<OptionValue> GetOption(std::string_view key) const;

@@ -57,6 +57,18 @@ struct CrashedRequest {
 // Option values per backend id.
 using OptionsByBackend = std::map<std::string, BackendOptions, std::less<>>;
 
+// One call's option values per backend id (SDK 1.4, the ExecuTorch RFC's options at execute):
+// Execute's and ExecuteAsync's `call_options`. Only options a backend declares per call
+// (IBackend::DescribeCallOptions) may be given. For that call alone, each workload on the backend
+// runs with every declared option at its effective value: the call's, else the network's
+// (NetworkOptions::backend_options), else the runtime's (RuntimeOptions::backend_options,
+// UpdateBackendOptions), else the declared default. Checked before the request runs: a backend id
+// this runtime does not have, a key the backend does not declare, a value of another type, a key
+// not taken per call or a thread count beyond the usable CPUs is kInvalidArgument naming backend
+// and key, and nothing runs. Values for a backend on which no layer of the network runs are
+// checked and otherwise ignored (a network may move between backends by a swap).
+using CallOptions = OptionsByBackend;
+
 struct RuntimeOptions {
   // Backend directories; nullopt means DefaultBackendPaths(). Ignored when `registry` is given.
   std::optional<std::vector<std::filesystem::path>> backend_paths;
@@ -272,9 +284,11 @@ class Runtime : private BackendSubscriber {
   // bindings are held for the call, so a swap during it never unmaps the code it runs, and their
   // last release goes to the reaper. `routing_key` (a request id): during a rollout, requests with
   // the same key run on the same generation while its share stays or grows; empty, each request is
-  // drawn afresh.
+  // drawn afresh. `call_options`: this call's per-call option values (CallOptions); a rollout's
+  // arms, its shadow run and a run again after a crash all run with them.
   Result<std::vector<Tensor>> Execute(NetworkId id, std::span<const ConstTensorView> inputs,
-                                      std::string_view routing_key = {});
+                                      std::string_view routing_key = {},
+                                      const CallOptions& call_options = {});
   // The same with inputs by name (as an inference API receives them): an unknown or missing
   // name is kInvalidArgument naming it and the network's inputs.
   using NamedInputs = std::map<std::string, ConstTensorView, std::less<>>;
@@ -285,21 +299,26 @@ class Runtime : private BackendSubscriber {
   // (kNotFound, kResourceExhausted when full) calls `done` at once on the caller's thread. An
   // exception from `done` is logged and swallowed. Never destroy the Runtime inside `done`: the
   // destructor waits for that very request.
+  // `call_options` as Execute's; a refusal of them goes to `done` like any error of the request.
   using ExecuteCallback = std::function<void(Result<std::vector<Tensor>>)>;
   void ExecuteAsync(NetworkId id, std::vector<Tensor> inputs, ExecuteCallback done,
-                    std::optional<scheduler::Clock::time_point> deadline = std::nullopt);
+                    std::optional<scheduler::Clock::time_point> deadline = std::nullopt,
+                    CallOptions call_options = {});
   std::future<Result<std::vector<Tensor>>> ExecuteAsync(
       NetworkId id, std::vector<Tensor> inputs,
-      std::optional<scheduler::Clock::time_point> deadline = std::nullopt);
+      std::optional<scheduler::Clock::time_point> deadline = std::nullopt,
+      CallOptions call_options = {});
   // The same for a request whose inputs are still to be made, say parsed from a transport's
   // body: `make_inputs` runs first, on the TBB worker, so that the parse is part of the request
   // (admitted, bounded, off the caller's thread); its error goes to `done` as the request's.
   // The inputs are released before `done` runs.
   using InputsFactory = std::function<Result<std::vector<Tensor>>()>;
-  // `routing_key`, when given, is asked after `make_inputs` (a request id is in the body).
+  // `routing_key` and `call_options`, when given, are asked after `make_inputs` (a request id
+  // and the request's options are in the body).
   void ExecuteAsync(NetworkId id, InputsFactory make_inputs, ExecuteCallback done,
                     std::optional<scheduler::Clock::time_point> deadline = std::nullopt,
-                    std::function<std::string()> routing_key = {});
+                    std::function<std::string()> routing_key = {},
+                    std::function<CallOptions()> call_options = {});
 
  private:
   struct BackendSlot {
@@ -377,6 +396,11 @@ class Runtime : private BackendSubscriber {
   // slot_change.cpp: every generation change, active or candidate, takes this one path.
   Result<std::unique_ptr<PreparedChange>> PrepareChange(const BackendChange& change) override;
 
+  // The part of a call's options that no binding checks (LoadedNetwork::CheckCallOptions checks
+  // the backends it runs on): backend ids this runtime does not have, and values for backends
+  // on which `network` runs no layer, checked against this runtime's instances.
+  Status CheckCallOptionsElsewhere(const LoadedNetwork& network,
+                                   const CallOptions& call_options) const;
   // Runs one request's inputs on the binding it was routed to (router_) and, during a rollout,
   // counts it and starts its shadow run. `inputs` owned by the caller (`owned` null) are copied
   // only when a shadow run needs them.
