@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <random>
 #include <stdexcept>
@@ -168,32 +169,45 @@ TEST_F(QdqNetworkTest, PerChannelConvRunsEndToEnd) {
 
 // x[N,6] → Q (UINT8, zero point 100) → DQ → MatMul(DQ(W int8 [6,4] per column, axis -1)) →
 // Q (INT8 per tensor, zero point -5) → q, and → DQ → y.
+struct MatMulQdq {
+  static constexpr int kRows = 3, kInner = 6, kColumns = 4;
+  static constexpr float kInScale = 0.01f, kOutScale = 0.04f;
+  static constexpr int kInZero = 100, kOutZero = -5;
+  const std::vector<float> weight_scales = {0.02f, 0.01f, 0.03f, 0.015f};
+  std::vector<int32_t> weights;
+  ModelBuilder model;
+
+  explicit MatMulQdq(std::mt19937_64& random) : weights(kInner * kColumns) {
+    for (auto& w : weights)
+      w = static_cast<int32_t>(std::uniform_int_distribution<int>(-128, 127)(random));
+    model.Input("x", {-1, kInner}).Output("y", {-1, kColumns}).Output("q", {-1, kColumns}, kInt8);
+    model.FloatInitializer("in_scale", {}, {kInScale});
+    model.QuantizedInitializer("in_zero", {}, kUint8, {kInZero});
+    model.QuantizedInitializer("w_q", {kInner, kColumns}, kInt8, weights);
+    model.FloatInitializer("w_scale", {kColumns}, weight_scales);
+    model.FloatInitializer("out_scale", {}, {kOutScale});
+    model.QuantizedInitializer("out_zero", {}, kInt8, {kOutZero});
+    model.Node("QuantizeLinear", {"x", "in_scale", "in_zero"}, {"x_q"}, "in_quant");
+    model.Node("DequantizeLinear", {"x_q", "in_scale", "in_zero"}, {"x_dq"}, "in_dequant");
+    SetInt(model.Node("DequantizeLinear", {"w_q", "w_scale"}, {"w"}, "w_dequant"), "axis", -1);
+    model.Node("MatMul", {"x_dq", "w"}, {"m"}, "matmul");
+    model.Node("QuantizeLinear", {"m", "out_scale", "out_zero"}, {"q"}, "out_quant");
+    model.Node("DequantizeLinear", {"q", "out_scale", "out_zero"}, {"y"}, "out_dequant");
+  }
+};
+
 TEST_F(QdqNetworkTest, PerColumnMatMulWithQuantizedActivationsRunsEndToEnd) {
   const uint64_t seed = ::backplane::testing::TestSeed();
   SCOPED_TRACE("seed " + std::to_string(seed) + " (BACKPLANE_TEST_SEED replays it)");
   std::mt19937_64 random(seed);
-  constexpr int kRows = 3, kInner = 6, kColumns = 4;
-  std::vector<int32_t> weights(kInner * kColumns);
-  for (auto& w : weights)
-    w = static_cast<int32_t>(std::uniform_int_distribution<int>(-128, 127)(random));
-  const std::vector<float> weight_scales = {0.02f, 0.01f, 0.03f, 0.015f};
-  const float in_scale = 0.01f, out_scale = 0.04f;
-  const int in_zero = 100, out_zero = -5;
-
-  ModelBuilder model;
-  model.Input("x", {-1, kInner}).Output("y", {-1, kColumns}).Output("q", {-1, kColumns}, kInt8);
-  model.FloatInitializer("in_scale", {}, {in_scale});
-  model.QuantizedInitializer("in_zero", {}, kUint8, {in_zero});
-  model.QuantizedInitializer("w_q", {kInner, kColumns}, kInt8, weights);
-  model.FloatInitializer("w_scale", {kColumns}, weight_scales);
-  model.FloatInitializer("out_scale", {}, {out_scale});
-  model.QuantizedInitializer("out_zero", {}, kInt8, {out_zero});
-  model.Node("QuantizeLinear", {"x", "in_scale", "in_zero"}, {"x_q"}, "in_quant");
-  model.Node("DequantizeLinear", {"x_q", "in_scale", "in_zero"}, {"x_dq"}, "in_dequant");
-  SetInt(model.Node("DequantizeLinear", {"w_q", "w_scale"}, {"w"}, "w_dequant"), "axis", -1);
-  model.Node("MatMul", {"x_dq", "w"}, {"m"}, "matmul");
-  model.Node("QuantizeLinear", {"m", "out_scale", "out_zero"}, {"q"}, "out_quant");
-  model.Node("DequantizeLinear", {"q", "out_scale", "out_zero"}, {"y"}, "out_dequant");
+  const MatMulQdq qdq(random);
+  constexpr int kRows = MatMulQdq::kRows, kInner = MatMulQdq::kInner,
+                kColumns = MatMulQdq::kColumns;
+  const auto& weights = qdq.weights;
+  const auto& weight_scales = qdq.weight_scales;
+  const float in_scale = MatMulQdq::kInScale, out_scale = MatMulQdq::kOutScale;
+  const int in_zero = MatMulQdq::kInZero, out_zero = MatMulQdq::kOutZero;
+  const ModelBuilder& model = qdq.model;
 
   std::vector<float> x(kRows * kInner);
   for (auto& value : x)
@@ -220,6 +234,41 @@ TEST_F(QdqNetworkTest, PerColumnMatMulWithQuantizedActivationsRunsEndToEnd) {
         ASSERT_EQ(q[index], quantized) << "q[" << r << "," << c << "], float sum " << sum;
     }
   }
+}
+
+// `backplane run` on a QDQ model file: every layer placed, and the INT8 output written as a
+// TensorProto file equal to what Runtime gives.
+TEST_F(QdqNetworkTest, BackplaneRunRunsAQdqModelAndWritesItsInt8Output) {
+  std::mt19937_64 random(::backplane::testing::TestSeed());
+  const MatMulQdq qdq(random);
+  const fs::path model_file = dir_ / "qdq.onnx";
+  {
+    std::ofstream file(model_file, std::ios::binary);
+    file << qdq.model.Serialize();
+  }
+  Tensor x({DataType::kFloat32, {2, MatMulQdq::kInner}});
+  float next = -1.3f;
+  for (float& value : x.Elements<float>())
+    value = next += 0.21f;
+  ASSERT_TRUE(WriteTensorProtoFile(dir_ / "x.pb", x, "x").ok());
+
+  const auto result = ::backplane::testing::RunCommand(
+      std::string(BACKPLANE_EXECUTABLE) + " run --backends " + dir_.string() +
+      " --prefer CpuRef --input " + (dir_ / "x.pb").string() + " --output-dir " +
+      (dir_ / "out").string() + " " + model_file.string() + " 2>&1");
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_THAT(result.output, ::testing::HasSubstr("out_quant"));
+  auto written = ReadTensorProtoFile(dir_ / "out" / "output_1.pb");
+  ASSERT_TRUE(written.ok()) << written.error().ToString();
+  ASSERT_EQ(written->info(), (TensorInfo{DataType::kInt8, {2, MatMulQdq::kColumns}}));
+
+  const ConstTensorView input{x.info(), x.Elements<float>().data()};
+  const auto outputs = Run(qdq.model, {input});
+  ASSERT_EQ(outputs.size(), 2u);
+  const auto expected = outputs[1].Elements<int8_t>();
+  const auto got = written->Elements<int8_t>();
+  EXPECT_EQ(std::vector<int8_t>(got.begin(), got.end()),
+            std::vector<int8_t>(expected.begin(), expected.end()));
 }
 
 }  // namespace
