@@ -32,7 +32,7 @@ using ::backplane::testing::SetInts;
 constexpr int32_t kUint8 = onnx::TensorProto::UINT8;
 constexpr int32_t kInt8 = onnx::TensorProto::INT8;
 
-// A runtime with CpuRef alone, loaded from a temporary backend directory as a host does.
+// A runtime with CpuRef and CpuAcc, loaded from a temporary backend directory as a host does.
 class QdqNetworkTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -40,6 +40,7 @@ class QdqNetworkTest : public ::testing::Test {
     ASSERT_NE(mkdtemp(pattern.data()), nullptr);
     dir_ = pattern;
     fs::create_symlink(BACKPLANE_CPU_REF, dir_ / "Backplane_CpuRef_backend.so");
+    fs::create_symlink(BACKPLANE_CPU_ACC, dir_ / "Backplane_CpuAcc_backend.so");
     auto runtime = Runtime::Create({.backend_paths = std::vector{dir_}});
     ASSERT_TRUE(runtime.ok()) << runtime.error().ToString();
     runtime_ = std::move(runtime).value();
@@ -50,19 +51,30 @@ class QdqNetworkTest : public ::testing::Test {
     fs::remove_all(dir_, error);
   }
 
-  // Imports `model`, runs it once on `inputs` on CpuRef and returns its outputs.
-  std::vector<Tensor> Run(const ModelBuilder& model, const std::vector<ConstTensorView>& inputs) {
+  // Imports `model`, runs it once on `inputs` with `preferences` and returns its outputs, and
+  // in `placement` (when given) "node:backend" for every layer.
+  std::vector<Tensor> Run(const ModelBuilder& model, const std::vector<ConstTensorView>& inputs,
+                          const std::vector<std::string>& preferences = {"CpuRef"},
+                          std::vector<std::string>* placement = nullptr) {
     auto network = model.Import();
     EXPECT_TRUE(network.ok()) << network.error().ToString();
     if (!network.ok())
       return {};
     auto id =
-        runtime_->LoadNetwork(std::move(network).value(), {.backend_preferences = {"CpuRef"}});
+        runtime_->LoadNetwork(std::move(network).value(), {.backend_preferences = preferences});
     EXPECT_TRUE(id.ok()) << id.error().ToString();
     if (!id.ok())
       return {};
     auto outputs = runtime_->Execute(*id, inputs);
     EXPECT_TRUE(outputs.ok()) << outputs.error().ToString();
+    if (placement != nullptr) {
+      auto layers = runtime_->GetPlacement(*id);
+      EXPECT_TRUE(layers.ok()) << layers.error().ToString();
+      if (layers.ok()) {
+        for (const LayerPlacement& layer : *layers)
+          placement->push_back(layer.node + ":" + layer.backend_id);
+      }
+    }
     EXPECT_TRUE(runtime_->UnloadNetwork(*id).ok());
     return outputs.ok() ? std::move(outputs).value() : std::vector<Tensor>{};
   }
@@ -234,6 +246,32 @@ TEST_F(QdqNetworkTest, PerColumnMatMulWithQuantizedActivationsRunsEndToEnd) {
         ASSERT_EQ(q[index], quantized) << "q[" << r << "," << c << "], float sum " << sum;
     }
   }
+}
+
+// With CpuAcc preferred (as a server's default is), the float MatMul runs on CpuAcc and the
+// pairs, which it has no kernels for, on CpuRef; the answers are CpuRef's within one step (the
+// sums run in another order).
+TEST_F(QdqNetworkTest, PairsFallBackToCpuRefBesideCpuAcc) {
+  const uint64_t seed = ::backplane::testing::TestSeed();
+  SCOPED_TRACE("seed " + std::to_string(seed) + " (BACKPLANE_TEST_SEED replays it)");
+  std::mt19937_64 random(seed);
+  const MatMulQdq qdq(random);
+  std::vector<float> x(2 * MatMulQdq::kInner);
+  for (auto& value : x)
+    value = static_cast<float>(std::uniform_real_distribution<double>(-1.5, 1.5)(random));
+  const ConstTensorView input{{DataType::kFloat32, {2, MatMulQdq::kInner}}, x.data()};
+  std::vector<std::string> placement;
+  const auto mixed = Run(qdq.model, {input}, {"CpuAcc", "CpuRef"}, &placement);
+  const auto reference = Run(qdq.model, {input});
+  EXPECT_THAT(placement, ::testing::UnorderedElementsAre("in_quant:CpuRef", "in_dequant:CpuRef",
+                                                         "w_dequant:CpuRef", "matmul:CpuAcc",
+                                                         "out_quant:CpuRef", "out_dequant:CpuRef"));
+  ASSERT_EQ(mixed.size(), 2u);
+  ASSERT_EQ(reference.size(), 2u);
+  const auto y = mixed[0].Elements<float>();
+  const auto y_reference = reference[0].Elements<float>();
+  for (std::size_t i = 0; i < y.size(); ++i)
+    EXPECT_NEAR(y[i], y_reference[i], MatMulQdq::kOutScale * 1.001) << "y at " << i;
 }
 
 // `backplane run` on a QDQ model file: every layer placed, and the INT8 output written as a
