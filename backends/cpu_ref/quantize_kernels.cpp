@@ -78,7 +78,7 @@ class QuantizationWorkload final : public WorkloadBase {
         return NodeUnimplemented(
             op, "CpuRef quantizes FP32 to UINT8 or INT8 (the zero point's type); got " +
                     std::string(ToString(x)) + " to " + std::string(ToString(y)) +
-                    (has_zero_point ? " with a " + std::string(ToString(zero_point)) + " zero point"
+                    (has_zero_point ? " with a zero point of " + std::string(ToString(zero_point))
                                     : ""));
     } else {
       const bool x_supported = IsQuantizedType(x) || x == DataType::kInt32;
@@ -88,7 +88,7 @@ class QuantizationWorkload final : public WorkloadBase {
             "CpuRef dequantizes UINT8, INT8 or INT32 (with a zero point of that type) to "
             "FP32; got " +
                 std::string(ToString(x)) + " to " + std::string(ToString(y)) +
-                (has_zero_point ? " with a " + std::string(ToString(zero_point)) + " zero point"
+                (has_zero_point ? " with a zero point of " + std::string(ToString(zero_point))
                                 : ""));
     }
     if (op.inputs[1].type != DataType::kFloat32)

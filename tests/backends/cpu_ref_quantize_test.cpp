@@ -316,7 +316,7 @@ TEST_F(CpuRefQuantizeTest, IsSupportedRefusesWhatItCannotRun) {
                                             DataType::kUint8, DataType::kInt8);
   EXPECT_EQ(backend().IsSupported(mixed).code(), StatusCode::kUnimplemented);
   EXPECT_THAT(backend().IsSupported(mixed).message(),
-              AllOf(HasSubstr("'quant'"), HasSubstr("with a INT8 zero point")));
+              AllOf(HasSubstr("'quant'"), HasSubstr("with a zero point of INT8")));
   // Dequantizing a float.
   const OperatorDesc from_float = QuantizationOp("DequantizeLinear", layout, DataType::kFloat32,
                                                  DataType::kFloat32, std::nullopt);
