@@ -4,7 +4,9 @@
 // Ops (ONNX semantics, opsets 13-25, FP32 only): Add, Sub, Mul, Div, Relu, LeakyRelu, Sigmoid,
 // HardSigmoid, HardSwish, Tanh, Clip, Dropout (inference), Softmax, Gemm, MatMul, Conv, MaxPool,
 // AveragePool, GlobalAveragePool, GlobalMaxPool, BatchNormalization, Flatten, Reshape, Transpose,
-// Concat, Pad (constant mode), Identity. Constant is not a backend op (the host folds it).
+// Concat, Pad (constant mode), Identity; and QuantizeLinear (FP32 to UINT8/INT8) and
+// DequantizeLinear (UINT8/INT8/INT32 to FP32), per tensor and per axis. Constant is not a backend
+// op (the host folds it).
 //
 // The contract with the host:
 //  - IsSupported(op) is OK, or kUnimplemented naming the node, the op and the reason (an
@@ -39,7 +41,8 @@ namespace {
 constexpr std::string_view kId = "CpuRef";
 
 const KernelEntry* FindKernel(std::string_view op_type) {
-  for (auto family : {ElementwiseKernels(), MatrixKernels(), WindowKernels(), LayoutKernels()}) {
+  for (auto family : {ElementwiseKernels(), MatrixKernels(), WindowKernels(), LayoutKernels(),
+                      QuantizeKernels()}) {
     for (const KernelEntry& entry : family) {
       if (entry.op_type == op_type)
         return &entry;

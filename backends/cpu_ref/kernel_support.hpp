@@ -33,9 +33,10 @@ struct KernelEntry {
 // Add Sub Mul Div Relu LeakyRelu Sigmoid HardSigmoid HardSwish Tanh Clip Dropout Softmax
 // BatchNormalization
 std::span<const KernelEntry> ElementwiseKernels();
-std::span<const KernelEntry> MatrixKernels();  // Gemm MatMul
-std::span<const KernelEntry> WindowKernels();  // Conv MaxPool AveragePool Global*Pool
-std::span<const KernelEntry> LayoutKernels();  // Identity Flatten Reshape Transpose Concat Pad
+std::span<const KernelEntry> MatrixKernels();    // Gemm MatMul
+std::span<const KernelEntry> WindowKernels();    // Conv MaxPool AveragePool Global*Pool
+std::span<const KernelEntry> LayoutKernels();    // Identity Flatten Reshape Transpose Concat Pad
+std::span<const KernelEntry> QuantizeKernels();  // QuantizeLinear DequantizeLinear
 
 // Every kernel is a class W with
 //   struct Params;                                   // attributes and constants, immutable

@@ -72,11 +72,14 @@ Result<TensorInfo> DeclaredInfo(const onnx::ValueInfoProto& value, bool for_inpu
   const auto& tensor_type = value.type().tensor_type();
   TensorInfo info;
   const int32_t elem_type = tensor_type.elem_type();
-  if (elem_type == onnx::TensorProto::FLOAT || elem_type == onnx::TensorProto::INT64) {
+  // UINT8 and INT8 are what DequantizeLinear takes and QuantizeLinear gives.
+  if (elem_type == onnx::TensorProto::FLOAT || elem_type == onnx::TensorProto::INT64 ||
+      elem_type == onnx::TensorProto::UINT8 || elem_type == onnx::TensorProto::INT8) {
     info.type = static_cast<DataType>(elem_type);
   } else if (elem_type != onnx::TensorProto::UNDEFINED || for_input) {
     return errors.Unsupported(what + " has unsupported data type " + ElementTypeName(elem_type) +
-                              " (supported: FLOAT, and INT64 for Reshape's shape)");
+                              " (supported: FLOAT, UINT8 and INT8 for quantized values, and "
+                              "INT64 for Reshape's shape)");
   }
   if (!tensor_type.has_shape()) {
     if (for_input)

@@ -7,6 +7,8 @@
 // - Conv (1, 11), MaxPool (8, 10, 11, 12), AveragePool (7, 10, 11): attributes added later default
 //   to the old behaviour (ceil_mode 0, dilations 1), so an old node is a valid new node.
 // - MatMul, Relu, Sigmoid, Tanh, LeakyRelu, HardSigmoid, Identity, Global*Pool: types only.
+// - QuantizeLinear, DequantizeLinear (10): per tensor only, a valid opset-13 node as it stands;
+//   shape inference refuses a 1-D scale (per axis) before 13.
 // - BatchNormalization 9 to 13: the opset-14 form in inference; outputs other than Y are refused
 //   by shape inference whatever the opset.
 // Traps kept in mind here: Softmax before 13 has the same attribute name with another meaning,

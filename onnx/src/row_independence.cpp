@@ -18,6 +18,7 @@
 //   needs the row's dimensions known; a positive dimension 0 is never the batch.
 // - Softmax's default axis is -1 from opset 13 and 1 before (import rewrites the old forms, but a
 //   network built by hand may not be imported): a rank-1 input normalises over the batch.
+// - QuantizeLinear and DequantizeLinear per axis 0 scale each row of the batch differently.
 // - Unknown operators fail closed: a new operator is batched only once it has a rule here.
 #include "backplane/onnx/row_independence.hpp"
 
@@ -87,6 +88,8 @@ class NodeRule {
       return Concat();
     if (op == "Pad")
       return Pad();
+    if (op == "QuantizeLinear" || op == "DequantizeLinear")
+      return Quantization();
     return Refuse("has no rule for the batch dimension, so its rows cannot be shown to stay apart");
   }
 
@@ -166,6 +169,25 @@ class NodeRule {
                       " along dimension 0, the batch: row r would meet its row r, so a "
                       "request's answer would depend on where it sits in the batch");
     }
+    return true;
+  }
+
+  // Element by element with a scale and zero point per tensor, or per index of `axis`: per index
+  // of axis 0 they would pair row r of the batch with the model's scale r (and a batch of another
+  // size would not run at all).
+  Result<bool> Quantization() const {
+    BACKPLANE_RETURN_IF_ERROR(BatchOnlyInData());
+    const Shape& scale = ShapeOf(1);
+    const bool per_axis = scale.size() == 1 && scale[0] != 1;
+    if (!per_axis)
+      return true;
+    const auto axis = Axis("axis", 1, ShapeOf(0).size());
+    if (!axis)
+      return Refuse("has an invalid 'axis'");
+    if (*axis == 0)
+      return Refuse("has a scale of shape " + ShapeText(scale) +
+                    " per index of axis 0, the batch dimension: row r would meet scale r, so a "
+                    "request's answer would depend on where it sits in the batch");
     return true;
   }
 

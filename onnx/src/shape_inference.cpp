@@ -3,6 +3,7 @@
 // need it are left to the per-request pass, when it is known.
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <initializer_list>
 #include <numeric>
 #include <optional>
@@ -19,20 +20,36 @@ namespace {
 constexpr int64_t kDynamic = -1;
 
 // Sized by its initializers: a std::array with a stale count would pad with "" and "support" it.
-constexpr std::string_view kSupportedOps[] = {"Add",           "Sub",
-                                              "Mul",           "Div",
-                                              "Relu",          "LeakyRelu",
-                                              "Sigmoid",       "HardSigmoid",
-                                              "HardSwish",     "Tanh",
-                                              "Clip",          "Softmax",
-                                              "Gemm",          "MatMul",
-                                              "Conv",          "MaxPool",
-                                              "AveragePool",   "GlobalAveragePool",
-                                              "GlobalMaxPool", "BatchNormalization",
-                                              "Flatten",       "Reshape",
-                                              "Transpose",     "Concat",
-                                              "Identity",      "Dropout",
-                                              "Pad",           "Constant"};
+constexpr std::string_view kSupportedOps[] = {"Add",
+                                              "Sub",
+                                              "Mul",
+                                              "Div",
+                                              "Relu",
+                                              "LeakyRelu",
+                                              "Sigmoid",
+                                              "HardSigmoid",
+                                              "HardSwish",
+                                              "Tanh",
+                                              "Clip",
+                                              "Softmax",
+                                              "Gemm",
+                                              "MatMul",
+                                              "Conv",
+                                              "MaxPool",
+                                              "AveragePool",
+                                              "GlobalAveragePool",
+                                              "GlobalMaxPool",
+                                              "BatchNormalization",
+                                              "Flatten",
+                                              "Reshape",
+                                              "Transpose",
+                                              "Concat",
+                                              "Identity",
+                                              "Dropout",
+                                              "Pad",
+                                              "Constant",
+                                              "QuantizeLinear",
+                                              "DequantizeLinear"};
 
 bool Known(int64_t dim) {
   return dim >= 0;
@@ -122,6 +139,8 @@ class NodeInference {
       return InferTranspose();
     if (op == "Concat")
       return InferConcat();
+    if (op == "QuantizeLinear" || op == "DequantizeLinear")
+      return InferQuantization();
     return Error(StatusCode::kUnimplemented, "unsupported operator " + op);
   }
 
@@ -754,6 +773,100 @@ class NodeInference {
     if (!shape.ok())
       return Error(shape.error().code(), shape.error().message());
     SetOutput(std::move(shape).value());
+    return Status::Ok();
+  }
+
+  // QuantizeLinear: FP32 x to the zero point's type (UINT8 when it is omitted);
+  // DequantizeLinear: UINT8, INT8 or INT32 x to FP32, its zero point of x's type. The scale and
+  // zero point are one value for the whole tensor (a scalar, or a 1-D tensor of one element, as
+  // ONNX's reference broadcasts it) or one per index of `axis` (a 1-D tensor of that length).
+  Status InferQuantization() {
+    const bool quantize = node_.op_type == "QuantizeLinear";
+    // Opset 21 added blocked quantization and 21/23 an output_dtype: neither is implemented, and
+    // an attribute ignored here would be a wrong answer.
+    int64_t block_size = 0;
+    BACKPLANE_RETURN_IF_ERROR(Int("block_size", 0, &block_size));
+    if (block_size != 0)
+      return Error(
+          StatusCode::kUnimplemented,
+          "blocked quantization (block_size " + std::to_string(block_size) + ") is not supported");
+    if (HasAttr("output_dtype"))
+      return Error(StatusCode::kUnimplemented,
+                   "attribute 'output_dtype' is not supported: give a zero point of the type "
+                   "wanted");
+    BACKPLANE_RETURN_IF_ERROR(CheckArity(2, 3, 1));
+    const DataType x_type = inputs_[0]->type;
+    if (quantize
+            ? x_type != DataType::kFloat32
+            : x_type != DataType::kUint8 && x_type != DataType::kInt8 && x_type != DataType::kInt32)
+      return Error(StatusCode::kUnimplemented,
+                   "unsupported data type " + std::string(ToString(x_type)) + " for input 0 ('" +
+                       node_.inputs[0] + "'), expected " +
+                       (quantize ? "FP32" : "UINT8, INT8 or INT32"));
+    if (inputs_[1]->type != DataType::kFloat32)
+      return Error(StatusCode::kUnimplemented,
+                   "unsupported data type " + std::string(ToString(inputs_[1]->type)) +
+                       " for the scale, input 1 ('" + node_.inputs[1] + "'), expected FP32");
+    DataType output_type = quantize ? DataType::kUint8 : DataType::kFloat32;
+    if (Has(2)) {
+      const DataType zero_type = inputs_[2]->type;
+      const bool allowed = quantize ? zero_type == DataType::kUint8 || zero_type == DataType::kInt8
+                                    : zero_type == x_type;
+      if (!allowed)
+        return Error(StatusCode::kInvalidArgument,
+                     "the zero point, input 2 ('" + node_.inputs[2] + "'), is " +
+                         std::string(ToString(zero_type)) + ", expected " +
+                         (quantize ? std::string("UINT8 or INT8")
+                                   : std::string(ToString(x_type)) + " as input 0"));
+      if (quantize)
+        output_type = zero_type;
+      if (In(2) != In(1))
+        return Mismatch("the zero point, input 2 ('" + node_.inputs[2] + "') " + ShapeText(In(2)) +
+                        ", and the scale, input 1 ('" + node_.inputs[1] + "') " + ShapeText(In(1)) +
+                        ", must have the same shape");
+    }
+    const Shape& scale = In(1);
+    if (scale.size() > 1)
+      return Error(StatusCode::kUnimplemented,
+                   "the scale, input 1 ('" + node_.inputs[1] + "'), has shape " + ShapeText(scale) +
+                       ": only a scalar (per tensor) or a 1-D tensor (per axis) is supported");
+    const bool per_axis = scale.size() == 1 && scale[0] != 1;
+    if (per_axis) {
+      // Before opset 13 the operators had no axis: a scale had to be a scalar.
+      if (opset_ < 13)
+        return Error(StatusCode::kInvalidArgument,
+                     "a 1-D scale " + ShapeText(scale) +
+                         " (per axis) needs opset 13, the model's is " + std::to_string(opset_));
+      std::size_t axis = 0;
+      BACKPLANE_RETURN_IF_ERROR(Axis("axis", 1, In(0).size(), 0, &axis));
+      int64_t merged = 0;
+      BACKPLANE_RETURN_IF_ERROR(MergeDim(scale[0], In(0)[axis],
+                                         "per-axis scale and zero point length vs dimension " +
+                                             std::to_string(axis) + " of input 0 ('" +
+                                             node_.inputs[0] + "') " + ShapeText(In(0)),
+                                         &merged));
+    }
+    BACKPLANE_RETURN_IF_ERROR(CheckConstantScale());
+    SetOutput(In(0), output_type);
+    return Status::Ok();
+  }
+
+  // A scale known at load must be a finite positive number: x / 0 has no quantized value, and a
+  // negative or NaN scale is a broken model, not a choice. A scale computed at run time is the
+  // model's own business, as it is for ONNX Runtime.
+  Status CheckConstantScale() const {
+    auto constant = constants_.find(node_.inputs[1]);
+    if (constant == constants_.end())
+      return Status::Ok();
+    const auto values = constant->second.Elements<float>();
+    for (std::size_t i = 0; i < values.size(); ++i) {
+      if (!(std::isfinite(values[i]) && values[i] > 0))
+        return Error(StatusCode::kInvalidArgument,
+                     "the scale, input 1 ('" + node_.inputs[1] + "'), is " +
+                         std::to_string(values[i]) +
+                         (values.size() > 1 ? " at index " + std::to_string(i) : "") +
+                         ": a scale must be finite and greater than zero");
+    }
     return Status::Ok();
   }
 

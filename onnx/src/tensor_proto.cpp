@@ -5,6 +5,7 @@
 #include <limits>
 #include <sstream>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "backplane/onnx/network.hpp"
@@ -48,7 +49,15 @@ Status CopyTyped(const Field& field, int64_t count, std::string_view what,
                            " elements");
   out->resize(static_cast<std::size_t>(count) * sizeof(T));
   for (int64_t i = 0; i < count; ++i) {
-    T value = static_cast<T>(field.Get(static_cast<int>(i)));
+    const auto stored = field.Get(static_cast<int>(i));
+    // INT8 and UINT8 arrive widened in int32_data: a value outside T would wrap silently (a
+    // zero point of 300 would become 44).
+    if constexpr (std::is_integral_v<T> && sizeof(T) == 1) {
+      if (stored < std::numeric_limits<T>::min() || stored > std::numeric_limits<T>::max())
+        return InvalidArgument(std::string(what) + " holds " + std::to_string(stored) + " at " +
+                               std::to_string(i) + ", outside the range of its data type");
+    }
+    T value = static_cast<T>(stored);
     std::memcpy(out->data() + i * sizeof(T), &value, sizeof(T));
   }
   return Status::Ok();

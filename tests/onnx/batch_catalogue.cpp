@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <functional>
 #include <numeric>
+#include <optional>
 #include <random>
 
 #include "model_builder.hpp"
@@ -34,6 +35,7 @@ class Catalogue {
       Transpose();
       Concat();
       Pad();
+      Quantization();
       ConstantNode();
       Chains();
     }
@@ -455,6 +457,36 @@ class Catalogue {
     };
     pad("Pad", {0, Uniform(0, 2), Uniform(0, 2), 0, Uniform(0, 2), Uniform(1, 2)});
     pad("Pad_batch", {Uniform(0, 1), 0, 0, Uniform(1, 2), 0, 0}, "pads axis 0, the batch");
+  }
+
+  // x → QuantizeLinear → DequantizeLinear → y, float at both ends, per tensor or per axis: safe
+  // away from axis 0, where each row would get its own scale.
+  void Quantization() {
+    const std::vector<int64_t> dims = Dims(2);
+    const auto qdq = [&](const std::string& what, std::optional<int64_t> axis,
+                         std::string reason = {}) {
+      ModelBuilder model = WithInput(dims);
+      // The scale's length: one, or the batch's dimension at axis 0 (as a model quantized with
+      // a fixed batch has it), or the axis's dimension.
+      const int64_t length = !axis ? 1 : *axis == 0 ? Uniform(2, 3) : dims[*axis - 1];
+      const std::vector<int64_t> shape =
+          axis ? std::vector<int64_t>{length} : std::vector<int64_t>{};
+      model.FloatInitializer("scale", shape, std::vector<float>(length, 0.25f));
+      model.QuantizedInitializer("zero", shape, onnx::TensorProto::INT8,
+                                 std::vector<int32_t>(length, -3));
+      auto& quantize = model.Node("QuantizeLinear", {"x", "scale", "zero"}, {"q"}, "quant");
+      auto& dequantize = model.Node("DequantizeLinear", {"q", "scale", "zero"}, {"y"}, "dequant");
+      if (axis) {
+        const int64_t given = Coin() ? *axis : *axis - 3;  // rank 3: negative axes too
+        SetInt(quantize, "axis", given);
+        SetInt(dequantize, "axis", given);
+      }
+      Record(what, "QuantizeLinear", model, {{"x", Batched(dims)}},
+             reason.empty() ? std::string() : "node 'quant' (QuantizeLinear)", reason);
+    };
+    qdq("QuantizeLinear_per_tensor", std::nullopt);
+    qdq("QuantizeLinear_per_axis", Uniform(1, 2));
+    qdq("QuantizeLinear_axis0", 0, "per index of axis 0, the batch dimension");
   }
 
   // A Constant node (folded at import) as an operand: as any constant.

@@ -116,6 +116,18 @@ ModelBuilder& ModelBuilder::Int64Initializer(const std::string& name, std::vecto
   return *this;
 }
 
+ModelBuilder& ModelBuilder::QuantizedInitializer(const std::string& name, std::vector<int64_t> dims,
+                                                 int32_t type, std::vector<int32_t> values) {
+  auto* tensor = model_.mutable_graph()->add_initializer();
+  tensor->set_name(name);
+  tensor->set_data_type(type);
+  for (int64_t dim : dims)
+    tensor->add_dims(dim);
+  for (int32_t value : values)
+    tensor->add_int32_data(value);
+  return *this;
+}
+
 onnx::NodeProto& ModelBuilder::Node(const std::string& op_type, std::vector<std::string> inputs,
                                     std::vector<std::string> outputs, const std::string& name) {
   auto* node = model_.mutable_graph()->add_node();

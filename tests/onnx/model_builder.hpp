@@ -36,6 +36,9 @@ class ModelBuilder {
                                 std::vector<bool> values);
   ModelBuilder& Int64Initializer(const std::string& name, std::vector<int64_t> dims,
                                  std::vector<int64_t> values);
+  // A UINT8 or INT8 initializer (`type`), its values in int32_data as ONNX stores them.
+  ModelBuilder& QuantizedInitializer(const std::string& name, std::vector<int64_t> dims,
+                                     int32_t type, std::vector<int32_t> values);
   onnx::NodeProto& Node(const std::string& op_type, std::vector<std::string> inputs,
                         std::vector<std::string> outputs, const std::string& name = "");
 

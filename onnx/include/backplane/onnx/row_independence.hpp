@@ -17,7 +17,8 @@ namespace backplane {
 // as a broadcast dimension, Conv, the pools and BatchNormalization (inference) on dimension 0,
 // Flatten and Reshape that keep dimension 0 the batch with the rest of a row unchanged,
 // Transpose with perm[0] = 0, Concat and Pad away from axis 0, Identity, Dropout (inference),
-// Clip. Anything else fails closed, even where it might be safe: kInvalidArgument "node 'sm'
+// Clip, QuantizeLinear and DequantizeLinear per tensor or per an axis other than 0. Anything else
+// fails closed, even where it might be safe: kInvalidArgument "node 'sm'
 // (Softmax) normalises over axis 0, the batch dimension: rows of different requests would mix"
 // (the node first, as import names nodes, then why), or naming the graph input or output that
 // has no batch dimension. Thread-safe: reads `network` only.

@@ -1,0 +1,313 @@
+// Whole QDQ models, as ONNX Runtime's static quantization writes them, imported and run through
+// Runtime on CpuRef: int8 per-channel weights dequantized into a float Conv or MatMul, its output
+// quantized and dequantized again. Checked against a float reference computed here, within one
+// quantization step (the float sums may round a value across a rounding boundary), and the
+// quantized UINT8/INT8 outputs exactly where the reference is not near a boundary.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "backplane/onnx/network.hpp"
+#include "backplane/runtime/runtime.hpp"
+#include "model_builder.hpp"
+#include "test_util.hpp"
+
+namespace backplane {
+namespace {
+
+namespace fs = std::filesystem;
+using ::backplane::testing::ModelBuilder;
+using ::backplane::testing::SetInt;
+using ::backplane::testing::SetInts;
+
+constexpr int32_t kUint8 = onnx::TensorProto::UINT8;
+constexpr int32_t kInt8 = onnx::TensorProto::INT8;
+
+// A runtime with CpuRef and CpuAcc, loaded from a temporary backend directory as a host does.
+class QdqNetworkTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string pattern = (fs::temp_directory_path() / "backplane-qdq-XXXXXX").string();
+    ASSERT_NE(mkdtemp(pattern.data()), nullptr);
+    dir_ = pattern;
+    fs::create_symlink(BACKPLANE_CPU_REF, dir_ / "Backplane_CpuRef_backend.so");
+    fs::create_symlink(BACKPLANE_CPU_ACC, dir_ / "Backplane_CpuAcc_backend.so");
+    auto runtime = Runtime::Create({.backend_paths = std::vector{dir_}});
+    ASSERT_TRUE(runtime.ok()) << runtime.error().ToString();
+    runtime_ = std::move(runtime).value();
+  }
+  void TearDown() override {
+    runtime_.reset();
+    std::error_code error;
+    fs::remove_all(dir_, error);
+  }
+
+  // Imports `model`, runs it once on `inputs` with `preferences` and returns its outputs, and
+  // in `placement` (when given) "node:backend" for every layer.
+  std::vector<Tensor> Run(const ModelBuilder& model, const std::vector<ConstTensorView>& inputs,
+                          const std::vector<std::string>& preferences = {"CpuRef"},
+                          std::vector<std::string>* placement = nullptr) {
+    auto network = model.Import();
+    EXPECT_TRUE(network.ok()) << network.error().ToString();
+    if (!network.ok())
+      return {};
+    auto id =
+        runtime_->LoadNetwork(std::move(network).value(), {.backend_preferences = preferences});
+    EXPECT_TRUE(id.ok()) << id.error().ToString();
+    if (!id.ok())
+      return {};
+    auto outputs = runtime_->Execute(*id, inputs);
+    EXPECT_TRUE(outputs.ok()) << outputs.error().ToString();
+    if (placement != nullptr) {
+      auto layers = runtime_->GetPlacement(*id);
+      EXPECT_TRUE(layers.ok()) << layers.error().ToString();
+      if (layers.ok()) {
+        for (const LayerPlacement& layer : *layers)
+          placement->push_back(layer.node + ":" + layer.backend_id);
+      }
+    }
+    EXPECT_TRUE(runtime_->UnloadNetwork(*id).ok());
+    return outputs.ok() ? std::move(outputs).value() : std::vector<Tensor>{};
+  }
+
+  fs::path dir_;
+  std::unique_ptr<Runtime> runtime_;
+};
+
+// ONNX's QuantizeLinear of one value, in double from the float quotient.
+double FakeQuantize(double value, float scale, int zero_point, int low, int high,
+                    int* quantized = nullptr) {
+  const float quotient = static_cast<float>(value) / scale;
+  const double q = std::fmin(std::fmax(std::nearbyint(quotient) + zero_point, low), high);
+  if (quantized != nullptr)
+    *quantized = static_cast<int>(q);
+  return (q - zero_point) * scale;
+}
+
+// Whether `value` / scale is within a hair of a rounding boundary (an x.5), where float sums in
+// another order may land on the other side.
+bool NearBoundary(double value, float scale) {
+  const double steps = value / scale;
+  return std::fabs(steps - std::floor(steps) - 0.5) < 1e-3;
+}
+
+// x[N,3,5,5] → Conv(DQ(W int8 [4,3,3,3] per output channel), bias, pads 1) → Q (UINT8 per
+// tensor, zero point 128) → q, and → DQ → y.
+TEST_F(QdqNetworkTest, PerChannelConvRunsEndToEnd) {
+  const uint64_t seed = ::backplane::testing::TestSeed();
+  SCOPED_TRACE("seed " + std::to_string(seed) + " (BACKPLANE_TEST_SEED replays it)");
+  std::mt19937_64 random(seed);
+  const auto uniform = [&](double low, double high) {
+    return std::uniform_real_distribution<double>(low, high)(random);
+  };
+  constexpr int kFilters = 4, kChannels = 3, kSize = 5, kKernel = 3, kBatch = 2;
+  std::vector<int32_t> weights(kFilters * kChannels * kKernel * kKernel);
+  for (auto& w : weights)
+    w = static_cast<int32_t>(std::uniform_int_distribution<int>(-128, 127)(random));
+  const std::vector<float> weight_scales = {0.01f, 0.02f, 0.005f, 0.04f};
+  const std::vector<float> bias = {0.1f, -0.2f, 0.0f, 0.3f};
+  const float out_scale = 0.05f;
+  const int out_zero = 128;
+
+  ModelBuilder model;
+  model.Input("x", {-1, kChannels, kSize, kSize}).Output("y", {-1, kFilters, kSize, kSize});
+  model.Output("q", {-1, kFilters, kSize, kSize}, kUint8);
+  model.QuantizedInitializer("w_q", {kFilters, kChannels, kKernel, kKernel}, kInt8, weights);
+  model.FloatInitializer("w_scale", {kFilters}, weight_scales);
+  model.QuantizedInitializer("w_zero", {kFilters}, kInt8, {0, 0, 0, 0});
+  model.FloatInitializer("bias", {kFilters}, bias);
+  model.FloatInitializer("out_scale", {}, {out_scale});
+  model.QuantizedInitializer("out_zero", {}, kUint8, {out_zero});
+  SetInt(model.Node("DequantizeLinear", {"w_q", "w_scale", "w_zero"}, {"w"}, "w_dequant"), "axis",
+         0);
+  SetInts(model.Node("Conv", {"x", "w", "bias"}, {"c"}, "conv"), "pads", {1, 1, 1, 1});
+  model.Node("QuantizeLinear", {"c", "out_scale", "out_zero"}, {"q"}, "out_quant");
+  model.Node("DequantizeLinear", {"q", "out_scale", "out_zero"}, {"y"}, "out_dequant");
+
+  std::vector<float> x(kBatch * kChannels * kSize * kSize);
+  for (auto& value : x)
+    value = static_cast<float>(uniform(-1, 1));
+  const ConstTensorView input{{DataType::kFloat32, {kBatch, kChannels, kSize, kSize}}, x.data()};
+  const auto outputs = Run(model, {input});
+  ASSERT_EQ(outputs.size(), 2u);
+  ASSERT_EQ(outputs[0].info(), (TensorInfo{DataType::kFloat32, {kBatch, kFilters, kSize, kSize}}));
+  ASSERT_EQ(outputs[1].info(), (TensorInfo{DataType::kUint8, {kBatch, kFilters, kSize, kSize}}));
+  const auto y = outputs[0].Elements<float>();
+  const auto q = outputs[1].Elements<uint8_t>();
+
+  int exact = 0;
+  for (int n = 0; n < kBatch; ++n) {
+    for (int f = 0; f < kFilters; ++f) {
+      for (int i = 0; i < kSize; ++i) {
+        for (int j = 0; j < kSize; ++j) {
+          double sum = bias[f];
+          for (int c = 0; c < kChannels; ++c) {
+            for (int ki = 0; ki < kKernel; ++ki) {
+              for (int kj = 0; kj < kKernel; ++kj) {
+                const int row = i + ki - 1, column = j + kj - 1;
+                if (row < 0 || row >= kSize || column < 0 || column >= kSize)
+                  continue;
+                const double w = weights[((f * kChannels + c) * kKernel + ki) * kKernel + kj] *
+                                 static_cast<double>(weight_scales[f]);
+                sum += w * x[((n * kChannels + c) * kSize + row) * kSize + column];
+              }
+            }
+          }
+          int quantized = 0;
+          const double expected = FakeQuantize(sum, out_scale, out_zero, 0, 255, &quantized);
+          const std::size_t index = ((n * kFilters + f) * kSize + i) * kSize + j;
+          ASSERT_NEAR(y[index], expected, out_scale * 1.001)
+              << "y[" << n << "," << f << "," << i << "," << j << "], float sum " << sum;
+          if (!NearBoundary(sum, out_scale)) {
+            ASSERT_EQ(q[index], quantized) << "q at " << index << ", float sum " << sum;
+            ASSERT_NEAR(y[index], expected, 1e-6);
+            ++exact;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(exact, kBatch * kFilters * kSize * kSize / 2);  // the check above did check
+}
+
+// x[N,6] → Q (UINT8, zero point 100) → DQ → MatMul(DQ(W int8 [6,4] per column, axis -1)) →
+// Q (INT8 per tensor, zero point -5) → q, and → DQ → y.
+struct MatMulQdq {
+  static constexpr int kRows = 3, kInner = 6, kColumns = 4;
+  static constexpr float kInScale = 0.01f, kOutScale = 0.04f;
+  static constexpr int kInZero = 100, kOutZero = -5;
+  const std::vector<float> weight_scales = {0.02f, 0.01f, 0.03f, 0.015f};
+  std::vector<int32_t> weights;
+  ModelBuilder model;
+
+  explicit MatMulQdq(std::mt19937_64& random) : weights(kInner * kColumns) {
+    for (auto& w : weights)
+      w = static_cast<int32_t>(std::uniform_int_distribution<int>(-128, 127)(random));
+    model.Input("x", {-1, kInner}).Output("y", {-1, kColumns}).Output("q", {-1, kColumns}, kInt8);
+    model.FloatInitializer("in_scale", {}, {kInScale});
+    model.QuantizedInitializer("in_zero", {}, kUint8, {kInZero});
+    model.QuantizedInitializer("w_q", {kInner, kColumns}, kInt8, weights);
+    model.FloatInitializer("w_scale", {kColumns}, weight_scales);
+    model.FloatInitializer("out_scale", {}, {kOutScale});
+    model.QuantizedInitializer("out_zero", {}, kInt8, {kOutZero});
+    model.Node("QuantizeLinear", {"x", "in_scale", "in_zero"}, {"x_q"}, "in_quant");
+    model.Node("DequantizeLinear", {"x_q", "in_scale", "in_zero"}, {"x_dq"}, "in_dequant");
+    SetInt(model.Node("DequantizeLinear", {"w_q", "w_scale"}, {"w"}, "w_dequant"), "axis", -1);
+    model.Node("MatMul", {"x_dq", "w"}, {"m"}, "matmul");
+    model.Node("QuantizeLinear", {"m", "out_scale", "out_zero"}, {"q"}, "out_quant");
+    model.Node("DequantizeLinear", {"q", "out_scale", "out_zero"}, {"y"}, "out_dequant");
+  }
+};
+
+TEST_F(QdqNetworkTest, PerColumnMatMulWithQuantizedActivationsRunsEndToEnd) {
+  const uint64_t seed = ::backplane::testing::TestSeed();
+  SCOPED_TRACE("seed " + std::to_string(seed) + " (BACKPLANE_TEST_SEED replays it)");
+  std::mt19937_64 random(seed);
+  const MatMulQdq qdq(random);
+  constexpr int kRows = MatMulQdq::kRows, kInner = MatMulQdq::kInner,
+                kColumns = MatMulQdq::kColumns;
+  const auto& weights = qdq.weights;
+  const auto& weight_scales = qdq.weight_scales;
+  const float in_scale = MatMulQdq::kInScale, out_scale = MatMulQdq::kOutScale;
+  const int in_zero = MatMulQdq::kInZero, out_zero = MatMulQdq::kOutZero;
+  const ModelBuilder& model = qdq.model;
+
+  std::vector<float> x(kRows * kInner);
+  for (auto& value : x)
+    value = static_cast<float>(std::uniform_real_distribution<double>(-1.5, 1.5)(random));
+  const ConstTensorView input{{DataType::kFloat32, {kRows, kInner}}, x.data()};
+  const auto outputs = Run(model, {input});
+  ASSERT_EQ(outputs.size(), 2u);
+  ASSERT_EQ(outputs[1].info(), (TensorInfo{DataType::kInt8, {kRows, kColumns}}));
+  const auto y = outputs[0].Elements<float>();
+  const auto q = outputs[1].Elements<int8_t>();
+  for (int r = 0; r < kRows; ++r) {
+    for (int c = 0; c < kColumns; ++c) {
+      double sum = 0;
+      for (int k = 0; k < kInner; ++k) {
+        // x below -1 saturates at 0 - 100: the input's quantization clips it to -1.
+        const double x_dq = FakeQuantize(x[r * kInner + k], in_scale, in_zero, 0, 255);
+        sum += x_dq * weights[k * kColumns + c] * static_cast<double>(weight_scales[c]);
+      }
+      int quantized = 0;
+      const double expected = FakeQuantize(sum, out_scale, out_zero, -128, 127, &quantized);
+      const int index = r * kColumns + c;
+      ASSERT_NEAR(y[index], expected, out_scale * 1.001) << "y[" << r << "," << c << "]";
+      if (!NearBoundary(sum, out_scale))
+        ASSERT_EQ(q[index], quantized) << "q[" << r << "," << c << "], float sum " << sum;
+    }
+  }
+}
+
+// With CpuAcc preferred (as a server's default is), the float MatMul runs on CpuAcc and the
+// pairs, which it has no kernels for, on CpuRef; the answers are CpuRef's within one step (the
+// sums run in another order).
+TEST_F(QdqNetworkTest, PairsFallBackToCpuRefBesideCpuAcc) {
+  const uint64_t seed = ::backplane::testing::TestSeed();
+  SCOPED_TRACE("seed " + std::to_string(seed) + " (BACKPLANE_TEST_SEED replays it)");
+  std::mt19937_64 random(seed);
+  const MatMulQdq qdq(random);
+  std::vector<float> x(2 * MatMulQdq::kInner);
+  for (auto& value : x)
+    value = static_cast<float>(std::uniform_real_distribution<double>(-1.5, 1.5)(random));
+  const ConstTensorView input{{DataType::kFloat32, {2, MatMulQdq::kInner}}, x.data()};
+  std::vector<std::string> placement;
+  const auto mixed = Run(qdq.model, {input}, {"CpuAcc", "CpuRef"}, &placement);
+  const auto reference = Run(qdq.model, {input});
+  EXPECT_THAT(placement, ::testing::UnorderedElementsAre("in_quant:CpuRef", "in_dequant:CpuRef",
+                                                         "w_dequant:CpuRef", "matmul:CpuAcc",
+                                                         "out_quant:CpuRef", "out_dequant:CpuRef"));
+  ASSERT_EQ(mixed.size(), 2u);
+  ASSERT_EQ(reference.size(), 2u);
+  const auto y = mixed[0].Elements<float>();
+  const auto y_reference = reference[0].Elements<float>();
+  for (std::size_t i = 0; i < y.size(); ++i)
+    EXPECT_NEAR(y[i], y_reference[i], MatMulQdq::kOutScale * 1.001) << "y at " << i;
+}
+
+// `backplane run` on a QDQ model file: every layer placed, and the INT8 output written as a
+// TensorProto file equal to what Runtime gives.
+TEST_F(QdqNetworkTest, BackplaneRunRunsAQdqModelAndWritesItsInt8Output) {
+  std::mt19937_64 random(::backplane::testing::TestSeed());
+  const MatMulQdq qdq(random);
+  const fs::path model_file = dir_ / "qdq.onnx";
+  {
+    std::ofstream file(model_file, std::ios::binary);
+    file << qdq.model.Serialize();
+  }
+  Tensor x({DataType::kFloat32, {2, MatMulQdq::kInner}});
+  float next = -1.3f;
+  for (float& value : x.Elements<float>())
+    value = next += 0.21f;
+  ASSERT_TRUE(WriteTensorProtoFile(dir_ / "x.pb", x, "x").ok());
+
+  const auto result = ::backplane::testing::RunCommand(
+      std::string(BACKPLANE_EXECUTABLE) + " run --backends " + dir_.string() +
+      " --prefer CpuRef --input " + (dir_ / "x.pb").string() + " --output-dir " +
+      (dir_ / "out").string() + " " + model_file.string() + " 2>&1");
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_THAT(result.output, ::testing::HasSubstr("out_quant"));
+  auto written = ReadTensorProtoFile(dir_ / "out" / "output_1.pb");
+  ASSERT_TRUE(written.ok()) << written.error().ToString();
+  ASSERT_EQ(written->info(), (TensorInfo{DataType::kInt8, {2, MatMulQdq::kColumns}}));
+
+  const ConstTensorView input{x.info(), x.Elements<float>().data()};
+  const auto outputs = Run(qdq.model, {input});
+  ASSERT_EQ(outputs.size(), 2u);
+  const auto expected = outputs[1].Elements<int8_t>();
+  const auto got = written->Elements<int8_t>();
+  EXPECT_EQ(std::vector<int8_t>(got.begin(), got.end()),
+            std::vector<int8_t>(expected.begin(), expected.end()));
+}
+
+}  // namespace
+}  // namespace backplane
