@@ -107,7 +107,14 @@ Status RequestScheduler::RunOnCallerThread(const std::function<Status()>& work) 
   // requests' workers may hold slots too (the arena reserves none for callers, see the
   // constructor), and a caller that then finds none is handed to a worker after all, as before;
   // the count only bounds how many callers can be in that position: never more than the slots.
-  if (callers_in_arena_.fetch_add(1, std::memory_order_acq_rel) < arena_slots_) {
+  // Counted only when below the slots (never up and down again when full), so that the count is
+  // never seen above them, not even for an instant.
+  int in_arena = callers_in_arena_.load(std::memory_order_acquire);
+  while (in_arena < arena_slots_ &&
+         !callers_in_arena_.compare_exchange_weak(in_arena, in_arena + 1,
+                                                  std::memory_order_acq_rel)) {
+  }
+  if (in_arena < arena_slots_) {
     Status status;
     // When TBB does hand `work` to one of its threads, its wait orders the two, but libtbb is not
     // instrumented, so ThreadSanitizer reports every read of the results as a race. The
@@ -121,7 +128,6 @@ Status RequestScheduler::RunOnCallerThread(const std::function<Status()>& work) 
     callers_in_arena_.fetch_sub(1, std::memory_order_acq_rel);
     return status;
   }
-  callers_in_arena_.fetch_sub(1, std::memory_order_acq_rel);
   // One slot, reserved for this thread: execute() never hands the work away, and no worker ever
   // joins (a ParallelFor inside runs serially here). One per thread, shared by every scheduler:
   // it holds no state between calls. Host code, so its thread_local destructor pins no backend.
