@@ -110,9 +110,8 @@ Status RequestScheduler::RunOnCallerThread(const std::function<Status()>& work) 
   // Counted only when below the slots (never up and down again when full), so that the count is
   // never seen above them, not even for an instant.
   int in_arena = callers_in_arena_.load(std::memory_order_acquire);
-  while (in_arena < arena_slots_ &&
-         !callers_in_arena_.compare_exchange_weak(in_arena, in_arena + 1,
-                                                  std::memory_order_acq_rel)) {
+  while (in_arena < arena_slots_ && !callers_in_arena_.compare_exchange_weak(
+                                        in_arena, in_arena + 1, std::memory_order_acq_rel)) {
   }
   if (in_arena < arena_slots_) {
     Status status;
