@@ -8,11 +8,13 @@
 #include <vector>
 
 #include "backplane/onnx/network.hpp"
+#include "import_refusal.hpp"
 #include "model_builder.hpp"
 
 namespace backplane {
 namespace {
 
+using ::backplane::testing::ExpectRefused;
 using ::backplane::testing::ModelBuilder;
 using ::backplane::testing::SetFloat;
 using ::backplane::testing::SetInt;
@@ -26,14 +28,6 @@ TensorInfo ImportedOutput(const ModelBuilder& model) {
   if (!network.ok() || network->outputs.empty())
     return {};
   return network->outputs[0].info;
-}
-
-void ExpectRefused(const ModelBuilder& model, StatusCode code,
-                   const ::testing::Matcher<const std::string&>& message) {
-  auto network = model.Import();
-  ASSERT_FALSE(network.ok()) << "import succeeded";
-  EXPECT_EQ(network.error().code(), code) << network.error().ToString();
-  EXPECT_THAT(network.error().message(), message);
 }
 
 // x[2,3] → Clip(x, inputs...) → y, with "lo" = 0 and "hi" = 6 as initializers.

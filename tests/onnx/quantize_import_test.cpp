@@ -15,11 +15,13 @@
 
 #include "backplane/onnx/network.hpp"
 #include "backplane/onnx/row_independence.hpp"
+#include "import_refusal.hpp"
 #include "model_builder.hpp"
 
 namespace backplane {
 namespace {
 
+using ::backplane::testing::ExpectRefused;
 using ::backplane::testing::ModelBuilder;
 using ::backplane::testing::SetInt;
 using ::testing::AllOf;
@@ -32,14 +34,6 @@ constexpr int32_t kUndefined = onnx::TensorProto::UNDEFINED;
 
 Result<Network> Import(const ModelBuilder& model) {
   return model.Import();
-}
-
-void ExpectRefused(const ModelBuilder& model, StatusCode code,
-                   const ::testing::Matcher<const std::string&>& message) {
-  auto network = model.Import();
-  ASSERT_FALSE(network.ok()) << "import succeeded";
-  EXPECT_EQ(network.error().code(), code) << network.error().ToString();
-  EXPECT_THAT(network.error().message(), message);
 }
 
 // x[2,3,4] → QuantizeLinear(scale, zero) → q, declared without an element type (so that what
