@@ -68,7 +68,9 @@ std::vector<double> Values(const Tensor& tensor) {
       return convert(int32_t{});
     case DataType::kInt64:
       return convert(int64_t{});
-    default:
+    case DataType::kInt8:  // signed: -1 against 1 is 2 apart, not 254
+      return convert(int8_t{});
+    default:  // bytes: uint8, bool
       return convert(uint8_t{});
   }
 }

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <map>
 #include <random>
 #include <thread>
@@ -454,6 +455,31 @@ TEST(RolloutMeterTest, SharesOverAHundredPercentAreClampedTheCandidatesFirst) {
   meter.SetTraffic({.candidate_percent = 150, .baseline_percent = 50});
   EXPECT_DOUBLE_EQ(meter.traffic().candidate_percent, 100);
   EXPECT_DOUBLE_EQ(meter.traffic().baseline_percent, 0);
+}
+
+// Shadow runs compare outputs as numbers of their own type: INT8 -1 against 1 is 2 apart (read
+// as bytes they were 255 and 1, 254 apart, and a quantized model's shadow diverged on noise).
+TEST(RolloutMeterTest, OutputsAreComparedAsNumbersOfTheirOwnType) {
+  const auto tensor = [](DataType type, std::vector<uint8_t> bytes) {
+    Tensor made(TensorInfo{type, {static_cast<int64_t>(bytes.size())}});
+    std::memcpy(made.bytes().data(), bytes.data(), bytes.size());
+    return made;
+  };
+  // -1, 1, -128 against 1, 1, 127.
+  const Tensor a8 = tensor(DataType::kInt8, {0xff, 0x01, 0x80});
+  const Tensor b8 = tensor(DataType::kInt8, {0x01, 0x01, 0x7f});
+  EXPECT_DOUBLE_EQ(MaxDifference(a8, b8), 255);  // -128 against 127
+  const Tensor c8 = tensor(DataType::kInt8, {0xff});
+  const Tensor d8 = tensor(DataType::kInt8, {0x01});
+  EXPECT_DOUBLE_EQ(MaxDifference(c8, d8), 2);
+  // The same bytes as UINT8 are 255 against 1.
+  EXPECT_DOUBLE_EQ(
+      MaxDifference(tensor(DataType::kUint8, {0xff}), tensor(DataType::kUint8, {0x01})), 254);
+  const std::vector<Tensor> expected = {tensor(DataType::kInt8, {0xfe, 0x00})};  // -2, 0
+  const std::vector<Tensor> actual = {tensor(DataType::kInt8, {0xff, 0x00})};    // -1, 0
+  const OutputDivergence divergence = CompareOutputs(expected, actual);
+  EXPECT_FALSE(divergence.shapes_differ);
+  EXPECT_DOUBLE_EQ(divergence.max_abs, 1);
 }
 
 TEST(RolloutMeterTest, ALostBaselineGetsNothingMoreAndTheCandidateKeepsItsKeys) {
