@@ -198,9 +198,9 @@ void FillContents(const Tensor& tensor, inference::InferTensorContents& contents
 // The request's per-call backend options: its parameters named options.<BackendId>.<key>
 // (AddRequestOption), by the parameter's kind. An int64 is taken for a double option too by the
 // runtime; a uint64 beyond int64 and an unset parameter are refused.
-Result<RequestOptions> RequestOptionsOf(
+Result<CallOptions> CallOptionsOf(
     const google::protobuf::Map<std::string, inference::InferParameter>& parameters) {
-  RequestOptions options;
+  CallOptions options;
   for (const auto& [name, parameter] : parameters) {
     if (!std::string_view(name).starts_with(kRequestOptionPrefix))
       continue;
@@ -273,7 +273,7 @@ Result<InferenceRequest> ParseGrpcInferRequest(const inference::ModelInferReques
   InferenceRequest request;
   if (!message.id().empty())
     request.id = message.id();
-  auto options = RequestOptionsOf(message.parameters());
+  auto options = CallOptionsOf(message.parameters());
   if (!options.ok())
     return options.error();
   request.options = std::move(options).value();

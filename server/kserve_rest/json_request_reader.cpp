@@ -94,8 +94,8 @@ Result<bool> CheckRequestParameters(const std::optional<json>& parameters) {
 // The request's per-call backend options: its "parameters" named options.<BackendId>.<key>
 // (AddRequestOption). A JSON integer is an int64 (the runtime takes it for a double option too),
 // a number with a fraction or an exponent a double.
-Result<RequestOptions> RequestOptionsOf(const std::optional<json>& parameters) {
-  RequestOptions options;
+Result<CallOptions> CallOptionsOf(const std::optional<json>& parameters) {
+  CallOptions options;
   if (!parameters || !parameters->is_object())
     return options;  // CheckRequestParameters refused a non-object already
   for (const auto& [name, value] : parameters->items()) {
@@ -341,7 +341,7 @@ Result<InferenceRequest> ParseInferenceRequest(const InferenceBody& body, const 
   auto binary_output = CheckRequestParameters(draft.parameters);
   if (!binary_output.ok())
     return binary_output.error();
-  auto options = RequestOptionsOf(draft.parameters);
+  auto options = CallOptionsOf(draft.parameters);
   if (!options.ok())
     return options.error();
 

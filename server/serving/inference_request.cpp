@@ -90,7 +90,7 @@ DataType ParseDataType(std::string_view name) {
   return DataType::kUndefined;
 }
 
-Result<bool> AddRequestOption(std::string_view name, OptionValue value, RequestOptions& options) {
+Result<bool> AddRequestOption(std::string_view name, OptionValue value, CallOptions& options) {
   if (!name.starts_with(kRequestOptionPrefix))
     return false;
   const std::string_view rest = name.substr(kRequestOptionPrefix.size());

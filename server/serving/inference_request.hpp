@@ -16,6 +16,7 @@
 #include "backplane/core/status.hpp"
 #include "backplane/core/tensor.hpp"
 #include "backplane/onnx/network.hpp"
+#include "backplane/runtime/runtime.hpp"
 
 namespace backplane::server {
 
@@ -55,16 +56,15 @@ Status CheckNoClassification(const std::string& where, bool has_classification);
 Result<std::vector<Tensor>> InputsInNetworkOrder(std::map<std::string, Tensor, std::less<>> by_name,
                                                  const Network& network);
 
-// One request's per-call backend options by backend id (what Runtime::Execute takes as
-// CallOptions): the request-level parameters named "options.<BackendId>.<key>".
-using RequestOptions = std::map<std::string, BackendOptions, std::less<>>;
+// A request's per-call backend options (Runtime's CallOptions, by backend id) are its
+// request-level parameters named "options.<BackendId>.<key>".
 inline constexpr std::string_view kRequestOptionPrefix = "options.";
 // For a request-level parameter `name` (REST's and gRPC's alike): false when it is not a per-call
 // option (every other parameter is the transport's, or ignored); true when it is one and `value`
 // was added to `options`; kInvalidArgument when its name does not split into a backend and a key
 // after the prefix. The values are checked against what the backend declares by the runtime, before
 // the request runs.
-Result<bool> AddRequestOption(std::string_view name, OptionValue value, RequestOptions& options);
+Result<bool> AddRequestOption(std::string_view name, OptionValue value, CallOptions& options);
 
 // A validated inference request. Value type.
 struct InferenceRequest {
@@ -77,7 +77,7 @@ struct InferenceRequest {
   std::vector<bool> binary_outputs;
   // Per-call backend options (AddRequestOption); empty: none. A batched model's requests join
   // only requests with equal options (BatchKey).
-  RequestOptions options;
+  CallOptions options;
 };
 
 }  // namespace backplane::server
