@@ -62,6 +62,13 @@ Status NotImplemented(const OperatorDesc& op) {
 
 constexpr std::string_view kCheckFinite = "check_finite";
 
+// check_finite as `options` give it, else `otherwise`.
+bool CheckFiniteIn(const BackendOptions& options, bool otherwise) {
+  const auto it = options.find(kCheckFinite);
+  const bool* check = it != options.end() ? std::get_if<bool>(&it->second) : nullptr;
+  return check != nullptr ? *check : otherwise;
+}
+
 // Option check_finite (SDK 1.4, may be given per call): after the kernel, every FP32 output
 // element is looked at, and a NaN or an infinity fails the request naming the node and the
 // output, so that whoever asks on a request learns which layer first made it non-finite (a
@@ -83,9 +90,7 @@ class FiniteCheckedWorkload final : public IWorkload {
   Status ExecuteWithOptions(std::span<const ConstTensorView> inputs,
                             std::span<const TensorView> outputs,
                             const BackendOptions& options) override {
-    const auto it = options.find(kCheckFinite);
-    const bool* check = it != options.end() ? std::get_if<bool>(&it->second) : nullptr;
-    return Run(inputs, outputs, check != nullptr ? *check : check_);
+    return Run(inputs, outputs, CheckFiniteIn(options, check_));
   }
 
  private:
@@ -130,9 +135,7 @@ class CpuRefBackend final : public IBackend {
   // SDK 1.3: check_finite as this network runs with it.
   Result<std::unique_ptr<IWorkload>> CreateWorkloadWithOptions(
       const OperatorDesc& op, const BackendOptions& options) override {
-    const auto it = options.find(kCheckFinite);
-    const bool* check = it != options.end() ? std::get_if<bool>(&it->second) : nullptr;
-    return Prepare(op, check != nullptr ? *check : options_.GetAs<bool>(kCheckFinite));
+    return Prepare(op, CheckFiniteIn(options, options_.GetAs<bool>(kCheckFinite)));
   }
   // SDK 1.4.
   std::vector<std::string> DescribeCallOptions() const override {
