@@ -150,48 +150,45 @@ int main(int argc, char** argv) {
   const auto colon = http_address.rfind(':');
   const std::string http_host = http_address.substr(0, colon);
   const int http_port = std::stoi(http_address.substr(colon + 1));
-  int connection = 0;
-
-  const auto rest_caller = [&] {
+  // Each client its own connection, as the REST clients have. Counted atomically: every client
+  // thread makes its own (Run).
+  std::atomic<int> connection{0};
+  const auto rest_client = [&] {
     auto client = std::make_shared<httplib::Client>(http_host, http_port);
     client->set_keep_alive(true);
     client->set_tcp_nodelay(true);  // as curl does: headers and body are two writes
-    return [client, &json_body, path = "/v2/models/" + model + "/infer"] {
+    return client;
+  };
+  const auto grpc_stub = [&] {
+    grpc::ChannelArguments arguments;
+    arguments.SetInt("backplane.bench.connection", ++connection);
+    return std::shared_ptr<inference::GRPCInferenceService::Stub>(
+        inference::GRPCInferenceService::NewStub(grpc::CreateCustomChannel(
+            grpc_address, grpc::InsecureChannelCredentials(), arguments)));
+  };
+
+  const auto rest_caller = [&] {
+    return [client = rest_client(), &json_body, path = "/v2/models/" + model + "/infer"] {
       auto response = client->Post(path, json_body, "application/json");
       return response && response->status == 200;
     };
   };
   const auto grpc_caller = [&] {
-    // Each client its own connection, as the REST clients have.
-    grpc::ChannelArguments arguments;
-    arguments.SetInt("backplane.bench.connection", ++connection);
-    auto stub = std::shared_ptr<inference::GRPCInferenceService::Stub>(
-        inference::GRPCInferenceService::NewStub(grpc::CreateCustomChannel(
-            grpc_address, grpc::InsecureChannelCredentials(), arguments)));
-    return [stub, &raw_request] {
+    return [stub = grpc_stub(), &raw_request] {
       grpc::ClientContext context;
       inference::ModelInferResponse response;
       return stub->ModelInfer(&context, raw_request, &response).ok() &&
              response.raw_output_contents_size() == 1;
     };
   };
-
   const auto rest_live = [&] {
-    auto client = std::make_shared<httplib::Client>(http_host, http_port);
-    client->set_keep_alive(true);
-    client->set_tcp_nodelay(true);
-    return [client] {
+    return [client = rest_client()] {
       auto response = client->Get("/v2/health/live");
       return response && response->status == 200;
     };
   };
   const auto grpc_live = [&] {
-    grpc::ChannelArguments arguments;
-    arguments.SetInt("backplane.bench.connection", ++connection);
-    auto stub = std::shared_ptr<inference::GRPCInferenceService::Stub>(
-        inference::GRPCInferenceService::NewStub(grpc::CreateCustomChannel(
-            grpc_address, grpc::InsecureChannelCredentials(), arguments)));
-    return [stub] {
+    return [stub = grpc_stub()] {
       grpc::ClientContext context;
       inference::ServerLiveResponse response;
       return stub->ServerLive(&context, inference::ServerLiveRequest(), &response).ok() &&
