@@ -240,11 +240,17 @@ Status LoadedNetwork::CheckCallOptions(const CallOptions& call_options) const {
     const CallOptionRules* rules = CallOptionRulesFor(backend_id);
     if (rules == nullptr || values.empty())
       continue;
-    BACKPLANE_RETURN_IF_ERROR(
-        ValidateCallOptions(values, rules->declared, rules->per_call, backend_id));
-    BACKPLANE_RETURN_IF_ERROR(CheckThreadCounts(values, rules->declared, backend_id));
+    BACKPLANE_RETURN_IF_ERROR(CheckCallOptionValues(values, *rules, backend_id));
   }
   return Status::Ok();
+}
+
+Status LoadedNetwork::CheckCallOptionValues(const BackendOptions& values,
+                                            const CallOptionRules& rules,
+                                            std::string_view backend_id) {
+  BACKPLANE_RETURN_IF_ERROR(
+      ValidateCallOptions(values, rules.declared, rules.per_call, backend_id));
+  return CheckThreadCounts(values, rules.declared, backend_id);
 }
 
 LoadedNetwork::MergedCallOptions LoadedNetwork::MergeCallOptions(

@@ -102,6 +102,10 @@ class LoadedNetwork : public std::enable_shared_from_this<LoadedNetwork> {
     std::vector<OptionDescriptor> declared;
     std::vector<std::string> per_call;  // IBackend::DescribeCallOptions
   };
+  // `values` for backend `backend_id` against its `rules`: each declared, of the declared type,
+  // taken per call, thread counts within the usable CPUs. kInvalidArgument naming backend and key.
+  static Status CheckCallOptionValues(const BackendOptions& values, const CallOptionRules& rules,
+                                      std::string_view backend_id);
   // Null when no layer runs on backend `id`.
   const CallOptionRules* CallOptionRulesFor(std::string_view id) const;
   // A call's values for the backends this binding runs on (the others are not looked at): each

@@ -584,10 +584,8 @@ Status Runtime::CheckCallOptionsElsewhere(const LoadedNetwork& network,
     }
     if (values.empty())
       continue;
-    const std::vector<OptionDescriptor> declared = instance->DescribeOptions();
-    BACKPLANE_RETURN_IF_ERROR(
-        ValidateCallOptions(values, declared, instance->DescribeCallOptions(), backend_id));
-    BACKPLANE_RETURN_IF_ERROR(CheckThreadCounts(values, declared, backend_id));
+    BACKPLANE_RETURN_IF_ERROR(LoadedNetwork::CheckCallOptionValues(
+        values, {instance->DescribeOptions(), instance->DescribeCallOptions()}, backend_id));
   }
   return Status::Ok();
 }
