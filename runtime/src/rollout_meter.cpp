@@ -52,29 +52,6 @@ Shares Unpack(uint64_t word) {
   return {.candidate = static_cast<uint32_t>(word), .baseline = static_cast<uint32_t>(word >> 32)};
 }
 
-// A tensor's elements as doubles, converted once for every comparison made of them.
-std::vector<double> Values(const Tensor& tensor) {
-  auto convert = [&](auto tag) {
-    using T = decltype(tag);
-    const auto values = tensor.Elements<T>();
-    return std::vector<double>(values.begin(), values.end());
-  };
-  switch (tensor.info().type) {
-    case DataType::kFloat32:
-      return convert(float{});
-    case DataType::kFloat64:
-      return convert(double{});
-    case DataType::kInt32:
-      return convert(int32_t{});
-    case DataType::kInt64:
-      return convert(int64_t{});
-    case DataType::kInt8:  // signed: -1 against 1 is 2 apart, not 254
-      return convert(int8_t{});
-    default:  // bytes: uint8, bool
-      return convert(uint8_t{});
-  }
-}
-
 double MaxDifference(std::span<const double> expected, std::span<const double> actual) {
   double worst = 0;
   for (std::size_t i = 0; i < expected.size(); ++i) {
@@ -114,7 +91,7 @@ std::string_view ArmName(RolloutArm arm) {
 }
 
 double MaxDifference(const Tensor& a, const Tensor& b) {
-  return MaxDifference(Values(a), Values(b));
+  return MaxDifference(ElementsAsDoubles(a.View()), ElementsAsDoubles(b.View()));
 }
 
 OutputDivergence CompareOutputs(std::span<const Tensor> expected, std::span<const Tensor> actual) {
@@ -129,8 +106,8 @@ OutputDivergence CompareOutputs(std::span<const Tensor> expected, std::span<cons
       divergence.shapes_differ = true;
       return divergence;
     }
-    const std::vector<double> want = Values(expected[i]);
-    const std::vector<double> got = Values(actual[i]);
+    const std::vector<double> want = ElementsAsDoubles(expected[i].View());
+    const std::vector<double> got = ElementsAsDoubles(actual[i].View());
     divergence.max_abs = std::max(divergence.max_abs, MaxDifference(want, got));
     for (double value : want) {
       if (std::isfinite(value))

@@ -45,10 +45,10 @@ Comparison Compare(const Tensor& got, const Tensor& want) {
                      ToString(want.info().shape);
     return result;
   }
-  const auto a = got.Elements<float>();
-  const auto b = want.Elements<float>();
+  const std::vector<double> a = ElementsAsDoubles(got.View());
+  const std::vector<double> b = ElementsAsDoubles(want.View());
   for (std::size_t i = 0; i < b.size(); ++i) {
-    const double diff = std::abs(static_cast<double>(a[i]) - b[i]);
+    const double diff = std::abs(a[i] - b[i]);
     const double rel = b[i] != 0 ? diff / std::abs(b[i]) : diff;
     result.max_abs = std::max(result.max_abs, diff);
     result.max_rel = std::max(result.max_rel, rel);

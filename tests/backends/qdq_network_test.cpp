@@ -309,5 +309,48 @@ TEST_F(QdqNetworkTest, BackplaneRunRunsAQdqModelAndWritesItsInt8Output) {
             std::vector<int8_t>(expected.begin(), expected.end()));
 }
 
+// `backplane run --test-data` compares an INT8 output as numbers of its type: its own values
+// pass with no error, and -1 written where the network answers 1 fails by 2 (read as float
+// bytes, the difference would be some bit pattern's, and a 3-byte tensor none at all).
+TEST_F(QdqNetworkTest, BackplaneRunTestDataComparesInt8OutputsAsNumbers) {
+  std::mt19937_64 random(::backplane::testing::TestSeed());
+  const MatMulQdq qdq(random);
+  const fs::path model_dir = dir_ / "case";
+  const fs::path data_set = model_dir / "test_data_set_0";
+  fs::create_directories(data_set);
+  {
+    std::ofstream file(model_dir / "model.onnx", std::ios::binary);
+    file << qdq.model.Serialize();
+  }
+  Tensor x({DataType::kFloat32, {2, MatMulQdq::kInner}});
+  float next = -0.9f;
+  for (float& value : x.Elements<float>())
+    value = next += 0.17f;
+  ASSERT_TRUE(WriteTensorProtoFile(data_set / "input_0.pb", x, "x").ok());
+  auto outputs = Run(qdq.model, {x.View()});
+  ASSERT_EQ(outputs.size(), 2u);
+  ASSERT_EQ(outputs[1].info().type, DataType::kInt8);
+  ASSERT_TRUE(WriteTensorProtoFile(data_set / "output_0.pb", outputs[0], "y").ok());
+  ASSERT_TRUE(WriteTensorProtoFile(data_set / "output_1.pb", outputs[1], "q").ok());
+
+  const std::string command = std::string(BACKPLANE_EXECUTABLE) + " run --backends " +
+                              dir_.string() + " --prefer CpuRef --test-data " + model_dir.string() +
+                              " " + (model_dir / "model.onnx").string() + " 2>&1";
+  auto result = ::backplane::testing::RunCommand(command);
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_THAT(result.output, ::testing::HasSubstr("output 1 (q): pass, max abs error 0,"));
+
+  // One element made 2 apart in the signed reading: -1 for 1, or 1 for anything else.
+  int8_t& first = outputs[1].Elements<int8_t>()[0];
+  first = first == 1 ? int8_t{-1} : int8_t{1};
+  const int8_t answered = Run(qdq.model, {x.View()})[1].Elements<int8_t>()[0];
+  const int distance = std::abs(int{first} - int{answered});
+  ASSERT_TRUE(WriteTensorProtoFile(data_set / "output_1.pb", outputs[1], "q").ok());
+  result = ::backplane::testing::RunCommand(command);
+  EXPECT_EQ(result.exit_code, 1) << result.output;
+  EXPECT_THAT(result.output, ::testing::HasSubstr("output 1 (q): FAIL, max abs error " +
+                                                  std::to_string(distance) + ","));
+}
+
 }  // namespace
 }  // namespace backplane

@@ -7,6 +7,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "backplane/core/status.hpp"
@@ -251,5 +252,43 @@ class Tensor {
   TensorInfo info_;
   std::vector<std::byte> data_;
 };
+
+// Calls `visit(T{})` with the C++ type of an element of `type`: BOOL as uint8_t (one byte each,
+// 0 or 1), UNDEFINED as std::byte.
+template <typename Visit>
+decltype(auto) VisitElementType(DataType type, Visit&& visit) {
+  switch (type) {
+    case DataType::kFloat32:
+      return visit(float{});
+    case DataType::kUint8:
+    case DataType::kBool:
+      return visit(uint8_t{});
+    case DataType::kInt8:
+      return visit(int8_t{});
+    case DataType::kInt32:
+      return visit(int32_t{});
+    case DataType::kInt64:
+      return visit(int64_t{});
+    case DataType::kFloat64:
+      return visit(double{});
+    case DataType::kUndefined:
+      break;
+  }
+  return visit(std::byte{});
+}
+
+// A view's elements as numbers of their own type, widened to double (INT8 -1 is -1, not 255),
+// for comparing outputs of any type. Empty for UNDEFINED. INT64 beyond 2^53 loses its low bits.
+inline std::vector<double> ElementsAsDoubles(const ConstTensorView& view) {
+  return VisitElementType(view.info.type, [&](auto tag) -> std::vector<double> {
+    using T = decltype(tag);
+    if constexpr (std::is_same_v<T, std::byte>) {
+      return {};
+    } else {
+      const auto values = view.Elements<T>();
+      return {values.begin(), values.end()};
+    }
+  });
+}
 
 }  // namespace backplane
