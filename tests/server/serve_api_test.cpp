@@ -108,8 +108,9 @@ TEST_F(ServeApiTest, RepositoryIndexListsEveryModel) {
   ASSERT_EQ(reply.status, 200) << reply.text;
   EXPECT_EQ(reply.body, json::parse(R"([
     {"name": "mlp", "version": "1", "state": "READY"},
-    {"name": "mnist", "version": "1", "state": "READY"}])"));
-  EXPECT_EQ(Post(*client_, "/v2/repository/index", R"({"ready": true})").body.size(), 2u);
+    {"name": "mnist", "version": "1", "state": "READY"},
+    {"name": "mnist_int8", "version": "1", "state": "READY"}])"));
+  EXPECT_EQ(Post(*client_, "/v2/repository/index", R"({"ready": true})").body.size(), 3u);
 }
 
 TEST_F(ServeApiTest, PlacementSaysWhichBackendRunsEachLayer) {
