@@ -18,9 +18,9 @@ its pre-processing:
 - Activations: a QuantizeLinear → DequantizeLinear pair on every float tensor a Conv, Gemm,
   MatMul, Add or MaxPool reads or writes, asymmetric uint8 (or int8) per tensor; ranges are the
   min and max over the calibration samples (ORT's default MinMax calibration), widened to hold 0.
-  A Conv/Gemm/MatMul whose only reader is a Relu or Clip is quantized after that activation, as
-  ORT removes it into the range; the output of a MaxPool, Reshape or Flatten keeps its input's
-  scale and zero point.
+  A Conv, Gemm, MatMul or Add whose only reader is a Relu or Clip is quantized after that
+  activation, as ORT removes it into the range; the output of a MaxPool, Reshape or Flatten
+  keeps its input's scale and zero point.
 
 Calibration runs the float model with every quantized tensor made an output, on Backplane's own
 `backplane run` (CpuRef): SAMPLES.npy holds the samples of the first input (stacked on axis 0),
@@ -99,6 +99,9 @@ def fold_batch_norms(m: Model) -> None:
             conv.input.append(bias_name)
         conv.output[0] = bn.output[0]
         m.graph.node.remove(bn)
+        for name in bn.input[1:5]:
+            if not m.readers(name):
+                m.graph.initializer.remove(m.initializers.pop(name))
 
 
 def fold_constant_adds(m: Model) -> None:
@@ -150,7 +153,7 @@ def quantization_points(m: Model) -> tuple[list, dict]:
             add(value)
         out = node.output[0]
         readers = m.readers(out)
-        if node.op_type in WEIGHTED_OPS and len(readers) == 1 \
+        if node.op_type != "MaxPool" and len(readers) == 1 \
                 and readers[0].op_type in RANGE_ACTIVATIONS and not m.is_graph_output(out):
             out = readers[0].output[0]
         add(out)
