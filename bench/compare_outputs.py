@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Checks Backplane's outputs against ONNX Runtime's for one case of bench/ort_compare.sh.
 
-    /usr/bin/python3 bench/compare_outputs.py ORT_OUT_DIR BACKPLANE_OUT_DIR
+    /usr/bin/python3 bench/compare_outputs.py ORT_OUT_DIR BACKPLANE_OUT_DIR [--steps MODEL.onnx]
     /usr/bin/python3 bench/compare_outputs.py --self-test [SEED]
 
 ORT_OUT_DIR holds output_I.f32 + output_I.json from bench/ort_compare.mjs; BACKPLANE_OUT_DIR holds
@@ -17,9 +17,15 @@ wrong pad, stride or missing bias, which move outputs by a large part of it. A s
 a missing file, or a NaN on either side fails the check, said in `problem`. E and R are of the
 output with the largest relative error. Exit status 0 when the check passes, 1 when it does not.
 
+With --steps (a quantized model, whose outputs come out of DequantizeLinear nodes) the rule is
+issue 43's instead: every element within one quantization step of ORT's, the step being the scale
+of the DequantizeLinear that writes the output; the line then also says `steps=` (the largest
+|difference| in steps). Two int8 runtimes may round one accumulator to neighbouring steps.
+
 --self-test checks the rule itself on seeded random cases (bench/ort_compare.sh runs it first):
 random outputs of random shapes and offsets, one element moved by just under and just over the
-tolerance (must pass, must fail), a shape that differs, a NaN, a constant output; it prints the
+tolerance (must pass, must fail), a shape that differs, a NaN, a constant output, and quantized
+outputs one element 1 step (must pass) or 2 steps (must fail) away under --steps; it prints the
 seed, and on a failure the case, so that `--self-test SEED` repeats it.
 """
 import json
@@ -34,9 +40,26 @@ from onnx import numpy_helper
 TOLERANCE = 1e-4  # of the output's range
 
 
-def compare(ort_dir: pathlib.Path, backplane_dir: pathlib.Path) -> tuple[str, bool]:
+def output_steps(model_path: pathlib.Path) -> list:
+    """The quantization step of each graph output: the scale of the DequantizeLinear writing it."""
+    model = onnx.load(model_path)
+    constants = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    writers = {out: node for node in model.graph.node for out in node.output}
+    steps = []
+    for output in model.graph.output:
+        node = writers.get(output.name)
+        if node is None or node.op_type != "DequantizeLinear" or node.input[1] not in constants:
+            sys.exit(f"{model_path}: output {output.name} is not written by a DequantizeLinear "
+                     "with a constant scale")
+        steps.append(float(np.max(constants[node.input[1]])))
+    return steps
+
+
+def compare(ort_dir: pathlib.Path, backplane_dir: pathlib.Path,
+            steps: list | None = None) -> tuple[str, bool]:
     count = 0
     worst = (0.0, 0.0, 0.0)  # relative, absolute, range
+    worst_steps = 0.0
     while (ort_dir / f"output_{count}.json").exists():
         meta = json.loads((ort_dir / f"output_{count}.json").read_text())
         want = np.fromfile(ort_dir / f"output_{count}.f32", dtype="<f4")
@@ -55,12 +78,17 @@ def compare(ort_dir: pathlib.Path, backplane_dir: pathlib.Path) -> tuple[str, bo
         scale = spread or (float(np.max(np.abs(want))) if want.size else 0.0) or 1.0
         if error / scale >= worst[0]:
             worst = (error / scale, error, spread)
+        if steps is not None:
+            worst_steps = max(worst_steps, error / steps[count])
         count += 1
     if count == 0:
         return "outputs=0 pass=no problem=no_output_from_ort", False
-    passed = worst[0] <= TOLERANCE
+    # 1 + 1e-3: exactly one step, as float32 holds it 255 steps from zero (2^-24 x 255 of a step
+    # each side); two steps apart stay far above.
+    passed = worst_steps <= 1 + 1e-3 if steps is not None else worst[0] <= TOLERANCE
+    in_steps = f" steps={worst_steps:.2f}" if steps is not None else ""
     return (f"outputs={count} max_abs_error={worst[1]:.2e} range={worst[2]:.3g} "
-            f"relative_error={worst[0]:.2e} pass={'yes' if passed else 'no'}"), passed
+            f"relative_error={worst[0]:.2e}{in_steps} pass={'yes' if passed else 'no'}"), passed
 
 
 def write_case(root: pathlib.Path, want: np.ndarray, got: np.ndarray) -> tuple:
@@ -82,8 +110,9 @@ def self_test(seed: int) -> None:
     with tempfile.TemporaryDirectory() as scratch:
         root = pathlib.Path(scratch)
 
-        def expect(case: str, want: np.ndarray, got: np.ndarray, passes: bool) -> None:
-            line, passed = compare(*write_case(root, want, got))
+        def expect(case: str, want: np.ndarray, got: np.ndarray, passes: bool,
+                   steps: list | None = None) -> None:
+            line, passed = compare(*write_case(root, want, got), steps)
             if passed != passes:
                 sys.exit(f"self-test FAILED (seed {seed}): {case}: want "
                          f"{'pass' if passes else 'fail'}, got: {line}")
@@ -108,6 +137,16 @@ def self_test(seed: int) -> None:
             nan = want.copy()
             nan[index] = np.nan
             expect(f"{case}, a NaN", want, nan, False)
+        for trial in range(50):  # --steps: whole quantization steps apart
+            step = float(np.float32(10.0 ** rng.uniform(-4, 1)))
+            shape = tuple(rng.integers(1, 6, size=2))
+            want = (rng.integers(0, 256, size=shape) - rng.integers(0, 256)) * np.float64(step)
+            index = tuple(rng.integers(0, n) for n in shape)
+            for moved, passes in ((1, True), (-1, True), (2, False)):
+                got = want.copy()
+                got[index] += moved * step
+                expect(f"steps trial {trial}: step {step:.3g}, one element {moved} step(s) away",
+                       want.astype(np.float32), got, passes, [step])
         constant = np.full((2, 3), 4.0, dtype=np.float32)
         expect("a constant output, equal", constant, constant, True)
         expect("a constant output, moved by 1e-3 of its magnitude", constant, constant * 1.001,
@@ -120,10 +159,11 @@ def main() -> None:
         seed = int(sys.argv[2]) if len(sys.argv) == 3 else int(np.random.default_rng().integers(1 << 31))
         self_test(seed)
         return
-    if len(sys.argv) != 3:
-        sys.exit("usage: compare_outputs.py ORT_OUT_DIR BACKPLANE_OUT_DIR\n"
+    if len(sys.argv) not in (3, 5) or len(sys.argv) == 5 and sys.argv[3] != "--steps":
+        sys.exit("usage: compare_outputs.py ORT_OUT_DIR BACKPLANE_OUT_DIR [--steps MODEL.onnx]\n"
                  "       compare_outputs.py --self-test [SEED]")
-    line, passed = compare(pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2]))
+    steps = output_steps(pathlib.Path(sys.argv[4])) if len(sys.argv) == 5 else None
+    line, passed = compare(pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2]), steps)
     print(line)
     sys.exit(0 if passed else 1)
 

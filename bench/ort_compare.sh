@@ -9,6 +9,7 @@
 #   BUILD=0 bench/ort_compare.sh              # use build/release as it is
 #   CPU_ACC=/path/Backplane_CpuAcc_backend.so bench/ort_compare.sh   # another CpuAcc build
 #   CASES='ResNet|MobileNet' THREADS=1 bench/ort_compare.sh           # a subset (regex on the case)
+#   INT8=1 bench/ort_compare.sh               # issue 43's table: int8 QDQ models, and CpuAcc float
 #
 # SECONDS_PER_RUN (default 2): timed seconds per side, case and thread count, split over ROUNDS
 # (default 2) alternating rounds: ORT then CpuAcc, then CpuAcc then ORT (ABBA, so that a load
@@ -41,6 +42,14 @@
 # for `backplane run` and as raw float32 for Node, from the same array: the same values on both
 # sides. Outputs: bench/compare_outputs.py checks Backplane's against ORT's: max |difference| <=
 # 1e-4 of the output's range; a failing check marks the row.
+#
+# INT8=1: the cases are the MLP, ResNet- and MobileNetV2-like models (symbolic batch, at batch 1
+# and 8) quantized by scripts/quantize_qdq.py (ORT's static QDQ form: per-channel int8 weights,
+# uint8 activations calibrated on 32 samples uniform in [-1, 1), the inputs' distribution), both
+# sides running the same int8 file; a third side in every round runs CpuAcc on the float model the
+# int8 one came from ("CpuAcc float µs", and "float/int8" its time over CpuAcc's int8 time); the
+# output check is issue 43's: every element within one quantization step of ORT's
+# (compare_outputs.py --steps).
 #
 # The models (bench/make_compare_models.py, written to build/release/bench/models; its header
 # describes each): MLP and LeNet-like with fixed shapes (batch in the file) and with a symbolic
@@ -128,7 +137,19 @@ check_self_test=$(/usr/bin/python3 bench/compare_outputs.py --self-test | tr '\n
 }
 mnist=$root/../shared/data/models/mnist/model.onnx
 
-# case|model file|batch
+# case|model file|batch[|the float model of an int8 one]
+if [[ ${INT8:-0} == 1 ]]; then
+  cases=()
+  for entry in "mlp_n|MLP 784-512-512-10" "resnet_n|ResNet-like" "mobilenetv2_n|MobileNetV2-like"; do
+    IFS='|' read -r stem name <<<"$entry"
+    [[ -f $models/${stem}_int8.onnx && $models/${stem}_int8.onnx -nt $models/$stem.onnx ]] ||
+      /usr/bin/python3 scripts/quantize_qdq.py "$models/$stem.onnx" "$models/${stem}_int8.onnx" \
+        --backplane "$backplane" --samples 32 --seed 1 --uniform -1 1 2>>"$work/stderr.log"
+    for batch in 1 8; do
+      cases+=("$name int8, batch N, b$batch|$models/${stem}_int8.onnx|$batch|$models/$stem.onnx")
+    done
+  done
+else
 cases=("MLP 784-512-512-10 b1|$models/mlp_b1.onnx|1"
   "MLP 784-512-512-10 b64|$models/mlp_b64.onnx|64"
   "MLP, batch N, b1|$models/mlp_n.onnx|1"
@@ -163,6 +184,7 @@ if [[ -f $mnist ]]; then
   cases+=("MNIST (real model) b1|$mnist|1")
 else
   echo "MNIST: $mnist is missing: that case is left out" >&2
+fi
 fi
 
 field() { # field NAME LINE: the value of NAME=... in LINE
@@ -200,6 +222,19 @@ ort_round() { # ort_round MODEL STEM THREADS OUT_DIR
   ort_us=$(awk -v m="$model" -v i="$identity" 'BEGIN { printf "%.1f", m - i }')
   overheads+=("$identity")
   details+=("  ort: $(sed -n 2p <<<"$out" | sed "s|$root/||") identity_median_us=$identity → $ort_us µs")
+}
+
+# A probe of 10 runs; sets probe_repeat to how many runs fill a round (20 to 20000), 0 when the
+# probe failed (its first line goes to the details).
+probe() { # probe MODEL STEM THREADS OUT_DIR
+  acc_round "$1" "$2" "$3" 10 "$4"
+  if [[ $acc_us == failed ]]; then
+    details+=("  backplane run failed: $(grep -m1 'backplane' <<<"$acc_out" || tail -1 <<<"$acc_out")")
+    probe_repeat=0
+    return
+  fi
+  probe_repeat=$(awk -v s="$round_seconds" -v m="$acc_us" \
+    'BEGIN { k = int(s * 1e6 / (m > 0 ? m : 1)); print k < 20 ? 20 : (k > 20000 ? 20000 : k) }')
 }
 
 # One Backplane round; sets acc_us and acc_out (its whole output).
@@ -240,13 +275,18 @@ ort_backends=$(cd "$ort_dir" && node -e "const o = require('onnxruntime-node');
 echo "# ONNX Runtime $ORT_VERSION (Node $(node --version); binding backends: $ort_backends); CpuAcc: $([[ $have_acc == 1 ]] && echo "$(readlink -f "$cpu_acc")" || echo missing)"
 echo "# $SECONDS_PER_RUN s per side and row in $ROUNDS alternating rounds (ABBA); each side: its best round median; output check: $check_self_test"
 echo
-echo "| case | threads | ORT µs | CpuAcc µs | ratio | max error / range | CpuAcc placement |"
-echo "|---|---|---|---|---|---|---|"
+if [[ ${INT8:-0} == 1 ]]; then
+  echo "| case | threads | ORT int8 µs | CpuAcc int8 µs | ratio | CpuAcc float µs | float/int8 | max error (steps) | CpuAcc placement |"
+  echo "|---|---|---|---|---|---|---|---|---|"
+else
+  echo "| case | threads | ORT µs | CpuAcc µs | ratio | max error / range | CpuAcc placement |"
+  echo "|---|---|---|---|---|---|---|"
+fi
 details=()
 overheads=()
 failed_checks=0
 for entry in "${cases[@]}"; do
-  IFS='|' read -r name model batch <<<"$entry"
+  IFS='|' read -r name model batch float_model <<<"$entry"
   [[ $name =~ $CASES ]] || continue
   stem=$work/inputs/$(basename "$model" .onnx)_b$batch
   /usr/bin/python3 bench/make_compare_models.py --input "$model" "$batch" "$stem"
@@ -254,30 +294,35 @@ for entry in "${cases[@]}"; do
     details+=("$name, $threads thread(s):")
     ort_dir_out=$work/out/ort acc_dir_out=$work/out/acc
     rm -rf "$ort_dir_out" "$acc_dir_out"
-    ort_times=() acc_times=() acc_us=missing acc_out=""
-    repeat=0
+    ort_times=() acc_times=() float_times=() acc_us=missing acc_out="" model_out=""
+    repeat=0 float_repeat=0
     if [[ $have_acc == 1 ]]; then
-      acc_round "$model" "$stem" "$threads" 10 "$acc_dir_out"
-      if [[ $acc_us != failed ]]; then
-        repeat=$(awk -v s="$round_seconds" -v m="$acc_us" \
-          'BEGIN { k = int(s * 1e6 / (m > 0 ? m : 1)); print k < 20 ? 20 : (k > 20000 ? 20000 : k) }')
-      else
-        details+=("  backplane run failed: $(grep -m1 'backplane' <<<"$acc_out" || tail -1 <<<"$acc_out")")
+      probe "$model" "$stem" "$threads" "$acc_dir_out"
+      repeat=$probe_repeat
+      if [[ -n $float_model ]]; then
+        probe "$float_model" "$stem" "$threads" "$work/out/float"
+        float_repeat=$probe_repeat
       fi
     fi
     for ((round = 1; round <= ROUNDS; ++round)); do
-      # ABBA: ORT first in odd rounds, CpuAcc first in even ones.
-      for side in $( ((round % 2)) && echo "ort acc" || echo "acc ort"); do
+      # ABBA: ORT first in odd rounds, CpuAcc first in even ones (ABCCBA with a float side).
+      for side in $( ((round % 2)) && echo "ort acc float" || echo "float acc ort"); do
         if [[ $side == ort ]]; then
           ort_round "$model" "$stem" "$threads" "$ort_dir_out"
           ort_times+=("$ort_us")
-        elif ((repeat > 0)); then
+        elif [[ $side == acc ]] && ((repeat > 0)); then
           acc_round "$model" "$stem" "$threads" "$repeat" "$acc_dir_out"
           acc_times+=("$acc_us")
+          model_out=$acc_out
           details+=("  backplane: $(grep '^time per run' <<<"$acc_out" || echo "failed: $(tail -1 <<<"$acc_out")")")
+        elif [[ $side == float ]] && ((float_repeat > 0)); then
+          acc_round "$float_model" "$stem" "$threads" "$float_repeat" "$work/out/float"
+          float_times+=("$acc_us")
+          details+=("  backplane, float model: $(grep '^time per run' <<<"$acc_out" || echo "failed: $(tail -1 <<<"$acc_out")")")
         fi
       done
     done
+    acc_out=$model_out
     ort_best=$(min_of "${ort_times[@]}")
     acc_best=missing placement=missing check="–"
     if [[ $have_acc == 1 ]]; then
@@ -289,10 +334,12 @@ for entry in "${cases[@]}"; do
         while IFS= read -r why; do details+=("$why"); done < <(why_not_of "$acc_out")
         if [[ $ort_best == failed ]]; then
           check="no ORT output"
-        elif check_line=$(/usr/bin/python3 bench/compare_outputs.py "$ort_dir_out" "$acc_dir_out"); then
-          check="$(field relative_error "$check_line") ✓"
+        elif check_field=$([[ -n $float_model ]] && echo steps || echo relative_error)
+          check_line=$(/usr/bin/python3 bench/compare_outputs.py "$ort_dir_out" "$acc_dir_out" \
+          ${float_model:+--steps "$model"}); then
+          check="$(field "$check_field" "$check_line") ✓"
         else
-          check="**FAIL** $(field relative_error "$check_line")$(field problem "$check_line")"
+          check="**FAIL** $(field "$check_field" "$check_line")$(field problem "$check_line")"
           failed_checks=$((failed_checks + 1))
         fi
         details+=("  check: $check_line")
@@ -300,7 +347,12 @@ for entry in "${cases[@]}"; do
     fi
     row_ratio=$(ratio "$ort_best" "$acc_best")
     [[ $check == \*\*FAIL* ]] && row_ratio="$row_ratio (wrong output)"
-    echo "| $name | $threads | $ort_best | $acc_best | $row_ratio | $check | $placement |"
+    if [[ -n $float_model ]]; then
+      float_best=$(min_of "${float_times[@]}")
+      echo "| $name | $threads | $ort_best | $acc_best | $row_ratio | $float_best | $(ratio "$float_best" "$acc_best") | $check | $placement |"
+    else
+      echo "| $name | $threads | $ort_best | $acc_best | $row_ratio | $check | $placement |"
+    fi
   done
 done
 echo

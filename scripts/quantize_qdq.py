@@ -3,7 +3,7 @@
 
     /usr/bin/python3 scripts/quantize_qdq.py FLOAT.onnx INT8.onnx \\
         --backplane build/release/server/backplane [--activations uint8|int8] \\
-        [--calibration SAMPLES.npy] [--samples 64] [--seed 1]
+        [--calibration SAMPLES.npy | --samples 64 --seed 1 [--uniform LOW HIGH]]
 
 Debian's python3 (onnx 1.12, numpy); no ONNX Runtime needed. What it writes, as
 `onnxruntime.quantization.quantize_static(..., quant_format=QDQ, per_channel=True)` does after
@@ -24,7 +24,8 @@ its pre-processing:
 
 Calibration runs the float model with every quantized tensor made an output, on Backplane's own
 `backplane run` (CpuRef): SAMPLES.npy holds the samples of the first input (stacked on axis 0),
-or, without it, `--samples` standard-normal samples are generated from `--seed`.
+or, without it, `--samples` samples are generated from `--seed` (standard normal, or uniform in
+`--uniform LOW HIGH`).
 Rerunning with the same arguments writes the same bytes.
 """
 
@@ -306,6 +307,8 @@ def main() -> None:
     parser.add_argument("--calibration", type=pathlib.Path, help=".npy of input samples")
     parser.add_argument("--samples", type=int, default=64)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--uniform", type=float, nargs=2, metavar=("LOW", "HIGH"),
+                        help="generate samples uniform in [LOW, HIGH) instead of standard normal")
     args = parser.parse_args()
 
     model = onnx.load(args.float_model)
@@ -322,8 +325,10 @@ def main() -> None:
         samples = np.load(args.calibration).astype(np.float32)
     else:
         dims = [d.dim_value or 1 for d in graph_input.type.tensor_type.shape.dim][1:]
-        samples = np.random.default_rng(args.seed).standard_normal(
-            [args.samples] + dims).astype(np.float32)
+        rng = np.random.default_rng(args.seed)
+        shape = [args.samples] + dims
+        samples = (rng.uniform(*args.uniform, size=shape) if args.uniform else
+                   rng.standard_normal(shape)).astype(np.float32)
     ranges = calibrate(m, points, samples, args.backplane)
     unsigned = args.activations == "uint8"
     parameters = {p: activation_parameters(*ranges[p], unsigned) for p in points}
