@@ -14,6 +14,7 @@
 #include "backplane/onnx/network.hpp"
 #include "onnx_tensor.hpp"
 #include "opset_upgrade.hpp"
+#include "qoperator_expansion.hpp"
 #include "shape_inference.hpp"
 
 namespace backplane {
@@ -308,10 +309,13 @@ Result<Network> ImportOnnxModel(std::span<const std::byte> model, std::string_vi
     node.name =
         proto_node.name().empty() ? node.op_type + "_" + std::to_string(index) : proto_node.name();
     const std::string described = DescribeNode(node);
-    if (!IsDefaultDomain(proto_node.domain()))
+    // QOperator nodes are rewritten into QDQ form below (qoperator_expansion.hpp).
+    const bool q_operator = IsQOperator(proto_node.domain(), node.op_type);
+    if (!q_operator && !IsDefaultDomain(proto_node.domain()))
       return errors.Unsupported(described + ": operator domain '" + proto_node.domain() +
-                                "' is not supported (only the default ONNX domain)");
-    if (!IsSupportedOp(node.op_type))
+                                "' is not supported (only the default ONNX domain, and "
+                                "com.microsoft's QLinearAdd)");
+    if (!q_operator && !IsSupportedOp(node.op_type))
       return errors.Unsupported(described + ": unsupported operator " + node.op_type);
     node.inputs.assign(proto_node.input().begin(), proto_node.input().end());
     node.outputs.assign(proto_node.output().begin(), proto_node.output().end());
@@ -371,6 +375,8 @@ Result<Network> ImportOnnxModel(std::span<const std::byte> model, std::string_vi
     network.nodes.push_back(std::move(nodes[index]));
   if (Status upgraded = UpgradeAttributesToOpset13(network); !upgraded.ok())
     return errors.Wrap(upgraded);
+  if (Status expanded = ExpandQOperators(network); !expanded.ok())
+    return errors.Wrap(expanded);
 
   std::vector<TensorInfo> declared_outputs;
   for (const onnx::ValueInfoProto& output : graph.output()) {

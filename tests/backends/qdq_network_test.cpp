@@ -6,6 +6,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -350,6 +351,230 @@ TEST_F(QdqNetworkTest, BackplaneRunTestDataComparesInt8OutputsAsNumbers) {
   EXPECT_EQ(result.exit_code, 1) << result.output;
   EXPECT_THAT(result.output, ::testing::HasSubstr("output 1 (q): FAIL, max abs error " +
                                                   std::to_string(distance) + ","));
+}
+
+// ---- QOperator forms (onnx/src/qoperator_expansion.hpp) ---------------------------------------
+
+// An INT32 initializer (QLinearConv's bias), as ONNX stores it.
+void Int32Initializer(ModelBuilder& model, const std::string& name, std::vector<int64_t> dims,
+                      const std::vector<int32_t>& values) {
+  onnx::TensorProto* tensor = model.proto().mutable_graph()->add_initializer();
+  tensor->set_name(name);
+  tensor->set_data_type(onnx::TensorProto::INT32);
+  for (int64_t dim : dims)
+    tensor->add_dims(dim);
+  for (int32_t value : values)
+    tensor->add_int32_data(value);
+}
+
+// ONNX's requantization of an exact integer accumulator: round half to even, then saturate.
+int Requantize(double accumulator, double multiplier, int zero_point, int low, int high) {
+  return static_cast<int>(
+      std::clamp(std::nearbyint(accumulator * multiplier) + zero_point, double(low), double(high)));
+}
+
+// QLinearConv with a per-channel INT8 weight and an INT32 bias against the operator's definition
+// computed with integers: every element within one quantization step (the expansion accumulates
+// in float), and most of them exact.
+TEST_F(QdqNetworkTest, QLinearConvAnswersAsItsIntegerDefinition) {
+  const uint64_t seed = ::backplane::testing::TestSeed();
+  SCOPED_TRACE("seed " + std::to_string(seed) + " (BACKPLANE_TEST_SEED replays it)");
+  std::mt19937_64 random(seed);
+  const auto integer = [&](int low, int high) {
+    return std::uniform_int_distribution<int>(low, high)(random);
+  };
+  constexpr int kFilters = 3, kChannels = 2, kSize = 6, kKernel = 3, kStride = 2;
+  constexpr int kOut = (kSize + 2 - kKernel) / kStride + 1;
+  const float x_scale = 0.02f, y_scale = 0.07f;
+  const int x_zero = integer(0, 255), y_zero = integer(0, 255);  // the range ends included
+  std::vector<float> w_scales(kFilters);
+  for (float& scale : w_scales)
+    scale = 0.002f * static_cast<float>(integer(1, 20));
+  std::vector<int32_t> w(kFilters * kChannels * kKernel * kKernel), bias(kFilters);
+  for (auto& value : w)
+    value = integer(-127, 127);
+  for (auto& value : bias)
+    value = integer(-2000, 2000);
+  std::vector<int32_t> x(kChannels * kSize * kSize);
+  for (auto& value : x)
+    value = integer(0, 255);
+
+  ModelBuilder model;
+  model.Input("x", {1, kChannels, kSize, kSize}, kUint8)
+      .Output("y", {1, kFilters, kOut, kOut}, kUint8);
+  model.FloatInitializer("x_scale", {}, {x_scale});
+  model.QuantizedInitializer("x_zero", {}, kUint8, {x_zero});
+  model.QuantizedInitializer("w", {kFilters, kChannels, kKernel, kKernel}, kInt8, w);
+  model.FloatInitializer("w_scale", {kFilters}, w_scales);
+  model.QuantizedInitializer("w_zero", {kFilters}, kInt8, {0, 0, 0});
+  model.FloatInitializer("y_scale", {}, {y_scale});
+  model.QuantizedInitializer("y_zero", {}, kUint8, {y_zero});
+  Int32Initializer(model, "bias", {kFilters}, bias);
+  auto& conv =
+      model.Node("QLinearConv",
+                 {"x", "x_scale", "x_zero", "w", "w_scale", "w_zero", "y_scale", "y_zero", "bias"},
+                 {"y"}, "qconv");
+  SetInts(conv, "pads", {1, 1, 1, 1});
+  SetInts(conv, "strides", {kStride, kStride});
+
+  std::vector<uint8_t> x_bytes(x.begin(), x.end());
+  const ConstTensorView input{{DataType::kUint8, {1, kChannels, kSize, kSize}}, x_bytes.data()};
+  std::vector<std::string> placement;
+  const auto outputs = Run(model, {input}, {"CpuRef"}, &placement);
+  ASSERT_EQ(outputs.size(), 1u);
+  ASSERT_EQ(outputs[0].info(), (TensorInfo{DataType::kUint8, {1, kFilters, kOut, kOut}}));
+  EXPECT_THAT(placement, ::testing::Contains("qconv/Conv:CpuRef"));
+  const auto y = outputs[0].Elements<uint8_t>();
+  int exact = 0;
+  for (int f = 0; f < kFilters; ++f) {
+    for (int i = 0; i < kOut; ++i) {
+      for (int j = 0; j < kOut; ++j) {
+        int64_t accumulator = bias[f];
+        for (int c = 0; c < kChannels; ++c) {
+          for (int ki = 0; ki < kKernel; ++ki) {
+            for (int kj = 0; kj < kKernel; ++kj) {
+              const int row = i * kStride + ki - 1, column = j * kStride + kj - 1;
+              if (row < 0 || row >= kSize || column < 0 || column >= kSize)
+                continue;
+              accumulator += int64_t{x[(c * kSize + row) * kSize + column] - x_zero} *
+                             w[((f * kChannels + c) * kKernel + ki) * kKernel + kj];
+            }
+          }
+        }
+        const int want = Requantize(static_cast<double>(accumulator),
+                                    double{x_scale} * w_scales[f] / y_scale, y_zero, 0, 255);
+        const int got = y[(f * kOut + i) * kOut + j];
+        ASSERT_LE(std::abs(got - want), 1)
+            << "y[0," << f << "," << i << "," << j << "]: accumulator " << accumulator;
+        exact += got == want;
+      }
+    }
+  }
+  EXPECT_GT(exact, kFilters * kOut * kOut * 3 / 4);
+}
+
+// QLinearMatMul (UINT8 a per tensor, INT8 b per column, INT8 y), then com.microsoft's QLinearAdd
+// of its output with itself, a MaxPool-free chain; and MaxPool and Reshape applied to a quantized
+// value keep its scale and zero point (exact).
+TEST_F(QdqNetworkTest, QLinearMatMulAddAndValuePreservingOpsAnswerAsTheirDefinitions) {
+  const uint64_t seed = ::backplane::testing::TestSeed();
+  SCOPED_TRACE("seed " + std::to_string(seed) + " (BACKPLANE_TEST_SEED replays it)");
+  std::mt19937_64 random(seed);
+  const auto integer = [&](int low, int high) {
+    return std::uniform_int_distribution<int>(low, high)(random);
+  };
+  constexpr int kRows = 4, kInner = 5, kColumns = 4;
+  const float a_scale = 0.03f, y_scale = 0.05f, sum_scale = 0.09f;
+  const int a_zero = integer(0, 255), y_zero = integer(-128, 127), sum_zero = integer(-20, 20);
+  std::vector<float> b_scales(kColumns);
+  for (float& scale : b_scales)
+    scale = 0.004f * static_cast<float>(integer(1, 10));
+  std::vector<int32_t> b(kInner * kColumns);
+  for (auto& value : b)
+    value = integer(-128, 127);
+  std::vector<uint8_t> a(kRows * kInner);
+  for (auto& value : a)
+    value = static_cast<uint8_t>(integer(0, 255));
+
+  ModelBuilder model;
+  auto* microsoft = model.proto().add_opset_import();
+  microsoft->set_domain("com.microsoft");
+  microsoft->set_version(1);
+  model.Input("a", {kRows, kInner}, kUint8);
+  model.Output("y", {kRows, kColumns}, kInt8).Output("sum", {kRows, kColumns}, kInt8);
+  model.Output("pooled", {1, 1, kRows / 2, kColumns / 2}, kInt8);
+  model.FloatInitializer("a_scale", {}, {a_scale});
+  model.QuantizedInitializer("a_zero", {}, kUint8, {a_zero});
+  model.QuantizedInitializer("b", {kInner, kColumns}, kInt8, b);
+  model.FloatInitializer("b_scale", {kColumns}, b_scales);
+  model.QuantizedInitializer("b_zero", {kColumns}, kInt8, {0, 0, 0, 0});
+  model.FloatInitializer("y_scale", {}, {y_scale});
+  model.QuantizedInitializer("y_zero", {}, kInt8, {y_zero});
+  model.FloatInitializer("sum_scale", {}, {sum_scale});
+  model.QuantizedInitializer("sum_zero", {}, kInt8, {sum_zero});
+  model.Int64Initializer("image", {4}, {1, 1, kRows, kColumns});
+  model.Node("QLinearMatMul",
+             {"a", "a_scale", "a_zero", "b", "b_scale", "b_zero", "y_scale", "y_zero"}, {"y"},
+             "qmatmul");
+  model
+      .Node("QLinearAdd",
+            {"y", "y_scale", "y_zero", "y", "y_scale", "y_zero", "sum_scale", "sum_zero"}, {"sum"},
+            "qadd")
+      .set_domain("com.microsoft");
+  model.Node("Reshape", {"y", "image"}, {"y_image"}, "to_image");
+  auto& pool = model.Node("MaxPool", {"y_image"}, {"pooled"}, "pool");
+  SetInts(pool, "kernel_shape", {2, 2});
+  SetInts(pool, "strides", {2, 2});
+
+  const ConstTensorView input{{DataType::kUint8, {kRows, kInner}}, a.data()};
+  const auto outputs = Run(model, {input});
+  ASSERT_EQ(outputs.size(), 3u);
+  ASSERT_EQ(outputs[0].info(), (TensorInfo{DataType::kInt8, {kRows, kColumns}}));
+  const auto y = outputs[0].Elements<int8_t>();
+  const auto sum = outputs[1].Elements<int8_t>();
+  const auto pooled = outputs[2].Elements<int8_t>();
+  for (int r = 0; r < kRows; ++r) {
+    for (int c = 0; c < kColumns; ++c) {
+      int64_t accumulator = 0;
+      for (int k = 0; k < kInner; ++k)
+        accumulator += int64_t{a[r * kInner + k] - a_zero} * b[k * kColumns + c];
+      const int want = Requantize(static_cast<double>(accumulator),
+                                  double{a_scale} * b_scales[c] / y_scale, y_zero, -128, 127);
+      const int got = y[r * kColumns + c];
+      ASSERT_LE(std::abs(got - want), 1) << "y[" << r << "," << c << "]";
+      // QLinearAdd of got with itself, from got's own value.
+      const int want_sum =
+          Requantize(2.0 * (got - y_zero), double{y_scale} / sum_scale, sum_zero, -128, 127);
+      ASSERT_LE(std::abs(sum[r * kColumns + c] - want_sum), 1) << "sum[" << r << "," << c << "]";
+    }
+  }
+  for (int i = 0; i < kRows / 2; ++i) {
+    for (int j = 0; j < kColumns / 2; ++j) {
+      const int want =
+          std::max({y[2 * i * kColumns + 2 * j], y[2 * i * kColumns + 2 * j + 1],
+                    y[(2 * i + 1) * kColumns + 2 * j], y[(2 * i + 1) * kColumns + 2 * j + 1]});
+      EXPECT_EQ(pooled[i * (kColumns / 2) + j], want) << "pooled[" << i << "," << j << "]";
+    }
+  }
+}
+
+TEST_F(QdqNetworkTest, QOperatorNodesThatCannotBeExpandedAreRefusedNamingTheNode) {
+  const auto refused = [](const ModelBuilder& model) {
+    auto network = model.Import();
+    return network.ok() ? std::string("imported") : network.error().ToString();
+  };
+  const auto conv = [](ModelBuilder& model, std::vector<std::string> inputs) {
+    model.Input("x", {1, 1, 3, 3}, kUint8).Output("y", {1, 1, 1, 1}, kUint8);
+    model.FloatInitializer("s", {}, {0.1f});
+    model.QuantizedInitializer("z", {}, kUint8, {0});
+    model.QuantizedInitializer("w", {1, 1, 3, 3}, kInt8, std::vector<int32_t>(9, 1));
+    model.QuantizedInitializer("wz", {}, kInt8, {0});
+    Int32Initializer(model, "bias", {1}, {5});
+    model.Node("QLinearConv", std::move(inputs), {"y"}, "qconv");
+  };
+  {
+    ModelBuilder model;
+    conv(model, {"x", "s", "z", "w", "s", "wz", "s"});
+    EXPECT_THAT(refused(model), ::testing::AllOf(::testing::HasSubstr("node 'qconv' (QLinearConv)"),
+                                                 ::testing::HasSubstr("takes 8 to 9 inputs")));
+  }
+  {
+    ModelBuilder model;
+    model.Input("x_scale", {}, onnx::TensorProto::FLOAT);
+    conv(model, {"x", "x_scale", "z", "w", "s", "wz", "s", "z", "bias"});
+    EXPECT_THAT(refused(model),
+                ::testing::AllOf(::testing::HasSubstr("node 'qconv' (QLinearConv)"),
+                                 ::testing::HasSubstr("x_scale (a scalar) and w_scale as FP32 "
+                                                      "constants")));
+  }
+  {
+    ModelBuilder model;  // QLinearAdd exists in com.microsoft only
+    model.Input("a", {2}, kUint8).Output("c", {2}, kUint8);
+    model.FloatInitializer("s", {}, {0.1f});
+    model.QuantizedInitializer("z", {}, kUint8, {0});
+    model.Node("QLinearAdd", {"a", "s", "z", "a", "s", "z", "s", "z"}, {"c"}, "qadd");
+    EXPECT_THAT(refused(model), ::testing::HasSubstr("unsupported operator QLinearAdd"));
+  }
 }
 
 }  // namespace
