@@ -209,6 +209,7 @@ Result<std::unique_ptr<LoadedNetwork>> LoadedNetwork::Create(
                                   : loaded->CompileRun(run, planned.value(), liveness, backends));
   }
   loaded->FinishPlan();
+  loaded->FoldConstantSteps();
   return loaded;
 }
 
@@ -286,6 +287,50 @@ void LoadedNetwork::FinishPlan() {
     shape_programs_ = std::make_unique<ShapeProgramCache<ShapeProgram>>(
         shape_program_options_.capacity, shape_program_options_.counters);
   }
+}
+
+void LoadedNetwork::FoldConstantSteps() {
+  for (const Step& step : steps_) {
+    const bool reads_constants_only =
+        std::all_of(step.inputs.begin(), step.inputs.end(),
+                    [&](int slot) { return slot < 0 || constants_[slot] != nullptr; });
+    const bool static_outputs =
+        std::all_of(step.outputs.begin(), step.outputs.end(), [&](int slot) {
+          return load_time_shapes_[slot].type != DataType::kUndefined &&
+                 !IsDynamic(load_time_shapes_[slot]);
+        });
+    if (!reads_constants_only || !static_outputs)
+      continue;
+    std::vector<ConstTensorView> inputs;
+    for (int slot : step.inputs)
+      inputs.push_back(slot < 0 ? ConstTensorView{} : constants_[slot]->View());
+    std::vector<Tensor> values;
+    std::vector<TensorView> outputs;
+    for (int slot : step.outputs)
+      values.emplace_back(load_time_shapes_[slot]);
+    for (Tensor& value : values)
+      outputs.push_back(value.MutableView());
+    if (Status computed = step.workload->Execute(inputs, outputs); !computed.ok()) {
+      RuntimeLog().debug(
+          "network {}: {} reads only constants but failed at load ({}); it runs "
+          "per request",
+          network_->name, Describe(step), computed.message());
+      continue;
+    }
+    for (std::size_t k = 0; k < values.size(); ++k) {
+      folded_.push_back(std::move(values[k]));
+      constants_[step.outputs[k]] = &folded_.back();
+    }
+    folded_steps_.insert(&step);
+    const std::size_t first = static_cast<std::size_t>(step.node - network_->nodes.data());
+    for (std::size_t layer = first; layer < first + step.layers; ++layer) {
+      std::string& note = placement_[layer].note;
+      note = note.empty() ? "folded: computed once at load" : note + "; folded at load";
+    }
+  }
+  if (folded_steps_.empty())
+    return;
+  std::erase_if(load_time_steps_, [&](const Step* step) { return IsFolded(*step); });
 }
 
 int LoadedNetwork::SlotOf(const std::string& name) {
@@ -579,8 +624,10 @@ std::shared_ptr<const LoadedNetwork::ShapeProgram> LoadedNetwork::BuildShapeProg
   };
   std::size_t next_step = 0;
   for (const DeclinedRun& run : declined_runs_) {
-    while (next_step < run.first_step)
-      program->steps.push_back(&steps_[next_step++]);
+    for (; next_step < run.first_step; ++next_step) {
+      if (!IsFolded(steps_[next_step]))
+        program->steps.push_back(&steps_[next_step]);
+    }
     SubgraphDesc subgraph = run.boundary.subgraph;
     bool known = true;
     for (std::size_t l = 0; l < subgraph.layers.size(); ++l) {
@@ -629,8 +676,10 @@ std::shared_ptr<const LoadedNetwork::ShapeProgram> LoadedNetwork::BuildShapeProg
     program->compiled_layers += run.layers;
     next_step += run.layers;
   }
-  while (next_step < steps_.size())
-    program->steps.push_back(&steps_[next_step++]);
+  for (; next_step < steps_.size(); ++next_step) {
+    if (!IsFolded(steps_[next_step]))
+      program->steps.push_back(&steps_[next_step]);
+  }
   // Its workloads are backend code: destroyed on the reaper, whoever lets go last (an eviction
   // on a request thread, the cache's destruction with the binding).
   return loader::MakeReaped<const ShapeProgram>(std::move(program), shape_program_options_.reaper);

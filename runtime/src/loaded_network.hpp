@@ -5,8 +5,10 @@
 // Private to runtime/src.
 #pragma once
 
+#include <deque>
 #include <map>
 #include <memory>
+#include <set>
 #include <span>
 #include <string>
 #include <vector>
@@ -183,6 +185,14 @@ class LoadedNetwork : public std::enable_shared_from_this<LoadedNetwork> {
                        std::shared_ptr<loader::BackendInstance> backend);
   // After Create's steps: the steps in order, the load-time shapes by slot, the program cache.
   void FinishPlan();
+  // A step that reads only constants computes the same values for every request (a
+  // DequantizeLinear of int8 weights no backend fused, a Reshape of a constant): it runs once
+  // here, its outputs join the constants (folded_), and no request runs it. Only at static
+  // shapes. A declined run offered again per shape that compiles computes it inside the run as
+  // before; uncompiled, its steps are taken without the folded ones. A step that fails here
+  // stays, to fail each request as it would have.
+  void FoldConstantSteps();
+  bool IsFolded(const Step& step) const { return folded_steps_.contains(&step); }
 
   Status ValidateInputs(std::span<const ConstTensorView> inputs) const;
   // Every value's shape at this request's input shapes, by slot (kUndefined: none inferred).
@@ -213,7 +223,9 @@ class LoadedNetwork : public std::enable_shared_from_this<LoadedNetwork> {
   bool has_dynamic_shapes_ = false;
   std::vector<std::string> slot_names_;  // slot -> value name
   std::map<std::string, int, std::less<>> slots_;
-  std::vector<const Tensor*> constants_;  // slot -> constant, or null
+  std::vector<const Tensor*> constants_;  // slot -> constant (network's or folded_), or null
+  std::deque<Tensor> folded_;             // outputs of folded steps; a deque keeps addresses
+  std::set<const Step*> folded_steps_;
   std::vector<int> input_slots_;
   std::vector<int> output_slots_;
   std::vector<Step> steps_;

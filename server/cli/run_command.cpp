@@ -189,12 +189,10 @@ void PrintLayers(const std::vector<LayerPlacement>& placement) {
     }
     // SDK 1.1: the layer ran inside one workload for a run of layers. The line keeps its
     // prefix, so scripts that read "layer NAME OP on BACKEND" still match.
-    if (layer.compiled) {
-      if (!layer.note.empty()) {
-        std::printf(" [%s]", layer.note.c_str());
-      } else {
-        std::printf(" [compiled with the run from %s]", layer.subgraph.c_str());
-      }
+    if (!layer.note.empty()) {
+      std::printf(" [%s]", layer.note.c_str());  // a compiled run's, or "folded: ..."
+    } else if (layer.compiled) {
+      std::printf(" [compiled with the run from %s]", layer.subgraph.c_str());
     }
     std::printf("\n");
     // fallback_reason is "\n  ID: reason" per declining backend.

@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <random>
 #include <stdexcept>
@@ -351,6 +352,38 @@ TEST_F(QdqNetworkTest, BackplaneRunTestDataComparesInt8OutputsAsNumbers) {
   EXPECT_EQ(result.exit_code, 1) << result.output;
   EXPECT_THAT(result.output, ::testing::HasSubstr("output 1 (q): FAIL, max abs error " +
                                                   std::to_string(distance) + ","));
+}
+
+// A DequantizeLinear of constant weights reads only constants: the runtime computes it once when
+// the network loads (LoadedNetwork::FoldConstantSteps) and the placement says so; the layers that
+// read a request's values run per request, with the same answers as the model's definition.
+TEST_F(QdqNetworkTest, DequantizedConstantWeightsAreComputedOnceAtLoad) {
+  std::mt19937_64 random(::backplane::testing::TestSeed());
+  const MatMulQdq qdq(random);
+  Tensor x({DataType::kFloat32, {2, MatMulQdq::kInner}});
+  float next = -0.7f;
+  for (float& value : x.Elements<float>())
+    value = next += 0.23f;
+  std::vector<std::string> placement;
+  const auto first = Run(qdq.model, {x.View()}, {"CpuRef"}, &placement);
+  ASSERT_EQ(first.size(), 2u);
+  auto network = qdq.model.Import();
+  ASSERT_TRUE(network.ok());
+  auto id = runtime_->LoadNetwork(std::move(network).value(), {.backend_preferences = {"CpuRef"}});
+  ASSERT_TRUE(id.ok()) << id.error().ToString();
+  std::map<std::string, std::string> notes;
+  for (const LayerPlacement& layer : runtime_->GetPlacement(*id).value())
+    notes[layer.node] = layer.note;
+  EXPECT_EQ(notes["w_dequant"], "folded: computed once at load");
+  for (const char* per_request : {"in_quant", "in_dequant", "matmul", "out_quant", "out_dequant"})
+    EXPECT_EQ(notes[per_request], "") << per_request;
+  // Requests after the fold answer as the first did, every time.
+  for (int run = 0; run < 3; ++run) {
+    auto outputs = runtime_->Execute(*id, std::vector<ConstTensorView>{x.View()});
+    ASSERT_TRUE(outputs.ok()) << outputs.error().ToString();
+    EXPECT_EQ(ElementsAsDoubles((*outputs)[0].View()), ElementsAsDoubles(first[0].View()));
+    EXPECT_EQ(ElementsAsDoubles((*outputs)[1].View()), ElementsAsDoubles(first[1].View()));
+  }
 }
 
 // ---- QOperator forms (onnx/src/qoperator_expansion.hpp) ---------------------------------------

@@ -147,7 +147,9 @@ struct LayerPlacement {
   bool compiled = false;
   std::string subgraph;
   // What the backend said about this layer when it compiled the run (CompiledSubgraph::
-  // layer_notes), e.g. "fused into conv1 (Conv+Add+Relu)"; "" when not compiled or nothing said.
+  // layer_notes), e.g. "fused into conv1 (Conv+Add+Relu)"; for a layer that reads only
+  // constants, computed once when the network loaded and skipped by requests, "folded: computed
+  // once at load" (after the backend's note, if any); "" otherwise.
   std::string note;
   // A network with dynamic input dimensions: true when this layer belongs to a run of layers that
   // its backend declined to compile at load time, with dimensions still unknown, and that is
