@@ -1703,9 +1703,10 @@ std::vector<Tensor> FoldNode(const Node& node, std::span<const TensorInfo* const
     }
   } else if (op == "Range") {
     int64_t value = in[0][0];
-    for (auto& element : result) {
-      element = value;
-      value += in[2][0];
+    for (std::size_t i = 0; i < result.size(); ++i) {
+      result[i] = value;
+      if (i + 1 < result.size() && __builtin_add_overflow(value, in[2][0], &value))
+        return {};
     }
   } else {
     return {};
