@@ -1,9 +1,13 @@
 #!/usr/bin/python3
-"""Writes a tiny BERT-like encoder layer as torch.onnx.export writes one (opset 17), with its
-test data computed by numpy from the ONNX definitions, for the end-to-end test on CpuRef
-(tests/runtime/encoder_network_test.cpp).
+"""Writes a tiny BERT-like encoder layer as torch.onnx.export writes one, with its test data
+computed by numpy from the ONNX definitions, for the end-to-end tests on CpuRef
+(tests/runtime/encoder_network_test.cpp, tests/server/encoder_serve_test.cpp).
 
-  /usr/bin/python3 scripts/make_tiny_encoder.py tests/data/tiny_encoder
+  /usr/bin/python3 scripts/make_tiny_encoder.py tests/data
+
+writes two variants: tiny_encoder (opset 17, described below) and tiny_encoder_opset14 (every
+LayerNormalization decomposed, as opsets before 17 export it, and the mask applied with Equal,
+Expand and Where instead of arithmetic).
 
 Needs onnx (1.12 is Debian's) and numpy; no torch, no download. The graph has what an export
 has: int64 token ids and attention mask with symbolic batch and sequence; embeddings by Gather
@@ -46,7 +50,9 @@ def weights(rng):
     return {k: v.astype(np.float32) for k, v in w.items()}
 
 
-def build(w):
+def build(w, opset):
+    """opset 17: LayerNormalization nodes and an additive mask; 14: decomposed layer norms and a
+    Where mask."""
     nodes, inits = [], [numpy_helper.from_array(v, k) for k, v in w.items()]
 
     def const(name, value, dtype=np.int64):
@@ -77,7 +83,28 @@ def build(w):
     node("Gather", ["type", "type_ids"], ["type_emb"])
     node("Add", ["word_emb", "pos_emb"], ["emb_sum0"])
     node("Add", ["emb_sum0", "type_emb"], ["emb_sum"])
-    node("LayerNormalization", ["emb_sum", "emb_ln_g", "emb_ln_b"], ["h0"], axis=-1, epsilon=EPS)
+    const("two_f", 2.0, np.float32)
+    const("eps_f", EPS, np.float32)
+
+    def decomposed_layer_norm(x, prefix, out):
+        node("ReduceMean", [x], [prefix + "_mean"], axes=[-1])
+        node("Sub", [x, prefix + "_mean"], [prefix + "_centered"])
+        node("Pow", [prefix + "_centered", "two_f"], [prefix + "_sq"])
+        node("ReduceMean", [prefix + "_sq"], [prefix + "_var"], axes=[-1])
+        node("Add", [prefix + "_var", "eps_f"], [prefix + "_var_eps"])
+        node("Sqrt", [prefix + "_var_eps"], [prefix + "_std"])
+        node("Div", [prefix + "_centered", prefix + "_std"], [prefix + "_norm"])
+        node("Mul", [prefix + "_norm", prefix + "_g"], [prefix + "_scaled"])
+        node("Add", [prefix + "_scaled", prefix + "_b"], [out])
+
+    def layer_norm_node(x, prefix, out):
+        if opset >= 17:
+            node("LayerNormalization", [x, prefix + "_g", prefix + "_b"], [out], axis=-1,
+                 epsilon=EPS)
+        else:
+            decomposed_layer_norm(x, prefix, out)
+
+    layer_norm_node("emb_sum", "emb_ln", "h0")
 
     # Heads: Reshape to [batch, seq, HEADS, HEAD] with a computed target, then Transpose.
     const("heads_dims", [HEADS, HEAD])
@@ -92,15 +119,22 @@ def build(w):
     node("MatMul", ["q_heads", "k_heads_t"], ["scores_raw"])
     const("scale", math.sqrt(HEAD), np.float32)
     node("Div", ["scores_raw", "scale"], ["scores_scaled"])
-    # Extended attention mask: (1 - mask[:, None, None, :].float()) * -10000.
     const("axes12", [1, 2])
     node("Unsqueeze", ["attention_mask", "axes12"], ["mask4"])
-    node("Cast", ["mask4"], ["mask4f"], to=TensorProto.FLOAT)
     const("one_f", 1.0, np.float32)
     const("big_neg", -10000.0, np.float32)
-    node("Sub", ["one_f", "mask4f"], ["inverted"])
-    node("Mul", ["inverted", "big_neg"], ["mask_add"])
-    node("Add", ["scores_scaled", "mask_add"], ["scores"])
+    if opset >= 17:
+        # Extended attention mask: (1 - mask[:, None, None, :].float()) * -10000.
+        node("Cast", ["mask4"], ["mask4f"], to=TensorProto.FLOAT)
+        node("Sub", ["one_f", "mask4f"], ["inverted"])
+        node("Mul", ["inverted", "big_neg"], ["mask_add"])
+        node("Add", ["scores_scaled", "mask_add"], ["scores"])
+    else:
+        # scores.masked_fill(mask[:, None, None, :] == 0, -10000), the mask expanded first.
+        node("Equal", ["mask4", "i0"], ["masked"])
+        node("Shape", ["scores_scaled"], ["scores_shape"])
+        node("Expand", ["masked", "scores_shape"], ["masked_full"])
+        node("Where", ["masked_full", "big_neg", "scores_scaled"], ["scores"])
     node("Softmax", ["scores"], ["probs"], axis=-1)
     node("MatMul", ["probs", "v_heads"], ["context_heads"])
     node("Transpose", ["context_heads"], ["context_t"], perm=[0, 2, 1, 3])
@@ -110,18 +144,8 @@ def build(w):
     node("MatMul", ["context", "o_w"], ["o_mm"])
     node("Add", ["o_mm", "o_b"], ["o_lin"])
     node("Add", ["o_lin", "h0"], ["attn_res"])
-    # LayerNorm decomposed, as opsets before 17 export it.
-    node("ReduceMean", ["attn_res"], ["ln_mean"], axes=[-1])
-    node("Sub", ["attn_res", "ln_mean"], ["ln_centered"])
-    const("two_f", 2.0, np.float32)
-    node("Pow", ["ln_centered", "two_f"], ["ln_sq"])
-    node("ReduceMean", ["ln_sq"], ["ln_var"], axes=[-1])
-    const("eps_f", EPS, np.float32)
-    node("Add", ["ln_var", "eps_f"], ["ln_var_eps"])
-    node("Sqrt", ["ln_var_eps"], ["ln_std"])
-    node("Div", ["ln_centered", "ln_std"], ["ln_norm"])
-    node("Mul", ["ln_norm", "attn_ln_g"], ["ln_scaled"])
-    node("Add", ["ln_scaled", "attn_ln_b"], ["h1"])
+    # Decomposed in both variants, as opsets before 17 export it.
+    decomposed_layer_norm("attn_res", "attn_ln", "h1")
     # FFN with GELU as Erf: x * 0.5 * (1 + erf(x / sqrt(2))).
     node("MatMul", ["h1", "ffn1_w"], ["ffn1_mm"])
     node("Add", ["ffn1_mm", "ffn1_b"], ["ffn1"])
@@ -135,8 +159,7 @@ def build(w):
     node("MatMul", ["gelu", "ffn2_w"], ["ffn2_mm"])
     node("Add", ["ffn2_mm", "ffn2_b"], ["ffn2"])
     node("Add", ["ffn2", "h1"], ["ffn_res"])
-    node("LayerNormalization", ["ffn_res", "ffn_ln_g", "ffn_ln_b"], ["last_hidden_state"],
-         axis=-1, epsilon=EPS)
+    layer_norm_node("ffn_res", "ffn_ln", "last_hidden_state")
     # Pooler: the first token, Gemm-like MatMul + Add, Tanh.
     node("Gather", ["last_hidden_state", "i0"], ["first_token"], axis=1)
     node("MatMul", ["first_token", "pool_w"], ["pool_mm"])
@@ -152,7 +175,7 @@ def build(w):
                                        ["batch", "sequence", HIDDEN]),
          helper.make_tensor_value_info("pooled", TensorProto.FLOAT, ["batch", HIDDEN])],
         inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)],
                               producer_name="backplane make_tiny_encoder.py")
     model.ir_version = 8
     onnx.checker.check_model(model, full_check=True)
@@ -169,7 +192,7 @@ def layer_norm(x, g, b):
     return (x - mean) / np.sqrt(var + EPS) * g + b
 
 
-def reference(w, ids, mask):
+def reference(w, ids, mask, opset):
     """The encoder in float64 numpy, written from the ONNX definitions of its nodes."""
     w = {k: v.astype(np.float64) for k, v in w.items()}
     batch, seq = ids.shape
@@ -181,7 +204,10 @@ def reference(w, ids, mask):
 
     q, k, v = (heads(h0 @ w[n + "_w"] + w[n + "_b"]) for n in ("q", "k", "v"))
     scores = q @ k.transpose(0, 1, 3, 2) / math.sqrt(HEAD)
-    scores = scores + (1.0 - mask[:, None, None, :].astype(np.float64)) * -10000.0
+    if opset >= 17:
+        scores = scores + (1.0 - mask[:, None, None, :].astype(np.float64)) * -10000.0
+    else:
+        scores = np.where(mask[:, None, None, :] == 0, -10000.0, scores)
     scores = np.exp(scores - scores.max(-1, keepdims=True))
     probs = scores / scores.sum(-1, keepdims=True)
     context = (probs @ v).transpose(0, 2, 1, 3).reshape(batch, seq, HIDDEN)
@@ -193,13 +219,10 @@ def reference(w, ids, mask):
     return out.astype(np.float32), pooled.astype(np.float32)
 
 
-def main():
-    out_dir = sys.argv[1] if len(sys.argv) > 1 else "tests/data/tiny_encoder"
-    rng = np.random.default_rng(42)
-    w = weights(rng)
+def write(out_dir, opset, rng, w):
     os.makedirs(out_dir, exist_ok=True)
-    onnx.save(build(w), os.path.join(out_dir, "model.onnx"))
-    # (batch, sequence, padding at the end of each row)
+    onnx.save(build(w, opset), os.path.join(out_dir, "model.onnx"))
+    # (batch, sequence), padding at the end of each row
     for index, (batch, seq) in enumerate([(2, 5), (1, 7), (3, 1)]):
         ids = rng.integers(0, VOCAB, (batch, seq)).astype(np.int64)
         mask = np.ones((batch, seq), np.int64)
@@ -207,7 +230,7 @@ def main():
             padding = rng.integers(0, seq)  # at least one real token
             if padding:
                 mask[row, seq - padding:] = 0
-        outputs = reference(w, ids, mask)
+        outputs = reference(w, ids, mask, opset)
         data_dir = os.path.join(out_dir, "test_data_set_%d" % index)
         os.makedirs(data_dir, exist_ok=True)
         for i, (name, array) in enumerate([("input_ids", ids), ("attention_mask", mask)]):
@@ -216,6 +239,14 @@ def main():
         for i, (name, array) in enumerate(zip(["last_hidden_state", "pooled"], outputs)):
             with open(os.path.join(data_dir, "output_%d.pb" % i), "wb") as f:
                 f.write(numpy_helper.from_array(array, name).SerializeToString())
+
+
+def main():
+    out_dir = sys.argv[1] if len(sys.argv) > 1 else "tests/data"
+    rng = np.random.default_rng(42)
+    w = weights(rng)
+    write(os.path.join(out_dir, "tiny_encoder"), 17, rng, w)
+    write(os.path.join(out_dir, "tiny_encoder_opset14"), 14, rng, w)
 
 
 if __name__ == "__main__":

@@ -1,11 +1,11 @@
 // A tiny BERT-like encoder layer as torch.onnx.export writes one (scripts/make_tiny_encoder.py:
 // int64 ids and mask of symbolic batch and sequence, Gather embeddings, Shape chains feeding
 // Slice and Reshape, LayerNormalization and its decomposed form, 4-D batched attention with the
-// mask built by Unsqueeze/Cast/Sub/Mul, Softmax, Erf GELU, a Tanh pooler), imported and run
-// through Runtime on CpuRef at three (batch, sequence) shapes against the numpy reference the
-// script wrote. And malformed requests and models answered with an error naming the node: a
-// token id out of the vocabulary, a mask of another length than the ids, a Reshape whose target,
-// computed from the input's shape, has the wrong size.
+// mask built by Unsqueeze/Cast/Sub/Mul (opset 17) or Equal/Expand/Where (opset 14), Softmax, Erf
+// GELU, a Tanh pooler), imported and run through Runtime on CpuRef at three (batch, sequence)
+// shapes against the numpy reference the script wrote. And malformed requests and models answered
+// with an error naming the node: a token id out of the vocabulary, a mask of another length than
+// the ids, a Reshape whose target, computed from the input's shape, has the wrong size.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -60,8 +60,14 @@ Tensor Read(const fs::path& path) {
   return tensor.ok() ? std::move(tensor).value() : Tensor{};
 }
 
-TEST_F(EncoderNetworkTest, RunsOnCpuRefAsTheNumpyReferenceAtEveryShape) {
-  auto network = ImportOnnxFile(kEncoder / "model.onnx");
+// Opset 17 (LayerNormalization, an additive mask) and opset 14 (layer norms decomposed, the
+// mask applied by Equal, Expand and Where).
+class EncoderVariantTest : public EncoderNetworkTest,
+                           public ::testing::WithParamInterface<const char*> {};
+
+TEST_P(EncoderVariantTest, RunsOnCpuRefAsTheNumpyReferenceAtEveryShape) {
+  const fs::path dir = kEncoder.parent_path() / GetParam();
+  auto network = ImportOnnxFile(dir / "model.onnx");
   ASSERT_TRUE(network.ok()) << network.error().ToString();
   ASSERT_EQ(network->inputs.size(), 2u);
   EXPECT_EQ(network->inputs[0].info, (TensorInfo{DataType::kInt64, {-1, -1}}));
@@ -69,7 +75,7 @@ TEST_F(EncoderNetworkTest, RunsOnCpuRefAsTheNumpyReferenceAtEveryShape) {
   for (const auto& layer : runtime_->GetPlacement(id).value())
     EXPECT_EQ(layer.backend_id, "CpuRef") << layer.node;
   for (int set = 0; set < 3; ++set) {
-    const fs::path data = kEncoder / ("test_data_set_" + std::to_string(set));
+    const fs::path data = dir / ("test_data_set_" + std::to_string(set));
     const std::vector<Tensor> inputs = {Read(data / "input_0.pb"), Read(data / "input_1.pb")};
     const std::vector<Tensor> expected = {Read(data / "output_0.pb"), Read(data / "output_1.pb")};
     // Twice: the first request at a shape runs before its shape program exists, the second
@@ -90,6 +96,9 @@ TEST_F(EncoderNetworkTest, RunsOnCpuRefAsTheNumpyReferenceAtEveryShape) {
     }
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Opsets, EncoderVariantTest,
+                         ::testing::Values("tiny_encoder", "tiny_encoder_opset14"));
 
 TEST_F(EncoderNetworkTest, MalformedRequestsAreErrorsNamingTheNode) {
   auto network = ImportOnnxFile(kEncoder / "model.onnx");
