@@ -448,8 +448,16 @@ class RangeWorkload final : public WorkloadBase {
       return Invalid("the range has too many elements");
     BACKPLANE_RETURN_IF_ERROR(CheckOutputShape(output, {static_cast<int64_t>(length)}));
     const auto out = output.Elements<T>();
-    for (std::size_t i = 0; i < out.size(); ++i)
-      out[i] = static_cast<T>(start + static_cast<T>(i) * delta);
+    for (std::size_t i = 0; i < out.size(); ++i) {
+      if constexpr (std::is_same_v<T, float>) {
+        out[i] = start + static_cast<float>(i) * delta;
+      } else {
+        // Every element lies between start and limit, but i * delta alone may not fit in T
+        // (start near the minimum, a large delta): computed wrapping, which lands right.
+        out[i] = static_cast<T>(static_cast<uint64_t>(start) +
+                                static_cast<uint64_t>(i) * static_cast<uint64_t>(delta));
+      }
+    }
     return Status::Ok();
   }
   Status Run(std::span<const ConstTensorView> inputs,

@@ -587,6 +587,12 @@ TEST_F(CpuRefEncoderTest, ShapeOperatorsComputeTheirValues) {
   EXPECT_EQ(Run("Squeeze", {I64({1, 2, 1}, {5, 6}), I64({1}, {-1})}, {DataType::kInt64, {1, 2}})
                 .As<int64_t>(),
             (std::vector<int64_t>{5, 6}));
+  // From near the minimum in steps of 2^62: i * delta alone leaves int64.
+  constexpr int64_t kLow = std::numeric_limits<int64_t>::min() + 1;
+  EXPECT_EQ(Run("Range", {I64({}, {kLow}), I64({}, {-kLow}), I64({}, {int64_t{1} << 62})},
+                {DataType::kInt64, {4}})
+                .As<int64_t>(),
+            (std::vector<int64_t>{kLow, -4611686018427387903, 1, 4611686018427387905}));
   EXPECT_EQ(Run("Range", {I64({}, {10}), I64({}, {1}), I64({}, {-3})}, {DataType::kInt64, {3}})
                 .As<int64_t>(),
             (std::vector<int64_t>{10, 7, 4}));
