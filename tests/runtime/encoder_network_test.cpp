@@ -11,11 +11,13 @@
 
 #include <cmath>
 #include <filesystem>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "backplane/onnx/network.hpp"
 #include "backplane/runtime/runtime.hpp"
+#include "cpu_acc_backend_path.hpp"
 #include "onnx/model_builder.hpp"
 #include "test_util.hpp"
 
@@ -86,6 +88,47 @@ TEST_P(EncoderVariantTest, RunsOnCpuRefAsTheNumpyReferenceAtEveryShape) {
       auto outputs = runtime_->Execute(id, Views(inputs));
       ASSERT_TRUE(outputs.ok()) << outputs.error().ToString();
       ASSERT_EQ(outputs->size(), 2u);
+      for (std::size_t o = 0; o < 2; ++o) {
+        ASSERT_EQ((*outputs)[o].info(), expected[o].info()) << "output " << o;
+        const auto got = (*outputs)[o].Elements<float>();
+        const auto want = expected[o].Elements<float>();
+        for (std::size_t i = 0; i < want.size(); ++i)
+          EXPECT_NEAR(got[i], want[i], 1e-4f) << "output " << o << " element " << i;
+      }
+    }
+  }
+}
+
+// CpuAcc preferred, as a server prefers it: it takes the FP32 layers it runs (the MatMuls, the
+// pooler) and refuses the encoder operators and every INT64 or BOOL tensor, which fall back to
+// CpuRef; the answer is the same, at every shape (its compiled runs are offered again per input
+// shape).
+TEST_P(EncoderVariantTest, RunsBesideCpuAccAsTheNumpyReference) {
+  const fs::path cpu_acc = testing::CpuAccBackend();
+  BACKPLANE_REQUIRE_PATH(cpu_acc);
+  fs::create_symlink(cpu_acc, dir_ / "Backplane_CpuAcc_backend.so");
+  auto runtime = Runtime::Create({.backend_paths = std::vector{dir_.path()}});
+  ASSERT_TRUE(runtime.ok()) << runtime.error().ToString();
+  const fs::path dir = kEncoder.parent_path() / GetParam();
+  auto network = ImportOnnxFile(dir / "model.onnx");
+  ASSERT_TRUE(network.ok()) << network.error().ToString();
+  auto id = (*runtime)->LoadNetwork(std::move(network).value(),
+                                    {.backend_preferences = {"CpuAcc", "CpuRef"}});
+  ASSERT_TRUE(id.ok()) << id.error().ToString();
+  std::map<std::string, std::string> placed;
+  for (const auto& layer : (*runtime)->GetPlacement(*id).value())
+    placed[layer.node] = layer.backend_id;
+  EXPECT_EQ(placed["word_emb"], "CpuRef");
+  EXPECT_EQ(placed["ids_shape"], "CpuRef");
+  EXPECT_EQ(placed["q_mm"], "CpuAcc");
+  for (int set = 0; set < 3; ++set) {
+    const fs::path data = dir / ("test_data_set_" + std::to_string(set));
+    const std::vector<Tensor> inputs = {Read(data / "input_0.pb"), Read(data / "input_1.pb")};
+    const std::vector<Tensor> expected = {Read(data / "output_0.pb"), Read(data / "output_1.pb")};
+    for (int round = 0; round < 2; ++round) {
+      SCOPED_TRACE("data set " + std::to_string(set) + " round " + std::to_string(round));
+      auto outputs = (*runtime)->Execute(*id, Views(inputs));
+      ASSERT_TRUE(outputs.ok()) << outputs.error().ToString();
       for (std::size_t o = 0; o < 2; ++o) {
         ASSERT_EQ((*outputs)[o].info(), expected[o].info()) << "output " << o;
         const auto got = (*outputs)[o].Elements<float>();
