@@ -1,17 +1,20 @@
 // CpuRef: plain, obviously-correct reference kernels. Every other backend is checked against it,
 // so clarity beats speed here: single-threaded loops, sums accumulated in double.
 //
-// Ops (ONNX semantics, opsets 13-25, FP32 only): Add, Sub, Mul, Div, Relu, LeakyRelu, Sigmoid,
-// HardSigmoid, HardSwish, Tanh, Clip, Dropout (inference), Softmax, Gemm, MatMul, Conv, MaxPool,
-// AveragePool, GlobalAveragePool, GlobalMaxPool, BatchNormalization, Flatten, Reshape, Transpose,
-// Concat, Pad (constant mode), Identity; and QuantizeLinear (FP32 to UINT8/INT8) and
+// Ops (ONNX semantics, opsets 13-25, FP32 unless said): Add, Sub, Mul, Div (and INT64, INT32),
+// Pow, Sqrt, Erf, Relu, LeakyRelu, Sigmoid, HardSigmoid, HardSwish, Tanh, Clip, Dropout
+// (inference), Softmax, Gemm, MatMul, Conv, MaxPool, AveragePool, GlobalAveragePool,
+// GlobalMaxPool, BatchNormalization, ReduceMean, ReduceSum, LayerNormalization, Flatten; Reshape
+// (to a constant or a computed shape), Transpose, Concat, Identity, Gather, Shape, Unsqueeze,
+// Squeeze, Slice, Expand, Where on every type; ConstantOfShape, Range, Equal, Cast (FP32, INT64,
+// INT32, BOOL), Neg, Not (BOOL); Pad (constant mode); and QuantizeLinear (FP32 to UINT8/INT8) and
 // DequantizeLinear (UINT8/INT8/INT32 to FP32), per tensor and per axis. Constant is not a backend
 // op (the host folds it).
 //
 // The contract with the host:
 //  - IsSupported(op) is OK, or kUnimplemented naming the node, the op and the reason (an
-//    unsupported attribute or attribute value, a non-FP32 tensor, MaxPool's Indices output,
-//    BatchNormalization training_mode=1, a Reshape shape, Pad's pads, Clip's bounds or Dropout's
+//    unsupported attribute or attribute value, a tensor of a type the op does not take, MaxPool's
+//    Indices output, BatchNormalization training_mode=1, Pad's pads, Clip's bounds or Dropout's
 //    training_mode that are not constants, Dropout's BOOL mask, a Pad mode but constant), or
 //    kInvalidArgument when the description is inconsistent (counts of inputs/outputs, shapes that
 //    cannot broadcast or multiply, attribute values ONNX forbids). An attribute the kernel does
@@ -42,7 +45,7 @@ constexpr std::string_view kId = "CpuRef";
 
 const KernelEntry* FindKernel(std::string_view op_type) {
   for (auto family : {ElementwiseKernels(), MatrixKernels(), WindowKernels(), LayoutKernels(),
-                      QuantizeKernels()}) {
+                      QuantizeKernels(), IndexKernels(), ReduceKernels()}) {
     for (const KernelEntry& entry : family) {
       if (entry.op_type == op_type)
         return &entry;

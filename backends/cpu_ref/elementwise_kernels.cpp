@@ -1,8 +1,9 @@
-// Add, Sub, Mul, Div, Relu, LeakyRelu, Sigmoid, HardSigmoid, HardSwish, Tanh, Clip, Dropout
-// (inference), Softmax, BatchNormalization (inference).
+// Add, Sub, Mul, Div (FP32, INT64, INT32), Pow, Sqrt, Erf, Relu, LeakyRelu, Sigmoid, HardSigmoid,
+// HardSwish, Tanh, Clip, Dropout (inference), Softmax, BatchNormalization (inference).
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 
 #include "kernel_support.hpp"
 
@@ -11,18 +12,49 @@ namespace {
 
 // ---- Add, Sub, Mul, Div: multidirectional (numpy) broadcasting --------------------------------
 
+// FP32 as IEEE computes it; integers (shape arithmetic) wrap around on overflow as two's
+// complement, computed unsigned so that it is defined.
+template <typename T>
+T Wrapped(uint64_t value) {
+  return static_cast<T>(value);
+}
 struct Plus {
   static float Apply(float a, float b) { return a + b; }
+  template <typename T>
+  static T ApplyInt(T a, T b) {
+    return Wrapped<T>(static_cast<uint64_t>(a) + static_cast<uint64_t>(b));
+  }
 };
 struct Minus {
   static float Apply(float a, float b) { return a - b; }
+  template <typename T>
+  static T ApplyInt(T a, T b) {
+    return Wrapped<T>(static_cast<uint64_t>(a) - static_cast<uint64_t>(b));
+  }
 };
 struct Times {
   static float Apply(float a, float b) { return a * b; }
+  template <typename T>
+  static T ApplyInt(T a, T b) {
+    return Wrapped<T>(static_cast<uint64_t>(a) * static_cast<uint64_t>(b));
+  }
 };
 struct Quotient {
   // IEEE division: x / 0 is ±inf, 0 / 0 is NaN, as ONNX Runtime gives for floats.
   static float Apply(float a, float b) { return a / b; }
+  // Truncating, as C++ and ONNX Runtime divide integers; the caller refuses a zero divisor, and
+  // the one quotient that overflows (the minimum over -1) wraps to the minimum.
+  template <typename T>
+  static T ApplyInt(T a, T b) {
+    if (b == -1)
+      return Wrapped<T>(uint64_t{0} - static_cast<uint64_t>(a));
+    return a / b;
+  }
+};
+struct Power {
+  static float Apply(float a, float b) {
+    return static_cast<float>(std::pow(static_cast<double>(a), static_cast<double>(b)));
+  }
 };
 
 template <typename Operation>
@@ -33,7 +65,19 @@ class BinaryWorkload final : public WorkloadBase {
   };
 
   static Result<Params> Parse(const OperatorDesc& op) {
-    BACKPLANE_RETURN_IF_ERROR(CheckSignature(op, {.min_inputs = 2, .max_inputs = 2}));
+    // Pow is FP32 only; the others take INT64 and INT32 too, as shape computations use them.
+    constexpr bool kIntegers = !std::is_same_v<Operation, Power>;
+    BACKPLANE_RETURN_IF_ERROR(
+        CheckSignature(op, {.min_inputs = 2, .max_inputs = 2, .typed = kIntegers}));
+    if (kIntegers) {
+      BACKPLANE_RETURN_IF_ERROR(
+          CheckTypeIn(op, 0, {DataType::kFloat32, DataType::kInt64, DataType::kInt32}));
+      if (op.inputs[1].type != op.inputs[0].type || op.outputs[0].type != op.inputs[0].type)
+        return NodeInvalid(op, "inputs and output must have one type, are " +
+                                   std::string(ToString(op.inputs[0].type)) + ", " +
+                                   std::string(ToString(op.inputs[1].type)) + " and " +
+                                   std::string(ToString(op.outputs[0].type)));
+    }
     const Shape& a = op.inputs[0].shape;
     const Shape& b = op.inputs[1].shape;
     if (auto out = op_rules::Broadcast(a, b); !out.ok())
@@ -52,13 +96,42 @@ class BinaryWorkload final : public WorkloadBase {
     if (!out_shape.ok())
       return Invalid(out_shape.error().message());
     BACKPLANE_RETURN_IF_ERROR(CheckOutputShape(outputs[0], out_shape.value()));
-    const auto a = inputs[0].Elements<float>();
-    const auto b = inputs[1].Elements<float>();
-    const auto out = outputs[0].Elements<float>();
+    if (inputs[0].info.type != inputs[1].info.type || outputs[0].info.type != inputs[0].info.type)
+      return Invalid("inputs and output must have one type");
+    switch (inputs[0].info.type) {
+      case DataType::kFloat32:
+        return Compute<float>(inputs, outputs[0], out_shape.value());
+      case DataType::kInt64:
+        return Compute<int64_t>(inputs, outputs[0], out_shape.value());
+      case DataType::kInt32:
+        return Compute<int32_t>(inputs, outputs[0], out_shape.value());
+      default:
+        return Invalid("unsupported type " + std::string(ToString(inputs[0].info.type)));
+    }
+  }
+
+  template <typename T>
+  Status Compute(std::span<const ConstTensorView> inputs, const TensorView& output,
+                 const Shape& out_shape) const {
+    const Shape& a_shape = inputs[0].info.shape;
+    const Shape& b_shape = inputs[1].info.shape;
+    const auto a = inputs[0].Elements<T>();
+    const auto b = inputs[1].Elements<T>();
+    const auto out = output.Elements<T>();
+    if constexpr (!std::is_same_v<T, float>) {
+      if constexpr (std::is_same_v<Operation, Quotient>) {
+        if (std::find(b.begin(), b.end(), T{0}) != b.end())
+          return Invalid("integer division by zero");
+      }
+    }
     for (std::size_t i = 0; i < out.size(); ++i) {
       const auto flat = static_cast<int64_t>(i);
-      out[i] = Operation::Apply(a[op_rules::BroadcastOffset(flat, out_shape.value(), a_shape)],
-                                b[op_rules::BroadcastOffset(flat, out_shape.value(), b_shape)]);
+      const T x = a[op_rules::BroadcastOffset(flat, out_shape, a_shape)];
+      const T y = b[op_rules::BroadcastOffset(flat, out_shape, b_shape)];
+      if constexpr (std::is_same_v<T, float>)
+        out[i] = Operation::Apply(x, y);
+      else if constexpr (!std::is_same_v<Operation, Power>)
+        out[i] = Operation::template ApplyInt<T>(x, y);
     }
     return Status::Ok();
   }
@@ -129,6 +202,22 @@ struct HardSwishFunction {
     return HardSwishFunction{};
   }
   float Apply(float x) const { return x * HardSigmoid(x, 1.0f / 6.0f, 0.5f); }
+};
+struct SqrtFunction {
+  static constexpr std::size_t kMaxInputs = 1;
+  static Result<SqrtFunction> Parse(const OperatorDesc& op) {
+    BACKPLANE_RETURN_IF_ERROR(CheckSignature(op, {}));
+    return SqrtFunction{};
+  }
+  float Apply(float x) const { return std::sqrt(x); }  // NaN below zero, as IEEE says
+};
+struct ErfFunction {
+  static constexpr std::size_t kMaxInputs = 1;
+  static Result<ErfFunction> Parse(const OperatorDesc& op) {
+    BACKPLANE_RETURN_IF_ERROR(CheckSignature(op, {}));
+    return ErfFunction{};
+  }
+  float Apply(float x) const { return static_cast<float>(std::erf(static_cast<double>(x))); }
 };
 struct TanhFunction {
   static constexpr std::size_t kMaxInputs = 1;
@@ -421,6 +510,9 @@ constexpr KernelEntry kElementwiseKernels[] = {
     ElementwiseEntry<UnaryWorkload<HardSigmoidFunction>>("HardSigmoid"),
     ElementwiseEntry<UnaryWorkload<HardSwishFunction>>("HardSwish"),
     ElementwiseEntry<UnaryWorkload<TanhFunction>>("Tanh"),
+    ElementwiseEntry<UnaryWorkload<SqrtFunction>>("Sqrt"),
+    ElementwiseEntry<UnaryWorkload<ErfFunction>>("Erf"),
+    ElementwiseEntry<BinaryWorkload<Power>>("Pow"),
     ElementwiseEntry<UnaryWorkload<ClipFunction>>("Clip"),
     ElementwiseEntry<UnaryWorkload<DropoutFunction>>("Dropout"),
     ElementwiseEntry<SoftmaxWorkload>("Softmax"),

@@ -48,7 +48,8 @@ Status CheckSignature(const OperatorDesc& op, const Signature& signature) {
                                std::to_string(op.outputs.size()));
   }
   BACKPLANE_RETURN_IF_ERROR(CheckShapeBounds(op));
-  for (std::size_t i = 0; i < op.inputs.size() && i < signature.float_inputs; ++i) {
+  for (std::size_t i = 0; i < op.inputs.size() && i < signature.float_inputs && !signature.typed;
+       ++i) {
     const DataType type = op.inputs[i].type;
     // kUndefined marks an omitted optional input; whether it may be omitted is the kernel's call.
     if (type != DataType::kFloat32 && type != DataType::kUndefined) {
@@ -56,7 +57,7 @@ Status CheckSignature(const OperatorDesc& op, const Signature& signature) {
                                        std::string(ToString(type)));
     }
   }
-  for (std::size_t i = 0; i < op.outputs.size(); ++i) {
+  for (std::size_t i = 0; i < op.outputs.size() && !signature.typed; ++i) {
     const DataType type = op.outputs[i].type;
     if (type != DataType::kFloat32 && type != DataType::kUndefined) {
       return NodeUnimplemented(op, "CpuRef runs FP32 only; output " + std::to_string(i) + " is " +
@@ -69,6 +70,30 @@ Status CheckSignature(const OperatorDesc& op, const Signature& signature) {
       return NodeUnimplemented(op, "unsupported attribute '" + key + "'");
   }
   return Status::Ok();
+}
+
+Status CheckTypeIn(const OperatorDesc& op, std::size_t index,
+                   std::initializer_list<DataType> types) {
+  const DataType type = op.inputs[index].type;
+  if (std::find(types.begin(), types.end(), type) != types.end())
+    return Status::Ok();
+  std::string names;
+  for (DataType allowed : types)
+    names += (names.empty() ? "" : ", ") + std::string(ToString(allowed));
+  return NodeUnimplemented(op, "input " + std::to_string(index) + " is " +
+                                   std::string(ToString(type)) + ", CpuRef runs it on " + names);
+}
+
+std::vector<int64_t> IndexValues(const ConstTensorView& view) {
+  std::vector<int64_t> values;
+  if (view.info.type == DataType::kInt64) {
+    for (int64_t v : view.Elements<int64_t>())
+      values.push_back(v);
+  } else if (view.info.type == DataType::kInt32) {
+    for (int32_t v : view.Elements<int32_t>())
+      values.push_back(v);
+  }
+  return values;
 }
 
 bool HasInput(const OperatorDesc& op, std::size_t index) {

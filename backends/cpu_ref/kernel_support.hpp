@@ -30,13 +30,16 @@ struct KernelEntry {
   Result<std::unique_ptr<IWorkload>> (*create)(const OperatorDesc&);
 };
 
-// Add Sub Mul Div Relu LeakyRelu Sigmoid HardSigmoid HardSwish Tanh Clip Dropout Softmax
-// BatchNormalization
+// Add Sub Mul Div Pow Sqrt Erf Relu LeakyRelu Sigmoid HardSigmoid HardSwish Tanh Clip Dropout
+// Softmax BatchNormalization
 std::span<const KernelEntry> ElementwiseKernels();
 std::span<const KernelEntry> MatrixKernels();    // Gemm MatMul
 std::span<const KernelEntry> WindowKernels();    // Conv MaxPool AveragePool Global*Pool
 std::span<const KernelEntry> LayoutKernels();    // Identity Flatten Reshape Transpose Concat Pad
 std::span<const KernelEntry> QuantizeKernels();  // QuantizeLinear DequantizeLinear
+// Shape Gather Unsqueeze Squeeze Slice Expand ConstantOfShape Range Where Equal Cast Neg Not
+std::span<const KernelEntry> IndexKernels();
+std::span<const KernelEntry> ReduceKernels();  // ReduceMean ReduceSum LayerNormalization
 
 // Every kernel is a class W with
 //   struct Params;                                   // attributes and constants, immutable
@@ -81,12 +84,42 @@ struct Signature {
   std::initializer_list<std::string_view> attributes = {};
   // Inputs with an index below this must be FP32 (Reshape's shape input is INT64).
   std::size_t float_inputs = SIZE_MAX;
+  // The kernel checks element types itself (CheckTypeIn): nothing is held to FP32 here.
+  bool typed = false;
 };
 
 // Input/output counts (kInvalidArgument), shapes within core's bound on element counts
 // (kInvalidArgument), FP32 data (kUnimplemented), known attribute names (kUnimplemented: an
 // attribute is never silently ignored).
 Status CheckSignature(const OperatorDesc& op, const Signature& signature);
+
+// kUnimplemented naming the node unless input `index` is of one of `types`.
+Status CheckTypeIn(const OperatorDesc& op, std::size_t index,
+                   std::initializer_list<DataType> types);
+
+// Calls `visit(T{})` with T the C++ element type of `type` (float; int64_t; int32_t; uint8_t for
+// BOOL and UINT8; int8_t) and returns what it returns; `otherwise` for any other type.
+template <typename Visit, typename Otherwise>
+auto VisitElementType(DataType type, Visit&& visit, Otherwise&& otherwise) {
+  switch (type) {
+    case DataType::kFloat32:
+      return visit(float{});
+    case DataType::kInt64:
+      return visit(int64_t{});
+    case DataType::kInt32:
+      return visit(int32_t{});
+    case DataType::kBool:
+    case DataType::kUint8:
+      return visit(uint8_t{});
+    case DataType::kInt8:
+      return visit(int8_t{});
+    default:
+      return otherwise();
+  }
+}
+
+// An INT64 or INT32 view's elements widened to int64 (shapes, axes, indices given as values).
+std::vector<int64_t> IndexValues(const ConstTensorView& view);
 
 // kInvalidArgument naming the node and the input or output when the known dimensions of one
 // multiply past kMaxElementCount: every kernel's shape arithmetic (rows x columns, strides,

@@ -17,6 +17,24 @@ std::size_t FloatBytes(const Shape& shape) {
   return static_cast<std::size_t>(ElementCount(shape)) * sizeof(float);
 }
 
+// The element types the byte-copying kernels move (every type CpuRef has).
+constexpr std::initializer_list<DataType> kAnyType = {DataType::kFloat32, DataType::kInt64,
+                                                      DataType::kInt32,   DataType::kBool,
+                                                      DataType::kUint8,   DataType::kInt8};
+
+// Inputs [0, count) all of one type of kAnyType (Concat's, Identity's data).
+Status CheckOneType(const OperatorDesc& op, std::size_t count) {
+  for (std::size_t i = 0; i < count; ++i) {
+    BACKPLANE_RETURN_IF_ERROR(CheckTypeIn(op, i, kAnyType));
+    if (op.inputs[i].type != op.inputs[0].type) {
+      return NodeInvalid(op, "input " + std::to_string(i) + " is " +
+                                 std::string(ToString(op.inputs[i].type)) + ", input 0 is " +
+                                 std::string(ToString(op.inputs[0].type)));
+    }
+  }
+  return Status::Ok();
+}
+
 // ---- Identity -------------------------------------------------------------------------------
 
 class IdentityWorkload final : public WorkloadBase {
@@ -26,7 +44,8 @@ class IdentityWorkload final : public WorkloadBase {
   };
 
   static Result<Params> Parse(const OperatorDesc& op) {
-    BACKPLANE_RETURN_IF_ERROR(CheckSignature(op, {}));
+    BACKPLANE_RETURN_IF_ERROR(CheckSignature(op, {.typed = true}));
+    BACKPLANE_RETURN_IF_ERROR(CheckOneType(op, 1));
     return Params{NodeLabel(op)};
   }
 
@@ -36,7 +55,7 @@ class IdentityWorkload final : public WorkloadBase {
   Status Run(std::span<const ConstTensorView> inputs,
              std::span<const TensorView> outputs) const override {
     BACKPLANE_RETURN_IF_ERROR(CheckOutputShape(outputs[0], inputs[0].info.shape));
-    CopyBytes(outputs[0].data, inputs[0].data, FloatBytes(inputs[0].info.shape));
+    CopyBytes(outputs[0].data, inputs[0].data, inputs[0].info.ByteSize());
     return Status::Ok();
   }
 };
@@ -156,11 +175,13 @@ class ReshapeWorkload final : public WorkloadBase {
     std::string label;
     std::vector<int64_t> target;  // copied out of the constant at creation
     bool allowzero;
+    bool computed;  // the shape is no constant: read from input 1 at run time
   };
 
   static Result<Params> Parse(const OperatorDesc& op) {
     BACKPLANE_RETURN_IF_ERROR(CheckSignature(
-        op, {.min_inputs = 2, .max_inputs = 2, .attributes = {"allowzero"}, .float_inputs = 1}));
+        op, {.min_inputs = 2, .max_inputs = 2, .attributes = {"allowzero"}, .typed = true}));
+    BACKPLANE_RETURN_IF_ERROR(CheckOneType(op, 1));
     auto allowzero = FlagAttribute(op, "allowzero", false);
     if (!allowzero.ok())
       return allowzero.error();
@@ -169,14 +190,12 @@ class ReshapeWorkload final : public WorkloadBase {
       return NodeUnimplemented(
           op, "the shape input must be INT64, is " + std::string(ToString(shape_info.type)));
     }
-    if (op.constant_inputs.size() < 2 || op.constant_inputs[1] == nullptr) {
-      return NodeUnimplemented(
-          op, "the shape input must be a constant (CpuRef does not reshape to a computed shape)");
-    }
     if (shape_info.shape.size() != 1 || shape_info.shape[0] < 0) {
       return NodeInvalid(
           op, "the shape input must be 1-D with a known length, is " + ToString(shape_info.shape));
     }
+    if (op.constant_inputs.size() < 2 || op.constant_inputs[1] == nullptr)
+      return Params{NodeLabel(op), {}, allowzero.value(), /*computed=*/true};
     const auto* data = static_cast<const int64_t*>(op.constant_inputs[1]);
     std::vector<int64_t> target(data, data + shape_info.shape[0]);
     const Shape& in = op.inputs[0].shape;
@@ -187,7 +206,7 @@ class ReshapeWorkload final : public WorkloadBase {
     } else if (auto error = ReshapeTargetError(target, allowzero.value(), in.size())) {
       return NodeInvalid(op, *error);
     }
-    return Params{NodeLabel(op), std::move(target), allowzero.value()};
+    return Params{NodeLabel(op), std::move(target), allowzero.value(), /*computed=*/false};
   }
 
   explicit ReshapeWorkload(Params params)
@@ -197,10 +216,16 @@ class ReshapeWorkload final : public WorkloadBase {
   Status Run(std::span<const ConstTensorView> inputs,
              std::span<const TensorView> outputs) const override {
     Shape out;
-    if (auto error = ResolveReshape(inputs[0].info.shape, params_.target, params_.allowzero, &out))
+    // A computed shape is checked here like a constant one at creation: a model whose shape
+    // arithmetic goes wrong gets this node's error, never a copy of the wrong size.
+    if (params_.computed && (inputs.size() < 2 || inputs[1].info.type != DataType::kInt64 ||
+                             inputs[1].info.shape.size() != 1))
+      return Invalid("the shape input must be a 1-D INT64 tensor");
+    const std::vector<int64_t> target = params_.computed ? IndexValues(inputs[1]) : params_.target;
+    if (auto error = ResolveReshape(inputs[0].info.shape, target, params_.allowzero, &out))
       return Invalid(*error);
     BACKPLANE_RETURN_IF_ERROR(CheckOutputShape(outputs[0], out));
-    CopyBytes(outputs[0].data, inputs[0].data, FloatBytes(inputs[0].info.shape));
+    CopyBytes(outputs[0].data, inputs[0].data, inputs[0].info.ByteSize());
     return Status::Ok();
   }
 
@@ -217,7 +242,8 @@ class TransposeWorkload final : public WorkloadBase {
   };
 
   static Result<Params> Parse(const OperatorDesc& op) {
-    BACKPLANE_RETURN_IF_ERROR(CheckSignature(op, {.attributes = {"perm"}}));
+    BACKPLANE_RETURN_IF_ERROR(CheckSignature(op, {.attributes = {"perm"}, .typed = true}));
+    BACKPLANE_RETURN_IF_ERROR(CheckOneType(op, 1));
     auto perm = IntsAttribute(op, "perm");
     if (!perm.ok())
       return perm.error();
@@ -258,17 +284,19 @@ class TransposeWorkload final : public WorkloadBase {
       out_shape[i] = in_shape[perm[i]];
     BACKPLANE_RETURN_IF_ERROR(CheckOutputShape(outputs[0], out_shape));
     const std::vector<int64_t> in_strides = Strides(in_shape);
-    const auto in = inputs[0].Elements<float>();
-    const auto out = outputs[0].Elements<float>();
+    const std::size_t size = ElementSize(inputs[0].info.type);
+    const auto* in = static_cast<const std::byte*>(inputs[0].data);
+    auto* out = static_cast<std::byte*>(outputs[0].data);
+    const auto count = static_cast<std::size_t>(ElementCount(out_shape));
     // Output dim i walks input dim perm[i].
-    for (std::size_t flat = 0; flat < out.size(); ++flat) {
+    for (std::size_t flat = 0; flat < count; ++flat) {
       auto rest = static_cast<int64_t>(flat);
       int64_t offset = 0;
       for (std::size_t i = rank; i-- > 0;) {
         offset += (rest % out_shape[i]) * in_strides[perm[i]];
         rest /= out_shape[i];
       }
-      out[flat] = in[offset];
+      std::memcpy(out + flat * size, in + static_cast<std::size_t>(offset) * size, size);
     }
     return Status::Ok();
   }
@@ -315,8 +343,9 @@ class ConcatWorkload final : public WorkloadBase {
   };
 
   static Result<Params> Parse(const OperatorDesc& op) {
-    BACKPLANE_RETURN_IF_ERROR(
-        CheckSignature(op, {.min_inputs = 1, .max_inputs = SIZE_MAX, .attributes = {"axis"}}));
+    BACKPLANE_RETURN_IF_ERROR(CheckSignature(
+        op, {.min_inputs = 1, .max_inputs = SIZE_MAX, .attributes = {"axis"}, .typed = true}));
+    BACKPLANE_RETURN_IF_ERROR(CheckOneType(op, op.inputs.size()));
     if (!op.attributes.contains("axis"))
       return NodeInvalid(op, "attribute 'axis' is required");
     auto axis = IntAttribute(op, "axis", 0);
@@ -354,7 +383,7 @@ class ConcatWorkload final : public WorkloadBase {
     std::size_t written = 0;
     for (int64_t o = 0; o < outer; ++o) {
       for (const auto& input : inputs) {
-        const std::size_t block = FloatBytes(input.info.shape) / static_cast<std::size_t>(outer);
+        const std::size_t block = input.info.ByteSize() / static_cast<std::size_t>(outer);
         CopyBytes(out + written, static_cast<const std::byte*>(input.data) + o * block, block);
         written += block;
       }

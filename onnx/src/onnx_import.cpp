@@ -73,14 +73,16 @@ Result<TensorInfo> DeclaredInfo(const onnx::ValueInfoProto& value, bool for_inpu
   const auto& tensor_type = value.type().tensor_type();
   TensorInfo info;
   const int32_t elem_type = tensor_type.elem_type();
-  // UINT8 and INT8 are what DequantizeLinear takes and QuantizeLinear gives.
+  // UINT8 and INT8 are what DequantizeLinear takes and QuantizeLinear gives; INT64, INT32 and
+  // BOOL are token ids, attention masks and shapes.
   if (elem_type == onnx::TensorProto::FLOAT || elem_type == onnx::TensorProto::INT64 ||
+      elem_type == onnx::TensorProto::INT32 || elem_type == onnx::TensorProto::BOOL ||
       elem_type == onnx::TensorProto::UINT8 || elem_type == onnx::TensorProto::INT8) {
     info.type = static_cast<DataType>(elem_type);
   } else if (elem_type != onnx::TensorProto::UNDEFINED || for_input) {
     return errors.Unsupported(what + " has unsupported data type " + ElementTypeName(elem_type) +
-                              " (supported: FLOAT, UINT8 and INT8 for quantized values, and "
-                              "INT64 for Reshape's shape)");
+                              " (supported: FLOAT, INT64, INT32, BOOL, and UINT8 and INT8 for "
+                              "quantized values)");
   }
   if (!tensor_type.has_shape()) {
     if (for_input)
@@ -123,6 +125,39 @@ Result<AttributeValue> ConvertAttribute(const onnx::AttributeProto& attribute,
       return Unimplemented(node + ": attribute '" + attribute.name() + "' has unsupported type " +
                            AttributeTypeName(attribute.type()));
   }
+}
+
+// ConstantOfShape's TENSOR attribute 'value' (one element) as backends see it, since an
+// attribute cannot hold a tensor: 'value' a FLOAT for FP32, an INT for INT64, INT32 and BOOL
+// (0 or 1), and 'dtype' the element type's number (DataType).
+Status ConvertFillValue(const onnx::TensorProto& proto, const std::string& node,
+                        AttributeMap& attributes) {
+  auto tensor = TensorFromProto(proto, node + " attribute 'value'");
+  if (!tensor.ok())
+    return tensor.error();
+  const TensorInfo& info = tensor->info();
+  if (ElementCount(info.shape) != 1)
+    return InvalidArgument(node + ": attribute 'value' must hold one element, has shape " +
+                           ToString(info.shape));
+  switch (info.type) {
+    case DataType::kFloat32:
+      attributes.emplace("value", tensor->Elements<float>()[0]);
+      break;
+    case DataType::kInt64:
+      attributes.emplace("value", tensor->Elements<int64_t>()[0]);
+      break;
+    case DataType::kInt32:
+      attributes.emplace("value", static_cast<int64_t>(tensor->Elements<int32_t>()[0]));
+      break;
+    case DataType::kBool:
+      attributes.emplace("value", static_cast<int64_t>(tensor->Elements<uint8_t>()[0] != 0));
+      break;
+    default:
+      return Unimplemented(node + ": attribute 'value' of " + std::string(ToString(info.type)) +
+                           " is not supported (FLOAT, INT64, INT32 and BOOL are)");
+  }
+  attributes.emplace("dtype", static_cast<int64_t>(info.type));
+  return Status::Ok();
 }
 
 // Kahn's algorithm, stable: among ready nodes the one earliest in the file goes first, so a
@@ -345,6 +380,13 @@ Result<Network> ImportOnnxModel(std::span<const std::byte> model, std::string_vi
     }
 
     for (const onnx::AttributeProto& attribute : proto_node.attribute()) {
+      if (node.op_type == "ConstantOfShape" && attribute.name() == "value" &&
+          attribute.type() == onnx::AttributeProto::TENSOR) {
+        auto status = ConvertFillValue(attribute.t(), described, node.attributes);
+        if (!status.ok())
+          return errors.Wrap(status);
+        continue;
+      }
       auto value = ConvertAttribute(attribute, described);
       if (!value.ok())
         return errors.Wrap(value.error());

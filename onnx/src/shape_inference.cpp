@@ -5,6 +5,7 @@
 #include <array>
 #include <cmath>
 #include <initializer_list>
+#include <limits>
 #include <numeric>
 #include <optional>
 #include <string>
@@ -49,7 +50,26 @@ constexpr std::string_view kSupportedOps[] = {"Add",
                                               "Pad",
                                               "Constant",
                                               "QuantizeLinear",
-                                              "DequantizeLinear"};
+                                              "DequantizeLinear",
+                                              "Gather",
+                                              "Shape",
+                                              "Unsqueeze",
+                                              "Squeeze",
+                                              "Slice",
+                                              "Cast",
+                                              "Equal",
+                                              "Where",
+                                              "Expand",
+                                              "ConstantOfShape",
+                                              "Range",
+                                              "ReduceMean",
+                                              "ReduceSum",
+                                              "Pow",
+                                              "Sqrt",
+                                              "Erf",
+                                              "Neg",
+                                              "Not",
+                                              "LayerNormalization"};
 
 bool Known(int64_t dim) {
   return dim >= 0;
@@ -76,13 +96,29 @@ int64_t Product(std::span<const int64_t> dims) {
   return unknown ? kDynamic : product;
 }
 
+// Range's length, max(ceil((limit - start) / delta), 0); nullopt for a delta of 0 or a length
+// over the bound on element counts.
+std::optional<int64_t> RangeLength(double start, double limit, double delta) {
+  if (delta == 0 || !std::isfinite(start) || !std::isfinite(limit) || !std::isfinite(delta))
+    return std::nullopt;
+  const double length = std::max(std::ceil((limit - start) / delta), 0.0);
+  if (length > static_cast<double>(kMaxElementCount))
+    return std::nullopt;
+  return static_cast<int64_t>(length);
+}
+
 // Checks one node and computes its outputs. Each Infer* method fills `outputs_` or returns an
 // error built with Error(), so that every message names the node.
 class NodeInference {
  public:
   NodeInference(const Node& node, int64_t opset, std::span<const TensorInfo* const> inputs,
-                const std::map<std::string, Tensor, std::less<>>& constants)
-      : node_(node), opset_(opset), inputs_(inputs), constants_(constants) {}
+                const TensorMap& constants, const TensorMap* folded, bool concrete)
+      : node_(node),
+        opset_(opset),
+        inputs_(inputs),
+        constants_(constants),
+        folded_(folded),
+        concrete_(concrete) {}
 
   // Every shape in and out is held to core's bound on element counts, so that no operator's
   // arithmetic below, nor a backend's, nor the runtime's allocation, ever multiplies past int64.
@@ -105,8 +141,43 @@ class NodeInference {
     const std::string& op = node_.op_type;
     if (op == "Add" || op == "Sub" || op == "Mul" || op == "Div")
       return InferBroadcast();
-    if (op == "Relu" || op == "Sigmoid" || op == "Tanh" || op == "Identity" || op == "HardSwish")
+    if (op == "Relu" || op == "Sigmoid" || op == "Tanh" || op == "HardSwish" || op == "Sqrt" ||
+        op == "Erf")
       return InferUnary();
+    if (op == "Identity")
+      return InferTyped(kAnyType);
+    if (op == "Neg")
+      return InferTyped(kSignedTypes);
+    if (op == "Not")
+      return InferTyped({DataType::kBool});
+    if (op == "Gather")
+      return InferGather();
+    if (op == "Shape")
+      return InferShapeOp();
+    if (op == "Unsqueeze")
+      return InferUnsqueeze();
+    if (op == "Squeeze")
+      return InferSqueeze();
+    if (op == "Slice")
+      return InferSlice();
+    if (op == "Cast")
+      return InferCast();
+    if (op == "Equal")
+      return InferEqual();
+    if (op == "Where")
+      return InferWhere();
+    if (op == "Expand")
+      return InferExpand();
+    if (op == "ConstantOfShape")
+      return InferConstantOfShape();
+    if (op == "Range")
+      return InferRange();
+    if (op == "ReduceMean" || op == "ReduceSum")
+      return InferReduce();
+    if (op == "Pow")
+      return InferPow();
+    if (op == "LayerNormalization")
+      return InferLayerNormalization();
     if (op == "LeakyRelu")
       return InferUnary({"alpha"});
     if (op == "HardSigmoid")
@@ -285,12 +356,13 @@ class NodeInference {
 
   // --- operators --------------------------------------------------------------------------------
 
+  // Add, Sub, Mul, Div: FP32, or integers as shape computations use them (both inputs alike).
   Status InferBroadcast() {
     BACKPLANE_RETURN_IF_ERROR(CheckArity(2, 2, 1));
-    BACKPLANE_RETURN_IF_ERROR(CheckTypes());
+    BACKPLANE_RETURN_IF_ERROR(CheckSameTypeIn({0, 1}, kNumberTypes));
     Shape shape;
     BACKPLANE_RETURN_IF_ERROR(Broadcast(In(0), In(1), &shape));
-    SetOutput(std::move(shape));
+    SetOutput(std::move(shape), inputs_[0]->type);
     return Status::Ok();
   }
 
@@ -591,21 +663,23 @@ class NodeInference {
 
   Status InferReshape() {
     BACKPLANE_RETURN_IF_ERROR(CheckArity(2, 2, 1));
-    BACKPLANE_RETURN_IF_ERROR(CheckTypes(/*int64_input=*/1));
-    auto constant = constants_.find(node_.inputs[1]);
-    if (constant == constants_.end())
-      return Error(StatusCode::kUnimplemented,
-                   "shape input '" + node_.inputs[1] +
-                       "' must be a constant (an initializer or a Constant node)");
-    const Tensor& shape_tensor = constant->second;
-    if (shape_tensor.info().shape.size() != 1)
-      return Error(StatusCode::kInvalidArgument, "shape input '" + node_.inputs[1] +
-                                                     "' must be 1-D, is " +
-                                                     ShapeText(shape_tensor.info().shape));
+    BACKPLANE_RETURN_IF_ERROR(CheckSameTypeIn({0}, kAnyType));
+    BACKPLANE_RETURN_IF_ERROR(CheckSameTypeIn({1}, {DataType::kInt64}));
+    if (In(1).size() != 1)
+      return Error(StatusCode::kInvalidArgument,
+                   "shape input '" + node_.inputs[1] + "' must be 1-D, is " + ShapeText(In(1)));
     int64_t allow_zero = 0;
     BACKPLANE_RETURN_IF_ERROR(Int("allowzero", 0, &allow_zero));
     const Shape& x = In(0);
-    const auto requested = shape_tensor.Elements<int64_t>();
+    // The shape is a constant, or computed from input shapes only (Shape -> Gather -> Concat, as
+    // exporters write it) and folded here; before the input shapes are known only its length is.
+    const auto known = IntValues(1);
+    if (!known) {
+      BACKPLANE_RETURN_IF_ERROR(RequireValue(1, "shape"));
+      SetOutput(Shape(static_cast<std::size_t>(In(1)[0]), kDynamic), inputs_[0]->type);
+      return Status::Ok();
+    }
+    const std::vector<int64_t>& requested = *known;
     Shape out;
     std::optional<std::size_t> inferred;
     bool has_zero = false;
@@ -665,13 +739,13 @@ class NodeInference {
                         " elements) to " + ShapeText(out) + " (" + std::to_string(output_count) +
                         " elements)");
     }
-    SetOutput(std::move(out));
+    SetOutput(std::move(out), inputs_[0]->type);
     return Status::Ok();
   }
 
   Status InferTranspose() {
     BACKPLANE_RETURN_IF_ERROR(CheckArity(1, 1, 1));
-    BACKPLANE_RETURN_IF_ERROR(CheckTypes());
+    BACKPLANE_RETURN_IF_ERROR(CheckSameTypeIn({0}, kAnyType));
     const Shape& x = In(0);
     std::vector<int64_t> reversed(x.size());
     std::iota(reversed.rbegin(), reversed.rend(), 0);
@@ -689,7 +763,7 @@ class NodeInference {
       seen[axis] = true;
       out.push_back(x[axis]);
     }
-    SetOutput(std::move(out));
+    SetOutput(std::move(out), inputs_[0]->type);
     return Status::Ok();
   }
 
@@ -699,7 +773,9 @@ class NodeInference {
       if (inputs_[i] == nullptr)
         return Error(StatusCode::kInvalidArgument, "input " + std::to_string(i) + " is omitted");
     }
-    BACKPLANE_RETURN_IF_ERROR(CheckTypes());
+    std::vector<std::size_t> all(inputs_.size());
+    std::iota(all.begin(), all.end(), 0);
+    BACKPLANE_RETURN_IF_ERROR(CheckSameTypeIn(all, kAnyType));
     if (!HasAttr("axis"))
       return Error(StatusCode::kInvalidArgument, "attribute 'axis' is required");
     const Shape& first = In(0);
@@ -732,7 +808,7 @@ class NodeInference {
         }
       }
     }
-    SetOutput(std::move(out));
+    SetOutput(std::move(out), inputs_[0]->type);
     return Status::Ok();
   }
 
@@ -870,10 +946,553 @@ class NodeInference {
     return Status::Ok();
   }
 
+  // --- types and values for the encoder operators ---------------------------------------------
+
+  static constexpr std::initializer_list<DataType> kAnyType = {DataType::kFloat32, DataType::kInt64,
+                                                               DataType::kInt32,   DataType::kBool,
+                                                               DataType::kUint8,   DataType::kInt8};
+  static constexpr std::initializer_list<DataType> kNumberTypes = {
+      DataType::kFloat32, DataType::kInt64, DataType::kInt32};
+  static constexpr std::initializer_list<DataType> kSignedTypes = kNumberTypes;
+  static constexpr std::initializer_list<DataType> kIndexTypes = {DataType::kInt64,
+                                                                  DataType::kInt32};
+
+  static std::string TypeList(std::initializer_list<DataType> types) {
+    std::string text;
+    for (DataType type : types)
+      text += (text.empty() ? "" : ", ") + std::string(ToString(type));
+    return text;
+  }
+
+  // Inputs `indices` (all given) have one type, one of `types`.
+  Status CheckSameTypeIn(std::initializer_list<std::size_t> indices,
+                         std::initializer_list<DataType> types) const {
+    return CheckSameTypeIn(std::vector<std::size_t>(indices), types);
+  }
+  Status CheckSameTypeIn(const std::vector<std::size_t>& indices,
+                         std::initializer_list<DataType> types) const {
+    const DataType first = inputs_[indices.front()]->type;
+    for (std::size_t i : indices) {
+      const DataType type = inputs_[i]->type;
+      if (std::find(types.begin(), types.end(), type) == types.end())
+        return Error(StatusCode::kUnimplemented, "unsupported data type " +
+                                                     std::string(ToString(type)) + " for input " +
+                                                     std::to_string(i) + " ('" + node_.inputs[i] +
+                                                     "'), expected " + TypeList(types));
+      if (type != first)
+        return Error(StatusCode::kInvalidArgument,
+                     "input " + std::to_string(i) + " ('" + node_.inputs[i] + "') is " +
+                         std::string(ToString(type)) + ", input " +
+                         std::to_string(indices.front()) + " is " + std::string(ToString(first)) +
+                         ": they must have one type");
+    }
+    return Status::Ok();
+  }
+
+  // The data of input `i` when it is a constant or was folded from shapes; null otherwise.
+  const Tensor* ValueOf(std::size_t i) const {
+    if (!Has(i))
+      return nullptr;
+    if (auto it = constants_.find(node_.inputs[i]); it != constants_.end())
+      return &it->second;
+    if (folded_ != nullptr) {
+      if (auto it = folded_->find(node_.inputs[i]); it != folded_->end())
+        return &it->second;
+    }
+    return nullptr;
+  }
+  // Input `i`'s integer values (INT64 or INT32) when known.
+  std::optional<std::vector<int64_t>> IntValues(std::size_t i) const {
+    const Tensor* value = ValueOf(i);
+    if (value == nullptr)
+      return std::nullopt;
+    if (value->info().type == DataType::kInt64) {
+      const auto data = value->Elements<int64_t>();
+      return std::vector<int64_t>(data.begin(), data.end());
+    }
+    if (value->info().type == DataType::kInt32) {
+      const auto data = value->Elements<int32_t>();
+      return std::vector<int64_t>(data.begin(), data.end());
+    }
+    return std::nullopt;
+  }
+  // An input whose value decides the output's shape and is not known: fine while input shapes
+  // are dynamic (the dimensions stay unknown until a request fixes them), refused once they are
+  // all known, for then it is computed from data at run time.
+  Status RequireValue(std::size_t i, std::string_view role) const {
+    if (!concrete_)
+      return Status::Ok();
+    return Error(StatusCode::kUnimplemented,
+                 std::string(role) + " input " + std::to_string(i) + " ('" + node_.inputs[i] +
+                     "') is computed from the values of the graph's inputs, not only from their "
+                     "shapes: the output's shape would be known only at run time (not "
+                     "supported; a constant or a value computed from shapes is)");
+  }
+  // An input the node reads as a whole at load (Unsqueeze's axes): a constant or a folded value.
+  Result<std::vector<int64_t>> RequireIntValues(std::size_t i, std::string_view role) const {
+    auto values = IntValues(i);
+    if (!values)
+      return Error(StatusCode::kUnimplemented,
+                   std::string(role) + " input " + std::to_string(i) + " ('" + node_.inputs[i] +
+                       "') must be a constant (an initializer or a Constant node) or computed "
+                       "from input shapes");
+    return std::move(values).value();
+  }
+  // Axes given as values, each in [-rank, rank), normalised, without repeats.
+  Result<std::vector<std::size_t>> NormalizeAxes(const std::vector<int64_t>& axes, std::size_t rank,
+                                                 std::string_view what) const {
+    std::vector<std::size_t> out;
+    const auto r = static_cast<int64_t>(rank);
+    for (int64_t axis : axes) {
+      if (axis < -r || axis >= r)
+        return Error(StatusCode::kInvalidArgument,
+                     std::string(what) + " " + ToString(axes) + ": " + std::to_string(axis) +
+                         " is out of range for rank " + std::to_string(rank));
+      const auto normal = static_cast<std::size_t>(axis < 0 ? axis + r : axis);
+      if (std::find(out.begin(), out.end(), normal) != out.end())
+        return Error(StatusCode::kInvalidArgument,
+                     std::string(what) + " " + ToString(axes) + " names an axis twice");
+      out.push_back(normal);
+    }
+    return out;
+  }
+  // A scalar input: rank 0, or one element.
+  Status RequireScalar(std::size_t i, std::string_view role) const {
+    if (Product(In(i)) != 1 && !(In(i).size() == 1 && !Known(In(i)[0])))
+      return Error(StatusCode::kInvalidArgument,
+                   std::string(role) + " input " + std::to_string(i) + " ('" + node_.inputs[i] +
+                       "') must be a scalar, has shape " + ShapeText(In(i)));
+    return Status::Ok();
+  }
+  // Opset-13 forms only: the attribute that older opsets used instead of input `input`.
+  Status RefuseAttributeForm(std::string_view key, std::size_t input) const {
+    if (!HasAttr(key))
+      return Status::Ok();
+    return Error(StatusCode::kUnimplemented,
+                 "attribute '" + std::string(key) + "' is the form of opsets before 13: give " +
+                     std::string(key) + " as input " + std::to_string(input));
+  }
+
+  // --- the encoder operators --------------------------------------------------------------------
+
+  // Unary operators of any of `types`, the output of the input's type.
+  Status InferTyped(std::initializer_list<DataType> types) {
+    BACKPLANE_RETURN_IF_ERROR(CheckArity(1, 1, 1));
+    BACKPLANE_RETURN_IF_ERROR(CheckSameTypeIn({0}, types));
+    SetOutput(In(0), inputs_[0]->type);
+    return Status::Ok();
+  }
+
+  Status InferGather() {
+    BACKPLANE_RETURN_IF_ERROR(CheckArity(2, 2, 1));
+    BACKPLANE_RETURN_IF_ERROR(CheckSameTypeIn({0}, kAnyType));
+    BACKPLANE_RETURN_IF_ERROR(CheckSameTypeIn({1}, kIndexTypes));
+    const Shape& data = In(0);
+    if (data.empty())
+      return Mismatch("data input 0 ('" + node_.inputs[0] + "') must have rank >= 1");
+    std::size_t axis = 0;
+    BACKPLANE_RETURN_IF_ERROR(Axis("axis", 0, data.size(), 0, &axis));
+    // Indices known now are checked now; the others by the backend, per request.
+    if (auto indices = IntValues(1); indices && Known(data[axis])) {
+      for (int64_t index : *indices) {
+        if (index < -data[axis] || index >= data[axis])
+          return Error(StatusCode::kInvalidArgument,
+                       "index " + std::to_string(index) + " (input 1, '" + node_.inputs[1] +
+                           "') is out of range for dimension " + std::to_string(axis) + " of " +
+                           ShapeText(data));
+      }
+    }
+    Shape out(data.begin(), data.begin() + static_cast<std::ptrdiff_t>(axis));
+    out.insert(out.end(), In(1).begin(), In(1).end());
+    out.insert(out.end(), data.begin() + static_cast<std::ptrdiff_t>(axis) + 1, data.end());
+    SetOutput(std::move(out), inputs_[0]->type);
+    return Status::Ok();
+  }
+
+  // Shape-15's start and end, clamped to [0, rank] after adding rank to a negative one.
+  static std::pair<int64_t, int64_t> ShapeRange(int64_t start, int64_t end, int64_t rank) {
+    auto clamp = [rank](int64_t v) { return std::clamp(v < 0 ? v + rank : v, int64_t{0}, rank); };
+    return {clamp(start), clamp(end)};
+  }
+
+  Status InferShapeOp() {
+    BACKPLANE_RETURN_IF_ERROR(CheckArity(1, 1, 1));
+    BACKPLANE_RETURN_IF_ERROR(CheckSameTypeIn({0}, kAnyType));
+    const auto rank = static_cast<int64_t>(In(0).size());
+    int64_t start = 0;
+    int64_t end = rank;
+    BACKPLANE_RETURN_IF_ERROR(Int("start", 0, &start));
+    BACKPLANE_RETURN_IF_ERROR(Int("end", rank, &end));
+    const auto [from, to] = ShapeRange(start, end, rank);
+    SetOutput({std::max<int64_t>(to - from, 0)}, DataType::kInt64);
+    return Status::Ok();
+  }
+
+  Status InferUnsqueeze() {
+    BACKPLANE_RETURN_IF_ERROR(RefuseAttributeForm("axes", 1));
+    BACKPLANE_RETURN_IF_ERROR(CheckArity(2, 2, 1));
+    BACKPLANE_RETURN_IF_ERROR(CheckSameTypeIn({0}, kAnyType));
+    BACKPLANE_RETURN_IF_ERROR(CheckSameTypeIn({1}, {DataType::kInt64}));
+    auto axes = RequireIntValues(1, "axes");
+    if (!axes.ok())
+      return axes.error();
+    const std::size_t rank = In(0).size() + axes->size();
+    auto normal = NormalizeAxes(*axes, rank, "axes");
+    if (!normal.ok())
+      return normal.error();
+    Shape out;
+    std::size_t next = 0;
+    for (std::size_t d = 0; d < rank; ++d) {
+      const bool inserted = std::find(normal->begin(), normal->end(), d) != normal->end();
+      out.push_back(inserted ? 1 : In(0)[next++]);
+    }
+    SetOutput(std::move(out), inputs_[0]->type);
+    return Status::Ok();
+  }
+
+  Status InferSqueeze() {
+    BACKPLANE_RETURN_IF_ERROR(RefuseAttributeForm("axes", 1));
+    BACKPLANE_RETURN_IF_ERROR(CheckArity(1, 2, 1));
+    BACKPLANE_RETURN_IF_ERROR(CheckSameTypeIn({0}, kAnyType));
+    const Shape& x = In(0);
+    std::vector<std::size_t> squeezed;
+    if (Has(1)) {
+      BACKPLANE_RETURN_IF_ERROR(CheckSameTypeIn({1}, {DataType::kInt64}));
+      auto axes = RequireIntValues(1, "axes");
+      if (!axes.ok())
+        return axes.error();
+      auto normal = NormalizeAxes(*axes, x.size(), "axes");
+      if (!normal.ok())
+        return normal.error();
+      for (std::size_t axis : *normal) {
+        if (Known(x[axis]) && x[axis] != 1)
+          return Mismatch("axis " + std::to_string(axis) + " of input 0 " + ShapeText(x) +
+                          " is not 1 and cannot be squeezed");
+      }
+      squeezed = std::move(normal).value();
+    } else {
+      for (std::size_t d = 0; d < x.size(); ++d) {
+        if (!Known(x[d]))
+          return Error(StatusCode::kUnimplemented,
+                       "without axes, which dimensions of input 0 " + ShapeText(x) +
+                           " are squeezed depends on its unknown dimensions: give axes");
+        if (x[d] == 1)
+          squeezed.push_back(d);
+      }
+    }
+    Shape out;
+    for (std::size_t d = 0; d < x.size(); ++d) {
+      if (std::find(squeezed.begin(), squeezed.end(), d) == squeezed.end())
+        out.push_back(x[d]);
+    }
+    SetOutput(std::move(out), inputs_[0]->type);
+    return Status::Ok();
+  }
+
+  Status InferSlice() {
+    for (std::string_view key : {"starts", "ends", "axes"})
+      BACKPLANE_RETURN_IF_ERROR(RefuseAttributeForm(key, key == "starts" ? 1 : 2));
+    BACKPLANE_RETURN_IF_ERROR(CheckArity(3, 5, 1));
+    BACKPLANE_RETURN_IF_ERROR(CheckSameTypeIn({0}, kAnyType));
+    std::vector<std::size_t> index_inputs = {1, 2};
+    for (std::size_t i = 3; i < 5; ++i) {
+      if (Has(i))
+        index_inputs.push_back(i);
+    }
+    BACKPLANE_RETURN_IF_ERROR(CheckSameTypeIn(index_inputs, kIndexTypes));
+    for (std::size_t i : index_inputs) {
+      if (In(i).size() != 1)
+        return Mismatch("input " + std::to_string(i) + " ('" + node_.inputs[i] +
+                        "') must be 1-D, is " + ShapeText(In(i)));
+    }
+    const Shape& x = In(0);
+    Shape out = x;
+    auto starts = IntValues(1);
+    auto ends = IntValues(2);
+    std::optional<std::vector<int64_t>> axes;
+    if (Has(3)) {
+      axes = IntValues(3);
+    } else {
+      axes.emplace(std::min<std::size_t>(x.size(), Known(In(1)[0]) ? In(1)[0] : x.size()));
+      std::iota(axes->begin(), axes->end(), 0);
+    }
+    std::optional<std::vector<int64_t>> steps;
+    if (Has(4))
+      steps = IntValues(4);
+    if (!axes) {
+      BACKPLANE_RETURN_IF_ERROR(RequireValue(3, "axes"));
+      SetOutput(Shape(x.size(), kDynamic), inputs_[0]->type);
+      return Status::Ok();
+    }
+    auto normal = NormalizeAxes(*axes, x.size(), "axes");
+    if (!normal.ok())
+      return normal.error();
+    const bool known = starts && ends && (!Has(4) || steps);
+    if (!known) {
+      for (std::size_t i = 1; i < 5; ++i) {
+        if (Has(i) && !IntValues(i))
+          BACKPLANE_RETURN_IF_ERROR(RequireValue(i, i == 1 ? "starts" : i == 2 ? "ends" : "steps"));
+      }
+      for (std::size_t axis : *normal)
+        out[axis] = kDynamic;
+      SetOutput(std::move(out), inputs_[0]->type);
+      return Status::Ok();
+    }
+    if (starts->size() != normal->size() || ends->size() != normal->size() ||
+        (steps && steps->size() != normal->size()))
+      return Mismatch("starts, ends, axes and steps must have one length, are " +
+                      std::to_string(starts->size()) + ", " + std::to_string(ends->size()) + ", " +
+                      std::to_string(normal->size()) +
+                      (steps ? ", " + std::to_string(steps->size()) : std::string()));
+    for (std::size_t i = 0; i < normal->size(); ++i) {
+      const int64_t step = steps ? (*steps)[i] : 1;
+      if (step == 0)
+        return Error(StatusCode::kInvalidArgument, "steps must not be 0");
+      const std::size_t axis = (*normal)[i];
+      if (Known(x[axis]))
+        out[axis] = op_rules::SliceLength((*starts)[i], (*ends)[i], step, x[axis]);
+    }
+    SetOutput(std::move(out), inputs_[0]->type);
+    return Status::Ok();
+  }
+
+  Status InferCast() {
+    BACKPLANE_RETURN_IF_ERROR(CheckArity(1, 1, 1));
+    BACKPLANE_RETURN_IF_ERROR(CheckSameTypeIn(
+        {0}, {DataType::kFloat32, DataType::kInt64, DataType::kInt32, DataType::kBool}));
+    if (!HasAttr("to"))
+      return Error(StatusCode::kInvalidArgument, "attribute 'to' is required");
+    int64_t to = 0;
+    BACKPLANE_RETURN_IF_ERROR(Int("to", 0, &to));
+    const auto type = static_cast<DataType>(to);
+    if (type != DataType::kFloat32 && type != DataType::kInt64 && type != DataType::kInt32 &&
+        type != DataType::kBool)
+      return Error(StatusCode::kUnimplemented,
+                   "attribute 'to' = " + std::to_string(to) +
+                       " is not supported (FLOAT 1, INT32 6, INT64 7 and BOOL 9 are)");
+    int64_t saturate = 1;
+    BACKPLANE_RETURN_IF_ERROR(Int("saturate", 1, &saturate));
+    SetOutput(In(0), type);
+    return Status::Ok();
+  }
+
+  Status InferEqual() {
+    BACKPLANE_RETURN_IF_ERROR(CheckArity(2, 2, 1));
+    BACKPLANE_RETURN_IF_ERROR(CheckSameTypeIn(
+        {0, 1}, {DataType::kFloat32, DataType::kInt64, DataType::kInt32, DataType::kBool}));
+    Shape shape;
+    BACKPLANE_RETURN_IF_ERROR(Broadcast(In(0), In(1), &shape));
+    SetOutput(std::move(shape), DataType::kBool);
+    return Status::Ok();
+  }
+
+  Status InferWhere() {
+    BACKPLANE_RETURN_IF_ERROR(CheckArity(3, 3, 1));
+    BACKPLANE_RETURN_IF_ERROR(CheckSameTypeIn({0}, {DataType::kBool}));
+    BACKPLANE_RETURN_IF_ERROR(CheckSameTypeIn({1, 2}, kAnyType));
+    Shape first;
+    Shape shape;
+    BACKPLANE_RETURN_IF_ERROR(Broadcast(In(0), In(1), &first));
+    BACKPLANE_RETURN_IF_ERROR(Broadcast(first, In(2), &shape));
+    SetOutput(std::move(shape), inputs_[1]->type);
+    return Status::Ok();
+  }
+
+  // Expand's and ConstantOfShape's shape input: INT64, 1-D of a known length.
+  Status CheckShapeInput(std::size_t i) const {
+    BACKPLANE_RETURN_IF_ERROR(CheckSameTypeIn({i}, {DataType::kInt64}));
+    if (In(i).size() != 1 || !Known(In(i)[0]))
+      return Mismatch("shape input " + std::to_string(i) + " ('" + node_.inputs[i] +
+                      "') must be 1-D of a known length, is " + ShapeText(In(i)));
+    return Status::Ok();
+  }
+
+  Status InferExpand() {
+    BACKPLANE_RETURN_IF_ERROR(CheckArity(2, 2, 1));
+    BACKPLANE_RETURN_IF_ERROR(CheckSameTypeIn({0}, kAnyType));
+    BACKPLANE_RETURN_IF_ERROR(CheckShapeInput(1));
+    auto shape = IntValues(1);
+    if (!shape) {
+      BACKPLANE_RETURN_IF_ERROR(RequireValue(1, "shape"));
+      SetOutput(Shape(std::max<std::size_t>(In(0).size(), In(1)[0]), kDynamic), inputs_[0]->type);
+      return Status::Ok();
+    }
+    for (int64_t dim : *shape) {
+      if (dim < 0)
+        return Error(StatusCode::kInvalidArgument,
+                     "shape " + ToString(*shape) + " has a negative dimension");
+    }
+    Shape out;
+    BACKPLANE_RETURN_IF_ERROR(Broadcast(In(0), *shape, &out));
+    SetOutput(std::move(out), inputs_[0]->type);
+    return Status::Ok();
+  }
+
+  Status InferConstantOfShape() {
+    BACKPLANE_RETURN_IF_ERROR(CheckArity(1, 1, 1));
+    BACKPLANE_RETURN_IF_ERROR(CheckShapeInput(0));
+    // Import turns the TENSOR attribute 'value' into 'value' (FLOAT or INT) and 'dtype'.
+    int64_t dtype = static_cast<int64_t>(DataType::kFloat32);
+    BACKPLANE_RETURN_IF_ERROR(Int("dtype", dtype, &dtype));
+    const auto type = static_cast<DataType>(dtype);
+    if (type != DataType::kFloat32 && type != DataType::kInt64 && type != DataType::kInt32 &&
+        type != DataType::kBool)
+      return Error(StatusCode::kUnimplemented,
+                   "a value of " + std::string(ToString(type)) +
+                       " is not supported (FP32, INT64, INT32 and BOOL are)");
+    if (HasAttr("value")) {
+      if (type == DataType::kFloat32) {
+        float value = 0;
+        BACKPLANE_RETURN_IF_ERROR(Float("value", 0, &value));
+      } else {
+        int64_t value = 0;
+        BACKPLANE_RETURN_IF_ERROR(Int("value", 0, &value));
+      }
+    }
+    auto shape = IntValues(0);
+    if (!shape) {
+      BACKPLANE_RETURN_IF_ERROR(RequireValue(0, "shape"));
+      SetOutput(Shape(static_cast<std::size_t>(In(0)[0]), kDynamic), type);
+      return Status::Ok();
+    }
+    for (int64_t dim : *shape) {
+      if (dim < 0)
+        return Error(StatusCode::kInvalidArgument,
+                     "shape " + ToString(*shape) + " has a negative dimension");
+    }
+    SetOutput(std::move(shape).value(), type);
+    return Status::Ok();
+  }
+
+  Status InferRange() {
+    BACKPLANE_RETURN_IF_ERROR(CheckArity(3, 3, 1));
+    BACKPLANE_RETURN_IF_ERROR(CheckSameTypeIn({0, 1, 2}, kNumberTypes));
+    static constexpr std::string_view kRoles[] = {"start", "limit", "delta"};
+    for (std::size_t i = 0; i < 3; ++i)
+      BACKPLANE_RETURN_IF_ERROR(RequireScalar(i, kRoles[i]));
+    const DataType type = inputs_[0]->type;
+    double bounds[3] = {};
+    bool known = true;
+    for (std::size_t i = 0; i < 3; ++i) {
+      const Tensor* value = ValueOf(i);
+      if (value == nullptr) {
+        known = false;
+        BACKPLANE_RETURN_IF_ERROR(RequireValue(i, kRoles[i]));
+        continue;
+      }
+      bounds[i] = type == DataType::kFloat32 ? value->Elements<float>()[0]
+                  : type == DataType::kInt64 ? static_cast<double>(value->Elements<int64_t>()[0])
+                                             : value->Elements<int32_t>()[0];
+    }
+    if (!known) {
+      SetOutput({kDynamic}, type);
+      return Status::Ok();
+    }
+    auto length = RangeLength(bounds[0], bounds[1], bounds[2]);
+    if (!length)
+      return Error(StatusCode::kInvalidArgument,
+                   "delta is 0, or the range from " + std::to_string(bounds[0]) + " to " +
+                       std::to_string(bounds[1]) + " has too many elements");
+    SetOutput({*length}, type);
+    return Status::Ok();
+  }
+
+  Status InferReduce() {
+    BACKPLANE_RETURN_IF_ERROR(CheckArity(1, 2, 1));
+    BACKPLANE_RETURN_IF_ERROR(CheckSameTypeIn({0}, {DataType::kFloat32}));
+    int64_t keepdims = 1;
+    int64_t noop = 0;
+    BACKPLANE_RETURN_IF_ERROR(Int("keepdims", 1, &keepdims));
+    BACKPLANE_RETURN_IF_ERROR(Int("noop_with_empty_axes", 0, &noop));
+    if (keepdims != 0 && keepdims != 1)
+      return Error(StatusCode::kInvalidArgument, "attribute 'keepdims' must be 0 or 1");
+    std::vector<int64_t> axes;
+    if (HasAttr("axes") && Has(1))
+      return Error(StatusCode::kInvalidArgument,
+                   "axes are given both as an attribute and as input 1");
+    if (HasAttr("axes")) {
+      BACKPLANE_RETURN_IF_ERROR(Ints("axes", {}, &axes));
+    } else if (Has(1)) {
+      BACKPLANE_RETURN_IF_ERROR(CheckSameTypeIn({1}, {DataType::kInt64}));
+      auto given = RequireIntValues(1, "axes");
+      if (!given.ok())
+        return given.error();
+      axes = std::move(given).value();
+    }
+    const Shape& x = In(0);
+    if (axes.empty() && noop != 0) {
+      SetOutput(x);
+      return Status::Ok();
+    }
+    auto normal = NormalizeAxes(axes, x.size(), "axes");
+    if (!normal.ok())
+      return normal.error();
+    Shape out;
+    for (std::size_t d = 0; d < x.size(); ++d) {
+      const bool reduced =
+          axes.empty() || std::find(normal->begin(), normal->end(), d) != normal->end();
+      if (!reduced)
+        out.push_back(x[d]);
+      else if (keepdims != 0)
+        out.push_back(1);
+    }
+    SetOutput(std::move(out));
+    return Status::Ok();
+  }
+
+  Status InferPow() {
+    BACKPLANE_RETURN_IF_ERROR(CheckArity(2, 2, 1));
+    BACKPLANE_RETURN_IF_ERROR(CheckTypes());
+    Shape shape;
+    BACKPLANE_RETURN_IF_ERROR(Broadcast(In(0), In(1), &shape));
+    SetOutput(std::move(shape));
+    return Status::Ok();
+  }
+
+  Status InferLayerNormalization() {
+    // Mean and InvStdDev (outputs 1 and 2) are training outputs: refused by CheckArity.
+    BACKPLANE_RETURN_IF_ERROR(CheckArity(2, 3, 1));
+    BACKPLANE_RETURN_IF_ERROR(CheckTypes());
+    const Shape& x = In(0);
+    if (x.empty())
+      return Mismatch("input 0 ('" + node_.inputs[0] + "') must have rank >= 1");
+    std::size_t axis = 0;
+    BACKPLANE_RETURN_IF_ERROR(Axis("axis", -1, x.size(), 0, &axis));
+    float epsilon = 0;
+    BACKPLANE_RETURN_IF_ERROR(Float("epsilon", 1e-5f, &epsilon));
+    if (!(epsilon >= 0))
+      return Error(StatusCode::kInvalidArgument, "epsilon must be >= 0");
+    int64_t stash_type = 1;
+    BACKPLANE_RETURN_IF_ERROR(Int("stash_type", 1, &stash_type));
+    if (stash_type != 1)
+      return Error(StatusCode::kUnimplemented,
+                   "stash_type " + std::to_string(stash_type) + " is not supported (only 1, FP32)");
+    // Scale and B broadcast to the normalized dimensions x[axis:] (one way).
+    const Shape normalized(x.begin() + static_cast<std::ptrdiff_t>(axis), x.end());
+    for (std::size_t i = 1; i < 3; ++i) {
+      if (!Has(i))
+        continue;
+      const Shape& p = In(i);
+      bool fits = p.size() <= normalized.size();
+      for (std::size_t d = 0; fits && d < p.size(); ++d) {
+        const int64_t want = normalized[normalized.size() - p.size() + d];
+        fits = !Known(p[d]) || p[d] == 1 || !Known(want) || p[d] == want;
+      }
+      if (!fits)
+        return Mismatch(std::string(i == 1 ? "scale" : "B") + " " + ShapeText(p) +
+                        " does not broadcast to the normalized dimensions " +
+                        ShapeText(normalized) + " of input 0 " + ShapeText(x));
+    }
+    SetOutput(x);
+    return Status::Ok();
+  }
+
   const Node& node_;
   const int64_t opset_;
   const std::span<const TensorInfo* const> inputs_;
-  const std::map<std::string, Tensor, std::less<>>& constants_;
+  const TensorMap& constants_;
+  const TensorMap* const folded_;  // values computed from shapes, or null
+  const bool concrete_;            // every graph input's shape is known
   std::vector<TensorInfo> outputs_;
 };
 
@@ -898,10 +1517,11 @@ std::string DescribeNode(const Node& node) {
   return "node '" + node.name + "' (" + node.op_type + ")";
 }
 
-Result<std::vector<TensorInfo>> InferNodeOutputs(
-    const Node& node, int64_t opset, std::span<const TensorInfo* const> inputs,
-    const std::map<std::string, Tensor, std::less<>>& constants) {
-  return NodeInference(node, opset, inputs, constants).Run();
+Result<std::vector<TensorInfo>> InferNodeOutputs(const Node& node, int64_t opset,
+                                                 std::span<const TensorInfo* const> inputs,
+                                                 const TensorMap& constants,
+                                                 const TensorMap* folded, bool concrete) {
+  return NodeInference(node, opset, inputs, constants, folded, concrete).Run();
 }
 
 Result<ValueInfoMap> InferAllValues(const Network& network, std::span<const TensorInfo> inputs) {
@@ -919,25 +1539,47 @@ Result<ValueInfoMap> InferAllValues(const Network& network, std::span<const Tens
         CheckKnownElementCount(inputs[i].shape, "input '" + network.inputs[i].name + "'"));
     values[network.inputs[i].name] = inputs[i];
   }
+  // Shapes known for every input: a value that decides a shape is then known too, or never will
+  // be before the run.
+  bool concrete = true;
+  for (const TensorInfo& input : inputs) {
+    for (int64_t dim : input.shape)
+      concrete = concrete && dim >= 0;
+  }
+  TensorMap folded;  // values computed from shapes: a Reshape's target, an Unsqueeze's axes
   std::vector<const TensorInfo*> node_inputs;
+  std::vector<const Tensor*> node_values;
   for (const Node& node : network.nodes) {
     node_inputs.clear();
+    node_values.clear();
     for (const std::string& input : node.inputs) {
       if (input.empty()) {
         node_inputs.push_back(nullptr);
+        node_values.push_back(nullptr);
         continue;
       }
       auto it = values.find(input);
       if (it == values.end())
         return Internal(DescribeNode(node) + ": input '" + input + "' has no inferred info");
       node_inputs.push_back(&it->second);
+      const Tensor* value = nullptr;
+      if (auto constant = network.constants.find(input); constant != network.constants.end())
+        value = &constant->second;
+      else if (auto computed = folded.find(input); computed != folded.end())
+        value = &computed->second;
+      node_values.push_back(value);
     }
-    auto outputs = InferNodeOutputs(node, network.opset, node_inputs, network.constants);
+    auto outputs =
+        InferNodeOutputs(node, network.opset, node_inputs, network.constants, &folded, concrete);
     if (!outputs.ok())
       return std::move(outputs).error();
+    std::vector<Tensor> computed = FoldNode(node, node_inputs, node_values, *outputs);
     for (std::size_t i = 0; i < node.outputs.size(); ++i) {
-      if (!node.outputs[i].empty())
-        values[node.outputs[i]] = std::move((*outputs)[i]);
+      if (node.outputs[i].empty())
+        continue;
+      if (i < computed.size())
+        folded.insert_or_assign(node.outputs[i], std::move(computed[i]));
+      values[node.outputs[i]] = std::move((*outputs)[i]);
     }
   }
   return values;

@@ -112,11 +112,10 @@ TEST_F(CpuRefLayoutTest, ReshapeRefusesBadTargets) {
               HasSubstr("has both 0 and -1, invalid with allowzero=1"));
   ReshapeCase count({2, 3, 4}, {5, -1});
   EXPECT_THAT(backend().IsSupported(count.op()).message(), HasSubstr("cannot infer the -1"));
+  // A computed target is read at run time (cpu_ref_encoder_test.cpp runs it and its errors).
   ReshapeCase computed({2, 3, 4}, {24});
   computed.op().constant_inputs[1] = nullptr;
-  Status not_constant = backend().IsSupported(computed.op());
-  EXPECT_EQ(not_constant.code(), StatusCode::kUnimplemented);
-  EXPECT_THAT(not_constant.message(), HasSubstr("the shape input must be a constant"));
+  EXPECT_TRUE(backend().IsSupported(computed.op()).ok());
   ReshapeCase int32({2, 3, 4}, {24});
   int32.op().inputs[1].type = DataType::kInt32;
   EXPECT_THAT(backend().IsSupported(int32.op()).message(),

@@ -81,12 +81,20 @@ TEST_F(CpuRefSupportTest, UnknownAttributesAreRefusedNotIgnored) {
 }
 
 TEST_F(CpuRefSupportTest, NonFloatInputsAreRefused) {
-  auto add = MakeOp("Add", {{2}, {2}}, {{2}});
-  add.inputs[1].type = DataType::kInt64;
-  Status status = backend().IsSupported(add);
+  auto conv = MakeOp("Conv", {{1, 1, 3, 3}, {1, 1, 2, 2}}, {{1, 1, 2, 2}});
+  conv.inputs[1].type = DataType::kInt64;
+  Status status = backend().IsSupported(conv);
   EXPECT_EQ(status.code(), StatusCode::kUnimplemented);
   EXPECT_THAT(status.message(),
-              AllOf(HasSubstr("Add node 'Add_node'"), HasSubstr("FP32 only; input 1 is INT64")));
+              AllOf(HasSubstr("Conv node 'Conv_node'"), HasSubstr("FP32 only; input 1 is INT64")));
+  // Add takes INT64 too (shape arithmetic), but one type for both inputs.
+  auto add = MakeOp("Add", {{2}, {2}}, {{2}});
+  add.inputs[1].type = DataType::kInt64;
+  EXPECT_EQ(backend().IsSupported(add).code(), StatusCode::kInvalidArgument);
+  auto add_uint8 = MakeOp("Add", {{2}, {2}}, {{2}});
+  add_uint8.inputs[0].type = add_uint8.inputs[1].type = add_uint8.outputs[0].type =
+      DataType::kUint8;
+  EXPECT_THAT(backend().IsSupported(add_uint8).message(), HasSubstr("input 0 is UINT8"));
   auto relu = MakeOp("Relu", {{2}}, {{2}});
   relu.inputs[0].type = DataType::kFloat64;
   EXPECT_THAT(backend().IsSupported(relu).message(), HasSubstr("input 0 is FP64"));

@@ -106,7 +106,7 @@ TEST(BatchIndependenceTest, TheCatalogueCoversEverySupportedOperatorOnBothSides)
   EXPECT_GT(counts["chain"].second, 0);
 }
 
-// A network built by hand, as import would never give it: an operator without a rule.
+// An operator without a rule (Gather imports, but has no batch rule yet).
 TEST(BatchIndependenceTest, AnOperatorWithoutARuleIsRefused) {
   Network network;
   network.name = "gather";

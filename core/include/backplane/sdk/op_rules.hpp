@@ -28,10 +28,12 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "backplane/core/operator.hpp"
@@ -324,6 +326,34 @@ inline int64_t BroadcastOffset(int64_t flat, const Shape& out, const Shape& in) 
   return offset;
 }
 
+// ---- Slice -------------------------------------------------------------------------------------
+
+// Slice along one axis of `dim` elements, from ONNX's definition: the first index and the bound,
+// negative starts and ends count from the end, then both are clamped (to [0, dim] going forward;
+// going back, start to [0, dim - 1] and end to [-1, dim - 1]), so that INT64_MAX and INT64_MIN
+// mean "to the end".
+inline std::pair<int64_t, int64_t> SliceBounds(int64_t start, int64_t end, int64_t step,
+                                               int64_t dim) {
+  if (start < 0)
+    start += dim;  // cannot overflow: dim >= 0
+  if (end < 0)
+    end += dim;
+  if (step > 0)
+    return {std::clamp<int64_t>(start, 0, dim), std::clamp<int64_t>(end, 0, dim)};
+  return {std::clamp<int64_t>(start, 0, dim - 1), std::clamp<int64_t>(end, -1, dim - 1)};
+}
+// The number of elements Slice takes along the axis.
+inline int64_t SliceLength(int64_t start, int64_t end, int64_t step, int64_t dim) {
+  if (dim == 0)
+    return 0;
+  const auto [from, to] = SliceBounds(start, end, step, dim);
+  // Written so that no step, INT64_MIN included, overflows.
+  if (step > 0)
+    return to > from ? (to - from - 1) / step + 1 : 0;
+  const int64_t back =
+      step == std::numeric_limits<int64_t>::min() ? std::numeric_limits<int64_t>::max() : -step;
+  return from > to ? (from - to - 1) / back + 1 : 0;
+}
 // ---- Pad ---------------------------------------------------------------------------------------
 
 enum class PadMode { kConstant, kReflect, kEdge, kWrap };
