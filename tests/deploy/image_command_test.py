@@ -90,7 +90,8 @@ with tempfile.TemporaryDirectory() as root:
               "CpuRef is loaded from the image's backend volume")
         status, index = http("POST", server.url + "/v2/repository/index", {})
         check(status == 200 and sorted((m["name"], m["state"]) for m in index) ==
-              [("mlp", "READY"), ("mnist", "READY"), ("mnist_int8", "READY")],
+              [("mlp", "READY"), ("mnist", "READY"), ("mnist_int8", "READY"),
+               ("text_classifier", "READY")],
               "every example model of the image's model volume is READY")
         with open(os.path.join(after["models"], "mnist", "example_request.json"), "rb") as stream:
             status, answer = http("POST", server.url + "/v2/models/mnist/infer", stream.read())

@@ -61,6 +61,29 @@ void ServeEncoder(const ServeHome& home) {
   home.Write("models/encoder/1/model.onnx", bytes.str());
 }
 
+// models/text_classifier, as `scripts/run.sh` serves it: its example request answered with the
+// probabilities numpy computed for it (example_expected.json, written by its make_model.py).
+TEST(EncoderServeTest, TheExampleTextClassifierAnswersItsExampleRequest) {
+  ServeHome home;
+  auto running = StartInProcess(InProcessConfig(home));
+  httplib::Client client("127.0.0.1", running.http.port);
+  const fs::path example = fs::path(BACKPLANE_SOURCE_DIR) / "models/text_classifier";
+  std::ifstream request_file(example / "example_request.json");
+  std::ostringstream request;
+  request << request_file.rdbuf();
+  const json expected = json::parse(std::ifstream(example / "example_expected.json"));
+  const auto reply = Post(client, "/v2/models/text_classifier/infer", request.str());
+  ASSERT_EQ(reply.status, 200) << reply.text;
+  EXPECT_EQ(reply.body["id"], "two-sentences");
+  const json& output = reply.body["outputs"][0];
+  EXPECT_EQ(output["name"], "probabilities");
+  EXPECT_EQ(output["shape"], json::parse("[2, 2]"));
+  ASSERT_EQ(output["data"].size(), expected["probabilities"].size());
+  for (std::size_t i = 0; i < output["data"].size(); ++i)
+    EXPECT_NEAR(output["data"][i].get<double>(), expected["probabilities"][i].get<double>(), 1e-5)
+        << "probability " << i;
+}
+
 TEST(EncoderServeTest, ServesInt64TokenIdsOverRest) {
   ServeHome home;
   ServeEncoder(home);

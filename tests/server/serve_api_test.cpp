@@ -109,8 +109,9 @@ TEST_F(ServeApiTest, RepositoryIndexListsEveryModel) {
   EXPECT_EQ(reply.body, json::parse(R"([
     {"name": "mlp", "version": "1", "state": "READY"},
     {"name": "mnist", "version": "1", "state": "READY"},
-    {"name": "mnist_int8", "version": "1", "state": "READY"}])"));
-  EXPECT_EQ(Post(*client_, "/v2/repository/index", R"({"ready": true})").body.size(), 3u);
+    {"name": "mnist_int8", "version": "1", "state": "READY"},
+    {"name": "text_classifier", "version": "1", "state": "READY"}])"));
+  EXPECT_EQ(Post(*client_, "/v2/repository/index", R"({"ready": true})").body.size(), 4u);
 }
 
 TEST_F(ServeApiTest, PlacementSaysWhichBackendRunsEachLayer) {
