@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <map>
 #include <optional>
 #include <unordered_map>
@@ -239,12 +240,17 @@ struct Bias {
 //   acc = sum (x_q - zx) * w_q,  os[c] = sx * sw[c] / sy,  bias[c] = B[c] * sb[c] / (sx * sw[c])
 // with Relu as relu and Clip(lo, hi) as clip(lo / sy, hi / sy). Where ONNX's float sum lands
 // within a rounding error of an x.5 the two may round apart: one quantization step at most.
+//
+// A residual Add of two such values, DequantizeLinear(a) + DequantizeLinear(b) -> [Relu|Clip]
+// -> QuantizeLinear, is one too: an int8 binary primitive, scales sa/sy and sb/sy on its
+// operands, the zero points an eltwise_linear shift before the epilogue and zy one after it
+// (second_dq and second say b; weights are unused).
 struct QuantizedStep {
-  std::size_t head = 0, src_dq = 0, weights_dq = 0, quantize = 0;
+  std::size_t head = 0, src_dq = 0, weights_dq = 0, second_dq = 0, quantize = 0;
   std::optional<std::size_t> bias_dq;  // DequantizeLinear of an INT32 constant
   const float* float_bias = nullptr;   // or a FP32 constant bias
   std::vector<std::size_t> epilogue;   // Relu/Clip layers, in order
-  QuantParams src, weights, bias, dst;
+  QuantParams src, weights, bias, second, dst;
 };
 
 class Compiler;
@@ -1452,6 +1458,8 @@ class Compiler {
   // Two operands of the output's shape keep the first one's layout (blocked after a
   // convolution); broadcasting runs on plain layouts.
   std::size_t LowerBinary(std::size_t i) {
+    if (auto step = quantized_steps_.find(i); step != quantized_steps_.end())
+      return LowerQuantizedAdd(step->second);
     const OperatorDesc& op = layers_[i];
     const Shape& y = op.outputs[0].shape;
     auto out = op_rules::Broadcast(op.inputs[0].shape, op.inputs[1].shape);
@@ -1686,6 +1694,8 @@ class Compiler {
   // have that form (they then run one by one: the pairs as reorders, the product in FP32).
   std::optional<QuantizedStep> MatchQuantizedStep(std::size_t i) {
     const OperatorDesc& op = layers_[i];
+    if (op.op_type == "Add")
+      return MatchQuantizedAdd(i);
     const bool conv = op.op_type == "Conv", gemm = op.op_type == "Gemm";
     if ((!conv && !gemm && op.op_type != "MatMul") || op.outputs.size() != 1)
       return std::nullopt;
@@ -1740,28 +1750,58 @@ class Compiler {
         step.bias = ReadQuantParams(layers_[*bias]);
       }
     }
-    // The epilogue: each value read by exactly one layer, up to the QuantizeLinear.
-    std::string value = OutputName(i);
+    if (!MatchEpilogue(i, &step))
+      return std::nullopt;
+    return step;
+  }
+
+  // The layers after `head` up to its QuantizeLinear, each value read by exactly one layer:
+  // Relu/Clip, then the QuantizeLinear (into `step`); false when they have another form.
+  bool MatchEpilogue(std::size_t head, QuantizedStep* step) {
+    std::string value = OutputName(head);
     for (;;) {
       auto readers = consumers_.find(value);
       if (output_index_.contains(value) || readers == consumers_.end() ||
           readers->second.size() != 1)
-        return std::nullopt;
+        return false;
       const std::size_t next = readers->second.front();
       const OperatorDesc& layer = layers_[next];
       if (InputName(next, 0) != value)
-        return std::nullopt;
+        return false;
       if (layer.op_type == "Relu" || layer.op_type == "Clip") {
-        step.epilogue.push_back(next);
+        step->epilogue.push_back(next);
         value = OutputName(next);
         continue;
       }
       if (layer.op_type != "QuantizeLinear")
-        return std::nullopt;
-      step.quantize = next;
-      step.dst = ReadQuantParams(layer);
-      return step;
+        return false;
+      step->quantize = next;
+      step->dst = ReadQuantParams(layer);
+      return true;
     }
+  }
+
+  // An Add of two dequantized activations of one shape (QuantizedStep says how it runs).
+  std::optional<QuantizedStep> MatchQuantizedAdd(std::size_t i) {
+    const OperatorDesc& op = layers_[i];
+    if (op.inputs.size() != 2 || op.inputs[0].shape != op.inputs[1].shape ||
+        op.outputs[0].shape != op.inputs[0].shape)
+      return std::nullopt;
+    QuantizedStep step;
+    step.head = i;
+    for (std::size_t k = 0; k < 2; ++k) {
+      if (IsConstant(op, k))
+        return std::nullopt;
+      auto it = producer_.find(InputName(i, k));
+      if (it == producer_.end() || layers_[it->second].op_type != "DequantizeLinear" ||
+          IsConstant(layers_[it->second], 0))
+        return std::nullopt;
+      (k == 0 ? step.src_dq : step.second_dq) = it->second;
+      (k == 0 ? step.src : step.second) = ReadQuantParams(layers_[it->second]);
+    }
+    if (!MatchEpilogue(i, &step))
+      return std::nullopt;
+    return step;
   }
 
   // Whether every reader of layer i's output is an int8 step that reads the quantized input
@@ -1802,15 +1842,7 @@ class Compiler {
       }
     }
     dnnl::post_ops post_ops;
-    for (std::size_t layer : step.epilogue) {
-      if (layers_[layer].op_type == "Relu") {
-        post_ops.append_eltwise(1.0f, algorithm::eltwise_relu, 0.0f, 0.0f);
-      } else {
-        const auto [low, high] = ClipBounds(layers_[layer]);
-        post_ops.append_eltwise(1.0f, algorithm::eltwise_clip, static_cast<float>(low / sy),
-                                static_cast<float>(high / sy));
-      }
-    }
+    AppendEpilogue(step, &post_ops);
     dnnl::primitive_attr attr = UserScratchpad();
     attr.set_output_scales(step.weights.per_tensor() ? 0 : 1 << channel_dim, output_scales);
     if (step.src.zero_point(0) != 0)
@@ -1819,6 +1851,20 @@ class Compiler {
       attr.set_zero_points(DNNL_ARG_DST, 0, {DNNL_RUNTIME_S32_VAL});
     attr.set_post_ops(post_ops);
     return attr;
+  }
+
+  // The step's Relu/Clip as post-ops on values in units of the output's scale.
+  void AppendEpilogue(const QuantizedStep& step, dnnl::post_ops* post_ops) {
+    const double sy = step.dst.scale(0);
+    for (std::size_t layer : step.epilogue) {
+      if (layers_[layer].op_type == "Relu") {
+        post_ops->append_eltwise(1.0f, algorithm::eltwise_relu, 0.0f, 0.0f);
+      } else {
+        const auto [low, high] = ClipBounds(layers_[layer]);
+        post_ops->append_eltwise(1.0f, algorithm::eltwise_clip, static_cast<float>(low / sy),
+                                 static_cast<float>(high / sy));
+      }
+    }
   }
 
   // The arguments every int8 step has besides weights and bias: source, destination (the
@@ -1850,13 +1896,16 @@ class Compiler {
   // The notes of an int8 step: the head says what ran, the layers fused into it name it.
   void NoteQuantized(const QuantizedStep& step, const std::string& impl) {
     const OperatorDesc& head = layers_[step.head];
+    const bool add = head.op_type == "Add";
     std::string chain = "DequantizeLinear+" + head.op_type;
     for (std::size_t layer : step.epilogue)
       chain += "+" + layers_[layer].op_type;
     chain += "+QuantizeLinear";
-    const std::string types = std::string(TypeName(DnnlType(step.src.type))) + " x s8 -> " +
-                              TypeName(DnnlType(step.dst.type));
-    const std::string scales = step.weights.per_tensor() ? "per-tensor" : "per-channel";
+    const std::string types =
+        std::string(TypeName(DnnlType(step.src.type))) +
+        (add ? std::string(" + ") + TypeName(DnnlType(step.second.type)) : std::string(" x s8")) +
+        " -> " + TypeName(DnnlType(step.dst.type));
+    const std::string scales = add || step.weights.per_tensor() ? "per-tensor" : "per-channel";
     std::string threads;
     if (threads_ > 1) {
       threads = step_threads_ > 1 ? " on " + std::to_string(step_threads_) + " threads"
@@ -1925,6 +1974,46 @@ class Compiler {
     AddStep(dnnl::convolution_forward(pd), std::move(args), pd.scratchpad_desc());
     NoteQuantized(step, ImplName(pd));
     return i + 1;
+  }
+
+  std::size_t LowerQuantizedAdd(const QuantizedStep& step) {
+    const double sa = step.src.scale(0), sb = step.second.scale(0), sy = step.dst.scale(0);
+    const int a = Reps(InputName(step.src_dq, 0)).front();
+    const Md a_md = program_->value(a).md;
+    const Md b_md = WithType(a_md, DnnlType(step.second.type));
+    const Md y_md = WithType(a_md, DnnlType(step.dst.type));
+    // v = y / sy + zy, then the epilogue on v: Relu as max(v, zy), Clip(lo, hi) as a clip to
+    // [lo / sy + zy, hi / sy + zy]. (Trap: a linear shift after a Relu post-op gave zeros here on
+    // oneDNN 2.6, so the zero point goes in first and the bounds move with it.)
+    const auto zy = static_cast<double>(step.dst.zero_point(0));
+    const double shift = zy - (sa * step.src.zero_point(0) + sb * step.second.zero_point(0)) / sy;
+    dnnl::post_ops post_ops;
+    if (shift != 0.0)
+      post_ops.append_eltwise(1.0f, algorithm::eltwise_linear, 1.0f, static_cast<float>(shift));
+    for (std::size_t layer : step.epilogue) {
+      float low = static_cast<float>(zy), high = std::numeric_limits<float>::max();
+      if (layers_[layer].op_type == "Clip") {
+        const auto [min, max] = ClipBounds(layers_[layer]);
+        low = static_cast<float>(std::max<double>(min / sy + zy, -high));
+        high = static_cast<float>(std::min<double>(max / sy + zy, high));
+      }
+      post_ops.append_eltwise(1.0f, algorithm::eltwise_clip, low, high);
+    }
+    dnnl::primitive_attr attr = UserScratchpad();
+    attr.set_scales(DNNL_ARG_SRC_0, 0, {static_cast<float>(sa / sy)});
+    attr.set_scales(DNNL_ARG_SRC_1, 0, {static_cast<float>(sb / sy)});
+    attr.set_post_ops(post_ops);
+    const dnnl::binary::primitive_desc pd(
+        dnnl::binary::desc(algorithm::binary_add, a_md, b_md, y_md), attr, engine_);
+    const int b = Get(InputName(step.second_dq, 0), b_md);
+    for (std::size_t layer : step.epilogue)
+      shapes_[OutputName(layer)] = layers_[layer].outputs[0].shape;
+    shapes_[OutputName(step.quantize)] = layers_[step.quantize].outputs[0].shape;
+    const int dst = Define(OutputName(step.quantize), y_md);
+    AddStep(dnnl::binary(pd), {{DNNL_ARG_SRC_0, a}, {DNNL_ARG_SRC_1, b}, {DNNL_ARG_DST, dst}},
+            pd.scratchpad_desc());
+    NoteQuantized(step, ImplName(pd));
+    return step.head + 1;
   }
 
   // MatMul of 2-D operands, Gemm (not transposing A, alpha and beta 1).

@@ -192,6 +192,7 @@ class CpuAccInt8Test : public ::testing::Test {
     runtime_ = std::move(runtime).value();
   }
   void TearDown() override {
+    std::printf("worst difference from CpuRef in this test: %d step(s)\n", worst_);
     runtime_.reset();
     std::error_code error;
     fs::remove_all(dir_, error);
@@ -241,10 +242,12 @@ class CpuAccInt8Test : public ::testing::Test {
         const int vr = is_unsigned ? r[e] : static_cast<int8_t>(r[e]);
         worst = std::max(worst, std::abs(va - vr));
         off += va != vr;
-        EXPECT_LE(std::abs(va - vr), steps) << "output " << o << " element " << e;
+        EXPECT_LE(std::abs(va - vr), steps)
+            << "output " << o << " element " << e << ": CpuAcc " << va << ", CpuRef " << vr;
         if (std::abs(va - vr) > steps)
           break;
       }
+      worst_ = std::max(worst_, worst);
       // Rounding apart is rare: most elements are equal.
       EXPECT_LE(off, static_cast<int>(a.size() / 20 + 1)) << "output " << o;
     }
@@ -253,6 +256,7 @@ class CpuAccInt8Test : public ::testing::Test {
 
   fs::path dir_;
   std::unique_ptr<Runtime> runtime_;
+  int worst_ = 0;  // over every comparison of the test
 };
 
 const LayerPlacement& Layer(const std::vector<LayerPlacement>& placement, const std::string& node) {
@@ -278,7 +282,6 @@ TEST_F(CpuAccInt8Test, ConvStepsMatchCpuRefWithinOneStep) {
   const uint64_t seed = ::backplane::testing::TestSeed();
   SCOPED_TRACE("seed " + std::to_string(seed) + " (BACKPLANE_TEST_SEED replays it)");
   std::mt19937_64 random(seed);
-  int worst = 0;
   for (int round = 0; round < 8; ++round) {
     const int32_t type = round % 2 == 0 ? kUint8 : kInt8;
     const bool per_channel = round % 4 < 2, relu = round % 3 != 0;
@@ -304,7 +307,7 @@ TEST_F(CpuAccInt8Test, ConvStepsMatchCpuRefWithinOneStep) {
     const std::vector<float> x = RandomInput(random, {batch, channels, size, size}, 1.0);
     const ConstTensorView input{{DataType::kFloat32, {batch, channels, size, size}}, x.data()};
     std::vector<LayerPlacement> placement;
-    worst = std::max(worst, CompareQuantized(net.model, {input}, 1, &placement));
+    CompareQuantized(net.model, {input}, 1, &placement);
     const std::string types = type == kUint8 ? "u8 x s8 -> u8" : "s8 x s8 -> s8";
     EXPECT_THAT(
         Layer(placement, "conv").note,
@@ -315,7 +318,6 @@ TEST_F(CpuAccInt8Test, ConvStepsMatchCpuRefWithinOneStep) {
     if (HasFailure())
       break;
   }
-  std::printf("worst difference from CpuRef: %d step(s)\n", worst);
 }
 
 // An MLP: Gemm (transB, INT32 bias) + Relu, then MatMul without a bias, activations quantized
@@ -358,13 +360,14 @@ TEST_F(CpuAccInt8Test, MatMulStepsMatchCpuRefWithinOneStep) {
   }
 }
 
-// A residual block: conv1 + Relu and conv2 int8, then DQ(conv2) + DQ(x) -> Add -> Relu -> Q, its
-// output dequantized to FP32 at the end.
+// A residual block: conv1 + Relu and conv2 int8, then DQ(conv2) + DQ(x) -> Add [-> Relu] -> Q
+// int8 too (with Relu on UINT8, without on INT8).
 TEST_F(CpuAccInt8Test, ResidualBlockMatchesCpuRef) {
   const uint64_t seed = ::backplane::testing::TestSeed();
   SCOPED_TRACE("seed " + std::to_string(seed) + " (BACKPLANE_TEST_SEED replays it)");
   std::mt19937_64 random(seed);
   for (const int32_t type : {kUint8, kInt8}) {
+    SCOPED_TRACE(type == kUint8 ? "UINT8, Add + Relu" : "INT8, Add");
     constexpr int64_t kBatch = 2, kChannels = 8, kSize = 6;
     QdqNetwork net(random, type);
     const Activation in = net.RandomActivation(2.0f);
@@ -380,8 +383,10 @@ TEST_F(CpuAccInt8Test, ResidualBlockMatchesCpuRef) {
     const std::string left = net.Dequantize(c2, "add_a", a2);
     const std::string right = net.Dequantize(x_q, "add_b", in);
     net.model.Node("Add", {left, right}, {"add"}, "add");
-    net.model.Node("Relu", {"add"}, {"add_relu"}, "add_relu");
-    const std::string y_q = net.Quantize("add_relu", "y_q", sum);
+    const bool relu = type == kUint8;
+    if (relu)
+      net.model.Node("Relu", {"add"}, {"add_relu"}, "add_relu");
+    const std::string y_q = net.Quantize(relu ? "add_relu" : "add", "y_q", sum);
     net.model.Output(y_q, {kBatch, kChannels, kSize, kSize}, type);
     const std::vector<float> x = RandomInput(random, {kBatch, kChannels, kSize, kSize}, 1.0);
     const ConstTensorView input{{DataType::kFloat32, {kBatch, kChannels, kSize, kSize}}, x.data()};
@@ -390,6 +395,9 @@ TEST_F(CpuAccInt8Test, ResidualBlockMatchesCpuRef) {
     CompareQuantized(net.model, {input}, 2, &placement);
     EXPECT_THAT(Layer(placement, "conv1").note, HasSubstr("int8 ("));
     EXPECT_THAT(Layer(placement, "conv2").note, HasSubstr("int8 ("));
+    const std::string t = type == kUint8 ? "u8" : "s8";
+    EXPECT_THAT(Layer(placement, "add").note, HasSubstr("int8 (" + t + " + " + t + " -> " + t));
+    EXPECT_THAT(Layer(placement, "y_q").note, HasSubstr("fused into add"));
     for (const auto& layer : placement)
       EXPECT_EQ(layer.backend_id, "CpuAcc") << layer.node << ": " << layer.fallback_reason;
   }
