@@ -5,17 +5,21 @@
 // Benchmark:
 //
 //   backplane_bench_int8 --backends DIR [--seconds S] [--threads T] [--batches 1,8]
+//                        [--write-models OUT]
 //
 // DIR holds Backplane_CpuAcc_backend.so (and CpuRef, which must take no layer: the run fails with
 // exit status 3 when a layer is not on CpuAcc). Per network and batch: median and p90 of
 // Runtime::Execute over S seconds (default 2, at least 20 calls, after 20 warm-up calls), float
 // and int8, in one line each, and their ratio, with how many layers the placement says ran int8.
+// `--write-models OUT` also writes each model as OUT/<network>_b<batch>_{fp32,int8}.onnx (for
+// `backplane run --repeat`, or ONNX Runtime).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <random>
 #include <string>
@@ -276,6 +280,7 @@ int main(int argc, char** argv) {
   double seconds = 2.0;
   int64_t threads = 1;
   std::vector<int64_t> batches{1, 8};
+  fs::path write_models;
   for (int a = 1; a < argc; ++a) {
     const std::string arg = argv[a];
     const bool has_value = a + 1 < argc;
@@ -283,6 +288,8 @@ int main(int argc, char** argv) {
       backends.emplace_back(argv[++a]);
     } else if (arg == "--seconds" && has_value) {
       seconds = std::atof(argv[++a]);
+    } else if (arg == "--write-models" && has_value) {
+      write_models = argv[++a];
     } else if (arg == "--threads" && has_value) {
       threads = std::atoll(argv[++a]);
     } else if (arg == "--batches" && has_value) {
@@ -294,7 +301,9 @@ int main(int argc, char** argv) {
         start = comma + 1;
       }
     } else {
-      std::fprintf(stderr, "usage: %s --backends DIR [--seconds S] [--threads T] [--batches 1,8]\n",
+      std::fprintf(stderr,
+                   "usage: %s --backends DIR [--seconds S] [--threads T] [--batches 1,8] "
+                   "[--write-models OUT]\n",
                    argv[0]);
       return 2;
     }
@@ -333,6 +342,14 @@ int main(int argc, char** argv) {
       NetWriter fp32(false, 1), int8(true, 1);
       network.write(fp32, batch);
       network.write(int8, batch);
+      if (!write_models.empty()) {
+        fs::create_directories(write_models);
+        const std::string stem = std::string(network.name) + "_b" + std::to_string(batch);
+        std::ofstream(write_models / (stem + "_fp32.onnx"), std::ios::binary)
+            << fp32.model.Serialize();
+        std::ofstream(write_models / (stem + "_int8.onnx"), std::ios::binary)
+            << int8.model.Serialize();
+      }
       const Timing f = Measure(**runtime, fp32.model, network.input(batch), seconds);
       const Timing q = Measure(**runtime, int8.model, network.input(batch), seconds);
       if (!f.ok || !q.ok) {

@@ -12,8 +12,10 @@
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backplane/onnx/network.hpp"
@@ -51,6 +53,20 @@ class QdqNetwork {
   QdqNetwork(std::mt19937_64& random, int32_t type) : random_(random), type_(type) {}
 
   ModelBuilder model;
+  // When set, the steps' activation is Clip(first, second) instead of Relu.
+  std::optional<std::pair<float, float>> clip;
+
+  // Relu (or Clip, see `clip`) of `x` as layer `name`.
+  std::string Activate(const std::string& x, const std::string& name) {
+    if (!clip) {
+      model.Node("Relu", {x}, {name}, name);
+      return name;
+    }
+    model.FloatInitializer(name + "_min", {}, {clip->first});
+    model.FloatInitializer(name + "_max", {}, {clip->second});
+    model.Node("Clip", {x, name + "_min", name + "_max"}, {name}, name);
+    return name;
+  }
 
   Activation RandomActivation(float range) {
     Activation a;
@@ -118,10 +134,8 @@ class QdqNetwork {
     SetInts(conv, "pads", {pad, pad, pad, pad});
     SetInt(conv, "group", group);
     std::string out = name + "_conv";
-    if (relu) {
-      model.Node("Relu", {out}, {name + "_relu"}, name + "_relu");
-      out = name + "_relu";
-    }
+    if (relu)
+      out = Activate(out, name + "_relu");
     return Quantize(out, name + "_q", y);
   }
 
@@ -163,10 +177,8 @@ class QdqNetwork {
              "axis", 0);
       SetInt(model.Node("Gemm", {x_dq, name + "_w_dq", name + "_b_dq"}, {out}, name), "transB", 1);
     }
-    if (relu) {
-      model.Node("Relu", {out}, {name + "_relu"}, name + "_relu");
-      out = name + "_relu";
-    }
+    if (relu)
+      out = Activate(out, name + "_relu");
     return Quantize(out, name + "_q", y);
   }
 
@@ -276,8 +288,13 @@ std::vector<float> RandomInput(std::mt19937_64& random, const Shape& shape, doub
   return x;
 }
 
-// One quantized convolution step (random geometry, per-channel or per-tensor weights, with and
-// without Relu), UINT8 and INT8 activations: int8 on CpuAcc, CpuRef's values within one step.
+// The rounds of ConvStepsMatchCpuRefWithinOneStep whose activation is a Clip.
+bool ClipsInRound(int round) {
+  return round % 4 == 1;
+}
+
+// One quantized convolution step (random geometry, per-channel or per-tensor weights, with Relu,
+// Clip or neither), UINT8 and INT8 activations: int8 on CpuAcc, CpuRef's values within one step.
 TEST_F(CpuAccInt8Test, ConvStepsMatchCpuRefWithinOneStep) {
   const uint64_t seed = ::backplane::testing::TestSeed();
   SCOPED_TRACE("seed " + std::to_string(seed) + " (BACKPLANE_TEST_SEED replays it)");
@@ -295,8 +312,11 @@ TEST_F(CpuAccInt8Test, ConvStepsMatchCpuRefWithinOneStep) {
     SCOPED_TRACE("round " + std::to_string(round) + ": batch " + std::to_string(batch) +
                  ", channels " + std::to_string(channels) + ", maps " + std::to_string(maps) +
                  ", size " + std::to_string(size) + ", group " + std::to_string(group) +
-                 (per_channel ? ", per-channel" : ", per-tensor") + (relu ? ", relu" : ""));
+                 (per_channel ? ", per-channel" : ", per-tensor") +
+                 (relu ? (ClipsInRound(round) ? ", clip" : ", relu") : ""));
     QdqNetwork net(random, type);
+    if (ClipsInRound(round))  // Clip where others have Relu; the bounds cut into the output's range
+      net.clip = std::pair{-0.25f, 1.0f};
     const Activation in = net.RandomActivation(2.0f);
     const Activation out = net.RandomActivation(relu ? 3.0f : 6.0f);
     net.model.Input("x", {batch, channels, size, size});
@@ -361,13 +381,14 @@ TEST_F(CpuAccInt8Test, MatMulStepsMatchCpuRefWithinOneStep) {
 }
 
 // A residual block: conv1 + Relu and conv2 int8, then DQ(conv2) + DQ(x) -> Add [-> Relu] -> Q
-// int8 too (with Relu on UINT8, without on INT8).
+// int8 too (with Relu on UINT8; on INT8 without, and with Clip(-0.5, 1)).
 TEST_F(CpuAccInt8Test, ResidualBlockMatchesCpuRef) {
   const uint64_t seed = ::backplane::testing::TestSeed();
   SCOPED_TRACE("seed " + std::to_string(seed) + " (BACKPLANE_TEST_SEED replays it)");
   std::mt19937_64 random(seed);
-  for (const int32_t type : {kUint8, kInt8}) {
-    SCOPED_TRACE(type == kUint8 ? "UINT8, Add + Relu" : "INT8, Add");
+  for (const auto [type, clipped] :
+       {std::pair{kUint8, false}, std::pair{kInt8, false}, std::pair{kInt8, true}}) {
+    SCOPED_TRACE(type == kUint8 ? "UINT8, Add + Relu" : clipped ? "INT8, Add + Clip" : "INT8, Add");
     constexpr int64_t kBatch = 2, kChannels = 8, kSize = 6;
     QdqNetwork net(random, type);
     const Activation in = net.RandomActivation(2.0f);
@@ -383,10 +404,12 @@ TEST_F(CpuAccInt8Test, ResidualBlockMatchesCpuRef) {
     const std::string left = net.Dequantize(c2, "add_a", a2);
     const std::string right = net.Dequantize(x_q, "add_b", in);
     net.model.Node("Add", {left, right}, {"add"}, "add");
-    const bool relu = type == kUint8;
-    if (relu)
-      net.model.Node("Relu", {"add"}, {"add_relu"}, "add_relu");
-    const std::string y_q = net.Quantize(relu ? "add_relu" : "add", "y_q", sum);
+    const bool relu = type == kUint8 || clipped;
+    net.clip = std::nullopt;
+    if (clipped)
+      net.clip = std::pair{-0.5f, 1.0f};
+    const std::string y_q =
+        net.Quantize(relu ? net.Activate("add", "add_relu") : "add", "y_q", sum);
     net.model.Output(y_q, {kBatch, kChannels, kSize, kSize}, type);
     const std::vector<float> x = RandomInput(random, {kBatch, kChannels, kSize, kSize}, 1.0);
     const ConstTensorView input{{DataType::kFloat32, {kBatch, kChannels, kSize, kSize}}, x.data()};
