@@ -43,7 +43,8 @@ constexpr int32_t kInt32 = onnx::TensorProto::INT32;
 
 // Writes one network in float or in QDQ form. Values are named; in QDQ form every activation
 // between layers is the output of a QuantizeLinear (UINT8), read through a DequantizeLinear of
-// its own by each reader, and the scales are fixed guesses (speed does not depend on them).
+// its own by each reader, and the scales are fixed guesses (speed does not depend on them; zero
+// points do: see Out).
 class NetWriter {
  public:
   NetWriter(bool quantized, uint32_t seed) : quantized_(quantized), random_(seed) {}
@@ -52,7 +53,7 @@ class NetWriter {
 
   std::string Input(const std::string& name, const Shape& shape) {
     model.Input(name, {shape.begin(), shape.end()});
-    return quantized_ ? Quantize(name, 1.0f / 64) : name;
+    return quantized_ ? Quantize(name, 1.0f / 64, 128) : name;
   }
   void Output(const std::string& value, const Shape& shape) {
     const std::string y = quantized_ ? Dequantize(value) : value;
@@ -71,7 +72,7 @@ class NetWriter {
     SetInts(conv, "pads", {pad, pad, pad, pad});
     SetInts(conv, "strides", {stride, stride});
     SetInt(conv, "group", group);
-    return Out(Activation(name, relu, relu6));
+    return Out(Activation(name, relu, relu6), relu || relu6);
   }
 
   // Gemm(x [M,K], W [N,K] transB) [+ Relu].
@@ -80,34 +81,34 @@ class NetWriter {
     const std::string w_name = Weights(name, {n, k}, 0, n);
     const std::string b_name = Bias(name, n);
     SetInt(model.Node("Gemm", {In(x), w_name, b_name}, {name}, name), "transB", 1);
-    return Out(Activation(name, relu, false));
+    return Out(Activation(name, relu, false), relu);
   }
 
   std::string Add(const std::string& a, const std::string& b, bool relu) {
     const std::string name = Next("add");
     model.Node("Add", {In(a), In(b)}, {name}, name);
-    return Out(Activation(name, relu, false));
+    return Out(Activation(name, relu, false), relu);
   }
 
   std::string GlobalAveragePool(const std::string& x) {
     const std::string name = Next("gap");
     model.Node("GlobalAveragePool", {In(x)}, {name}, name);
-    return Out(name);
+    return Out(name, false);
   }
 
   std::string Flatten(const std::string& x) {
     const std::string name = Next("flatten");
     model.Node("Flatten", {In(x)}, {name}, name);
-    return Out(name);
+    return Out(name, false);
   }
 
  private:
   std::string Next(const std::string& what) { return what + std::to_string(++count_); }
 
-  std::string Quantize(const std::string& x, float scale) {
+  std::string Quantize(const std::string& x, float scale, int zero_point) {
     const std::string name = x + "_q";
     model.FloatInitializer(name + "_scale", {}, {scale});
-    model.QuantizedInitializer(name + "_zero", {}, kUint8, {128});
+    model.QuantizedInitializer(name + "_zero", {}, kUint8, {zero_point});
     model.Node("QuantizeLinear", {x, name + "_scale", name + "_zero"}, {name}, name);
     return name;
   }
@@ -117,7 +118,11 @@ class NetWriter {
     return name;
   }
   std::string In(const std::string& x) { return quantized_ ? Dequantize(x) : x; }
-  std::string Out(const std::string& y) { return quantized_ ? Quantize(y, 1.0f / 16) : y; }
+  // A value after Relu/ReLU6 gets zero point 0, as calibration gives it (its range starts at 0);
+  // others 128.
+  std::string Out(const std::string& y, bool non_negative) {
+    return quantized_ ? Quantize(y, 1.0f / 16, non_negative ? 0 : 128) : y;
+  }
 
   std::string Activation(const std::string& x, bool relu, bool relu6) {
     if (relu6) {

@@ -832,10 +832,11 @@ class Compiler {
   }
 
   // Seconds of one execution of `primitive` on zeros (best of 3): source, weights, bias when it
-  // has one, destination and scratchpad, as `pd` lays them out. Only for primitives with no
-  // other arguments (no binary post-ops).
-  double TimePrimitive(const dnnl::primitive& primitive, const dnnl::primitive_desc_base& pd) {
-    std::unordered_map<int, memory> args;
+  // has one, destination and scratchpad, as `pd` lays them out, and `extra` (zero points). Only
+  // for primitives with no other arguments (no binary post-ops).
+  double TimePrimitive(const dnnl::primitive& primitive, const dnnl::primitive_desc_base& pd,
+                       const std::unordered_map<int, memory>& extra = {}) {
+    std::unordered_map<int, memory> args = extra;
     auto zeros = [&](int arg, const Md& md) {
       if (md.get_size() == 0)
         return;
@@ -1921,6 +1922,51 @@ class Compiler {
     }
   }
 
+  // oneDNN's first int8 implementation is not always its fastest (on AVX-512 VNNI, depthwise
+  // convolutions ran slower on brdgmm_dw than on jit_int8; docs/performance.md, int8 section):
+  // when tuning, each non-reference implementation that keeps the first one's source and
+  // destination layouts (its neighbours' layouts do not change) is timed once on zeros, the
+  // fastest kept (the first on a tie within 3%).
+  dnnl::convolution_forward::primitive_desc FastestQuantizedConv(
+      const dnnl::convolution_forward::desc& desc, const dnnl::primitive_attr& attr,
+      const QuantizedStep& step) {
+    dnnl::convolution_forward::primitive_desc first(desc, attr, engine_);
+    const double flops = 2.0 *
+                         static_cast<double>(ElementCount(layers_[step.head].outputs[0].shape)) *
+                         static_cast<double>(ElementCount(layers_[step.head].inputs[1].shape) /
+                                             layers_[step.head].inputs[1].shape[0]);
+    if (!options_.tune || flops < kTuneFlops)
+      return first;
+    std::unordered_map<int, memory> zero_points;
+    for (const auto& [arg, value] : {std::pair{DNNL_ARG_SRC, step.src.zero_point(0)},
+                                     std::pair{DNNL_ARG_DST, step.dst.zero_point(0)}}) {
+      if (value == 0)
+        continue;
+      memory m(Md({1}, memory::data_type::s32, memory::format_tag::a), engine_);
+      *static_cast<int32_t*>(m.get_data_handle()) = value;
+      zero_points[DNNL_ARG_ATTR_ZERO_POINTS | arg] = m;
+    }
+    dnnl::convolution_forward::primitive_desc candidate = first;
+    int index = 0, best = 0;
+    double best_time = 1e300;
+    do {
+      if (!IsReferenceImpl(ImplName(candidate)) && candidate.src_desc() == first.src_desc() &&
+          candidate.dst_desc() == first.dst_desc()) {
+        const double time =
+            TimePrimitive(dnnl::convolution_forward(candidate), candidate, zero_points);
+        if (time * (index == 0 ? 1.0 : 1.03) < best_time) {
+          best_time = time;
+          best = index;
+        }
+      }
+      ++index;
+    } while (candidate.next_impl());
+    dnnl::convolution_forward::primitive_desc chosen(desc, attr, engine_);
+    for (int k = 0; k < best; ++k)
+      chosen.next_impl();
+    return chosen;
+  }
+
   std::size_t LowerQuantizedConv(const QuantizedStep& step) {
     const std::size_t i = step.head;
     const OperatorDesc& op = layers_[i];
@@ -1963,7 +2009,7 @@ class Compiler {
                           : dnnl::convolution_forward::desc(
                                 dnnl::prop_kind::forward_inference, algorithm::convolution_direct,
                                 src_any, w_any, bias_md, dst_any, strides, dilates, pad_l, pad_r);
-    const dnnl::convolution_forward::primitive_desc pd(desc, attr, engine_);
+    const dnnl::convolution_forward::primitive_desc pd = FastestQuantizedConv(desc, attr, step);
     std::vector<std::pair<int, int>> args{
         {DNNL_ARG_WEIGHTS,
          QuantizedWeights(step, PlainMd(Shape(w_dims.begin(), w_dims.end()), memory::data_type::s8),
