@@ -434,49 +434,57 @@ TEST_F(CpuAccInt8Test, FloatLayersBetweenRunBetweenReorders) {
   SCOPED_TRACE("seed " + std::to_string(seed) + " (BACKPLANE_TEST_SEED replays it)");
   std::mt19937_64 random(seed);
   constexpr int64_t kBatch = 3, kChannels = 6, kMaps = 16, kSize = 7, kClasses = 5;
-  QdqNetwork net(random, kUint8);
-  const Activation in = net.RandomActivation(2.0f);
-  const Activation conv = net.RandomActivation(3.0f);
-  const Activation pooled = net.RandomActivation(1.5f);
-  net.model.Input("x", {kBatch, kChannels, kSize, kSize});
-  const std::string x_q = net.Quantize("x", "x_q", in);
-  const std::string c_q = net.ConvStep(x_q, in, kChannels, kMaps, 3, 1, true, true, conv, "conv");
-  net.model.Node("GlobalAveragePool", {net.Dequantize(c_q, "pool_dq", conv)}, {"pool"}, "pool");
-  const std::string p_q = net.Quantize("pool", "pool_q", pooled);
-  net.model.Node("Flatten", {net.Dequantize(p_q, "flat_dq", pooled)}, {"flat"}, "flat");
-  std::vector<int32_t> w(kMaps * kClasses);
-  for (auto& value : w)
-    value = std::uniform_int_distribution<int>(-127, 127)(random);
-  net.model.QuantizedInitializer("fc_w", {kMaps, kClasses}, kInt8, w);
-  net.model.FloatInitializer("fc_w_scale", {}, {0.01f});
-  net.model.Node("DequantizeLinear", {"fc_w", "fc_w_scale"}, {"fc_w_dq"}, "fc_w_dq");
-  net.model.Node("MatMul", {"flat", "fc_w_dq"}, {"y"}, "fc");
-  net.model.Output(p_q, {kBatch, kMaps, 1, 1}, kUint8).Output("y", {kBatch, kClasses});
-  const std::vector<float> x = RandomInput(random, {kBatch, kChannels, kSize, kSize}, 1.0);
-  const ConstTensorView input{{DataType::kFloat32, {kBatch, kChannels, kSize, kSize}}, x.data()};
-  std::vector<LayerPlacement> placement;
-  const auto acc = Run(net.model, {input}, "CpuAcc", &placement);
-  const auto ref = Run(net.model, {input}, "CpuRef");
-  ASSERT_EQ(acc.size(), 2u);
-  ASSERT_EQ(ref.size(), 2u);
-  const auto pool_acc = acc[0].Elements<uint8_t>(), pool_ref = ref[0].Elements<uint8_t>();
-  bool same_pool = true;
-  for (std::size_t e = 0; e < pool_acc.size(); ++e) {
-    EXPECT_LE(std::abs(pool_acc[e] - pool_ref[e]), 1) << "pool_q element " << e;
-    same_pool = same_pool && pool_acc[e] == pool_ref[e];
+  for (const int32_t type : {kUint8, kInt8}) {
+    SCOPED_TRACE(type == kUint8 ? "UINT8" : "INT8");
+    QdqNetwork net(random, type);
+    const Activation in = net.RandomActivation(2.0f);
+    const Activation conv = net.RandomActivation(3.0f);
+    const Activation pooled = net.RandomActivation(1.5f);
+    net.model.Input("x", {kBatch, kChannels, kSize, kSize});
+    const std::string x_q = net.Quantize("x", "x_q", in);
+    const std::string c_q = net.ConvStep(x_q, in, kChannels, kMaps, 3, 1, true, true, conv, "conv");
+    net.model.Node("GlobalAveragePool", {net.Dequantize(c_q, "pool_dq", conv)}, {"pool"}, "pool");
+    const std::string p_q = net.Quantize("pool", "pool_q", pooled);
+    net.model.Node("Flatten", {net.Dequantize(p_q, "flat_dq", pooled)}, {"flat"}, "flat");
+    std::vector<int32_t> w(kMaps * kClasses);
+    for (auto& value : w)
+      value = std::uniform_int_distribution<int>(-127, 127)(random);
+    net.model.QuantizedInitializer("fc_w", {kMaps, kClasses}, kInt8, w);
+    net.model.FloatInitializer("fc_w_scale", {}, {0.01f});
+    net.model.Node("DequantizeLinear", {"fc_w", "fc_w_scale"}, {"fc_w_dq"}, "fc_w_dq");
+    net.model.Node("MatMul", {"flat", "fc_w_dq"}, {"y"}, "fc");
+    net.model.Output(p_q, {kBatch, kMaps, 1, 1}, type).Output("y", {kBatch, kClasses});
+    const std::vector<float> x = RandomInput(random, {kBatch, kChannels, kSize, kSize}, 1.0);
+    const ConstTensorView input{{DataType::kFloat32, {kBatch, kChannels, kSize, kSize}}, x.data()};
+    std::vector<LayerPlacement> placement;
+    const auto acc = Run(net.model, {input}, "CpuAcc", &placement);
+    const auto ref = Run(net.model, {input}, "CpuRef");
+    ASSERT_EQ(acc.size(), 2u);
+    ASSERT_EQ(ref.size(), 2u);
+    ASSERT_EQ(acc[0].info(), ref[0].info());
+    const auto pool_acc = acc[0].Elements<uint8_t>(), pool_ref = ref[0].Elements<uint8_t>();
+    const auto value = [&](uint8_t byte) {
+      return type == kUint8 ? static_cast<int>(byte) : static_cast<int>(static_cast<int8_t>(byte));
+    };
+    bool same_pool = true;
+    for (std::size_t e = 0; e < pool_acc.size(); ++e) {
+      EXPECT_LE(std::abs(value(pool_acc[e]) - value(pool_ref[e])), 1) << "pool_q element " << e;
+      same_pool = same_pool && pool_acc[e] == pool_ref[e];
+    }
+    if (same_pool) {  // else the MatMul's inputs differ by a step, and so may y
+      const auto y_acc = acc[1].Elements<float>(), y_ref = ref[1].Elements<float>();
+      for (std::size_t e = 0; e < y_acc.size(); ++e)
+        EXPECT_NEAR(y_acc[e], y_ref[e], 1e-4 + 1e-4 * std::fabs(y_ref[e])) << "y element " << e;
+    }
+    EXPECT_THAT(Layer(placement, "conv").note, HasSubstr("int8 ("));
+    const std::string t = type == kUint8 ? "u8" : "s8";
+    EXPECT_THAT(Layer(placement, "pool_dq").note, HasSubstr("from " + t + " (zero point, scale)"));
+    EXPECT_THAT(Layer(placement, "pool_q").note, HasSubstr("to " + t + " (scale, zero point)"));
+    EXPECT_THAT(Layer(placement, "fc_w_dq").note, HasSubstr("dequantized once, at compile time"));
+    EXPECT_THAT(Layer(placement, "fc").note, ::testing::Not(HasSubstr("int8")));
+    for (const auto& layer : placement)
+      EXPECT_EQ(layer.backend_id, "CpuAcc") << layer.node << ": " << layer.fallback_reason;
   }
-  if (same_pool) {  // else the MatMul's inputs differ by a step, and so may y
-    const auto y_acc = acc[1].Elements<float>(), y_ref = ref[1].Elements<float>();
-    for (std::size_t e = 0; e < y_acc.size(); ++e)
-      EXPECT_NEAR(y_acc[e], y_ref[e], 1e-4 + 1e-4 * std::fabs(y_ref[e])) << "y element " << e;
-  }
-  EXPECT_THAT(Layer(placement, "conv").note, HasSubstr("int8 ("));
-  EXPECT_THAT(Layer(placement, "pool_dq").note, HasSubstr("from u8 (zero point, scale)"));
-  EXPECT_THAT(Layer(placement, "pool_q").note, HasSubstr("to u8 (scale, zero point)"));
-  EXPECT_THAT(Layer(placement, "fc_w_dq").note, HasSubstr("dequantized once, at compile time"));
-  EXPECT_THAT(Layer(placement, "fc").note, ::testing::Not(HasSubstr("int8")));
-  for (const auto& layer : placement)
-    EXPECT_EQ(layer.backend_id, "CpuAcc") << layer.node << ": " << layer.fallback_reason;
 }
 
 // Weights with a non-zero zero point: their DequantizeLinear falls back to CpuRef, named with the
