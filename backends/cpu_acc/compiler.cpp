@@ -243,8 +243,8 @@ struct Bias {
 //
 // A residual Add of two such values, DequantizeLinear(a) + DequantizeLinear(b) -> [Relu|Clip]
 // -> QuantizeLinear, is one too: an int8 binary primitive, scales sa/sy and sb/sy on its
-// operands, the zero points an eltwise_linear shift before the epilogue and zy one after it
-// (second_dq and second say b; weights are unused).
+// operands, the zero points (zy with them) one eltwise_linear shift, the epilogue as clips moved
+// by zy (second_dq and second say b; weights are unused).
 struct QuantizedStep {
   std::size_t head = 0, src_dq = 0, weights_dq = 0, second_dq = 0, quantize = 0;
   std::optional<std::size_t> bias_dq;  // DequantizeLinear of an INT32 constant
@@ -293,17 +293,17 @@ class Compiler {
     }
     for (std::size_t i = 0; i < g_.outputs.size(); ++i)
       output_index_[g_.outputs[i]] = i;
-    std::vector<TensorInfo> input_shapes, output_shapes;
+    std::vector<TensorInfo> input_infos, output_infos;
     for (std::size_t i = 0; i < g_.inputs.size(); ++i) {
       const Shape& shape = g_.input_infos[i].shape;
-      input_shapes.push_back(g_.input_infos[i]);
+      input_infos.push_back(g_.input_infos[i]);
       types_[g_.inputs[i]] = DnnlType(g_.input_infos[i].type);
       shapes_[g_.inputs[i]] = shape;
       reps_[g_.inputs[i]].push_back(
           program_->AddValue(LogicalMd(g_.inputs[i]), {ValueStorage::Kind::kInput, i}));
     }
     for (const auto& info : g_.output_infos)
-      output_shapes.push_back(info);
+      output_infos.push_back(info);
     for (std::size_t i = 0; i < layers_.size(); ++i) {
       for (std::size_t k = 0; k < layers_[i].outputs.size(); ++k) {
         producer_[g_.layer_outputs[i][k]] = i;
@@ -351,7 +351,7 @@ class Compiler {
         ScopedOmpThreads scoped(step_threads_);
         WriteOutput(i);
       }
-      program_->SetBoundary(std::move(input_shapes), std::move(output_shapes));
+      program_->SetBoundary(std::move(input_infos), std::move(output_infos));
       program_->Finish();
     } catch (const dnnl::error& error) {
       return Internal(std::string("CpuAcc: oneDNN failed at the run's boundary: ") + error.what());
