@@ -1730,7 +1730,7 @@ class Compiler {
         return std::nullopt;
       out_axis = IntAttr(op, "transB", 0) != 0 ? 0 : 1;
     } else if (!conv) {
-      if (op.inputs[0].shape.size() != 2 || b.size() != 2)
+      if (op.inputs[0].shape.size() < 2 || b.size() != 2)
         return std::nullopt;
       out_axis = 1;
     }
@@ -1875,7 +1875,10 @@ class Compiler {
     for (std::size_t layer : step.epilogue)
       shapes_[OutputName(layer)] = layers_[layer].outputs[0].shape;
     shapes_[OutputName(step.quantize)] = layers_[step.quantize].outputs[0].shape;
-    args->push_back({DNNL_ARG_SRC, Get(InputName(step.src_dq, 0), src_md)});
+    // A MatMul's [batch..., M, K] activations are read as [batch * M, K]: the same bytes.
+    const std::string& x = InputName(step.src_dq, 0);
+    args->push_back({DNNL_ARG_SRC, src_md.dims() == Dims(ShapeOf(x)) ? Get(x, src_md)
+                                                                     : View(GetPlain(x), src_md)});
     args->push_back({DNNL_ARG_DST, Define(OutputName(step.quantize), dst_md)});
     if (step.src.zero_point(0) != 0) {
       args->push_back(
@@ -2074,20 +2077,24 @@ class Compiler {
     return step.head + 1;
   }
 
-  // MatMul of 2-D operands, Gemm (not transposing A, alpha and beta 1).
+  // MatMul of activations [batch..., M, K] (as [batch * M, K]) and 2-D weights, Gemm (not
+  // transposing A, alpha and beta 1).
   std::size_t LowerQuantizedMatMul(const QuantizedStep& step) {
     const std::size_t i = step.head;
     const OperatorDesc& op = layers_[i];
     const Shape& a = op.inputs[0].shape;
     const Shape& y = op.outputs[0].shape;
     const bool tb = op.op_type == "Gemm" && IntAttr(op, "transB", 0) != 0;
-    const int64_t m = a[0], k = a[1], n = tb ? op.inputs[1].shape[0] : op.inputs[1].shape[1];
-    if (y != Shape{m, n})
+    const int64_t k = a.back(), m = ElementCount(a) / k;
+    const int64_t n = tb ? op.inputs[1].shape[0] : op.inputs[1].shape[1];
+    Shape expected(a.begin(), a.end() - 1);
+    expected.push_back(n);
+    if (y != expected)
       throw CompileError{NodeInvalid(op, "output " + ToString(y) + " does not match the operands")};
-    const Md a_md = PlainMd(a, DnnlType(step.src.type));
+    const Md a_md = PlainMd(Shape{m, k}, DnnlType(step.src.type));
     const Md b_plain({k, n}, memory::data_type::s8, tb ? memory::dims{1, k} : memory::dims{n, 1});
     const Md b_any({k, n}, memory::data_type::s8, memory::format_tag::any);
-    const Md y_md = PlainMd(y, DnnlType(step.dst.type));
+    const Md y_md = PlainMd(Shape{m, n}, DnnlType(step.dst.type));
     const Md bias_md = PlainMd(Shape{1, n});
     std::vector<float> bias;
     const dnnl::primitive_attr attr = QuantizedAttr(step, n, 1, &bias);

@@ -341,38 +341,47 @@ TEST_F(CpuAccInt8Test, ConvStepsMatchCpuRefWithinOneStep) {
 }
 
 // An MLP: Gemm (transB, INT32 bias) + Relu, then MatMul without a bias, activations quantized
-// between them; per-channel and per-tensor weights, UINT8 and INT8.
+// between them; per-channel and per-tensor weights, UINT8 and INT8. Rounds 4 and 5 have 3-D
+// activations [2, rows, K] (a transformer's): MatMul then for both steps.
 TEST_F(CpuAccInt8Test, MatMulStepsMatchCpuRefWithinOneStep) {
   const uint64_t seed = ::backplane::testing::TestSeed();
   SCOPED_TRACE("seed " + std::to_string(seed) + " (BACKPLANE_TEST_SEED replays it)");
   std::mt19937_64 random(seed);
-  for (int round = 0; round < 4; ++round) {
+  for (int round = 0; round < 6; ++round) {
     const int32_t type = round % 2 == 0 ? kUint8 : kInt8;
-    const bool per_channel = round < 2;
+    const bool per_channel = round < 2 || round == 5, three_d = round >= 4;
     const auto pick = [&](int low, int high) {
       return static_cast<int64_t>(std::uniform_int_distribution<int>(low, high)(random));
     };
     const int64_t rows = pick(1, 9), k = pick(4, 70), hidden = pick(2, 40), n = pick(2, 12);
-    SCOPED_TRACE("round " + std::to_string(round) + ": " + std::to_string(rows) + "x" +
-                 std::to_string(k) + " -> " + std::to_string(hidden) + " -> " + std::to_string(n));
+    SCOPED_TRACE("round " + std::to_string(round) + ": " + (three_d ? "2x" : "") +
+                 std::to_string(rows) + "x" + std::to_string(k) + " -> " + std::to_string(hidden) +
+                 " -> " + std::to_string(n));
+    const auto shape = [&](int64_t columns) {
+      return three_d ? Shape{2, rows, columns} : Shape{rows, columns};
+    };
     QdqNetwork net(random, type);
     const Activation in = net.RandomActivation(2.0f);
     const Activation mid = net.RandomActivation(3.0f);
     const Activation out = net.RandomActivation(4.0f);
-    net.model.Input("x", {rows, k});
+    const Shape x_shape = shape(k);
+    net.model.Input("x", {x_shape.begin(), x_shape.end()});
     const std::string x_q = net.Quantize("x", "x_q", in);
     const std::string h_q =
-        net.MatMulStep(x_q, in, k, hidden, per_channel, true, false, mid, "fc1");
+        net.MatMulStep(x_q, in, k, hidden, per_channel, true, three_d, mid, "fc1");
     const std::string y_q =
         net.MatMulStep(h_q, mid, hidden, n, per_channel, false, true, out, "fc2");
-    net.model.Output(h_q, {rows, hidden}, type).Output(y_q, {rows, n}, type);
-    const std::vector<float> x = RandomInput(random, {rows, k}, 1.0);
-    const ConstTensorView input{{DataType::kFloat32, {rows, k}}, x.data()};
+    const Shape h_shape = shape(hidden), y_shape = shape(n);
+    net.model.Output(h_q, {h_shape.begin(), h_shape.end()}, type)
+        .Output(y_q, {y_shape.begin(), y_shape.end()}, type);
+    const std::vector<float> x = RandomInput(random, x_shape, 1.0);
+    const ConstTensorView input{{DataType::kFloat32, x_shape}, x.data()};
     std::vector<LayerPlacement> placement;
     // fc2 reads fc1's quantized output: where fc1 rounded a step apart, fc2 may too.
     CompareQuantized(net.model, {input}, 1, &placement);
     EXPECT_THAT(Layer(placement, "fc1").note, HasSubstr("int8 ("));
-    EXPECT_THAT(Layer(placement, "fc1").note, HasSubstr("+Gemm+Relu+QuantizeLinear"));
+    EXPECT_THAT(Layer(placement, "fc1").note,
+                HasSubstr(three_d ? "+MatMul+Relu+QuantizeLinear" : "+Gemm+Relu+QuantizeLinear"));
     EXPECT_THAT(Layer(placement, "fc2").note, HasSubstr("+MatMul+QuantizeLinear"));
     EXPECT_THAT(Layer(placement, "fc1_relu").note, HasSubstr("fused into fc1"));
     if (HasFailure())
