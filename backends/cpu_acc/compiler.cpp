@@ -250,6 +250,9 @@ struct QuantizedStep {
   std::optional<std::size_t> bias_dq;  // DequantizeLinear of an INT32 constant
   const float* float_bias = nullptr;   // or a FP32 constant bias
   std::vector<std::size_t> epilogue;   // Relu/Clip layers, in order
+  // false: no QuantizeLinear follows (a float layer reads the result); the step writes FP32, and
+  // `quantize` names its last layer (MatchEpilogue).
+  bool quantized_output = true;
   QuantParams src, weights, bias, second, dst;
 };
 
@@ -1751,33 +1754,37 @@ class Compiler {
         step.bias = ReadQuantParams(layers_[*bias]);
       }
     }
-    if (!MatchEpilogue(i, &step))
-      return std::nullopt;
+    MatchEpilogue(i, &step, /*float_output=*/true);
     return step;
   }
 
   // The layers after `head` up to its QuantizeLinear, each value read by exactly one layer:
-  // Relu/Clip, then the QuantizeLinear (into `step`); false when they have another form.
-  bool MatchEpilogue(std::size_t head, QuantizedStep* step) {
+  // Relu/Clip, then the QuantizeLinear (into `step`). When they have another form: false, or
+  // with `float_output` true, the step writes the last of them (the head, or its last Relu/Clip)
+  // in FP32: `quantize` is that layer, `dst` scale 1 and zero point 0.
+  bool MatchEpilogue(std::size_t head, QuantizedStep* step, bool float_output) {
     std::string value = OutputName(head);
     for (;;) {
       auto readers = consumers_.find(value);
-      if (output_index_.contains(value) || readers == consumers_.end() ||
-          readers->second.size() != 1)
-        return false;
-      const std::size_t next = readers->second.front();
-      const OperatorDesc& layer = layers_[next];
-      if (InputName(next, 0) != value)
-        return false;
-      if (layer.op_type == "Relu" || layer.op_type == "Clip") {
+      const bool one_reader = !output_index_.contains(value) && readers != consumers_.end() &&
+                              readers->second.size() == 1;
+      const std::size_t next = one_reader ? readers->second.front() : 0;
+      const std::string& type = one_reader ? layers_[next].op_type : value;
+      if (one_reader && InputName(next, 0) == value && (type == "Relu" || type == "Clip")) {
         step->epilogue.push_back(next);
         value = OutputName(next);
         continue;
       }
-      if (layer.op_type != "QuantizeLinear")
+      if (one_reader && InputName(next, 0) == value && type == "QuantizeLinear") {
+        step->quantize = next;
+        step->dst = ReadQuantParams(layers_[next]);
+        return true;
+      }
+      if (!float_output)
         return false;
-      step->quantize = next;
-      step->dst = ReadQuantParams(layer);
+      step->quantize = step->epilogue.empty() ? head : step->epilogue.back();
+      step->quantized_output = false;
+      step->dst = QuantParams{DataType::kFloat32, -1, {1.0f}, {0}};
       return true;
     }
   }
@@ -1800,7 +1807,7 @@ class Compiler {
       (k == 0 ? step.src_dq : step.second_dq) = it->second;
       (k == 0 ? step.src : step.second) = ReadQuantParams(layers_[it->second]);
     }
-    if (!MatchEpilogue(i, &step))
+    if (!MatchEpilogue(i, &step, /*float_output=*/false))
       return std::nullopt;
     return step;
   }
@@ -1904,7 +1911,8 @@ class Compiler {
     std::string chain = "DequantizeLinear+" + head.op_type;
     for (std::size_t layer : step.epilogue)
       chain += "+" + layers_[layer].op_type;
-    chain += "+QuantizeLinear";
+    if (step.quantized_output)
+      chain += "+QuantizeLinear";
     const std::string types =
         std::string(TypeName(DnnlType(step.src.type))) +
         (add ? std::string(" + ") + TypeName(DnnlType(step.second.type)) : std::string(" x s8")) +
@@ -1918,7 +1926,8 @@ class Compiler {
     notes_[step.head] = "int8 (" + types + ", " + scales + " scales), oneDNN " + impl + threads +
                         ", fused " + chain;
     std::vector<std::size_t> fused = step.epilogue;
-    fused.push_back(step.quantize);
+    if (step.quantized_output)
+      fused.push_back(step.quantize);
     for (std::size_t layer : fused) {
       notes_[layer] = "fused into " + head.name + " (int8 " + chain + ")";
       lowered_[layer] = true;

@@ -93,10 +93,12 @@ class QdqNetwork {
   }
 
   // DQ(x_q) -> Conv(DQ(W), DQ(B)) [-> Relu] -> Q: the QuantizeLinear's output name. `weights_zero`
-  // non-zero makes weights CpuAcc cannot run int8.
+  // non-zero makes weights CpuAcc cannot run int8; `quantize_output` false leaves out the Q (the
+  // FP32 value's name is returned).
   std::string ConvStep(const std::string& x_q, const Activation& x, int64_t channels, int64_t maps,
                        int64_t kernel, int64_t group, bool per_channel, bool relu,
-                       const Activation& y, const std::string& name, int weights_zero = 0) {
+                       const Activation& y, const std::string& name, int weights_zero = 0,
+                       bool quantize_output = true) {
     const std::string x_dq = Dequantize(x_q, name + "_x_dq", x);
     const int64_t per_map = channels / group * kernel * kernel;
     std::vector<int32_t> w(maps * per_map);
@@ -136,7 +138,7 @@ class QdqNetwork {
     std::string out = name + "_conv";
     if (relu)
       out = Activate(out, name + "_relu");
-    return Quantize(out, name + "_q", y);
+    return quantize_output ? Quantize(out, name + "_q", y) : out;
   }
 
   // DQ(x_q) -> Gemm(DQ(W [N,K]), DQ(B), transB) [-> Relu] -> Q, or MatMul(DQ(W [K,N])) without
@@ -493,6 +495,42 @@ TEST_F(CpuAccInt8Test, FloatLayersBetweenRunBetweenReorders) {
     EXPECT_THAT(Layer(placement, "fc").note, ::testing::Not(HasSubstr("int8")));
     for (const auto& layer : placement)
       EXPECT_EQ(layer.backend_id, "CpuAcc") << layer.node << ": " << layer.fallback_reason;
+  }
+}
+
+// A quantized convolution whose result a float layer reads (no QuantizeLinear after it): int8
+// with a FP32 destination, CpuRef's values within float rounding.
+TEST_F(CpuAccInt8Test, ConvIntoAFloatLayerRunsInt8WithAFloatDestination) {
+  const uint64_t seed = ::backplane::testing::TestSeed();
+  SCOPED_TRACE("seed " + std::to_string(seed) + " (BACKPLANE_TEST_SEED replays it)");
+  std::mt19937_64 random(seed);
+  constexpr int64_t kBatch = 2, kChannels = 5, kMaps = 12, kSize = 6;
+  for (const int32_t type : {kUint8, kInt8}) {
+    SCOPED_TRACE(type == kUint8 ? "UINT8" : "INT8");
+    QdqNetwork net(random, type);
+    const Activation in = net.RandomActivation(2.0f);
+    net.model.Input("x", {kBatch, kChannels, kSize, kSize});
+    const std::string x_q = net.Quantize("x", "x_q", in);
+    const std::string c =
+        net.ConvStep(x_q, in, kChannels, kMaps, 3, 1, true, true, in, "conv", 0, false);
+    SetInt(net.model.Node("Softmax", {c}, {"y"}, "softmax"), "axis", 1);
+    net.model.Output("y", {kBatch, kMaps, kSize, kSize});
+    const std::vector<float> x = RandomInput(random, {kBatch, kChannels, kSize, kSize}, 1.0);
+    const ConstTensorView input{{DataType::kFloat32, {kBatch, kChannels, kSize, kSize}}, x.data()};
+    std::vector<LayerPlacement> placement;
+    const auto acc = Run(net.model, {input}, "CpuAcc", &placement);
+    const auto ref = Run(net.model, {input}, "CpuRef");
+    ASSERT_EQ(acc.size(), 1u);
+    ASSERT_EQ(ref.size(), 1u);
+    const auto y_acc = acc[0].Elements<float>(), y_ref = ref[0].Elements<float>();
+    for (std::size_t e = 0; e < y_acc.size(); ++e)
+      ASSERT_NEAR(y_acc[e], y_ref[e], 1e-5 + 1e-4 * std::fabs(y_ref[e])) << "y element " << e;
+    const std::string t = type == kUint8 ? "u8" : "s8";
+    EXPECT_THAT(Layer(placement, "conv").note,
+                HasSubstr("int8 (" + t + " x s8 -> f32, per-channel scales)"));
+    EXPECT_THAT(Layer(placement, "conv").note, HasSubstr("+Conv+Relu"));
+    EXPECT_THAT(Layer(placement, "conv_relu").note, HasSubstr("fused into conv"));
+    EXPECT_EQ(Layer(placement, "softmax").backend_id, "CpuAcc");
   }
 }
 
