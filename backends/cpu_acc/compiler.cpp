@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <map>
 #include <optional>
 #include <unordered_map>
@@ -45,13 +46,48 @@ std::string HexFloat(float value) {
 }
 
 // Dense row-major; an ONNX scalar (no dims) is [1]. (Shape and memory::dims are one type.)
-Md PlainMd(const Shape& shape) {
+Md PlainMd(const Shape& shape, memory::data_type type = memory::data_type::f32) {
   const memory::dims dims = Dims(shape);
-  return Md(dims, memory::data_type::f32, RowMajorStrides(dims));
+  return Md(dims, type, RowMajorStrides(dims));
 }
 
 bool IsPlain(const Md& md) {
-  return md == PlainMd(md.dims());
+  return md == PlainMd(md.dims(), md.data_type());
+}
+
+// oneDNN's type for a tensor type CpuAcc holds (FP32; UINT8, INT8 between quantized layers).
+memory::data_type DnnlType(DataType type) {
+  switch (type) {
+    case DataType::kUint8:
+      return memory::data_type::u8;
+    case DataType::kInt8:
+      return memory::data_type::s8;
+    case DataType::kInt32:
+      return memory::data_type::s32;
+    default:
+      return memory::data_type::f32;
+  }
+}
+
+const char* TypeName(memory::data_type type) {
+  switch (type) {
+    case memory::data_type::u8:
+      return "u8";
+    case memory::data_type::s8:
+      return "s8";
+    case memory::data_type::s32:
+      return "s32";
+    default:
+      return "f32";
+  }
+}
+
+// `md`'s layout with elements of `type` (strides and blocks count elements, not bytes).
+Md WithType(const Md& md, memory::data_type type) {
+  dnnl_memory_desc_t data = md.data;
+  data.data_type = static_cast<dnnl_data_type_t>(type);
+  data.extra = {};
+  return Md(data);
 }
 
 // `md` with its first (batch) dim set to `batch`, the layout otherwise the same; nullopt unless
@@ -192,6 +228,34 @@ struct Bias {
   }
 };
 
+// A quantized convolution or matrix product as ONNX Runtime's QDQ format writes it, run as one
+// oneDNN int8 primitive: DequantizeLinear(x: UINT8/INT8, per tensor) and DequantizeLinear(W:
+// constant INT8, zero point 0, per tensor or per output channel) [and DequantizeLinear(B:
+// constant INT32) or a FP32 constant B] -> Conv/MatMul/Gemm -> [Relu|Clip]... ->
+// QuantizeLinear(per tensor). x stays quantized: the primitive reads the DequantizeLinear's
+// input and writes the QuantizeLinear's output; W is laid out once (the constant cache).
+//
+// The arithmetic (ONNX's is in float; oneDNN's accumulates exactly in int32):
+//   y_q = saturate(round_half_even(post_ops(os[c] * (acc + bias[c]))) + zy)
+//   acc = sum (x_q - zx) * w_q,  os[c] = sx * sw[c] / sy,  bias[c] = B[c] * sb[c] / (sx * sw[c])
+// with Relu as relu and Clip(lo, hi) as clip(lo / sy, hi / sy). Where ONNX's float sum lands
+// within a rounding error of an x.5 the two may round apart: one quantization step at most.
+//
+// A residual Add of two such values, DequantizeLinear(a) + DequantizeLinear(b) -> [Relu|Clip]
+// -> QuantizeLinear, is one too: an int8 binary primitive, scales sa/sy and sb/sy on its
+// operands, the zero points (zy with them) one eltwise_linear shift, the epilogue as clips moved
+// by zy (second_dq and second say b; weights are unused).
+struct QuantizedStep {
+  std::size_t head = 0, src_dq = 0, weights_dq = 0, second_dq = 0, quantize = 0;
+  std::optional<std::size_t> bias_dq;  // DequantizeLinear of an INT32 constant
+  const float* float_bias = nullptr;   // or a FP32 constant bias
+  std::vector<std::size_t> epilogue;   // Relu/Clip layers, in order
+  // false: no QuantizeLinear follows (a float layer reads the result); the step writes FP32, and
+  // `quantize` names its last layer (MatchEpilogue).
+  bool quantized_output = true;
+  QuantParams src, weights, bias, second, dst;
+};
+
 class Compiler;
 
 // One row per op CpuAcc runs: its support check (op_support.cpp) and its lowering onto oneDNN (a
@@ -232,24 +296,46 @@ class Compiler {
     }
     for (std::size_t i = 0; i < g_.outputs.size(); ++i)
       output_index_[g_.outputs[i]] = i;
-    std::vector<Shape> input_shapes, output_shapes;
+    std::vector<TensorInfo> input_infos, output_infos;
     for (std::size_t i = 0; i < g_.inputs.size(); ++i) {
       const Shape& shape = g_.input_infos[i].shape;
-      input_shapes.push_back(shape);
-      reps_[g_.inputs[i]].push_back(
-          program_->AddValue(PlainMd(shape), {ValueStorage::Kind::kInput, i}));
+      input_infos.push_back(g_.input_infos[i]);
+      types_[g_.inputs[i]] = DnnlType(g_.input_infos[i].type);
       shapes_[g_.inputs[i]] = shape;
+      reps_[g_.inputs[i]].push_back(
+          program_->AddValue(LogicalMd(g_.inputs[i]), {ValueStorage::Kind::kInput, i}));
     }
     for (const auto& info : g_.output_infos)
-      output_shapes.push_back(info.shape);
+      output_infos.push_back(info);
+    for (std::size_t i = 0; i < layers_.size(); ++i) {
+      for (std::size_t k = 0; k < layers_[i].outputs.size(); ++k) {
+        producer_[g_.layer_outputs[i][k]] = i;
+        types_[g_.layer_outputs[i][k]] = DnnlType(layers_[i].outputs[k].type);
+      }
+      for (std::size_t k = 0; k < layer_inputs_[i].size(); ++k) {
+        if (!IsConstant(layers_[i], k) && !layer_inputs_[i][k].empty())
+          consumers_[layer_inputs_[i][k]].push_back(i);
+      }
+    }
+    lowered_.assign(layers_.size(), false);
+    if (options_.fuse) {
+      for (std::size_t i = 0; i < layers_.size(); ++i) {
+        if (auto step = MatchQuantizedStep(i))
+          quantized_steps_.emplace(i, std::move(*step));
+      }
+    }
     for (std::size_t i = 0; i < layers_.size();) {
       const OperatorDesc& op = layers_[i];
       for (std::size_t k = 0; k < op.outputs.size(); ++k)
         shapes_[g_.layer_outputs[i][k]] = op.outputs[k].shape;
+      if (lowered_[i]) {  // fused into an int8 step lowered earlier
+        ++i;
+        continue;
+      }
       std::size_t next = i + 1;
       try {
         // Primitives are created with the team size they run with (ProgramStep::threads).
-        step_threads_ = StepThreads(op);
+        step_threads_ = StepThreads(op, quantized_steps_.contains(i));
         ScopedOmpThreads scoped(step_threads_);
         next = Lower(i);
       } catch (const dnnl::error& error) {
@@ -268,7 +354,7 @@ class Compiler {
         ScopedOmpThreads scoped(step_threads_);
         WriteOutput(i);
       }
-      program_->SetBoundary(std::move(input_shapes), std::move(output_shapes));
+      program_->SetBoundary(std::move(input_infos), std::move(output_infos));
       program_->Finish();
     } catch (const dnnl::error& error) {
       return Internal(std::string("CpuAcc: oneDNN failed at the run's boundary: ") + error.what());
@@ -321,7 +407,15 @@ class Compiler {
     return to;
   }
 
-  int GetPlain(const std::string& name) { return Get(name, PlainMd(ShapeOf(name))); }
+  int GetPlain(const std::string& name) { return Get(name, LogicalMd(name)); }
+
+  memory::data_type TypeOf(const std::string& name) const {
+    auto it = types_.find(name);
+    return it == types_.end() ? memory::data_type::f32 : it->second;
+  }
+
+  // `name` dense row-major, of its own type.
+  Md LogicalMd(const std::string& name) { return PlainMd(ShapeOf(name), TypeOf(name)); }
 
   void Reorder(int from, int to) {
     const Md& src = program_->value(from).md;
@@ -337,7 +431,7 @@ class Compiler {
   // Where a layer writes `name`, laid out as `md` (whose dims may differ from the ONNX shape only
   // when md is plain: the same bytes). A boundary output in plain layout is written in place.
   int Define(const std::string& name, const Md& md) {
-    const Md logical = PlainMd(ShapeOf(name));
+    const Md logical = LogicalMd(name);
     int value;
     auto out = output_index_.find(name);
     if (out != output_index_.end() && IsPlain(md) && md.get_size() == logical.get_size()) {
@@ -381,13 +475,13 @@ class Compiler {
   }
 
   // New memory in layout `wanted` holding `values` (plain `md`): a copy, or a reorder.
-  memory LaidOut(const float* values, const Md& md, const Md& wanted) {
+  memory LaidOut(const void* values, const Md& md, const Md& wanted) {
     memory target(wanted, engine_);
     if (md == wanted) {
       std::memcpy(target.get_data_handle(), values, md.get_size());
       return target;
     }
-    memory source(md, engine_, const_cast<float*>(values));
+    memory source(md, engine_, const_cast<void*>(values));
     dnnl::reorder(source, target).execute(stream_, source, target);
     stream_.wait();
     return target;
@@ -442,7 +536,7 @@ class Compiler {
       if (storage.kind == ValueStorage::Kind::kOutput && storage.index == index)
         return;
     }
-    const Md logical = PlainMd(g_.output_infos[index].shape);
+    const Md logical = PlainMd(g_.output_infos[index].shape, DnnlType(g_.output_infos[index].type));
     const int to = program_->AddValue(logical, {ValueStorage::Kind::kOutput, index});
     // Prefer a plain representation (a copy) over a reorder.
     int from = Reps(name).front();
@@ -483,22 +577,27 @@ class Compiler {
 
   // The two-thread policy: the program's thread count for a layer with enough work, else 1, so
   // that intra_op_threads > 1 never makes a small layer slower than one thread would.
-  int StepThreads(const OperatorDesc& op) const {
+  //
+  // An int8 step's FLOPs count a quarter: its multiply-adds go four times as many to an
+  // instruction as FP32's (VNNI's vpdpbusd: 64 u8 x s8 products a 512-bit register, FMA 16), so
+  // the same product is less work to split, and the thresholds are FP32's.
+  int StepThreads(const OperatorDesc& op, bool int8 = false) const {
     if (threads_ == 1)
       return 1;
+    const double flops_weight = int8 ? 0.25 : 1.0;
     double elements = 0;
     for (const auto& output : op.outputs)
       elements = std::max(elements, static_cast<double>(ElementCount(output.shape)));
     if (op.op_type == "Conv" && op.inputs.size() >= 2) {
       const Shape& w = op.inputs[1].shape;
       const double per_output = static_cast<double>(ElementCount(w) / std::max<int64_t>(w[0], 1));
-      return 2.0 * elements * per_output >= kParallelMinConvFlops ? threads_ : 1;
+      return flops_weight * 2.0 * elements * per_output >= kParallelMinConvFlops ? threads_ : 1;
     }
     if ((op.op_type == "Gemm" || op.op_type == "MatMul") && op.inputs.size() >= 2) {
       const Shape& a = op.inputs[0].shape;
       const bool ta = op.op_type == "Gemm" && IntAttr(op, "transA", 0) != 0;
       const double k = a.empty() ? 1.0 : static_cast<double>(ta ? a.front() : a.back());
-      return 2.0 * elements * k >= kParallelMinMatMulFlops ? threads_ : 1;
+      return flops_weight * 2.0 * elements * k >= kParallelMinMatMulFlops ? threads_ : 1;
     }
     return elements >= kParallelMinElements ? threads_ : 1;
   }
@@ -552,7 +651,7 @@ class Compiler {
       return i + 1;
     }
     const int input = InputPlain(i, 0);
-    reps_[OutputName(i)].push_back(View(input, PlainMd(ShapeOf(OutputName(i)))));
+    reps_[OutputName(i)].push_back(View(input, LogicalMd(OutputName(i))));
     notes_[i] = "a view of its input inside the compiled run (no copy)";
     return i + 1;
   }
@@ -741,10 +840,11 @@ class Compiler {
   }
 
   // Seconds of one execution of `primitive` on zeros (best of 3): source, weights, bias when it
-  // has one, destination and scratchpad, as `pd` lays them out. Only for primitives with no
-  // other arguments (no binary post-ops).
-  double TimePrimitive(const dnnl::primitive& primitive, const dnnl::primitive_desc_base& pd) {
-    std::unordered_map<int, memory> args;
+  // has one, destination and scratchpad, as `pd` lays them out, and `extra` (zero points). Only
+  // for primitives with no other arguments (no binary post-ops).
+  double TimePrimitive(const dnnl::primitive& primitive, const dnnl::primitive_desc_base& pd,
+                       const std::unordered_map<int, memory>& extra = {}) {
+    std::unordered_map<int, memory> args = extra;
     auto zeros = [&](int arg, const Md& md) {
       if (md.get_size() == 0)
         return;
@@ -778,6 +878,8 @@ class Compiler {
   }
 
   std::size_t LowerConv(std::size_t i) {
+    if (auto step = quantized_steps_.find(i); step != quantized_steps_.end())
+      return LowerQuantizedConv(step->second);
     const OperatorDesc& op = layers_[i];
     const Shape& x = op.inputs[0].shape;
     const Shape& w = op.inputs[1].shape;
@@ -1034,6 +1136,8 @@ class Compiler {
   }
 
   std::size_t LowerMatMul(std::size_t i) {
+    if (auto step = quantized_steps_.find(i); step != quantized_steps_.end())
+      return LowerQuantizedMatMul(step->second);
     const OperatorDesc& op = layers_[i];
     const bool gemm = op.op_type == "Gemm";
     const Shape& a = op.inputs[0].shape;
@@ -1363,6 +1467,8 @@ class Compiler {
   // Two operands of the output's shape keep the first one's layout (blocked after a
   // convolution); broadcasting runs on plain layouts.
   std::size_t LowerBinary(std::size_t i) {
+    if (auto step = quantized_steps_.find(i); step != quantized_steps_.end())
+      return LowerQuantizedAdd(step->second);
     const OperatorDesc& op = layers_[i];
     const Shape& y = op.outputs[0].shape;
     auto out = op_rules::Broadcast(op.inputs[0].shape, op.inputs[1].shape);
@@ -1591,6 +1697,514 @@ class Compiler {
     return i + 1;
   }
 
+  // ---- quantized layers ---------------------------------------------------------------------
+
+  // The int8 step headed by layer i (QuantizedStep), or nullopt when the layers around it do not
+  // have that form (they then run one by one: the pairs as reorders, the product in FP32).
+  std::optional<QuantizedStep> MatchQuantizedStep(std::size_t i) {
+    const OperatorDesc& op = layers_[i];
+    if (op.op_type == "Add")
+      return MatchQuantizedAdd(i);
+    const bool conv = op.op_type == "Conv", gemm = op.op_type == "Gemm";
+    if ((!conv && !gemm && op.op_type != "MatMul") || op.outputs.size() != 1)
+      return std::nullopt;
+    auto dequantized = [&](std::size_t index) -> std::optional<std::size_t> {
+      if (!HasInput(op, index) || IsConstant(op, index))
+        return std::nullopt;
+      auto it = producer_.find(InputName(i, index));
+      if (it == producer_.end() || layers_[it->second].op_type != "DequantizeLinear")
+        return std::nullopt;
+      return it->second;
+    };
+    QuantizedStep step;
+    step.head = i;
+    const auto src = dequantized(0), weights = dequantized(1);
+    if (!src || !weights)
+      return std::nullopt;
+    const OperatorDesc& s = layers_[*src];
+    const OperatorDesc& w = layers_[*weights];
+    if (IsConstant(s, 0) || s.inputs[0].type == DataType::kInt32 || !IsConstant(w, 0) ||
+        w.inputs[0].type != DataType::kInt8)
+      return std::nullopt;
+    step.src_dq = *src;
+    step.weights_dq = *weights;
+    step.src = ReadQuantParams(s);
+    step.weights = ReadQuantParams(w);
+    const Shape& b = op.inputs[1].shape;
+    int64_t out_axis = 0;
+    if (gemm) {
+      if (IntAttr(op, "transA", 0) != 0 || FloatAttr(op, "alpha", 1.0f) != 1.0f ||
+          (HasInput(op, 2) && FloatAttr(op, "beta", 1.0f) != 1.0f))
+        return std::nullopt;
+      out_axis = IntAttr(op, "transB", 0) != 0 ? 0 : 1;
+    } else if (!conv) {
+      if (op.inputs[0].shape.size() < 2 || b.size() != 2)
+        return std::nullopt;
+      out_axis = 1;
+    }
+    const int64_t n = b[out_axis];
+    if (!step.weights.per_tensor() && step.weights.axis != out_axis)
+      return std::nullopt;
+    if (HasInput(op, 2)) {
+      if (ElementCount(op.inputs[2].shape) != n || op.inputs[2].shape.back() != n)
+        return std::nullopt;
+      if (IsConstant(op, 2)) {
+        step.float_bias = static_cast<const float*>(op.constant_inputs[2]);
+      } else {
+        const auto bias = dequantized(2);
+        if (!bias || !IsConstant(layers_[*bias], 0) ||
+            layers_[*bias].inputs[0].type != DataType::kInt32)
+          return std::nullopt;
+        step.bias_dq = *bias;
+        step.bias = ReadQuantParams(layers_[*bias]);
+      }
+    }
+    MatchEpilogue(i, &step, /*float_output=*/true);
+    return step;
+  }
+
+  // The layers after `head` up to its QuantizeLinear, each value read by exactly one layer:
+  // Relu/Clip, then the QuantizeLinear (into `step`). When they have another form: false, or
+  // with `float_output` true, the step writes the last of them (the head, or its last Relu/Clip)
+  // in FP32: `quantize` is that layer, `dst` scale 1 and zero point 0.
+  bool MatchEpilogue(std::size_t head, QuantizedStep* step, bool float_output) {
+    std::string value = OutputName(head);
+    for (;;) {
+      auto readers = consumers_.find(value);
+      const bool one_reader = !output_index_.contains(value) && readers != consumers_.end() &&
+                              readers->second.size() == 1;
+      const std::size_t next = one_reader ? readers->second.front() : 0;
+      const std::string& type = one_reader ? layers_[next].op_type : value;
+      if (one_reader && InputName(next, 0) == value && (type == "Relu" || type == "Clip")) {
+        step->epilogue.push_back(next);
+        value = OutputName(next);
+        continue;
+      }
+      if (one_reader && InputName(next, 0) == value && type == "QuantizeLinear") {
+        step->quantize = next;
+        step->dst = ReadQuantParams(layers_[next]);
+        return true;
+      }
+      if (!float_output)
+        return false;
+      step->quantize = step->epilogue.empty() ? head : step->epilogue.back();
+      step->quantized_output = false;
+      step->dst = QuantParams{DataType::kFloat32, -1, {1.0f}, {0}};
+      return true;
+    }
+  }
+
+  // An Add of two dequantized activations of one shape (QuantizedStep says how it runs).
+  std::optional<QuantizedStep> MatchQuantizedAdd(std::size_t i) {
+    const OperatorDesc& op = layers_[i];
+    if (op.inputs.size() != 2 || op.inputs[0].shape != op.inputs[1].shape ||
+        op.outputs[0].shape != op.inputs[0].shape)
+      return std::nullopt;
+    QuantizedStep step;
+    step.head = i;
+    for (std::size_t k = 0; k < 2; ++k) {
+      if (IsConstant(op, k))
+        return std::nullopt;
+      auto it = producer_.find(InputName(i, k));
+      if (it == producer_.end() || layers_[it->second].op_type != "DequantizeLinear" ||
+          IsConstant(layers_[it->second], 0))
+        return std::nullopt;
+      (k == 0 ? step.src_dq : step.second_dq) = it->second;
+      (k == 0 ? step.src : step.second) = ReadQuantParams(layers_[it->second]);
+    }
+    if (!MatchEpilogue(i, &step, /*float_output=*/false))
+      return std::nullopt;
+    return step;
+  }
+
+  // Whether every reader of layer i's output is an int8 step that reads the quantized input
+  // itself (so the dequantized value is never needed).
+  bool ReadOnlyByQuantizedSteps(std::size_t i) {
+    const std::string& value = OutputName(i);
+    auto readers = consumers_.find(value);
+    if (output_index_.contains(value) || readers == consumers_.end())
+      return false;
+    return std::all_of(readers->second.begin(), readers->second.end(),
+                       [&](std::size_t reader) { return quantized_steps_.contains(reader); });
+  }
+
+  // A one-element INT32 constant: a zero point given to a primitive at execution.
+  int ZeroPointValue(int32_t zero_point) {
+    memory value(Md({1}, memory::data_type::s32, memory::format_tag::a), engine_);
+    *static_cast<int32_t*>(value.get_data_handle()) = zero_point;
+    return program_->AddConstant(value);
+  }
+
+  // The primitive's attributes for `step`: output scales (per channel on dim `channel_dim` of the
+  // destination when the weights have per-channel scales), the zero points, the epilogue as
+  // post-ops; and the bias in accumulator units (empty without one). See QuantizedStep.
+  dnnl::primitive_attr QuantizedAttr(const QuantizedStep& step, int64_t channels, int channel_dim,
+                                     std::vector<float>* bias) {
+    const double sx = step.src.scale(0), sy = step.dst.scale(0);
+    std::vector<float> output_scales;
+    for (int64_t c = 0; c < (step.weights.per_tensor() ? 1 : channels); ++c)
+      output_scales.push_back(static_cast<float>(sx * step.weights.scale(c) / sy));
+    bias->clear();
+    if (step.bias_dq || step.float_bias != nullptr) {
+      const auto* b = step.bias_dq
+                          ? static_cast<const int32_t*>(layers_[*step.bias_dq].constant_inputs[0])
+                          : nullptr;
+      for (int64_t c = 0; c < channels; ++c) {
+        const double real = b ? b[c] * static_cast<double>(step.bias.scale(c)) : step.float_bias[c];
+        bias->push_back(static_cast<float>(real / (sx * step.weights.scale(c))));
+      }
+    }
+    dnnl::post_ops post_ops;
+    AppendEpilogue(step, &post_ops);
+    dnnl::primitive_attr attr = UserScratchpad();
+    attr.set_output_scales(step.weights.per_tensor() ? 0 : 1 << channel_dim, output_scales);
+    if (step.src.zero_point(0) != 0)
+      attr.set_zero_points(DNNL_ARG_SRC, 0, {DNNL_RUNTIME_S32_VAL});
+    if (step.dst.zero_point(0) != 0)
+      attr.set_zero_points(DNNL_ARG_DST, 0, {DNNL_RUNTIME_S32_VAL});
+    attr.set_post_ops(post_ops);
+    return attr;
+  }
+
+  // The step's Relu/Clip as post-ops on values in units of the output's scale.
+  void AppendEpilogue(const QuantizedStep& step, dnnl::post_ops* post_ops) {
+    const double sy = step.dst.scale(0);
+    for (std::size_t layer : step.epilogue) {
+      if (layers_[layer].op_type == "Relu") {
+        post_ops->append_eltwise(1.0f, algorithm::eltwise_relu, 0.0f, 0.0f);
+      } else {
+        const auto [low, high] = ClipBounds(layers_[layer]);
+        post_ops->append_eltwise(1.0f, algorithm::eltwise_clip, static_cast<float>(low / sy),
+                                 static_cast<float>(high / sy));
+      }
+    }
+  }
+
+  // The arguments every int8 step has besides weights and bias: source, destination (the
+  // QuantizeLinear's output), zero points. Records the shapes of the fused layers' outputs.
+  void QuantizedArgs(const QuantizedStep& step, const Md& src_md, const Md& dst_md,
+                     std::vector<std::pair<int, int>>* args) {
+    for (std::size_t layer : step.epilogue)
+      shapes_[OutputName(layer)] = layers_[layer].outputs[0].shape;
+    shapes_[OutputName(step.quantize)] = layers_[step.quantize].outputs[0].shape;
+    // A MatMul's [batch..., M, K] activations are read as [batch * M, K]: the same bytes.
+    const std::string& x = InputName(step.src_dq, 0);
+    args->push_back({DNNL_ARG_SRC, src_md.dims() == Dims(ShapeOf(x)) ? Get(x, src_md)
+                                                                     : View(GetPlain(x), src_md)});
+    args->push_back({DNNL_ARG_DST, Define(OutputName(step.quantize), dst_md)});
+    if (step.src.zero_point(0) != 0) {
+      args->push_back(
+          {DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC, ZeroPointValue(step.src.zero_point(0))});
+    }
+    if (step.dst.zero_point(0) != 0) {
+      args->push_back(
+          {DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_DST, ZeroPointValue(step.dst.zero_point(0))});
+    }
+  }
+
+  // The network's INT8 weights (plain `md`) laid out as `wanted`, once per backend instance.
+  int QuantizedWeights(const QuantizedStep& step, const Md& md, const Md& wanted) {
+    const void* data = layers_[step.weights_dq].constant_inputs[0];
+    return program_->AddSharedConstant(
+        constants_.Get({{data}, ""}, md, wanted, [&] { return LaidOut(data, md, wanted); }));
+  }
+
+  // The notes of an int8 step: the head says what ran, the layers fused into it name it.
+  void NoteQuantized(const QuantizedStep& step, const std::string& impl) {
+    const OperatorDesc& head = layers_[step.head];
+    const bool add = head.op_type == "Add";
+    std::string chain = "DequantizeLinear+" + head.op_type;
+    for (std::size_t layer : step.epilogue)
+      chain += "+" + layers_[layer].op_type;
+    if (step.quantized_output)
+      chain += "+QuantizeLinear";
+    const std::string types =
+        std::string(TypeName(DnnlType(step.src.type))) +
+        (add ? std::string(" + ") + TypeName(DnnlType(step.second.type)) : std::string(" x s8")) +
+        " -> " + TypeName(DnnlType(step.dst.type));
+    const std::string scales = add || step.weights.per_tensor() ? "per-tensor" : "per-channel";
+    std::string threads;
+    if (threads_ > 1) {
+      threads = step_threads_ > 1 ? " on " + std::to_string(step_threads_) + " threads"
+                                  : " on 1 thread (too little work for more)";
+    }
+    notes_[step.head] = "int8 (" + types + ", " + scales + " scales), oneDNN " + impl + threads +
+                        ", fused " + chain;
+    std::vector<std::size_t> fused = step.epilogue;
+    if (step.quantized_output)
+      fused.push_back(step.quantize);
+    for (std::size_t layer : fused) {
+      notes_[layer] = "fused into " + head.name + " (int8 " + chain + ")";
+      lowered_[layer] = true;
+    }
+  }
+
+  // oneDNN's first int8 implementation is not always its fastest (on AVX-512 VNNI, depthwise
+  // convolutions ran slower on brdgmm_dw than on jit_int8; docs/performance.md, int8 section):
+  // when tuning, each non-reference implementation that keeps the first one's source and
+  // destination layouts (its neighbours' layouts do not change) is timed once on zeros, the
+  // fastest kept (the first on a tie within 3%).
+  dnnl::convolution_forward::primitive_desc FastestQuantizedConv(
+      const dnnl::convolution_forward::desc& desc, const dnnl::primitive_attr& attr,
+      const QuantizedStep& step) {
+    dnnl::convolution_forward::primitive_desc first(desc, attr, engine_);
+    const double flops = 2.0 *
+                         static_cast<double>(ElementCount(layers_[step.head].outputs[0].shape)) *
+                         static_cast<double>(ElementCount(layers_[step.head].inputs[1].shape) /
+                                             layers_[step.head].inputs[1].shape[0]);
+    if (!options_.tune || flops < kTuneFlops)
+      return first;
+    std::unordered_map<int, memory> zero_points;
+    for (const auto& [arg, value] : {std::pair{DNNL_ARG_SRC, step.src.zero_point(0)},
+                                     std::pair{DNNL_ARG_DST, step.dst.zero_point(0)}}) {
+      if (value == 0)
+        continue;
+      memory m(Md({1}, memory::data_type::s32, memory::format_tag::a), engine_);
+      *static_cast<int32_t*>(m.get_data_handle()) = value;
+      zero_points[DNNL_ARG_ATTR_ZERO_POINTS | arg] = m;
+    }
+    dnnl::convolution_forward::primitive_desc candidate = first, best_pd = first;
+    int index = 0, best = 0;
+    double best_time = 1e300;
+    do {
+      if (!IsReferenceImpl(ImplName(candidate)) && candidate.src_desc() == first.src_desc() &&
+          candidate.dst_desc() == first.dst_desc()) {
+        const double time =
+            TimePrimitive(dnnl::convolution_forward(candidate), candidate, zero_points);
+        if (time * (index == 0 ? 1.0 : 1.03) < best_time) {
+          best_time = time;
+          best = index;
+          best_pd = candidate;
+        }
+      }
+      ++index;
+    } while (candidate.next_impl());
+    // On a busy machine one timing can flatter a slow implementation (a gemm-based or an SSE4.1
+    // kernel once won at batch 8 on 2 threads, and the request took ten times as long): the
+    // winner must beat the first choice again, by 10%, timed side by side.
+    if (best != 0) {
+      const double again_first =
+          TimePrimitive(dnnl::convolution_forward(first), first, zero_points);
+      const double again_best =
+          TimePrimitive(dnnl::convolution_forward(best_pd), best_pd, zero_points);
+      if (again_best * 1.1 > again_first)
+        best = 0;
+    }
+    dnnl::convolution_forward::primitive_desc chosen(desc, attr, engine_);
+    for (int k = 0; k < best; ++k)
+      chosen.next_impl();
+    return chosen;
+  }
+
+  std::size_t LowerQuantizedConv(const QuantizedStep& step) {
+    const std::size_t i = step.head;
+    const OperatorDesc& op = layers_[i];
+    const Shape& x = op.inputs[0].shape;
+    const Shape& w = op.inputs[1].shape;
+    const int64_t group = IntAttr(op, "group", 1);
+    const int64_t maps = w[0];
+    auto resolved = ResolveWindow(op, std::span(x).subspan(2), std::span(w).subspan(2),
+                                  op_rules::WindowOp::kConv);
+    if (!resolved.ok())
+      throw CompileError{resolved.error()};
+    const Window& window = resolved.value();
+    Shape expected{x[0], maps};
+    expected.insert(expected.end(), window.out.begin(), window.out.end());
+    if (expected != op.outputs[0].shape) {
+      throw CompileError{NodeInvalid(op, "output " + ToString(op.outputs[0].shape) +
+                                             ", the window gives " + ToString(expected))};
+    }
+    memory::dims w_dims = Dims(w);
+    if (group > 1) {
+      w_dims = {group, maps / group};
+      w_dims.insert(w_dims.end(), w.begin() + 1, w.end());
+    }
+    memory::dims strides(window.strides.begin(), window.strides.end());
+    memory::dims dilates;
+    for (int64_t d : window.dilations)
+      dilates.push_back(d - 1);
+    memory::dims pad_l(window.pad_begin.begin(), window.pad_begin.end());
+    memory::dims pad_r(window.pad_end.begin(), window.pad_end.end());
+    const Md src_any(Dims(x), DnnlType(step.src.type), memory::format_tag::any);
+    const Md w_any(w_dims, memory::data_type::s8, memory::format_tag::any);
+    const Md dst_any(Dims(expected), DnnlType(step.dst.type), memory::format_tag::any);
+    const Md bias_md({maps}, memory::data_type::f32, memory::format_tag::a);
+    std::vector<float> bias;
+    const dnnl::primitive_attr attr = QuantizedAttr(step, maps, 1, &bias);
+    const auto desc = bias.empty()
+                          ? dnnl::convolution_forward::desc(
+                                dnnl::prop_kind::forward_inference, algorithm::convolution_direct,
+                                src_any, w_any, dst_any, strides, dilates, pad_l, pad_r)
+                          : dnnl::convolution_forward::desc(
+                                dnnl::prop_kind::forward_inference, algorithm::convolution_direct,
+                                src_any, w_any, bias_md, dst_any, strides, dilates, pad_l, pad_r);
+    const dnnl::convolution_forward::primitive_desc pd = FastestQuantizedConv(desc, attr, step);
+    std::vector<std::pair<int, int>> args{
+        {DNNL_ARG_WEIGHTS,
+         QuantizedWeights(step, PlainMd(Shape(w_dims.begin(), w_dims.end()), memory::data_type::s8),
+                          pd.weights_desc())}};
+    if (!bias.empty())
+      args.push_back({DNNL_ARG_BIAS, OwnedConstant(bias.data(), bias_md, bias_md)});
+    QuantizedArgs(step, pd.src_desc(), pd.dst_desc(), &args);
+    AddStep(dnnl::convolution_forward(pd), std::move(args), pd.scratchpad_desc());
+    NoteQuantized(step, ImplName(pd));
+    return i + 1;
+  }
+
+  std::size_t LowerQuantizedAdd(const QuantizedStep& step) {
+    const double sa = step.src.scale(0), sb = step.second.scale(0), sy = step.dst.scale(0);
+    const int a = Reps(InputName(step.src_dq, 0)).front();
+    const Md a_md = program_->value(a).md;
+    const Md b_md = WithType(a_md, DnnlType(step.second.type));
+    const Md y_md = WithType(a_md, DnnlType(step.dst.type));
+    // v = y / sy + zy, then the epilogue on v: Relu as max(v, zy), Clip(lo, hi) as a clip to
+    // [lo / sy + zy, hi / sy + zy]. (Trap: a linear shift after a Relu post-op gave zeros here on
+    // oneDNN 2.6, so the zero point goes in first and the bounds move with it.)
+    const auto zy = static_cast<double>(step.dst.zero_point(0));
+    const double shift = zy - (sa * step.src.zero_point(0) + sb * step.second.zero_point(0)) / sy;
+    dnnl::post_ops post_ops;
+    if (shift != 0.0)
+      post_ops.append_eltwise(1.0f, algorithm::eltwise_linear, 1.0f, static_cast<float>(shift));
+    for (std::size_t layer : step.epilogue) {
+      float low = static_cast<float>(zy), high = std::numeric_limits<float>::max();
+      if (layers_[layer].op_type == "Clip") {
+        const auto [min, max] = ClipBounds(layers_[layer]);
+        low = static_cast<float>(std::max<double>(min / sy + zy, -high));
+        high = static_cast<float>(std::min<double>(max / sy + zy, high));
+      }
+      post_ops.append_eltwise(1.0f, algorithm::eltwise_clip, low, high);
+    }
+    dnnl::primitive_attr attr = UserScratchpad();
+    attr.set_scales(DNNL_ARG_SRC_0, 0, {static_cast<float>(sa / sy)});
+    attr.set_scales(DNNL_ARG_SRC_1, 0, {static_cast<float>(sb / sy)});
+    attr.set_post_ops(post_ops);
+    const dnnl::binary::primitive_desc pd(
+        dnnl::binary::desc(algorithm::binary_add, a_md, b_md, y_md), attr, engine_);
+    const int b = Get(InputName(step.second_dq, 0), b_md);
+    for (std::size_t layer : step.epilogue)
+      shapes_[OutputName(layer)] = layers_[layer].outputs[0].shape;
+    shapes_[OutputName(step.quantize)] = layers_[step.quantize].outputs[0].shape;
+    const int dst = Define(OutputName(step.quantize), y_md);
+    AddStep(dnnl::binary(pd), {{DNNL_ARG_SRC_0, a}, {DNNL_ARG_SRC_1, b}, {DNNL_ARG_DST, dst}},
+            pd.scratchpad_desc());
+    NoteQuantized(step, ImplName(pd));
+    return step.head + 1;
+  }
+
+  // MatMul of activations [batch..., M, K] (as [batch * M, K]) and 2-D weights, Gemm (not
+  // transposing A, alpha and beta 1).
+  std::size_t LowerQuantizedMatMul(const QuantizedStep& step) {
+    const std::size_t i = step.head;
+    const OperatorDesc& op = layers_[i];
+    const Shape& a = op.inputs[0].shape;
+    const Shape& y = op.outputs[0].shape;
+    const bool tb = op.op_type == "Gemm" && IntAttr(op, "transB", 0) != 0;
+    const int64_t k = a.back(), m = ElementCount(a) / k;
+    const int64_t n = tb ? op.inputs[1].shape[0] : op.inputs[1].shape[1];
+    Shape expected(a.begin(), a.end() - 1);
+    expected.push_back(n);
+    if (y != expected)
+      throw CompileError{NodeInvalid(op, "output " + ToString(y) + " does not match the operands")};
+    const Md a_md = PlainMd(Shape{m, k}, DnnlType(step.src.type));
+    const Md b_plain({k, n}, memory::data_type::s8, tb ? memory::dims{1, k} : memory::dims{n, 1});
+    const Md b_any({k, n}, memory::data_type::s8, memory::format_tag::any);
+    const Md y_md = PlainMd(Shape{m, n}, DnnlType(step.dst.type));
+    const Md bias_md = PlainMd(Shape{1, n});
+    std::vector<float> bias;
+    const dnnl::primitive_attr attr = QuantizedAttr(step, n, 1, &bias);
+    const auto desc = bias.empty() ? dnnl::matmul::desc(a_md, b_any, y_md)
+                                   : dnnl::matmul::desc(a_md, b_any, bias_md, y_md);
+    const dnnl::matmul::primitive_desc pd(desc, attr, engine_);
+    std::vector<std::pair<int, int>> args{
+        {DNNL_ARG_WEIGHTS, QuantizedWeights(step, b_plain, pd.weights_desc())}};
+    if (!bias.empty())
+      args.push_back({DNNL_ARG_BIAS, OwnedConstant(bias.data(), bias_md, bias_md)});
+    QuantizedArgs(step, a_md, y_md, &args);
+    AddStep(dnnl::matmul(pd), std::move(args), pd.scratchpad_desc());
+    NoteQuantized(step, ImplName(pd));
+    return i + 1;
+  }
+
+  // QuantizeLinear alone (per tensor): a reorder of the FP32 input, in its layout, to UINT8/INT8
+  // with scale 1/s and the zero point; oneDNN rounds half to even and saturates. (x * (1/s) may
+  // differ from ONNX's x / s in the last bit: a value at an exact x.5 may round one step apart.)
+  std::size_t LowerQuantize(std::size_t i) {
+    const QuantParams params = ReadQuantParams(layers_[i]);
+    const int src = Current(i, 0);
+    const Md src_md = program_->value(src).md;
+    const Md dst_md = WithType(src_md, DnnlType(params.type));
+    dnnl::primitive_attr attr = UserScratchpad();
+    attr.set_output_scales(0, {1.0f / params.scale(0)});
+    std::vector<std::pair<int, int>> args{{DNNL_ARG_FROM, src}};
+    if (params.zero_point(0) != 0) {
+      attr.set_zero_points(DNNL_ARG_DST, 0, {DNNL_RUNTIME_S32_VAL});
+      args.push_back(
+          {DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_DST, ZeroPointValue(params.zero_point(0))});
+    }
+    const dnnl::reorder::primitive_desc pd(engine_, src_md, engine_, dst_md, attr);
+    args.push_back({DNNL_ARG_TO, Define(OutputName(i), dst_md)});
+    AddStep(dnnl::reorder(pd), std::move(args), pd.scratchpad_desc());
+    Note(i, i, ImplName(pd) + " to " + TypeName(DnnlType(params.type)) + " (scale, zero point)");
+    return i + 1;
+  }
+
+  // DequantizeLinear: nothing when only int8 steps read it; a constant (weights, bias) in FP32,
+  // computed once; else a reorder to FP32 with the zero point and the scale, in the input's layout.
+  std::size_t LowerDequantize(std::size_t i) {
+    const OperatorDesc& op = layers_[i];
+    if (ReadOnlyByQuantizedSteps(i)) {
+      notes_[i] = "fused into " + layers_[consumers_[OutputName(i)].front()].name + " (int8 step)";
+      return i + 1;
+    }
+    const QuantParams params = ReadQuantParams(op);
+    if (IsConstant(op, 0)) {
+      const Shape& x = op.inputs[0].shape;
+      const int64_t count = ElementCount(x);
+      int64_t inner = 1, extent = 1;
+      if (params.axis >= 0) {
+        extent = x[params.axis];
+        for (std::size_t d = params.axis + 1; d < x.size(); ++d)
+          inner *= x[d];
+      }
+      std::vector<float> values(count);
+      for (int64_t e = 0; e < count; ++e) {
+        const int64_t c = (e / inner) % extent;
+        double q = 0;
+        switch (params.type) {
+          case DataType::kInt8:
+            q = static_cast<const int8_t*>(op.constant_inputs[0])[e];
+            break;
+          case DataType::kUint8:
+            q = static_cast<const uint8_t*>(op.constant_inputs[0])[e];
+            break;
+          default:
+            q = static_cast<const int32_t*>(op.constant_inputs[0])[e];
+        }
+        values[e] = static_cast<float>((q - params.zero_point(c)) * params.scale(c));
+      }
+      const Md md = LogicalMd(OutputName(i));
+      reps_[OutputName(i)].push_back(OwnedConstant(values.data(), md, md));
+      notes_[i] = "dequantized once, at compile time";
+      return i + 1;
+    }
+    const int src = Current(i, 0);
+    const Md src_md = program_->value(src).md;
+    const Md dst_md = WithType(src_md, memory::data_type::f32);
+    dnnl::primitive_attr attr = UserScratchpad();
+    attr.set_output_scales(0, {params.scale(0)});
+    std::vector<std::pair<int, int>> args{{DNNL_ARG_FROM, src}};
+    if (params.zero_point(0) != 0) {
+      attr.set_zero_points(DNNL_ARG_SRC, 0, {DNNL_RUNTIME_S32_VAL});
+      args.push_back(
+          {DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC, ZeroPointValue(params.zero_point(0))});
+    }
+    const dnnl::reorder::primitive_desc pd(engine_, src_md, engine_, dst_md, attr);
+    args.push_back({DNNL_ARG_TO, Define(OutputName(i), dst_md)});
+    AddStep(dnnl::reorder(pd), std::move(args), pd.scratchpad_desc());
+    Note(i, i, ImplName(pd) + " from " + TypeName(DnnlType(params.type)) + " (zero point, scale)");
+    return i + 1;
+  }
+
   const SubgraphDesc& g_;
   // The layers as lowered: a copy, because folding rewrites a consumer (a Pad folded into the
   // next Conv's padding gives that Conv the Pad's input). Constants still point into g_'s data.
@@ -1609,6 +2223,11 @@ class Compiler {
   std::map<std::string, std::size_t, std::less<>> last_use_;  // the last layer that reads it
   std::map<std::string, std::size_t, std::less<>> output_index_;
   std::vector<std::string> notes_;
+  std::map<std::string, memory::data_type, std::less<>> types_;  // FP32 when not listed
+  std::map<std::string, std::size_t, std::less<>> producer_;     // layer writing the value
+  std::map<std::string, std::vector<std::size_t>, std::less<>> consumers_;  // layers reading it
+  std::map<std::size_t, QuantizedStep> quantized_steps_;                    // by head layer
+  std::vector<bool> lowered_;  // fused into a step lowered before its own turn came
 
   friend const OpRow* FindOpRow(std::string_view op_type);
 };
@@ -1642,6 +2261,8 @@ const OpRow* FindOpRow(std::string_view op_type) {
       {"Reshape", CheckReshape, &Compiler::LowerView},
       {"Transpose", CheckTranspose, &Compiler::LowerTranspose},
       {"Concat", CheckConcat, &Compiler::LowerConcat},
+      {"QuantizeLinear", CheckQuantizeLinear, &Compiler::LowerQuantize},
+      {"DequantizeLinear", CheckDequantizeLinear, &Compiler::LowerDequantize},
   };
   for (const OpRow& row : kOps) {
     if (row.op_type == op_type)

@@ -8,8 +8,11 @@
 // convolutions, pools and element-wise layers (activations, BatchNormalization, a binary op of
 // two operands of the output's shape, Identity, Dropout), turns Identity/Dropout/Flatten/Reshape
 // into views of the same bytes, and reorders only where a primitive needs another layout (always
-// plain row-major at the run's boundary). Each layer's primitives are created for, and run with,
-// 1 or `threads` OpenMP threads by its work (the two-thread policy, compiler.cpp).
+// plain row-major at the run's boundary). Quantized (QDQ) convolutions, matrix products and
+// residual Adds run as oneDNN int8 primitives on UINT8/INT8 values, the pairs around them fused
+// (QuantizedStep, compiler.cpp); other QuantizeLinear/DequantizeLinear are reorders. Each
+// layer's primitives are created for, and run with, 1 or `threads` OpenMP threads by its work
+// (the two-thread policy, compiler.cpp).
 #pragma once
 
 #include <memory>

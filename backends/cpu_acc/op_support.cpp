@@ -1,6 +1,7 @@
 #include "op_support.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <initializer_list>
 #include <limits>
 
@@ -513,6 +514,134 @@ PadSpec ReadPad(const OperatorDesc& op) {
   if (HasInput(op, 2))
     spec.value = *static_cast<const float*>(op.constant_inputs[2]);
   return spec;
+}
+
+}  // namespace backplane::cpu_acc
+
+namespace backplane::cpu_acc {
+namespace {
+
+int32_t ZeroPointAt(const OperatorDesc& op, DataType type, std::size_t index) {
+  if (!HasInput(op, 2))
+    return 0;
+  const void* data = op.constant_inputs[2];
+  switch (type) {
+    case DataType::kUint8:
+      return static_cast<const uint8_t*>(data)[index];
+    case DataType::kInt8:
+      return static_cast<const int8_t*>(data)[index];
+    default:
+      return static_cast<const int32_t*>(data)[index];
+  }
+}
+
+// What QuantizeLinear and DequantizeLinear share: constant scales (positive, finite) and zero
+// points of the quantized type, one or one per index of `axis`.
+Status CheckQuantParams(const OperatorDesc& op, DataType quantized) {
+  if (op.inputs.size() < 2 || op.inputs.size() > 3)
+    return NodeInvalid(op, "has " + std::to_string(op.inputs.size()) + " input(s)");
+  if (op.outputs.size() != 1)
+    return NodeInvalid(op, "has " + std::to_string(op.outputs.size()) + " output(s)");
+  for (const auto& [key, value] : op.attributes) {
+    if (key != "axis")
+      return NodeUnimplemented(op, "unsupported attribute '" + key + "'");
+  }
+  const Shape& x = op.inputs[0].shape;
+  if (x.size() > kMaxRank || std::find(x.begin(), x.end(), 0) != x.end())
+    return NodeUnimplemented(op, "CpuAcc quantizes non-empty tensors of rank <= 12");
+  if (op.inputs[1].type != DataType::kFloat32 || !IsConstant(op, 1))
+    return NodeUnimplemented(op, "the scale must be a FP32 constant");
+  const int64_t count = ElementCount(op.inputs[1].shape);
+  if (op.inputs[1].shape.size() > 1 || count < 1)
+    return NodeInvalid(op, "the scale must be a scalar or 1-D");
+  if (HasInput(op, 2)) {
+    if (!IsConstant(op, 2) || op.inputs[2].type != quantized ||
+        ElementCount(op.inputs[2].shape) != count)
+      return NodeUnimplemented(op, "the zero point must be a constant like the scale, of type " +
+                                       std::string(ToString(quantized)));
+  }
+  if (count > 1 || op.inputs[1].shape.size() == 1) {
+    const auto axis = NormalizedAxis(IntAttr(op, "axis", 1), static_cast<int64_t>(x.size()));
+    if (!axis || (count > 1 && x[*axis] >= 0 && x[*axis] != count))
+      return NodeInvalid(op, "per-axis scales of length " + std::to_string(count) +
+                                 " do not match X " + ToString(x));
+  }
+  const auto* scales = static_cast<const float*>(op.constant_inputs[1]);
+  for (int64_t k = 0; k < count; ++k) {
+    if (!(scales[k] > 0.0f) || !std::isfinite(scales[k]))
+      return NodeInvalid(op, "scale " + std::to_string(scales[k]) + " is not positive and finite");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+QuantParams ReadQuantParams(const OperatorDesc& op) {
+  QuantParams params;
+  params.type = op.op_type == "QuantizeLinear"
+                    ? (HasInput(op, 2) ? op.inputs[2].type : DataType::kUint8)
+                    : op.inputs[0].type;
+  const auto* scales = static_cast<const float*>(op.constant_inputs[1]);
+  const auto count = static_cast<std::size_t>(ElementCount(op.inputs[1].shape));
+  params.scales.assign(scales, scales + count);
+  for (std::size_t k = 0; k < count; ++k)
+    params.zero_points.push_back(ZeroPointAt(op, params.type, k));
+  if (count > 1) {
+    params.axis =
+        *NormalizedAxis(IntAttr(op, "axis", 1), static_cast<int64_t>(op.inputs[0].shape.size()));
+  }
+  return params;
+}
+
+// Per tensor only: oneDNN's reorder takes one zero point per tensor (CpuRef runs per-axis ones).
+Status CheckQuantizeLinear(const OperatorDesc& op) {
+  if (op.inputs.empty() || op.inputs[0].type != DataType::kFloat32)
+    return NodeUnimplemented(op, "X must be FP32");
+  const DataType quantized = HasInput(op, 2) ? op.inputs[2].type : DataType::kUint8;
+  if (quantized != DataType::kUint8 && quantized != DataType::kInt8)
+    return NodeUnimplemented(
+        op, "CpuAcc quantizes to UINT8 or INT8 only, not " + std::string(ToString(quantized)));
+  BACKPLANE_RETURN_IF_ERROR(CheckQuantParams(op, quantized));
+  if (ElementCount(op.inputs[1].shape) != 1)
+    return NodeUnimplemented(op, "per-axis QuantizeLinear (CpuAcc quantizes per tensor)");
+  return Status::Ok();
+}
+
+// Activations (UINT8/INT8, per tensor) and constants: INT8 weights with zero point 0 (what the
+// int8 convolutions and matrix products take), INT32 biases. A constant CpuAcc could only run in
+// float is refused, so that the layer, and the weights' consumer's int8 pattern, is CpuRef's.
+Status CheckDequantizeLinear(const OperatorDesc& op) {
+  if (op.inputs.empty())
+    return NodeInvalid(op, "has no input");
+  const DataType type = op.inputs[0].type;
+  if (type != DataType::kUint8 && type != DataType::kInt8 && type != DataType::kInt32)
+    return NodeUnimplemented(
+        op, "CpuAcc dequantizes UINT8, INT8 or INT32, not " + std::string(ToString(type)));
+  BACKPLANE_RETURN_IF_ERROR(CheckQuantParams(op, type));
+  if (op.outputs[0].type != DataType::kFloat32)
+    return NodeInvalid(op, "Y must be FP32");
+  const QuantParams params = ReadQuantParams(op);
+  if (IsConstant(op, 0)) {
+    if (type == DataType::kUint8) {
+      return NodeUnimplemented(op,
+                               "UINT8 constant (weights): oneDNN's int8 kernels take INT8 "
+                               "weights");
+    }
+    for (std::size_t k = 0; k < params.zero_points.size(); ++k) {
+      if (params.zero_points[k] != 0) {
+        return NodeUnimplemented(
+            op, "constant with zero point " + std::to_string(params.zero_points[k]) + " at " +
+                    std::to_string(k) +
+                    ": oneDNN's int8 kernels take weights (and biases) with zero point 0");
+      }
+    }
+    return Status::Ok();
+  }
+  if (type == DataType::kInt32)
+    return NodeUnimplemented(op, "INT32 X that is not a constant (a bias is one)");
+  if (!params.per_tensor())
+    return NodeUnimplemented(op, "per-axis DequantizeLinear of an activation (CpuAcc: per tensor)");
+  return Status::Ok();
 }
 
 }  // namespace backplane::cpu_acc

@@ -79,6 +79,25 @@ Status CheckHardSigmoid(const OperatorDesc& op);
 Status CheckClip(const OperatorDesc& op);
 Status CheckDropout(const OperatorDesc& op);
 Status CheckPad(const OperatorDesc& op);
+Status CheckQuantizeLinear(const OperatorDesc& op);
+Status CheckDequantizeLinear(const OperatorDesc& op);
+
+// A QuantizeLinear's or DequantizeLinear's parameters as the checks above accepted them: one
+// scale and zero point per tensor (axis < 0), or one per index of `axis` (normalised). `type` is
+// the quantized side's (UINT8, INT8; INT32 for a DequantizeLinear of a bias).
+struct QuantParams {
+  DataType type = DataType::kUint8;
+  int64_t axis = -1;
+  std::vector<float> scales;
+  std::vector<int32_t> zero_points;  // as many as scales; 0 where the input is omitted
+
+  float scale(int64_t index) const { return scales[scales.size() == 1 ? 0 : index]; }
+  int32_t zero_point(int64_t index) const {
+    return zero_points[zero_points.size() == 1 ? 0 : index];
+  }
+  bool per_tensor() const { return scales.size() == 1; }
+};
+QuantParams ReadQuantParams(const OperatorDesc& op);
 
 // Clip's bounds as CheckClip accepted them: an omitted bound is an infinity. ONNX applies min,
 // then max, so min > max gives max everywhere: returned as min == max (oneDNN's clip applies max

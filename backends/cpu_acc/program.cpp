@@ -206,9 +206,18 @@ std::size_t Program::parallel_step_count() const {
   }));
 }
 
-void Program::SetBoundary(std::vector<Shape> inputs, std::vector<Shape> outputs) {
-  input_shapes_ = std::move(inputs);
-  output_shapes_ = std::move(outputs);
+namespace {
+
+// " of INT8" when a tensor's type is not the one compiled for; "" when it is.
+std::string OfOtherType(const TensorInfo& given, const TensorInfo& compiled) {
+  return given.type == compiled.type ? "" : " of " + std::string(ToString(given.type));
+}
+
+}  // namespace
+
+void Program::SetBoundary(std::vector<TensorInfo> inputs, std::vector<TensorInfo> outputs) {
+  inputs_ = std::move(inputs);
+  outputs_ = std::move(outputs);
 }
 
 void Program::Finish() {
@@ -296,24 +305,28 @@ Status Program::Run(std::span<const ConstTensorView> all_inputs,
   auto input = [&](std::size_t i) -> const ConstTensorView& {
     return all_inputs[input_map == nullptr ? i : (*input_map)[i]];
   };
-  if (input_count != input_shapes_.size() || outputs.size() != output_shapes_.size()) {
+  if (input_count != inputs_.size() || outputs.size() != outputs_.size()) {
     return InvalidArgument("CpuAcc: " + label + ": got " + std::to_string(input_count) +
                            " input(s) and " + std::to_string(outputs.size()) +
-                           " output(s), compiled for " + std::to_string(input_shapes_.size()) +
-                           " and " + std::to_string(output_shapes_.size()));
+                           " output(s), compiled for " + std::to_string(inputs_.size()) + " and " +
+                           std::to_string(outputs_.size()));
   }
   for (std::size_t i = 0; i < input_count; ++i) {
-    if (input(i).info.shape != input_shapes_[i] || input(i).info.type != DataType::kFloat32) {
+    if (input(i).info != inputs_[i]) {
       return InvalidArgument("CpuAcc: " + label + ": input " + std::to_string(i) + " is " +
-                             ToString(input(i).info.shape) + ", compiled for FP32 " +
-                             ToString(input_shapes_[i]));
+                             ToString(input(i).info.shape) +
+                             OfOtherType(input(i).info, inputs_[i]) + ", compiled for " +
+                             std::string(ToString(inputs_[i].type)) + " " +
+                             ToString(inputs_[i].shape));
     }
   }
   for (std::size_t i = 0; i < outputs.size(); ++i) {
-    if (outputs[i].info.shape != output_shapes_[i] || outputs[i].info.type != DataType::kFloat32) {
+    if (outputs[i].info != outputs_[i]) {
       return InvalidArgument("CpuAcc: " + label + ": output " + std::to_string(i) +
                              " allocated as " + ToString(outputs[i].info.shape) +
-                             ", compiled for FP32 " + ToString(output_shapes_[i]));
+                             OfOtherType(outputs[i].info, outputs_[i]) + ", compiled for " +
+                             std::string(ToString(outputs_[i].type)) + " " +
+                             ToString(outputs_[i].shape));
     }
   }
   // Before a team may start: the pool released after a lowering, and the workers a larger team

@@ -140,8 +140,9 @@ class Program {
   void AddFill(int to, float value);
   // Pools value `from` into value `to` (both channels-last, `geometry` prepared), one thread.
   void AddPool(int from, int to, PoolGeometry geometry);
-  // Boundary shapes the host passes, checked on every request.
-  void SetBoundary(std::vector<Shape> inputs, std::vector<Shape> outputs);
+  // Boundary tensors the host passes (FP32, or UINT8/INT8 around quantized layers), checked on
+  // every request.
+  void SetBoundary(std::vector<TensorInfo> inputs, std::vector<TensorInfo> outputs);
   void Finish();
 
   const ProgramValue& value(int index) const { return values_[index]; }
@@ -168,7 +169,7 @@ class Program {
   std::vector<ProgramValue> values_;
   std::vector<std::shared_ptr<const dnnl::memory>> shared_constants_;  // see AddSharedConstant
   std::vector<ProgramStep> steps_;
-  std::vector<Shape> input_shapes_, output_shapes_;
+  std::vector<TensorInfo> inputs_, outputs_;
   std::size_t workspace_bytes_ = 0;   // temporaries
   std::size_t scratchpad_bytes_ = 0;  // the largest scratchpad of any step (steps run in turn)
   // Values bound to the host's buffers per request: (value index, boundary input?, boundary index)

@@ -250,10 +250,10 @@ TEST_F(QdqNetworkTest, PerColumnMatMulWithQuantizedActivationsRunsEndToEnd) {
   }
 }
 
-// With CpuAcc preferred (as a server's default is), the float MatMul runs on CpuAcc and the
-// pairs, which it has no kernels for, on CpuRef; the answers are CpuRef's within one step (the
-// sums run in another order).
-TEST_F(QdqNetworkTest, PairsFallBackToCpuRefBesideCpuAcc) {
+// With CpuAcc preferred (as a server's default is), CpuAcc takes every layer: the MatMul with its
+// pairs as one int8 step, the input's QuantizeLinear and the output's DequantizeLinear as
+// reorders; the answers are CpuRef's within one step (float sums against exact int32 ones).
+TEST_F(QdqNetworkTest, PairsRunOnCpuAccAsAnInt8Step) {
   const uint64_t seed = ::backplane::testing::TestSeed();
   SCOPED_TRACE("seed " + std::to_string(seed) + " (BACKPLANE_TEST_SEED replays it)");
   std::mt19937_64 random(seed);
@@ -265,9 +265,9 @@ TEST_F(QdqNetworkTest, PairsFallBackToCpuRefBesideCpuAcc) {
   std::vector<std::string> placement;
   const auto mixed = Run(qdq.model, {input}, {"CpuAcc", "CpuRef"}, &placement);
   const auto reference = Run(qdq.model, {input});
-  EXPECT_THAT(placement, ::testing::UnorderedElementsAre("in_quant:CpuRef", "in_dequant:CpuRef",
-                                                         "w_dequant:CpuRef", "matmul:CpuAcc",
-                                                         "out_quant:CpuRef", "out_dequant:CpuRef"));
+  EXPECT_THAT(placement, ::testing::UnorderedElementsAre("in_quant:CpuAcc", "in_dequant:CpuAcc",
+                                                         "w_dequant:CpuAcc", "matmul:CpuAcc",
+                                                         "out_quant:CpuAcc", "out_dequant:CpuAcc"));
   ASSERT_EQ(mixed.size(), 2u);
   ASSERT_EQ(reference.size(), 2u);
   const auto y = mixed[0].Elements<float>();
