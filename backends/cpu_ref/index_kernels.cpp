@@ -14,9 +14,6 @@
 namespace backplane::cpu_ref {
 namespace {
 
-constexpr std::initializer_list<DataType> kAnyType = {DataType::kFloat32, DataType::kInt64,
-                                                      DataType::kInt32,   DataType::kBool,
-                                                      DataType::kUint8,   DataType::kInt8};
 constexpr std::initializer_list<DataType> kIndexTypes = {DataType::kInt64, DataType::kInt32};
 constexpr std::initializer_list<DataType> kCastTypes = {DataType::kFloat32, DataType::kInt64,
                                                         DataType::kInt32, DataType::kBool};

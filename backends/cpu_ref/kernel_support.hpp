@@ -15,6 +15,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "backplane/sdk/backend.hpp"
@@ -93,29 +94,26 @@ struct Signature {
 // attribute is never silently ignored).
 Status CheckSignature(const OperatorDesc& op, const Signature& signature);
 
+// The element types the kernels that move or pick bytes take (every type CpuRef has).
+inline constexpr std::initializer_list<DataType> kAnyType = {DataType::kFloat32, DataType::kInt64,
+                                                             DataType::kInt32,   DataType::kBool,
+                                                             DataType::kUint8,   DataType::kInt8};
+
 // kUnimplemented naming the node unless input `index` is of one of `types`.
 Status CheckTypeIn(const OperatorDesc& op, std::size_t index,
                    std::initializer_list<DataType> types);
 
-// Calls `visit(T{})` with T the C++ element type of `type` (float; int64_t; int32_t; uint8_t for
-// BOOL and UINT8; int8_t) and returns what it returns; `otherwise` for any other type.
+// core's VisitElementType over the types CpuRef has (float; int64_t; int32_t; uint8_t for BOOL
+// and UINT8; int8_t), returning what `visit` returns; `otherwise()` for any other type.
 template <typename Visit, typename Otherwise>
 auto VisitElementType(DataType type, Visit&& visit, Otherwise&& otherwise) {
-  switch (type) {
-    case DataType::kFloat32:
-      return visit(float{});
-    case DataType::kInt64:
-      return visit(int64_t{});
-    case DataType::kInt32:
-      return visit(int32_t{});
-    case DataType::kBool:
-    case DataType::kUint8:
-      return visit(uint8_t{});
-    case DataType::kInt8:
-      return visit(int8_t{});
-    default:
+  return ::backplane::VisitElementType(type, [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (std::is_same_v<T, double> || std::is_same_v<T, std::byte>)
       return otherwise();
-  }
+    else
+      return visit(tag);
+  });
 }
 
 // An INT64 or INT32 view's elements widened to int64 (shapes, axes, indices given as values).

@@ -17,11 +17,6 @@ std::size_t FloatBytes(const Shape& shape) {
   return static_cast<std::size_t>(ElementCount(shape)) * sizeof(float);
 }
 
-// The element types the byte-copying kernels move (every type CpuRef has).
-constexpr std::initializer_list<DataType> kAnyType = {DataType::kFloat32, DataType::kInt64,
-                                                      DataType::kInt32,   DataType::kBool,
-                                                      DataType::kUint8,   DataType::kInt8};
-
 // Inputs [0, count) all of one type of kAnyType (Concat's, Identity's data).
 Status CheckOneType(const OperatorDesc& op, std::size_t count) {
   for (std::size_t i = 0; i < count; ++i) {
