@@ -55,6 +55,56 @@ bool IsPlain(const Md& md) {
   return md == PlainMd(md.dims(), md.data_type());
 }
 
+// A Conv's geometry as oneDNN takes it (float and int8 lowerings alike), from its attributes and
+// shapes, checked against the output shape inference gave: a disagreement is a CompileError
+// naming the node.
+struct ConvGeometry {
+  int64_t maps;          // output channels
+  Shape output;          // [N, maps, spatial...]
+  memory::dims weights;  // the weights' dims, [group, maps / group, ...] when grouped
+  memory::dims strides, dilates, pad_l, pad_r;  // dilates as oneDNN counts them (0: none)
+
+  // The forward-inference descriptor; with a bias when `bias` is given.
+  dnnl::convolution_forward::desc Desc(const Md& src, const Md& weights_md, const Md* bias,
+                                       const Md& dst) const {
+    return bias != nullptr
+               ? dnnl::convolution_forward::desc(dnnl::prop_kind::forward_inference,
+                                                 algorithm::convolution_direct, src, weights_md,
+                                                 *bias, dst, strides, dilates, pad_l, pad_r)
+               : dnnl::convolution_forward::desc(dnnl::prop_kind::forward_inference,
+                                                 algorithm::convolution_direct, src, weights_md,
+                                                 dst, strides, dilates, pad_l, pad_r);
+  }
+};
+
+ConvGeometry ConvGeometryOf(const OperatorDesc& op) {
+  const Shape& x = op.inputs[0].shape;
+  const Shape& w = op.inputs[1].shape;
+  const int64_t group = IntAttr(op, "group", 1);
+  auto resolved = ResolveWindow(op, std::span(x).subspan(2), std::span(w).subspan(2),
+                                op_rules::WindowOp::kConv);
+  if (!resolved.ok())
+    throw CompileError{resolved.error()};
+  const Window& window = resolved.value();
+  ConvGeometry geometry{.maps = w[0], .output = {x[0], w[0]}};
+  geometry.output.insert(geometry.output.end(), window.out.begin(), window.out.end());
+  if (geometry.output != op.outputs[0].shape) {
+    throw CompileError{NodeInvalid(op, "output " + ToString(op.outputs[0].shape) +
+                                           ", the window gives " + ToString(geometry.output))};
+  }
+  geometry.weights = Dims(w);
+  if (group > 1) {
+    geometry.weights = {group, geometry.maps / group};
+    geometry.weights.insert(geometry.weights.end(), w.begin() + 1, w.end());
+  }
+  geometry.strides.assign(window.strides.begin(), window.strides.end());
+  for (int64_t d : window.dilations)
+    geometry.dilates.push_back(d - 1);
+  geometry.pad_l.assign(window.pad_begin.begin(), window.pad_begin.end());
+  geometry.pad_r.assign(window.pad_end.begin(), window.pad_end.end());
+  return geometry;
+}
+
 // oneDNN's type for a tensor type CpuAcc holds (FP32; UINT8, INT8 between quantized layers).
 memory::data_type DnnlType(DataType type) {
   switch (type) {
@@ -883,19 +933,10 @@ class Compiler {
     const OperatorDesc& op = layers_[i];
     const Shape& x = op.inputs[0].shape;
     const Shape& w = op.inputs[1].shape;
-    const int64_t group = IntAttr(op, "group", 1);
-    const int64_t maps = w[0];
-    auto resolved = ResolveWindow(op, std::span(x).subspan(2), std::span(w).subspan(2),
-                                  op_rules::WindowOp::kConv);
-    if (!resolved.ok())
-      throw CompileError{resolved.error()};
-    const Window& window = resolved.value();
-    Shape expected{x[0], maps};
-    expected.insert(expected.end(), window.out.begin(), window.out.end());
-    if (expected != op.outputs[0].shape) {
-      throw CompileError{NodeInvalid(op, "output " + ToString(op.outputs[0].shape) +
-                                             ", the window gives " + ToString(expected))};
-    }
+    const ConvGeometry geometry = ConvGeometryOf(op);
+    const Shape& expected = geometry.output;
+    const int64_t maps = geometry.maps;
+    const memory::dims& w_dims = geometry.weights;
 
     const bool w_constant = IsConstant(op, 1);
     const bool has_b = HasInput(op, 2);
@@ -945,17 +986,6 @@ class Compiler {
                         &post_ops, i, &residual);
 
     // Descriptors: oneDNN picks the layouts of src, weights and dst (format any).
-    memory::dims w_dims = Dims(w);
-    if (group > 1) {
-      w_dims = {group, maps / group};
-      w_dims.insert(w_dims.end(), w.begin() + 1, w.end());
-    }
-    memory::dims strides(window.strides.begin(), window.strides.end());
-    memory::dims dilates;
-    for (int64_t d : window.dilations)
-      dilates.push_back(d - 1);
-    memory::dims pad_l(window.pad_begin.begin(), window.pad_begin.end());
-    memory::dims pad_r(window.pad_end.begin(), window.pad_end.end());
     const Md src_any(Dims(x), memory::data_type::f32, memory::format_tag::any);
     const Md w_any(w_dims, memory::data_type::f32, memory::format_tag::any);
     const Md dst_any(Dims(expected), memory::data_type::f32, memory::format_tag::any);
@@ -964,12 +994,7 @@ class Compiler {
     dnnl::primitive_attr attr = UserScratchpad();
     attr.set_post_ops(post_ops);
     auto conv_desc = [&](const Md& src, const Md& dst) {
-      return with_bias ? dnnl::convolution_forward::desc(
-                             dnnl::prop_kind::forward_inference, algorithm::convolution_direct, src,
-                             w_any, bias_md, dst, strides, dilates, pad_l, pad_r)
-                       : dnnl::convolution_forward::desc(dnnl::prop_kind::forward_inference,
-                                                         algorithm::convolution_direct, src, w_any,
-                                                         dst, strides, dilates, pad_l, pad_r);
+      return geometry.Desc(src, w_any, with_bias ? &bias_md : nullptr, dst);
     };
     auto desc = conv_desc(src_any, dst_any);
     if (residual) {
@@ -1999,45 +2024,16 @@ class Compiler {
   std::size_t LowerQuantizedConv(const QuantizedStep& step) {
     const std::size_t i = step.head;
     const OperatorDesc& op = layers_[i];
-    const Shape& x = op.inputs[0].shape;
-    const Shape& w = op.inputs[1].shape;
-    const int64_t group = IntAttr(op, "group", 1);
-    const int64_t maps = w[0];
-    auto resolved = ResolveWindow(op, std::span(x).subspan(2), std::span(w).subspan(2),
-                                  op_rules::WindowOp::kConv);
-    if (!resolved.ok())
-      throw CompileError{resolved.error()};
-    const Window& window = resolved.value();
-    Shape expected{x[0], maps};
-    expected.insert(expected.end(), window.out.begin(), window.out.end());
-    if (expected != op.outputs[0].shape) {
-      throw CompileError{NodeInvalid(op, "output " + ToString(op.outputs[0].shape) +
-                                             ", the window gives " + ToString(expected))};
-    }
-    memory::dims w_dims = Dims(w);
-    if (group > 1) {
-      w_dims = {group, maps / group};
-      w_dims.insert(w_dims.end(), w.begin() + 1, w.end());
-    }
-    memory::dims strides(window.strides.begin(), window.strides.end());
-    memory::dims dilates;
-    for (int64_t d : window.dilations)
-      dilates.push_back(d - 1);
-    memory::dims pad_l(window.pad_begin.begin(), window.pad_begin.end());
-    memory::dims pad_r(window.pad_end.begin(), window.pad_end.end());
-    const Md src_any(Dims(x), DnnlType(step.src.type), memory::format_tag::any);
+    const ConvGeometry geometry = ConvGeometryOf(op);
+    const int64_t maps = geometry.maps;
+    const memory::dims& w_dims = geometry.weights;
+    const Md src_any(Dims(op.inputs[0].shape), DnnlType(step.src.type), memory::format_tag::any);
     const Md w_any(w_dims, memory::data_type::s8, memory::format_tag::any);
-    const Md dst_any(Dims(expected), DnnlType(step.dst.type), memory::format_tag::any);
+    const Md dst_any(Dims(geometry.output), DnnlType(step.dst.type), memory::format_tag::any);
     const Md bias_md({maps}, memory::data_type::f32, memory::format_tag::a);
     std::vector<float> bias;
     const dnnl::primitive_attr attr = QuantizedAttr(step, maps, 1, &bias);
-    const auto desc = bias.empty()
-                          ? dnnl::convolution_forward::desc(
-                                dnnl::prop_kind::forward_inference, algorithm::convolution_direct,
-                                src_any, w_any, dst_any, strides, dilates, pad_l, pad_r)
-                          : dnnl::convolution_forward::desc(
-                                dnnl::prop_kind::forward_inference, algorithm::convolution_direct,
-                                src_any, w_any, bias_md, dst_any, strides, dilates, pad_l, pad_r);
+    const auto desc = geometry.Desc(src_any, w_any, bias.empty() ? nullptr : &bias_md, dst_any);
     const dnnl::convolution_forward::primitive_desc pd = FastestQuantizedConv(desc, attr, step);
     std::vector<std::pair<int, int>> args{
         {DNNL_ARG_WEIGHTS,
