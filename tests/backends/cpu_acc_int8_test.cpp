@@ -196,20 +196,15 @@ class QdqNetwork {
 class CpuAccInt8Test : public ::testing::Test {
  protected:
   void SetUp() override {
-    std::string pattern = (fs::temp_directory_path() / "backplane-int8-XXXXXX").string();
-    ASSERT_NE(mkdtemp(pattern.data()), nullptr);
-    dir_ = pattern;
     fs::create_symlink(BACKPLANE_CPU_REF, dir_ / "Backplane_CpuRef_backend.so");
     fs::create_symlink(BACKPLANE_CPU_ACC, dir_ / "Backplane_CpuAcc_backend.so");
-    auto runtime = Runtime::Create({.backend_paths = std::vector{dir_}});
+    auto runtime = Runtime::Create({.backend_paths = std::vector{dir_.path()}});
     ASSERT_TRUE(runtime.ok()) << runtime.error().ToString();
     runtime_ = std::move(runtime).value();
   }
   void TearDown() override {
     std::printf("worst difference from CpuRef in this test: %d step(s)\n", worst_);
-    runtime_.reset();
-    std::error_code error;
-    fs::remove_all(dir_, error);
+    runtime_.reset();  // before dir_ goes
   }
 
   // Runs `model` once preferring `backend` (then CpuRef); its outputs, and its placement.
@@ -268,7 +263,7 @@ class CpuAccInt8Test : public ::testing::Test {
     return worst;
   }
 
-  fs::path dir_;
+  testing::TempDir dir_;
   std::unique_ptr<Runtime> runtime_;
   int worst_ = 0;  // over every comparison of the test
 };

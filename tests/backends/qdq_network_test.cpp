@@ -38,19 +38,14 @@ constexpr int32_t kInt8 = onnx::TensorProto::INT8;
 class QdqNetworkTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    std::string pattern = (fs::temp_directory_path() / "backplane-qdq-XXXXXX").string();
-    ASSERT_NE(mkdtemp(pattern.data()), nullptr);
-    dir_ = pattern;
     fs::create_symlink(BACKPLANE_CPU_REF, dir_ / "Backplane_CpuRef_backend.so");
     fs::create_symlink(BACKPLANE_CPU_ACC, dir_ / "Backplane_CpuAcc_backend.so");
-    auto runtime = Runtime::Create({.backend_paths = std::vector{dir_}});
+    auto runtime = Runtime::Create({.backend_paths = std::vector{dir_.path()}});
     ASSERT_TRUE(runtime.ok()) << runtime.error().ToString();
     runtime_ = std::move(runtime).value();
   }
   void TearDown() override {
-    runtime_.reset();
-    std::error_code error;
-    fs::remove_all(dir_, error);
+    runtime_.reset();  // before dir_ goes
   }
 
   // Imports `model`, runs it once on `inputs` with `preferences` and returns its outputs, and
@@ -81,7 +76,7 @@ class QdqNetworkTest : public ::testing::Test {
     return outputs.ok() ? std::move(outputs).value() : std::vector<Tensor>{};
   }
 
-  fs::path dir_;
+  testing::TempDir dir_;
   std::unique_ptr<Runtime> runtime_;
 };
 
@@ -293,7 +288,7 @@ TEST_F(QdqNetworkTest, BackplaneRunRunsAQdqModelAndWritesItsInt8Output) {
   ASSERT_TRUE(WriteTensorProtoFile(dir_ / "x.pb", x, "x").ok());
 
   const auto result = ::backplane::testing::RunCommand(
-      std::string(BACKPLANE_EXECUTABLE) + " run --backends " + dir_.string() +
+      std::string(BACKPLANE_EXECUTABLE) + " run --backends " + dir_.path().string() +
       " --prefer CpuRef --input " + (dir_ / "x.pb").string() + " --output-dir " +
       (dir_ / "out").string() + " " + model_file.string() + " 2>&1");
   ASSERT_EQ(result.exit_code, 0) << result.output;
@@ -336,8 +331,9 @@ TEST_F(QdqNetworkTest, BackplaneRunTestDataComparesInt8OutputsAsNumbers) {
   ASSERT_TRUE(WriteTensorProtoFile(data_set / "output_1.pb", outputs[1], "q").ok());
 
   const std::string command = std::string(BACKPLANE_EXECUTABLE) + " run --backends " +
-                              dir_.string() + " --prefer CpuRef --test-data " + model_dir.string() +
-                              " " + (model_dir / "model.onnx").string() + " 2>&1";
+                              dir_.path().string() + " --prefer CpuRef --test-data " +
+                              model_dir.string() + " " + (model_dir / "model.onnx").string() +
+                              " 2>&1";
   auto result = ::backplane::testing::RunCommand(command);
   ASSERT_EQ(result.exit_code, 0) << result.output;
   EXPECT_THAT(result.output, ::testing::HasSubstr("output 1 (q): pass, max abs error 0,"));
